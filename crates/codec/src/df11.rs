@@ -1,0 +1,1 @@
+//! DFloat11-layout Huffman coder (being written).

@@ -1,0 +1,1 @@
+//! dtANS-LLM (being written).

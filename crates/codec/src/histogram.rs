@@ -1,0 +1,1 @@
+//! histograms (being written).

@@ -1,0 +1,28 @@
+//! entrollm-codec: the coders, pure Rust, no GPU.
+//!
+//! - [`payload`]: how weights split into coded symbols and raw bytes (BF16, FP16, FP8, FP4, intN);
+//! - [`histogram`]: histograms, entropy, cross-entropy size prediction;
+//! - [`dtans`]: the dtANS-LLM coder (encoder and a CPU decoder that takes the GPU decoder's steps);
+//! - [`df11`]: the DFloat11-layout Huffman coder (second lossless coder, interop target);
+//! - [`matvec`]: the CPU reference of the fused decode-matvec `y = W·x` from every coded form.
+
+pub mod df11;
+pub mod dtans;
+pub mod histogram;
+pub mod matvec;
+pub mod payload;
+
+pub use payload::Payload;
+
+/// Errors of the coders. Messages name what is wrong; callers add the tensor and file.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    #[error("bad shape: {0}")]
+    Shape(String),
+    #[error("corrupt coded data: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T, E = CodecError> = std::result::Result<T, E>;

@@ -1,0 +1,1 @@
+//! matvec (being written).

@@ -1,0 +1,7 @@
+//! entrollm-model: checkpoint loaders, tokenizers, chat templates and the CPU reference engine.
+
+pub mod config;
+pub mod weights;
+
+pub use config::ModelConfig;
+pub use weights::{LayerWeights, Linear, ModelWeights};
