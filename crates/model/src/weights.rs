@@ -48,3 +48,23 @@ pub struct ModelWeights {
     /// [vocab, hidden].
     pub lm_head: Arc<dyn Linear>,
 }
+
+/// A tensor as a loader hands it to [`build_model`](crate::weights): host data in its stored
+/// precision, or a ready-made matrix (e.g. an entropy-coded one).
+pub enum HostTensor {
+    F32 { shape: Vec<usize>, data: Vec<f32> },
+    Bf16 { shape: Vec<usize>, data: Vec<u16> },
+    F16 { shape: Vec<usize>, data: Vec<u16> },
+    Linear(Arc<dyn Linear>),
+}
+
+/// Where the engine gets tensors from, by Hugging Face name (`model.layers.0.self_attn.q_proj.weight`,
+/// `model.embed_tokens.weight`, `lm_head.weight`, `model.norm.weight`, ...). Loaders (HF safetensors,
+/// GGUF, entrollm containers) implement it; names and layouts are always HF's (GGUF llama Q/K rows
+/// un-permuted by the loader).
+pub trait TensorSource {
+    /// The model's configuration.
+    fn config(&self) -> crate::error::Result<ModelConfig>;
+    /// The tensor with this HF name, or `None` if the checkpoint has no such tensor.
+    fn tensor(&self, hf_name: &str) -> crate::error::Result<Option<HostTensor>>;
+}
