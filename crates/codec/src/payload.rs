@@ -121,7 +121,7 @@ impl Payload {
     pub fn symbolize(self, bytes: &[u8]) -> Result<(Vec<u8>, Vec<u8>), CodecError> {
         self.validate()?;
         if self.has_raw() {
-            if bytes.len() % 2 != 0 {
+            if !bytes.len().is_multiple_of(2) {
                 return Err(CodecError::Shape(format!(
                     "{} bytes is not a whole number of 16-bit elements",
                     bytes.len()
@@ -130,7 +130,11 @@ impl Payload {
             let n = bytes.len() / 2;
             let mut codes = vec![0u8; n];
             let mut raw = vec![0u8; n];
-            for ((c, r), w) in codes.iter_mut().zip(raw.iter_mut()).zip(bytes.chunks_exact(2)) {
+            for ((c, r), w) in codes
+                .iter_mut()
+                .zip(raw.iter_mut())
+                .zip(bytes.chunks_exact(2))
+            {
                 (*c, *r) = self.split16(u16::from_le_bytes([w[0], w[1]]));
             }
             Ok((codes, raw))
@@ -233,7 +237,13 @@ mod tests {
 
     #[test]
     fn zero_code_with_zero_raw_is_zero() {
-        for p in [Payload::Bf16, Payload::Fp16, Payload::Fp8E4m3, Payload::Fp8E5m2, Payload::Fp4E2m1] {
+        for p in [
+            Payload::Bf16,
+            Payload::Fp16,
+            Payload::Fp8E4m3,
+            Payload::Fp8E5m2,
+            Payload::Fp4E2m1,
+        ] {
             assert_eq!(p.to_f32(p.zero_code(), 0), 0.0, "{p:?}");
         }
     }
@@ -246,7 +256,10 @@ mod tests {
         assert!(fp8_e4m3_to_f32(0x7F).is_nan());
         for c in 0u8..=0x7E {
             assert_eq!(f32_to_fp8_e4m3(fp8_e4m3_to_f32(c)), c);
-            assert_eq!(f32_to_fp8_e4m3(-fp8_e4m3_to_f32(c)), if c == 0 { 0x80 } else { c | 0x80 });
+            assert_eq!(
+                f32_to_fp8_e4m3(-fp8_e4m3_to_f32(c)),
+                if c == 0 { 0x80 } else { c | 0x80 }
+            );
         }
     }
 

@@ -1,1 +1,0 @@
-//! DFloat11-layout Huffman coder (being written).

@@ -1,1 +1,0 @@
-//! dtANS-LLM (being written).

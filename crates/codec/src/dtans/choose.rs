@@ -1,0 +1,217 @@
+//! Size prediction and the choice of a coding: the cross-entropy of the table's model plus the
+//! layout's overheads, computed from histograms without encoding (MINE §4.2).
+
+use super::encode::{choose_values, tuple_histogram};
+use super::*;
+use crate::histogram::byte_histogram;
+use rayon::prelude::*;
+
+/// Bits a lane spends beyond its symbols' cost: the digits of its last quartet, which have no
+/// reservoir to draw from (`log2 R`), and the unused part of the initial accumulator word it sends
+/// (`32 − log2 x_init`). The accumulator's size is followed through the encoder's fold/emit rule
+/// with every quartet taking the mean `log2 R`.
+fn lane_overhead_bits(quartets: usize, log2_r: f64) -> f64 {
+    let mut l = 0.0f64; // log2 of the reservoir; the encoder starts with x = 1
+    for _ in 1..quartets {
+        l = if l < log2_r {
+            l + 32.0 - log2_r
+        } else {
+            l - log2_r
+        };
+    }
+    32.0 - l + log2_r
+}
+
+/// Predicted stored bytes of a tensor coded with `table`, given the exact histogram of its packed
+/// tuples over the padded tile grid and its escape count.
+pub fn predict_bytes(
+    g: &Geometry,
+    table: &SymbolTable,
+    log2_m: u8,
+    hist: &[u64],
+    escapes: u64,
+) -> f64 {
+    let coded_bits = table.coded_bits(hist, log2_m);
+    let symbols: u64 = hist.iter().sum();
+    let mut slots = vec![0u32; hist.len()];
+    for (&s, &r) in table.symbols.iter().zip(&table.counts) {
+        slots[s as usize] = r as u32;
+    }
+    let mean_log2_r = if symbols == 0 {
+        0.0
+    } else {
+        hist.iter()
+            .zip(&slots)
+            .filter(|(&n, _)| n > 0)
+            .map(|(&n, &r)| n as f64 * (r as f64).log2())
+            .sum::<f64>()
+            / symbols as f64
+    };
+    let lanes = (g.tiles() * LANES) as f64;
+    let companion_bits = (g.companion_len() * 32) as f64;
+    // The companion array holds log2 M − 8 of each symbol's bits; the ANS words hold the rest.
+    let ans_bits = coded_bits - symbols as f64 * g.companion_bits_per_symbol as f64
+        + lanes * lane_overhead_bits(g.quartets, 4.0 * mean_log2_r);
+    let ans_words = ans_bits / 32.0 + escapes as f64;
+    let headers = ans_words / (CHUNK_WORDS - 1) as f64 + g.tiles() as f64;
+    let padding = g.tiles() as f64 * (STREAM_ALIGN as f64 - 1.0) / 2.0;
+    4.0 * (ans_words + headers + padding)
+        + companion_bits / 8.0
+        + g.raw_len() as f64
+        + 8.0 * g.tiles() as f64
+        + 5.0 * table.symbols.len() as f64
+}
+
+impl DtansTensor {
+    /// Predicted stored bytes of `codes` coded with `coding`, from its exact histogram.
+    pub fn predict_bytes(
+        payload: Payload,
+        rows: usize,
+        cols: usize,
+        codes: &[u8],
+        coding: Coding,
+    ) -> Result<f64> {
+        let g = Geometry::new(payload, &coding, rows, cols)?;
+        let hist = byte_histogram(codes);
+        let (coded_as, escaped, pad) = choose_values(payload, &hist, coding.t);
+        let escapes = (0..256).filter(|&c| escaped[c]).map(|c| hist[c]).sum();
+        let keys = tuple_histogram(&g, payload, codes, &coded_as, pad, coding.key_bits(payload));
+        let table = SymbolTable::build(&keys, coding.log2_m)?;
+        Ok(predict_bytes(&g, &table, coding.log2_m, &keys, escapes))
+    }
+}
+
+/// Histograms of code tuples (k = 1, 2, 4) over the unpadded matrix, for ranking codings quickly.
+struct TupleHistograms {
+    codes: [u64; 256],
+    pairs: Option<Vec<u64>>,
+    quads: Option<Vec<u64>>,
+}
+
+fn tuple_counts(codes: &[u8], cols: usize, k: usize, cb: u32) -> Vec<u64> {
+    let size = 1usize << (k as u32 * cb);
+    codes
+        .par_chunks(cols * (1usize << 16).div_ceil(cols))
+        .map(|block| {
+            let mut h = vec![0u64; size];
+            for row in block.chunks(cols) {
+                for t in row.chunks_exact(k) {
+                    let key = t
+                        .iter()
+                        .enumerate()
+                        .fold(0usize, |a, (j, &c)| a | (c as usize) << (j as u32 * cb));
+                    h[key] += 1;
+                }
+            }
+            h
+        })
+        .reduce(
+            || vec![0u64; size],
+            |mut a, b| {
+                a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                a
+            },
+        )
+}
+
+/// The coding with the smallest predicted size among the modes, table sizes and kept-value counts
+/// this payload allows, for slice width `sc`.
+pub fn choose_coding(
+    payload: Payload,
+    rows: usize,
+    cols: usize,
+    codes: &[u8],
+    sc: u32,
+) -> Result<(Coding, f64)> {
+    payload.validate()?;
+    let cb = payload.code_bits();
+    let th = TupleHistograms {
+        codes: byte_histogram(codes),
+        pairs: (2 * cb <= 16).then(|| tuple_counts(codes, cols, 2, cb)),
+        quads: (4 * cb <= 16).then(|| tuple_counts(codes, cols, 4, cb)),
+    };
+    let mut best: Option<(Coding, f64)> = None;
+    for mode in [Mode::Single, Mode::Pair, Mode::Quad] {
+        let k = mode.values_per_symbol();
+        let raw_hist = match mode {
+            Mode::Single => None,
+            Mode::Pair => th.pairs.as_ref(),
+            Mode::Quad => th.quads.as_ref(),
+        };
+        if k > 1 && raw_hist.is_none() {
+            continue;
+        }
+        for log2_m in TABLE_LOG2 {
+            let m = (1u64 << log2_m) as f64;
+            let cap = (m.powf(1.0 / k as f64) + 1e-9).floor() as usize;
+            let mut ts: Vec<Option<u16>> = if k == 1 { vec![None] } else { Vec::new() };
+            for t in [cap, cap * 3 / 4, cap / 2] {
+                if t >= 1 && t <= payload.alphabet() && !ts.contains(&Some(t as u16)) {
+                    ts.push(Some(t as u16));
+                }
+            }
+            for t in ts {
+                let coding = Coding {
+                    mode,
+                    log2_m,
+                    sc,
+                    t,
+                };
+                let g = Geometry::new(payload, &coding, rows, cols)?;
+                let (coded_as, escaped, pad) = choose_values(payload, &th.codes, t);
+                let escapes: u64 = (0..256).filter(|&c| escaped[c]).map(|c| th.codes[c]).sum();
+                // Map code tuples to coded tuples; padding tuples go to the pad tuple.
+                let mut keys = vec![0u64; 1 << coding.key_bits(payload)];
+                let counted = match raw_hist {
+                    None => {
+                        for c in 0..payload.alphabet() {
+                            keys[coded_as[c] as usize] += th.codes[c];
+                        }
+                        (rows * (cols / k)) as u64
+                    }
+                    Some(h) => {
+                        let mask = (1usize << cb) - 1;
+                        for (key, &n) in h.iter().enumerate().filter(|(_, &n)| n > 0) {
+                            let mapped = (0..k).fold(0usize, |a, j| {
+                                a | (coded_as[(key >> (j as u32 * cb)) & mask] as usize)
+                                    << (j as u32 * cb)
+                            });
+                            keys[mapped] += n;
+                        }
+                        (rows * (cols / k)) as u64
+                    }
+                };
+                let total = (g.bands * LANES * g.slices * g.sc / k) as u64;
+                let pad_key = (0..k).fold(0usize, |a, j| a | (pad as usize) << (j as u32 * cb));
+                keys[pad_key] += total - counted;
+                let Ok(table) = SymbolTable::build(&keys, log2_m) else {
+                    continue;
+                };
+                let bytes = predict_bytes(&g, &table, log2_m, &keys, escapes);
+                if best.as_ref().is_none_or(|b| bytes < b.1) {
+                    best = Some((coding, bytes));
+                }
+            }
+        }
+    }
+    best.ok_or_else(|| {
+        CodecError::Unsupported(format!("no dtANS coding fits this {payload:?} tensor"))
+    })
+}
+
+/// The widest slice width that divides `cols` (fewest per-lane overheads), else the widest that
+/// wastes least padding.
+pub fn default_slice_width(cols: usize) -> u32 {
+    if let Some(&sc) = SLICE_WIDTHS
+        .iter()
+        .rev()
+        .find(|&&sc| cols.is_multiple_of(sc as usize))
+    {
+        return sc;
+    }
+    *SLICE_WIDTHS
+        .iter()
+        .rev()
+        .min_by_key(|&&sc| cols.next_multiple_of(sc as usize) - cols)
+        .unwrap()
+}
