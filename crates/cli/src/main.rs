@@ -1,1 +1,58 @@
-fn main() {}
+//! `entrollm`: compress LLM checkpoints close to their entropy and run them.
+
+mod compress;
+mod decompress;
+mod inspect;
+mod progress;
+mod synth;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "entrollm",
+    version,
+    about = "Entropy-coded LLM inference: compress checkpoints losslessly and run them"
+)]
+struct Cli {
+    /// Worker threads (default: all cores).
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a synthetic Hugging Face-style checkpoint with realistic weight statistics.
+    Synth(synth::Args),
+    /// Code a checkpoint losslessly into an entrollm container.
+    Compress(compress::Args),
+    /// Rebuild the original checkpoint from a container, bit for bit.
+    Decompress(decompress::Args),
+    /// Show per-tensor sizes, entropies and codings of a container or checkpoint.
+    Inspect(inspect::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        if let Err(e) = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+        {
+            eprintln!("error: cannot start {n} threads: {e}");
+            std::process::exit(2);
+        }
+    }
+    let result = match cli.command {
+        Command::Synth(a) => synth::run(a),
+        Command::Compress(a) => compress::run(a),
+        Command::Decompress(a) => decompress::run(a),
+        Command::Inspect(a) => inspect::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

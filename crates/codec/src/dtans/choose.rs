@@ -114,8 +114,13 @@ fn tuple_counts(codes: &[u8], cols: usize, k: usize, cb: u32) -> Vec<u64> {
         )
 }
 
+/// Ranking codings needs histograms, not every weight: for large tensors the choice looks at bands
+/// of 32 rows spread over the matrix, about this many weights in all.
+const CHOICE_SAMPLE: usize = 1 << 22;
+
 /// The coding with the smallest predicted size among the modes, table sizes and kept-value counts
-/// this payload allows, for slice width `sc`.
+/// this payload allows, for slice width `sc`, and its predicted size (for a large tensor, ranked on
+/// a sample of rows and scaled to the whole tensor).
 pub fn choose_coding(
     payload: Payload,
     rows: usize,
@@ -124,16 +129,77 @@ pub fn choose_coding(
     sc: u32,
 ) -> Result<(Coding, f64)> {
     payload.validate()?;
-    let cb = payload.code_bits();
-    let th = TupleHistograms {
-        codes: byte_histogram(codes),
-        pairs: (2 * cb <= 16).then(|| tuple_counts(codes, cols, 2, cb)),
-        quads: (4 * cb <= 16).then(|| tuple_counts(codes, cols, 4, cb)),
-    };
-    let mut best: Option<(Coding, f64)> = None;
+    let candidates = candidates(payload, sc);
+    if rows * cols <= 2 * CHOICE_SAMPLE || rows < 8 * LANES {
+        return choose_among(payload, rows, cols, codes, &candidates);
+    }
+    let bands = rows / LANES;
+    let take = (CHOICE_SAMPLE / (LANES * cols)).clamp(1, bands);
+    let mut sample = Vec::with_capacity(take * LANES * cols);
+    for b in (0..bands).step_by(bands / take).take(take) {
+        sample.extend_from_slice(&codes[b * LANES * cols..(b + 1) * LANES * cols]);
+    }
+    let sample_rows = sample.len() / cols;
+    let (coding, bytes) = choose_among(payload, sample_rows, cols, &sample, &candidates)?;
+    let tiles = |r| Geometry::new(payload, &coding, r, cols).map(|g| g.tiles() as f64);
+    Ok((coding, bytes * tiles(rows)? / tiles(sample_rows)?))
+}
+
+/// The codings the choice considers: every mode the payload allows, every table size, and for
+/// Pair/Quad as many kept values as the table can combine (t^k ≤ M) and fewer.
+fn candidates(payload: Payload, sc: u32) -> Vec<Coding> {
+    let mut out = Vec::new();
     for mode in [Mode::Single, Mode::Pair, Mode::Quad] {
         let k = mode.values_per_symbol();
-        let raw_hist = match mode {
+        if k as u32 * payload.code_bits() > 16 {
+            continue;
+        }
+        for log2_m in TABLE_LOG2 {
+            if k == 1 {
+                out.push(Coding {
+                    mode,
+                    log2_m,
+                    sc,
+                    t: None,
+                });
+                continue;
+            }
+            let cap = ((1u64 << log2_m) as f64).powf(1.0 / k as f64).floor() as usize;
+            for t in [cap, cap * 3 / 4, cap / 2] {
+                let c = Coding {
+                    mode,
+                    log2_m,
+                    sc,
+                    t: Some(t as u16),
+                };
+                if t >= 1 && t <= payload.alphabet() && !out.contains(&c) {
+                    out.push(c);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The smallest of `candidates` by predicted size, from histograms (no encoding).
+fn choose_among(
+    payload: Payload,
+    rows: usize,
+    cols: usize,
+    codes: &[u8],
+    candidates: &[Coding],
+) -> Result<(Coding, f64)> {
+    let cb = payload.code_bits();
+    let needs = |k: usize| candidates.iter().any(|c| c.mode.values_per_symbol() == k);
+    let th = TupleHistograms {
+        codes: byte_histogram(codes),
+        pairs: (needs(2) && 2 * cb <= 16).then(|| tuple_counts(codes, cols, 2, cb)),
+        quads: (needs(4) && 4 * cb <= 16).then(|| tuple_counts(codes, cols, 4, cb)),
+    };
+    let mut best: Option<(Coding, f64)> = None;
+    for &coding in candidates {
+        let k = coding.mode.values_per_symbol();
+        let raw_hist = match coding.mode {
             Mode::Single => None,
             Mode::Pair => th.pairs.as_ref(),
             Mode::Quad => th.quads.as_ref(),
@@ -141,57 +207,37 @@ pub fn choose_coding(
         if k > 1 && raw_hist.is_none() {
             continue;
         }
-        for log2_m in TABLE_LOG2 {
-            let m = (1u64 << log2_m) as f64;
-            let cap = (m.powf(1.0 / k as f64) + 1e-9).floor() as usize;
-            let mut ts: Vec<Option<u16>> = if k == 1 { vec![None] } else { Vec::new() };
-            for t in [cap, cap * 3 / 4, cap / 2] {
-                if t >= 1 && t <= payload.alphabet() && !ts.contains(&Some(t as u16)) {
-                    ts.push(Some(t as u16));
+        let g = Geometry::new(payload, &coding, rows, cols)?;
+        let (coded_as, escaped, pad) = choose_values(payload, &th.codes, coding.t);
+        let escapes: u64 = (0..256).filter(|&c| escaped[c]).map(|c| th.codes[c]).sum();
+        // Map code tuples to coded tuples; padding tuples go to the pad tuple.
+        let mut keys = vec![0u64; 1 << coding.key_bits(payload)];
+        match raw_hist {
+            None => {
+                for c in 0..payload.alphabet() {
+                    keys[coded_as[c] as usize] += th.codes[c];
                 }
             }
-            for t in ts {
-                let coding = Coding {
-                    mode,
-                    log2_m,
-                    sc,
-                    t,
-                };
-                let g = Geometry::new(payload, &coding, rows, cols)?;
-                let (coded_as, escaped, pad) = choose_values(payload, &th.codes, t);
-                let escapes: u64 = (0..256).filter(|&c| escaped[c]).map(|c| th.codes[c]).sum();
-                // Map code tuples to coded tuples; padding tuples go to the pad tuple.
-                let mut keys = vec![0u64; 1 << coding.key_bits(payload)];
-                let counted = match raw_hist {
-                    None => {
-                        for c in 0..payload.alphabet() {
-                            keys[coded_as[c] as usize] += th.codes[c];
-                        }
-                        (rows * (cols / k)) as u64
-                    }
-                    Some(h) => {
-                        let mask = (1usize << cb) - 1;
-                        for (key, &n) in h.iter().enumerate().filter(|(_, &n)| n > 0) {
-                            let mapped = (0..k).fold(0usize, |a, j| {
-                                a | (coded_as[(key >> (j as u32 * cb)) & mask] as usize)
-                                    << (j as u32 * cb)
-                            });
-                            keys[mapped] += n;
-                        }
-                        (rows * (cols / k)) as u64
-                    }
-                };
-                let total = (g.bands * LANES * g.slices * g.sc / k) as u64;
-                let pad_key = (0..k).fold(0usize, |a, j| a | (pad as usize) << (j as u32 * cb));
-                keys[pad_key] += total - counted;
-                let Ok(table) = SymbolTable::build(&keys, log2_m) else {
-                    continue;
-                };
-                let bytes = predict_bytes(&g, &table, log2_m, &keys, escapes);
-                if best.as_ref().is_none_or(|b| bytes < b.1) {
-                    best = Some((coding, bytes));
+            Some(h) => {
+                let mask = (1usize << cb) - 1;
+                for (key, &n) in h.iter().enumerate().filter(|(_, &n)| n > 0) {
+                    let mapped = (0..k).fold(0usize, |a, j| {
+                        a | (coded_as[(key >> (j as u32 * cb)) & mask] as usize) << (j as u32 * cb)
+                    });
+                    keys[mapped] += n;
                 }
             }
+        }
+        let counted = (rows * (cols / k)) as u64;
+        let total = (g.bands * LANES * g.slices * g.sc / k) as u64;
+        let pad_key = (0..k).fold(0usize, |a, j| a | (pad as usize) << (j as u32 * cb));
+        keys[pad_key] += total - counted;
+        let Ok(table) = SymbolTable::build(&keys, coding.log2_m) else {
+            continue;
+        };
+        let bytes = predict_bytes(&g, &table, coding.log2_m, &keys, escapes);
+        if best.as_ref().is_none_or(|b| bytes < b.1) {
+            best = Some((coding, bytes));
         }
     }
     best.ok_or_else(|| {

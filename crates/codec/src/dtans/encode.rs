@@ -301,24 +301,24 @@ impl Shared<'_> {
             let mut b = word(s_len - 1, [0; 4]);
             let mut lane_emits = Vec::new();
             for q in (0..s_len - 1).rev() {
-                let r: [u32; 4] =
-                    std::array::from_fn(|i| self.enc.count[symbols[4 * q + i] as usize]);
-                let big_r = r.iter().map(|&r| r as u64).product::<u64>();
-                let xp = if x < big_r {
-                    (x << 32) | b as u64
+                let s: [usize; 4] = std::array::from_fn(|i| symbols[4 * q + i] as usize);
+                let big_r = s.iter().map(|&s| self.enc.count[s] as u64).product::<u64>();
+                let d = if x < big_r {
+                    let xp = (x << 32) | b as u64;
+                    x = xp / big_r;
+                    (xp - x * big_r) as u32
                 } else {
+                    // x < 2^32 here, so a 32-bit division does.
                     lane_emits.push((q as u32, b));
-                    x
+                    let (x32, r32) = (x as u32, big_r as u32);
+                    x = (x32 / r32) as u64;
+                    x32 % r32
                 };
-                let mut d = xp % big_r;
-                x = xp / big_r;
                 debug_assert!((1..1 << 32).contains(&x));
-                let d3 = (d % r[3] as u64) as u32;
-                d /= r[3] as u64;
-                let d2 = (d % r[2] as u64) as u32;
-                d /= r[2] as u64;
-                let d1 = (d % r[1] as u64) as u32;
-                let d0 = (d / r[1] as u64) as u32;
+                // Mixed-radix digits of d, least significant (symbol 3) first.
+                let (d, d3) = self.enc.divmod(d, s[3]);
+                let (d, d2) = self.enc.divmod(d, s[2]);
+                let (d0, d1) = self.enc.divmod(d, s[1]);
                 b = word(q, [d0, d1, d2, d3]);
             }
             x_init[lane] = x as u32;

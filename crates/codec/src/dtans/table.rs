@@ -25,6 +25,18 @@ pub(crate) struct EncoderTable {
     pub key_to_symbol: Vec<u16>,
     pub start: Vec<u16>,
     pub count: Vec<u32>,
+    /// `⌈2^40 / r⌉` per symbol: divides any 32-bit value by r ≤ 255 exactly with one multiply
+    /// (the rounding error, below 2^32·r / (r·2^40) = 2^-8, never reaches 1/r).
+    pub reciprocal: Vec<u64>,
+}
+
+impl EncoderTable {
+    /// (n / r_s, n mod r_s) for symbol s.
+    #[inline(always)]
+    pub fn divmod(&self, n: u32, s: usize) -> (u32, u32) {
+        let q = ((n as u128 * self.reciprocal[s] as u128) >> 40) as u32;
+        (q, n - q * self.count[s])
+    }
 }
 
 impl SymbolTable {
@@ -93,10 +105,15 @@ impl SymbolTable {
             count.push(r as u32);
             slot += r as u32;
         }
+        let reciprocal = count
+            .iter()
+            .map(|&r| (1u64 << 40).div_ceil(r as u64))
+            .collect();
         EncoderTable {
             key_to_symbol,
             start,
             count,
+            reciprocal,
         }
     }
 
@@ -261,6 +278,33 @@ mod tests {
             Err(CodecError::Unsupported(_))
         ));
         assert!(SymbolTable::build(&[0, 0], 8).is_err());
+    }
+
+    #[test]
+    fn reciprocal_division_is_exact_for_every_slot_count() {
+        let t = SymbolTable {
+            symbols: (0..255).collect(),
+            counts: (1..=255).collect(),
+        };
+        let e = t.encoder(8);
+        for s in 0..255 {
+            let r = s as u32 + 1;
+            let edge = u32::MAX / r * r;
+            for n in [
+                0,
+                1,
+                r - 1,
+                r,
+                r + 1,
+                12345,
+                u32::MAX - 1,
+                u32::MAX,
+                edge,
+                edge - 1,
+            ] {
+                assert_eq!(e.divmod(n, s), (n / r, n % r), "n = {n}, r = {r}");
+            }
+        }
     }
 
     #[test]

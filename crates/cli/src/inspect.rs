@@ -1,0 +1,192 @@
+//! `entrollm inspect`: per-tensor shapes, dtypes, entropies, codings and sizes of a container (or of
+//! a plain checkpoint, showing what coding could reach), with totals.
+
+use anyhow::Result;
+use entrollm_codec::histogram::{byte_histogram, entropy_bits};
+use entrollm_format::coded::payload_of;
+use entrollm_format::{Checkpoint, ContainerReader, StoredData};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// An entrollm container or a Hugging Face checkpoint (directory or .safetensors file).
+    path: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn coding_label(coder: &str, p: &Value) -> String {
+    match coder {
+        "dtans" => format!(
+            "dtans {} M=2^{} sc={}{}",
+            p["mode"].as_str().unwrap_or("?"),
+            p["log2_m"],
+            p["sc"],
+            p["t"]
+                .as_u64()
+                .map(|t| format!(" t={t}"))
+                .unwrap_or_default()
+        ),
+        c => c.to_string(),
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let rows = if a.path.join("entrollm.json").is_file() {
+        container(&a)?
+    } else {
+        checkpoint(&a)?
+    };
+    let numel: f64 = rows
+        .iter()
+        .map(|r| r["numel"].as_f64().unwrap_or(0.0))
+        .sum();
+    let source: f64 = rows
+        .iter()
+        .map(|r| r["source_bytes"].as_f64().unwrap_or(0.0))
+        .sum();
+    let stored: f64 = rows
+        .iter()
+        .map(|r| r["stored_bytes"].as_f64().unwrap_or(0.0))
+        .sum();
+    let coded: Vec<&Value> = rows.iter().filter(|r| r["coder"].is_string()).collect();
+    let coded_numel: f64 = coded
+        .iter()
+        .map(|r| r["numel"].as_f64().unwrap_or(0.0))
+        .sum();
+    let coded_bytes: f64 = coded
+        .iter()
+        .map(|r| r["stored_bytes"].as_f64().unwrap_or(0.0))
+        .sum();
+    let coded_bound: f64 = coded
+        .iter()
+        .map(|r| {
+            r["entropy_bound_bpw"].as_f64().unwrap_or(0.0) * r["numel"].as_f64().unwrap_or(0.0)
+        })
+        .sum();
+    let totals = json!({
+        "tensors": rows.len(),
+        "parameters": numel,
+        "source_bytes": source,
+        "stored_bytes": stored,
+        "ratio": stored / source.max(1.0),
+        "coded_tensors": coded.len(),
+        "coded_bits_per_weight": if coded_numel > 0.0 { coded_bytes * 8.0 / coded_numel } else { f64::NAN },
+        "coded_entropy_bound_bpw": if coded_numel > 0.0 { coded_bound / coded_numel } else { f64::NAN },
+    });
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "tensors": rows, "totals": totals }))?
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<52} {:>6} {:>16} {:>8} {:>8} {:>8}  coding / overheads",
+        "tensor", "dtype", "shape", "H(code)", "bound", "bpw"
+    );
+    for r in &rows {
+        let f = |k: &str| {
+            r[k].as_f64()
+                .map(|v| format!("{v:.3}"))
+                .unwrap_or_else(|| "-".into())
+        };
+        println!(
+            "{:<52} {:>6} {:>16} {:>8} {:>8} {:>8}  {}",
+            r["name"].as_str().unwrap_or(""),
+            r["dtype"].as_str().unwrap_or(""),
+            r["shape"].to_string(),
+            f("entropy_bits"),
+            f("entropy_bound_bpw"),
+            f("bits_per_weight"),
+            r["detail"].as_str().unwrap_or("")
+        );
+    }
+    println!(
+        "\n{} tensors, {:.3} G parameters: {:.3} GB source, {:.3} GB stored ({:.1} %)",
+        rows.len(),
+        numel / 1e9,
+        source / 1e9,
+        stored / 1e9,
+        100.0 * stored / source.max(1.0)
+    );
+    if coded_numel > 0.0 {
+        println!(
+            "coded tensors: {} at {:.4} bits/weight (entropy bound {:.4}, overhead {:+.4})",
+            coded.len(),
+            coded_bytes * 8.0 / coded_numel,
+            coded_bound / coded_numel,
+            (coded_bytes * 8.0 - coded_bound) / coded_numel
+        );
+    }
+    Ok(())
+}
+
+fn container(a: &Args) -> Result<Vec<Value>> {
+    let reader = ContainerReader::open(&a.path)?;
+    let mut rows = Vec::new();
+    for t in reader.tensors() {
+        let numel: usize = t.shape.iter().product();
+        let source = t.byte_len() as f64;
+        let mut r = json!({
+            "name": t.name, "dtype": t.dtype.name(), "shape": t.shape, "numel": numel, "source_bytes": source,
+        });
+        match &t.data {
+            StoredData::Plain(b) => {
+                r["stored_bytes"] = json!(b.len());
+                r["bits_per_weight"] = json!(b.len() as f64 * 8.0 / numel.max(1) as f64);
+                r["detail"] = json!("plain");
+            }
+            StoredData::Coded(c) => {
+                let stored: usize = c.arrays.values().map(|(_, b)| b.len()).sum();
+                let stats = &c.params["stats"];
+                r["coder"] = json!(c.coder);
+                r["stored_bytes"] = json!(stored);
+                r["bits_per_weight"] = json!(stored as f64 * 8.0 / numel as f64);
+                r["entropy_bits"] = stats["entropy_bits"].clone();
+                r["entropy_bound_bpw"] = stats["entropy_bound_bpw"].clone();
+                r["coding"] = c.params.clone();
+                let mut detail = coding_label(c.coder, c.params);
+                if let Some(b) = stats.get("breakdown") {
+                    let per = |k: &str| b[k].as_f64().unwrap_or(0.0) * 8.0 / numel as f64;
+                    detail.push_str(&format!(
+                        "; ans {:.3} companion {:.3} raw {:.3} escapes {:.4} ({}) headers+pad {:.4} index+table {:.4}",
+                        per("ans_bytes"),
+                        per("companion_bytes"),
+                        per("raw_bytes"),
+                        per("escape_bytes"),
+                        b["escapes"],
+                        per("chunk_header_bytes") + per("padding_bytes"),
+                        per("tile_index_bytes") + per("table_bytes"),
+                    ));
+                }
+                r["detail"] = json!(detail);
+            }
+        }
+        rows.push(r);
+    }
+    Ok(rows)
+}
+
+fn checkpoint(a: &Args) -> Result<Vec<Value>> {
+    let ckpt = Checkpoint::open(&a.path)?;
+    let mut rows = Vec::new();
+    for t in ckpt.tensors() {
+        let numel: usize = t.shape.iter().product();
+        let mut r = json!({
+            "name": t.name, "dtype": t.dtype.name(), "shape": t.shape, "numel": numel,
+            "source_bytes": t.bytes.len(), "stored_bytes": t.bytes.len(),
+            "bits_per_weight": t.bytes.len() as f64 * 8.0 / numel.max(1) as f64, "detail": "uncoded",
+        });
+        if let Some(p) = payload_of(t.dtype) {
+            let (codes, _) = p.symbolize(t.bytes)?;
+            let h = entropy_bits(&byte_histogram(&codes));
+            r["entropy_bits"] = json!(h);
+            r["entropy_bound_bpw"] = json!(h + if p.has_raw() { 8.0 } else { 0.0 });
+        }
+        rows.push(r);
+    }
+    Ok(rows)
+}

@@ -1,0 +1,182 @@
+//! Atomic creation of an output directory: everything is written into a hidden sibling
+//! directory, which `commit` renames to the destination. Dropping an uncommitted staging
+//! directory deletes it, so an error (or an unwinding Ctrl-C handler) leaves no partial output.
+
+use crate::error::{FormatError, Result};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Debug)]
+pub struct StagingDir {
+    tmp: PathBuf,
+    dst: PathBuf,
+    overwrite: bool,
+    committed: bool,
+}
+
+/// A hidden path next to `dst` that no other process or call uses.
+fn sibling(dst: &Path, tag: &str) -> Result<PathBuf> {
+    let name = dst
+        .file_name()
+        .ok_or_else(|| FormatError::file(dst, "destination has no final path component"))?;
+    let parent = dst
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    Ok(parent.join(format!(
+        ".{}.{tag}-{}-{id}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
+}
+
+/// Whether `dst` holds something that only `overwrite` allows replacing.
+fn occupied(dst: &Path) -> Result<bool> {
+    match std::fs::symlink_metadata(dst) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(FormatError::io(dst, e)),
+        Ok(m) if m.is_dir() => {
+            let mut entries = std::fs::read_dir(dst).map_err(|e| FormatError::io(dst, e))?;
+            Ok(entries.next().is_some())
+        }
+        Ok(_) => Ok(true),
+    }
+}
+
+impl StagingDir {
+    /// Creates the staging directory for `dst` (and `dst`'s parent if needed). Fails if `dst`
+    /// exists and is not an empty directory, unless `overwrite`.
+    pub fn create(dst: &Path, overwrite: bool) -> Result<Self> {
+        if !overwrite && occupied(dst)? {
+            return Err(FormatError::DestinationExists {
+                path: dst.to_path_buf(),
+            });
+        }
+        let tmp = sibling(dst, "partial")?;
+        if let Some(parent) = tmp.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| FormatError::io(parent, e))?;
+        }
+        std::fs::create_dir(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
+        Ok(StagingDir {
+            tmp,
+            dst: dst.to_path_buf(),
+            overwrite,
+            committed: false,
+        })
+    }
+
+    /// Where to write.
+    pub fn path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Moves the staged directory to the destination, replacing what is there if allowed.
+    pub fn commit(mut self) -> Result<()> {
+        let dst = self.dst.clone();
+        match std::fs::symlink_metadata(&dst) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(FormatError::io(&dst, e)),
+            Ok(m) => {
+                // Checked again: something may have appeared since `create`.
+                if !self.overwrite && occupied(&dst)? {
+                    return Err(FormatError::DestinationExists { path: dst });
+                }
+                // Move the old entry aside first so the destination is never half-replaced.
+                let old = sibling(&dst, "old")?;
+                std::fs::rename(&dst, &old).map_err(|e| FormatError::io(&dst, e))?;
+                std::fs::rename(&self.tmp, &dst).map_err(|e| FormatError::io(&dst, e))?;
+                self.committed = true;
+                let removed = if m.is_dir() {
+                    std::fs::remove_dir_all(&old)
+                } else {
+                    std::fs::remove_file(&old)
+                };
+                return removed.map_err(|e| FormatError::io(&old, e));
+            }
+        }
+        std::fs::rename(&self.tmp, &dst).map_err(|e| FormatError::io(&dst, e))?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for StagingDir {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("entrollm-staging-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn commit_renames_and_drop_cleans_up() {
+        let root = scratch("commit");
+        let dst = root.join("out");
+        let s = StagingDir::create(&dst, false).unwrap();
+        std::fs::write(s.path().join("a"), b"1").unwrap();
+        drop(s);
+        assert!(entries(&root).is_empty(), "dropped staging dir must vanish");
+
+        let s = StagingDir::create(&dst, false).unwrap();
+        std::fs::write(s.path().join("a"), b"1").unwrap();
+        s.commit().unwrap();
+        assert_eq!(entries(&root), ["out"]);
+        assert_eq!(std::fs::read(dst.join("a")).unwrap(), b"1");
+
+        // Occupied: refused without overwrite, replaced with it.
+        let e = StagingDir::create(&dst, false).unwrap_err();
+        assert!(matches!(e, FormatError::DestinationExists { .. }), "{e}");
+        let s = StagingDir::create(&dst, true).unwrap();
+        std::fs::write(s.path().join("b"), b"2").unwrap();
+        s.commit().unwrap();
+        assert_eq!(entries(&dst), ["b"]);
+        assert_eq!(entries(&root), ["out"]);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn empty_destination_directory_is_accepted() {
+        let root = scratch("empty");
+        let dst = root.join("out");
+        std::fs::create_dir(&dst).unwrap();
+        let s = StagingDir::create(&dst, false).unwrap();
+        std::fs::write(s.path().join("x"), b"").unwrap();
+        s.commit().unwrap();
+        assert_eq!(entries(&dst), ["x"]);
+        // A destination that appeared after `create` is not clobbered.
+        let dst2 = root.join("late");
+        let s = StagingDir::create(&dst2, false).unwrap();
+        std::fs::create_dir(&dst2).unwrap();
+        std::fs::write(dst2.join("keep"), b"k").unwrap();
+        assert!(matches!(
+            s.commit().unwrap_err(),
+            FormatError::DestinationExists { .. }
+        ));
+        assert_eq!(entries(&dst2), ["keep"]);
+        assert_eq!(entries(&root), ["late", "out"]);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
