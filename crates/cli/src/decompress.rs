@@ -1,7 +1,7 @@
 //! `entrollm decompress`: the original checkpoint back from a container, bit for bit.
 
 use crate::progress;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use entrollm_format::coded::Coded;
 use entrollm_format::{restore_sources, ContainerReader, StoredData};
 use std::borrow::Cow;
@@ -31,11 +31,9 @@ pub fn run(a: Args) -> Result<()> {
             match &t.data {
                 StoredData::Plain(b) => Ok(Cow::Borrowed(*b)),
                 StoredData::Coded(c) => {
-                    let coded = Coded::from_stored(t.name, t.dtype, t.shape, c)?;
-                    let bytes = coded
-                        .decode()
-                        .with_context(|| format!("tensor '{}'", t.name))?;
-                    Ok(Cow::Owned(bytes))
+                    // restore_sources names the tensor in its error.
+                    let coded = Coded::from_stored(t.dtype, t.shape, c)?;
+                    Ok(Cow::Owned(coded.decode()?))
                 }
             }
         },

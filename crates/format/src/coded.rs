@@ -100,14 +100,9 @@ impl Coded {
     }
 
     /// Rebuilds a coded tensor from the container, checking that it matches the tensor's dtype and
-    /// shape and that its structure is sound. Errors name the tensor.
-    pub fn from_stored(
-        name: &str,
-        dtype: Dtype,
-        shape: &[usize],
-        c: &CodedTensor<'_>,
-    ) -> Result<Coded> {
-        let err = |m: String| FormatError::Usage(format!("tensor '{name}': {m}"));
+    /// shape and that its structure is sound. Callers add the tensor's name to errors.
+    pub fn from_stored(dtype: Dtype, shape: &[usize], c: &CodedTensor<'_>) -> Result<Coded> {
+        let err = FormatError::Usage;
         let array = |n: &str, want: ArrayDtype| -> Result<&[u8]> {
             match c.arrays.get(n) {
                 Some(&(d, b)) if d == want => Ok(b),

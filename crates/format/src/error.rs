@@ -34,11 +34,11 @@ pub enum FormatError {
         actual: u64,
     },
     /// The caller's decoder failed on a coded tensor (during [`restore_sources`](crate::restore_sources)).
-    #[error("tensor '{tensor}': decoding failed: {source}")]
+    /// The cause is in the message (not also a `source`, so error chains do not print it twice).
+    #[error("tensor '{tensor}': decoding failed: {cause}")]
     Decode {
         tensor: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The destination of a writer or a restore already holds something.
     #[error("{}: destination exists and is not empty (choose another path or allow overwriting)", path.display())]

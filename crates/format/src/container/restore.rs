@@ -76,7 +76,7 @@ where
                 StoredData::Plain(b) => Cow::Borrowed(*b),
                 StoredData::Coded(_) => decode(&tensor).map_err(|e| FormatError::Decode {
                     tensor: seg.tensor.clone(),
-                    source: e.into(),
+                    cause: e.into(),
                 })?,
             };
             if bytes.len() != tensor.byte_len() {
