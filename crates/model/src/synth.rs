@@ -7,6 +7,7 @@
 //!   scale mixture with kurtosis ≈ 4.8 (heavier tails than a Gaussian, as trained weights have);
 //! - 1 column in 256 is an outlier channel whose weights are 4× larger (the channels behind LLMs'
 //!   "massive activations").
+//!
 //! σ_k: q/k 0.025, v/o 0.015, gate/up 0.018, down 0.015, embeddings and lm_head 0.012. RMSNorm weights
 //! are `1 + 0.05 · z`. Values are rounded to BF16/FP16 (round to nearest even).
 //! Everything is a pure function of (seed, tensor name, row): any tensor, and any row of it, can be
@@ -235,7 +236,7 @@ pub fn fill_row(t: &SynthTensor, seed: u64, row: usize, out: &mut [f32]) {
                 for (j, (x, z)) in pair.iter_mut().zip([a, b]).enumerate() {
                     let col = 2 * c0 + j;
                     let tau = if (u >> (32 * j)) as u32 % 100 < 3 { 2.5 } else { 1.0 };
-                    let outlier = if splitmix(col_seed ^ col as u64) % 256 == 0 { 4.0 } else { 1.0 };
+                    let outlier = if splitmix(col_seed ^ col as u64).is_multiple_of(256) { 4.0 } else { 1.0 };
                     *x = row_scale * tau * outlier * z;
                 }
             }
