@@ -16,6 +16,7 @@
 //! exponent's) keeps one raw byte per weight, the layout every kernel shares.
 
 use crate::CodecError;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// What a coded element is.
@@ -130,13 +131,20 @@ impl Payload {
             let n = bytes.len() / 2;
             let mut codes = vec![0u8; n];
             let mut raw = vec![0u8; n];
-            for ((c, r), w) in codes
-                .iter_mut()
-                .zip(raw.iter_mut())
-                .zip(bytes.chunks_exact(2))
-            {
-                (*c, *r) = self.split16(u16::from_le_bytes([w[0], w[1]]));
-            }
+            const CHUNK: usize = 1 << 16;
+            codes
+                .par_chunks_mut(CHUNK)
+                .zip(raw.par_chunks_mut(CHUNK))
+                .zip(bytes.par_chunks(2 * CHUNK))
+                .for_each(|((codes, raw), bytes)| {
+                    for ((c, r), w) in codes
+                        .iter_mut()
+                        .zip(raw.iter_mut())
+                        .zip(bytes.chunks_exact(2))
+                    {
+                        (*c, *r) = self.split16(u16::from_le_bytes([w[0], w[1]]));
+                    }
+                });
             Ok((codes, raw))
         } else {
             let limit = self.alphabet();

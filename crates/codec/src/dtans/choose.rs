@@ -75,7 +75,15 @@ impl DtansTensor {
         let hist = byte_histogram(codes);
         let (coded_as, escaped, pad) = choose_values(payload, &hist, coding.t);
         let escapes = (0..256).filter(|&c| escaped[c]).map(|c| hist[c]).sum();
-        let keys = tuple_histogram(&g, payload, codes, &coded_as, pad, coding.key_bits(payload));
+        let keys = tuple_histogram(
+            &g,
+            payload,
+            codes,
+            &hist,
+            &coded_as,
+            pad,
+            coding.key_bits(payload),
+        );
         let table = SymbolTable::build(&keys, coding.log2_m)?;
         Ok(predict_bytes(&g, &table, coding.log2_m, &keys, escapes))
     }

@@ -55,7 +55,7 @@ impl DtansTensor {
         }
         let (coded_as, escaped, pad) = choose_values(payload, &hist, coding.t);
         let key_bits = coding.key_bits(payload);
-        let keys = tuple_histogram(&g, payload, codes, &coded_as, pad, key_bits);
+        let keys = tuple_histogram(&g, payload, codes, &hist, &coded_as, pad, key_bits);
         let table = SymbolTable::build(&keys, coding.log2_m)?;
         let shared = Shared {
             payload,
@@ -159,6 +159,7 @@ pub(crate) fn tuple_histogram(
     g: &Geometry,
     payload: Payload,
     codes: &[u8],
+    code_hist: &[u64; 256],
     coded_as: &[u8; 256],
     pad: u8,
     key_bits: u32,
@@ -168,6 +169,15 @@ pub(crate) fn tuple_histogram(
     let padded_cols = g.slices * g.sc;
     let per_row = padded_cols / k;
     let pad_key = (0..k).fold(0usize, |key, j| key | (pad as usize) << (j as u32 * cb));
+    if k == 1 {
+        // Single mode: the code histogram already has the counts; only padding is added.
+        let mut hist = vec![0u64; 1 << key_bits];
+        for (c, &n) in code_hist.iter().enumerate().take(payload.alphabet()) {
+            hist[coded_as[c] as usize] += n;
+        }
+        hist[pad_key] += (g.bands * LANES * padded_cols - g.rows * g.cols) as u64;
+        return hist;
+    }
     let size = 1usize << key_bits;
     let mut hist = codes
         .par_chunks(g.cols * 64)
@@ -283,18 +293,21 @@ impl Shared<'_> {
                 }
             }
             // The word that quartet q's slots make, with its companion bits written out.
+            // The word that quartet q's slots make; their high bits go to the companion stream
+            // (4·cbits bits per quartet, which never straddle a word).
             let mut word = |q: usize, digits: [u32; 4]| -> u32 {
-                let mut b = 0u32;
-                for i in 0..4 {
-                    let s = symbols[4 * q + i] as usize;
-                    let idx = self.enc.start[s] as u32 + digits[i];
-                    b |= (idx & 0xFF) << (8 * i);
-                    if cbits > 0 {
-                        let bit = (q * 4 + i) * cbits as usize;
-                        comp[(bit / 32) * LANES + lane] |= (idx >> 8) << (bit % 32);
-                    }
+                let sym = &symbols[4 * q..4 * q + 4];
+                let idx: [u32; 4] =
+                    std::array::from_fn(|i| self.enc.start[sym[i] as usize] as u32 + digits[i]);
+                if cbits > 0 {
+                    let hi = (0..4).fold(0u32, |a, i| a | (idx[i] >> 8) << (i as u32 * cbits));
+                    let bit = q * 4 * cbits as usize;
+                    comp[(bit / 32) * LANES + lane] |= hi << (bit % 32);
                 }
-                b
+                (idx[0] & 0xFF)
+                    | (idx[1] & 0xFF) << 8
+                    | (idx[2] & 0xFF) << 16
+                    | (idx[3] & 0xFF) << 24
             };
             // The last quartet takes no digits: the reservoir is empty when encoding starts.
             let mut x: u64 = 1;
