@@ -274,3 +274,84 @@ fn damaged_containers_fail_naming_the_tensor() {
     ]);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn fp8_and_mixed_dtype_checkpoint_round_trips() {
+    use entrollm_format::safetensors::write_safetensors;
+    use entrollm_format::{Dtype, TensorView};
+    let d = tmp("fp8");
+    let src = d.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    // FP8 E4M3 codes with a skewed distribution, E5M2, a per-row F32 scale and an I32 tensor.
+    let mut s = 7u64;
+    let mut next = || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 33) as u32
+    };
+    let e4m3: Vec<u8> = (0..300 * 257)
+        .map(|_| ((next() % 9) * (next() % 7) + 0x20) as u8 | (next() as u8 & 0x80))
+        .collect();
+    let e5m2: Vec<u8> = (0..64 * 512).map(|_| (next() % 40 + 0x30) as u8).collect();
+    let scale: Vec<u8> = (0..300)
+        .flat_map(|i| (1.0f32 + i as f32 / 300.0).to_le_bytes())
+        .collect();
+    let ids: Vec<u8> = (0..10i32).flat_map(|i| i.to_le_bytes()).collect();
+    write_safetensors(
+        &src.join("model.safetensors"),
+        &[
+            TensorView {
+                name: "w.weight",
+                dtype: Dtype::F8E4M3,
+                shape: &[300, 257],
+                bytes: &e4m3,
+            },
+            TensorView {
+                name: "w.weight_scale",
+                dtype: Dtype::F32,
+                shape: &[300, 1],
+                bytes: &scale,
+            },
+            TensorView {
+                name: "v.weight",
+                dtype: Dtype::F8E5M2,
+                shape: &[64, 512],
+                bytes: &e5m2,
+            },
+            TensorView {
+                name: "ids",
+                dtype: Dtype::I32,
+                shape: &[10],
+                bytes: &ids,
+            },
+        ],
+        None,
+    )
+    .unwrap();
+    std::fs::write(src.join("config.json"), "{}").unwrap();
+    let c = d.join("c");
+    let back = d.join("back");
+    ok(&["compress", src.to_str().unwrap(), "-o", c.to_str().unwrap()]);
+    ok(&[
+        "decompress",
+        c.to_str().unwrap(),
+        "-o",
+        back.to_str().unwrap(),
+    ]);
+    assert_same_dirs(&src, &back);
+    let v: serde_json::Value =
+        serde_json::from_slice(&ok(&["inspect", c.to_str().unwrap(), "--json"]).stdout).unwrap();
+    assert_eq!(v["totals"]["coded_tensors"], 2, "{v}");
+    // df11 refuses a checkpoint without BF16 tensors, clearly.
+    let err = fails(&[
+        "compress",
+        src.to_str().unwrap(),
+        "-o",
+        d.join("x").to_str().unwrap(),
+        "--coder",
+        "df11",
+    ]);
+    assert!(err.contains("BF16"), "{err}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
