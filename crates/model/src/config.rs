@@ -1,6 +1,7 @@
 //! Model configuration: what the engine needs to know about an architecture, from an HF
 //! `config.json` or GGUF metadata.
 
+use crate::error::{ModelError, Result};
 use serde::{Deserialize, Serialize};
 
 /// Architectures the engine runs (all decoder-only, RMSNorm, RoPE, GQA, SwiGLU).
@@ -59,4 +60,704 @@ pub struct ModelConfig {
     pub attention_bias: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+}
+
+/// Upper bounds on sizes, far above any real checkpoint, so a corrupt or hostile config is rejected
+/// before anything is allocated from it.
+const MAX_VOCAB: usize = 1 << 22;
+const MAX_HIDDEN: usize = 1 << 16;
+const MAX_INTERMEDIATE: usize = 1 << 19;
+const MAX_LAYERS: usize = 1024;
+const MAX_HEADS: usize = 1024;
+const MAX_HEAD_DIM: usize = 1024;
+const MAX_POSITIONS: usize = 1 << 24;
+
+/// `rope_theta` when a config names none (transformers' `RotaryEmbeddingConfigMixin.default_theta`).
+const DEFAULT_ROPE_THETA: f64 = 10_000.0;
+
+impl ModelConfig {
+    /// Parses a Hugging Face `config.json` of a Llama, Qwen2 or Mistral model and validates it.
+    ///
+    /// Follows transformers' defaults: `num_key_value_heads` = `num_attention_heads`, `head_dim` =
+    /// `hidden_size / num_attention_heads`, `rope_theta` = 10000; `rope_theta` and the scaling may sit
+    /// at the top level with a legacy `rope_scaling` (keyed `type` or `rope_type`) or in v5's
+    /// `rope_parameters`. HF checkpoints store Q/K rows for NEOX-style RoPE, so `rope_style` is
+    /// [`RopeStyle::Neox`]. The engine attends over the full context, so a sliding-window model
+    /// (Mistral v0.1, Qwen2 with `use_sliding_window`) has `max_position_embeddings` capped at its
+    /// window: within it full attention is exact.
+    pub fn from_hf_json(text: &str) -> Result<Self> {
+        let json: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| ModelError::Config(format!("config.json is not valid JSON: {e}")))?;
+        let obj = json
+            .as_object()
+            .ok_or_else(|| ModelError::Config("config.json is not a JSON object".into()))?;
+        let fields = HfFields(obj);
+
+        let arch = fields.arch()?;
+        if let Some(act) = fields.string("hidden_act")? {
+            if act != "silu" {
+                return Err(ModelError::Unsupported(format!(
+                    "config hidden_act: {act:?} (only \"silu\" is supported)"
+                )));
+            }
+        }
+        if fields.bool("mlp_bias")?.unwrap_or(false) {
+            return Err(ModelError::Unsupported(
+                "config mlp_bias: true (MLP biases)".into(),
+            ));
+        }
+
+        let hidden_size = fields.required_usize("hidden_size")?;
+        let num_heads = fields.required_usize("num_attention_heads")?;
+        let num_kv_heads = fields.usize("num_key_value_heads")?.unwrap_or(num_heads);
+        let head_dim = match fields.usize("head_dim")? {
+            Some(d) => d,
+            None => {
+                if num_heads == 0 || hidden_size % num_heads != 0 {
+                    return Err(ModelError::Config(format!(
+                        "hidden_size ({hidden_size}) is not divisible by num_attention_heads \
+                         ({num_heads}) and there is no head_dim"
+                    )));
+                }
+                hidden_size / num_heads
+            }
+        };
+
+        let mut max_position_embeddings = fields.required_usize("max_position_embeddings")?;
+        let sliding_window_on = match arch {
+            Arch::Mistral => true,
+            Arch::Qwen2 => fields.bool("use_sliding_window")?.unwrap_or(false),
+            Arch::Llama => false,
+        };
+        if sliding_window_on {
+            if let Some(window) = fields.usize("sliding_window")? {
+                if window == 0 {
+                    return Err(ModelError::Config("sliding_window: must be ≥ 1".into()));
+                }
+                max_position_embeddings = max_position_embeddings.min(window);
+            }
+        }
+
+        let (rope_theta, rope_scaling) = fields.rope()?;
+        let eos_token_ids = match obj.get("eos_token_id") {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(serde_json::Value::Array(ids)) => ids
+                .iter()
+                .map(|v| token_id("eos_token_id", v))
+                .collect::<Result<_>>()?,
+            Some(v) => vec![token_id("eos_token_id", v)?],
+        };
+        let bos_token_id = match obj.get("bos_token_id") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => Some(token_id("bos_token_id", v)?),
+        };
+
+        let config = ModelConfig {
+            arch,
+            vocab_size: fields.required_usize("vocab_size")?,
+            hidden_size,
+            intermediate_size: fields.required_usize("intermediate_size")?,
+            num_layers: fields.required_usize("num_hidden_layers")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            max_position_embeddings,
+            rms_norm_eps: fields.f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
+            rope_theta: rope_theta as f32,
+            rope_scaling,
+            rope_style: RopeStyle::Neox,
+            tie_word_embeddings: fields.bool("tie_word_embeddings")?.unwrap_or(false),
+            // Qwen2's q/k/v projections always carry biases, Mistral's never; Llama's follow
+            // `attention_bias`.
+            attention_bias: match arch {
+                Arch::Qwen2 => true,
+                Arch::Mistral => false,
+                Arch::Llama => fields.bool("attention_bias")?.unwrap_or(false),
+            },
+            bos_token_id,
+            eos_token_ids,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks that every size is non-zero, plausible and consistent with the others; errors name the
+    /// field. Loaders call this on configs they build (e.g. from GGUF metadata).
+    pub fn validate(&self) -> Result<()> {
+        let bounded = |field: &str, value: usize, max: usize| -> Result<()> {
+            if value == 0 || value > max {
+                return Err(ModelError::Config(format!(
+                    "{field}: {value} is out of range (1..={max})"
+                )));
+            }
+            Ok(())
+        };
+        bounded("vocab_size", self.vocab_size, MAX_VOCAB)?;
+        bounded("hidden_size", self.hidden_size, MAX_HIDDEN)?;
+        bounded(
+            "intermediate_size",
+            self.intermediate_size,
+            MAX_INTERMEDIATE,
+        )?;
+        bounded("num_layers", self.num_layers, MAX_LAYERS)?;
+        bounded("num_heads", self.num_heads, MAX_HEADS)?;
+        bounded("num_kv_heads", self.num_kv_heads, self.num_heads)?;
+        bounded("head_dim", self.head_dim, MAX_HEAD_DIM)?;
+        bounded(
+            "max_position_embeddings",
+            self.max_position_embeddings,
+            MAX_POSITIONS,
+        )?;
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return Err(ModelError::Config(format!(
+                "num_heads ({}) is not a multiple of num_kv_heads ({})",
+                self.num_heads, self.num_kv_heads
+            )));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return Err(ModelError::Config(format!(
+                "head_dim: {} is odd (RoPE rotates pairs)",
+                self.head_dim
+            )));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
+            return Err(ModelError::Config(format!(
+                "rms_norm_eps: {} is not in (0, 1)",
+                self.rms_norm_eps
+            )));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            return Err(ModelError::Config(format!(
+                "rope_theta: {} is not a finite value > 1",
+                self.rope_theta
+            )));
+        }
+        self.rope_scaling.validate()?;
+        for &id in self.eos_token_ids.iter().chain(self.bos_token_id.iter()) {
+            if id as usize >= self.vocab_size {
+                return Err(ModelError::Config(format!(
+                    "bos/eos token id {id} is outside the vocabulary ({})",
+                    self.vocab_size
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Width of the query projection output (`num_heads · head_dim`).
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Width of the key and value projection outputs (`num_kv_heads · head_dim`).
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}
+
+impl RopeScaling {
+    fn validate(&self) -> Result<()> {
+        let positive = |field: &str, v: f32| -> Result<()> {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(ModelError::Config(format!(
+                    "rope_scaling.{field}: {v} is not a finite value > 0"
+                )))
+            }
+        };
+        match *self {
+            RopeScaling::None => Ok(()),
+            RopeScaling::Linear { factor } => positive("factor", factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                positive("factor", factor)?;
+                positive("low_freq_factor", low_freq_factor)?;
+                positive("high_freq_factor", high_freq_factor)?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(ModelError::Config(format!(
+                        "rope_scaling.high_freq_factor ({high_freq_factor}) must exceed \
+                         low_freq_factor ({low_freq_factor})"
+                    )));
+                }
+                if original_max_position_embeddings == 0
+                    || original_max_position_embeddings > MAX_POSITIONS
+                {
+                    return Err(ModelError::Config(format!(
+                        "rope_scaling.original_max_position_embeddings: \
+                         {original_max_position_embeddings} is out of range (1..={MAX_POSITIONS})"
+                    )));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn token_id(field: &str, v: &serde_json::Value) -> Result<u32> {
+    v.as_u64()
+        .and_then(|id| u32::try_from(id).ok())
+        .ok_or_else(|| ModelError::Config(format!("{field}: {v} is not a token id")))
+}
+
+/// Typed access to the fields of a `config.json` object; a present field of the wrong type is an
+/// error naming it, an absent or `null` one is `None`.
+struct HfFields<'a>(&'a serde_json::Map<String, serde_json::Value>);
+
+impl HfFields<'_> {
+    fn get(&self, field: &str) -> Option<&serde_json::Value> {
+        self.0.get(field).filter(|v| !v.is_null())
+    }
+
+    fn usize(&self, field: &str) -> Result<Option<usize>> {
+        self.get(field)
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| {
+                        ModelError::Config(format!("{field}: {v} is not a non-negative integer"))
+                    })
+            })
+            .transpose()
+    }
+
+    fn required_usize(&self, field: &str) -> Result<usize> {
+        self.usize(field)?
+            .ok_or_else(|| ModelError::Config(format!("{field}: missing")))
+    }
+
+    fn f64(&self, field: &str) -> Result<Option<f64>> {
+        self.get(field)
+            .map(|v| {
+                v.as_f64()
+                    .ok_or_else(|| ModelError::Config(format!("{field}: {v} is not a number")))
+            })
+            .transpose()
+    }
+
+    fn bool(&self, field: &str) -> Result<Option<bool>> {
+        self.get(field)
+            .map(|v| {
+                v.as_bool()
+                    .ok_or_else(|| ModelError::Config(format!("{field}: {v} is not a boolean")))
+            })
+            .transpose()
+    }
+
+    fn string(&self, field: &str) -> Result<Option<&str>> {
+        self.get(field)
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| ModelError::Config(format!("{field}: {v} is not a string")))
+            })
+            .transpose()
+    }
+
+    /// The architecture from `architectures[0]`, else from `model_type`.
+    fn arch(&self) -> Result<Arch> {
+        if let Some(list) = self.get("architectures") {
+            let name = list
+                .as_array()
+                .and_then(|a| a.first())
+                .and_then(|v| v.as_str())
+                .ok_or_else(|| {
+                    ModelError::Config(format!("architectures: {list} is not a list of names"))
+                })?;
+            return match name {
+                "LlamaForCausalLM" => Ok(Arch::Llama),
+                "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
+                "MistralForCausalLM" => Ok(Arch::Mistral),
+                other => Err(ModelError::Config(format!(
+                    "architectures: {other:?} is not supported (LlamaForCausalLM, \
+                     Qwen2ForCausalLM, MistralForCausalLM)"
+                ))),
+            };
+        }
+        match self.string("model_type")? {
+            Some("llama") => Ok(Arch::Llama),
+            Some("qwen2") => Ok(Arch::Qwen2),
+            Some("mistral") => Ok(Arch::Mistral),
+            Some(other) => Err(ModelError::Config(format!(
+                "model_type: {other:?} is not supported (llama, qwen2, mistral)"
+            ))),
+            None => Err(ModelError::Config(
+                "architectures and model_type: both missing".into(),
+            )),
+        }
+    }
+
+    /// `rope_theta` and the frequency scaling, from v5 `rope_parameters` or the legacy top-level
+    /// `rope_theta` + `rope_scaling`.
+    fn rope(&self) -> Result<(f64, RopeScaling)> {
+        let (section, params) = match self.get("rope_parameters") {
+            Some(p) => ("rope_parameters", Some(p)),
+            None => ("rope_scaling", self.get("rope_scaling")),
+        };
+        let params = params
+            .map(|p| {
+                p.as_object()
+                    .map(HfFields)
+                    .ok_or_else(|| ModelError::Config(format!("{section}: {p} is not an object")))
+            })
+            .transpose()?;
+        let named = |e: ModelError| match e {
+            ModelError::Config(msg) => ModelError::Config(format!("{section}.{msg}")),
+            other => other,
+        };
+        let theta = match params
+            .as_ref()
+            .map(|p| p.f64("rope_theta"))
+            .transpose()
+            .map_err(named)?
+        {
+            Some(Some(theta)) => theta,
+            _ => self.f64("rope_theta")?.unwrap_or(DEFAULT_ROPE_THETA),
+        };
+        let Some(params) = params else {
+            return Ok((theta, RopeScaling::None));
+        };
+        let rope_type = match params.string("rope_type").map_err(named)? {
+            Some(t) => Some(t),
+            None => params.string("type").map_err(named)?,
+        };
+        let factor = || -> Result<f32> {
+            params
+                .f64("factor")?
+                .map(|f| f as f32)
+                .ok_or_else(|| ModelError::Config("factor: missing".into()))
+        };
+        let scaling = match rope_type.unwrap_or("default") {
+            "default" => RopeScaling::None,
+            "linear" => RopeScaling::Linear {
+                factor: factor().map_err(named)?,
+            },
+            "llama3" => {
+                let required_f32 = |field: &str| -> Result<f32> {
+                    params
+                        .f64(field)?
+                        .map(|f| f as f32)
+                        .ok_or_else(|| ModelError::Config(format!("{field}: missing")))
+                };
+                RopeScaling::Llama3 {
+                    factor: factor().map_err(named)?,
+                    low_freq_factor: required_f32("low_freq_factor").map_err(named)?,
+                    high_freq_factor: required_f32("high_freq_factor").map_err(named)?,
+                    original_max_position_embeddings: params
+                        .required_usize("original_max_position_embeddings")
+                        .map_err(named)?,
+                }
+            }
+            other => {
+                return Err(ModelError::Unsupported(format!(
+                    "config {section}.rope_type: {other:?} (default, linear, llama3 are supported)"
+                )))
+            }
+        };
+        Ok((theta, scaling))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMOLLM2_135M: &str = r#"{
+      "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+      "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 576,
+      "initializer_range": 0.041666666666666664, "intermediate_size": 1536, "is_llama_config": true,
+      "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 9,
+      "num_hidden_layers": 30, "num_key_value_heads": 3, "pad_token_id": 2, "pretraining_tp": 1,
+      "rms_norm_eps": 1e-05, "rope_interleaved": false, "rope_scaling": null, "rope_theta": 100000,
+      "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.42.3",
+      "use_cache": true, "vocab_size": 49152}"#;
+
+    const LLAMA_31_8B: &str = r#"{
+      "architectures": ["LlamaForCausalLM"], "attention_bias": false, "bos_token_id": 128000,
+      "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu", "hidden_size": 4096,
+      "intermediate_size": 14336, "max_position_embeddings": 131072, "mlp_bias": false,
+      "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+      "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+      "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+      "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+      "vocab_size": 128256}"#;
+
+    const QWEN25_05B: &str = r#"{
+      "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+      "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 896, "intermediate_size": 4864,
+      "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2",
+      "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+      "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+      "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_cache": true,
+      "use_sliding_window": false, "vocab_size": 151936}"#;
+
+    const MISTRAL_7B_V01: &str = r#"{
+      "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+      "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+      "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
+      "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+      "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false,
+      "torch_dtype": "bfloat16", "vocab_size": 32000}"#;
+
+    /// Edits a config: sets (or with `null`, removes) top-level fields.
+    fn edited(base: &str, edits: &[(&str, serde_json::Value)]) -> String {
+        let mut v: serde_json::Value = serde_json::from_str(base).unwrap();
+        let obj = v.as_object_mut().unwrap();
+        for (k, val) in edits {
+            if val.is_null() {
+                obj.remove(*k);
+            } else {
+                obj.insert(k.to_string(), val.clone());
+            }
+        }
+        v.to_string()
+    }
+
+    fn config_error(text: &str) -> String {
+        match ModelConfig::from_hf_json(text) {
+            Err(ModelError::Config(msg)) => msg,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn smollm2_config() {
+        let c = ModelConfig::from_hf_json(SMOLLM2_135M).unwrap();
+        assert_eq!(c.arch, Arch::Llama);
+        assert_eq!(
+            (
+                c.vocab_size,
+                c.hidden_size,
+                c.intermediate_size,
+                c.num_layers
+            ),
+            (49152, 576, 1536, 30)
+        );
+        assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim), (9, 3, 64));
+        assert_eq!(c.max_position_embeddings, 8192);
+        assert_eq!(c.rms_norm_eps, 1e-5);
+        assert_eq!(c.rope_theta, 100000.0);
+        assert_eq!(c.rope_scaling, RopeScaling::None);
+        assert_eq!(c.rope_style, RopeStyle::Neox);
+        assert!(c.tie_word_embeddings);
+        assert!(!c.attention_bias);
+        assert_eq!(
+            (c.bos_token_id, c.eos_token_ids.clone()),
+            (Some(1), vec![2])
+        );
+        assert_eq!((c.q_dim(), c.kv_dim()), (576, 192));
+    }
+
+    #[test]
+    fn llama31_config_with_llama3_rope_and_eos_list() {
+        let c = ModelConfig::from_hf_json(LLAMA_31_8B).unwrap();
+        assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
+        assert_eq!(c.rope_theta, 500000.0);
+        assert_eq!(
+            c.rope_scaling,
+            RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192
+            }
+        );
+        assert!(!c.tie_word_embeddings);
+        assert_eq!((c.num_kv_heads, c.head_dim), (8, 128));
+    }
+
+    #[test]
+    fn qwen2_always_has_qkv_bias() {
+        let c = ModelConfig::from_hf_json(QWEN25_05B).unwrap();
+        assert_eq!(c.arch, Arch::Qwen2);
+        assert!(c.attention_bias);
+        assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim), (14, 2, 64));
+        assert_eq!(c.rope_theta, 1e6);
+        // use_sliding_window is false: the window does not limit the context.
+        assert_eq!(c.max_position_embeddings, 32768);
+        assert_eq!(c.bos_token_id, Some(151643));
+    }
+
+    #[test]
+    fn mistral_sliding_window_caps_the_context() {
+        let c = ModelConfig::from_hf_json(MISTRAL_7B_V01).unwrap();
+        assert_eq!(c.arch, Arch::Mistral);
+        assert_eq!(c.max_position_embeddings, 4096);
+        let no_window = edited(
+            MISTRAL_7B_V01,
+            &[("sliding_window", serde_json::Value::Null)],
+        );
+        let c = ModelConfig::from_hf_json(&no_window).unwrap();
+        assert_eq!(c.max_position_embeddings, 32768);
+    }
+
+    #[test]
+    fn defaults_for_absent_fields() {
+        use serde_json::json;
+        let text = edited(
+            SMOLLM2_135M,
+            &[
+                ("num_key_value_heads", json!(null)),
+                ("rope_theta", json!(null)),
+                ("rope_scaling", json!(null)),
+                ("eos_token_id", json!(null)),
+                ("bos_token_id", json!(null)),
+                ("tie_word_embeddings", json!(null)),
+                ("architectures", json!(null)),
+            ],
+        );
+        let c = ModelConfig::from_hf_json(&text).unwrap();
+        assert_eq!(c.arch, Arch::Llama); // from model_type
+        assert_eq!(c.num_kv_heads, 9);
+        assert_eq!(c.rope_theta, 10000.0);
+        assert!(c.eos_token_ids.is_empty());
+        assert_eq!(c.bos_token_id, None);
+        assert!(!c.tie_word_embeddings);
+    }
+
+    #[test]
+    fn explicit_head_dim_need_not_divide_hidden() {
+        // Mistral-Nemo: hidden 5120, 32 heads of 128.
+        let text = edited(
+            MISTRAL_7B_V01,
+            &[("hidden_size", 5120.into()), ("head_dim", 128.into())],
+        );
+        let c = ModelConfig::from_hf_json(&text).unwrap();
+        assert_eq!((c.hidden_size, c.head_dim, c.q_dim()), (5120, 128, 4096));
+    }
+
+    #[test]
+    fn rope_variants() {
+        use serde_json::json;
+        let legacy_linear = edited(
+            SMOLLM2_135M,
+            &[("rope_scaling", json!({"type": "linear", "factor": 4.0}))],
+        );
+        let c = ModelConfig::from_hf_json(&legacy_linear).unwrap();
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 4.0 });
+
+        let v5 = edited(
+            LLAMA_31_8B,
+            &[
+                ("rope_scaling", json!(null)),
+                ("rope_theta", json!(null)),
+                (
+                    "rope_parameters",
+                    json!({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                           "original_max_position_embeddings": 8192}),
+                ),
+            ],
+        );
+        assert_eq!(
+            ModelConfig::from_hf_json(&v5).unwrap(),
+            ModelConfig::from_hf_json(LLAMA_31_8B).unwrap()
+        );
+
+        let v5_default = edited(
+            SMOLLM2_135M,
+            &[
+                ("rope_theta", json!(null)),
+                (
+                    "rope_parameters",
+                    json!({"rope_type": "default", "rope_theta": 1234.0}),
+                ),
+            ],
+        );
+        let c = ModelConfig::from_hf_json(&v5_default).unwrap();
+        assert_eq!((c.rope_theta, c.rope_scaling), (1234.0, RopeScaling::None));
+
+        let yarn = edited(
+            QWEN25_05B,
+            &[("rope_scaling", json!({"type": "yarn", "factor": 4.0}))],
+        );
+        match ModelConfig::from_hf_json(&yarn) {
+            Err(ModelError::Unsupported(msg)) => assert!(msg.contains("yarn"), "{msg}"),
+            other => panic!("expected unsupported, got {other:?}"),
+        }
+
+        let missing_low = edited(
+            LLAMA_31_8B,
+            &[(
+                "rope_scaling",
+                json!({"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192}),
+            )],
+        );
+        let msg = config_error(&missing_low);
+        assert!(msg.contains("rope_scaling.low_freq_factor"), "{msg}");
+
+        let inverted = edited(
+            LLAMA_31_8B,
+            &[(
+                "rope_scaling",
+                json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                       "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}),
+            )],
+        );
+        assert!(config_error(&inverted).contains("high_freq_factor"));
+    }
+
+    #[test]
+    fn bad_configs_name_the_field() {
+        use serde_json::json;
+        let cases: &[(&[(&str, serde_json::Value)], &str)] = &[
+            (
+                &[("architectures", json!(["GPT2LMHeadModel"]))],
+                "architectures",
+            ),
+            (
+                &[
+                    ("architectures", json!(null)),
+                    ("model_type", json!("gpt2")),
+                ],
+                "model_type",
+            ),
+            (&[("hidden_size", json!(null))], "hidden_size: missing"),
+            (&[("vocab_size", json!(0))], "vocab_size"),
+            (&[("num_hidden_layers", json!(-3))], "num_hidden_layers"),
+            (&[("intermediate_size", json!("big"))], "intermediate_size"),
+            (
+                &[("num_attention_heads", json!(7))],
+                "not divisible by num_attention_heads",
+            ),
+            (&[("num_key_value_heads", json!(2))], "num_kv_heads (2)"),
+            (&[("num_key_value_heads", json!(18))], "num_kv_heads"),
+            (&[("hidden_size", json!(1u64 << 40))], "hidden_size"),
+            (&[("vocab_size", json!(1u64 << 30))], "vocab_size"),
+            (&[("rms_norm_eps", json!(0.0))], "rms_norm_eps"),
+            (&[("rope_theta", json!(-1.0))], "rope_theta"),
+            (&[("eos_token_id", json!(49152))], "token id 49152"),
+            (&[("eos_token_id", json!([2, "x"]))], "eos_token_id"),
+            (&[("head_dim", json!(63))], "head_dim"),
+            (
+                &[("tie_word_embeddings", json!("yes"))],
+                "tie_word_embeddings",
+            ),
+        ];
+        for (edits, needle) in cases {
+            let msg = config_error(&edited(SMOLLM2_135M, edits));
+            assert!(
+                msg.contains(needle),
+                "{edits:?}: {msg:?} should name {needle:?}"
+            );
+        }
+        assert!(config_error("[1, 2]").contains("not a JSON object"));
+        assert!(config_error("{").contains("not valid JSON"));
+    }
+
+    #[test]
+    fn unsupported_activation_and_mlp_bias() {
+        use serde_json::json;
+        for edits in [[("hidden_act", json!("gelu"))], [("mlp_bias", json!(true))]] {
+            assert!(matches!(
+                ModelConfig::from_hf_json(&edited(SMOLLM2_135M, &edits)),
+                Err(ModelError::Unsupported(_))
+            ));
+        }
+    }
 }

@@ -32,9 +32,15 @@ pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 
 impl ModelError {
     pub fn format(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
-        ModelError::Format { path: path.into(), msg: msg.into() }
+        ModelError::Format {
+            path: path.into(),
+            msg: msg.into(),
+        }
     }
     pub fn tensor(name: impl Into<String>, msg: impl Into<String>) -> Self {
-        ModelError::Tensor { name: name.into(), msg: msg.into() }
+        ModelError::Tensor {
+            name: name.into(),
+            msg: msg.into(),
+        }
     }
 }

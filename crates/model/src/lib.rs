@@ -1,10 +1,20 @@
 //! entrollm-model: checkpoint loaders, tokenizers, chat templates and the CPU reference engine.
 
+pub mod chat;
 pub mod config;
+pub mod engine;
 pub mod error;
+pub mod eval;
+pub mod gguf;
+pub mod sampler;
 pub mod synth;
+pub mod tokenizer;
 pub mod weights;
 
 pub use config::ModelConfig;
+pub use engine::Engine;
 pub use error::{ModelError, Result};
+pub use eval::{perplexity, Perplexity};
+pub use sampler::{generate, Generation, Sampler, SamplingParams, StopReason};
+pub use weights::{build_model, DenseBf16, DenseF16, DenseF32};
 pub use weights::{HostTensor, LayerWeights, Linear, ModelWeights, TensorSource};

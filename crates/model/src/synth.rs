@@ -101,8 +101,12 @@ pub fn hf_config_json(c: &ModelConfig, torch_dtype: &str) -> String {
         "torch_dtype": torch_dtype,
         "entrollm_synthetic": true,
     });
-    if let RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } =
-        c.rope_scaling
+    if let RopeScaling::Llama3 {
+        factor,
+        low_freq_factor,
+        high_freq_factor,
+        original_max_position_embeddings,
+    } = c.rope_scaling
     {
         v["rope_scaling"] = serde_json::json!({
             "rope_type": "llama3",
@@ -143,15 +147,44 @@ pub fn tensors(c: &ModelConfig) -> Vec<SynthTensor> {
         shape: vec![rows, cols],
         kind: SynthKind::Matrix { sigma },
     };
-    let norm = |name: String| SynthTensor { name, shape: vec![h], kind: SynthKind::Norm };
-    let mut v = vec![m("model.embed_tokens.weight".into(), c.vocab_size, h, 0.012)];
+    let norm = |name: String| SynthTensor {
+        name,
+        shape: vec![h],
+        kind: SynthKind::Norm,
+    };
+    let mut v = vec![m(
+        "model.embed_tokens.weight".into(),
+        c.vocab_size,
+        h,
+        0.012,
+    )];
     for l in 0..c.num_layers {
         let p = format!("model.layers.{l}");
         v.push(norm(format!("{p}.input_layernorm.weight")));
-        v.push(m(format!("{p}.self_attn.q_proj.weight"), c.num_heads * d, h, 0.025));
-        v.push(m(format!("{p}.self_attn.k_proj.weight"), c.num_kv_heads * d, h, 0.025));
-        v.push(m(format!("{p}.self_attn.v_proj.weight"), c.num_kv_heads * d, h, 0.015));
-        v.push(m(format!("{p}.self_attn.o_proj.weight"), h, c.num_heads * d, 0.015));
+        v.push(m(
+            format!("{p}.self_attn.q_proj.weight"),
+            c.num_heads * d,
+            h,
+            0.025,
+        ));
+        v.push(m(
+            format!("{p}.self_attn.k_proj.weight"),
+            c.num_kv_heads * d,
+            h,
+            0.025,
+        ));
+        v.push(m(
+            format!("{p}.self_attn.v_proj.weight"),
+            c.num_kv_heads * d,
+            h,
+            0.015,
+        ));
+        v.push(m(
+            format!("{p}.self_attn.o_proj.weight"),
+            h,
+            c.num_heads * d,
+            0.015,
+        ));
         v.push(norm(format!("{p}.post_attention_layernorm.weight")));
         v.push(m(format!("{p}.mlp.gate_proj.weight"), i, h, 0.018));
         v.push(m(format!("{p}.mlp.up_proj.weight"), i, h, 0.018));
@@ -211,7 +244,9 @@ impl Xoshiro {
 }
 
 fn name_hash(name: &str) -> u64 {
-    name.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01B3))
+    name.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01B3)
+    })
 }
 
 /// Fills one row of a synthetic tensor with f32 values.
@@ -235,8 +270,16 @@ pub fn fill_row(t: &SynthTensor, seed: u64, row: usize, out: &mut [f32]) {
                 let u = rng.next();
                 for (j, (x, z)) in pair.iter_mut().zip([a, b]).enumerate() {
                     let col = 2 * c0 + j;
-                    let tau = if (u >> (32 * j)) as u32 % 100 < 3 { 2.5 } else { 1.0 };
-                    let outlier = if splitmix(col_seed ^ col as u64).is_multiple_of(256) { 4.0 } else { 1.0 };
+                    let tau = if (u >> (32 * j)) as u32 % 100 < 3 {
+                        2.5
+                    } else {
+                        1.0
+                    };
+                    let outlier = if splitmix(col_seed ^ col as u64).is_multiple_of(256) {
+                        4.0
+                    } else {
+                        1.0
+                    };
                     *x = row_scale * tau * outlier * z;
                 }
             }
@@ -254,7 +297,12 @@ pub enum SynthDtype {
 /// Fills a whole tensor as little-endian 16-bit values (rows in parallel).
 pub fn fill_tensor_16(t: &SynthTensor, seed: u64, dtype: SynthDtype, out: &mut [u8]) {
     let cols = *t.shape.last().unwrap_or(&1);
-    assert_eq!(out.len(), t.numel() * 2, "output buffer does not fit {}", t.name);
+    assert_eq!(
+        out.len(),
+        t.numel() * 2,
+        "output buffer does not fit {}",
+        t.name
+    );
     out.par_chunks_mut(2 * cols).enumerate().for_each_init(
         || vec![0f32; cols],
         |buf, (row, bytes)| {
@@ -300,12 +348,21 @@ mod tests {
             .chunks_exact(2)
             .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect();
-        assert_eq!(stored, row.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect::<Vec<_>>());
+        assert_eq!(
+            stored,
+            row.iter()
+                .map(|&v| half::bf16::from_f32(v).to_f32())
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]
     fn statistics_are_as_documented() {
-        let t = SynthTensor { name: "x".into(), shape: vec![256, 4096], kind: SynthKind::Matrix { sigma: 0.02 } };
+        let t = SynthTensor {
+            name: "x".into(),
+            shape: vec![256, 4096],
+            kind: SynthKind::Matrix { sigma: 0.02 },
+        };
         let mut sum2 = 0f64;
         let mut sum4 = 0f64;
         let mut row = vec![0f32; 4096];
@@ -319,9 +376,17 @@ mod tests {
         }
         let n = 256.0;
         let kurtosis = (sum4 / n) / (sum2 / n).powi(2);
-        assert!(kurtosis > 4.5, "kurtosis {kurtosis} should show heavy tails");
+        assert!(
+            kurtosis > 4.5,
+            "kurtosis {kurtosis} should show heavy tails"
+        );
         let mean_log: f64 = scales.iter().map(|s| s.ln()).sum::<f64>() / n;
-        let sd_log = (scales.iter().map(|s| (s.ln() - mean_log).powi(2)).sum::<f64>() / n).sqrt();
+        let sd_log = (scales
+            .iter()
+            .map(|s| (s.ln() - mean_log).powi(2))
+            .sum::<f64>()
+            / n)
+            .sqrt();
         assert!((0.18..0.35).contains(&sd_log), "row scale spread {sd_log}");
     }
 }

@@ -2,6 +2,9 @@
 //! and entropy-coded matrices are used the same way.
 
 use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use kernels::TILE_ROWS;
+use rayon::prelude::*;
 use std::sync::Arc;
 
 /// A weight matrix W of shape [rows (outputs), cols (inputs)].
@@ -67,4 +70,910 @@ pub trait TensorSource {
     fn config(&self) -> crate::error::Result<ModelConfig>;
     /// The tensor with this HF name, or `None` if the checkpoint has no such tensor.
     fn tensor(&self, hf_name: &str) -> crate::error::Result<Option<HostTensor>>;
+}
+
+/// How a dense matrix stores its elements and turns one into f32 (sealed: the SIMD kernels rely
+/// on [`DenseElement::LAYOUT`] describing `Stored` exactly).
+pub trait DenseElement: sealed::Sealed + Send + Sync + 'static {
+    type Stored: Copy + Send + Sync + 'static;
+    /// safetensors-style dtype name, for messages.
+    const DTYPE: &'static str;
+    const LAYOUT: ElementLayout;
+    /// Branch-free, so the portable kernel vectorises.
+    fn to_f32(s: Self::Stored) -> f32;
+    /// The elements themselves when they already are f32 (no conversion needed).
+    fn as_f32_slice(_s: &[Self::Stored]) -> Option<&[f32]> {
+        None
+    }
+}
+
+/// The bit layout of a stored element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElementLayout {
+    F32,
+    Bf16,
+    F16,
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::F32 {}
+    impl Sealed for super::Bf16 {}
+    impl Sealed for super::F16 {}
+}
+
+/// f32 storage.
+pub enum F32 {}
+/// bfloat16 bit patterns (u16).
+pub enum Bf16 {}
+/// IEEE half bit patterns (u16).
+pub enum F16 {}
+
+impl DenseElement for F32 {
+    type Stored = f32;
+    const DTYPE: &'static str = "F32";
+    const LAYOUT: ElementLayout = ElementLayout::F32;
+    #[inline(always)]
+    fn to_f32(s: f32) -> f32 {
+        s
+    }
+    fn as_f32_slice(s: &[f32]) -> Option<&[f32]> {
+        Some(s)
+    }
+}
+
+impl DenseElement for Bf16 {
+    type Stored = u16;
+    const DTYPE: &'static str = "BF16";
+    const LAYOUT: ElementLayout = ElementLayout::Bf16;
+    #[inline(always)]
+    fn to_f32(s: u16) -> f32 {
+        f32::from_bits((s as u32) << 16)
+    }
+}
+
+impl DenseElement for F16 {
+    type Stored = u16;
+    const DTYPE: &'static str = "F16";
+    const LAYOUT: ElementLayout = ElementLayout::F16;
+    /// Exact for every input (subnormals, inf, NaN payloads), written with selects instead of
+    /// branches (after F. Giesen's `half_to_float`).
+    #[inline(always)]
+    fn to_f32(s: u16) -> f32 {
+        let h = s as u32;
+        let shifted = (h & 0x7fff) << 13; // exponent and mantissa in f32 position
+        let exp = shifted & (0x7c00 << 13);
+        let rebased = shifted + ((127 - 15) << 23);
+        let inf_nan = rebased + ((128 - 16) << 23);
+        // Subnormal: give it the implicit 1 of exponent -14, then subtract that 1 (2^-14) exactly.
+        let subnormal = (f32::from_bits(rebased + (1 << 23)) - f32::from_bits(113 << 23)).to_bits();
+        let magnitude = if exp == 0x7c00 << 13 {
+            inf_nan
+        } else if exp == 0 {
+            subnormal
+        } else {
+            rebased
+        };
+        f32::from_bits(magnitude | ((h & 0x8000) << 16))
+    }
+}
+
+/// A row-major [rows, cols] matrix kept in its stored precision.
+pub struct Dense<E: DenseElement> {
+    rows: usize,
+    cols: usize,
+    data: Vec<E::Stored>,
+}
+
+pub type DenseF32 = Dense<F32>;
+pub type DenseBf16 = Dense<Bf16>;
+pub type DenseF16 = Dense<F16>;
+
+impl<E: DenseElement> Dense<E> {
+    /// `name` labels errors: `data` must hold exactly `rows · cols` elements, both non-zero.
+    pub fn new(name: &str, rows: usize, cols: usize, data: Vec<E::Stored>) -> Result<Self> {
+        if rows == 0 || cols == 0 {
+            return Err(ModelError::tensor(
+                name,
+                format!("empty {} matrix [{rows}, {cols}]", E::DTYPE),
+            ));
+        }
+        if rows.checked_mul(cols) != Some(data.len()) {
+            return Err(ModelError::tensor(
+                name,
+                format!(
+                    "{} matrix [{rows}, {cols}] needs {} elements, has {}",
+                    E::DTYPE,
+                    rows as u128 * cols as u128,
+                    data.len()
+                ),
+            ));
+        }
+        let mut data = data;
+        // stored_bytes() reports the length: keep no spare capacity behind it.
+        data.shrink_to_fit();
+        Ok(Dense { rows, cols, data })
+    }
+
+    /// The stored elements, row-major.
+    pub fn data(&self) -> &[E::Stored] {
+        &self.data
+    }
+
+    /// Rows per parallel task: enough work per task (~64K weights) to amortise scheduling, a
+    /// multiple of the kernel's row tile.
+    fn rows_per_task(&self) -> usize {
+        let rows = (1usize << 16) / self.cols;
+        rows.clamp(TILE_ROWS, 256) / TILE_ROWS * TILE_ROWS
+    }
+}
+
+impl<E: DenseElement> Linear for Dense<E> {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        assert_eq!(x.len(), self.cols, "matvec input length");
+        assert_eq!(y.len(), self.rows, "matvec output length");
+        let cols = self.cols;
+        let task_rows = self.rows_per_task();
+        let isa = kernels::Isa::detect();
+        y.par_chunks_mut(task_rows)
+            .zip(self.data.par_chunks(task_rows * cols))
+            .for_each(|(y, w)| kernels::rows_times_vectors::<E>(isa, w, cols, x, 1, y));
+    }
+
+    /// Each task converts a block of weight rows to f32 once, then multiplies it with every input
+    /// vector, so the weights are read once per batch.
+    fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        assert_eq!(x.len(), n * self.cols, "matmul input length");
+        assert_eq!(y.len(), n * self.rows, "matmul output length");
+        if n == 1 {
+            return self.matvec(x, y);
+        }
+        let (rows, cols) = (self.rows, self.cols);
+        let task_rows = self.rows_per_task();
+        let isa = kernels::Isa::detect();
+        // Tasks own whole row blocks, so they write the transposed product [rows, n].
+        let mut y_t = vec![0f32; rows * n];
+        y_t.par_chunks_mut(task_rows * n)
+            .zip(self.data.par_chunks(task_rows * cols))
+            .for_each(|(y_t, w)| {
+                let converted: Vec<f32>;
+                let w_f32 = match E::as_f32_slice(w) {
+                    Some(w) => w,
+                    None => {
+                        converted = w.iter().map(|&s| E::to_f32(s)).collect();
+                        &converted
+                    }
+                };
+                kernels::rows_times_vectors::<F32>(isa, w_f32, cols, x, n, y_t);
+            });
+        y.par_chunks_mut(rows).enumerate().for_each(|(b, y)| {
+            for (r, out) in y.iter_mut().enumerate() {
+                *out = y_t[r * n + b];
+            }
+        });
+    }
+
+    fn row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.rows, "row {r} of a {}-row matrix", self.rows);
+        let src = &self.data[r * self.cols..(r + 1) * self.cols];
+        for (o, &s) in out.iter_mut().zip(src) {
+            *o = E::to_f32(s);
+        }
+    }
+
+    fn stored_bytes(&self) -> usize {
+        self.data.len() * std::mem::size_of::<E::Stored>()
+    }
+}
+
+/// The dense dot-product kernels. Register tiles of rows × vectors with LANES-wide partial sums,
+/// a fixed pairwise reduction and a scalar tail, so every (row, vector) dot product sums its
+/// terms in the same order whatever the tiling (`matvec` and `matmul` agree bit for bit) and
+/// whichever implementation runs: portable Rust that LLVM vectorises, or AVX2 intrinsics (no FMA,
+/// for the same reason) picked at run time.
+mod kernels {
+    use super::DenseElement;
+    use std::array;
+
+    /// Partial sums per dot product (one AVX2 register of f32).
+    const LANES: usize = 8;
+    /// Weight rows per register tile.
+    pub(super) const TILE_ROWS: usize = 4;
+    /// Input vectors per register tile in batched products.
+    const TILE_VECS: usize = 2;
+    /// Input vectors kept hot in cache while a task walks its row block.
+    const BATCH_CHUNK: usize = 32;
+
+    /// Which tile implementation runs.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(super) enum Isa {
+        Portable,
+        #[cfg(target_arch = "x86_64")]
+        Avx2,
+    }
+
+    impl Isa {
+        pub(super) fn detect() -> Isa {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("f16c")
+                {
+                    return Isa::Avx2;
+                }
+            }
+            Isa::Portable
+        }
+    }
+
+    /// `out[r·n + b] = w_r · x_b` for the `out.len() / n` rows in `w` (row-major, `cols` wide) and
+    /// the `n` vectors in `x`.
+    pub(super) fn rows_times_vectors<E: DenseElement>(
+        isa: Isa,
+        w: &[E::Stored],
+        cols: usize,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let rows = out.len() / n;
+        assert_eq!(w.len(), rows * cols, "weight block size");
+        assert_eq!(x.len(), n * cols, "input size");
+        let row = |r: usize| &w[r * cols..(r + 1) * cols];
+        let vector = |b: usize| &x[b * cols..(b + 1) * cols];
+        for b_start in (0..n).step_by(BATCH_CHUNK) {
+            let b_end = (b_start + BATCH_CHUNK).min(n);
+            let mut r = 0;
+            while r < rows {
+                if r + TILE_ROWS <= rows {
+                    let ws: [&[E::Stored]; TILE_ROWS] = array::from_fn(|i| row(r + i));
+                    tile_over_vectors::<E, TILE_ROWS>(
+                        isa,
+                        ws,
+                        &vector,
+                        b_start,
+                        b_end,
+                        |i, b, v| out[(r + i) * n + b] = v,
+                    );
+                    r += TILE_ROWS;
+                } else {
+                    tile_over_vectors::<E, 1>(isa, [row(r)], &vector, b_start, b_end, |_, b, v| {
+                        out[r * n + b] = v
+                    });
+                    r += 1;
+                }
+            }
+        }
+    }
+
+    /// Multiplies `R` weight rows with vectors `b_start..b_end`, `TILE_VECS` at a time.
+    #[inline(always)]
+    fn tile_over_vectors<'x, E: DenseElement, const R: usize>(
+        isa: Isa,
+        ws: [&[E::Stored]; R],
+        vector: &impl Fn(usize) -> &'x [f32],
+        b_start: usize,
+        b_end: usize,
+        mut store: impl FnMut(usize, usize, f32),
+    ) {
+        let mut b = b_start;
+        while b < b_end {
+            if b + TILE_VECS <= b_end {
+                let dots = tile::<E, R, TILE_VECS>(isa, ws, array::from_fn(|j| vector(b + j)));
+                for (i, row) in dots.iter().enumerate() {
+                    for (j, &v) in row.iter().enumerate() {
+                        store(i, b + j, v);
+                    }
+                }
+                b += TILE_VECS;
+            } else {
+                let dots = tile::<E, R, 1>(isa, ws, [vector(b)]);
+                for (i, row) in dots.iter().enumerate() {
+                    store(i, b, row[0]);
+                }
+                b += 1;
+            }
+        }
+    }
+
+    /// The R×B dot products of `R` weight rows with `B` vectors, all of one length.
+    #[inline(always)]
+    pub(super) fn tile<E: DenseElement, const R: usize, const B: usize>(
+        isa: Isa,
+        w: [&[E::Stored]; R],
+        x: [&[f32]; B],
+    ) -> [[f32; B]; R] {
+        let k = x[0].len();
+        assert!(w.iter().all(|r| r.len() == k) && x.iter().all(|v| v.len() == k));
+        match isa {
+            Isa::Portable => tile_portable::<E, R, B>(w, x),
+            // SAFETY: `Isa::detect` found AVX2 and F16C; all slices hold `k` elements.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { tile_avx2::<E, R, B>(w, x) },
+        }
+    }
+
+    #[inline(always)]
+    fn tile_portable<E: DenseElement, const R: usize, const B: usize>(
+        w: [&[E::Stored]; R],
+        x: [&[f32]; B],
+    ) -> [[f32; B]; R] {
+        let k = x[0].len();
+        let body = k - k % LANES;
+        let mut acc = [[[0f32; LANES]; B]; R];
+        let mut c = 0;
+        while c < body {
+            let xs: [&[f32]; B] = array::from_fn(|b| &x[b][c..c + LANES]);
+            for r in 0..R {
+                let wr = &w[r][c..c + LANES];
+                let wf: [f32; LANES] = array::from_fn(|l| E::to_f32(wr[l]));
+                for b in 0..B {
+                    for l in 0..LANES {
+                        acc[r][b][l] += wf[l] * xs[b][l];
+                    }
+                }
+            }
+            c += LANES;
+        }
+        let mut dots = [[0f32; B]; R];
+        for r in 0..R {
+            for b in 0..B {
+                let a = &acc[r][b];
+                let halves = array::from_fn(|l| a[l] + a[l + 4]);
+                dots[r][b] = finish::<E>(halves, w[r], x[b], body);
+            }
+        }
+        dots
+    }
+
+    /// Sums the four half-register partial sums `(a_l + a_{l+4})` pairwise, then adds the scalar
+    /// tail `body..`.
+    #[inline(always)]
+    fn finish<E: DenseElement>(halves: [f32; 4], w: &[E::Stored], x: &[f32], body: usize) -> f32 {
+        let mut sum = (halves[0] + halves[1]) + (halves[2] + halves[3]);
+        for (&w, &x) in w[body..].iter().zip(&x[body..]) {
+            sum += E::to_f32(w) * x;
+        }
+        sum
+    }
+
+    /// # Safety
+    /// The CPU supports AVX2 and F16C, and every slice in `w` and `x` has `x[0].len()` elements.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn tile_avx2<E: DenseElement, const R: usize, const B: usize>(
+        w: [&[E::Stored]; R],
+        x: [&[f32]; B],
+    ) -> [[f32; B]; R] {
+        use super::ElementLayout;
+        use std::arch::x86_64::*;
+        let k = x[0].len();
+        let body = k - k % LANES;
+        let mut acc = [[_mm256_setzero_ps(); B]; R];
+        let mut xv = [_mm256_setzero_ps(); B];
+        let mut c = 0;
+        while c < body {
+            for b in 0..B {
+                xv[b] = _mm256_loadu_ps(x[b].as_ptr().add(c));
+            }
+            for r in 0..R {
+                let p = w[r].as_ptr().add(c);
+                // The sealed DenseElement guarantees `Stored` matches `LAYOUT`.
+                let wv = match E::LAYOUT {
+                    ElementLayout::F32 => _mm256_loadu_ps(p as *const f32),
+                    ElementLayout::Bf16 => {
+                        let bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+                        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(bits))
+                    }
+                    ElementLayout::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+                };
+                for b in 0..B {
+                    acc[r][b] = _mm256_add_ps(acc[r][b], _mm256_mul_ps(wv, xv[b]));
+                }
+            }
+            c += LANES;
+        }
+        let mut dots = [[0f32; B]; R];
+        for r in 0..R {
+            for b in 0..B {
+                let a = acc[r][b];
+                let halves = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+                let mut h = [0f32; 4];
+                _mm_storeu_ps(h.as_mut_ptr(), halves);
+                dots[r][b] = finish::<E>(h, w[r], x[b], body);
+            }
+        }
+        dots
+    }
+}
+
+/// The HF name of a tensor of layer `layer`, e.g. `model.layers.3.self_attn.q_proj.weight`.
+pub fn layer_tensor_name(layer: usize, suffix: &str) -> String {
+    format!("model.layers.{layer}.{suffix}")
+}
+
+/// Builds the model from a loader: fetches every tensor by HF name, keeps matrices in their stored
+/// precision (or as the loader's own [`Linear`]), widens norms and biases to f32, shares one `Arc`
+/// between embedding and LM head when they are tied, and checks every shape against the config.
+pub fn build_model(source: &dyn TensorSource) -> Result<ModelWeights> {
+    let config = source.config()?;
+    config.validate()?;
+    let fetch = |name: &str| -> Result<HostTensor> {
+        source
+            .tensor(name)?
+            .ok_or_else(|| ModelError::tensor(name, "missing from the checkpoint"))
+    };
+    let matrix = |name: &str| fetch(name).and_then(|t| host_matrix(name, t));
+    let vector = |name: &str| fetch(name).and_then(|t| host_vector(name, t));
+
+    let embed = matrix("model.embed_tokens.weight")?;
+    let mut layers = Vec::with_capacity(config.num_layers);
+    for i in 0..config.num_layers {
+        let name = |suffix: &str| layer_tensor_name(i, suffix);
+        // An output-projection bias (Llama `attention_bias`) has no place in LayerWeights.
+        let o_bias = name("self_attn.o_proj.bias");
+        if source.tensor(&o_bias)?.is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "tensor {o_bias}: biases on the attention output projection"
+            )));
+        }
+        let bias = |proj: &str| -> Result<Option<Vec<f32>>> {
+            match config.attention_bias {
+                true => vector(&name(&format!("self_attn.{proj}.bias"))).map(Some),
+                false => Ok(None),
+            }
+        };
+        layers.push(LayerWeights {
+            attn_norm: vector(&name("input_layernorm.weight"))?,
+            q: matrix(&name("self_attn.q_proj.weight"))?,
+            k: matrix(&name("self_attn.k_proj.weight"))?,
+            v: matrix(&name("self_attn.v_proj.weight"))?,
+            o: matrix(&name("self_attn.o_proj.weight"))?,
+            q_bias: bias("q_proj")?,
+            k_bias: bias("k_proj")?,
+            v_bias: bias("v_proj")?,
+            mlp_norm: vector(&name("post_attention_layernorm.weight"))?,
+            gate: matrix(&name("mlp.gate_proj.weight"))?,
+            up: matrix(&name("mlp.up_proj.weight"))?,
+            down: matrix(&name("mlp.down_proj.weight"))?,
+        });
+    }
+    let final_norm = vector("model.norm.weight")?;
+    let lm_head = match config.tie_word_embeddings {
+        true => Arc::clone(&embed),
+        false => matrix("lm_head.weight")?,
+    };
+    let weights = ModelWeights {
+        config,
+        embed,
+        layers,
+        final_norm,
+        lm_head,
+    };
+    weights.validate()?;
+    Ok(weights)
+}
+
+impl ModelWeights {
+    /// Checks the config and that every matrix and vector has the shape it implies; errors name
+    /// the tensor by its HF name.
+    pub fn validate(&self) -> Result<()> {
+        let c = &self.config;
+        c.validate()?;
+        let (hidden, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        expect_matrix(
+            "model.embed_tokens.weight",
+            &*self.embed,
+            c.vocab_size,
+            hidden,
+        )?;
+        if self.layers.len() != c.num_layers {
+            return Err(ModelError::Config(format!(
+                "num_layers is {} but the weights have {} layers",
+                c.num_layers,
+                self.layers.len()
+            )));
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            let name = |suffix: &str| layer_tensor_name(i, suffix);
+            expect_vector(&name("input_layernorm.weight"), &l.attn_norm, hidden)?;
+            expect_matrix(&name("self_attn.q_proj.weight"), &*l.q, q_dim, hidden)?;
+            expect_matrix(&name("self_attn.k_proj.weight"), &*l.k, kv_dim, hidden)?;
+            expect_matrix(&name("self_attn.v_proj.weight"), &*l.v, kv_dim, hidden)?;
+            expect_matrix(&name("self_attn.o_proj.weight"), &*l.o, hidden, q_dim)?;
+            for (proj, bias, len) in [
+                ("q_proj", &l.q_bias, q_dim),
+                ("k_proj", &l.k_bias, kv_dim),
+                ("v_proj", &l.v_bias, kv_dim),
+            ] {
+                if let Some(bias) = bias {
+                    expect_vector(&name(&format!("self_attn.{proj}.bias")), bias, len)?;
+                }
+            }
+            expect_vector(
+                &name("post_attention_layernorm.weight"),
+                &l.mlp_norm,
+                hidden,
+            )?;
+            let inter = c.intermediate_size;
+            expect_matrix(&name("mlp.gate_proj.weight"), &*l.gate, inter, hidden)?;
+            expect_matrix(&name("mlp.up_proj.weight"), &*l.up, inter, hidden)?;
+            expect_matrix(&name("mlp.down_proj.weight"), &*l.down, hidden, inter)?;
+        }
+        expect_vector("model.norm.weight", &self.final_norm, hidden)?;
+        expect_matrix("lm_head.weight", &*self.lm_head, c.vocab_size, hidden)
+    }
+
+    /// Bytes of all matrices and vectors (a tied LM head counted once).
+    pub fn stored_bytes(&self) -> usize {
+        let f32s = |v: &[f32]| std::mem::size_of_val(v);
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|m| m.stored_bytes())
+                    .sum::<usize>()
+                    + f32s(&l.attn_norm)
+                    + f32s(&l.mlp_norm)
+                    + [&l.q_bias, &l.k_bias, &l.v_bias]
+                        .iter()
+                        .map(|b| b.as_deref().map_or(0, f32s))
+                        .sum::<usize>()
+            })
+            .sum();
+        let lm_head = match Arc::ptr_eq(&self.embed, &self.lm_head) {
+            true => 0,
+            false => self.lm_head.stored_bytes(),
+        };
+        self.embed.stored_bytes() + layers + f32s(&self.final_norm) + lm_head
+    }
+}
+
+fn expect_matrix(name: &str, m: &dyn Linear, rows: usize, cols: usize) -> Result<()> {
+    if (m.rows(), m.cols()) != (rows, cols) {
+        return Err(ModelError::tensor(
+            name,
+            format!(
+                "shape [{}, {}], the config implies [{rows}, {cols}]",
+                m.rows(),
+                m.cols()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn expect_vector(name: &str, v: &[f32], len: usize) -> Result<()> {
+    if v.len() != len {
+        return Err(ModelError::tensor(
+            name,
+            format!("length {}, the config implies {len}", v.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// A loader's 2-D tensor as a [`Linear`] in its stored precision.
+fn host_matrix(name: &str, t: HostTensor) -> Result<Arc<dyn Linear>> {
+    let dims = |shape: &[usize]| -> Result<(usize, usize)> {
+        match *shape {
+            [rows, cols] => Ok((rows, cols)),
+            _ => Err(ModelError::tensor(
+                name,
+                format!("expected a matrix, got shape {shape:?}"),
+            )),
+        }
+    };
+    Ok(match t {
+        HostTensor::F32 { shape, data } => {
+            let (r, c) = dims(&shape)?;
+            Arc::new(DenseF32::new(name, r, c, data)?)
+        }
+        HostTensor::Bf16 { shape, data } => {
+            let (r, c) = dims(&shape)?;
+            Arc::new(DenseBf16::new(name, r, c, data)?)
+        }
+        HostTensor::F16 { shape, data } => {
+            let (r, c) = dims(&shape)?;
+            Arc::new(DenseF16::new(name, r, c, data)?)
+        }
+        HostTensor::Linear(m) => m,
+    })
+}
+
+/// A loader's 1-D tensor (norm weight, bias) widened to f32.
+fn host_vector(name: &str, t: HostTensor) -> Result<Vec<f32>> {
+    fn checked<T>(name: &str, shape: &[usize], data: Vec<T>) -> Result<Vec<T>> {
+        match *shape {
+            [len] if len == data.len() => Ok(data),
+            [len] => Err(ModelError::tensor(
+                name,
+                format!("shape [{len}] but {} elements", data.len()),
+            )),
+            _ => Err(ModelError::tensor(
+                name,
+                format!("expected a vector, got shape {shape:?}"),
+            )),
+        }
+    }
+    Ok(match t {
+        HostTensor::F32 { shape, data } => checked(name, &shape, data)?,
+        HostTensor::Bf16 { shape, data } => checked(name, &shape, data)?
+            .into_iter()
+            .map(Bf16::to_f32)
+            .collect(),
+        HostTensor::F16 { shape, data } => checked(name, &shape, data)?
+            .into_iter()
+            .map(F16::to_f32)
+            .collect(),
+        HostTensor::Linear(m) => {
+            return Err(ModelError::tensor(
+                name,
+                format!(
+                    "expected a vector, got a [{}, {}] matrix",
+                    m.rows(),
+                    m.cols()
+                ),
+            ))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SplitMix64-driven values in [-1, 1).
+    fn values(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = s;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^= z >> 31;
+                (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn f16_conversion_is_exact_for_every_bit_pattern() {
+        for bits in 0..=u16::MAX {
+            let ours = F16::to_f32(bits);
+            let reference = half::f16::from_bits(bits).to_f32();
+            if reference.is_nan() {
+                assert!(ours.is_nan(), "{bits:#06x}");
+                assert_eq!(
+                    ours.to_bits() >> 31,
+                    reference.to_bits() >> 31,
+                    "sign {bits:#06x}"
+                );
+            } else {
+                assert_eq!(ours.to_bits(), reference.to_bits(), "{bits:#06x}");
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_conversion_matches_half() {
+        for bits in 0..=u16::MAX {
+            let reference = half::bf16::from_bits(bits).to_f32();
+            if !reference.is_nan() {
+                assert_eq!(Bf16::to_f32(bits).to_bits(), reference.to_bits());
+            }
+        }
+    }
+
+    /// The three dense kinds holding (nearly) the same matrix, plus its f32 values as stored.
+    fn dense_variants(rows: usize, cols: usize, seed: u64) -> Vec<(Arc<dyn Linear>, Vec<f32>)> {
+        let w = values(seed, rows * cols);
+        let bf16: Vec<u16> = w
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect();
+        let f16: Vec<u16> = w
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_bits())
+            .collect();
+        let bf16_f32 = bf16.iter().map(|&b| Bf16::to_f32(b)).collect();
+        let f16_f32 = f16.iter().map(|&b| F16::to_f32(b)).collect();
+        vec![
+            (
+                Arc::new(DenseF32::new("w", rows, cols, w.clone()).unwrap()),
+                w,
+            ),
+            (
+                Arc::new(DenseBf16::new("w", rows, cols, bf16).unwrap()),
+                bf16_f32,
+            ),
+            (
+                Arc::new(DenseF16::new("w", rows, cols, f16).unwrap()),
+                f16_f32,
+            ),
+        ]
+    }
+
+    #[test]
+    fn matvec_matches_f64_reference() {
+        // Shapes with row and column tails around the tile sizes, and one with many tasks.
+        for (rows, cols) in [
+            (1, 1),
+            (3, 7),
+            (4, 8),
+            (9, 17),
+            (33, 64),
+            (130, 515),
+            (700, 96),
+        ] {
+            let x = values(7, cols);
+            for (m, w) in dense_variants(rows, cols, rows as u64 * 31 + cols as u64) {
+                assert_eq!((m.rows(), m.cols()), (rows, cols));
+                let mut y = vec![0f32; rows];
+                m.matvec(&x, &mut y);
+                for r in 0..rows {
+                    let exact: f64 = (0..cols)
+                        .map(|c| w[r * cols + c] as f64 * x[c] as f64)
+                        .sum();
+                    let bound: f64 = (0..cols)
+                        .map(|c| (w[r * cols + c] as f64 * x[c] as f64).abs())
+                        .sum::<f64>()
+                        * 1e-6
+                        + 1e-30;
+                    assert!(
+                        (y[r] as f64 - exact).abs() <= bound,
+                        "[{rows}x{cols}] row {r}: {} vs {exact}",
+                        y[r]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_equals_matvec_bit_for_bit() {
+        for (rows, cols) in [(5, 9), (64, 40), (301, 33)] {
+            for (m, _) in dense_variants(rows, cols, 99) {
+                for n in [1, 2, 3, 32, 33, 70] {
+                    let x = values(n as u64, n * cols);
+                    let mut y = vec![0f32; n * rows];
+                    m.matmul(&x, n, &mut y);
+                    for b in 0..n {
+                        let mut yb = vec![0f32; rows];
+                        m.matvec(&x[b * cols..(b + 1) * cols], &mut yb);
+                        assert_eq!(&y[b * rows..(b + 1) * rows], &yb[..], "n={n} b={b}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn simd_and_portable_kernels_agree_bit_for_bit() {
+        let isa = kernels::Isa::detect();
+        println!("kernel: {isa:?}");
+        for (rows, cols, n) in [
+            (4, 8, 1),
+            (7, 3, 2),
+            (13, 77, 5),
+            (40, 256, 3),
+            (9, 1000, 1),
+        ] {
+            let w = values(rows as u64, rows * cols);
+            let x = values(cols as u64, n * cols);
+            let bf16: Vec<u16> = w
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect();
+            let f16: Vec<u16> = w
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect();
+            let run = |isa| {
+                let mut outs = vec![vec![0f32; rows * n]; 3];
+                kernels::rows_times_vectors::<F32>(isa, &w, cols, &x, n, &mut outs[0]);
+                kernels::rows_times_vectors::<Bf16>(isa, &bf16, cols, &x, n, &mut outs[1]);
+                kernels::rows_times_vectors::<F16>(isa, &f16, cols, &x, n, &mut outs[2]);
+                outs
+            };
+            let to_bits = |o: Vec<Vec<f32>>| -> Vec<Vec<u32>> {
+                o.into_iter()
+                    .map(|v| v.into_iter().map(f32::to_bits).collect())
+                    .collect()
+            };
+            assert_eq!(
+                to_bits(run(isa)),
+                to_bits(run(kernels::Isa::Portable)),
+                "[{rows}x{cols}] n={n}"
+            );
+        }
+    }
+
+    #[test]
+    fn row_and_stored_bytes() {
+        let (rows, cols) = (6, 11);
+        for ((m, w), elem_bytes) in dense_variants(rows, cols, 5).into_iter().zip([4, 2, 2]) {
+            let mut out = vec![0f32; cols];
+            m.row(4, &mut out);
+            assert_eq!(&out[..], &w[4 * cols..5 * cols]);
+            assert_eq!(m.stored_bytes(), rows * cols * elem_bytes);
+        }
+    }
+
+    #[test]
+    fn dense_rejects_wrong_lengths() {
+        let err = DenseBf16::new("blk.w", 3, 4, vec![0; 11]).err().unwrap();
+        assert!(
+            matches!(&err, ModelError::Tensor { name, msg } if name == "blk.w" && msg.contains("needs 12")),
+            "{err}"
+        );
+        assert!(DenseF32::new("w", 0, 4, vec![]).is_err());
+        assert!(DenseF16::new("w", usize::MAX, 2, vec![0; 4]).is_err());
+    }
+
+    #[test]
+    fn host_tensors_to_matrices_and_vectors() {
+        let m = host_matrix(
+            "m",
+            HostTensor::F16 {
+                shape: vec![2, 3],
+                data: vec![0x3c00; 6],
+            },
+        )
+        .unwrap();
+        let mut out = vec![0f32; 3];
+        m.row(1, &mut out);
+        assert_eq!(out, vec![1.0; 3]);
+        let v = host_vector(
+            "v",
+            HostTensor::Bf16 {
+                shape: vec![2],
+                data: vec![0x3f80, 0xc000],
+            },
+        )
+        .unwrap();
+        assert_eq!(v, vec![1.0, -2.0]);
+
+        let not_matrix = host_matrix(
+            "norm",
+            HostTensor::F32 {
+                shape: vec![4],
+                data: vec![0.0; 4],
+            },
+        );
+        assert!(not_matrix
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("expected a matrix"));
+        let not_vector = host_vector("q", HostTensor::Linear(m));
+        assert!(not_vector
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("expected a vector"));
+        let short = host_vector(
+            "b",
+            HostTensor::F32 {
+                shape: vec![5],
+                data: vec![0.0; 4],
+            },
+        );
+        assert!(short
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("shape [5] but 4 elements"));
+    }
 }

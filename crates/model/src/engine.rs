@@ -1,0 +1,477 @@
+//! The CPU reference engine: the Llama/Qwen2/Mistral forward pass over [`ModelWeights`], with an
+//! f32 KV cache. Prompts run as batches (one matmul per weight per chunk, causal attention);
+//! decoding runs one token at a time. Work is spread over rayon's global pool.
+
+use crate::config::{ModelConfig, RopeScaling, RopeStyle};
+use crate::error::{ModelError, Result};
+use crate::weights::{LayerWeights, ModelWeights};
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// Tokens per forward chunk: bounds activation memory on long prompts (each weight is read once
+/// per chunk).
+const PREFILL_CHUNK: usize = 256;
+/// Positions whose logits are computed in one LM-head matmul (bounds the logits buffer).
+const LOGITS_CHUNK: usize = 32;
+/// Elements per task in element-wise work, so small vectors stay on one thread.
+const ELEMENTWISE_TASK: usize = 1 << 14;
+
+/// Runs a model on the CPU, holding the KV cache of one sequence.
+pub struct Engine {
+    weights: Arc<ModelWeights>,
+    max_seq_len: usize,
+    /// RoPE inverse frequencies (radians per position) of each rotated pair, scaling applied.
+    inv_freq: Vec<f64>,
+    /// Per layer: keys of positions `0..pos`, `[pos, kv_dim]`, RoPE applied.
+    keys: Vec<Vec<f32>>,
+    /// Per layer: values of positions `0..pos`, `[pos, kv_dim]`.
+    values: Vec<Vec<f32>>,
+    pos: usize,
+}
+
+impl Engine {
+    /// An engine for sequences of up to `max_seq_len` tokens (at most the model's
+    /// `max_position_embeddings`). Checks every weight's shape against the config.
+    pub fn new(weights: impl Into<Arc<ModelWeights>>, max_seq_len: usize) -> Result<Self> {
+        let weights = weights.into();
+        weights.validate()?;
+        let c = &weights.config;
+        if max_seq_len == 0 || max_seq_len > c.max_position_embeddings {
+            return Err(ModelError::Config(format!(
+                "max_seq_len: {max_seq_len} is out of range (1..={} = max_position_embeddings)",
+                c.max_position_embeddings
+            )));
+        }
+        let layers = c.num_layers;
+        Ok(Engine {
+            inv_freq: rope_inv_freq(c),
+            max_seq_len,
+            keys: vec![Vec::new(); layers],
+            values: vec![Vec::new(); layers],
+            pos: 0,
+            weights,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.weights.config
+    }
+
+    pub fn weights(&self) -> &Arc<ModelWeights> {
+        &self.weights
+    }
+
+    /// Tokens in the KV cache (the position the next token gets).
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    /// Forgets the sequence (keeps the cache's memory).
+    pub fn reset(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Keeps only the first `len` tokens of the sequence (no-op if it is not longer), so a shared
+    /// prefix need not be recomputed.
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.pos {
+            let kv_dim = self.config().kv_dim();
+            for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
+                cache.truncate(len * kv_dim);
+            }
+            self.pos = len;
+        }
+    }
+
+    /// Appends `tokens` to the sequence, processed as a batch, and returns the logits after the
+    /// last one.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut last = Vec::new();
+        self.forward(tokens, tokens.len().saturating_sub(1), |_, logits| {
+            last = logits.to_vec()
+        })?;
+        Ok(last)
+    }
+
+    /// Appends one token and returns the logits after it.
+    pub fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        self.prefill(&[token])
+    }
+
+    /// Appends `tokens` and returns the logits after each of them (`tokens.len() × vocab`).
+    pub fn logits_for_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let mut all = Vec::with_capacity(tokens.len());
+        self.forward(tokens, 0, |_, logits| all.push(logits.to_vec()))?;
+        Ok(all)
+    }
+
+    /// Appends `tokens` to the sequence and calls `on_logits(i, logits)` with the logits after
+    /// `tokens[i]` for every `i ≥ logits_from`, in order. Checks the token ids and the free
+    /// context before touching the cache, so on error the sequence is unchanged.
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        logits_from: usize,
+        mut on_logits: impl FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(ModelError::Config("engine input: no tokens".into()));
+        }
+        if self.pos + tokens.len() > self.max_seq_len {
+            return Err(ModelError::Config(format!(
+                "context full: {} tokens in the cache + {} new exceed max_seq_len {}",
+                self.pos,
+                tokens.len(),
+                self.max_seq_len
+            )));
+        }
+        let vocab = self.config().vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::tensor(
+                "model.embed_tokens.weight",
+                format!("token id {bad} is outside the vocabulary ({vocab})"),
+            ));
+        }
+        for (chunk_index, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let offset = chunk_index * PREFILL_CHUNK;
+            let hidden = self.forward_layers(chunk);
+            let first = logits_from.saturating_sub(offset);
+            if first < chunk.len() {
+                self.logits(&hidden[first * self.config().hidden_size..], |i, logits| {
+                    on_logits(offset + first + i, logits)
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` (already checked) through every layer at positions `pos..`, appends their
+    /// keys and values to the cache, and returns the final hidden states `[n, hidden]` (before
+    /// the final norm).
+    fn forward_layers(&mut self, tokens: &[u32]) -> Vec<f32> {
+        let weights = Arc::clone(&self.weights);
+        let c = &weights.config;
+        let (n, hidden) = (tokens.len(), c.hidden_size);
+        let mut x = vec![0f32; n * hidden];
+        for (row, &t) in x.chunks_mut(hidden).zip(tokens) {
+            weights.embed.row(t as usize, row);
+        }
+        let rope = RopeAngles::new(&self.inv_freq, self.pos, n);
+        let mut buffers = LayerBuffers::new(c, n);
+        for (layer_index, layer) in weights.layers.iter().enumerate() {
+            self.attention_block(layer_index, layer, &rope, &mut x, &mut buffers);
+            mlp_block(c, layer, &mut x, &mut buffers);
+        }
+        self.pos += n;
+        x
+    }
+
+    /// `x += o_proj(attention(rope(q), rope(k), v))` over the normed `x`; appends the chunk's keys
+    /// and values to this layer's cache.
+    fn attention_block(
+        &mut self,
+        layer_index: usize,
+        layer: &LayerWeights,
+        rope: &RopeAngles,
+        x: &mut [f32],
+        b: &mut LayerBuffers,
+    ) {
+        let c = &self.weights.config;
+        let n = x.len() / c.hidden_size;
+        rms_norm(x, &layer.attn_norm, c.rms_norm_eps, &mut b.normed);
+        for (proj, bias, out) in [
+            (&layer.q, &layer.q_bias, &mut b.q),
+            (&layer.k, &layer.k_bias, &mut b.k),
+            (&layer.v, &layer.v_bias, &mut b.v),
+        ] {
+            proj.matmul(&b.normed, n, out);
+            if let Some(bias) = bias {
+                for row in out.chunks_mut(bias.len()) {
+                    add_assign(row, bias);
+                }
+            }
+        }
+        rope.apply(&mut b.q, c.head_dim, c.rope_style);
+        rope.apply(&mut b.k, c.head_dim, c.rope_style);
+        self.keys[layer_index].extend_from_slice(&b.k);
+        self.values[layer_index].extend_from_slice(&b.v);
+        attention(
+            c,
+            &b.q,
+            &self.keys[layer_index],
+            &self.values[layer_index],
+            self.pos,
+            &mut b.attended,
+        );
+        layer.o.matmul(&b.attended, n, &mut b.normed);
+        add_assign(x, &b.normed);
+    }
+
+    /// Final norm and LM head over the hidden states `hidden` (`[m, hidden_size]`), calling
+    /// `on_logits(i, logits)` for each row.
+    fn logits(&self, hidden: &[f32], mut on_logits: impl FnMut(usize, &[f32])) {
+        let w = &self.weights;
+        let (h, vocab) = (w.config.hidden_size, w.config.vocab_size);
+        let mut normed = vec![0f32; LOGITS_CHUNK.min(hidden.len() / h) * h];
+        let mut logits = vec![0f32; normed.len() / h * vocab];
+        for (chunk_index, chunk) in hidden.chunks(LOGITS_CHUNK * h).enumerate() {
+            let m = chunk.len() / h;
+            rms_norm(
+                chunk,
+                &w.final_norm,
+                w.config.rms_norm_eps,
+                &mut normed[..m * h],
+            );
+            w.lm_head
+                .matmul(&normed[..m * h], m, &mut logits[..m * vocab]);
+            for (i, row) in logits[..m * vocab].chunks(vocab).enumerate() {
+                on_logits(chunk_index * LOGITS_CHUNK + i, row);
+            }
+        }
+    }
+}
+
+/// Activations of one chunk of `n` tokens, reused across layers.
+struct LayerBuffers {
+    /// `[n, hidden]`: normed input of a block, then its output before the residual add.
+    normed: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// `[n, q_dim]`: attention output per head.
+    attended: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+impl LayerBuffers {
+    fn new(c: &ModelConfig, n: usize) -> Self {
+        LayerBuffers {
+            normed: vec![0.0; n * c.hidden_size],
+            q: vec![0.0; n * c.q_dim()],
+            k: vec![0.0; n * c.kv_dim()],
+            v: vec![0.0; n * c.kv_dim()],
+            attended: vec![0.0; n * c.q_dim()],
+            gate: vec![0.0; n * c.intermediate_size],
+            up: vec![0.0; n * c.intermediate_size],
+        }
+    }
+}
+
+/// `x += down(silu(gate(h)) · up(h))` with `h` the normed `x`.
+fn mlp_block(c: &ModelConfig, layer: &LayerWeights, x: &mut [f32], b: &mut LayerBuffers) {
+    let n = x.len() / c.hidden_size;
+    rms_norm(x, &layer.mlp_norm, c.rms_norm_eps, &mut b.normed);
+    layer.gate.matmul(&b.normed, n, &mut b.gate);
+    layer.up.matmul(&b.normed, n, &mut b.up);
+    b.gate
+        .par_chunks_mut(ELEMENTWISE_TASK)
+        .zip(b.up.par_chunks(ELEMENTWISE_TASK))
+        .for_each(|(g, u)| {
+            for (g, &u) in g.iter_mut().zip(u) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+        });
+    layer.down.matmul(&b.gate, n, &mut b.normed);
+    add_assign(x, &b.normed);
+}
+
+/// Causal grouped-query attention of the chunk's queries (`q`: `[n, heads·head_dim]`, at
+/// positions `start..start + n`) over the cached keys and values of positions `0..start + n`.
+/// One task per (token, head).
+fn attention(
+    c: &ModelConfig,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    start: usize,
+    out: &mut [f32],
+) {
+    let (d, heads, kv_dim) = (c.head_dim, c.num_heads, c.kv_dim());
+    let group = heads / c.num_kv_heads;
+    let scale = 1.0 / (d as f32).sqrt();
+    out.par_chunks_mut(d)
+        .zip(q.par_chunks(d))
+        .enumerate()
+        .for_each(|(index, (out, q))| {
+            let (token, head) = (index / heads, index % heads);
+            let kv_offset = (head / group) * d;
+            let len = start + token + 1;
+            let mut scores: Vec<f32> = (0..len)
+                .map(|t| dot(q, &keys[t * kv_dim + kv_offset..][..d]) * scale)
+                .collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for s in &mut scores {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            out.fill(0.0);
+            for (t, &s) in scores.iter().enumerate() {
+                let weight = s / sum;
+                let v = &values[t * kv_dim + kv_offset..][..d];
+                for (o, &v) in out.iter_mut().zip(v) {
+                    *o += weight * v;
+                }
+            }
+        });
+}
+
+/// Dot product with eight partial sums, so it vectorises.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (a_body, a_tail) = a.split_at(a.len() - a.len() % 8);
+    let (b_body, b_tail) = b.split_at(a_body.len());
+    for (a, b) in a_body.chunks_exact(8).zip(b_body.chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += a[l] * b[l];
+        }
+    }
+    let tail: f32 = a_tail.iter().zip(b_tail).map(|(a, b)| a * b).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+fn add_assign(x: &mut [f32], y: &[f32]) {
+    for (x, &y) in x.iter_mut().zip(y) {
+        *x += y;
+    }
+}
+
+/// RMSNorm of each `weight.len()`-wide row of `x` into `out`: `x / sqrt(mean(x²) + eps) · weight`.
+fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let width = weight.len();
+    out.par_chunks_mut(width)
+        .zip(x.par_chunks(width))
+        .for_each(|(out, x)| {
+            let mean_square = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / width as f64;
+            let inv_rms = (1.0 / (mean_square + eps as f64).sqrt()) as f32;
+            for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+                *o = v * inv_rms * w;
+            }
+        });
+}
+
+/// RoPE inverse frequencies of the `head_dim / 2` rotated pairs, `θ^(−2i/d)`, with the config's
+/// frequency scaling (transformers' `_compute_linear_scaling_rope_parameters` and
+/// `_compute_llama3_parameters`).
+pub fn rope_inv_freq(c: &ModelConfig) -> Vec<f64> {
+    let d = c.head_dim;
+    let base = c.rope_theta as f64;
+    (0..d / 2)
+        .map(|i| {
+            let freq = base.powf(-((2 * i) as f64) / d as f64);
+            match c.rope_scaling {
+                RopeScaling::None => freq,
+                RopeScaling::Linear { factor } => freq / factor as f64,
+                RopeScaling::Llama3 {
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position_embeddings,
+                } => {
+                    let (factor, low, high) = (
+                        factor as f64,
+                        low_freq_factor as f64,
+                        high_freq_factor as f64,
+                    );
+                    let original = original_max_position_embeddings as f64;
+                    let wavelen = 2.0 * std::f64::consts::PI / freq;
+                    if wavelen < original / high {
+                        freq
+                    } else if wavelen > original / low {
+                        freq / factor
+                    } else {
+                        let smooth = (original / wavelen - low) / (high - low);
+                        (1.0 - smooth) * freq / factor + smooth * freq
+                    }
+                }
+            }
+        })
+        .collect()
+}
+
+/// cos and sin of every rotated pair's angle at `n` consecutive positions.
+struct RopeAngles {
+    /// `[n, head_dim / 2]`.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeAngles {
+    fn new(inv_freq: &[f64], start: usize, n: usize) -> Self {
+        let (mut cos, mut sin) = (Vec::with_capacity(n * inv_freq.len()), Vec::new());
+        sin.reserve(n * inv_freq.len());
+        for pos in start..start + n {
+            for &f in inv_freq {
+                let (s, c) = (pos as f64 * f).sin_cos();
+                cos.push(c as f32);
+                sin.push(s as f32);
+            }
+        }
+        RopeAngles { cos, sin }
+    }
+
+    /// Rotates every head of `x` (`[n, heads·head_dim]`) by its token's angles.
+    fn apply(&self, x: &mut [f32], head_dim: usize, style: RopeStyle) {
+        let half = head_dim / 2;
+        let heads_per_token = x.len() / (self.cos.len() / half) / head_dim;
+        for (index, v) in x.chunks_mut(head_dim).enumerate() {
+            let token = index / heads_per_token;
+            let cos = &self.cos[token * half..][..half];
+            let sin = &self.sin[token * half..][..half];
+            for i in 0..half {
+                let (a, b) = match style {
+                    RopeStyle::Neox => (i, i + half),
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                };
+                let (x0, x1) = (v[a], v[b]);
+                v[a] = x0 * cos[i] - x1 * sin[i];
+                v[b] = x0 * sin[i] + x1 * cos[i];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_matches_naive_sum_for_all_tails() {
+        for len in 0..40 {
+            let a: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..len).map(|i| (i as f32 * 0.11).cos()).collect();
+            let naive: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+            assert!((dot(&a, &b) as f64 - naive).abs() < 1e-5, "len {len}");
+        }
+    }
+
+    #[test]
+    fn rms_norm_of_a_constant_row_is_the_weight() {
+        let x = [3.0f32; 8];
+        let w: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let mut out = [0f32; 8];
+        rms_norm(&x, &w, 1e-6, &mut out);
+        for (o, w) in out.iter().zip(&w) {
+            assert!((o - w).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn rope_rotation_preserves_norm_and_position_zero_is_identity() {
+        let inv_freq = [1.0, 0.1, 0.01];
+        let original: Vec<f32> = (0..12).map(|i| i as f32 - 5.0).collect();
+        for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
+            let mut x = original.clone(); // 2 tokens × 1 head × 6 dims
+            RopeAngles::new(&inv_freq, 0, 2).apply(&mut x, 6, style);
+            assert_eq!(&x[..6], &original[..6], "position 0 must not rotate");
+            let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
+            assert!((norm(&x[6..]) - norm(&original[6..])).abs() < 1e-3);
+            assert_ne!(&x[6..], &original[6..]);
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! Dequantisation of ggml blocks to f32, exactly as `ggml-quants.c` computes it (formats.md §1.4):
+//! the same operations in the same order, so results match ggml's reference bit for bit.
+
+use super::types::GgmlType;
+use crate::error::{ModelError, Result};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// The types [`dequantize`] handles.
+pub const DEQUANTIZABLE: [GgmlType; 11] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Tensors with at least this many elements are dequantised in parallel.
+const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
+
+type BlockFn = fn(&[u8], &mut [f32]);
+
+fn block_fn(ty: GgmlType) -> Option<BlockFn> {
+    Some(match ty {
+        GgmlType::F32 => |b, y| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        GgmlType::F16 => |b, y| y[0] = f16_at(b, 0),
+        GgmlType::BF16 => |b, y| y[0] = bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32(),
+        GgmlType::Q8_0 => q8_0,
+        GgmlType::Q4_0 => q4_0,
+        GgmlType::Q4_1 => q4_1,
+        GgmlType::Q5_0 => q5_0,
+        GgmlType::Q5_1 => q5_1,
+        GgmlType::Q4_K => q4_k,
+        GgmlType::Q5_K => q5_k,
+        GgmlType::Q6_K => q6_k,
+        _ => return None,
+    })
+}
+
+/// Fails with [`ModelError::Unsupported`] naming `name` unless [`dequantize`] handles `ty`.
+/// Callers check this before allocating the output.
+pub fn check_dequantizable(name: &str, ty: GgmlType) -> Result<()> {
+    supported_block_fn(name, ty).map(|_| ())
+}
+
+fn supported_block_fn(name: &str, ty: GgmlType) -> Result<BlockFn> {
+    block_fn(ty).ok_or_else(|| {
+        let supported: Vec<&str> = DEQUANTIZABLE.iter().map(|t| t.name()).collect();
+        ModelError::Unsupported(format!(
+            "tensor `{name}`: ggml type {ty} cannot be dequantised (supported: {})",
+            supported.join(", ")
+        ))
+    })
+}
+
+/// Dequantises whole blocks of `ty` from `src` into `dst` (`dst.len()` elements, `src` exactly
+/// their bytes). `name` names the tensor in errors. Large inputs are split over rayon threads.
+pub fn dequantize(name: &str, ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
+    let f = supported_block_fn(name, ty)?;
+    let (bs, ts) = ty.block_layout();
+    if !dst.len().is_multiple_of(bs) || ty.bytes_for(dst.len() as u64) != Some(src.len() as u64) {
+        return Err(ModelError::tensor(
+            name,
+            format!(
+                "{} bytes of {ty} do not hold {} elements ({bs} per {ts}-byte block)",
+                src.len(),
+                dst.len()
+            ),
+        ));
+    }
+    let run = |src: &[u8], dst: &mut [f32]| {
+        for (b, y) in src.chunks_exact(ts).zip(dst.chunks_exact_mut(bs)) {
+            f(b, y);
+        }
+    };
+    if dst.len() >= PARALLEL_MIN_ELEMENTS {
+        // Chunks of whole blocks, about 16K elements each.
+        let blocks_per_chunk = (16384 / bs).max(1);
+        src.par_chunks(blocks_per_chunk * ts)
+            .zip(dst.par_chunks_mut(blocks_per_chunk * bs))
+            .for_each(|(s, d)| run(s, d));
+    } else {
+        run(src, dst);
+    }
+    Ok(())
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+fn q8_0(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for (y, &q) in y.iter_mut().zip(&b[2..34]) {
+        *y = (q as i8) as f32 * d;
+    }
+}
+
+fn q4_0(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let qs = &b[2..18];
+    for j in 0..16 {
+        y[j] = ((qs[j] & 0x0F) as i32 - 8) as f32 * d;
+        y[j + 16] = ((qs[j] >> 4) as i32 - 8) as f32 * d;
+    }
+}
+
+fn q4_1(b: &[u8], y: &mut [f32]) {
+    let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+    let qs = &b[4..20];
+    for j in 0..16 {
+        y[j] = (qs[j] & 0x0F) as f32 * d + m;
+        y[j + 16] = (qs[j] >> 4) as f32 * d + m;
+    }
+}
+
+/// The 5th bits of a Q5 block: element j's is bit j of `qh` (j in 0..32).
+fn q5_high_bits(qh: &[u8]) -> u32 {
+    u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]])
+}
+
+fn q5_0(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let qh = q5_high_bits(&b[2..6]);
+    let qs = &b[6..22];
+    for j in 0..16 {
+        let h0 = ((qh >> j) << 4) & 0x10;
+        let h1 = (qh >> (j + 12)) & 0x10;
+        y[j] = ((((qs[j] & 0x0F) as u32 | h0) as i32) - 16) as f32 * d;
+        y[j + 16] = ((((qs[j] >> 4) as u32 | h1) as i32) - 16) as f32 * d;
+    }
+}
+
+fn q5_1(b: &[u8], y: &mut [f32]) {
+    let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+    let qh = q5_high_bits(&b[4..8]);
+    let qs = &b[8..24];
+    for j in 0..16 {
+        let h0 = ((qh >> j) << 4) & 0x10;
+        let h1 = (qh >> (j + 12)) & 0x10;
+        y[j] = ((qs[j] & 0x0F) as u32 | h0) as f32 * d + m;
+        y[j + 16] = ((qs[j] >> 4) as u32 | h1) as f32 * d + m;
+    }
+}
+
+/// ggml's `get_scale_min_k4`: the 6-bit (scale, min) pair `j` (0..8) of a Q4_K/Q5_K block.
+fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+fn q4_k(b: &[u8], y: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let scales = &b[4..16];
+    let qs = &b[16..144];
+    for c in 0..4 {
+        let q = &qs[32 * c..32 * c + 32];
+        let (sc1, m1) = scale_min_k4(2 * c, scales);
+        let (sc2, m2) = scale_min_k4(2 * c + 1, scales);
+        let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
+        let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
+        for l in 0..32 {
+            y[64 * c + l] = d1 * (q[l] & 0x0F) as f32 - m1;
+            y[64 * c + 32 + l] = d2 * (q[l] >> 4) as f32 - m2;
+        }
+    }
+}
+
+fn q5_k(b: &[u8], y: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let scales = &b[4..16];
+    let qh = &b[16..48];
+    let qs = &b[48..176];
+    for c in 0..4 {
+        let ql = &qs[32 * c..32 * c + 32];
+        let (u1, u2) = (1u8 << (2 * c), 2u8 << (2 * c));
+        let (sc1, m1) = scale_min_k4(2 * c, scales);
+        let (sc2, m2) = scale_min_k4(2 * c + 1, scales);
+        let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
+        let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
+        for l in 0..32 {
+            let hi1 = if qh[l] & u1 != 0 { 16 } else { 0 };
+            let hi2 = if qh[l] & u2 != 0 { 16 } else { 0 };
+            y[64 * c + l] = d1 * ((ql[l] & 0x0F) + hi1) as f32 - m1;
+            y[64 * c + 32 + l] = d2 * ((ql[l] >> 4) + hi2) as f32 - m2;
+        }
+    }
+}
+
+fn q6_k(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, 208);
+    for n in 0..2 {
+        let ql = &b[64 * n..64 * n + 64];
+        let qh = &b[128 + 32 * n..128 + 32 * n + 32];
+        let sc = &b[192 + 8 * n..192 + 8 * n + 8];
+        let y = &mut y[128 * n..128 * n + 128];
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i32 - 32;
+            let q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+            let s = |k: usize| sc[is + k] as i8 as f32;
+            y[l] = d * s(0) * q1 as f32;
+            y[l + 32] = d * s(2) * q2 as f32;
+            y[l + 64] = d * s(4) * q3 as f32;
+            y[l + 96] = d * s(6) * q4 as f32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(x: f32) -> [u8; 2] {
+        f16::from_f32(x).to_bits().to_le_bytes()
+    }
+
+    fn deq(ty: GgmlType, block: &[u8]) -> Vec<f32> {
+        let mut y = vec![f32::NAN; ty.block_size() * block.len() / ty.type_size()];
+        dequantize("t", ty, block, &mut y).unwrap();
+        y
+    }
+
+    #[test]
+    fn plain_floats() {
+        let mut b = Vec::new();
+        b.extend_from_slice(&1.5f32.to_le_bytes());
+        b.extend_from_slice(&(-0.25f32).to_le_bytes());
+        assert_eq!(deq(GgmlType::F32, &b), vec![1.5, -0.25]);
+        // F16 0x3C00 = 1.0, 0xC000 = -2.0, 0x0001 = smallest subnormal 2^-24.
+        let b = [0x00, 0x3C, 0x00, 0xC0, 0x01, 0x00];
+        assert_eq!(deq(GgmlType::F16, &b), vec![1.0, -2.0, 2f32.powi(-24)]);
+        // BF16 0x3F80 = 1.0, 0xC0A0 = -5.0.
+        assert_eq!(
+            deq(GgmlType::BF16, &[0x80, 0x3F, 0xA0, 0xC0]),
+            vec![1.0, -5.0]
+        );
+    }
+
+    #[test]
+    fn q8_0_block() {
+        let mut b = h(0.5).to_vec();
+        b.extend((0..32).map(|j| (j as i8 - 16) as u8));
+        let y = deq(GgmlType::Q8_0, &b);
+        for (j, &y) in y.iter().enumerate() {
+            assert_eq!(y, (j as f32 - 16.0) * 0.5);
+        }
+    }
+
+    #[test]
+    fn q4_0_block_low_nibbles_first() {
+        let mut b = h(2.0).to_vec();
+        // Byte j: low nibble j, high nibble 15 - j.
+        b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let y = deq(GgmlType::Q4_0, &b);
+        for j in 0..16 {
+            assert_eq!(y[j], (j as f32 - 8.0) * 2.0, "low {j}");
+            assert_eq!(y[j + 16], ((15 - j) as f32 - 8.0) * 2.0, "high {j}");
+        }
+    }
+
+    #[test]
+    fn q4_1_block() {
+        let mut b = h(0.25).to_vec();
+        b.extend_from_slice(&h(-1.0));
+        b.extend((0..16u8).map(|j| j | (3 << 4)));
+        let y = deq(GgmlType::Q4_1, &b);
+        for j in 0..16 {
+            assert_eq!(y[j], j as f32 * 0.25 - 1.0);
+            assert_eq!(y[j + 16], 3.0 * 0.25 - 1.0);
+        }
+    }
+
+    #[test]
+    fn q5_0_block_high_bits() {
+        let mut b = h(1.0).to_vec();
+        // qh bit j = 1 for even j: elements 0, 2, ..., 30 get +16.
+        b.extend_from_slice(&0x5555_5555u32.to_le_bytes());
+        b.extend((0..16u8).map(|j| (j & 0xF) | (7 << 4)));
+        let y = deq(GgmlType::Q5_0, &b);
+        for j in 0..16usize {
+            let hi = if j.is_multiple_of(2) { 16 } else { 0 };
+            assert_eq!(y[j], (j as i32 + hi - 16) as f32, "{j}");
+            assert_eq!(y[j + 16], (7 + hi - 16) as f32, "{}", j + 16);
+        }
+    }
+
+    #[test]
+    fn q5_1_block() {
+        let mut b = h(0.5).to_vec();
+        b.extend_from_slice(&h(2.0));
+        // Only element 31's high bit set.
+        b.extend_from_slice(&(1u32 << 31).to_le_bytes());
+        b.extend(std::iter::repeat_n(0xF1u8, 16));
+        let y = deq(GgmlType::Q5_1, &b);
+        for j in 0..16 {
+            assert_eq!(y[j], 0.5 + 2.0);
+            let q = if j == 15 { 15 + 16 } else { 15 };
+            assert_eq!(y[j + 16], q as f32 * 0.5 + 2.0);
+        }
+    }
+
+    /// Packs eight 6-bit (scale, min) pairs the way ggml's K-quant quantizer does.
+    fn pack_k4_scales(sc: [u8; 8], mn: [u8; 8]) -> [u8; 12] {
+        let mut s = [0u8; 12];
+        for j in 0..8 {
+            if j < 4 {
+                s[j] = sc[j];
+                s[j + 4] = mn[j];
+            } else {
+                s[j + 4] = (sc[j] & 0xF) | ((mn[j] & 0xF) << 4);
+                s[j - 4] |= (sc[j] >> 4) << 6;
+                s[j] |= (mn[j] >> 4) << 6;
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn k4_scale_unpacking_inverts_the_packing() {
+        let sc = [1, 63, 17, 40, 33, 2, 63, 50];
+        let mn = [0, 5, 63, 31, 48, 62, 1, 20];
+        let s = pack_k4_scales(sc, mn);
+        for j in 0..8 {
+            assert_eq!(scale_min_k4(j, &s), (sc[j], mn[j]), "pair {j}");
+        }
+    }
+
+    #[test]
+    fn q4_k_block() {
+        let sc = [1, 2, 3, 4, 5, 6, 7, 63];
+        let mn = [0, 1, 2, 3, 60, 10, 20, 33];
+        let mut b = h(0.5).to_vec();
+        b.extend_from_slice(&h(0.25));
+        b.extend_from_slice(&pack_k4_scales(sc, mn));
+        let qs: Vec<u8> = (0..128)
+            .map(|i| (i % 16) as u8 | (((i / 8) % 16) as u8) << 4)
+            .collect();
+        b.extend_from_slice(&qs);
+        let y = deq(GgmlType::Q4_K, &b);
+        for c in 0..4 {
+            for l in 0..32 {
+                let q = qs[32 * c + l];
+                let lo = 0.5 * sc[2 * c] as f32 * (q & 0xF) as f32 - 0.25 * mn[2 * c] as f32;
+                let hi = 0.5 * sc[2 * c + 1] as f32 * (q >> 4) as f32 - 0.25 * mn[2 * c + 1] as f32;
+                assert_eq!(y[64 * c + l], lo, "chunk {c} elem {l}");
+                assert_eq!(y[64 * c + 32 + l], hi, "chunk {c} elem {}", 32 + l);
+            }
+        }
+    }
+
+    #[test]
+    fn q5_k_block() {
+        let sc = [3, 9, 1, 63, 12, 7, 40, 2];
+        let mn = [5, 0, 63, 8, 16, 33, 1, 4];
+        let mut b = h(0.125).to_vec();
+        b.extend_from_slice(&h(1.0));
+        b.extend_from_slice(&pack_k4_scales(sc, mn));
+        let qh: Vec<u8> = (0..32).map(|l| (l * 37 % 256) as u8).collect();
+        let qs: Vec<u8> = (0..128).map(|i| (i * 11 % 256) as u8).collect();
+        b.extend_from_slice(&qh);
+        b.extend_from_slice(&qs);
+        let y = deq(GgmlType::Q5_K, &b);
+        for c in 0..4 {
+            for l in 0..32 {
+                let q = qs[32 * c + l];
+                let bit = |k: usize| ((qh[l] >> k) & 1) as u32 * 16;
+                let v_lo = (q & 0xF) as u32 + bit(2 * c);
+                let v_hi = (q >> 4) as u32 + bit(2 * c + 1);
+                let lo = 0.125 * sc[2 * c] as f32 * v_lo as f32 - mn[2 * c] as f32;
+                let hi = 0.125 * sc[2 * c + 1] as f32 * v_hi as f32 - mn[2 * c + 1] as f32;
+                assert_eq!(y[64 * c + l], lo, "chunk {c} elem {l}");
+                assert_eq!(y[64 * c + 32 + l], hi, "chunk {c} elem {}", 32 + l);
+            }
+        }
+    }
+
+    #[test]
+    fn q6_k_block() {
+        let ql: Vec<u8> = (0..128).map(|i| (i * 29 % 256) as u8).collect();
+        let qh: Vec<u8> = (0..64).map(|i| (i * 71 % 256) as u8).collect();
+        let sc: Vec<i8> = (0..16).map(|i| (i as i8 - 8) * 3).collect();
+        let mut b = ql.clone();
+        b.extend_from_slice(&qh);
+        b.extend(sc.iter().map(|&s| s as u8));
+        b.extend_from_slice(&h(0.5));
+        let y = deq(GgmlType::Q6_K, &b);
+        // Element e of the block: half n = e/128, r = e%128, quarter k = r/32, l = r%32.
+        for (e, &ye) in y.iter().enumerate() {
+            let (n, r) = (e / 128, e % 128);
+            let (k, l) = (r / 32, r % 32);
+            let low_byte = ql[64 * n + l + if k % 2 == 1 { 32 } else { 0 }];
+            let low = if k < 2 { low_byte & 0xF } else { low_byte >> 4 };
+            let high = (qh[32 * n + l] >> (2 * k)) & 3;
+            let q = (low | (high << 4)) as i32 - 32;
+            let s = sc[8 * n + l / 16 + 2 * k] as f32;
+            assert_eq!(ye, 0.5 * s * q as f32, "element {e}");
+        }
+    }
+
+    #[test]
+    fn unsupported_type_and_bad_lengths_are_errors() {
+        let err = dequantize("blk.0.x", GgmlType::IQ2_XXS, &[0; 66], &mut [0.0; 256]).unwrap_err();
+        assert!(
+            matches!(&err, ModelError::Unsupported(m) if m.contains("blk.0.x") && m.contains("IQ2_XXS")),
+            "{err}"
+        );
+        let err = dequantize("w", GgmlType::Q4_0, &[0; 17], &mut [0.0; 32]).unwrap_err();
+        assert!(err.to_string().contains("w"), "{err}");
+        assert!(dequantize("w", GgmlType::Q4_0, &[0; 18], &mut [0.0; 31]).is_err());
+    }
+
+    #[test]
+    fn parallel_path_matches_serial() {
+        let n_blocks = PARALLEL_MIN_ELEMENTS / 32 + 7;
+        let mut src = Vec::with_capacity(n_blocks * 20);
+        for i in 0..n_blocks {
+            src.extend_from_slice(&h(0.01 * (i % 50) as f32));
+            src.extend_from_slice(&h(-0.5));
+            src.extend((0..16).map(|j| ((i * 7 + j * 13) % 256) as u8));
+        }
+        let mut par = vec![0.0; n_blocks * 32];
+        dequantize("w", GgmlType::Q4_1, &src, &mut par).unwrap();
+        for (i, (b, y)) in src.chunks_exact(20).zip(par.chunks_exact(32)).enumerate() {
+            assert_eq!(deq(GgmlType::Q4_1, b), y, "block {i}");
+        }
+    }
+}

@@ -1,0 +1,510 @@
+//! GGUF value types and ggml tensor types (formats.md §1.1, §1.3).
+
+use std::fmt;
+
+/// A ggml tensor type as stored in a GGUF tensor info. Ids that ggml removed (4, 5, 31–33, 36–38)
+/// and ids beyond the known range are not representable: the reader rejects them, as gguf.cpp does.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q8_1,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_K,
+    IQ2_XXS,
+    IQ2_XS,
+    IQ3_XXS,
+    IQ1_S,
+    IQ4_NL,
+    IQ3_S,
+    IQ2_S,
+    IQ4_XS,
+    I8,
+    I16,
+    I32,
+    I64,
+    F64,
+    IQ1_M,
+    BF16,
+    TQ1_0,
+    TQ2_0,
+    MXFP4,
+    NVFP4,
+    Q1_0,
+    Q2_0,
+}
+
+impl GgmlType {
+    /// Every type the reader accepts, in id order.
+    pub const ALL: [GgmlType; 35] = {
+        use GgmlType::*;
+        [
+            F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
+            IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, I8, I16, I32, I64, F64,
+            IQ1_M, BF16, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0,
+        ]
+    };
+
+    /// The type with this on-disk id, or `None` for removed or unknown ids.
+    pub fn from_id(id: u32) -> Option<GgmlType> {
+        Self::ALL.into_iter().find(|t| t.id() == id)
+    }
+
+    pub fn id(self) -> u32 {
+        use GgmlType::*;
+        match self {
+            F32 => 0,
+            F16 => 1,
+            Q4_0 => 2,
+            Q4_1 => 3,
+            Q5_0 => 6,
+            Q5_1 => 7,
+            Q8_0 => 8,
+            Q8_1 => 9,
+            Q2_K => 10,
+            Q3_K => 11,
+            Q4_K => 12,
+            Q5_K => 13,
+            Q6_K => 14,
+            Q8_K => 15,
+            IQ2_XXS => 16,
+            IQ2_XS => 17,
+            IQ3_XXS => 18,
+            IQ1_S => 19,
+            IQ4_NL => 20,
+            IQ3_S => 21,
+            IQ2_S => 22,
+            IQ4_XS => 23,
+            I8 => 24,
+            I16 => 25,
+            I32 => 26,
+            I64 => 27,
+            F64 => 28,
+            IQ1_M => 29,
+            BF16 => 30,
+            TQ1_0 => 34,
+            TQ2_0 => 35,
+            MXFP4 => 39,
+            NVFP4 => 40,
+            Q1_0 => 41,
+            Q2_0 => 42,
+        }
+    }
+
+    /// (elements per block, bytes per block), from ggml's type traits (`ggml-common.h`).
+    pub fn block_layout(self) -> (usize, usize) {
+        use GgmlType::*;
+        match self {
+            F32 => (1, 4),
+            F16 => (1, 2),
+            Q4_0 => (32, 18),
+            Q4_1 => (32, 20),
+            Q5_0 => (32, 22),
+            Q5_1 => (32, 24),
+            Q8_0 => (32, 34),
+            Q8_1 => (32, 36),
+            Q2_K => (256, 84),
+            Q3_K => (256, 110),
+            Q4_K => (256, 144),
+            Q5_K => (256, 176),
+            Q6_K => (256, 210),
+            Q8_K => (256, 292),
+            IQ2_XXS => (256, 66),
+            IQ2_XS => (256, 74),
+            IQ3_XXS => (256, 98),
+            IQ1_S => (256, 50),
+            IQ4_NL => (32, 18),
+            IQ3_S => (256, 110),
+            IQ2_S => (256, 82),
+            IQ4_XS => (256, 136),
+            I8 => (1, 1),
+            I16 => (1, 2),
+            I32 => (1, 4),
+            I64 => (1, 8),
+            F64 => (1, 8),
+            IQ1_M => (256, 56),
+            BF16 => (1, 2),
+            TQ1_0 => (256, 54),
+            TQ2_0 => (256, 66),
+            MXFP4 => (32, 17),
+            NVFP4 => (64, 36),
+            Q1_0 => (128, 18),
+            Q2_0 => (64, 18),
+        }
+    }
+
+    pub fn block_size(self) -> usize {
+        self.block_layout().0
+    }
+
+    pub fn type_size(self) -> usize {
+        self.block_layout().1
+    }
+
+    /// ggml's name for the type (`Q4_K`, `BF16`, ...).
+    pub fn name(self) -> &'static str {
+        use GgmlType::*;
+        match self {
+            F32 => "F32",
+            F16 => "F16",
+            Q4_0 => "Q4_0",
+            Q4_1 => "Q4_1",
+            Q5_0 => "Q5_0",
+            Q5_1 => "Q5_1",
+            Q8_0 => "Q8_0",
+            Q8_1 => "Q8_1",
+            Q2_K => "Q2_K",
+            Q3_K => "Q3_K",
+            Q4_K => "Q4_K",
+            Q5_K => "Q5_K",
+            Q6_K => "Q6_K",
+            Q8_K => "Q8_K",
+            IQ2_XXS => "IQ2_XXS",
+            IQ2_XS => "IQ2_XS",
+            IQ3_XXS => "IQ3_XXS",
+            IQ1_S => "IQ1_S",
+            IQ4_NL => "IQ4_NL",
+            IQ3_S => "IQ3_S",
+            IQ2_S => "IQ2_S",
+            IQ4_XS => "IQ4_XS",
+            I8 => "I8",
+            I16 => "I16",
+            I32 => "I32",
+            I64 => "I64",
+            F64 => "F64",
+            IQ1_M => "IQ1_M",
+            BF16 => "BF16",
+            TQ1_0 => "TQ1_0",
+            TQ2_0 => "TQ2_0",
+            MXFP4 => "MXFP4",
+            NVFP4 => "NVFP4",
+            Q1_0 => "Q1_0",
+            Q2_0 => "Q2_0",
+        }
+    }
+
+    /// Bytes of `n` elements, or `None` if `n` is not a whole number of blocks or overflows.
+    pub fn bytes_for(self, n: u64) -> Option<u64> {
+        let (bs, ts) = self.block_layout();
+        if !n.is_multiple_of(bs as u64) {
+            return None;
+        }
+        (n / bs as u64).checked_mul(ts as u64)
+    }
+}
+
+impl fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The type tag of a metadata value (`gguf_metadata_value_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaType {
+    U8,
+    I8,
+    U16,
+    I16,
+    U32,
+    I32,
+    F32,
+    Bool,
+    String,
+    Array,
+    U64,
+    I64,
+    F64,
+}
+
+impl MetaType {
+    pub fn from_id(id: u32) -> Option<MetaType> {
+        use MetaType::*;
+        Some(match id {
+            0 => U8,
+            1 => I8,
+            2 => U16,
+            3 => I16,
+            4 => U32,
+            5 => I32,
+            6 => F32,
+            7 => Bool,
+            8 => String,
+            9 => Array,
+            10 => U64,
+            11 => I64,
+            12 => F64,
+            _ => return None,
+        })
+    }
+
+    pub fn id(self) -> u32 {
+        use MetaType::*;
+        match self {
+            U8 => 0,
+            I8 => 1,
+            U16 => 2,
+            I16 => 3,
+            U32 => 4,
+            I32 => 5,
+            F32 => 6,
+            Bool => 7,
+            String => 8,
+            Array => 9,
+            U64 => 10,
+            I64 => 11,
+            F64 => 12,
+        }
+    }
+
+    /// The fewest bytes one value of this type occupies on disk (a string needs its u64 length;
+    /// an array its element type and count). Used to bound counts by the bytes left in the file.
+    pub fn min_size(self) -> u64 {
+        use MetaType::*;
+        match self {
+            U8 | I8 | Bool => 1,
+            U16 | I16 => 2,
+            U32 | I32 | F32 => 4,
+            U64 | I64 | F64 | String => 8,
+            Array => 12,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        use MetaType::*;
+        match self {
+            U8 => "uint8",
+            I8 => "int8",
+            U16 => "uint16",
+            I16 => "int16",
+            U32 => "uint32",
+            I32 => "int32",
+            F32 => "float32",
+            Bool => "bool",
+            String => "string",
+            Array => "array",
+            U64 => "uint64",
+            I64 => "int64",
+            F64 => "float64",
+        }
+    }
+}
+
+impl fmt::Display for MetaType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A metadata value. Arrays are stored typed, so a 150k-entry merge list is one `Vec<String>`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MetaValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    String(String),
+    Array(MetaArray),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+/// A metadata array (nested arrays are rejected, as gguf.cpp does).
+#[derive(Clone, Debug, PartialEq)]
+pub enum MetaArray {
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    U16(Vec<u16>),
+    I16(Vec<i16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    F32(Vec<f32>),
+    Bool(Vec<bool>),
+    String(Vec<String>),
+    U64(Vec<u64>),
+    I64(Vec<i64>),
+    F64(Vec<f64>),
+}
+
+impl MetaValue {
+    pub fn meta_type(&self) -> MetaType {
+        match self {
+            MetaValue::U8(_) => MetaType::U8,
+            MetaValue::I8(_) => MetaType::I8,
+            MetaValue::U16(_) => MetaType::U16,
+            MetaValue::I16(_) => MetaType::I16,
+            MetaValue::U32(_) => MetaType::U32,
+            MetaValue::I32(_) => MetaType::I32,
+            MetaValue::F32(_) => MetaType::F32,
+            MetaValue::Bool(_) => MetaType::Bool,
+            MetaValue::String(_) => MetaType::String,
+            MetaValue::Array(_) => MetaType::Array,
+            MetaValue::U64(_) => MetaType::U64,
+            MetaValue::I64(_) => MetaType::I64,
+            MetaValue::F64(_) => MetaType::F64,
+        }
+    }
+
+    /// The value as a signed integer if it is of any integer type (u64 above i64::MAX excluded).
+    pub fn as_integer(&self) -> Option<i128> {
+        Some(match *self {
+            MetaValue::U8(v) => v.into(),
+            MetaValue::I8(v) => v.into(),
+            MetaValue::U16(v) => v.into(),
+            MetaValue::I16(v) => v.into(),
+            MetaValue::U32(v) => v.into(),
+            MetaValue::I32(v) => v.into(),
+            MetaValue::U64(v) => v.into(),
+            MetaValue::I64(v) => v.into(),
+            _ => return None,
+        })
+    }
+
+    /// The value as a float if it is a float or an integer.
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            MetaValue::F32(v) => Some(v.into()),
+            MetaValue::F64(v) => Some(v),
+            _ => self.as_integer().map(|v| v as f64),
+        }
+    }
+
+    /// A short description for error messages: the type, and for arrays the element type.
+    pub fn type_description(&self) -> String {
+        match self {
+            MetaValue::Array(a) => format!("array of {}", a.elem_type()),
+            v => v.meta_type().to_string(),
+        }
+    }
+}
+
+impl MetaArray {
+    pub fn elem_type(&self) -> MetaType {
+        match self {
+            MetaArray::U8(_) => MetaType::U8,
+            MetaArray::I8(_) => MetaType::I8,
+            MetaArray::U16(_) => MetaType::U16,
+            MetaArray::I16(_) => MetaType::I16,
+            MetaArray::U32(_) => MetaType::U32,
+            MetaArray::I32(_) => MetaType::I32,
+            MetaArray::F32(_) => MetaType::F32,
+            MetaArray::Bool(_) => MetaType::Bool,
+            MetaArray::String(_) => MetaType::String,
+            MetaArray::U64(_) => MetaType::U64,
+            MetaArray::I64(_) => MetaType::I64,
+            MetaArray::F64(_) => MetaType::F64,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            MetaArray::U8(v) => v.len(),
+            MetaArray::I8(v) => v.len(),
+            MetaArray::U16(v) => v.len(),
+            MetaArray::I16(v) => v.len(),
+            MetaArray::U32(v) => v.len(),
+            MetaArray::I32(v) => v.len(),
+            MetaArray::F32(v) => v.len(),
+            MetaArray::Bool(v) => v.len(),
+            MetaArray::String(v) => v.len(),
+            MetaArray::U64(v) => v.len(),
+            MetaArray::I64(v) => v.len(),
+            MetaArray::F64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Integer elements widened to i64 (u64 elements above i64::MAX give `None`), or `None` if
+    /// the elements are not integers.
+    pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
+        fn widen<T: Copy + Into<i64>>(v: &[T]) -> Option<Vec<i64>> {
+            Some(v.iter().map(|&x| x.into()).collect())
+        }
+        match self {
+            MetaArray::U8(v) => widen(v),
+            MetaArray::I8(v) => widen(v),
+            MetaArray::U16(v) => widen(v),
+            MetaArray::I16(v) => widen(v),
+            MetaArray::U32(v) => widen(v),
+            MetaArray::I32(v) => widen(v),
+            MetaArray::I64(v) => Some(v.clone()),
+            MetaArray::U64(v) => v.iter().map(|&x| i64::try_from(x).ok()).collect(),
+            _ => None,
+        }
+    }
+
+    /// Numeric elements as f32 (integers and f64 converted), or `None` for strings and bools.
+    pub fn to_f32_vec(&self) -> Option<Vec<f32>> {
+        match self {
+            MetaArray::F32(v) => Some(v.clone()),
+            MetaArray::F64(v) => Some(v.iter().map(|&x| x as f32).collect()),
+            other => other
+                .to_i64_vec()
+                .map(|v| v.into_iter().map(|x| x as f32).collect()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_ids_round_trip_and_removed_ids_are_rejected() {
+        for t in GgmlType::ALL {
+            assert_eq!(GgmlType::from_id(t.id()), Some(t), "{t}");
+        }
+        for removed in [4, 5, 31, 32, 33, 36, 37, 38, 43, 1000] {
+            assert_eq!(GgmlType::from_id(removed), None, "id {removed}");
+        }
+    }
+
+    #[test]
+    fn block_layouts_match_the_ggml_structs() {
+        assert_eq!(GgmlType::Q4_0.block_layout(), (32, 2 + 16));
+        assert_eq!(GgmlType::Q4_1.block_layout(), (32, 2 + 2 + 16));
+        assert_eq!(GgmlType::Q5_0.block_layout(), (32, 2 + 4 + 16));
+        assert_eq!(GgmlType::Q5_1.block_layout(), (32, 2 + 2 + 4 + 16));
+        assert_eq!(GgmlType::Q8_0.block_layout(), (32, 2 + 32));
+        assert_eq!(GgmlType::Q4_K.block_layout(), (256, 2 + 2 + 12 + 128));
+        assert_eq!(GgmlType::Q5_K.block_layout(), (256, 2 + 2 + 12 + 32 + 128));
+        assert_eq!(GgmlType::Q6_K.block_layout(), (256, 128 + 64 + 16 + 2));
+        assert_eq!(GgmlType::Q4_0.bytes_for(64), Some(36));
+        assert_eq!(GgmlType::Q4_0.bytes_for(33), None);
+        assert_eq!(GgmlType::F32.bytes_for(u64::MAX), None);
+    }
+
+    #[test]
+    fn meta_type_ids_round_trip() {
+        for id in 0..13 {
+            assert_eq!(MetaType::from_id(id).unwrap().id(), id);
+        }
+        assert_eq!(MetaType::from_id(13), None);
+    }
+
+    #[test]
+    fn arrays_widen() {
+        assert_eq!(MetaArray::I32(vec![-1, 3]).to_i64_vec(), Some(vec![-1, 3]));
+        assert_eq!(MetaArray::U64(vec![u64::MAX]).to_i64_vec(), None);
+        assert_eq!(MetaArray::U8(vec![7]).to_f32_vec(), Some(vec![7.0]));
+        assert_eq!(MetaArray::String(vec![]).to_f32_vec(), None);
+    }
+}
