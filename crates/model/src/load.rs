@@ -1,0 +1,150 @@
+//! Opening a model by path: a GGUF file, an HF safetensors checkpoint directory, or an entrollm
+//! container (coded tensors are decoded at load for now), with its tokenizer.
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::gguf::GgufSource;
+use crate::tokenizer::Tokenizer;
+use crate::weights::{build_model, HostTensor, ModelWeights, TensorSource};
+use entrollm_format::coded::Coded;
+use entrollm_format::{Checkpoint, ContainerReader, Dtype, StoredData};
+use std::path::Path;
+
+/// Host tensor of a dense BF16/F16/F32 tensor's little-endian bytes.
+fn host_tensor(name: &str, dtype: Dtype, shape: &[usize], bytes: &[u8]) -> Result<HostTensor> {
+    let u16s = || {
+        bytes
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect()
+    };
+    let shape = shape.to_vec();
+    Ok(match dtype {
+        Dtype::BF16 => HostTensor::Bf16 {
+            shape,
+            data: u16s(),
+        },
+        Dtype::F16 => HostTensor::F16 {
+            shape,
+            data: u16s(),
+        },
+        Dtype::F32 => HostTensor::F32 {
+            shape,
+            data: bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        },
+        d => {
+            return Err(ModelError::tensor(
+                name,
+                format!("{} tensors cannot be run", d.name()),
+            ))
+        }
+    })
+}
+
+fn read_config(dir: &Path) -> Result<ModelConfig> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Io {
+        path: path.clone(),
+        source: e,
+    })?;
+    ModelConfig::from_hf_json(&text)
+}
+
+fn format_err(path: &Path, e: entrollm_format::FormatError) -> ModelError {
+    ModelError::format(path, e.to_string())
+}
+
+/// An HF checkpoint directory (config.json + safetensors).
+pub struct SafetensorsSource {
+    ckpt: Checkpoint,
+    config: ModelConfig,
+}
+
+impl SafetensorsSource {
+    pub fn open(dir: &Path) -> Result<Self> {
+        Ok(SafetensorsSource {
+            ckpt: Checkpoint::open(dir).map_err(|e| format_err(dir, e))?,
+            config: read_config(dir)?,
+        })
+    }
+}
+
+impl TensorSource for SafetensorsSource {
+    fn config(&self) -> Result<ModelConfig> {
+        Ok(self.config.clone())
+    }
+    fn tensor(&self, name: &str) -> Result<Option<HostTensor>> {
+        self.ckpt
+            .get(name)
+            .map(|t| host_tensor(name, t.dtype, t.shape, t.bytes))
+            .transpose()
+    }
+}
+
+/// An entrollm container; coded tensors are decoded (and checked against their checksums) at load.
+pub struct ContainerSource {
+    reader: ContainerReader,
+    config: ModelConfig,
+}
+
+impl ContainerSource {
+    pub fn open(dir: &Path) -> Result<Self> {
+        Ok(ContainerSource {
+            reader: ContainerReader::open(dir).map_err(|e| format_err(dir, e))?,
+            config: read_config(dir)?,
+        })
+    }
+}
+
+impl TensorSource for ContainerSource {
+    fn config(&self) -> Result<ModelConfig> {
+        Ok(self.config.clone())
+    }
+    fn tensor(&self, name: &str) -> Result<Option<HostTensor>> {
+        if !self.reader.names().any(|n| n == name) {
+            return Ok(None);
+        }
+        let dir = self.reader.dir();
+        let t = self.reader.tensor(name).map_err(|e| format_err(dir, e))?;
+        match &t.data {
+            StoredData::Plain(b) => host_tensor(name, t.dtype, t.shape, b).map(Some),
+            StoredData::Coded(c) => {
+                let coded = Coded::from_stored(t.dtype, t.shape, c)
+                    .map_err(|e| ModelError::tensor(name, e.to_string()))?;
+                let bytes = coded
+                    .decode()
+                    .map_err(|e| ModelError::tensor(name, e.to_string()))?;
+                self.reader
+                    .verify_checksum(name, &bytes)
+                    .map_err(|e| format_err(dir, e))?;
+                host_tensor(name, t.dtype, t.shape, &bytes).map(Some)
+            }
+        }
+    }
+}
+
+/// The model and tokenizer at `path`: a `.gguf` file, a directory with `entrollm.json` (a
+/// container) or an HF checkpoint directory with `config.json` and `tokenizer.json`.
+pub fn open_model(path: &Path) -> Result<(ModelWeights, Tokenizer)> {
+    if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
+        let source = GgufSource::open(path)?;
+        let tokenizer = Tokenizer::from_gguf(source.file())?;
+        return Ok((build_model(&source)?, tokenizer));
+    }
+    if !path.is_dir() {
+        return Err(ModelError::format(
+            path,
+            "not a .gguf file, an entrollm container or a checkpoint directory",
+        ));
+    }
+    let tokenizer = Tokenizer::from_dir(path)?;
+    let weights = if path.join("entrollm.json").is_file() {
+        build_model(&ContainerSource::open(path)?)?
+    } else {
+        build_model(&SafetensorsSource::open(path)?)?
+    };
+    Ok((weights, tokenizer))
+}
