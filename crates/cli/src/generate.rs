@@ -158,3 +158,44 @@ pub fn chat(a: ModelArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[derive(clap::Args)]
+pub struct PplArgs {
+    /// A .gguf file, an entrollm container or a Hugging Face checkpoint directory.
+    model: PathBuf,
+    /// The text to score (UTF-8).
+    #[arg(long)]
+    file: PathBuf,
+    /// Tokens per window.
+    #[arg(long, default_value_t = 1024)]
+    window: usize,
+    /// Tokens between window starts; each window scores only the tokens the previous one did not.
+    #[arg(long, default_value_t = 512)]
+    stride: usize,
+    /// Score at most this many tokens of the file (0: all).
+    #[arg(long, default_value_t = 0)]
+    max_tokens: usize,
+}
+
+/// `entrollm eval ppl`: perplexity of a text file, HF-style sliding window.
+pub fn ppl(a: PplArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.file)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
+    let (weights, tokenizer) = open_model(&a.model)?;
+    let mut tokens = tokenizer.encode(&text, true)?;
+    if a.max_tokens > 0 {
+        tokens.truncate(a.max_tokens);
+    }
+    let mut engine = Engine::new(weights, a.window)?;
+    let p = entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?;
+    println!(
+        "{}: perplexity {:.4} (mean NLL {:.6} nats over {} tokens; window {}, stride {})",
+        a.file.display(),
+        p.ppl,
+        p.mean_nll,
+        p.tokens_scored,
+        a.window,
+        a.stride
+    );
+    Ok(())
+}

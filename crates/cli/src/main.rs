@@ -37,6 +37,15 @@ enum Command {
     Run(generate::RunArgs),
     /// Chat with a model using its chat template (one user turn per line on stdin).
     Chat(generate::ModelArgs),
+    /// Evaluate a model.
+    #[command(subcommand)]
+    Eval(Eval),
+}
+
+#[derive(Subcommand)]
+enum Eval {
+    /// Perplexity of a text file (sliding window).
+    Ppl(generate::PplArgs),
 }
 
 fn main() {
@@ -57,6 +66,7 @@ fn main() {
         Command::Inspect(a) => inspect::run(a),
         Command::Run(a) => generate::run(a),
         Command::Chat(a) => generate::chat(a),
+        Command::Eval(Eval::Ppl(a)) => generate::ppl(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

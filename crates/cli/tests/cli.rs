@@ -402,3 +402,38 @@ fn chat_with_smollm2_answers_a_factual_question() {
     let err = fails(&["run", gguf.to_str().unwrap(), "-p", "x", "--device", "tpu"]);
     assert!(err.contains("--device"), "{err}");
 }
+
+#[test]
+fn perplexity_of_an_english_text_is_sane() {
+    let gguf = smollm2();
+    let text = "/usr/share/common-licenses/GPL-3";
+    let out = ok(&[
+        "eval",
+        "ppl",
+        gguf.to_str().unwrap(),
+        "--file",
+        text,
+        "--window",
+        "128",
+        "--stride",
+        "64",
+        "--max-tokens",
+        "256",
+    ]);
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    let ppl: f64 = line
+        .split("perplexity ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!((2.0..200.0).contains(&ppl), "{line}");
+    assert!(line.contains("over 255 tokens"), "{line}");
+    fails(&[
+        "eval",
+        "ppl",
+        gguf.to_str().unwrap(),
+        "--file",
+        "/nonexistent.txt",
+    ]);
+}
