@@ -132,11 +132,10 @@ pub(crate) fn choose_values(
     }
     let zero = payload.zero_code() as usize;
     if t < present && !kept[zero] {
-        // Something is escaped, so the zero code must be in the table: it replaces the rarest kept.
+        // Something is escaped, so the zero code must be in the table: it replaces the rarest kept
+        // (`order` holds exactly t codes here, as more than t are present).
         if let Some(&last) = order.last() {
-            if order.len() >= t {
-                kept[last] = false;
-            }
+            kept[last] = false;
         }
         kept[zero] = true;
     }
