@@ -430,3 +430,53 @@ fn perplexity_of_an_english_text_is_sane() {
         "/nonexistent.txt",
     ]);
 }
+
+#[test]
+fn container_runs_through_the_fused_decode_matvec_like_the_original() {
+    use entrollm_model::load::{ContainerSource, SafetensorsSource};
+    use entrollm_model::{build_model, Engine};
+    let d = tmp("fused");
+    let src = d.join("src");
+    let c = d.join("c");
+    ok(&[
+        "synth",
+        "--shape",
+        "tiny",
+        "--seed",
+        "5",
+        "-o",
+        src.to_str().unwrap(),
+    ]);
+    ok(&["compress", src.to_str().unwrap(), "-o", c.to_str().unwrap()]);
+    let dense = build_model(&SafetensorsSource::open(&src).unwrap()).unwrap();
+    let fused = build_model(&ContainerSource::open(&c, true).unwrap()).unwrap();
+    assert!(
+        fused.layers[0].q.stored_bytes() < dense.layers[0].q.stored_bytes(),
+        "the container's matrices stay coded"
+    );
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 1000).collect();
+    let mut a = Engine::new(dense, 64).unwrap();
+    let mut b = Engine::new(fused, 64).unwrap();
+    let (mut la, mut lb) = (a.prefill(&prompt).unwrap(), b.prefill(&prompt).unwrap());
+    let argmax = |l: &[f32]| {
+        l.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .unwrap()
+            .0 as u32
+    };
+    for _ in 0..8 {
+        let diff = la
+            .iter()
+            .zip(&lb)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        let scale = la.iter().map(|x| x.abs()).fold(0f32, f32::max);
+        assert!(diff <= 1e-4 * scale.max(1.0), "logits differ by {diff}");
+        let (ta, tb) = (argmax(&la), argmax(&lb));
+        assert_eq!(ta, tb);
+        la = a.step(ta).unwrap();
+        lb = b.step(tb).unwrap();
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -1,14 +1,17 @@
 //! Opening a model by path: a GGUF file, an HF safetensors checkpoint directory, or an entrollm
-//! container (coded tensors are decoded at load for now), with its tokenizer.
+//! container, with its tokenizer.
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufSource;
 use crate::tokenizer::Tokenizer;
-use crate::weights::{build_model, HostTensor, ModelWeights, TensorSource};
+use crate::weights::{build_model, HostTensor, Linear, ModelWeights, TensorSource};
+use entrollm_codec::dtans::DtansTensor;
+use entrollm_codec::matvec::Dequant;
 use entrollm_format::coded::Coded;
 use entrollm_format::{Checkpoint, ContainerReader, Dtype, StoredData};
 use std::path::Path;
+use std::sync::Arc;
 
 /// Host tensor of a dense BF16/F16/F32 tensor's little-endian bytes.
 fn host_tensor(name: &str, dtype: Dtype, shape: &[usize], bytes: &[u8]) -> Result<HostTensor> {
@@ -84,17 +87,51 @@ impl TensorSource for SafetensorsSource {
     }
 }
 
-/// An entrollm container; coded tensors are decoded (and checked against their checksums) at load.
+/// A dtANS-coded matrix used as it is stored: every product goes through the codec's fused
+/// decode-matvec (the matrix is never materialised).
+pub struct CodedLinear {
+    t: DtansTensor,
+}
+
+impl Linear for CodedLinear {
+    fn rows(&self) -> usize {
+        self.t.rows
+    }
+    fn cols(&self) -> usize {
+        self.t.cols
+    }
+    fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        // The tensor decoded to its checksum when it was loaded and decoding is deterministic,
+        // so it cannot fail here.
+        self.t
+            .matvec(x, y, &Dequant::None)
+            .expect("a coded matrix verified at load decodes");
+    }
+    fn row(&self, r: usize, out: &mut [f32]) {
+        self.t
+            .row_f32(r, out)
+            .expect("a coded matrix verified at load decodes");
+    }
+    fn stored_bytes(&self) -> usize {
+        self.t.stored_bytes()
+    }
+}
+
+/// An entrollm container. Coded tensors are decoded once at load and checked against their
+/// checksums; with `fused`, dtANS-coded matrices then stay coded and run through the fused
+/// decode-matvec ([`CodedLinear`]), otherwise they are kept decoded.
 pub struct ContainerSource {
     reader: ContainerReader,
     config: ModelConfig,
+    fused: bool,
 }
 
 impl ContainerSource {
-    pub fn open(dir: &Path) -> Result<Self> {
+    pub fn open(dir: &Path, fused: bool) -> Result<Self> {
         Ok(ContainerSource {
             reader: ContainerReader::open(dir).map_err(|e| format_err(dir, e))?,
             config: read_config(dir)?,
+            fused,
         })
     }
 }
@@ -120,15 +157,21 @@ impl TensorSource for ContainerSource {
                 self.reader
                     .verify_checksum(name, &bytes)
                     .map_err(|e| format_err(dir, e))?;
-                host_tensor(name, t.dtype, t.shape, &bytes).map(Some)
+                match coded {
+                    Coded::Dtans(coded) if self.fused && t.shape.len() == 2 => {
+                        Ok(Some(HostTensor::Linear(Arc::new(CodedLinear { t: coded }))))
+                    }
+                    _ => host_tensor(name, t.dtype, t.shape, &bytes).map(Some),
+                }
             }
         }
     }
 }
 
 /// The model and tokenizer at `path`: a `.gguf` file, a directory with `entrollm.json` (a
-/// container) or an HF checkpoint directory with `config.json` and `tokenizer.json`.
-pub fn open_model(path: &Path) -> Result<(ModelWeights, Tokenizer)> {
+/// container; `fused`: see [`ContainerSource`]) or an HF checkpoint directory with `config.json`
+/// and `tokenizer.json`.
+pub fn open_model(path: &Path, fused: bool) -> Result<(ModelWeights, Tokenizer)> {
     if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
         let source = GgufSource::open(path)?;
         let tokenizer = Tokenizer::from_gguf(source.file())?;
@@ -142,7 +185,7 @@ pub fn open_model(path: &Path) -> Result<(ModelWeights, Tokenizer)> {
     }
     let tokenizer = Tokenizer::from_dir(path)?;
     let weights = if path.join("entrollm.json").is_file() {
-        build_model(&ContainerSource::open(path)?)?
+        build_model(&ContainerSource::open(path, fused)?)?
     } else {
         build_model(&SafetensorsSource::open(path)?)?
     };

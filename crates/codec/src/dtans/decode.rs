@@ -305,6 +305,40 @@ impl DtansTensor {
             })
     }
 
+    /// Row `row` as f32 values (decodes the tiles of its 32-row band; for embedding lookups).
+    pub fn row_f32(&self, row: usize, out: &mut [f32]) -> Result<()> {
+        let dec = TileDecoder::new(self)?;
+        let g = *dec.geometry();
+        if row >= g.rows || out.len() != g.cols {
+            return Err(CodecError::Shape(format!(
+                "row {row} of a {}×{} matrix into {} values",
+                g.rows,
+                g.cols,
+                out.len()
+            )));
+        }
+        let (band, lane) = (row / LANES, row % LANES);
+        for slice in 0..g.slices {
+            let t = slice * g.bands + band;
+            let tile = dec.decode_tile(t)?;
+            let raw = &self.raw[if g.has_raw { t * LANES * g.sc } else { 0 }..];
+            let col0 = slice * g.sc;
+            for c in 0..g.sc.min(g.cols - col0) {
+                let r = if g.has_raw {
+                    raw[Geometry::raw_index(lane, c)]
+                } else {
+                    0
+                };
+                out[col0 + c] = self.payload.to_f32(tile.codes[lane * g.sc + c], r);
+            }
+            for &(_, c, v) in tile.escapes.iter().filter(|e| e.0 == lane) {
+                let (code, r) = self.payload.split_element(v);
+                out[col0 + c] = self.payload.to_f32(code, r);
+            }
+        }
+        Ok(())
+    }
+
     /// Where the stored bytes go; decodes every tile to count chunks, escapes and padding.
     pub fn size_breakdown(&self) -> Result<SizeBreakdown> {
         let dec = TileDecoder::new(self)?;

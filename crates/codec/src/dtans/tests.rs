@@ -303,6 +303,24 @@ fn matvec_matches_dense_reference() {
         };
         let mut y = vec![0f32; rows];
         t.matvec(&x, &mut y, &dq).unwrap();
+        let mut row = vec![0f32; cols];
+        for r in [0, 31, 32, rows - 1] {
+            t.row_f32(r, &mut row).unwrap();
+            for (c, &v) in row.iter().enumerate() {
+                let i = r * cols + c;
+                let (code, rb) = if payload.has_raw() {
+                    payload.split16(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]))
+                } else {
+                    (bytes[i], 0)
+                };
+                assert_eq!(
+                    v.to_bits(),
+                    payload.to_f32(code, rb).to_bits(),
+                    "{payload:?} row {r} col {c}"
+                );
+            }
+        }
+        assert!(t.row_f32(rows, &mut row).is_err());
         for (row, &got) in y.iter().enumerate() {
             let mut want = 0f64;
             for (c, &xc) in x.iter().enumerate() {
