@@ -61,6 +61,22 @@ fn assert_same_dirs(a: &Path, b: &Path) {
     }
 }
 
+/// compress SRC → C (with `extra` options), decompress C → BACK, check BACK equals SRC file for
+/// file, and return `inspect C --json`.
+fn round_trip(src: &Path, c: &Path, back: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["compress", src.to_str().unwrap(), "-o", c.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    ok(&args);
+    ok(&[
+        "decompress",
+        c.to_str().unwrap(),
+        "-o",
+        back.to_str().unwrap(),
+    ]);
+    assert_same_dirs(src, back);
+    serde_json::from_slice(&ok(&["inspect", c.to_str().unwrap(), "--json"]).stdout).unwrap()
+}
+
 #[test]
 fn synth_compress_decompress_is_bit_exact() {
     let d = tmp("roundtrip");
@@ -88,25 +104,7 @@ fn synth_compress_decompress_is_bit_exact() {
         }
         let c = d.join(format!("c-{dtype}-{coder}-{}", coding.replace(':', "_")));
         let back = d.join(format!("back-{dtype}-{coder}-{}", coding.replace(':', "_")));
-        ok(&[
-            "compress",
-            src.to_str().unwrap(),
-            "-o",
-            c.to_str().unwrap(),
-            "--coder",
-            coder,
-            "--coding",
-            coding,
-        ]);
-        ok(&[
-            "decompress",
-            c.to_str().unwrap(),
-            "-o",
-            back.to_str().unwrap(),
-        ]);
-        assert_same_dirs(&src, &back);
-        let inspect = ok(&["inspect", c.to_str().unwrap(), "--json"]);
-        let v: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+        let v = round_trip(&src, &c, &back, &["--coder", coder, "--coding", coding]);
         assert!(v["totals"]["coded_tensors"].as_u64().unwrap() >= 16, "{v}");
         let bpw = v["totals"]["coded_bits_per_weight"].as_f64().unwrap();
         assert!(
@@ -332,16 +330,7 @@ fn fp8_and_mixed_dtype_checkpoint_round_trips() {
     std::fs::write(src.join("config.json"), "{}").unwrap();
     let c = d.join("c");
     let back = d.join("back");
-    ok(&["compress", src.to_str().unwrap(), "-o", c.to_str().unwrap()]);
-    ok(&[
-        "decompress",
-        c.to_str().unwrap(),
-        "-o",
-        back.to_str().unwrap(),
-    ]);
-    assert_same_dirs(&src, &back);
-    let v: serde_json::Value =
-        serde_json::from_slice(&ok(&["inspect", c.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let v = round_trip(&src, &c, &back, &[]);
     assert_eq!(v["totals"]["coded_tensors"], 2, "{v}");
     // df11 refuses a checkpoint without BF16 tensors, clearly.
     let err = fails(&[
