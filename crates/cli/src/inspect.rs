@@ -5,6 +5,7 @@ use anyhow::Result;
 use entrollm_codec::histogram::{byte_histogram, entropy_bits};
 use entrollm_format::coded::payload_of;
 use entrollm_format::{Checkpoint, ContainerReader, StoredData};
+use entrollm_model::gguf::{is_gguf_container, open_gguf_container, GgufLoad};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -60,6 +61,10 @@ pub fn run(a: Args) -> Result<()> {
         .iter()
         .map(|r| r["stored_bytes"].as_f64().unwrap_or(0.0))
         .sum();
+    let coded_source: f64 = coded
+        .iter()
+        .map(|r| r["source_bytes"].as_f64().unwrap_or(0.0))
+        .sum();
     let coded_bound: f64 = coded
         .iter()
         .map(|r| {
@@ -75,6 +80,9 @@ pub fn run(a: Args) -> Result<()> {
         "coded_tensors": coded.len(),
         "coded_bits_per_weight": if coded_numel > 0.0 { coded_bytes * 8.0 / coded_numel } else { f64::NAN },
         "coded_entropy_bound_bpw": if coded_numel > 0.0 { coded_bound / coded_numel } else { f64::NAN },
+        "coded_source_bits_per_weight": if coded_numel > 0.0 { coded_source * 8.0 / coded_numel } else { f64::NAN },
+        "bits_per_weight": stored * 8.0 / numel.max(1.0),
+        "source_bits_per_weight": source * 8.0 / numel.max(1.0),
     });
     if a.json {
         println!(
@@ -105,18 +113,23 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     println!(
-        "\n{} tensors, {:.3} G parameters: {:.3} GB source, {:.3} GB stored ({:.1} %)",
+        "\n{} tensors, {:.3} G parameters: {:.3} GB source ({:.3} bits/weight), {:.3} GB stored \
+         ({:.3} bits/weight, {:.1} %)",
         rows.len(),
         numel / 1e9,
         source / 1e9,
+        source * 8.0 / numel.max(1.0),
         stored / 1e9,
+        stored * 8.0 / numel.max(1.0),
         100.0 * stored / source.max(1.0)
     );
     if coded_numel > 0.0 {
         println!(
-            "coded tensors: {} at {:.4} bits/weight (entropy bound {:.4}, overhead {:+.4})",
+            "coded tensors: {} at {:.4} bits/weight, {:.4} in the source (entropy bound {:.4}, \
+             overhead {:+.4})",
             coded.len(),
             coded_bytes * 8.0 / coded_numel,
+            coded_source * 8.0 / coded_numel,
             coded_bound / coded_numel,
             (coded_bytes * 8.0 - coded_bound) / coded_numel
         );
@@ -126,12 +139,22 @@ pub fn run(a: Args) -> Result<()> {
 
 fn container(a: &Args) -> Result<Vec<Value>> {
     let reader = ContainerReader::open(&a.path)?;
+    // A GGUF-sourced container stores block tensors as bytes: its GGUF header gives each tensor's
+    // type and weight shape.
+    let gguf = is_gguf_container(&reader)
+        .then(|| open_gguf_container(&reader, GgufLoad::Header))
+        .transpose()?;
     let mut rows = Vec::new();
     for t in reader.tensors() {
-        let numel: usize = t.shape.iter().product();
+        let info = gguf.as_ref().and_then(|g| g.file().tensor_info(t.name));
+        let (dtype, shape) = match info {
+            Some(i) => (i.ggml_type.name(), i.hf_shape()),
+            None => (t.dtype.name(), t.shape.to_vec()),
+        };
+        let numel: usize = shape.iter().product();
         let source = t.byte_len() as f64;
         let mut r = json!({
-            "name": t.name, "dtype": t.dtype.name(), "shape": t.shape, "numel": numel, "source_bytes": source,
+            "name": t.name, "dtype": dtype, "shape": shape, "numel": numel, "source_bytes": source,
         });
         match &t.data {
             StoredData::Plain(b) => {

@@ -49,6 +49,13 @@ enum Eval {
 }
 
 fn main() {
+    // Die quietly when stdout is a closed pipe (`entrollm inspect … | head`), like other CLI
+    // tools, instead of panicking in println!.
+    // SAFETY: restores the default disposition of one signal before any thread starts.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     if let Some(n) = cli.threads {
         if let Err(e) = rayon::ThreadPoolBuilder::new()

@@ -469,3 +469,74 @@ fn container_runs_through_the_fused_decode_matvec_like_the_original() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// The acceptance check for GGUF sources: SmolLM2's Q4_1 GGUF → container → the same GGUF
+/// bit for bit; the container runs with the GGUF's greedy tokens (fused and decoded at load) and
+/// perplexity, and `inspect` compares its bits per weight with the GGUF's.
+#[test]
+fn smollm2_gguf_container_is_lossless_and_runs_like_the_gguf() {
+    let gguf = smollm2();
+    let d = tmp("gguf");
+    let (c, back) = (d.join("c"), d.join("back"));
+    let (gs, cs) = (gguf.to_str().unwrap(), c.to_str().unwrap());
+    ok(&["compress", gs, "-o", cs]);
+    ok(&["decompress", cs, "-o", back.to_str().unwrap()]);
+    let restored = back.join(gguf.file_name().unwrap());
+    assert!(
+        std::fs::read(&restored).unwrap() == std::fs::read(&gguf).unwrap(),
+        "the restored GGUF differs"
+    );
+
+    let info: serde_json::Value =
+        serde_json::from_slice(&ok(&["inspect", cs, "--json"]).stdout).unwrap();
+    let totals = &info["totals"];
+    assert_eq!(totals["coded_source_bits_per_weight"].as_f64(), Some(5.0));
+    let coded = totals["coded_bits_per_weight"].as_f64().unwrap();
+    assert!(coded < 5.0, "{totals}");
+    assert!(totals["stored_bytes"].as_f64() < totals["source_bytes"].as_f64());
+    let embd = &info["tensors"][0];
+    assert_eq!(embd["name"], "token_embd.weight");
+    assert_eq!(embd["dtype"], "Q8_0");
+    assert_eq!(embd["shape"], serde_json::json!([49152, 576]));
+
+    for prompt in [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Water boils at",
+    ] {
+        let run = |m: &str, extra: &[&str]| {
+            let mut args = vec!["run", m, "-p", prompt, "--max-tokens", "24"];
+            args.extend_from_slice(extra);
+            String::from_utf8(ok(&args).stdout).unwrap()
+        };
+        let reference = run(gs, &[]);
+        assert!(!reference.trim().is_empty(), "{prompt}: no tokens");
+        assert_eq!(run(cs, &[]), reference, "{prompt}: fused container");
+        assert_eq!(
+            run(cs, &["--decode-at-load"]),
+            reference,
+            "{prompt}: decoded container"
+        );
+    }
+
+    let ppl = |m: &str| {
+        let out = ok(&[
+            "eval",
+            "ppl",
+            m,
+            "--file",
+            "/usr/share/common-licenses/GPL-3",
+            "--window",
+            "128",
+            "--stride",
+            "64",
+            "--max-tokens",
+            "512",
+        ]);
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (pg, pc) = (ppl(gs), ppl(cs));
+    assert!(pg.contains("perplexity"), "{pg}");
+    assert_eq!(pc.replace(cs, gs), pg, "perplexity GGUF vs container");
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -15,6 +15,7 @@ pub mod coded;
 pub mod container;
 mod dtype;
 mod error;
+pub mod ggml_blocks;
 pub mod safetensors;
 mod staging;
 

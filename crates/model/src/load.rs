@@ -3,12 +3,12 @@
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::gguf::GgufSource;
+use crate::gguf::{GgufLoad, GgufSource};
 use crate::tokenizer::Tokenizer;
 use crate::weights::{build_model, HostTensor, Linear, ModelWeights, TensorSource};
 use entrollm_codec::dtans::DtansTensor;
 use entrollm_codec::matvec::Dequant;
-use entrollm_format::coded::Coded;
+use entrollm_format::coded::{Coded, GgmlCoded};
 use entrollm_format::{Checkpoint, ContainerReader, Dtype, StoredData};
 use std::path::Path;
 use std::sync::Arc;
@@ -87,10 +87,56 @@ impl TensorSource for SafetensorsSource {
     }
 }
 
+/// Per-group dequantisation of an integer-coded matrix (GGUF blocks): see [`Dequant::Groups`].
+pub struct GroupScales {
+    pub group: usize,
+    pub scales: Vec<f32>,
+    pub mins: Option<Vec<f32>>,
+    pub offset: f32,
+    pub signed: bool,
+}
+
 /// A dtANS-coded matrix used as it is stored: every product goes through the codec's fused
-/// decode-matvec (the matrix is never materialised).
+/// decode-matvec (the matrix is never materialised), with GGUF block scales applied per group.
 pub struct CodedLinear {
     t: DtansTensor,
+    groups: Option<GroupScales>,
+}
+
+impl CodedLinear {
+    pub fn new(t: DtansTensor, groups: Option<GroupScales>) -> Result<Self> {
+        let l = CodedLinear { t, groups };
+        l.dequant()
+            .check(l.t.rows, l.t.cols)
+            .map_err(|e| ModelError::Unsupported(e.to_string()))?;
+        Ok(l)
+    }
+
+    /// The matrix of a GGUF tensor of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks.
+    pub fn from_ggml(g: GgmlCoded) -> Result<Self> {
+        let (scales, mins) = g.scales_f32();
+        let groups = GroupScales {
+            group: entrollm_format::ggml_blocks::QK,
+            scales,
+            mins,
+            offset: g.block.offset() as f32,
+            signed: g.block.signed(),
+        };
+        Self::new(g.codes, Some(groups))
+    }
+
+    fn dequant(&self) -> Dequant<'_> {
+        match &self.groups {
+            None => Dequant::None,
+            Some(g) => Dequant::Groups {
+                group: g.group,
+                scales: &g.scales,
+                mins: g.mins.as_deref(),
+                offset: g.offset,
+                signed: g.signed,
+            },
+        }
+    }
 }
 
 impl Linear for CodedLinear {
@@ -104,16 +150,23 @@ impl Linear for CodedLinear {
         // The tensor decoded to its checksum when it was loaded and decoding is deterministic,
         // so it cannot fail here.
         self.t
-            .matvec(x, y, &Dequant::None)
+            .matvec(x, y, &self.dequant())
             .expect("a coded matrix verified at load decodes");
     }
     fn row(&self, r: usize, out: &mut [f32]) {
         self.t
             .row_f32(r, out)
             .expect("a coded matrix verified at load decodes");
+        let (d, p, cols) = (self.dequant(), self.t.payload, self.t.cols);
+        for (c, v) in out.iter_mut().enumerate() {
+            *v = d.apply(p, r, c, cols, *v);
+        }
     }
     fn stored_bytes(&self) -> usize {
         self.t.stored_bytes()
+            + self.groups.as_ref().map_or(0, |g| {
+                4 * (g.scales.len() + g.mins.as_ref().map_or(0, Vec::len))
+            })
     }
 }
 
@@ -158,9 +211,9 @@ impl TensorSource for ContainerSource {
                     .verify_checksum(name, &bytes)
                     .map_err(|e| format_err(dir, e))?;
                 match coded {
-                    Coded::Dtans(coded) if self.fused && t.shape.len() == 2 => {
-                        Ok(Some(HostTensor::Linear(Arc::new(CodedLinear { t: coded }))))
-                    }
+                    Coded::Dtans(coded) if self.fused && t.shape.len() == 2 => Ok(Some(
+                        HostTensor::Linear(Arc::new(CodedLinear::new(coded, None)?)),
+                    )),
                     _ => host_tensor(name, t.dtype, t.shape, &bytes).map(Some),
                 }
             }
@@ -182,6 +235,19 @@ pub fn open_model(path: &Path, fused: bool) -> Result<(ModelWeights, Tokenizer)>
             path,
             "not a .gguf file, an entrollm container or a checkpoint directory",
         ));
+    }
+    if path.join("entrollm.json").is_file() {
+        let reader = ContainerReader::open(path).map_err(|e| format_err(path, e))?;
+        if crate::gguf::is_gguf_container(&reader) {
+            let load = if fused {
+                GgufLoad::Fused
+            } else {
+                GgufLoad::Decoded
+            };
+            let source = crate::gguf::open_gguf_container(&reader, load)?;
+            let tokenizer = Tokenizer::from_gguf(source.file())?;
+            return Ok((build_model(&source)?, tokenizer));
+        }
     }
     let tokenizer = Tokenizer::from_dir(path)?;
     let weights = if path.join("entrollm.json").is_file() {

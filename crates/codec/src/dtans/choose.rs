@@ -153,6 +153,30 @@ pub fn choose_coding(
     Ok((coding, bytes * tiles(rows)? / tiles(sample_rows)?))
 }
 
+/// [`choose_coding`] over slice widths too: the widest width dividing `cols`
+/// ([`default_slice_width`]) and every wider one, whose last slice is padded. Wider slices cost less
+/// per-lane overhead, padding costs symbols; for `cols` = 576, say, 128 beats 64.
+pub fn choose_coding_and_width(
+    payload: Payload,
+    rows: usize,
+    cols: usize,
+    codes: &[u8],
+) -> Result<(Coding, f64)> {
+    let narrowest = default_slice_width(cols);
+    let mut best: Option<(Coding, f64)> = None;
+    for sc in SLICE_WIDTHS.into_iter().filter(|&sc| sc >= narrowest) {
+        // Widths past twice the row only add padding.
+        if sc as usize >= 2 * cols && sc > narrowest {
+            break;
+        }
+        let c = choose_coding(payload, rows, cols, codes, sc)?;
+        if best.as_ref().is_none_or(|b| c.1 < b.1) {
+            best = Some(c);
+        }
+    }
+    Ok(best.expect("the narrowest width is always tried"))
+}
+
 /// The codings the choice considers: every mode the payload allows, every table size, and for
 /// Pair/Quad as many kept values as the table can combine (t^k ≤ M) and fewer.
 fn candidates(payload: Payload, sc: u32) -> Vec<Coding> {

@@ -24,7 +24,7 @@ mod decode;
 mod encode;
 mod table;
 
-pub use choose::{choose_coding, default_slice_width, predict_bytes};
+pub use choose::{choose_coding, choose_coding_and_width, default_slice_width, predict_bytes};
 pub use table::{SymbolTable, MAX_SLOTS};
 
 use crate::{CodecError, Payload, Result};

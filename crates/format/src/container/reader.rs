@@ -219,7 +219,7 @@ impl ContainerReader {
     }
 
     /// The stored prefix blob of source file `i` (in `manifest().sources` order).
-    pub(crate) fn source_prefix(&self, i: usize) -> &[u8] {
+    pub fn source_prefix(&self, i: usize) -> &[u8] {
         let (s, t) = self.prefixes[i];
         self.shards[s].tensor_at(t).bytes
     }

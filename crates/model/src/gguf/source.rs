@@ -5,8 +5,10 @@ use super::file::{GgufFile, GgufTensorInfo};
 use super::types::GgmlType;
 use crate::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
-use crate::weights::{HostTensor, TensorSource};
+use crate::weights::{HostTensor, Linear, TensorSource};
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// The GGUF tensor that holds llama3-style per-frequency RoPE divisors.
 pub const ROPE_FREQS_TENSOR: &str = "rope_freqs.weight";
@@ -17,12 +19,23 @@ const DEFAULT_LLAMA3_ORIGINAL_CONTEXT: usize = 8192;
 /// A GGUF checkpoint (architecture `llama` or `qwen2`) that hands out tensors by HF name, in HF
 /// layout: shapes in PyTorch order, llama Q/K rows un-permuted (so RoPE is [`RopeStyle::Neox`]),
 /// F32/F16/BF16 tensors in their own precision and quantized ones dequantised to F32.
-#[derive(Debug)]
 pub struct GgufSource {
     file: GgufFile,
     arch: Arch,
     /// `general.architecture`, the prefix of the model's metadata keys.
     arch_key: String,
+    /// Matrices served as given instead of from the file's bytes, by GGUF name (coded ones).
+    linears: HashMap<String, Arc<dyn Linear>>,
+}
+
+impl std::fmt::Debug for GgufSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufSource")
+            .field("file", &self.file)
+            .field("arch", &self.arch)
+            .field("linears", &self.linears.len())
+            .finish()
+    }
 }
 
 impl GgufSource {
@@ -56,7 +69,15 @@ impl GgufSource {
             file,
             arch,
             arch_key,
+            linears: HashMap::new(),
         })
+    }
+
+    /// Serves these matrices (by GGUF name, in GGUF row order) instead of the file's bytes for
+    /// them; llama Q/K rows are un-permuted around them like the file's own tensors.
+    pub fn with_linears(mut self, linears: HashMap<String, Arc<dyn Linear>>) -> Self {
+        self.linears = linears;
+        self
     }
 
     pub fn file(&self) -> &GgufFile {
@@ -498,7 +519,71 @@ impl TensorSource for GgufSource {
         } else {
             None
         };
+        if let Some(m) = self.linears.get(&name) {
+            let m = match heads {
+                Some(heads) => Arc::new(RowPermuted::new(&name, m.clone(), heads)?),
+                None => m.clone(),
+            };
+            return Ok(Some(HostTensor::Linear(m)));
+        }
         self.tensor_by_gguf_name(info, heads).map(Some)
+    }
+}
+
+/// A matrix stored with llama.cpp's Q/K row permutation, seen in HF row order (see
+/// [`unpermute_rows`]): products are computed in stored order and their outputs reordered.
+struct RowPermuted {
+    inner: Arc<dyn Linear>,
+    /// `src[hf_row]` = the stored row.
+    src: Vec<usize>,
+}
+
+impl RowPermuted {
+    fn new(name: &str, inner: Arc<dyn Linear>, heads: usize) -> Result<Self> {
+        let rows = inner.rows();
+        if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
+            return Err(ModelError::tensor(
+                name,
+                format!("{rows} rows cannot be split into {heads} heads of an even dimension"),
+            ));
+        }
+        let ids: Vec<usize> = (0..rows).collect();
+        Ok(RowPermuted {
+            inner,
+            src: unpermute_rows(&ids, heads, 1),
+        })
+    }
+}
+
+impl Linear for RowPermuted {
+    fn rows(&self) -> usize {
+        self.inner.rows()
+    }
+    fn cols(&self) -> usize {
+        self.inner.cols()
+    }
+    fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        let mut stored = vec![0f32; y.len()];
+        self.inner.matvec(x, &mut stored);
+        for (y, &s) in y.iter_mut().zip(&self.src) {
+            *y = stored[s];
+        }
+    }
+    fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        let mut stored = vec![0f32; y.len()];
+        self.inner.matmul(x, n, &mut stored);
+        let r = self.rows();
+        for (y, stored) in y.chunks_exact_mut(r).zip(stored.chunks_exact(r)) {
+            for (y, &s) in y.iter_mut().zip(&self.src) {
+                *y = stored[s];
+            }
+        }
+    }
+    fn row(&self, r: usize, out: &mut [f32]) {
+        self.inner.row(self.src[r], out)
+    }
+    fn stored_bytes(&self) -> usize {
+        self.inner.stored_bytes() + self.src.len() * std::mem::size_of::<usize>()
     }
 }
 
