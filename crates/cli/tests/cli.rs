@@ -425,47 +425,64 @@ fn container_runs_through_the_fused_decode_matvec_like_the_original() {
     use entrollm_model::load::{ContainerSource, SafetensorsSource};
     use entrollm_model::{build_model, Engine};
     let d = tmp("fused");
-    let src = d.join("src");
-    let c = d.join("c");
-    ok(&[
-        "synth",
-        "--shape",
-        "tiny",
-        "--seed",
-        "5",
-        "-o",
-        src.to_str().unwrap(),
-    ]);
-    ok(&["compress", src.to_str().unwrap(), "-o", c.to_str().unwrap()]);
-    let dense = build_model(&SafetensorsSource::open(&src).unwrap()).unwrap();
-    let fused = build_model(&ContainerSource::open(&c, true).unwrap()).unwrap();
-    assert!(
-        fused.layers[0].q.stored_bytes() < dense.layers[0].q.stored_bytes(),
-        "the container's matrices stay coded"
-    );
-    let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 1000).collect();
-    let mut a = Engine::new(dense, 64).unwrap();
-    let mut b = Engine::new(fused, 64).unwrap();
-    let (mut la, mut lb) = (a.prefill(&prompt).unwrap(), b.prefill(&prompt).unwrap());
-    let argmax = |l: &[f32]| {
-        l.iter()
-            .enumerate()
-            .max_by(|x, y| x.1.total_cmp(y.1))
-            .unwrap()
-            .0 as u32
-    };
-    for _ in 0..8 {
-        let diff = la
-            .iter()
-            .zip(&lb)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
-        let scale = la.iter().map(|x| x.abs()).fold(0f32, f32::max);
-        assert!(diff <= 1e-4 * scale.max(1.0), "logits differ by {diff}");
-        let (ta, tb) = (argmax(&la), argmax(&lb));
-        assert_eq!(ta, tb);
-        la = a.step(ta).unwrap();
-        lb = b.step(tb).unwrap();
+    for (tag, dtype) in [
+        ("bf16", &["--dtype", "bf16"][..]),
+        ("fp8", &["--dtype", "fp8-e4m3", "--entropy", "2.1"][..]),
+    ] {
+        let src = d.join(format!("src-{tag}"));
+        let c = d.join(format!("c-{tag}"));
+        let mut args = vec![
+            "synth",
+            "--shape",
+            "tiny",
+            "--seed",
+            "5",
+            "-o",
+            src.to_str().unwrap(),
+        ];
+        args.extend_from_slice(dtype);
+        ok(&args);
+        ok(&["compress", src.to_str().unwrap(), "-o", c.to_str().unwrap()]);
+        let dense = build_model(&SafetensorsSource::open(&src).unwrap()).unwrap();
+        let fused = build_model(&ContainerSource::open(&c, true).unwrap()).unwrap();
+        let decoded = build_model(&ContainerSource::open(&c, false).unwrap()).unwrap();
+        assert!(
+            fused.layers[0].q.stored_bytes() < dense.layers[0].q.stored_bytes(),
+            "{tag}: the container's matrices stay coded"
+        );
+        let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 1000).collect();
+        let mut engines: Vec<Engine> = [dense, fused, decoded]
+            .into_iter()
+            .map(|w| Engine::new(w, 64).unwrap())
+            .collect();
+        let mut logits: Vec<Vec<f32>> = engines
+            .iter_mut()
+            .map(|e| e.prefill(&prompt).unwrap())
+            .collect();
+        let argmax = |l: &[f32]| {
+            l.iter()
+                .enumerate()
+                .max_by(|x, y| x.1.total_cmp(y.1))
+                .unwrap()
+                .0 as u32
+        };
+        for _ in 0..8 {
+            let scale = logits[0].iter().map(|x| x.abs()).fold(0f32, f32::max);
+            for other in &logits[1..] {
+                let diff = logits[0]
+                    .iter()
+                    .zip(other)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    diff <= 1e-4 * scale.max(1.0),
+                    "{tag}: logits differ by {diff}"
+                );
+                assert_eq!(argmax(&logits[0]), argmax(other), "{tag}");
+            }
+            let t = argmax(&logits[0]);
+            logits = engines.iter_mut().map(|e| e.step(t).unwrap()).collect();
+        }
     }
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -5,7 +5,10 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufLoad, GgufSource};
 use crate::tokenizer::Tokenizer;
-use crate::weights::{build_model, HostTensor, Linear, ModelWeights, TensorSource};
+use crate::weights::{
+    build_model, Bf16, DenseElement, DenseFp8, HostTensor, Linear, ModelWeights, RowScaled,
+    TensorSource, F16,
+};
 use entrollm_codec::dtans::DtansTensor;
 use entrollm_codec::matvec::Dequant;
 use entrollm_format::coded::{Coded, GgmlCoded};
@@ -47,6 +50,66 @@ fn host_tensor(name: &str, dtype: Dtype, shape: &[usize], bytes: &[u8]) -> Resul
     })
 }
 
+/// The per-row scales of an FP8 matrix of `rows` rows from its `weight_scale` tensor (channel
+/// `[rows, 1]` or `[rows]`, or one per tensor `[1]`).
+fn fp8_row_scales(name: &str, rows: usize, scale: Option<HostTensor>) -> Result<Vec<f32>> {
+    let scale_name = format!("{name}_scale");
+    let (shape, data): (Vec<usize>, Vec<f32>) = match scale {
+        None => {
+            return Err(ModelError::tensor(
+                name,
+                format!("an FP8 matrix needs its scales, and `{scale_name}` is missing"),
+            ))
+        }
+        Some(HostTensor::F32 { shape, data }) => (shape, data),
+        Some(HostTensor::Bf16 { shape, data }) => {
+            (shape, data.into_iter().map(Bf16::to_f32).collect())
+        }
+        Some(HostTensor::F16 { shape, data }) => {
+            (shape, data.into_iter().map(F16::to_f32).collect())
+        }
+        Some(HostTensor::Linear(_)) => {
+            return Err(ModelError::tensor(
+                &scale_name,
+                "scales must be a plain float tensor",
+            ))
+        }
+    };
+    match shape[..] {
+        [r, 1] | [r] if r == rows => Ok(data),
+        [1] | [1, 1] => Ok(vec![data[0]; rows]),
+        _ => Err(ModelError::Unsupported(format!(
+            "`{scale_name}` has shape {shape:?}: FP8 scales per row ([{rows}, 1]) or per tensor ([1]) are supported"
+        ))),
+    }
+}
+
+/// An FP8 E4M3 matrix with its row scales; `codes` is the matrix of raw codes (dense or coded),
+/// `scale` the `weight_scale` tensor.
+fn fp8_matrix(name: &str, codes: Arc<dyn Linear>, scale: Option<HostTensor>) -> Result<HostTensor> {
+    let scales = fp8_row_scales(name, codes.rows(), scale)?;
+    Ok(HostTensor::Linear(Arc::new(RowScaled::new(
+        name, codes, scales,
+    )?)))
+}
+
+/// A dense FP8 E4M3 matrix of `shape` from its bytes; NaN codes are rejected.
+fn dense_fp8(name: &str, shape: &[usize], bytes: &[u8]) -> Result<Arc<dyn Linear>> {
+    let [rows, cols] = shape[..] else {
+        return Err(ModelError::tensor(
+            name,
+            format!("an FP8 tensor of shape {shape:?} is not a matrix"),
+        ));
+    };
+    if let Some(i) = bytes.iter().position(|&b| b & 0x7F == 0x7F) {
+        return Err(ModelError::tensor(
+            name,
+            format!("element {i} is an FP8 NaN"),
+        ));
+    }
+    Ok(Arc::new(DenseFp8::new(name, rows, cols, bytes.to_vec())?))
+}
+
 fn read_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Io {
@@ -80,10 +143,14 @@ impl TensorSource for SafetensorsSource {
         Ok(self.config.clone())
     }
     fn tensor(&self, name: &str) -> Result<Option<HostTensor>> {
-        self.ckpt
-            .get(name)
-            .map(|t| host_tensor(name, t.dtype, t.shape, t.bytes))
-            .transpose()
+        let Some(t) = self.ckpt.get(name) else {
+            return Ok(None);
+        };
+        if t.dtype == Dtype::F8E4M3 {
+            let scale = self.tensor(&format!("{name}_scale"))?;
+            return fp8_matrix(name, dense_fp8(name, t.shape, t.bytes)?, scale).map(Some);
+        }
+        host_tensor(name, t.dtype, t.shape, t.bytes).map(Some)
     }
 }
 
@@ -199,7 +266,11 @@ impl TensorSource for ContainerSource {
         }
         let dir = self.reader.dir();
         let t = self.reader.tensor(name).map_err(|e| format_err(dir, e))?;
+        let fp8_scale = || self.tensor(&format!("{name}_scale"));
         match &t.data {
+            StoredData::Plain(b) if t.dtype == Dtype::F8E4M3 => {
+                fp8_matrix(name, dense_fp8(name, t.shape, b)?, fp8_scale()?).map(Some)
+            }
             StoredData::Plain(b) => host_tensor(name, t.dtype, t.shape, b).map(Some),
             StoredData::Coded(c) => {
                 let coded = Coded::from_stored(t.dtype, t.shape, c)
@@ -211,6 +282,13 @@ impl TensorSource for ContainerSource {
                     .verify_checksum(name, &bytes)
                     .map_err(|e| format_err(dir, e))?;
                 match coded {
+                    Coded::Dtans(coded) if self.fused && t.dtype == Dtype::F8E4M3 => {
+                        let codes = Arc::new(CodedLinear::new(coded, None)?);
+                        fp8_matrix(name, codes, fp8_scale()?).map(Some)
+                    }
+                    _ if t.dtype == Dtype::F8E4M3 => {
+                        fp8_matrix(name, dense_fp8(name, t.shape, &bytes)?, fp8_scale()?).map(Some)
+                    }
                     Coded::Dtans(coded) if self.fused && t.shape.len() == 2 => Ok(Some(
                         HostTensor::Linear(Arc::new(CodedLinear::new(coded, None)?)),
                     )),

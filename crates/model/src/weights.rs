@@ -93,6 +93,8 @@ pub enum ElementLayout {
     F32,
     Bf16,
     F16,
+    /// One byte, converted through [`FP8_E4M3_TO_F32`].
+    Fp8E4m3,
 }
 
 mod sealed {
@@ -100,6 +102,7 @@ mod sealed {
     impl Sealed for super::F32 {}
     impl Sealed for super::Bf16 {}
     impl Sealed for super::F16 {}
+    impl Sealed for super::Fp8E4m3 {}
 }
 
 /// f32 storage.
@@ -108,6 +111,42 @@ pub enum F32 {}
 pub enum Bf16 {}
 /// IEEE half bit patterns (u16).
 pub enum F16 {}
+/// OCP FP8 E4M3 ("fn") bytes.
+pub enum Fp8E4m3 {}
+
+/// Every FP8 E4M3 byte as f32 (0x7F and 0xFF are NaN; loaders reject them).
+pub static FP8_E4M3_TO_F32: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut b = 0;
+    while b < 256 {
+        let sign = ((b as u32) >> 7) << 31;
+        let (e, m) = ((b as u32 >> 3) & 0xF, b as u32 & 7);
+        let bits = if e == 15 && m == 7 {
+            0x7FC0_0000
+        } else if e > 0 {
+            sign | (e + 127 - 7) << 23 | m << 20
+        } else if m == 0 {
+            sign
+        } else {
+            // Subnormal m·2^-9: normalise on m's leading bit p.
+            let p = 31 - m.leading_zeros();
+            sign | (p + 127 - 9) << 23 | (m - (1 << p)) << (23 - p)
+        };
+        t[b] = f32::from_bits(bits);
+        b += 1;
+    }
+    t
+};
+
+impl DenseElement for Fp8E4m3 {
+    type Stored = u8;
+    const DTYPE: &'static str = "F8_E4M3";
+    const LAYOUT: ElementLayout = ElementLayout::Fp8E4m3;
+    #[inline(always)]
+    fn to_f32(s: u8) -> f32 {
+        FP8_E4M3_TO_F32[s as usize]
+    }
+}
 
 impl DenseElement for F32 {
     type Stored = f32;
@@ -168,6 +207,62 @@ pub struct Dense<E: DenseElement> {
 pub type DenseF32 = Dense<F32>;
 pub type DenseBf16 = Dense<Bf16>;
 pub type DenseF16 = Dense<F16>;
+pub type DenseFp8 = Dense<Fp8E4m3>;
+
+/// A matrix whose row r is multiplied by `scales[r]`: FP8 checkpoints' per-channel `weight_scale`
+/// around FP8 codes (dense or entropy-coded).
+pub struct RowScaled {
+    inner: Arc<dyn Linear>,
+    scales: Vec<f32>,
+}
+
+impl RowScaled {
+    pub fn new(name: &str, inner: Arc<dyn Linear>, scales: Vec<f32>) -> Result<Self> {
+        if scales.len() != inner.rows() {
+            return Err(ModelError::tensor(
+                name,
+                format!(
+                    "{} row scales for a matrix of {} rows",
+                    scales.len(),
+                    inner.rows()
+                ),
+            ));
+        }
+        Ok(RowScaled { inner, scales })
+    }
+}
+
+impl Linear for RowScaled {
+    fn rows(&self) -> usize {
+        self.inner.rows()
+    }
+    fn cols(&self) -> usize {
+        self.inner.cols()
+    }
+    fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        self.inner.matvec(x, y);
+        for (y, s) in y.iter_mut().zip(&self.scales) {
+            *y *= s;
+        }
+    }
+    fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        self.inner.matmul(x, n, y);
+        for y in y.chunks_exact_mut(self.rows()) {
+            for (y, s) in y.iter_mut().zip(&self.scales) {
+                *y *= s;
+            }
+        }
+    }
+    fn row(&self, r: usize, out: &mut [f32]) {
+        self.inner.row(r, out);
+        for v in out.iter_mut() {
+            *v *= self.scales[r];
+        }
+    }
+    fn stored_bytes(&self) -> usize {
+        self.inner.stored_bytes() + 4 * self.scales.len()
+    }
+}
 
 impl<E: DenseElement> Dense<E> {
     /// `name` labels errors: `data` must hold exactly `rows · cols` elements, both non-zero.
@@ -474,6 +569,10 @@ mod kernels {
                         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(bits))
                     }
                     ElementLayout::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+                    ElementLayout::Fp8E4m3 => {
+                        let idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
+                        _mm256_i32gather_ps::<4>(super::FP8_E4M3_TO_F32.as_ptr(), idx)
+                    }
                 };
                 for b in 0..B {
                     acc[r][b] = _mm256_add_ps(acc[r][b], _mm256_mul_ps(wv, xv[b]));
@@ -789,7 +888,13 @@ mod tests {
             .collect();
         let bf16_f32 = bf16.iter().map(|&b| Bf16::to_f32(b)).collect();
         let f16_f32 = f16.iter().map(|&b| F16::to_f32(b)).collect();
+        let fp8 = fp8_codes(&w);
+        let fp8_f32 = fp8.iter().map(|&b| Fp8E4m3::to_f32(b)).collect();
         vec![
+            (
+                Arc::new(DenseFp8::new("w", rows, cols, fp8).unwrap()),
+                fp8_f32,
+            ),
             (
                 Arc::new(DenseF32::new("w", rows, cols, w.clone()).unwrap()),
                 w,
@@ -859,6 +964,46 @@ mod tests {
         }
     }
 
+    /// FP8 E4M3 codes of values scaled into the format's range (no NaN codes).
+    fn fp8_codes(w: &[f32]) -> Vec<u8> {
+        w.iter()
+            .map(|&v| entrollm_codec::payload::f32_to_fp8_e4m3(v * 64.0))
+            .collect()
+    }
+
+    #[test]
+    fn fp8_table_matches_the_codec() {
+        for b in 0..=255u8 {
+            let (t, c) = (
+                FP8_E4M3_TO_F32[b as usize],
+                entrollm_codec::payload::fp8_e4m3_to_f32(b),
+            );
+            assert!(
+                t.to_bits() == c.to_bits() || (t.is_nan() && c.is_nan()),
+                "{b:#04x}: {t} vs {c}"
+            );
+        }
+    }
+
+    #[test]
+    fn row_scaled_scales_each_output_row() {
+        let w = values(3, 5 * 7);
+        let dense: Arc<dyn Linear> = Arc::new(DenseF32::new("w", 5, 7, w.clone()).unwrap());
+        let scales = vec![0.5, 2.0, -1.0, 0.0, 3.0];
+        let m = RowScaled::new("w", dense.clone(), scales.clone()).unwrap();
+        let x = values(4, 7);
+        let (mut a, mut b) = (vec![0f32; 5], vec![0f32; 5]);
+        dense.matvec(&x, &mut a);
+        m.matvec(&x, &mut b);
+        for r in 0..5 {
+            assert_eq!(b[r], a[r] * scales[r]);
+        }
+        let mut row = vec![0f32; 7];
+        m.row(1, &mut row);
+        assert_eq!(row[3], w[7 + 3] * 2.0);
+        assert!(RowScaled::new("w", dense, vec![1.0; 4]).is_err());
+    }
+
     #[test]
     fn simd_and_portable_kernels_agree_bit_for_bit() {
         let isa = kernels::Isa::detect();
@@ -880,11 +1025,13 @@ mod tests {
                 .iter()
                 .map(|&v| half::f16::from_f32(v).to_bits())
                 .collect();
+            let fp8 = fp8_codes(&w);
             let run = |isa| {
-                let mut outs = vec![vec![0f32; rows * n]; 3];
+                let mut outs = vec![vec![0f32; rows * n]; 4];
                 kernels::rows_times_vectors::<F32>(isa, &w, cols, &x, n, &mut outs[0]);
                 kernels::rows_times_vectors::<Bf16>(isa, &bf16, cols, &x, n, &mut outs[1]);
                 kernels::rows_times_vectors::<F16>(isa, &f16, cols, &x, n, &mut outs[2]);
+                kernels::rows_times_vectors::<Fp8E4m3>(isa, &fp8, cols, &x, n, &mut outs[3]);
                 outs
             };
             let to_bits = |o: Vec<Vec<f32>>| -> Vec<Vec<u32>> {
@@ -903,7 +1050,7 @@ mod tests {
     #[test]
     fn row_and_stored_bytes() {
         let (rows, cols) = (6, 11);
-        for ((m, w), elem_bytes) in dense_variants(rows, cols, 5).into_iter().zip([4, 2, 2]) {
+        for ((m, w), elem_bytes) in dense_variants(rows, cols, 5).into_iter().zip([1, 4, 2, 2]) {
             let mut out = vec![0f32; cols];
             m.row(4, &mut out);
             assert_eq!(&out[..], &w[4 * cols..5 * cols]);
