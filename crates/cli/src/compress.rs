@@ -3,7 +3,7 @@
 use crate::progress;
 use anyhow::{anyhow, bail, Context, Result};
 use entrollm_codec::df11::Df11Tensor;
-use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor, Mode};
+use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor};
 use entrollm_codec::histogram::{byte_histogram, entropy_bits};
 use entrollm_codec::Payload;
 use entrollm_format::coded::{payload_of, Coded};
@@ -11,6 +11,7 @@ use entrollm_format::{
     checksum, Checkpoint, ContainerWriter, Dtype, SourceFile, SourceSegment, TensorView,
     WriterOptions,
 };
+use entrollm_model::coding_plan::CodingPlan;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
@@ -31,6 +32,10 @@ pub struct Args {
     /// pair:12:512:64 (mode single|pair|quad, table 2^8..2^12, slice width, values kept).
     #[arg(long, default_value = "auto")]
     coding: String,
+    /// A JSON file of codings per launch (qkv, o, gate_up, down, lm_head, embed, default), e.g.
+    /// from a tuner; launches it does not name get --coding.
+    #[arg(long)]
+    coding_file: Option<PathBuf>,
     /// Tensors with fewer elements than this stay uncoded.
     #[arg(long, default_value_t = 4096)]
     min_elements: usize,
@@ -41,32 +46,13 @@ pub struct Args {
     shard_size: u64,
 }
 
-fn parse_coding(s: &str) -> Result<Option<Coding>> {
-    if s == "auto" {
-        return Ok(None);
-    }
-    let p: Vec<&str> = s.split(':').collect();
-    if !(3..=4).contains(&p.len()) {
-        bail!("--coding '{s}': expected auto or MODE:LOG2M:SC[:T]");
-    }
-    let mode = match p[0] {
-        "single" => Mode::Single,
-        "pair" => Mode::Pair,
-        "quad" => Mode::Quad,
-        m => bail!("--coding '{s}': unknown mode '{m}' (single, pair, quad)"),
-    };
-    let num = |x: &str, what: &str| {
-        x.parse::<u32>()
-            .map_err(|_| anyhow!("--coding '{s}': {what} '{x}' is not a number"))
-    };
-    Ok(Some(Coding {
-        mode,
-        log2_m: num(p[1], "LOG2M")? as u8,
-        sc: num(p[2], "SC")?,
-        t: p.get(3)
-            .map(|t| num(t, "T").map(|t| t as u16))
-            .transpose()?,
-    }))
+/// The coding plan of `--coding` and `--coding-file`.
+fn coding_plan(a: &Args) -> Result<CodingPlan> {
+    let default = Coding::parse(&a.coding).map_err(|e| anyhow!("--coding: {e}"))?;
+    Ok(match &a.coding_file {
+        Some(f) => CodingPlan::from_file(f, default)?,
+        None => CodingPlan::uniform(default),
+    })
 }
 
 /// Files of the source directory that are not checkpoint shards: copied verbatim.
@@ -165,12 +151,12 @@ fn code_tensor(
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let coding = parse_coding(&a.coding)?;
+    let plan = coding_plan(&a)?;
     if a.coder != "dtans" && a.coder != "df11" {
         bail!("unknown coder '{}': use dtans or df11", a.coder);
     }
     if is_gguf(&a.src) {
-        return gguf::run(&a, coding);
+        return gguf::run(&a, &plan);
     }
     let ckpt = Checkpoint::open(&a.src)?;
     let shard_names: Vec<&str> = ckpt.files().map(|(n, _)| n).collect();
@@ -211,7 +197,7 @@ pub fn run(a: Args) -> Result<()> {
             && t.shape.len() >= 2
             && numel >= a.min_elements;
         if codable {
-            let (coded, stats) = code_tensor(&t, &a.coder, coding)
+            let (coded, stats) = code_tensor(&t, &a.coder, plan.coding_for(t.name))
                 .with_context(|| format!("tensor '{}'", t.name))?;
             let arrays = coded.arrays();
             let arrays = arrays
@@ -266,7 +252,7 @@ mod gguf {
     use entrollm_model::gguf::{GgmlType, GgufFile, GgufTensorInfo};
 
     /// How one GGUF tensor goes into the container.
-    enum Plan {
+    enum Storage {
         /// Integer codes of a block type, dtANS-coded, scales beside.
         Codes(BlockType),
         /// An F16/BF16 matrix coded as floats.
@@ -275,17 +261,17 @@ mod gguf {
         Plain(Dtype, Vec<usize>),
     }
 
-    fn plan(info: &GgufTensorInfo, min_elements: usize) -> Plan {
+    fn storage(info: &GgufTensorInfo, min_elements: usize) -> Storage {
         let numel = info.n_elements() as usize;
         let matrix = info.dims.len() >= 2 && numel >= min_elements;
         match info.ggml_type {
-            t if matrix && t.block_type().is_some() => Plan::Codes(t.block_type().unwrap()),
-            GgmlType::F16 if matrix => Plan::Floats(Dtype::F16),
-            GgmlType::BF16 if matrix => Plan::Floats(Dtype::BF16),
-            GgmlType::F32 => Plan::Plain(Dtype::F32, info.hf_shape()),
-            GgmlType::F16 => Plan::Plain(Dtype::F16, info.hf_shape()),
-            GgmlType::BF16 => Plan::Plain(Dtype::BF16, info.hf_shape()),
-            _ => Plan::Plain(Dtype::U8, vec![info.n_bytes as usize]),
+            t if matrix && t.block_type().is_some() => Storage::Codes(t.block_type().unwrap()),
+            GgmlType::F16 if matrix => Storage::Floats(Dtype::F16),
+            GgmlType::BF16 if matrix => Storage::Floats(Dtype::BF16),
+            GgmlType::F32 => Storage::Plain(Dtype::F32, info.hf_shape()),
+            GgmlType::F16 => Storage::Plain(Dtype::F16, info.hf_shape()),
+            GgmlType::BF16 => Storage::Plain(Dtype::BF16, info.hf_shape()),
+            _ => Storage::Plain(Dtype::U8, vec![info.n_bytes as usize]),
         }
     }
 
@@ -309,7 +295,7 @@ mod gguf {
         None
     }
 
-    pub fn run(a: &Args, coding: Option<Coding>) -> Result<()> {
+    pub fn run(a: &Args, plan: &CodingPlan) -> Result<()> {
         if a.coder != "dtans" {
             bail!(
                 "{}: GGUF files are coded with dtans (df11 codes BF16 safetensors checkpoints)",
@@ -360,13 +346,17 @@ mod gguf {
         for info in file.tensors() {
             let data = file.tensor_data(info);
             let with_name = || format!("tensor '{}'", info.name);
-            match plan(info, a.min_elements) {
-                Plan::Plain(dtype, shape) => w.add_plain(&info.name, dtype, &shape, data)?,
+            match storage(info, a.min_elements) {
+                Storage::Plain(dtype, shape) => w.add_plain(&info.name, dtype, &shape, data)?,
                 p => {
                     let (coded, stats, dtype, shape) = match p {
-                        Plan::Codes(block) => code_blocks(info, block, data, coding),
-                        Plan::Floats(dtype) => code_floats(info, dtype, data, coding),
-                        Plan::Plain(..) => unreachable!(),
+                        Storage::Codes(block) => {
+                            code_blocks(info, block, data, plan.coding_for(&info.name))
+                        }
+                        Storage::Floats(dtype) => {
+                            code_floats(info, dtype, data, plan.coding_for(&info.name))
+                        }
+                        Storage::Plain(..) => unreachable!(),
                     }
                     .with_context(with_name)?;
                     if coded.stored_bytes() >= data.len() {

@@ -4,11 +4,11 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        /// In the message, not a `source`: error chains would print it twice.
+        error: std::io::Error,
     },
     /// A malformed or inconsistent file: truncated, corrupt header, a manifest that contradicts
     /// the shards, a name that escapes the directory.
@@ -62,7 +62,7 @@ impl FormatError {
     pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
         FormatError::Io {
             path: path.to_path_buf(),
-            source,
+            error: source,
         }
     }
     /// A problem with a file as a whole.

@@ -4,11 +4,11 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        /// In the message, not a `source`: error chains would print it twice.
+        error: std::io::Error,
     },
     /// A malformed file: truncated, inconsistent counts, absurd shapes.
     #[error("{path}: {msg}")]

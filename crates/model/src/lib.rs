@@ -1,6 +1,7 @@
 //! entrollm-model: checkpoint loaders, tokenizers, chat templates and the CPU reference engine.
 
 pub mod chat;
+pub mod coding_plan;
 pub mod config;
 pub mod engine;
 pub mod error;

@@ -114,7 +114,7 @@ fn read_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Io {
         path: path.clone(),
-        source: e,
+        error: e,
     })?;
     ModelConfig::from_hf_json(&text)
 }

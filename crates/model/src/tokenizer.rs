@@ -68,9 +68,9 @@ impl Tokenizer {
             .map_err(|e| tok_err(tokenizer_json.display(), e))?;
         let mut tok = Tokenizer::new(inner, None, None, Vec::new(), None);
         if let Some(path) = tokenizer_config {
-            let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+            let text = std::fs::read_to_string(path).map_err(|error| ModelError::Io {
                 path: path.into(),
-                source,
+                error,
             })?;
             let config: Value =
                 serde_json::from_str(&text).map_err(|e| tok_err(path.display(), e))?;

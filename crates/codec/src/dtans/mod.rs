@@ -72,6 +72,22 @@ impl Mode {
     }
 }
 
+impl std::fmt::Display for Coding {
+    /// The form [`Coding::parse`] reads: `pair:12:512:64`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = match self.mode {
+            Mode::Single => "single",
+            Mode::Pair => "pair",
+            Mode::Quad => "quad",
+        };
+        write!(f, "{mode}:{}:{}", self.log2_m, self.sc)?;
+        if let Some(t) = self.t {
+            write!(f, ":{t}")?;
+        }
+        Ok(())
+    }
+}
+
 /// The parameters of one dtANS-LLM coding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Coding {
@@ -116,6 +132,43 @@ impl Coding {
             }
         }
         Ok(())
+    }
+
+    /// Parses `auto` (None: let the coder choose) or `MODE:LOG2M:SC[:T]`, e.g. `pair:12:512:64`
+    /// (mode single|pair|quad, table 2^LOG2M, slice width SC, T values kept). Checks only the
+    /// syntax; [`validate`](Self::validate) checks a coding against a payload.
+    pub fn parse(s: &str) -> std::result::Result<Option<Coding>, String> {
+        if s == "auto" {
+            return Ok(None);
+        }
+        let p: Vec<&str> = s.split(':').collect();
+        if !(3..=4).contains(&p.len()) {
+            return Err(format!("coding '{s}': expected auto or MODE:LOG2M:SC[:T]"));
+        }
+        let mode = match p[0] {
+            "single" => Mode::Single,
+            "pair" => Mode::Pair,
+            "quad" => Mode::Quad,
+            m => {
+                return Err(format!(
+                    "coding '{s}': unknown mode '{m}' (single, pair, quad)"
+                ))
+            }
+        };
+        let num = |x: &str, what: &str| {
+            x.parse::<u32>()
+                .map_err(|_| format!("coding '{s}': {what} '{x}' is not a number"))
+        };
+        let log2_m = num(p[1], "LOG2M")?;
+        let t = p.get(3).map(|t| num(t, "T")).transpose()?;
+        Ok(Some(Coding {
+            mode,
+            log2_m: u8::try_from(log2_m)
+                .map_err(|_| format!("coding '{s}': LOG2M {log2_m} is too large"))?,
+            sc: num(p[2], "SC")?,
+            t: t.map(|t| u16::try_from(t).map_err(|_| format!("coding '{s}': T {t} is too large")))
+                .transpose()?,
+        }))
     }
 
     /// Bits of a packed symbol (key): k codes.

@@ -119,9 +119,9 @@ impl GgufFile {
     /// Memory-maps and parses the file at `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let io = |source| ModelError::Io {
+        let io = |error| ModelError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         let file = std::fs::File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
