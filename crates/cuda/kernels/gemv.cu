@@ -11,6 +11,10 @@
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4
 #endif
+// 1: y += W x (the residual add fused into the output projections of the forward pass).
+#ifndef GEMV_ACCUM
+#define GEMV_ACCUM 0
+#endif
 
 static_assert(GEMV_WARPS >= 1 && GEMV_WARPS <= 32 && GEMV_ROWS >= 1 && GEMV_UNROLL >= 1,
               "GEMV tuning defines out of range");
@@ -65,6 +69,6 @@ gemv_bf16(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __re
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) {
         const float s = warp_sum(acc[r]);
-        if (lane == 0 && row0 + r < n) y[row0 + r] = s;
+        if (lane == 0 && row0 + r < n) y[row0 + r] = GEMV_ACCUM ? y[row0 + r] + s : s;
     }
 }
