@@ -17,6 +17,9 @@
 #ifndef ATTN_WARPS
 #define ATTN_WARPS 4
 #endif
+#ifndef ATTN_PRELOAD
+#define ATTN_PRELOAD 0
+#endif
 #define EPL (HEAD_DIM / 32)  // elements of a head per lane, contiguous
 static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "HEAD_DIM must be a multiple of 64, at most 256");
 static_assert(ATTN_GROUP >= 1 && ATTN_WARPS >= 1 && ATTN_CHUNK >= 1, "attention tuning defines must be >= 1");
@@ -72,11 +75,31 @@ attn_decode_partial(const float* __restrict__ q, const bf16_t* __restrict__ k_ca
         l[g] = 0.0f;
     }
     const size_t row_stride = (size_t)n_kv_heads * HEAD_DIM;
+#if ATTN_PRELOAD
+    // Every K/V row of the warp's positions is loaded before the first score: one memory round
+    // trip per warp instead of one per position.
+    constexpr int PER_WARP = ATTN_CHUNK / ATTN_WARPS;
+    static_assert(ATTN_CHUNK % ATTN_WARPS == 0 && PER_WARP <= 8, "ATTN_PRELOAD: at most 8 positions per warp");
+    float kpre[PER_WARP][EPL], vpre[PER_WARP][EPL];
+#pragma unroll
+    for (int i = 0; i < PER_WARP; ++i) {
+        const int t = min(start + warp + i * ATTN_WARPS, end - 1);
+        const size_t off = t * row_stride + (size_t)kvh * HEAD_DIM + lane * EPL;
+        load_head_slice(k_cache + off, kpre[i]);
+        load_head_slice(v_cache + off, vpre[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < PER_WARP; ++i) {
+        if (start + warp + i * ATTN_WARPS >= end) break;
+        const float* kv = kpre[i];
+        const float* vv = vpre[i];
+#else
     for (int t = start + warp; t < end; t += ATTN_WARPS) {
         const size_t off = t * row_stride + (size_t)kvh * HEAD_DIM + lane * EPL;
         float kv[EPL], vv[EPL];
         load_head_slice(k_cache + off, kv);
         load_head_slice(v_cache + off, vv);
+#endif
 #pragma unroll
         for (int g = 0; g < ATTN_GROUP; ++g) {
             float s = 0.0f;

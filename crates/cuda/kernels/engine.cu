@@ -31,31 +31,33 @@ extern "C" __global__ void rmsnorm_f32w_bf16out(const float* __restrict__ x, con
     rmsnorm_row<true>(x, weight, out, dim, eps);
 }
 
-// out[t, i] = bf16(silu(gate_up[t, i]) * gate_up[t, inter + i]).
-extern "C" __global__ void swiglu_bf16out(const float* __restrict__ gate_up, bf16_t* __restrict__ out,
+// gate_up [n_tokens, inter] of (gate, up) pairs (the engine stacks the two projections row-interleaved,
+// so one GEMV warp or GEMM tile holds both); out[t, i] = bf16(silu(gate) * up).
+extern "C" __global__ void swiglu_bf16out(const float2* __restrict__ gate_up, bf16_t* __restrict__ out,
                                           int inter, int n_tokens) {
     const size_t n = (size_t)inter * n_tokens;
     for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
-        const size_t t = j / inter, i = j - t * inter;
-        const float g = gate_up[t * 2 * inter + i];
-        const float u = gate_up[t * 2 * inter + inter + i];
-        out[j] = f32_to_bf16(g / (1.0f + expf(-g)) * u);
+        const float2 gu = gate_up[j];
+        out[j] = f32_to_bf16(gu.x / (1.0f + expf(-gu.x)) * gu.y);
     }
 }
 
 // qkv [n_tokens, q_dim + 2 kv_dim] f32 (q | k | v, as one fused projection writes it), plus bias
 // [q_dim + 2 kv_dim] when has_bias. Token t is at position pos[0] + t: its q is rotated into q_out
 // ([n_tokens, q_dim], f32 or BF16), its k rotated and its v copied into row pos[0] + t of the BF16
-// caches ([max_seq, kv_dim]); rows at or past max_seq are not written. Angles in f64 as rope.cu.
+// caches ([max_seq, kv_dim]); rows at or past max_seq are not written. cos_sin [max_seq, head_dim/2]
+// of (cos, sin) f32 pairs of each position's angles (computed in f64 on the host). grid (n_tokens,
+// splits): the y blocks share a token's work (decode has one token).
 template <bool BF16_Q>
 __device__ __forceinline__ void rope_append_impl(const float* __restrict__ qkv, const float* __restrict__ bias,
                                                  int has_bias, void* __restrict__ q_out,
                                                  bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
                                                  const int* __restrict__ pos_ptr,
-                                                 const double* __restrict__ inv_freq, int n_q_heads,
+                                                 const float* __restrict__ cos_sin, int n_q_heads,
                                                  int n_kv_heads, int head_dim, int interleaved, int max_seq) {
     const int t = blockIdx.x;
     const int pos = pos_ptr[0] + t;
+    const int tab = min(max(pos, 0), max_seq - 1);  // the host keeps pos < max_seq
     const int half = head_dim / 2;
     const int q_dim = n_q_heads * head_dim, kv_dim = n_kv_heads * head_dim;
     const int width = q_dim + 2 * kv_dim;
@@ -63,7 +65,7 @@ __device__ __forceinline__ void rope_append_impl(const float* __restrict__ qkv, 
     const bool store_kv = pos >= 0 && pos < max_seq;
     const int rot_pairs = (n_q_heads + n_kv_heads) * half;
     const int items = rot_pairs + kv_dim;
-    for (int j = threadIdx.x; j < items; j += blockDim.x) {
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < items; j += gridDim.y * blockDim.x) {
         if (j < rot_pairs) {
             const int head = j / half, i = j - head * half;
             const int a = interleaved ? 2 * i : i;
@@ -71,10 +73,10 @@ __device__ __forceinline__ void rope_append_impl(const float* __restrict__ qkv, 
             const int base = head * head_dim;  // q heads then k heads: contiguous in the row
             float x0 = row[base + a], x1 = row[base + b];
             if (has_bias) { x0 += bias[base + a]; x1 += bias[base + b]; }
-            double s, c;
-            sincos((double)pos * inv_freq[i], &s, &c);
-            const float y0 = (float)(x0 * c - x1 * s);
-            const float y1 = (float)(x1 * c + x0 * s);
+            // The CPU engine's arithmetic: f32 cos/sin of the f64 angle, f32 rotation, no FMA.
+            const float2 cs = ((const float2*)cos_sin)[(size_t)tab * half + i];
+            const float y0 = __fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y));
+            const float y1 = __fadd_rn(__fmul_rn(x0, cs.y), __fmul_rn(x1, cs.x));
             if (head < n_q_heads) {
                 const size_t o = (size_t)t * q_dim + base;
                 if (BF16_Q) {
@@ -101,20 +103,20 @@ __device__ __forceinline__ void rope_append_impl(const float* __restrict__ qkv, 
 extern "C" __global__ void rope_append_f32q(const float* __restrict__ qkv, const float* __restrict__ bias,
                                             int has_bias, float* __restrict__ q_out,
                                             bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
-                                            const int* __restrict__ pos_ptr, const double* __restrict__ inv_freq,
+                                            const int* __restrict__ pos_ptr, const float* __restrict__ cos_sin,
                                             int n_q_heads, int n_kv_heads, int head_dim, int interleaved,
                                             int max_seq) {
-    rope_append_impl<false>(qkv, bias, has_bias, q_out, k_cache, v_cache, pos_ptr, inv_freq, n_q_heads,
+    rope_append_impl<false>(qkv, bias, has_bias, q_out, k_cache, v_cache, pos_ptr, cos_sin, n_q_heads,
                             n_kv_heads, head_dim, interleaved, max_seq);
 }
 
 extern "C" __global__ void rope_append_bf16q(const float* __restrict__ qkv, const float* __restrict__ bias,
                                              int has_bias, bf16_t* __restrict__ q_out,
                                              bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
-                                             const int* __restrict__ pos_ptr, const double* __restrict__ inv_freq,
+                                             const int* __restrict__ pos_ptr, const float* __restrict__ cos_sin,
                                              int n_q_heads, int n_kv_heads, int head_dim, int interleaved,
                                              int max_seq) {
-    rope_append_impl<true>(qkv, bias, has_bias, q_out, k_cache, v_cache, pos_ptr, inv_freq, n_q_heads,
+    rope_append_impl<true>(qkv, bias, has_bias, q_out, k_cache, v_cache, pos_ptr, cos_sin, n_q_heads,
                            n_kv_heads, head_dim, interleaved, max_seq);
 }
 
@@ -172,12 +174,12 @@ struct Xoshiro {
     }
 };
 
-// Fills rows [0, rows) of a synthetic tensor (cols wide). kind 0: RMSNorm weight 1 + 0.05 z, written
+// Fills rows [0, rows) of a synthetic tensor (cols wide; matrix rows ld elements apart). kind 0: RMSNorm weight 1 + 0.05 z, written
 // as f32 of its BF16 rounding (out_f32); kind 1: matrix (sigma), written as BF16 bits. One thread per
 // row; rng_seed = splitmix(seed ^ name_hash), col_seed = splitmix(seed ^ name_hash ^ 0xC011) from the
 // host. Dynamic shared memory: ceil(cols / 32) words, the outlier-column mask.
 extern "C" __global__ void synth_fill(bf16_t* __restrict__ out_bf16, float* __restrict__ out_f32, int rows,
-                                      int cols, u64 rng_seed, u64 col_seed, int kind, float sigma) {
+                                      int cols, long long ld, u64 rng_seed, u64 col_seed, int kind, float sigma) {
     extern __shared__ u32 outlier_mask[];
     const int words = (cols + 31) >> 5;
     if (kind == 1) {
@@ -207,7 +209,7 @@ extern "C" __global__ void synth_fill(bf16_t* __restrict__ out_bf16, float* __re
     float n0, n1;
     rng.normal2(n0, n1);
     const float row_scale = __fmul_rn(sigma, expf(__fmul_rn(0.25f, n0)));
-    bf16_t* o = out_bf16 + (size_t)row * cols;
+    bf16_t* o = out_bf16 + (size_t)row * ld;
     for (int c = 0; c < cols; c += 2) {
         float z[2];
         rng.normal2(z[0], z[1]);

@@ -5,8 +5,9 @@
 // HEAD_DIM] already holding positions 0 .. start + n; query t sits at position start + t and attends
 // to positions 0 ..= start + t. out: BF16 [n, n_q_heads, HEAD_DIM].
 // A block owns FA_BM = 64 query rows of one query head (16 per warp) and walks the keys in tiles of
-// FA_BN = 64: K is staged in shared memory row-major, V transposed, both padded so the fragment loads
-// hit 32 distinct banks. Scores stay in registers (log2 units, online softmax per row).
+// FA_BN = 64: K and V are staged in shared memory row-major (16-byte stores), padded so that the
+// ldmatrix fragment loads (plain for K, transposed for V) hit 32 distinct banks. Scores stay in
+// registers (log2 units, online softmax per row).
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif
@@ -14,8 +15,7 @@
 #define FA_BM (16 * FA_WARPS)
 #define FA_BN 64
 #define KS_STRIDE (HEAD_DIM + 8)
-#define VT_STRIDE (FA_BN + 8)
-static_assert(HEAD_DIM % 16 == 0 && HEAD_DIM <= 256, "HEAD_DIM must be a multiple of 16, at most 256");
+static_assert(HEAD_DIM % 32 == 0 && HEAD_DIM <= 256, "HEAD_DIM must be a multiple of 32, at most 256");
 
 __device__ __forceinline__ void mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile(
@@ -23,6 +23,21 @@ __device__ __forceinline__ void mma_bf16_16816(float* c, const u32* a, u32 b0, u
         "{%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 b16 matrices from shared memory; lane L gives the address of row L % 8 of matrix L / 8.
+__device__ __forceinline__ void ldsm_x4(u32* r, const bf16_t* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, const bf16_t* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
 }
 
 __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
@@ -35,7 +50,7 @@ flash_prefill(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k_cache,
               const bf16_t* __restrict__ v_cache, bf16_t* __restrict__ out, int n, int start,
               int n_q_heads, int n_kv_heads, float scale_log2) {
     __shared__ __align__(16) bf16_t Ks[FA_BN * KS_STRIDE];
-    __shared__ __align__(16) bf16_t Vt[HEAD_DIM * VT_STRIDE];
+    __shared__ __align__(16) bf16_t Vs[FA_BN * KS_STRIDE];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const int h = blockIdx.y;
@@ -79,24 +94,26 @@ flash_prefill(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k_cache,
                 vv4 = *(const uint4*)(vbase + key * row_stride + col);
             }
             *(uint4*)(Ks + r * KS_STRIDE + col) = kv4;
-            const u32 vw[4] = {vv4.x, vv4.y, vv4.z, vv4.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                Vt[(col + 2 * i) * VT_STRIDE + r] = (bf16_t)(vw[i] & 0xffffu);
-                Vt[(col + 2 * i + 1) * VT_STRIDE + r] = (bf16_t)(vw[i] >> 16);
-            }
+            *(uint4*)(Vs + r * KS_STRIDE + col) = vv4;
         }
         __syncthreads();
         if (kb > start + r0 + 15) continue;  // every row of this warp is before the tile (causal)
 
+        // S = Q Kᵀ: for n-tile j (keys j*8..) and k-steps kk, kk+1, one ldmatrix.x4 gives both
+        // B fragments (matrix m: keys j*8 + row, dims (kk + m/2)*16 + (m%2)*8).
         float s[FA_BN / 8][4];
+        const int lrow = lane & 7, lmat = lane >> 3;
 #pragma unroll
         for (int j = 0; j < FA_BN / 8; ++j) {
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-            const bf16_t* kr = Ks + (j * 8 + g) * KS_STRIDE + 2 * t4;
+            const bf16_t* kr = Ks + (j * 8 + lrow) * KS_STRIDE + (lmat >> 1) * 16 + (lmat & 1) * 8;
 #pragma unroll
-            for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-                mma_bf16_16816(s[j], qa[kk], *(const u32*)(kr + kk * 16), *(const u32*)(kr + kk * 16 + 8));
+            for (int kk = 0; kk < HEAD_DIM / 16; kk += 2) {
+                u32 b[4];
+                ldsm_x4(b, kr + kk * 16);
+                mma_bf16_16816(s[j], qa[kk], b[0], b[1]);
+                mma_bf16_16816(s[j], qa[kk + 1], b[2], b[3]);
+            }
         }
         float mx_a = -F32_INF, mx_b = -F32_INF;
 #pragma unroll
@@ -139,15 +156,20 @@ flash_prefill(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k_cache,
             o[nt][2] *= corr_b;
             o[nt][3] *= corr_b;
         }
+        // O += P V: for k-step kk (keys kk*16..) and n-tiles nt, nt+1, one transposed ldmatrix.x4
+        // gives both B fragments (matrix m: keys kk*16 + (m%2)*8 + row, dims (nt + m/2)*8).
 #pragma unroll
         for (int kk = 0; kk < FA_BN / 16; ++kk) {
             const u32 pa[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
                                pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            const bf16_t* vr = Vs + (kk * 16 + (lmat & 1) * 8 + lrow) * KS_STRIDE + (lmat >> 1) * 8;
 #pragma unroll
-            for (int nt = 0; nt < HEAD_DIM / 8; ++nt) {
-                const bf16_t* vr = Vt + (nt * 8 + g) * VT_STRIDE + kk * 16 + 2 * t4;
-                mma_bf16_16816(o[nt], pa, *(const u32*)vr, *(const u32*)(vr + 8));
+            for (int nt = 0; nt < HEAD_DIM / 8; nt += 2) {
+                u32 b[4];
+                ldsm_x4_trans(b, vr + nt * 8);
+                mma_bf16_16816(o[nt], pa, b[0], b[1]);
+                mma_bf16_16816(o[nt + 1], pa, b[2], b[3]);
             }
         }
     }

@@ -31,7 +31,7 @@ use crate::gemm::Gemm;
 use crate::linear::GpuLinear;
 use crate::ops::argmax::{launch_argmax, ArgmaxScratch};
 use crate::ops::attention::{launch_attention_decode, AttnConfig, AttnScratch, KvShape};
-use crate::ops::elementwise::{launch_embedding, launch_swiglu};
+use crate::ops::elementwise::launch_embedding;
 use crate::ops::forward::*;
 use crate::ops::rope::RopeLayout;
 
@@ -47,7 +47,7 @@ pub struct GpuLayer {
     pub qkv_bias: Option<CudaSlice<f32>>,
     pub o: GpuLinear,
     pub mlp_norm: CudaSlice<f32>,
-    /// gate and up projections stacked: [2 inter, hidden].
+    /// gate and up projections stacked row-interleaved (gate 0, up 0, gate 1, ...): [2 inter, hidden].
     pub gate_up: GpuLinear,
     pub down: GpuLinear,
 }
@@ -110,6 +110,19 @@ fn stacked(dev: &GpuDevice, parts: &[&dyn Linear]) -> Result<GpuLinear> {
     GpuLinear::dense_from_host(dev, rows, cols, &bits)
 }
 
+/// gate and up stacked row-interleaved (g0, u0, g1, u1, ...), so the decode GEMV computes a pair
+/// in one warp and applies SwiGLU in its epilogue, and prefill GEMM rows hold (gate, up) pairs.
+fn interleaved(dev: &GpuDevice, gate: &dyn Linear, up: &dyn Linear) -> Result<GpuLinear> {
+    let cols = gate.cols();
+    let (g, u) = (host_bf16(gate), host_bf16(up));
+    let mut bits = Vec::with_capacity(g.len() * 2);
+    for (gr, ur) in g.chunks(cols).zip(u.chunks(cols)) {
+        bits.extend_from_slice(gr);
+        bits.extend_from_slice(ur);
+    }
+    GpuLinear::dense_from_host(dev, 2 * gate.rows(), cols, &bits)
+}
+
 fn upload_f32(dev: &GpuDevice, v: &[f32]) -> Result<CudaSlice<f32>> {
     dev.stream()
         .clone_htod(v)
@@ -163,7 +176,7 @@ impl GpuModel {
                 qkv_bias,
                 o: stacked(dev, &[&*l.o])?,
                 mlp_norm: upload_f32(dev, &l.mlp_norm)?,
-                gate_up: stacked(dev, &[&*l.gate, &*l.up])?,
+                gate_up: interleaved(dev, &*l.gate, &*l.up)?,
                 down: stacked(dev, &[&*l.down])?,
             });
         }
@@ -235,13 +248,15 @@ impl GpuModel {
                 SynthKind::Matrix { sigma } => Some(sigma),
             };
             let name = t.name.as_str();
-            let fill16 = |buf: &mut CudaSlice<u16>, row_off: usize| {
-                let mut view = buf.slice_mut(row_off * cols..(row_off + rows) * cols);
-                launch_synth_fill(dev, SynthOut::Bf16(&mut view), rows, cols, seeds, sigma)
+            // Rows `row_off + i · stride` of `buf` (stride 2: gate/up interleaved).
+            let fill16s = |buf: &mut CudaSlice<u16>, row_off: usize, stride: usize| {
+                let mut view = buf.slice_mut(row_off * cols..);
+                launch_synth_fill(dev, SynthOut::Bf16(&mut view), rows, cols, stride * cols, seeds, sigma)
             };
+            let fill16 = |buf: &mut CudaSlice<u16>, row_off: usize| fill16s(buf, row_off, 1);
             let fill32 = |buf: &mut CudaSlice<f32>| {
                 let mut view = buf.slice_mut(0..cols);
-                launch_synth_fill(dev, SynthOut::F32(&mut view), rows, cols, seeds, sigma)
+                launch_synth_fill(dev, SynthOut::F32(&mut view), rows, cols, cols, seeds, sigma)
             };
             if name == "model.embed_tokens.weight" {
                 fill16(&mut embed, 0)?;
@@ -267,8 +282,8 @@ impl GpuModel {
                     "self_attn.k_proj.weight" => fill16(&mut b.qkv, q)?,
                     "self_attn.v_proj.weight" => fill16(&mut b.qkv, q + kv)?,
                     "self_attn.o_proj.weight" => fill16(&mut b.o, 0)?,
-                    "mlp.gate_proj.weight" => fill16(&mut b.gate_up, 0)?,
-                    "mlp.up_proj.weight" => fill16(&mut b.gate_up, inter)?,
+                    "mlp.gate_proj.weight" => fill16s(&mut b.gate_up, 0, 2)?,
+                    "mlp.up_proj.weight" => fill16s(&mut b.gate_up, 1, 2)?,
                     "mlp.down_proj.weight" => fill16(&mut b.down, 0)?,
                     _ => return Err(GpuError::invalid("synth", format!("unexpected tensor {name}"))),
                 }
@@ -390,11 +405,9 @@ pub struct MemoryUse {
 /// Buffers of one decode step (batch 1).
 struct DecodeBufs {
     x: CudaSlice<f32>,
-    h: CudaSlice<f32>,
     qkv: CudaSlice<f32>,
     q: CudaSlice<f32>,
     attn: CudaSlice<f32>,
-    gate_up: CudaSlice<f32>,
     act: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     tok: CudaSlice<i32>,
@@ -437,7 +450,8 @@ pub struct GpuEngine {
     model: GpuModel,
     gemm: Gemm,
     max_seq: usize,
-    inv_freq: CudaSlice<f64>,
+    /// RoPE (cos, sin) of every position, [max_seq, head_dim / 2, 2].
+    cos_sin: CudaSlice<f32>,
     attn_cfg: AttnConfig,
     kv: Kv,
     d: DecodeBufs,
@@ -489,11 +503,9 @@ impl GpuEngine {
         }
         let d = DecodeBufs {
             x: a32(h)?,
-            h: a32(h)?,
             qkv: a32(width)?,
             q: a32(qd)?,
             attn: a32(qd)?,
-            gate_up: a32(2 * inter)?,
             act: a32(inter)?,
             logits: a32(c.vocab_size)?,
             tok: ai(1)?,
@@ -515,16 +527,16 @@ impl GpuEngine {
             gate_up: a32(cap * 2 * inter)?,
             act: a16(cap * inter)?,
         };
-        let inv_freq = s
-            .clone_htod(&rope_inv_freq(&c))
-            .while_(|| "uploading RoPE frequencies".into())?;
+        let cos_sin = s
+            .clone_htod(&rope_table(&rope_inv_freq(&c), max_seq))
+            .while_(|| "uploading the RoPE table".into())?;
         let gemm = Gemm::new(&dev)?;
         let mut e = GpuEngine {
             dev,
             model,
             gemm,
             max_seq,
-            inv_freq,
+            cos_sin,
             attn_cfg,
             kv,
             d,
@@ -567,11 +579,9 @@ impl GpuEngine {
         let kv_cache = 2 * c.num_layers * self.max_seq * c.kv_dim() * 2;
         let d = &self.d;
         let decode = (d.x.len()
-            + d.h.len()
             + d.qkv.len()
             + d.q.len()
             + d.attn.len()
-            + d.gate_up.len()
             + d.act.len()
             + d.logits.len())
             * 4
@@ -581,7 +591,7 @@ impl GpuEngine {
         MemoryUse {
             weights: self.model.weight_bytes(),
             kv_cache,
-            workspace: decode + self.prefill.bytes() + self.gemm.workspace_bytes() + self.inv_freq.len() * 8,
+            workspace: decode + self.prefill.bytes() + self.gemm.workspace_bytes() + self.cos_sin.len() * 4,
         }
     }
 
@@ -621,10 +631,21 @@ impl GpuEngine {
             .dense_weights()
             .ok_or_else(|| GpuError::invalid("decode", "the embedding must be dense BF16"))?;
         launch_embedding(dev, table, &d.tok, &mut d.x, 1, vocab, h)?;
+        let eps = c.rms_norm_eps;
+        let plain = GemvFusion::default();
+        let residual = GemvFusion {
+            accumulate: true,
+            swiglu: false,
+        };
+        let swiglu = GemvFusion {
+            accumulate: false,
+            swiglu: true,
+        };
         for (l, layer) in self.model.layers.iter().enumerate() {
-            let eps = c.rms_norm_eps;
-            launch_rmsnorm_f32w(dev, &d.x, &layer.attn_norm, NormOut::F32(&mut d.h), 1, h, eps)?;
-            layer.qkv.matvec(dev, &d.h, &mut d.qkv, false)?;
+            // RMSNorm runs inside the q/k/v GEMV.
+            layer
+                .qkv
+                .matvec_fused(dev, &d.x, Some((&layer.attn_norm, eps)), plain, &mut d.qkv)?;
             launch_rope_append(
                 dev,
                 shape,
@@ -634,7 +655,7 @@ impl GpuEngine {
                 &mut self.kv.k[l],
                 &mut self.kv.v[l],
                 &d.pos,
-                &self.inv_freq,
+                &self.cos_sin,
                 1,
                 self.max_seq,
             )?;
@@ -650,22 +671,21 @@ impl GpuEngine {
                 &mut d.attn,
                 scale,
             )?;
-            layer.o.matvec(dev, &d.attn, &mut d.x, true)?;
-            launch_rmsnorm_f32w(dev, &d.x, &layer.mlp_norm, NormOut::F32(&mut d.h), 1, h, eps)?;
-            layer.gate_up.matvec(dev, &d.h, &mut d.gate_up, false)?;
-            launch_swiglu(dev, &d.gate_up, &mut d.act, 1, inter)?;
-            layer.down.matvec(dev, &d.act, &mut d.x, true)?;
+            layer.o.matvec_fused(dev, &d.attn, None, residual, &mut d.x)?;
+            // RMSNorm and SwiGLU inside the gate/up GEMV.
+            layer
+                .gate_up
+                .matvec_fused(dev, &d.x, Some((&layer.mlp_norm, eps)), swiglu, &mut d.act)?;
+            layer.down.matvec_fused(dev, &d.act, None, residual, &mut d.x)?;
         }
-        launch_rmsnorm_f32w(
+        let _ = inter;
+        self.model.lm_head().matvec_fused(
             dev,
             &d.x,
-            &self.model.final_norm,
-            NormOut::F32(&mut d.h),
-            1,
-            h,
-            c.rms_norm_eps,
+            Some((&self.model.final_norm, eps)),
+            plain,
+            &mut d.logits,
         )?;
-        self.model.lm_head().matvec(dev, &d.h, &mut d.logits, false)?;
         if greedy {
             launch_argmax(dev, &d.logits, vocab, &mut d.argmax, &mut d.tok)?;
         }
@@ -776,7 +796,7 @@ impl GpuEngine {
                     &mut self.kv.k[l],
                     &mut self.kv.v[l],
                     &self.d.pos,
-                    &self.inv_freq,
+                    &self.cos_sin,
                     n,
                     self.max_seq,
                 )?;
@@ -810,18 +830,13 @@ impl GpuEngine {
         dev.stream()
             .memcpy_dtod(&p.x.slice((last_n - 1) * h..last_n * h), &mut self.d.x)
             .while_(|| "copying the last hidden state".into())?;
-        launch_rmsnorm_f32w(
+        self.model.lm_head().matvec_fused(
             dev,
             &self.d.x,
-            &self.model.final_norm,
-            NormOut::F32(&mut self.d.h),
-            1,
-            h,
-            eps,
+            Some((&self.model.final_norm, eps)),
+            GemvFusion::default(),
+            &mut self.d.logits,
         )?;
-        self.model
-            .lm_head()
-            .matvec(dev, &self.d.h, &mut self.d.logits, false)?;
         self.set_counters(self.pos)
     }
 

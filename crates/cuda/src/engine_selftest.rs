@@ -5,7 +5,8 @@
 //! two chunks, decode steps) and SmolLM2-135M, GPU vs the CPU engine on the same BF16-rounded
 //! weights (logits and greedy tokens).
 //!
-//! Tolerances (relative L2 unless said): f32 kernels 1e-5 (GEMV, RMSNorm, RoPE); kernels with a
+//! Tolerances (relative L2 unless said): f32 kernels 1e-5 (GEMV and its fused RMSNorm / residual /
+//! SwiGLU forms, RMSNorm, RoPE); kernels with a
 //! BF16 output against the reference rounded to BF16 1e-4 (a rounding flip of a few elements);
 //! cuBLASLt GEMM 1e-4; flash prefill 1e-2 (BF16 probabilities and output); device synth: at most
 //! 1e-4 of the values differ, by at most one BF16 ulp. Whole models: logits 3e-2 for the
@@ -27,8 +28,8 @@ use crate::device::GpuDevice;
 use crate::engine::{bf16_rounded, synth_seeds, GpuEngine, GpuModel};
 use crate::error::{GpuError, Result};
 use crate::gemm::{gemm_ref, Gemm};
-use crate::ops::elementwise::swiglu_ref;
 use crate::ops::forward::*;
+use crate::ops::attention::{attention_ref, launch_attention_decode, AttnScratch, KvShape};
 use crate::ops::gemv::{gemv_ref, GemvConfig};
 use crate::ops::rope::RopeLayout;
 use crate::ops::{bf16_to_f32, f32_to_bf16};
@@ -94,7 +95,7 @@ impl Checker<'_> {
         let mut out = poisoned16(self.dev, n * inter)?;
         launch_swiglu_bf16(self.dev, &gu_d, &mut out, n, inter)?;
         let got = widen(&download(self.dev, &out)?);
-        let want = round_bf16(&swiglu_ref(&gu, inter));
+        let want = round_bf16(&swiglu_interleaved_ref(&gu));
         self.record("swiglu_bf16out", format!("{n} x {inter}"), &got[..want.len()], &want, 1e-4);
         Ok(())
     }
@@ -109,6 +110,36 @@ impl Checker<'_> {
         let got = download(self.dev, &y)?;
         let want: Vec<f32> = gemv_ref(&w, &x, n, k).iter().zip(&y0).map(|(a, b)| a + b).collect();
         self.record("gemv_accum", format!("{cfg} [{n}, {k}]"), &got, &want, 1e-5);
+        Ok(())
+    }
+
+    /// The decode step's fused GEMVs: RMSNorm in (optional), plain / accumulate / SwiGLU out.
+    fn gemv_fused(&mut self, cfg: GemvConfig, n: usize, k: usize, norm: bool, fusion: GemvFusion) -> Result<()> {
+        let w = self.rng.bf16s(n * k, 0.02);
+        let x = self.rng.normals(k, 3.0);
+        let g: Vec<f32> = (0..k).map(|_| 1.0 + 0.1 * self.rng.normal()).collect();
+        let out_n = if fusion.swiglu { n / 2 } else { n };
+        let y0 = if fusion.accumulate { self.rng.normals(out_n, 1.0) } else { vec![f32::NAN; out_n] };
+        let (w_d, x_d, g_d) = (upload(self.dev, &w)?, upload(self.dev, &x)?, upload(self.dev, &g)?);
+        let mut y = upload(self.dev, &y0)?;
+        let eps = 1e-5;
+        launch_gemv_fused(self.dev, cfg, fusion, &w_d, &x_d, norm.then_some((&g_d, eps)), &mut y, n, k)?;
+        let got = download(self.dev, &y)?;
+        let xin = if norm { rmsnorm_f32w_ref(&x, &g, eps) } else { x };
+        let mut want = gemv_ref(&w, &xin, n, k);
+        if fusion.swiglu {
+            want = swiglu_interleaved_ref(&want);
+        }
+        if fusion.accumulate {
+            want.iter_mut().zip(&y0).for_each(|(a, b)| *a += b);
+        }
+        self.record(
+            "gemv_fused",
+            format!("{cfg} [{n}, {k}] norm {norm} {fusion:?}"),
+            &got,
+            &want,
+            1e-5,
+        );
         Ok(())
     }
 
@@ -155,7 +186,7 @@ impl Checker<'_> {
             Some(b) => Some(upload(self.dev, b)?),
             None => None,
         };
-        let f_d = upload(self.dev, &inv_freq)?;
+        let f_d = upload(self.dev, &rope_table(&inv_freq, max_seq))?;
         let pos_d = upload(self.dev, &[start as i32])?;
         let mut kc = poisoned16(self.dev, max_seq * s.kv_dim())?;
         let mut vc = poisoned16(self.dev, max_seq * s.kv_dim())?;
@@ -220,6 +251,35 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// Decode attention with the engine's short-chunk, preloading configuration.
+    fn attn_decode(&mut self, hd: usize, nq: usize, nkv: usize, max_seq: usize, len: usize) -> Result<()> {
+        let cfg = decode_attn_config(hd, nq, nkv)?;
+        let shape = KvShape {
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            max_seq,
+        };
+        let kc = self.rng.bf16s(max_seq * nkv * hd, 1.0);
+        let vc = self.rng.bf16s(max_seq * nkv * hd, 1.0);
+        let q = self.rng.normals(nq * hd, 1.0);
+        let (k_d, v_d, q_d) = (upload(self.dev, &kc)?, upload(self.dev, &vc)?, upload(self.dev, &q)?);
+        let len_d = upload(self.dev, &[len as i32])?;
+        let mut scratch = AttnScratch::new(self.dev, cfg, nq, max_seq)?;
+        let mut out = poisoned32(self.dev, nq * hd)?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        launch_attention_decode(self.dev, cfg, shape, &q_d, &k_d, &v_d, &len_d, &mut scratch, &mut out, scale)?;
+        let got = download(self.dev, &out)?;
+        let want = attention_ref(&q, &kc, &vc, len, nq, nkv, hd, scale);
+        self.record(
+            "attention_decode_c16",
+            format!("h {nq}/{nkv}x{hd} len {len}/{max_seq}"),
+            &got,
+            &want,
+            1e-4,
+        );
+        Ok(())
+    }
+
     fn finish_step(&mut self) -> Result<()> {
         let tok = upload(self.dev, &[42i32])?;
         let mut hist = upload(self.dev, &[-1i32; 8])?;
@@ -238,8 +298,9 @@ impl Checker<'_> {
         Ok(())
     }
 
-    /// Device synth vs `model::synth` for every tensor of `config` (or the first `limit`).
-    fn synth(&mut self, label: &str, c: &ModelConfig, seed: u64, only: Option<&str>) -> Result<()> {
+    /// Device synth vs `model::synth` for every tensor of `config` (or only the one named);
+    /// matrices written every `stride`-th row (2: the engine's gate/up interleave).
+    fn synth(&mut self, label: &str, c: &ModelConfig, seed: u64, only: Option<&str>, stride: usize) -> Result<()> {
         let (mut total, mut differ, mut worst_ulps) = (0usize, 0usize, 0u32);
         for t in tensors(c) {
             if only.is_some_and(|o| o != t.name) {
@@ -253,15 +314,24 @@ impl Checker<'_> {
             let seeds = synth_seeds(&t.name, seed);
             let gpu: Vec<u16> = match t.kind {
                 SynthKind::Matrix { sigma } => {
-                    let mut buf = poisoned16(self.dev, rows * cols)?;
+                    let mut buf = poisoned16(self.dev, rows * cols * stride)?;
                     let mut view = buf.slice_mut(..);
-                    launch_synth_fill(self.dev, SynthOut::Bf16(&mut view), rows, cols, seeds, Some(sigma))?;
-                    download(self.dev, &buf)?
+                    launch_synth_fill(
+                        self.dev,
+                        SynthOut::Bf16(&mut view),
+                        rows,
+                        cols,
+                        stride * cols,
+                        seeds,
+                        Some(sigma),
+                    )?;
+                    let all = download(self.dev, &buf)?;
+                    all.chunks(cols).step_by(stride).flatten().copied().collect()
                 }
                 SynthKind::Norm => {
                     let mut buf = poisoned32(self.dev, cols)?;
                     let mut view = buf.slice_mut(..);
-                    launch_synth_fill(self.dev, SynthOut::F32(&mut view), 1, cols, seeds, None)?;
+                    launch_synth_fill(self.dev, SynthOut::F32(&mut view), 1, cols, cols, seeds, None)?;
                     download(self.dev, &buf)?.iter().map(|&v| f32_to_bf16(v)).collect()
                 }
             };
@@ -527,6 +597,15 @@ pub fn run_engine_selftest(
             c.gemv_accum(cfg, n, k)?;
         }
     }
+    for cfg in GemvConfig::CANDIDATES {
+        for &(n, k) in &[(2, 8), (38, 520), (130, 4104), (2048, 4096)] {
+            c.gemv_fused(cfg, n, k, true, GemvFusion::default())?;
+            c.gemv_fused(cfg, n, k, false, GemvFusion { accumulate: true, swiglu: false })?;
+            if cfg.rows % 2 == 0 {
+                c.gemv_fused(cfg, n, k, true, GemvFusion { accumulate: false, swiglu: true })?;
+            }
+        }
+    }
     let gemm = Gemm::new(dev)?;
     for &(m, n, k) in &[(1, 8, 8), (37, 520, 192), (130, 960, 576), (300, 1000, 2048), (512, 6144, 4096)] {
         c.gemm(&gemm, m, n, k, false)?;
@@ -556,19 +635,26 @@ pub fn run_engine_selftest(
     ] {
         c.flash(n, start, nq, nkv, hd, qs)?;
     }
+    for &(hd, nq, nkv) in &[(64, 9, 3), (128, 32, 8), (128, 8, 8)] {
+        for &(max_seq, len) in &[(640, 1), (640, 15), (640, 16), (640, 17), (640, 600), (1000, 1000)] {
+            c.attn_decode(hd, nq, nkv, max_seq, len)?;
+        }
+    }
     c.finish_step()?;
-    c.synth("tiny, all tensors", &SynthShape::Tiny.config(), 7, None)?;
+    c.synth("tiny, all tensors, rows interleaved", &SynthShape::Tiny.config(), 7, None, 2)?;
     c.synth(
         "llama-3.1-8b layer-0 k_proj",
         &SynthShape::Llama31_8B.config(),
         0,
         Some("model.layers.0.self_attn.k_proj.weight"),
+        1,
     )?;
     c.synth(
         "llama-3.1-8b final norm",
         &SynthShape::Llama31_8B.config(),
         0,
         Some("model.norm.weight"),
+        1,
     )?;
     let mut cases = c.cases;
     // A small biased, interleaved-RoPE model: prefill over two chunks (2100 tokens), 4 steps.

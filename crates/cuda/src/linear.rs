@@ -8,7 +8,7 @@ use cudarc::driver::CudaSlice;
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
-use crate::ops::forward::launch_gemv_accum;
+use crate::ops::forward::{launch_gemv_accum, launch_gemv_fused, GemvFusion};
 use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
 
 /// A row-major BF16 matrix [rows, cols] in device memory and the GEMV configuration of its shape.
@@ -105,6 +105,32 @@ impl GpuLinear {
                 launch_gemv_accum(dev, d.gemv, &d.w, x, y, d.rows, d.cols)
             }
             GpuLinear::Dense(d) => launch_gemv(dev, d.gemv, &d.w, x, y, d.rows, d.cols),
+        }
+    }
+
+    /// Batch-1 product with the decode step's fusions: `norm` = (weight, eps) normalises x on the
+    /// fly (RMSNorm), `accumulate` adds into y (residual), `swiglu` treats the rows as interleaved
+    /// (gate, up) pairs and writes silu(gate)·up (rows / 2 outputs).
+    pub fn matvec_fused(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        norm: Option<(&CudaSlice<f32>, f32)>,
+        fusion: GemvFusion,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        match self {
+            GpuLinear::Dense(d) => {
+                let mut cfg = d.gemv;
+                if fusion.swiglu && cfg.rows % 2 != 0 {
+                    cfg = GemvConfig {
+                        warps: 4,
+                        rows: 2,
+                        unroll: 4,
+                    };
+                }
+                launch_gemv_fused(dev, cfg, fusion, &d.w, x, norm, y, d.rows, d.cols)
+            }
         }
     }
 

@@ -74,15 +74,17 @@ impl AttnConfig {
     }
 
     pub fn variant(&self) -> KernelVariant {
-        KernelVariant::new(
-            &ATTENTION,
-            vec![
-                ("HEAD_DIM", self.head_dim as i64),
-                ("ATTN_GROUP", self.group as i64),
-                ("ATTN_CHUNK", self.chunk as i64),
-                ("ATTN_WARPS", self.warps as i64),
-            ],
-        )
+        let mut defines = vec![
+            ("HEAD_DIM", self.head_dim as i64),
+            ("ATTN_GROUP", self.group as i64),
+            ("ATTN_CHUNK", self.chunk as i64),
+            ("ATTN_WARPS", self.warps as i64),
+        ];
+        // Short chunks: each warp loads all its K/V rows before the first score.
+        if self.chunk % self.warps == 0 && self.chunk / self.warps <= 8 {
+            defines.push(("ATTN_PRELOAD", 1));
+        }
+        KernelVariant::new(&ATTENTION, defines)
     }
 
     fn max_chunks(&self, max_seq: usize) -> usize {

@@ -18,12 +18,12 @@ pub fn engine_variant() -> KernelVariant {
     KernelVariant::new(&ENGINE, vec![])
 }
 
-/// The flash-attention prefill kernel for one head dimension (a multiple of 16, at most 256).
+/// The flash-attention prefill kernel for one head dimension (a multiple of 32, at most 256).
 pub fn prefill_variant(head_dim: usize) -> Result<KernelVariant> {
-    if head_dim == 0 || head_dim % 16 != 0 || head_dim > 256 {
+    if head_dim == 0 || head_dim % 32 != 0 || head_dim > 256 {
         return Err(GpuError::invalid(
             "flash_prefill",
-            format!("head_dim {head_dim} must be a multiple of 16, at most 256"),
+            format!("head_dim {head_dim} must be a multiple of 32, at most 256"),
         ));
     }
     Ok(KernelVariant::new(
@@ -39,12 +39,12 @@ pub fn gemv_accum_variant(cfg: GemvConfig) -> KernelVariant {
     v
 }
 
-/// Decode attention tuned for single-token steps: 32 positions per block, so a 512–4096 token
-/// context spreads over 16–128 blocks per KV head instead of 2–16 (each warp walks only 8 positions
-/// in sequence).
+/// Decode attention tuned for single-token steps: 16 positions per block, so a 512–4096 token
+/// context spreads over 32–256 blocks per KV head instead of 2–16, and each warp loads its 4
+/// positions' K/V rows at once (`ATTN_PRELOAD`).
 pub fn decode_attn_config(head_dim: usize, n_q_heads: usize, n_kv_heads: usize) -> Result<AttnConfig> {
     let mut c = AttnConfig::for_heads(head_dim, n_q_heads, n_kv_heads)?;
-    c.chunk = 32;
+    c.chunk = 16;
     c.validate()?;
     Ok(c)
 }
@@ -54,6 +54,12 @@ pub fn all_variants() -> Vec<KernelVariant> {
     let mut v = vec![engine_variant()];
     v.extend([64, 128].iter().map(|&d| prefill_variant(d).expect("valid")));
     v.extend(GemvConfig::CANDIDATES.iter().map(|&c| gemv_accum_variant(c)));
+    v.extend(
+        GemvConfig::CANDIDATES
+            .iter()
+            .filter(|c| c.rows % 2 == 0)
+            .map(|&c| gemv_fused_variant(c, GemvFusion { accumulate: false, swiglu: true })),
+    );
     v.extend(
         [(64, 9, 3), (64, 4, 4), (128, 32, 8), (128, 64, 8), (128, 32, 32)]
             .iter()
@@ -134,8 +140,8 @@ pub fn rmsnorm_f32w_ref(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
         .collect()
 }
 
-/// `out[t, i] = bf16(silu(gate_up[t, i]) · gate_up[t, inter + i])` (reference:
-/// [`super::elementwise::swiglu_ref`] rounded to BF16).
+/// `out[t, i] = bf16(silu(g) · u)` with (g, u) = `gate_up[t, 2i..2i + 2]` (gate and up rows
+/// interleaved, as the engine stacks them); reference: [`swiglu_interleaved_ref`] rounded to BF16.
 pub fn launch_swiglu_bf16(
     dev: &GpuDevice,
     gate_up: &CudaSlice<f32>,
@@ -158,6 +164,17 @@ pub fn launch_swiglu_bf16(
         shared_mem_bytes: 0,
     };
     launch_kernel!(dev, f, cfg, OP, [gate_up, out, &inter_i, &n_i])
+}
+
+/// CPU reference of the interleaved SwiGLU: `out[t, i] = silu(gu[t, 2i]) · gu[t, 2i + 1]`.
+pub fn swiglu_interleaved_ref(gate_up: &[f32]) -> Vec<f32> {
+    gate_up
+        .chunks(2)
+        .map(|p| {
+            let g = p[0] as f64;
+            (g / (1.0 + (-g).exp()) * p[1] as f64) as f32
+        })
+        .collect()
 }
 
 /// Head layout of a fused q/k/v row.
@@ -190,6 +207,7 @@ pub enum QOut<'a> {
 /// RoPE fused with the KV append: for token t of `qkv` ([n_tokens, q | k | v] f32, plus `bias`),
 /// at position `pos[0] + t`, writes the rotated q to `q_out` and the rotated k and the v as BF16
 /// into row `pos[0] + t` of the caches ([max_seq, kv_dim]); rows past `max_seq` are skipped.
+/// `cos_sin`: [`rope_table`] for `max_seq` positions.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_rope_append(
     dev: &GpuDevice,
@@ -200,7 +218,7 @@ pub fn launch_rope_append(
     k_cache: &mut CudaSlice<u16>,
     v_cache: &mut CudaSlice<u16>,
     pos: &CudaSlice<i32>,
-    inv_freq: &CudaSlice<f64>,
+    cos_sin: &CudaSlice<f32>,
     n_tokens: usize,
     max_seq: usize,
 ) -> Result<()> {
@@ -219,14 +237,16 @@ pub fn launch_rope_append(
     check_len(OP, "k_cache", k_cache, max_seq * s.kv_dim())?;
     check_len(OP, "v_cache", v_cache, max_seq * s.kv_dim())?;
     check_len(OP, "pos", pos, 1)?;
-    check_len(OP, "inv_freq", inv_freq, s.head_dim / 2)?;
+    check_len(OP, "cos_sin", cos_sin, max_seq * s.head_dim)?;
     as_i32(OP, "cache elements", max_seq * s.kv_dim())?;
     as_i32(OP, "qkv elements", n_tokens * s.width())?;
     if n_tokens == 0 {
         return Ok(());
     }
+    // One token (decode) spreads over 8 blocks; prompts have a block per token.
+    let splits = if n_tokens == 1 { 8 } else { 1 };
     let cfg = LaunchConfig {
-        grid_dim: (as_i32(OP, "n_tokens", n_tokens)? as u32, 1, 1),
+        grid_dim: (as_i32(OP, "n_tokens", n_tokens)? as u32, splits, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -243,7 +263,7 @@ pub fn launch_rope_append(
                 f,
                 cfg,
                 OP,
-                [qkv, bias, &has_bias, q, k_cache, v_cache, pos, inv_freq, &nq, &nkv, &hd, &inter, &max_i]
+                [qkv, bias, &has_bias, q, k_cache, v_cache, pos, cos_sin, &nq, &nkv, &hd, &inter, &max_i]
             )
         }
         QOut::Bf16(q) => {
@@ -253,10 +273,24 @@ pub fn launch_rope_append(
                 f,
                 cfg,
                 OP,
-                [qkv, bias, &has_bias, q, k_cache, v_cache, pos, inv_freq, &nq, &nkv, &hd, &inter, &max_i]
+                [qkv, bias, &has_bias, q, k_cache, v_cache, pos, cos_sin, &nq, &nkv, &hd, &inter, &max_i]
             )
         }
     }
+}
+
+/// (cos, sin) f32 pairs of every position's angles, [max_seq, head_dim / 2, 2], computed in f64 and
+/// rounded as the CPU engine rounds them.
+pub fn rope_table(inv_freq: &[f64], max_seq: usize) -> Vec<f32> {
+    let mut t = Vec::with_capacity(max_seq * inv_freq.len() * 2);
+    for pos in 0..max_seq {
+        for &f in inv_freq {
+            let (s, c) = (pos as f64 * f).sin_cos();
+            t.push(c as f32);
+            t.push(s as f32);
+        }
+    }
+    t
 }
 
 /// CPU reference of [`launch_rope_append`]: (rotated q [n, q_dim] f32, k rows [n, kv_dim] f32,
@@ -318,19 +352,23 @@ pub enum SynthOut<'a, 'b> {
 }
 
 /// Generates `rows × cols` of a synthetic tensor on the device (`model::synth::fill_row`'s
-/// distribution and random streams). `rng_seed` = splitmix(seed ^ name_hash), `col_seed` =
+/// distribution and random streams), matrix rows `ld` elements apart (`ld > cols`: interleaved). `rng_seed` = splitmix(seed ^ name_hash), `col_seed` =
 /// splitmix(seed ^ name_hash ^ 0xC011) (see [`crate::engine::synth_seeds`]); `sigma` None: a norm.
 pub fn launch_synth_fill(
     dev: &GpuDevice,
     out: SynthOut<'_, '_>,
     rows: usize,
     cols: usize,
+    ld: usize,
     seeds: (u64, u64),
     sigma: Option<f32>,
 ) -> Result<()> {
     const OP: &str = "synth_fill";
+    if ld < cols {
+        return Err(GpuError::invalid(OP, format!("row stride {ld} < {cols} columns")));
+    }
     match &out {
-        SynthOut::Bf16(o) if o.len() < rows * cols => {
+        SynthOut::Bf16(o) if rows > 0 && o.len() < (rows - 1) * ld + cols => {
             return Err(GpuError::invalid(OP, "output too small"))
         }
         SynthOut::F32(o) if o.len() < rows * cols => {
@@ -355,6 +393,7 @@ pub fn launch_synth_fill(
         return Err(GpuError::invalid(OP, format!("{cols} columns is too wide")));
     }
     let null = 0u64;
+    let ld_i = ld as i64;
     let (s0, s1) = seeds;
     match out {
         SynthOut::Bf16(o) => launch_kernel!(
@@ -362,14 +401,14 @@ pub fn launch_synth_fill(
             f,
             cfg,
             OP,
-            [o, &null, &rows_i, &cols_i, &s0, &s1, &kind, &sigma]
+            [o, &null, &rows_i, &cols_i, &ld_i, &s0, &s1, &kind, &sigma]
         ),
         SynthOut::F32(o) => launch_kernel!(
             dev,
             f,
             cfg,
             OP,
-            [&null, o, &rows_i, &cols_i, &s0, &s1, &kind, &sigma]
+            [&null, o, &rows_i, &cols_i, &ld_i, &s0, &s1, &kind, &sigma]
         ),
     }
 }
@@ -478,6 +517,74 @@ pub fn prefill_attention_ref(s: PrefillShape, q: &[u16], k_cache: &[u16], v_cach
     out
 }
 
+/// What a fused GEMV does besides `y = W x`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GemvFusion {
+    /// `y += W x` (residual add).
+    pub accumulate: bool,
+    /// Rows are (gate, up) pairs; `y[i] = silu(W_2i x) · W_2i+1 x` (n/2 outputs).
+    pub swiglu: bool,
+}
+
+/// The GEMV variant with the given fusions (RMSNorm is a separate entry point of every variant).
+pub fn gemv_fused_variant(cfg: GemvConfig, f: GemvFusion) -> KernelVariant {
+    let mut v = cfg.variant();
+    if f.accumulate {
+        v.defines.push(("GEMV_ACCUM", 1));
+    }
+    if f.swiglu {
+        v.defines.push(("GEMV_SWIGLU", 1));
+    }
+    v
+}
+
+/// `y = W · rmsnorm(x; g, eps)` (when `norm` is given, else `W x`), with `fusion`'s epilogue;
+/// x f32 [k], y f32 [n] (n/2 with swiglu). References: `gemv_ref` over
+/// `rmsnorm_f32w_ref(x)`, plus y / [`swiglu_interleaved_ref`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_gemv_fused(
+    dev: &GpuDevice,
+    cfg: GemvConfig,
+    fusion: GemvFusion,
+    w: &CudaSlice<u16>,
+    x: &CudaSlice<f32>,
+    norm: Option<(&CudaSlice<f32>, f32)>,
+    y: &mut CudaSlice<f32>,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    const OP: &str = "gemv_fused";
+    check_gemv_shape(n, k)?;
+    check_len(OP, "w", w, n * k)?;
+    check_len(OP, "x", x, k)?;
+    check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
+    if fusion.swiglu && (cfg.rows % 2 != 0 || n % 2 != 0 || fusion.accumulate) {
+        return Err(GpuError::invalid(
+            OP,
+            format!("swiglu needs an even row count and rows per warp, no accumulate ({cfg}, n {n})"),
+        ));
+    }
+    let variant = gemv_fused_variant(cfg, fusion);
+    let blocks = n.div_ceil((cfg.warps * cfg.rows) as usize);
+    let launch_cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (cfg.warps * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (n_i, k_i) = (n as i32, k as i32);
+    match norm {
+        Some((g, eps)) => {
+            check_len(OP, "norm weight", g, k)?;
+            let f = dev.function(&variant, "gemv_bf16_norm")?;
+            launch_kernel!(dev, f, launch_cfg, OP, [w, x, g, y, &n_i, &k_i, &eps])
+        }
+        None => {
+            let f = dev.function(&variant, "gemv_bf16")?;
+            launch_kernel!(dev, f, launch_cfg, OP, [w, x, y, &n_i, &k_i])
+        }
+    }
+}
+
 /// `y[..n] += W x` (W BF16 [n, k] row-major); reference: `y + gemv_ref(W, x)`.
 pub fn launch_gemv_accum(
     dev: &GpuDevice,
@@ -548,7 +655,8 @@ mod tests {
     fn variants_are_valid() {
         assert!(prefill_variant(96).is_err() || prefill_variant(96).is_ok());
         assert!(prefill_variant(100).is_err());
-        assert_eq!(all_variants().len(), 1 + 2 + GemvConfig::CANDIDATES.len() + 5);
-        assert_eq!(decode_attn_config(128, 32, 8).unwrap().chunk, 32);
+        let even = GemvConfig::CANDIDATES.iter().filter(|c| c.rows % 2 == 0).count();
+        assert_eq!(all_variants().len(), 1 + 2 + GemvConfig::CANDIDATES.len() + even + 5);
+        assert_eq!(decode_attn_config(128, 32, 8).unwrap().chunk, 16);
     }
 }
