@@ -49,11 +49,12 @@ __device__ __forceinline__ void load_head_slice(const bf16_t* p, float* out) {
 // grid (max_chunks, n_kv_heads), block ATTN_WARPS * 32.
 // part_acc [n_q_heads, max_chunks, HEAD_DIM]: unnormalised sum of p * V; part_ml [n_q_heads, max_chunks, 2]:
 // running max (log2 units) and sum of p. Chunks at or past seq_len write nothing.
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, 1)
-attn_decode_partial(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
-                    const bf16_t* __restrict__ v_cache, const int* __restrict__ seq_len_ptr,
-                    float* __restrict__ part_acc, float* __restrict__ part_ml,
-                    int n_kv_heads, int max_chunks, int max_seq, float scale) {
+template <bool FUSED>
+__device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
+                                                  const bf16_t* __restrict__ v_cache,
+                                                  const int* __restrict__ seq_len_ptr, float* part_acc,
+                                                  float* part_ml, int n_kv_heads, int max_chunks, int max_seq,
+                                                  float scale, float* __restrict__ out, int* counters) {
     __shared__ float s_m[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_l[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_acc[ATTN_WARPS][ATTN_GROUP][HEAD_DIM];
@@ -142,6 +143,53 @@ attn_decode_partial(const float* __restrict__ q, const bf16_t* __restrict__ k_ca
             part_ml[((size_t)qh * max_chunks + chunk) * 2 + 1] = lsum;
         }
     }
+    if (!FUSED) return;
+    // The last block of this KV head to finish merges all chunks of its query heads (threadfence
+    // reduction): one launch instead of partial + combine.
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    const int n_chunks = (seq_len + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    if (threadIdx.x == 0) s_last = atomicAdd(&counters[kvh], 1) == n_chunks - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int j = threadIdx.x; j < ATTN_GROUP * HEAD_DIM; j += blockDim.x) {
+        const int g = j / HEAD_DIM, d = j - g * HEAD_DIM;
+        const int qh = kvh * ATTN_GROUP + g;
+        const volatile float* ml = part_ml + (size_t)qh * max_chunks * 2;
+        const volatile float* acc_h = part_acc + (size_t)qh * max_chunks * HEAD_DIM + d;
+        float mx = -F32_INF;
+        for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, ml[2 * c]);
+        float a = 0.0f, lsum = 0.0f;
+        for (int c = 0; c < n_chunks; ++c) {
+            const float f = exp2f(ml[2 * c] - mx);
+            a = fmaf(f, acc_h[(size_t)c * HEAD_DIM], a);
+            lsum = fmaf(f, ml[2 * c + 1], lsum);
+        }
+        out[(size_t)qh * HEAD_DIM + d] = a / lsum;
+    }
+    if (threadIdx.x == 0) counters[kvh] = 0;  // ready for the next launch
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, 1)
+attn_decode_partial(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
+                    const bf16_t* __restrict__ v_cache, const int* __restrict__ seq_len_ptr,
+                    float* __restrict__ part_acc, float* __restrict__ part_ml,
+                    int n_kv_heads, int max_chunks, int max_seq, float scale) {
+    attn_partial_impl<false>(q, k_cache, v_cache, seq_len_ptr, part_acc, part_ml, n_kv_heads, max_chunks,
+                             max_seq, scale, nullptr, nullptr);
+}
+
+// Partial and combine in one launch: out [n_q_heads, HEAD_DIM] f32; counters [n_kv_heads] zero
+// before the first launch (each launch leaves them zero). seq_len must be >= 1.
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, 1)
+attn_decode_fused(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
+                  const bf16_t* __restrict__ v_cache, const int* __restrict__ seq_len_ptr,
+                  float* part_acc, float* part_ml, int n_kv_heads, int max_chunks, int max_seq, float scale,
+                  float* __restrict__ out, int* counters) {
+    attn_partial_impl<true>(q, k_cache, v_cache, seq_len_ptr, part_acc, part_ml, n_kv_heads, max_chunks,
+                            max_seq, scale, out, counters);
 }
 
 // grid n_q_heads, block HEAD_DIM. out [n_q_heads, HEAD_DIM] f32.

@@ -16,6 +16,7 @@
 #define FA_BN 64
 #define KS_STRIDE (HEAD_DIM + 8)
 static_assert(HEAD_DIM % 32 == 0 && HEAD_DIM <= 256, "HEAD_DIM must be a multiple of 32, at most 256");
+static_assert((FA_BN * HEAD_DIM / 8) % (FA_WARPS * 32) == 0, "tile copies must split evenly over the threads");
 
 __device__ __forceinline__ void mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile(
@@ -38,6 +39,12 @@ __device__ __forceinline__ void ldsm_x4_trans(u32* r, const bf16_t* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
+}
+
+// 16-byte global -> shared copy; `bytes` 0 zero-fills the destination.
+__device__ __forceinline__ void cp_async16(bf16_t* dst, const bf16_t* src, int bytes) {
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes));
 }
 
 __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
@@ -85,17 +92,20 @@ flash_prefill(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k_cache,
 
     for (int kb = 0; kb < kv_end; kb += FA_BN) {
         __syncthreads();  // the previous tile is consumed
-        for (int c = threadIdx.x; c < FA_BN * HEAD_DIM / 8; c += FA_WARPS * 32) {
+        // All 16-byte copies of the tile in flight at once (cp.async, no registers); keys past
+        // kv_end are zero-filled. (cp.async does not block: a rolled loop keeps them all in flight.)
+#pragma unroll 1
+        for (int i = 0; i < FA_BN * HEAD_DIM / 8 / (FA_WARPS * 32); ++i) {
+            const int c = threadIdx.x + i * FA_WARPS * 32;
             const int r = c / (HEAD_DIM / 8), col = (c - r * (HEAD_DIM / 8)) * 8;
             const int key = kb + r;
-            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
-            if (key < kv_end) {
-                kv4 = *(const uint4*)(kbase + key * row_stride + col);
-                vv4 = *(const uint4*)(vbase + key * row_stride + col);
-            }
-            *(uint4*)(Ks + r * KS_STRIDE + col) = kv4;
-            *(uint4*)(Vs + r * KS_STRIDE + col) = vv4;
+            const int bytes = key < kv_end ? 16 : 0;
+            const size_t off = (size_t)min(key, kv_end - 1) * row_stride + col;
+            cp_async16(Ks + r * KS_STRIDE + col, kbase + off, bytes);
+            cp_async16(Vs + r * KS_STRIDE + col, vbase + off, bytes);
         }
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 0;\n" ::);
         __syncthreads();
         if (kb > start + r0 + 15) continue;  // every row of this warp is before the tile (causal)
 

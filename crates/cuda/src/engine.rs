@@ -30,7 +30,7 @@ use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
 use crate::linear::GpuLinear;
 use crate::ops::argmax::{launch_argmax, ArgmaxScratch};
-use crate::ops::attention::{launch_attention_decode, AttnConfig, AttnScratch, KvShape};
+use crate::ops::attention::{launch_attention_decode_fused, AttnConfig, AttnScratch, KvShape};
 use crate::ops::elementwise::launch_embedding;
 use crate::ops::forward::*;
 use crate::ops::rope::RopeLayout;
@@ -659,7 +659,7 @@ impl GpuEngine {
                 1,
                 self.max_seq,
             )?;
-            launch_attention_decode(
+            launch_attention_decode_fused(
                 dev,
                 self.attn_cfg,
                 kv_shape,

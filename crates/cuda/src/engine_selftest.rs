@@ -29,7 +29,9 @@ use crate::engine::{bf16_rounded, synth_seeds, GpuEngine, GpuModel};
 use crate::error::{GpuError, Result};
 use crate::gemm::{gemm_ref, Gemm};
 use crate::ops::forward::*;
-use crate::ops::attention::{attention_ref, launch_attention_decode, AttnScratch, KvShape};
+use crate::ops::attention::{
+    attention_ref, launch_attention_decode, launch_attention_decode_fused, AttnScratch, KvShape,
+};
 use crate::ops::gemv::{gemv_ref, GemvConfig};
 use crate::ops::rope::RopeLayout;
 use crate::ops::{bf16_to_f32, f32_to_bf16};
@@ -277,6 +279,21 @@ impl Checker<'_> {
             &want,
             1e-4,
         );
+        // The fused form twice in a row (its counters must be left at zero by the first launch).
+        for rep in 0..2 {
+            let mut out = poisoned32(self.dev, nq * hd)?;
+            launch_attention_decode_fused(
+                self.dev, cfg, shape, &q_d, &k_d, &v_d, &len_d, &mut scratch, &mut out, scale,
+            )?;
+            let got = download(self.dev, &out)?;
+            self.record(
+                "attention_decode_fused",
+                format!("h {nq}/{nkv}x{hd} len {len}/{max_seq} launch {rep}"),
+                &got,
+                &want,
+                1e-4,
+            );
+        }
         Ok(())
     }
 
