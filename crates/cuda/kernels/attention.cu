@@ -154,20 +154,35 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     __syncthreads();
     if (!s_last) return;
     __threadfence();
+    // Other blocks' partials are read through L2 (__ldcg: never a stale L1 line). Warp g finds the
+    // max and the weight sum of query head g over the chunks; then every thread merges its outputs
+    // with independent loads (unrolled, all in flight).
+    __shared__ float s_mx[ATTN_GROUP], s_inv[ATTN_GROUP];
+    for (int g = warp; g < ATTN_GROUP; g += ATTN_WARPS) {
+        const float* ml = part_ml + (size_t)(kvh * ATTN_GROUP + g) * max_chunks * 2;
+        float mx = -F32_INF;
+        for (int c = lane; c < n_chunks; c += 32) mx = fmaxf(mx, __ldcg(ml + 2 * c));
+        mx = warp_max(mx);
+        float ls = 0.0f;
+        for (int c = lane; c < n_chunks; c += 32) ls = fmaf(exp2f(__ldcg(ml + 2 * c) - mx), __ldcg(ml + 2 * c + 1), ls);
+        ls = warp_sum(ls);
+        if (lane == 0) { s_mx[g] = mx; s_inv[g] = 1.0f / ls; }
+    }
+    __syncthreads();
     for (int j = threadIdx.x; j < ATTN_GROUP * HEAD_DIM; j += blockDim.x) {
         const int g = j / HEAD_DIM, d = j - g * HEAD_DIM;
         const int qh = kvh * ATTN_GROUP + g;
-        const volatile float* ml = part_ml + (size_t)qh * max_chunks * 2;
-        const volatile float* acc_h = part_acc + (size_t)qh * max_chunks * HEAD_DIM + d;
-        float mx = -F32_INF;
-        for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, ml[2 * c]);
-        float a = 0.0f, lsum = 0.0f;
-        for (int c = 0; c < n_chunks; ++c) {
-            const float f = exp2f(ml[2 * c] - mx);
-            a = fmaf(f, acc_h[(size_t)c * HEAD_DIM], a);
-            lsum = fmaf(f, ml[2 * c + 1], lsum);
+        const float* ml = part_ml + (size_t)qh * max_chunks * 2;
+        const float* acc_h = part_acc + (size_t)qh * max_chunks * HEAD_DIM + d;
+        const float mx = s_mx[g];
+        float a0 = 0.0f, a1 = 0.0f;
+        int c = 0;
+        for (; c + 1 < n_chunks; c += 2) {
+            a0 = fmaf(exp2f(__ldcg(ml + 2 * c) - mx), __ldcg(acc_h + (size_t)c * HEAD_DIM), a0);
+            a1 = fmaf(exp2f(__ldcg(ml + 2 * c + 2) - mx), __ldcg(acc_h + (size_t)(c + 1) * HEAD_DIM), a1);
         }
-        out[(size_t)qh * HEAD_DIM + d] = a / lsum;
+        if (c < n_chunks) a0 = fmaf(exp2f(__ldcg(ml + 2 * c) - mx), __ldcg(acc_h + (size_t)c * HEAD_DIM), a0);
+        out[(size_t)qh * HEAD_DIM + d] = (a0 + a1) * s_inv[g];
     }
     if (threadIdx.x == 0) counters[kvh] = 0;  // ready for the next launch
 }

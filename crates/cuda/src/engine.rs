@@ -30,7 +30,9 @@ use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
 use crate::linear::GpuLinear;
 use crate::ops::argmax::{launch_argmax, ArgmaxScratch};
-use crate::ops::attention::{launch_attention_decode_fused, AttnConfig, AttnScratch, KvShape};
+use crate::ops::attention::{
+    launch_attention_decode, launch_attention_decode_fused, AttnConfig, AttnScratch, KvShape,
+};
 use crate::ops::elementwise::launch_embedding;
 use crate::ops::forward::*;
 use crate::ops::rope::RopeLayout;
@@ -402,9 +404,44 @@ pub struct MemoryUse {
     pub workspace: usize,
 }
 
+/// How the decode step is put together; the defaults are the fastest measured on the H200, the
+/// alternatives stay selectable (environment `ENTROLLM_DECODE_ATTN=split`,
+/// `ENTROLLM_DECODE_NORM=split`) for comparison runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Attention in one launch (last block merges) instead of partial + combine.
+    pub fused_attention: bool,
+    /// RMSNorm inside the following GEMV instead of its own kernel.
+    pub fused_norm: bool,
+}
+
+impl DecodeOptions {
+    pub fn from_env() -> Self {
+        let split = |var: &str| std::env::var(var).is_ok_and(|v| v == "split");
+        DecodeOptions {
+            fused_attention: !split("ENTROLLM_DECODE_ATTN"),
+            fused_norm: !split("ENTROLLM_DECODE_NORM"),
+        }
+    }
+}
+
+impl std::fmt::Display for DecodeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let w = |b: bool| if b { "fused" } else { "split" };
+        write!(
+            f,
+            "attention {}, rmsnorm {}",
+            w(self.fused_attention),
+            w(self.fused_norm)
+        )
+    }
+}
+
 /// Buffers of one decode step (batch 1).
 struct DecodeBufs {
     x: CudaSlice<f32>,
+    /// Normed activations (only with a separate RMSNorm kernel).
+    h: CudaSlice<f32>,
     qkv: CudaSlice<f32>,
     q: CudaSlice<f32>,
     attn: CudaSlice<f32>,
@@ -458,6 +495,7 @@ pub struct GpuEngine {
     prefill: PrefillBufs,
     /// Captured decode steps: [greedy (argmax on device), logits only].
     graphs: [Option<CudaGraph>; 2],
+    opts: DecodeOptions,
     /// Tokens in the cache (the position of the next token).
     pos: usize,
 }
@@ -503,6 +541,7 @@ impl GpuEngine {
         }
         let d = DecodeBufs {
             x: a32(h)?,
+            h: a32(h)?,
             qkv: a32(width)?,
             q: a32(qd)?,
             attn: a32(qd)?,
@@ -542,6 +581,7 @@ impl GpuEngine {
             d,
             prefill,
             graphs: [None, None],
+            opts: DecodeOptions::from_env(),
             pos: 0,
         };
         e.capture_graphs()?;
@@ -558,6 +598,11 @@ impl GpuEngine {
 
     pub fn model(&self) -> &GpuModel {
         &self.model
+    }
+
+    /// How the captured decode step is put together.
+    pub fn decode_options(&self) -> DecodeOptions {
+        self.opts
     }
 
     /// Tokens in the KV cache (the position the next token gets).
@@ -579,6 +624,7 @@ impl GpuEngine {
         let kv_cache = 2 * c.num_layers * self.max_seq * c.kv_dim() * 2;
         let d = &self.d;
         let decode = (d.x.len()
+            + d.h.len()
             + d.qkv.len()
             + d.q.len()
             + d.attn.len()
@@ -641,11 +687,17 @@ impl GpuEngine {
             accumulate: false,
             swiglu: true,
         };
+        let opts = self.opts;
         for (l, layer) in self.model.layers.iter().enumerate() {
-            // RMSNorm runs inside the q/k/v GEMV.
-            layer
-                .qkv
-                .matvec_fused(dev, &d.x, Some((&layer.attn_norm, eps)), plain, &mut d.qkv)?;
+            // RMSNorm runs inside the q/k/v GEMV (or as its own kernel).
+            if opts.fused_norm {
+                layer
+                    .qkv
+                    .matvec_fused(dev, &d.x, Some((&layer.attn_norm, eps)), plain, &mut d.qkv)?;
+            } else {
+                launch_rmsnorm_f32w(dev, &d.x, &layer.attn_norm, NormOut::F32(&mut d.h), 1, h, eps)?;
+                layer.qkv.matvec_fused(dev, &d.h, None, plain, &mut d.qkv)?;
+            }
             launch_rope_append(
                 dev,
                 shape,
@@ -659,7 +711,12 @@ impl GpuEngine {
                 1,
                 self.max_seq,
             )?;
-            launch_attention_decode_fused(
+            let attend = if opts.fused_attention {
+                launch_attention_decode_fused
+            } else {
+                launch_attention_decode
+            };
+            attend(
                 dev,
                 self.attn_cfg,
                 kv_shape,
@@ -673,9 +730,14 @@ impl GpuEngine {
             )?;
             layer.o.matvec_fused(dev, &d.attn, None, residual, &mut d.x)?;
             // RMSNorm and SwiGLU inside the gate/up GEMV.
-            layer
-                .gate_up
-                .matvec_fused(dev, &d.x, Some((&layer.mlp_norm, eps)), swiglu, &mut d.act)?;
+            if opts.fused_norm {
+                layer
+                    .gate_up
+                    .matvec_fused(dev, &d.x, Some((&layer.mlp_norm, eps)), swiglu, &mut d.act)?;
+            } else {
+                launch_rmsnorm_f32w(dev, &d.x, &layer.mlp_norm, NormOut::F32(&mut d.h), 1, h, eps)?;
+                layer.gate_up.matvec_fused(dev, &d.h, None, swiglu, &mut d.act)?;
+            }
             layer.down.matvec_fused(dev, &d.act, None, residual, &mut d.x)?;
         }
         let _ = inter;

@@ -17,6 +17,6 @@ pub mod ops;
 pub mod selftest;
 
 pub use device::{DeviceInfo, GpuDevice};
-pub use engine::{GpuEngine, GpuModel, MemoryUse};
+pub use engine::{DecodeOptions, GpuEngine, GpuModel, MemoryUse};
 pub use linear::GpuLinear;
 pub use error::{GpuError, Result};

@@ -39,12 +39,13 @@ pub fn gemv_accum_variant(cfg: GemvConfig) -> KernelVariant {
     v
 }
 
-/// Decode attention tuned for single-token steps: 16 positions per block, so a 512–4096 token
-/// context spreads over 32–256 blocks per KV head instead of 2–16, and each warp loads its 4
-/// positions' K/V rows at once (`ATTN_PRELOAD`).
+/// Decode attention tuned for single-token steps: 64 positions per block of 8 warps, so a
+/// 512–4096 token context spreads over 8–64 blocks per KV head instead of 2–16, and each warp loads
+/// its 8 positions' K/V rows at once (`ATTN_PRELOAD`).
 pub fn decode_attn_config(head_dim: usize, n_q_heads: usize, n_kv_heads: usize) -> Result<AttnConfig> {
     let mut c = AttnConfig::for_heads(head_dim, n_q_heads, n_kv_heads)?;
-    c.chunk = 16;
+    c.chunk = 64;
+    c.warps = 8;
     c.validate()?;
     Ok(c)
 }
@@ -657,6 +658,6 @@ mod tests {
         assert!(prefill_variant(100).is_err());
         let even = GemvConfig::CANDIDATES.iter().filter(|c| c.rows % 2 == 0).count();
         assert_eq!(all_variants().len(), 1 + 2 + GemvConfig::CANDIDATES.len() + even + 5);
-        assert_eq!(decode_attn_config(128, 32, 8).unwrap().chunk, 16);
+        assert_eq!(decode_attn_config(128, 32, 8).unwrap().chunk, 64);
     }
 }
