@@ -150,7 +150,7 @@ pub fn run(a: Args) -> Result<()> {
                 "device_used": total - free,
                 "device_total": total,
             },
-            "decode_step": e.decode_options().to_string(),
+            "decode_step": e.decode_layout(),
             "tokens_consistent": consistent,
             "first_tokens": &warm[..8.min(warm.len())],
         });
@@ -167,7 +167,7 @@ pub fn run(a: Args) -> Result<()> {
             a.repeats,
             a.prompt_len
         );
-        println!("step        one CUDA graph per token ({})", e.decode_options());
+        println!("step        one CUDA graph per token ({})", e.decode_layout());
         println!(
             "bandwidth   {gbps:.0} GB/s of weights ({:.2} GB/token), {:.1} % of the H200's {H200_HBM_GBPS:.0} GB/s",
             gb(bytes_per_token),

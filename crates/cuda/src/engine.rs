@@ -530,7 +530,26 @@ impl GpuEngine {
         };
         let (h, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let width = qd + 2 * kvd;
-        let attn_cfg = decode_attn_config(c.head_dim, c.num_heads, c.num_kv_heads)?;
+        let mut attn_cfg = decode_attn_config(c.head_dim, c.num_heads, c.num_kv_heads)?;
+        // Comparison runs: ENTROLLM_DECODE_CHUNK=<positions>x<warps>, e.g. 32x4.
+        if let Ok(v) = std::env::var("ENTROLLM_DECODE_CHUNK") {
+            let parsed = v
+                .split_once('x')
+                .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+            match parsed {
+                Some((chunk, warps)) => {
+                    attn_cfg.chunk = chunk;
+                    attn_cfg.warps = warps;
+                    attn_cfg.validate()?;
+                }
+                None => {
+                    return Err(GpuError::invalid(
+                        "gpu engine",
+                        format!("ENTROLLM_DECODE_CHUNK={v}: expected <positions>x<warps>"),
+                    ))
+                }
+            }
+        }
         let mut kv = Kv {
             k: Vec::new(),
             v: Vec::new(),
@@ -603,6 +622,14 @@ impl GpuEngine {
     /// How the captured decode step is put together.
     pub fn decode_options(&self) -> DecodeOptions {
         self.opts
+    }
+
+    /// The decode step's layout in words (options and attention chunking).
+    pub fn decode_layout(&self) -> String {
+        format!(
+            "{}, attention chunks of {} positions over {} warps",
+            self.opts, self.attn_cfg.chunk, self.attn_cfg.warps
+        )
     }
 
     /// Tokens in the KV cache (the position the next token gets).
