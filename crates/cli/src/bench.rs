@@ -73,9 +73,14 @@ pub fn run(a: Args) -> Result<()> {
     dev.synchronize()?;
     let load_s = t_load.elapsed().as_secs_f64();
     let c = model.config.clone();
-    let max_seq = (a.prompt_len + 128).max(a.prefill_len).min(c.max_position_embeddings);
+    let max_seq = (a.prompt_len + 128)
+        .max(a.prefill_len)
+        .min(c.max_position_embeddings);
     if a.prompt_len + 128 > max_seq {
-        bail!("--prompt-len {} + 128 exceeds the model's context", a.prompt_len);
+        bail!(
+            "--prompt-len {} + 128 exceeds the model's context",
+            a.prompt_len
+        );
     }
     let bytes_per_token = model.bytes_per_token();
     let mut e = GpuEngine::new(Arc::clone(&dev), model, max_seq)?;
@@ -167,7 +172,10 @@ pub fn run(a: Args) -> Result<()> {
             a.repeats,
             a.prompt_len
         );
-        println!("step        one CUDA graph per token ({})", e.decode_layout());
+        println!(
+            "step        one CUDA graph per token ({})",
+            e.decode_layout()
+        );
         println!(
             "bandwidth   {gbps:.0} GB/s of weights ({:.2} GB/token), {:.1} % of the H200's {H200_HBM_GBPS:.0} GB/s",
             gb(bytes_per_token),

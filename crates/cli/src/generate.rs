@@ -104,7 +104,11 @@ fn generate(
     let device_greedy =
         matches!(engine, Backend::Gpu(_)) && p.temperature == 0.0 && p.repetition_penalty == 1.0;
     let mut history = prompt.to_vec();
-    let next = |engine: &mut Backend, sampler: &mut Sampler, feed: Option<u32>, history: &[u32]| -> Result<u32> {
+    let next = |engine: &mut Backend,
+                sampler: &mut Sampler,
+                feed: Option<u32>,
+                history: &[u32]|
+     -> Result<u32> {
         if device_greedy {
             if let Backend::Gpu(e) = engine {
                 return Ok(match feed {

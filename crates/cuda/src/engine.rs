@@ -10,8 +10,17 @@
 //! and attention); sums run in another order.
 //!
 //! Decode: the token, its position and the KV length live in device memory, so one captured graph
-//! replays for every token: embedding → 32 × (9 kernels) → final norm → LM head → argmax → a
-//! counter update that records the token and advances position and length.
+//! replays for every token: embedding → per layer 8 kernels (RMSNorm; q/k/v GEMV; RoPE + KV
+//! append; split-sequence attention partial and combine; o GEMV adding into the residual; RMSNorm;
+//! gate/up GEMV with SwiGLU in its epilogue; down GEMV adding into the residual) → LM head GEMV with
+//! the final RMSNorm fused in → argmax → a counter update that records the token and advances
+//! position and length. [`DecodeOptions`] can also fuse the layers' norms into their GEMVs and
+//! merge attention in one launch (both measured slower or even on the H200).
+//!
+//! Prefill (chunks of up to [`PREFILL_CHUNK`] tokens): embedding → per layer RMSNorm (BF16 out) →
+//! q/k/v GEMM → RoPE + KV append → causal flash attention (tensor cores) → o GEMM accumulating into
+//! the residual → RMSNorm → gate/up GEMM → SwiGLU (BF16 out) → down GEMM accumulating; then the last
+//! token's final norm and LM head as in decode.
 
 use std::sync::Arc;
 
@@ -243,7 +252,11 @@ impl GpuModel {
         for t in tensors(c) {
             let rows = t.shape[0];
             let cols = *t.shape.last().unwrap_or(&1);
-            let (rows, cols) = if t.shape.len() == 1 { (1, rows) } else { (rows, cols) };
+            let (rows, cols) = if t.shape.len() == 1 {
+                (1, rows)
+            } else {
+                (rows, cols)
+            };
             let seeds = synth_seeds(&t.name, seed);
             let sigma = match t.kind {
                 SynthKind::Norm => None,
@@ -253,12 +266,28 @@ impl GpuModel {
             // Rows `row_off + i · stride` of `buf` (stride 2: gate/up interleaved).
             let fill16s = |buf: &mut CudaSlice<u16>, row_off: usize, stride: usize| {
                 let mut view = buf.slice_mut(row_off * cols..);
-                launch_synth_fill(dev, SynthOut::Bf16(&mut view), rows, cols, stride * cols, seeds, sigma)
+                launch_synth_fill(
+                    dev,
+                    SynthOut::Bf16(&mut view),
+                    rows,
+                    cols,
+                    stride * cols,
+                    seeds,
+                    sigma,
+                )
             };
             let fill16 = |buf: &mut CudaSlice<u16>, row_off: usize| fill16s(buf, row_off, 1);
             let fill32 = |buf: &mut CudaSlice<f32>| {
                 let mut view = buf.slice_mut(0..cols);
-                launch_synth_fill(dev, SynthOut::F32(&mut view), rows, cols, cols, seeds, sigma)
+                launch_synth_fill(
+                    dev,
+                    SynthOut::F32(&mut view),
+                    rows,
+                    cols,
+                    cols,
+                    seeds,
+                    sigma,
+                )
             };
             if name == "model.embed_tokens.weight" {
                 fill16(&mut embed, 0)?;
@@ -287,7 +316,12 @@ impl GpuModel {
                     "mlp.gate_proj.weight" => fill16s(&mut b.gate_up, 0, 2)?,
                     "mlp.up_proj.weight" => fill16s(&mut b.gate_up, 1, 2)?,
                     "mlp.down_proj.weight" => fill16(&mut b.down, 0)?,
-                    _ => return Err(GpuError::invalid("synth", format!("unexpected tensor {name}"))),
+                    _ => {
+                        return Err(GpuError::invalid(
+                            "synth",
+                            format!("unexpected tensor {name}"),
+                        ))
+                    }
                 }
             }
         }
@@ -404,10 +438,12 @@ pub struct MemoryUse {
     pub workspace: usize,
 }
 
-/// How the decode step is put together; the defaults are the fastest measured on the H200, the
-/// alternatives stay selectable (environment `ENTROLLM_DECODE_ATTN=split`,
-/// `ENTROLLM_DECODE_NORM=split`) for comparison runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the decode step is put together. The default is the fastest measured on the H200
+/// (bench/RESULTS.md, 2026-11-29: 226.6 tok/s with both split against 209.2 with both fused on the
+/// 8B shape: the RMSNorm fused into the GEMVs costs more than the launch it saves; the one-launch
+/// attention is even with partial + combine). The fused forms stay selectable for comparison runs:
+/// environment `ENTROLLM_DECODE_ATTN=fused`, `ENTROLLM_DECODE_NORM=fused`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecodeOptions {
     /// Attention in one launch (last block merges) instead of partial + combine.
     pub fused_attention: bool,
@@ -417,10 +453,10 @@ pub struct DecodeOptions {
 
 impl DecodeOptions {
     pub fn from_env() -> Self {
-        let split = |var: &str| std::env::var(var).is_ok_and(|v| v == "split");
+        let fused = |var: &str| std::env::var(var).is_ok_and(|v| v == "fused");
         DecodeOptions {
-            fused_attention: !split("ENTROLLM_DECODE_ATTN"),
-            fused_norm: !split("ENTROLLM_DECODE_NORM"),
+            fused_attention: fused("ENTROLLM_DECODE_ATTN"),
+            fused_norm: fused("ENTROLLM_DECODE_NORM"),
         }
     }
 }
@@ -660,11 +696,17 @@ impl GpuEngine {
             * 4
             + (d.history.len() + 3) * 4
             + (1024 * 8)
-            + c.num_heads * self.max_seq.div_ceil(self.attn_cfg.chunk as usize) * (c.head_dim + 2) * 4;
+            + c.num_heads
+                * self.max_seq.div_ceil(self.attn_cfg.chunk as usize)
+                * (c.head_dim + 2)
+                * 4;
         MemoryUse {
             weights: self.model.weight_bytes(),
             kv_cache,
-            workspace: decode + self.prefill.bytes() + self.gemm.workspace_bytes() + self.cos_sin.len() * 4,
+            workspace: decode
+                + self.prefill.bytes()
+                + self.gemm.workspace_bytes()
+                + self.cos_sin.len() * 4,
         }
     }
 
@@ -718,11 +760,23 @@ impl GpuEngine {
         for (l, layer) in self.model.layers.iter().enumerate() {
             // RMSNorm runs inside the q/k/v GEMV (or as its own kernel).
             if opts.fused_norm {
-                layer
-                    .qkv
-                    .matvec_fused(dev, &d.x, Some((&layer.attn_norm, eps)), plain, &mut d.qkv)?;
+                layer.qkv.matvec_fused(
+                    dev,
+                    &d.x,
+                    Some((&layer.attn_norm, eps)),
+                    plain,
+                    &mut d.qkv,
+                )?;
             } else {
-                launch_rmsnorm_f32w(dev, &d.x, &layer.attn_norm, NormOut::F32(&mut d.h), 1, h, eps)?;
+                launch_rmsnorm_f32w(
+                    dev,
+                    &d.x,
+                    &layer.attn_norm,
+                    NormOut::F32(&mut d.h),
+                    1,
+                    h,
+                    eps,
+                )?;
                 layer.qkv.matvec_fused(dev, &d.h, None, plain, &mut d.qkv)?;
             }
             launch_rope_append(
@@ -755,17 +809,35 @@ impl GpuEngine {
                 &mut d.attn,
                 scale,
             )?;
-            layer.o.matvec_fused(dev, &d.attn, None, residual, &mut d.x)?;
+            layer
+                .o
+                .matvec_fused(dev, &d.attn, None, residual, &mut d.x)?;
             // RMSNorm and SwiGLU inside the gate/up GEMV.
             if opts.fused_norm {
+                layer.gate_up.matvec_fused(
+                    dev,
+                    &d.x,
+                    Some((&layer.mlp_norm, eps)),
+                    swiglu,
+                    &mut d.act,
+                )?;
+            } else {
+                launch_rmsnorm_f32w(
+                    dev,
+                    &d.x,
+                    &layer.mlp_norm,
+                    NormOut::F32(&mut d.h),
+                    1,
+                    h,
+                    eps,
+                )?;
                 layer
                     .gate_up
-                    .matvec_fused(dev, &d.x, Some((&layer.mlp_norm, eps)), swiglu, &mut d.act)?;
-            } else {
-                launch_rmsnorm_f32w(dev, &d.x, &layer.mlp_norm, NormOut::F32(&mut d.h), 1, h, eps)?;
-                layer.gate_up.matvec_fused(dev, &d.h, None, swiglu, &mut d.act)?;
+                    .matvec_fused(dev, &d.h, None, swiglu, &mut d.act)?;
             }
-            layer.down.matvec_fused(dev, &d.act, None, residual, &mut d.x)?;
+            layer
+                .down
+                .matvec_fused(dev, &d.act, None, residual, &mut d.x)?;
         }
         let _ = inter;
         self.model.lm_head().matvec_fused(
@@ -867,14 +939,21 @@ impl GpuEngine {
             dev.stream()
                 .memcpy_htod(&[start as i32], &mut self.d.pos)
                 .while_(|| "uploading the position".into())?;
-            let table = self
-                .model
-                .embed
-                .dense_weights()
-                .ok_or_else(|| GpuError::invalid("prefill", "the embedding must be dense BF16"))?;
+            let table =
+                self.model.embed.dense_weights().ok_or_else(|| {
+                    GpuError::invalid("prefill", "the embedding must be dense BF16")
+                })?;
             launch_embedding(dev, table, &p.tokens, &mut p.x, n, vocab, h)?;
             for (l, layer) in self.model.layers.iter().enumerate() {
-                launch_rmsnorm_f32w(dev, &p.x, &layer.attn_norm, NormOut::Bf16(&mut p.hb), n, h, eps)?;
+                launch_rmsnorm_f32w(
+                    dev,
+                    &p.x,
+                    &layer.attn_norm,
+                    NormOut::Bf16(&mut p.hb),
+                    n,
+                    h,
+                    eps,
+                )?;
                 layer.qkv.matmul(&self.gemm, &p.hb, &mut p.qkv, n, false)?;
                 launch_rope_append(
                     dev,
@@ -906,8 +985,18 @@ impl GpuEngine {
                     scale,
                 )?;
                 layer.o.matmul(&self.gemm, &p.attn, &mut p.x, n, true)?;
-                launch_rmsnorm_f32w(dev, &p.x, &layer.mlp_norm, NormOut::Bf16(&mut p.hb), n, h, eps)?;
-                layer.gate_up.matmul(&self.gemm, &p.hb, &mut p.gate_up, n, false)?;
+                launch_rmsnorm_f32w(
+                    dev,
+                    &p.x,
+                    &layer.mlp_norm,
+                    NormOut::Bf16(&mut p.hb),
+                    n,
+                    h,
+                    eps,
+                )?;
+                layer
+                    .gate_up
+                    .matmul(&self.gemm, &p.hb, &mut p.gate_up, n, false)?;
                 launch_swiglu_bf16(dev, &p.gate_up, &mut p.act, n, inter)?;
                 layer.down.matmul(&self.gemm, &p.act, &mut p.x, n, true)?;
             }
@@ -1035,7 +1124,9 @@ impl GpuEngine {
             .clone_dtoh(&self.d.history.slice(first..first + n_new))
             .while_(|| "downloading generated tokens".into())?;
         hist.into_iter()
-            .map(|t| u32::try_from(t).map_err(|_| GpuError::invalid("argmax", "every logit was NaN")))
+            .map(|t| {
+                u32::try_from(t).map_err(|_| GpuError::invalid("argmax", "every logit was NaN"))
+            })
             .collect()
     }
 

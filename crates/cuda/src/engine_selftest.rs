@@ -28,10 +28,10 @@ use crate::device::GpuDevice;
 use crate::engine::{bf16_rounded, synth_seeds, GpuEngine, GpuModel};
 use crate::error::{GpuError, Result};
 use crate::gemm::{gemm_ref, Gemm};
-use crate::ops::forward::*;
 use crate::ops::attention::{
     attention_ref, launch_attention_decode, launch_attention_decode_fused, AttnScratch, KvShape,
 };
+use crate::ops::forward::*;
 use crate::ops::gemv::{gemv_ref, GemvConfig};
 use crate::ops::rope::RopeLayout;
 use crate::ops::{bf16_to_f32, f32_to_bf16};
@@ -75,11 +75,33 @@ impl Checker<'_> {
         let (x_d, w_d) = (upload(self.dev, &x)?, upload(self.dev, &w)?);
         let want = rmsnorm_f32w_ref(&x, &w, 1e-5);
         let mut o32 = poisoned32(self.dev, rows * dim)?;
-        launch_rmsnorm_f32w(self.dev, &x_d, &w_d, NormOut::F32(&mut o32), rows, dim, 1e-5)?;
+        launch_rmsnorm_f32w(
+            self.dev,
+            &x_d,
+            &w_d,
+            NormOut::F32(&mut o32),
+            rows,
+            dim,
+            1e-5,
+        )?;
         let got = download(self.dev, &o32)?;
-        self.record("rmsnorm_f32w", format!("{rows} x {dim}"), &got[..want.len()], &want, 1e-5);
+        self.record(
+            "rmsnorm_f32w",
+            format!("{rows} x {dim}"),
+            &got[..want.len()],
+            &want,
+            1e-5,
+        );
         let mut o16 = poisoned16(self.dev, rows * dim)?;
-        launch_rmsnorm_f32w(self.dev, &x_d, &w_d, NormOut::Bf16(&mut o16), rows, dim, 1e-5)?;
+        launch_rmsnorm_f32w(
+            self.dev,
+            &x_d,
+            &w_d,
+            NormOut::Bf16(&mut o16),
+            rows,
+            dim,
+            1e-5,
+        )?;
         let got = widen(&download(self.dev, &o16)?);
         self.record(
             "rmsnorm_f32w_bf16out",
@@ -98,7 +120,13 @@ impl Checker<'_> {
         launch_swiglu_bf16(self.dev, &gu_d, &mut out, n, inter)?;
         let got = widen(&download(self.dev, &out)?);
         let want = round_bf16(&swiglu_interleaved_ref(&gu));
-        self.record("swiglu_bf16out", format!("{n} x {inter}"), &got[..want.len()], &want, 1e-4);
+        self.record(
+            "swiglu_bf16out",
+            format!("{n} x {inter}"),
+            &got[..want.len()],
+            &want,
+            1e-4,
+        );
         Ok(())
     }
 
@@ -110,24 +138,57 @@ impl Checker<'_> {
         let mut y = upload(self.dev, &y0)?;
         launch_gemv_accum(self.dev, cfg, &w_d, &x_d, &mut y, n, k)?;
         let got = download(self.dev, &y)?;
-        let want: Vec<f32> = gemv_ref(&w, &x, n, k).iter().zip(&y0).map(|(a, b)| a + b).collect();
+        let want: Vec<f32> = gemv_ref(&w, &x, n, k)
+            .iter()
+            .zip(&y0)
+            .map(|(a, b)| a + b)
+            .collect();
         self.record("gemv_accum", format!("{cfg} [{n}, {k}]"), &got, &want, 1e-5);
         Ok(())
     }
 
     /// The decode step's fused GEMVs: RMSNorm in (optional), plain / accumulate / SwiGLU out.
-    fn gemv_fused(&mut self, cfg: GemvConfig, n: usize, k: usize, norm: bool, fusion: GemvFusion) -> Result<()> {
+    fn gemv_fused(
+        &mut self,
+        cfg: GemvConfig,
+        n: usize,
+        k: usize,
+        norm: bool,
+        fusion: GemvFusion,
+    ) -> Result<()> {
         let w = self.rng.bf16s(n * k, 0.02);
         let x = self.rng.normals(k, 3.0);
         let g: Vec<f32> = (0..k).map(|_| 1.0 + 0.1 * self.rng.normal()).collect();
         let out_n = if fusion.swiglu { n / 2 } else { n };
-        let y0 = if fusion.accumulate { self.rng.normals(out_n, 1.0) } else { vec![f32::NAN; out_n] };
-        let (w_d, x_d, g_d) = (upload(self.dev, &w)?, upload(self.dev, &x)?, upload(self.dev, &g)?);
+        let y0 = if fusion.accumulate {
+            self.rng.normals(out_n, 1.0)
+        } else {
+            vec![f32::NAN; out_n]
+        };
+        let (w_d, x_d, g_d) = (
+            upload(self.dev, &w)?,
+            upload(self.dev, &x)?,
+            upload(self.dev, &g)?,
+        );
         let mut y = upload(self.dev, &y0)?;
         let eps = 1e-5;
-        launch_gemv_fused(self.dev, cfg, fusion, &w_d, &x_d, norm.then_some((&g_d, eps)), &mut y, n, k)?;
+        launch_gemv_fused(
+            self.dev,
+            cfg,
+            fusion,
+            &w_d,
+            &x_d,
+            norm.then_some((&g_d, eps)),
+            &mut y,
+            n,
+            k,
+        )?;
         let got = download(self.dev, &y)?;
-        let xin = if norm { rmsnorm_f32w_ref(&x, &g, eps) } else { x };
+        let xin = if norm {
+            rmsnorm_f32w_ref(&x, &g, eps)
+        } else {
+            x
+        };
         let mut want = gemv_ref(&w, &xin, n, k);
         if fusion.swiglu {
             want = swiglu_interleaved_ref(&want);
@@ -148,7 +209,11 @@ impl Checker<'_> {
     fn gemm(&mut self, gemm: &Gemm, m: usize, n: usize, k: usize, acc: bool) -> Result<()> {
         let w = self.rng.bf16s(n * k, 0.05);
         let x = self.rng.bf16s(m * k, 1.0);
-        let y0 = if acc { self.rng.normals(m * n, 1.0) } else { vec![f32::NAN; m * n] };
+        let y0 = if acc {
+            self.rng.normals(m * n, 1.0)
+        } else {
+            vec![f32::NAN; m * n]
+        };
         let (w_d, x_d) = (upload(self.dev, &w)?, upload(self.dev, &x)?);
         let mut y = upload(self.dev, &y0)?;
         gemm.matmul(&w_d, &x_d, &mut y, m, n, k, acc)?;
@@ -197,15 +262,33 @@ impl Checker<'_> {
         let got_q = if bf16_q {
             let mut q = poisoned16(self.dev, n * s.q_dim())?;
             launch_rope_append(
-                self.dev, s, &qkv_d, b_d.as_ref(), QOut::Bf16(&mut q), &mut kc, &mut vc, &pos_d,
-                &f_d, n, max_seq,
+                self.dev,
+                s,
+                &qkv_d,
+                b_d.as_ref(),
+                QOut::Bf16(&mut q),
+                &mut kc,
+                &mut vc,
+                &pos_d,
+                &f_d,
+                n,
+                max_seq,
             )?;
             widen(&download(self.dev, &q)?)
         } else {
             let mut q = poisoned32(self.dev, n * s.q_dim())?;
             launch_rope_append(
-                self.dev, s, &qkv_d, b_d.as_ref(), QOut::F32(&mut q), &mut kc, &mut vc, &pos_d,
-                &f_d, n, max_seq,
+                self.dev,
+                s,
+                &qkv_d,
+                b_d.as_ref(),
+                QOut::F32(&mut q),
+                &mut kc,
+                &mut vc,
+                &pos_d,
+                &f_d,
+                n,
+                max_seq,
             )?;
             download(self.dev, &q)?
         };
@@ -213,18 +296,42 @@ impl Checker<'_> {
             "n {n} h {nq}/{nkv}x{hd} {layout:?} bias {bias} start {start}{}",
             if bf16_q { " bf16q" } else { "" }
         );
-        let (want_q, tol) = if bf16_q { (round_bf16(&want_q), 1e-4) } else { (want_q, 1e-5) };
-        self.record("rope_append_q", desc.clone(), &got_q[..want_q.len()], &want_q, tol);
+        let (want_q, tol) = if bf16_q {
+            (round_bf16(&want_q), 1e-4)
+        } else {
+            (want_q, 1e-5)
+        };
+        self.record(
+            "rope_append_q",
+            desc.clone(),
+            &got_q[..want_q.len()],
+            &want_q,
+            tol,
+        );
         let kd = s.kv_dim();
         let rows = start * kd..(start + n) * kd;
         let got_k = widen(&download(self.dev, &kc)?[rows.clone()]);
         let got_v = widen(&download(self.dev, &vc)?[rows]);
-        self.record("rope_append_k", desc.clone(), &got_k, &round_bf16(&want_k), 1e-4);
+        self.record(
+            "rope_append_k",
+            desc.clone(),
+            &got_k,
+            &round_bf16(&want_k),
+            1e-4,
+        );
         self.record("rope_append_v", desc, &got_v, &round_bf16(&want_v), 1e-4);
         Ok(())
     }
 
-    fn flash(&mut self, n: usize, start: usize, nq: usize, nkv: usize, hd: usize, q_scale: f32) -> Result<()> {
+    fn flash(
+        &mut self,
+        n: usize,
+        start: usize,
+        nq: usize,
+        nkv: usize,
+        hd: usize,
+        q_scale: f32,
+    ) -> Result<()> {
         let s = PrefillShape {
             n_tokens: n,
             start,
@@ -237,7 +344,11 @@ impl Checker<'_> {
         let q = self.rng.bf16s(n * nq * hd, q_scale);
         let kc = self.rng.bf16s(s.max_seq * row, 1.0);
         let vc = self.rng.bf16s(s.max_seq * row, 1.0);
-        let (q_d, k_d, v_d) = (upload(self.dev, &q)?, upload(self.dev, &kc)?, upload(self.dev, &vc)?);
+        let (q_d, k_d, v_d) = (
+            upload(self.dev, &q)?,
+            upload(self.dev, &kc)?,
+            upload(self.dev, &vc)?,
+        );
         let mut out = poisoned16(self.dev, n * nq * hd)?;
         let scale = 1.0 / (hd as f32).sqrt();
         launch_flash_prefill(self.dev, s, &q_d, &k_d, &v_d, &mut out, scale)?;
@@ -254,7 +365,14 @@ impl Checker<'_> {
     }
 
     /// Decode attention with the engine's short-chunk, preloading configuration.
-    fn attn_decode(&mut self, hd: usize, nq: usize, nkv: usize, max_seq: usize, len: usize) -> Result<()> {
+    fn attn_decode(
+        &mut self,
+        hd: usize,
+        nq: usize,
+        nkv: usize,
+        max_seq: usize,
+        len: usize,
+    ) -> Result<()> {
         let cfg = decode_attn_config(hd, nq, nkv)?;
         let shape = KvShape {
             n_q_heads: nq,
@@ -264,12 +382,27 @@ impl Checker<'_> {
         let kc = self.rng.bf16s(max_seq * nkv * hd, 1.0);
         let vc = self.rng.bf16s(max_seq * nkv * hd, 1.0);
         let q = self.rng.normals(nq * hd, 1.0);
-        let (k_d, v_d, q_d) = (upload(self.dev, &kc)?, upload(self.dev, &vc)?, upload(self.dev, &q)?);
+        let (k_d, v_d, q_d) = (
+            upload(self.dev, &kc)?,
+            upload(self.dev, &vc)?,
+            upload(self.dev, &q)?,
+        );
         let len_d = upload(self.dev, &[len as i32])?;
         let mut scratch = AttnScratch::new(self.dev, cfg, nq, max_seq)?;
         let mut out = poisoned32(self.dev, nq * hd)?;
         let scale = 1.0 / (hd as f32).sqrt();
-        launch_attention_decode(self.dev, cfg, shape, &q_d, &k_d, &v_d, &len_d, &mut scratch, &mut out, scale)?;
+        launch_attention_decode(
+            self.dev,
+            cfg,
+            shape,
+            &q_d,
+            &k_d,
+            &v_d,
+            &len_d,
+            &mut scratch,
+            &mut out,
+            scale,
+        )?;
         let got = download(self.dev, &out)?;
         let want = attention_ref(&q, &kc, &vc, len, nq, nkv, hd, scale);
         self.record(
@@ -283,7 +416,16 @@ impl Checker<'_> {
         for rep in 0..2 {
             let mut out = poisoned32(self.dev, nq * hd)?;
             launch_attention_decode_fused(
-                self.dev, cfg, shape, &q_d, &k_d, &v_d, &len_d, &mut scratch, &mut out, scale,
+                self.dev,
+                cfg,
+                shape,
+                &q_d,
+                &k_d,
+                &v_d,
+                &len_d,
+                &mut scratch,
+                &mut out,
+                scale,
             )?;
             let got = download(self.dev, &out)?;
             self.record(
@@ -305,7 +447,10 @@ impl Checker<'_> {
         launch_finish_step(self.dev, &tok, &mut hist, true, &mut pos, &mut len)?;
         launch_finish_step(self.dev, &tok, &mut hist, false, &mut pos, &mut len)?;
         let h = download(self.dev, &hist)?;
-        let ok = h[5] == 42 && h[6] == -1 && download(self.dev, &pos)?[0] == 6 && download(self.dev, &len)?[0] == 7;
+        let ok = h[5] == 42
+            && h[6] == -1
+            && download(self.dev, &pos)?[0] == 6
+            && download(self.dev, &len)?[0] == 7;
         self.cases.push(CaseResult {
             kernel: "finish_step".into(),
             shape: "record + advance".into(),
@@ -317,7 +462,14 @@ impl Checker<'_> {
 
     /// Device synth vs `model::synth` for every tensor of `config` (or only the one named);
     /// matrices written every `stride`-th row (2: the engine's gate/up interleave).
-    fn synth(&mut self, label: &str, c: &ModelConfig, seed: u64, only: Option<&str>, stride: usize) -> Result<()> {
+    fn synth(
+        &mut self,
+        label: &str,
+        c: &ModelConfig,
+        seed: u64,
+        only: Option<&str>,
+        stride: usize,
+    ) -> Result<()> {
         let (mut total, mut differ, mut worst_ulps) = (0usize, 0usize, 0u32);
         for t in tensors(c) {
             if only.is_some_and(|o| o != t.name) {
@@ -327,7 +479,10 @@ impl Checker<'_> {
             let cols = *t.shape.last().unwrap_or(&1);
             let mut cpu = vec![0u8; t.numel() * 2];
             fill_tensor_16(&t, seed, SynthDtype::Bf16, &mut cpu);
-            let cpu: Vec<u16> = cpu.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+            let cpu: Vec<u16> = cpu
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
             let seeds = synth_seeds(&t.name, seed);
             let gpu: Vec<u16> = match t.kind {
                 SynthKind::Matrix { sigma } => {
@@ -343,13 +498,28 @@ impl Checker<'_> {
                         Some(sigma),
                     )?;
                     let all = download(self.dev, &buf)?;
-                    all.chunks(cols).step_by(stride).flatten().copied().collect()
+                    all.chunks(cols)
+                        .step_by(stride)
+                        .flatten()
+                        .copied()
+                        .collect()
                 }
                 SynthKind::Norm => {
                     let mut buf = poisoned32(self.dev, cols)?;
                     let mut view = buf.slice_mut(..);
-                    launch_synth_fill(self.dev, SynthOut::F32(&mut view), 1, cols, cols, seeds, None)?;
-                    download(self.dev, &buf)?.iter().map(|&v| f32_to_bf16(v)).collect()
+                    launch_synth_fill(
+                        self.dev,
+                        SynthOut::F32(&mut view),
+                        1,
+                        cols,
+                        cols,
+                        seeds,
+                        None,
+                    )?;
+                    download(self.dev, &buf)?
+                        .iter()
+                        .map(|&v| f32_to_bf16(v))
+                        .collect()
                 }
             };
             for (&a, &b) in gpu.iter().zip(&cpu) {
@@ -364,7 +534,11 @@ impl Checker<'_> {
         self.cases.push(CaseResult {
             kernel: "synth_fill".into(),
             shape: format!("{label}: {differ} of {total} differ (max {worst_ulps} ulp)"),
-            rel_l2: if worst_ulps <= 1 && total > 0 { frac } else { f64::INFINITY },
+            rel_l2: if worst_ulps <= 1 && total > 0 {
+                frac
+            } else {
+                f64::INFINITY
+            },
             tolerance: 1e-4,
         });
         Ok(())
@@ -473,7 +647,11 @@ fn compare_logits(
         let want = ce.step(next).map_err(model_err)?;
         let got = ge.step(next)?;
         let e = rel_l2(&got, &want);
-        worst = if e.is_nan() { f64::INFINITY } else { worst.max(e) };
+        worst = if e.is_nan() {
+            f64::INFINITY
+        } else {
+            worst.max(e)
+        };
         next = entrollm_model::sampler::argmax(&want).unwrap_or(0);
     }
     cases.push(CaseResult {
@@ -536,7 +714,11 @@ pub fn smollm2_greedy(
                         "diverge at token {j}: cpu {} vs gpu {}, cpu logit gap {gap:.3} ({})",
                         cpu[j],
                         gpu[j],
-                        if gap.abs() < 0.5 { "near-tie" } else { "MISMATCH" }
+                        if gap.abs() < 0.5 {
+                            "near-tie"
+                        } else {
+                            "MISMATCH"
+                        }
                     ),
                 )
             }
@@ -603,7 +785,14 @@ pub fn run_engine_selftest(
         cases: Vec::new(),
     };
     let mut notes = Vec::new();
-    for &(rows, dim) in &[(1, 8), (1, 576), (3, 1000), (1, 4096), (17, 4096), (2, 5000)] {
+    for &(rows, dim) in &[
+        (1, 8),
+        (1, 576),
+        (3, 1000),
+        (1, 4096),
+        (17, 4096),
+        (2, 5000),
+    ] {
         c.rmsnorm(rows, dim)?;
     }
     for &(n, inter) in &[(1, 8), (3, 520), (7, 1536), (2, 14_336)] {
@@ -617,14 +806,38 @@ pub fn run_engine_selftest(
     for cfg in GemvConfig::CANDIDATES {
         for &(n, k) in &[(2, 8), (38, 520), (130, 4104), (2048, 4096)] {
             c.gemv_fused(cfg, n, k, true, GemvFusion::default())?;
-            c.gemv_fused(cfg, n, k, false, GemvFusion { accumulate: true, swiglu: false })?;
+            c.gemv_fused(
+                cfg,
+                n,
+                k,
+                false,
+                GemvFusion {
+                    accumulate: true,
+                    swiglu: false,
+                },
+            )?;
             if cfg.rows % 2 == 0 {
-                c.gemv_fused(cfg, n, k, true, GemvFusion { accumulate: false, swiglu: true })?;
+                c.gemv_fused(
+                    cfg,
+                    n,
+                    k,
+                    true,
+                    GemvFusion {
+                        accumulate: false,
+                        swiglu: true,
+                    },
+                )?;
             }
         }
     }
     let gemm = Gemm::new(dev)?;
-    for &(m, n, k) in &[(1, 8, 8), (37, 520, 192), (130, 960, 576), (300, 1000, 2048), (512, 6144, 4096)] {
+    for &(m, n, k) in &[
+        (1, 8, 8),
+        (37, 520, 192),
+        (130, 960, 576),
+        (300, 1000, 2048),
+        (512, 6144, 4096),
+    ] {
         c.gemm(&gemm, m, n, k, false)?;
         c.gemm(&gemm, m, n, k, true)?;
     }
@@ -653,12 +866,25 @@ pub fn run_engine_selftest(
         c.flash(n, start, nq, nkv, hd, qs)?;
     }
     for &(hd, nq, nkv) in &[(64, 9, 3), (128, 32, 8), (128, 8, 8)] {
-        for &(max_seq, len) in &[(640, 1), (640, 63), (640, 64), (640, 65), (640, 600), (4100, 4100)] {
+        for &(max_seq, len) in &[
+            (640, 1),
+            (640, 63),
+            (640, 64),
+            (640, 65),
+            (640, 600),
+            (4100, 4100),
+        ] {
             c.attn_decode(hd, nq, nkv, max_seq, len)?;
         }
     }
     c.finish_step()?;
-    c.synth("tiny, all tensors, rows interleaved", &SynthShape::Tiny.config(), 7, None, 2)?;
+    c.synth(
+        "tiny, all tensors, rows interleaved",
+        &SynthShape::Tiny.config(),
+        7,
+        None,
+        2,
+    )?;
     c.synth(
         "llama-3.1-8b layer-0 k_proj",
         &SynthShape::Llama31_8B.config(),
@@ -679,13 +905,24 @@ pub fn run_engine_selftest(
     let vocab = w.config.vocab_size as u64;
     let mut rng = Rng::new(seed ^ 0x5A11);
     let prompt: Vec<u32> = (0..2100).map(|_| rng.below(vocab) as u32).collect();
-    compare_logits(dev, "small qwen2-like (bias, interleaved)", w, &prompt, 4, 3e-2, &mut cases)?;
+    compare_logits(
+        dev,
+        "small qwen2-like (bias, interleaved)",
+        w,
+        &prompt,
+        4,
+        3e-2,
+        &mut cases,
+    )?;
     match smollm2 {
         Some(path) => {
             let (w, tok) = entrollm_model::load::open_model(path, false).map_err(model_err)?;
             let w = bf16_rounded(&w)?;
             let ids = tok
-                .encode("The quick brown fox jumps over the lazy dog. In 1905, Einstein", true)
+                .encode(
+                    "The quick brown fox jumps over the lazy dog. In 1905, Einstein",
+                    true,
+                )
                 .map_err(model_err)?;
             compare_logits(dev, "SmolLM2-135M", w, &ids, 8, 5e-2, &mut cases)?;
             smollm2_greedy(dev, path, 24, &mut cases, &mut notes)?;
@@ -697,7 +934,10 @@ pub fn run_engine_selftest(
         cases,
     };
     if report.failures().next().is_some() {
-        return Err(GpuError::Selftest(format!("{report}\n{}", notes.join("\n"))));
+        return Err(GpuError::Selftest(format!(
+            "{report}\n{}",
+            notes.join("\n")
+        )));
     }
     Ok((report, notes))
 }

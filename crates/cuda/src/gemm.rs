@@ -63,10 +63,7 @@ pub struct Gemm {
 
 impl Drop for Gemm {
     fn drop(&mut self) {
-        self.plans
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        self.plans.lock().unwrap_or_else(|p| p.into_inner()).clear();
         // SAFETY: created in `Gemm::new`, destroyed once.
         let _ = unsafe { lt::destroy_handle(self.handle) };
     }
@@ -126,7 +123,7 @@ impl Gemm {
             algo: unsafe { std::mem::zeroed() },
         };
         let trans: i32 = 1; // CUBLAS_OP_T
-        // SAFETY: the descriptor is live; the attribute is a 32-bit operation code.
+                            // SAFETY: the descriptor is live; the attribute is a 32-bit operation code.
         unsafe {
             lt::set_matmul_desc_attribute(
                 plan.desc,
@@ -179,7 +176,10 @@ impl Gemm {
         accumulate: bool,
     ) -> Result<()> {
         if m == 0 || n == 0 || k == 0 {
-            return Err(GpuError::invalid("gemm", format!("empty shape m {m} n {n} k {k}")));
+            return Err(GpuError::invalid(
+                "gemm",
+                format!("empty shape m {m} n {n} k {k}"),
+            ));
         }
         if w.len() < n * k || x.len() < m * k || y.len() < m * n {
             return Err(GpuError::invalid(
@@ -234,7 +234,14 @@ impl Gemm {
 }
 
 /// CPU reference (f64 accumulation) of [`Gemm::matmul`]: returns `y0 + x · wᵀ` (y0 None: 0).
-pub fn gemm_ref(w: &[u16], x: &[u16], y0: Option<&[f32]>, m: usize, n: usize, k: usize) -> Vec<f32> {
+pub fn gemm_ref(
+    w: &[u16],
+    x: &[u16],
+    y0: Option<&[f32]>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Vec<f32> {
     use rayon::prelude::*;
     let wf: Vec<f32> = w.iter().map(|&b| crate::ops::bf16_to_f32(b)).collect();
     let xf: Vec<f32> = x.iter().map(|&b| crate::ops::bf16_to_f32(b)).collect();

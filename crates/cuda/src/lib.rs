@@ -18,5 +18,5 @@ pub mod selftest;
 
 pub use device::{DeviceInfo, GpuDevice};
 pub use engine::{DecodeOptions, GpuEngine, GpuModel, MemoryUse};
-pub use linear::GpuLinear;
 pub use error::{GpuError, Result};
+pub use linear::GpuLinear;

@@ -48,12 +48,21 @@ pub fn gemv_config_for(rows: usize, cols: usize) -> GemvConfig {
 
 impl GpuLinear {
     /// Uploads a row-major BF16 matrix.
-    pub fn dense_from_host(dev: &GpuDevice, rows: usize, cols: usize, bits: &[u16]) -> Result<Self> {
+    pub fn dense_from_host(
+        dev: &GpuDevice,
+        rows: usize,
+        cols: usize,
+        bits: &[u16],
+    ) -> Result<Self> {
         check_gemv_shape(rows, cols)?;
         if bits.len() != rows * cols {
             return Err(GpuError::invalid(
                 "linear",
-                format!("[{rows}, {cols}] needs {} elements, got {}", rows * cols, bits.len()),
+                format!(
+                    "[{rows}, {cols}] needs {} elements, got {}",
+                    rows * cols,
+                    bits.len()
+                ),
             ));
         }
         let w = dev

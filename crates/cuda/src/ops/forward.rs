@@ -42,7 +42,11 @@ pub fn gemv_accum_variant(cfg: GemvConfig) -> KernelVariant {
 /// Decode attention tuned for single-token steps: 64 positions per block of 8 warps, so a
 /// 512–4096 token context spreads over 8–64 blocks per KV head instead of 2–16, and each warp loads
 /// its 8 positions' K/V rows at once (`ATTN_PRELOAD`).
-pub fn decode_attn_config(head_dim: usize, n_q_heads: usize, n_kv_heads: usize) -> Result<AttnConfig> {
+pub fn decode_attn_config(
+    head_dim: usize,
+    n_q_heads: usize,
+    n_kv_heads: usize,
+) -> Result<AttnConfig> {
     let mut c = AttnConfig::for_heads(head_dim, n_q_heads, n_kv_heads)?;
     c.chunk = 64;
     c.warps = 8;
@@ -53,18 +57,40 @@ pub fn decode_attn_config(head_dim: usize, n_q_heads: usize, n_kv_heads: usize) 
 /// Every variant the forward pass launches for the head shapes we target (CI compiles them).
 pub fn all_variants() -> Vec<KernelVariant> {
     let mut v = vec![engine_variant()];
-    v.extend([64, 128].iter().map(|&d| prefill_variant(d).expect("valid")));
-    v.extend(GemvConfig::CANDIDATES.iter().map(|&c| gemv_accum_variant(c)));
+    v.extend(
+        [64, 128]
+            .iter()
+            .map(|&d| prefill_variant(d).expect("valid")),
+    );
+    v.extend(
+        GemvConfig::CANDIDATES
+            .iter()
+            .map(|&c| gemv_accum_variant(c)),
+    );
     v.extend(
         GemvConfig::CANDIDATES
             .iter()
             .filter(|c| c.rows % 2 == 0)
-            .map(|&c| gemv_fused_variant(c, GemvFusion { accumulate: false, swiglu: true })),
+            .map(|&c| {
+                gemv_fused_variant(
+                    c,
+                    GemvFusion {
+                        accumulate: false,
+                        swiglu: true,
+                    },
+                )
+            }),
     );
     v.extend(
-        [(64, 9, 3), (64, 4, 4), (128, 32, 8), (128, 64, 8), (128, 32, 32)]
-            .iter()
-            .map(|&(d, q, kv)| decode_attn_config(d, q, kv).expect("valid").variant()),
+        [
+            (64, 9, 3),
+            (64, 4, 4),
+            (128, 32, 8),
+            (128, 64, 8),
+            (128, 32, 32),
+        ]
+        .iter()
+        .map(|&(d, q, kv)| decode_attn_config(d, q, kv).expect("valid").variant()),
     );
     v
 }
@@ -264,7 +290,10 @@ pub fn launch_rope_append(
                 f,
                 cfg,
                 OP,
-                [qkv, bias, &has_bias, q, k_cache, v_cache, pos, cos_sin, &nq, &nkv, &hd, &inter, &max_i]
+                [
+                    qkv, bias, &has_bias, q, k_cache, v_cache, pos, cos_sin, &nq, &nkv, &hd,
+                    &inter, &max_i
+                ]
             )
         }
         QOut::Bf16(q) => {
@@ -274,7 +303,10 @@ pub fn launch_rope_append(
                 f,
                 cfg,
                 OP,
-                [qkv, bias, &has_bias, q, k_cache, v_cache, pos, cos_sin, &nq, &nkv, &hd, &inter, &max_i]
+                [
+                    qkv, bias, &has_bias, q, k_cache, v_cache, pos, cos_sin, &nq, &nkv, &hd,
+                    &inter, &max_i
+                ]
             )
         }
     }
@@ -366,7 +398,10 @@ pub fn launch_synth_fill(
 ) -> Result<()> {
     const OP: &str = "synth_fill";
     if ld < cols {
-        return Err(GpuError::invalid(OP, format!("row stride {ld} < {cols} columns")));
+        return Err(GpuError::invalid(
+            OP,
+            format!("row stride {ld} < {cols} columns"),
+        ));
     }
     match &out {
         SynthOut::Bf16(o) if rows > 0 && o.len() < (rows - 1) * ld + cols => {
@@ -445,14 +480,27 @@ pub fn launch_flash_prefill(
     if s.start + s.n_tokens > s.max_seq {
         return Err(GpuError::invalid(
             OP,
-            format!("{} + {} tokens exceed the cache ({})", s.start, s.n_tokens, s.max_seq),
+            format!(
+                "{} + {} tokens exceed the cache ({})",
+                s.start, s.n_tokens, s.max_seq
+            ),
         ));
     }
     let qd = s.n_q_heads * s.head_dim;
     check_len(OP, "q", q, s.n_tokens * qd)?;
     check_len(OP, "out", out, s.n_tokens * qd)?;
-    check_len(OP, "k_cache", k_cache, s.max_seq * s.n_kv_heads * s.head_dim)?;
-    check_len(OP, "v_cache", v_cache, s.max_seq * s.n_kv_heads * s.head_dim)?;
+    check_len(
+        OP,
+        "k_cache",
+        k_cache,
+        s.max_seq * s.n_kv_heads * s.head_dim,
+    )?;
+    check_len(
+        OP,
+        "v_cache",
+        v_cache,
+        s.max_seq * s.n_kv_heads * s.head_dim,
+    )?;
     as_i32(OP, "cache elements", s.max_seq * s.n_kv_heads * s.head_dim)?;
     as_i32(OP, "q elements", s.n_tokens * qd)?;
     if !scale.is_finite() {
@@ -479,12 +527,28 @@ pub fn launch_flash_prefill(
         f,
         cfg,
         OP,
-        [q, k_cache, v_cache, out, &n_i, &start_i, &nq, &nkv, &scale_log2]
+        [
+            q,
+            k_cache,
+            v_cache,
+            out,
+            &n_i,
+            &start_i,
+            &nq,
+            &nkv,
+            &scale_log2
+        ]
     )
 }
 
 /// CPU reference (f64) of [`launch_flash_prefill`] over the same BF16 inputs; f32 [n, q_dim].
-pub fn prefill_attention_ref(s: PrefillShape, q: &[u16], k_cache: &[u16], v_cache: &[u16], scale: f32) -> Vec<f32> {
+pub fn prefill_attention_ref(
+    s: PrefillShape,
+    q: &[u16],
+    k_cache: &[u16],
+    v_cache: &[u16],
+    scale: f32,
+) -> Vec<f32> {
     let (hd, nq) = (s.head_dim, s.n_q_heads);
     let group = nq / s.n_kv_heads;
     let row = s.n_kv_heads * hd;
@@ -562,7 +626,9 @@ pub fn launch_gemv_fused(
     if fusion.swiglu && (cfg.rows % 2 != 0 || n % 2 != 0 || fusion.accumulate) {
         return Err(GpuError::invalid(
             OP,
-            format!("swiglu needs an even row count and rows per warp, no accumulate ({cfg}, n {n})"),
+            format!(
+                "swiglu needs an even row count and rows per warp, no accumulate ({cfg}, n {n})"
+            ),
         ));
     }
     let variant = gemv_fused_variant(cfg, fusion);
@@ -656,8 +722,14 @@ mod tests {
     fn variants_are_valid() {
         assert!(prefill_variant(96).is_err() || prefill_variant(96).is_ok());
         assert!(prefill_variant(100).is_err());
-        let even = GemvConfig::CANDIDATES.iter().filter(|c| c.rows % 2 == 0).count();
-        assert_eq!(all_variants().len(), 1 + 2 + GemvConfig::CANDIDATES.len() + even + 5);
+        let even = GemvConfig::CANDIDATES
+            .iter()
+            .filter(|c| c.rows % 2 == 0)
+            .count();
+        assert_eq!(
+            all_variants().len(),
+            1 + 2 + GemvConfig::CANDIDATES.len() + even + 5
+        );
         assert_eq!(decode_attn_config(128, 32, 8).unwrap().chunk, 64);
     }
 }
