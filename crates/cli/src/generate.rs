@@ -15,12 +15,24 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Where the model runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceArg {
     /// The GPU when one is usable, else the CPU (with one line on stderr saying why).
     Auto,
     Cpu,
     Cuda,
+}
+
+impl DeviceArg {
+    /// Parses `--device` (a usage error is a clean failure with exit code 1, like other bad input).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(DeviceArg::Auto),
+            "cpu" => Ok(DeviceArg::Cpu),
+            "cuda" => Ok(DeviceArg::Cuda),
+            _ => anyhow::bail!("--device {s}: expected auto, cpu or cuda"),
+        }
+    }
 }
 
 /// The engine a session runs on.
@@ -166,8 +178,8 @@ pub struct ModelArgs {
     #[arg(long)]
     context: Option<usize>,
     /// Where to run: auto (the GPU if usable, else the CPU), cpu or cuda.
-    #[arg(long, value_enum, default_value = "auto")]
-    device: DeviceArg,
+    #[arg(long, default_value = "auto")]
+    device: String,
     /// For containers: decode coded matrices once at load instead of running them through the
     /// fused decode-matvec at every product (faster on the CPU, uses the uncoded size in memory).
     #[arg(long)]
@@ -191,6 +203,7 @@ struct Session {
 }
 
 fn open(a: &ModelArgs) -> Result<Session> {
+    let device = DeviceArg::parse(&a.device)?;
     let (weights, tokenizer) = open_model(&a.model, !a.decode_at_load)?;
     let ctx = a
         .context
@@ -203,7 +216,7 @@ fn open(a: &ModelArgs) -> Result<Session> {
         ..SamplingParams::greedy()
     };
     Ok(Session {
-        engine: Backend::new(weights, ctx, a.device)?,
+        engine: Backend::new(weights, ctx, device)?,
         tokenizer,
         sampler: Sampler::new(params)?,
         max_tokens: a.max_tokens,
@@ -308,8 +321,8 @@ pub struct PplArgs {
     #[arg(long, default_value_t = 0)]
     max_tokens: usize,
     /// Where to run: auto (the GPU if usable, else the CPU), cpu or cuda.
-    #[arg(long, value_enum, default_value = "auto")]
-    device: DeviceArg,
+    #[arg(long, default_value = "auto")]
+    device: String,
 }
 
 fn log_sum_exp(logits: &[f32]) -> f64 {
@@ -366,6 +379,7 @@ fn gpu_perplexity(
 
 /// `entrollm eval ppl`: perplexity of a text file, HF-style sliding window.
 pub fn ppl(a: PplArgs) -> Result<()> {
+    let device = DeviceArg::parse(&a.device)?;
     let text = std::fs::read_to_string(&a.file)
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
     let (weights, tokenizer) = open_model(&a.model, false)?;
@@ -373,7 +387,7 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     if a.max_tokens > 0 {
         tokens.truncate(a.max_tokens);
     }
-    let p = match Backend::new(weights, a.window, a.device)? {
+    let p = match Backend::new(weights, a.window, device)? {
         Backend::Cpu(mut engine) => {
             entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?
         }
