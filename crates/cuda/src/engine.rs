@@ -731,7 +731,7 @@ impl GpuEngine {
     fn decode_body(&mut self, greedy: bool) -> Result<()> {
         let dev = &*self.dev;
         let c = &self.model.config;
-        let (h, inter, vocab) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+        let (h, vocab) = (c.hidden_size, c.vocab_size);
         let shape = self.qkv_shape();
         let scale = self.scale();
         let kv_shape = KvShape {
@@ -839,7 +839,6 @@ impl GpuEngine {
                 .down
                 .matvec_fused(dev, &d.act, None, residual, &mut d.x)?;
         }
-        let _ = inter;
         self.model.lm_head().matvec_fused(
             dev,
             &d.x,
