@@ -719,9 +719,26 @@ mod tests {
     }
 
     #[test]
+    fn rope_table_holds_the_cpu_engines_angles() {
+        let f = [1.0, 0.25];
+        let t = rope_table(&f, 3);
+        assert_eq!(t.len(), 3 * 2 * 2);
+        assert_eq!(&t[..4], &[1.0, 0.0, 1.0, 0.0]);
+        let (s, c) = (2.0f64 * 0.25).sin_cos();
+        assert_eq!((t[10], t[11]), (c as f32, s as f32));
+    }
+
+    #[test]
+    fn swiglu_interleaved_pairs() {
+        let out = swiglu_interleaved_ref(&[0.0, 5.0, 20.0, 0.5]);
+        assert_eq!(out[0], 0.0);
+        assert!((out[1] - 10.0).abs() < 1e-5);
+    }
+
+    #[test]
     fn variants_are_valid() {
-        assert!(prefill_variant(96).is_err() || prefill_variant(96).is_ok());
-        assert!(prefill_variant(100).is_err());
+        assert!(prefill_variant(96).is_ok());
+        assert!(prefill_variant(100).is_err() && prefill_variant(48).is_err());
         let even = GemvConfig::CANDIDATES
             .iter()
             .filter(|c| c.rows % 2 == 0)
