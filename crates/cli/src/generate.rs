@@ -1,14 +1,160 @@
-//! `entrollm run` and `entrollm chat`: text generation on the CPU reference engine.
+//! `entrollm run`, `entrollm chat` and `entrollm eval ppl`: text generation and scoring on the GPU
+//! engine (`--device cuda`) or the CPU reference engine (`--device cpu`); `auto` takes the GPU when
+//! one is usable and says on stderr why not otherwise.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+use entrollm_cuda::{GpuDevice, GpuEngine, GpuModel};
 use entrollm_model::chat::{ChatMessage, ChatTemplate};
 use entrollm_model::load::open_model;
-use entrollm_model::sampler::{generate, Sampler, SamplingParams};
+use entrollm_model::sampler::{Sampler, SamplingParams, StopReason};
 use entrollm_model::tokenizer::Tokenizer;
-use entrollm_model::Engine;
+use entrollm_model::{Engine, ModelWeights};
 use std::io::{BufRead, Write};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Where the model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceArg {
+    /// The GPU when one is usable, else the CPU (with one line on stderr saying why).
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl DeviceArg {
+    /// Parses `--device` (a usage error is a clean failure with exit code 1, like other bad input).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(DeviceArg::Auto),
+            "cpu" => Ok(DeviceArg::Cpu),
+            "cuda" => Ok(DeviceArg::Cuda),
+            _ => anyhow::bail!("--device {s}: expected auto, cpu or cuda"),
+        }
+    }
+}
+
+/// The engine a session runs on.
+pub enum Backend {
+    Cpu(Engine),
+    Gpu(Box<GpuEngine>),
+}
+
+impl Backend {
+    /// Builds the engine for `weights` on `device` with a context of `ctx` tokens.
+    pub fn new(weights: ModelWeights, ctx: usize, device: DeviceArg) -> Result<Self> {
+        if device != DeviceArg::Cpu {
+            let gpu = GpuDevice::open(0).and_then(|dev| {
+                let dev = Arc::new(dev);
+                let model = GpuModel::upload(&dev, &weights)?;
+                GpuEngine::new(dev, model, ctx)
+            });
+            match gpu {
+                Ok(e) => return Ok(Backend::Gpu(Box::new(e))),
+                Err(e) if device == DeviceArg::Cuda => {
+                    return Err(anyhow::anyhow!("--device cuda: {e}"))
+                }
+                Err(e) => eprintln!("note: running on the CPU: {e}"),
+            }
+        }
+        Ok(Backend::Cpu(Engine::new(weights, ctx)?))
+    }
+
+    pub fn reset(&mut self) {
+        match self {
+            Backend::Cpu(e) => e.reset(),
+            Backend::Gpu(e) => e.reset(),
+        }
+    }
+
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        Ok(match self {
+            Backend::Cpu(e) => e.prefill(tokens)?,
+            Backend::Gpu(e) => e.prefill(tokens)?,
+        })
+    }
+
+    pub fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        Ok(match self {
+            Backend::Cpu(e) => e.step(token)?,
+            Backend::Gpu(e) => e.step(token)?,
+        })
+    }
+
+    fn position(&self) -> usize {
+        match self {
+            Backend::Cpu(e) => e.position(),
+            Backend::Gpu(e) => e.position(),
+        }
+    }
+
+    fn max_seq_len(&self) -> usize {
+        match self {
+            Backend::Cpu(e) => e.max_seq_len(),
+            Backend::Gpu(e) => e.max_seq_len(),
+        }
+    }
+}
+
+/// `model::sampler::generate` over a [`Backend`]: appends `prompt`, samples up to `max_new`
+/// tokens, hands each to `on_token`; the last sampled token is not fed back. Greedy sampling on the
+/// GPU takes the argmax on the device (no logits copy).
+fn generate(
+    engine: &mut Backend,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    max_new: usize,
+    stops: &[u32],
+    mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+) -> Result<(Vec<u32>, StopReason)> {
+    let mut tokens = Vec::new();
+    if max_new == 0 {
+        return Ok((tokens, StopReason::MaxTokens));
+    }
+    let p = sampler.params();
+    let device_greedy =
+        matches!(engine, Backend::Gpu(_)) && p.temperature == 0.0 && p.repetition_penalty == 1.0;
+    let mut history = prompt.to_vec();
+    let next = |engine: &mut Backend,
+                sampler: &mut Sampler,
+                feed: Option<u32>,
+                history: &[u32]|
+     -> Result<u32> {
+        if device_greedy {
+            if let Backend::Gpu(e) = engine {
+                return Ok(match feed {
+                    None => e.prefill_greedy(prompt)?,
+                    Some(t) => e.step_greedy(t)?,
+                });
+            }
+        }
+        let logits = match feed {
+            None => engine.prefill(prompt)?,
+            Some(t) => engine.step(t)?,
+        };
+        Ok(sampler.sample(&logits, history)?)
+    };
+    let mut token = next(engine, sampler, None, &history)?;
+    let stop = loop {
+        if stops.contains(&token) {
+            break StopReason::StopToken(token);
+        }
+        tokens.push(token);
+        history.push(token);
+        if on_token(token).is_break() {
+            break StopReason::Callback;
+        }
+        if tokens.len() == max_new {
+            break StopReason::MaxTokens;
+        }
+        if engine.position() == engine.max_seq_len() {
+            break StopReason::ContextFull;
+        }
+        token = next(engine, sampler, Some(token), &history)?;
+    };
+    Ok((tokens, stop))
+}
 
 #[derive(clap::Args)]
 pub struct ModelArgs {
@@ -31,8 +177,8 @@ pub struct ModelArgs {
     /// Context length to allocate (default: the model's, at most 4096).
     #[arg(long)]
     context: Option<usize>,
-    /// cpu (the CUDA engine is not wired into the CLI yet).
-    #[arg(long, default_value = "cpu")]
+    /// Where to run: auto (the GPU if usable, else the CPU), cpu or cuda.
+    #[arg(long, default_value = "auto")]
     device: String,
     /// For containers: decode coded matrices once at load instead of running them through the
     /// fused decode-matvec at every product (faster on the CPU, uses the uncoded size in memory).
@@ -50,19 +196,14 @@ pub struct RunArgs {
 }
 
 struct Session {
-    engine: Engine,
+    engine: Backend,
     tokenizer: Tokenizer,
     sampler: Sampler,
     max_tokens: usize,
 }
 
 fn open(a: &ModelArgs) -> Result<Session> {
-    if a.device != "cpu" {
-        bail!(
-            "--device {}: only the CPU engine is available in this build (use --device cpu)",
-            a.device
-        );
-    }
+    let device = DeviceArg::parse(&a.device)?;
     let (weights, tokenizer) = open_model(&a.model, !a.decode_at_load)?;
     let ctx = a
         .context
@@ -75,7 +216,7 @@ fn open(a: &ModelArgs) -> Result<Session> {
         ..SamplingParams::greedy()
     };
     Ok(Session {
-        engine: Engine::new(weights, ctx)?,
+        engine: Backend::new(weights, ctx, device)?,
         tokenizer,
         sampler: Sampler::new(params)?,
         max_tokens: a.max_tokens,
@@ -89,7 +230,7 @@ impl Session {
         let mut decoder = self.tokenizer.stream_decoder();
         let mut out = std::io::stdout().lock();
         let mut failed = None;
-        let generation = generate(
+        let (tokens, _stop) = generate(
             &mut self.engine,
             &mut self.sampler,
             prompt,
@@ -120,7 +261,7 @@ impl Session {
             out.write_all(rest.as_bytes())?;
         }
         writeln!(out)?;
-        Ok(generation.tokens)
+        Ok(tokens)
     }
 }
 
@@ -179,10 +320,66 @@ pub struct PplArgs {
     /// Score at most this many tokens of the file (0: all).
     #[arg(long, default_value_t = 0)]
     max_tokens: usize,
+    /// Where to run: auto (the GPU if usable, else the CPU), cpu or cuda.
+    #[arg(long, default_value = "auto")]
+    device: String,
+}
+
+fn log_sum_exp(logits: &[f32]) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    max + logits
+        .iter()
+        .map(|&l| (l as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+}
+
+/// `entrollm_model::perplexity`'s sliding window on the GPU engine: each window prefills its
+/// context up to the first token it scores, then takes one decode step per further token.
+fn gpu_perplexity(
+    e: &mut GpuEngine,
+    tokens: &[u32],
+    window: usize,
+    stride: usize,
+) -> Result<entrollm_model::Perplexity> {
+    anyhow::ensure!(tokens.len() >= 2, "perplexity: needs at least 2 tokens");
+    anyhow::ensure!(
+        (2..=e.max_seq_len() + 1).contains(&window) && (1..=window).contains(&stride),
+        "perplexity: window {window} / stride {stride} out of range"
+    );
+    let (mut total, mut scored, mut scored_until, mut begin) = (0f64, 0usize, 1usize, 0usize);
+    loop {
+        let end = (begin + window).min(tokens.len());
+        let first_target = scored_until.max(begin + 1);
+        if end - begin >= 2 {
+            e.reset();
+            let ctx = first_target - 1;
+            let mut logits = e.prefill(&tokens[begin..=ctx])?;
+            for i in ctx..end - 1 {
+                if i > ctx {
+                    logits = e.step(tokens[i])?;
+                }
+                total += log_sum_exp(&logits) - logits[tokens[i + 1] as usize] as f64;
+                scored += 1;
+            }
+        }
+        scored_until = end;
+        if end == tokens.len() {
+            break;
+        }
+        begin += stride;
+    }
+    let mean_nll = total / scored as f64;
+    Ok(entrollm_model::Perplexity {
+        ppl: mean_nll.exp(),
+        mean_nll,
+        tokens_scored: scored,
+    })
 }
 
 /// `entrollm eval ppl`: perplexity of a text file, HF-style sliding window.
 pub fn ppl(a: PplArgs) -> Result<()> {
+    let device = DeviceArg::parse(&a.device)?;
     let text = std::fs::read_to_string(&a.file)
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
     let (weights, tokenizer) = open_model(&a.model, false)?;
@@ -190,8 +387,12 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     if a.max_tokens > 0 {
         tokens.truncate(a.max_tokens);
     }
-    let mut engine = Engine::new(weights, a.window)?;
-    let p = entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?;
+    let p = match Backend::new(weights, a.window, device)? {
+        Backend::Cpu(mut engine) => {
+            entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?
+        }
+        Backend::Gpu(mut engine) => gpu_perplexity(&mut engine, &tokens, a.window, a.stride)?,
+    };
     println!(
         "{}: perplexity {:.4} (mean NLL {:.6} nats over {} tokens; window {}, stride {})",
         a.file.display(),

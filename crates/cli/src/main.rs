@@ -1,10 +1,12 @@
 //! `entrollm`: compress LLM checkpoints close to their entropy and run them.
 
+mod bench;
 mod compress;
 mod decompress;
 mod generate;
 mod inspect;
 mod progress;
+mod selftest;
 mod synth;
 
 use clap::{Parser, Subcommand};
@@ -40,6 +42,10 @@ enum Command {
     /// Evaluate a model.
     #[command(subcommand)]
     Eval(Eval),
+    /// GPU decode benchmark (DESIGN.md protocol): tok/s, bandwidth, prefill, memory.
+    Bench(bench::Args),
+    /// Check every GPU kernel and the GPU forward pass against the CPU (`--gpu`).
+    Selftest(selftest::Args),
 }
 
 #[derive(Subcommand)]
@@ -74,6 +80,8 @@ fn main() {
         Command::Run(a) => generate::run(a),
         Command::Chat(a) => generate::chat(a),
         Command::Eval(Eval::Ppl(a)) => generate::ppl(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Selftest(a) => selftest::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -17,6 +17,9 @@
 #ifndef ATTN_WARPS
 #define ATTN_WARPS 4
 #endif
+#ifndef ATTN_PRELOAD
+#define ATTN_PRELOAD 0
+#endif
 #define EPL (HEAD_DIM / 32)  // elements of a head per lane, contiguous
 static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "HEAD_DIM must be a multiple of 64, at most 256");
 static_assert(ATTN_GROUP >= 1 && ATTN_WARPS >= 1 && ATTN_CHUNK >= 1, "attention tuning defines must be >= 1");
@@ -46,11 +49,12 @@ __device__ __forceinline__ void load_head_slice(const bf16_t* p, float* out) {
 // grid (max_chunks, n_kv_heads), block ATTN_WARPS * 32.
 // part_acc [n_q_heads, max_chunks, HEAD_DIM]: unnormalised sum of p * V; part_ml [n_q_heads, max_chunks, 2]:
 // running max (log2 units) and sum of p. Chunks at or past seq_len write nothing.
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, 1)
-attn_decode_partial(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
-                    const bf16_t* __restrict__ v_cache, const int* __restrict__ seq_len_ptr,
-                    float* __restrict__ part_acc, float* __restrict__ part_ml,
-                    int n_kv_heads, int max_chunks, int max_seq, float scale) {
+template <bool FUSED>
+__device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
+                                                  const bf16_t* __restrict__ v_cache,
+                                                  const int* __restrict__ seq_len_ptr, float* part_acc,
+                                                  float* part_ml, int n_kv_heads, int max_chunks, int max_seq,
+                                                  float scale, float* __restrict__ out, int* counters) {
     __shared__ float s_m[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_l[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_acc[ATTN_WARPS][ATTN_GROUP][HEAD_DIM];
@@ -72,11 +76,31 @@ attn_decode_partial(const float* __restrict__ q, const bf16_t* __restrict__ k_ca
         l[g] = 0.0f;
     }
     const size_t row_stride = (size_t)n_kv_heads * HEAD_DIM;
+#if ATTN_PRELOAD
+    // Every K/V row of the warp's positions is loaded before the first score: one memory round
+    // trip per warp instead of one per position.
+    constexpr int PER_WARP = ATTN_CHUNK / ATTN_WARPS;
+    static_assert(ATTN_CHUNK % ATTN_WARPS == 0 && PER_WARP <= 8, "ATTN_PRELOAD: at most 8 positions per warp");
+    float kpre[PER_WARP][EPL], vpre[PER_WARP][EPL];
+#pragma unroll
+    for (int i = 0; i < PER_WARP; ++i) {
+        const int t = min(start + warp + i * ATTN_WARPS, end - 1);
+        const size_t off = t * row_stride + (size_t)kvh * HEAD_DIM + lane * EPL;
+        load_head_slice(k_cache + off, kpre[i]);
+        load_head_slice(v_cache + off, vpre[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < PER_WARP; ++i) {
+        if (start + warp + i * ATTN_WARPS >= end) break;
+        const float* kv = kpre[i];
+        const float* vv = vpre[i];
+#else
     for (int t = start + warp; t < end; t += ATTN_WARPS) {
         const size_t off = t * row_stride + (size_t)kvh * HEAD_DIM + lane * EPL;
         float kv[EPL], vv[EPL];
         load_head_slice(k_cache + off, kv);
         load_head_slice(v_cache + off, vv);
+#endif
 #pragma unroll
         for (int g = 0; g < ATTN_GROUP; ++g) {
             float s = 0.0f;
@@ -119,6 +143,68 @@ attn_decode_partial(const float* __restrict__ q, const bf16_t* __restrict__ k_ca
             part_ml[((size_t)qh * max_chunks + chunk) * 2 + 1] = lsum;
         }
     }
+    if (!FUSED) return;
+    // The last block of this KV head to finish merges all chunks of its query heads (threadfence
+    // reduction): one launch instead of partial + combine.
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    const int n_chunks = (seq_len + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    if (threadIdx.x == 0) s_last = atomicAdd(&counters[kvh], 1) == n_chunks - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    // Other blocks' partials are read through L2 (__ldcg: never a stale L1 line). Warp g finds the
+    // max and the weight sum of query head g over the chunks; then every thread merges its outputs
+    // with independent loads (unrolled, all in flight).
+    __shared__ float s_mx[ATTN_GROUP], s_inv[ATTN_GROUP];
+    for (int g = warp; g < ATTN_GROUP; g += ATTN_WARPS) {
+        const float* ml = part_ml + (size_t)(kvh * ATTN_GROUP + g) * max_chunks * 2;
+        float mx = -F32_INF;
+        for (int c = lane; c < n_chunks; c += 32) mx = fmaxf(mx, __ldcg(ml + 2 * c));
+        mx = warp_max(mx);
+        float ls = 0.0f;
+        for (int c = lane; c < n_chunks; c += 32) ls = fmaf(exp2f(__ldcg(ml + 2 * c) - mx), __ldcg(ml + 2 * c + 1), ls);
+        ls = warp_sum(ls);
+        if (lane == 0) { s_mx[g] = mx; s_inv[g] = 1.0f / ls; }
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < ATTN_GROUP * HEAD_DIM; j += blockDim.x) {
+        const int g = j / HEAD_DIM, d = j - g * HEAD_DIM;
+        const int qh = kvh * ATTN_GROUP + g;
+        const float* ml = part_ml + (size_t)qh * max_chunks * 2;
+        const float* acc_h = part_acc + (size_t)qh * max_chunks * HEAD_DIM + d;
+        const float mx = s_mx[g];
+        float a0 = 0.0f, a1 = 0.0f;
+        int c = 0;
+        for (; c + 1 < n_chunks; c += 2) {
+            a0 = fmaf(exp2f(__ldcg(ml + 2 * c) - mx), __ldcg(acc_h + (size_t)c * HEAD_DIM), a0);
+            a1 = fmaf(exp2f(__ldcg(ml + 2 * c + 2) - mx), __ldcg(acc_h + (size_t)(c + 1) * HEAD_DIM), a1);
+        }
+        if (c < n_chunks) a0 = fmaf(exp2f(__ldcg(ml + 2 * c) - mx), __ldcg(acc_h + (size_t)c * HEAD_DIM), a0);
+        out[(size_t)qh * HEAD_DIM + d] = (a0 + a1) * s_inv[g];
+    }
+    if (threadIdx.x == 0) counters[kvh] = 0;  // ready for the next launch
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, 1)
+attn_decode_partial(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
+                    const bf16_t* __restrict__ v_cache, const int* __restrict__ seq_len_ptr,
+                    float* __restrict__ part_acc, float* __restrict__ part_ml,
+                    int n_kv_heads, int max_chunks, int max_seq, float scale) {
+    attn_partial_impl<false>(q, k_cache, v_cache, seq_len_ptr, part_acc, part_ml, n_kv_heads, max_chunks,
+                             max_seq, scale, nullptr, nullptr);
+}
+
+// Partial and combine in one launch: out [n_q_heads, HEAD_DIM] f32; counters [n_kv_heads] zero
+// before the first launch (each launch leaves them zero). seq_len must be >= 1.
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, 1)
+attn_decode_fused(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
+                  const bf16_t* __restrict__ v_cache, const int* __restrict__ seq_len_ptr,
+                  float* part_acc, float* part_ml, int n_kv_heads, int max_chunks, int max_seq, float scale,
+                  float* __restrict__ out, int* counters) {
+    attn_partial_impl<true>(q, k_cache, v_cache, seq_len_ptr, part_acc, part_ml, n_kv_heads, max_chunks,
+                            max_seq, scale, out, counters);
 }
 
 // grid n_q_heads, block HEAD_DIM. out [n_q_heads, HEAD_DIM] f32.

@@ -11,6 +11,10 @@
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4
 #endif
+// 1: y += W x (the residual add fused into the output projections of the forward pass).
+#ifndef GEMV_ACCUM
+#define GEMV_ACCUM 0
+#endif
 
 static_assert(GEMV_WARPS >= 1 && GEMV_WARPS <= 32 && GEMV_ROWS >= 1 && GEMV_UNROLL >= 1,
               "GEMV tuning defines out of range");
@@ -27,13 +31,25 @@ __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
     return acc;
 }
 
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_bf16(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int n, int k) {
+// Fused variants of the forward pass: NORM = x is RMS-normalised on the fly (y = rsqrt(mean(x²) + eps)
+// · W (x ∘ g): the sum of squares is accumulated over the same x chunks the dot products read, and
+// the scalar applied after the reduction); SWIGLU = rows come in (gate, up) pairs and the pair's
+// output is silu(gate) · up at y[row / 2] (needs GEMV_ROWS even).
+#ifndef GEMV_SWIGLU
+#define GEMV_SWIGLU 0
+#endif
+static_assert(!GEMV_SWIGLU || GEMV_ROWS % 2 == 0, "GEMV_SWIGLU needs an even GEMV_ROWS");
+
+template <bool NORM>
+__device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const float* __restrict__ x,
+                                          const float* __restrict__ g, float* __restrict__ y, int n, int k,
+                                          float eps) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
     if (row0 >= n) return;
     const int chunks = k >> 3;  // 16-byte chunks per row
     const float4* xv = (const float4*)x;
+    const float4* gv = (const float4*)g;
     // Rows past the end re-read the last row (valid memory, uniform control flow); never stored.
     const uint4* rows[GEMV_ROWS];
 #pragma unroll
@@ -42,6 +58,7 @@ gemv_bf16(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __re
     float acc[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.0f;
+    float ss = 0.0f;
 
     for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
         uint4 wv[GEMV_UNROLL][GEMV_ROWS];
@@ -56,15 +73,43 @@ gemv_bf16(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __re
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const int c = c0 + u * 32;
             if (c < chunks) {
-                const float4 a = __ldg(xv + 2 * c), b = __ldg(xv + 2 * c + 1);
+                float4 a = __ldg(xv + 2 * c), b = __ldg(xv + 2 * c + 1);
+                if (NORM) {
+                    ss = fmaf(a.x, a.x, ss); ss = fmaf(a.y, a.y, ss); ss = fmaf(a.z, a.z, ss); ss = fmaf(a.w, a.w, ss);
+                    ss = fmaf(b.x, b.x, ss); ss = fmaf(b.y, b.y, ss); ss = fmaf(b.z, b.z, ss); ss = fmaf(b.w, b.w, ss);
+                    const float4 ga = __ldg(gv + 2 * c), gb = __ldg(gv + 2 * c + 1);
+                    a.x *= ga.x; a.y *= ga.y; a.z *= ga.z; a.w *= ga.w;
+                    b.x *= gb.x; b.y *= gb.y; b.z *= gb.z; b.w *= gb.w;
+                }
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = dot8(wv[u][r], a, b, acc[r]);
             }
         }
     }
+    const float scale = NORM ? rsqrtf(warp_sum(ss) / (float)k + eps) : 1.0f;
+#if GEMV_SWIGLU
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r += 2) {
+        const float gate = warp_sum(acc[r]) * scale, up = warp_sum(acc[r + 1]) * scale;
+        if (lane == 0 && row0 + r + 1 < n) y[(row0 + r) >> 1] = gate / (1.0f + expf(-gate)) * up;
+    }
+#else
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) {
-        const float s = warp_sum(acc[r]);
-        if (lane == 0 && row0 + r < n) y[row0 + r] = s;
+        const float s = warp_sum(acc[r]) * scale;
+        if (lane == 0 && row0 + r < n) y[row0 + r] = GEMV_ACCUM ? y[row0 + r] + s : s;
     }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_bf16(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int n, int k) {
+    gemv_body<false>(w, x, x, y, n, k, 0.0f);
+}
+
+// y = W · rmsnorm(x; g, eps) (g f32 [k]).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_bf16_norm(const bf16_t* __restrict__ w, const float* __restrict__ x, const float* __restrict__ g,
+               float* __restrict__ y, int n, int k, float eps) {
+    gemv_body<true>(w, x, g, y, n, k, eps);
 }

@@ -43,6 +43,15 @@ pub const ATTENTION: KernelSource = KernelSource {
     source: include_str!("../kernels/attention.cu"),
 };
 
+pub const ENGINE: KernelSource = KernelSource {
+    name: "engine.cu",
+    source: include_str!("../kernels/engine.cu"),
+};
+pub const PREFILL: KernelSource = KernelSource {
+    name: "prefill.cu",
+    source: include_str!("../kernels/prefill.cu"),
+};
+
 /// A kernel source with its tuning defines: one compiled module.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct KernelVariant {
@@ -245,6 +254,7 @@ pub fn all_variants() -> Vec<KernelVariant> {
             .iter()
             .map(|c| c.variant()),
     );
+    v.extend(crate::ops::forward::all_variants());
     v
 }
 

@@ -7,10 +7,16 @@
 
 pub mod bench;
 pub mod device;
+pub mod engine;
+pub mod engine_selftest;
 pub mod error;
+pub mod gemm;
 pub mod jit;
+pub mod linear;
 pub mod ops;
 pub mod selftest;
 
 pub use device::{DeviceInfo, GpuDevice};
+pub use engine::{DecodeOptions, GpuEngine, GpuModel, MemoryUse};
 pub use error::{GpuError, Result};
+pub use linear::GpuLinear;

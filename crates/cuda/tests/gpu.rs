@@ -77,3 +77,25 @@ fn gpu_gemv_cold_timing() {
         );
     }
 }
+
+/// SmolLM2-135M on the GPU gives the CPU engine's greedy tokens (both on the same BF16-rounded
+/// weights) on the selftest's prompts; a divergence passes only as a near-tie (CPU top-two logits
+/// within 0.5). Needs the GGUF where `scripts/fetch-smollm2` puts it.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_smollm2_greedy_tokens_match_the_cpu() {
+    let dev = std::sync::Arc::new(open());
+    let path = entrollm_model::load::smollm2_gguf_path();
+    assert!(
+        path.is_file(),
+        "run scripts/fetch-smollm2 first ({})",
+        path.display()
+    );
+    let (mut cases, mut notes) = (Vec::new(), Vec::new());
+    entrollm_cuda::engine_selftest::smollm2_greedy(&dev, &path, 32, &mut cases, &mut notes)
+        .expect("GPU and CPU engines run");
+    for n in &notes {
+        println!("{n}");
+    }
+    assert!(cases.iter().all(|c| c.passed()), "{notes:#?}");
+}

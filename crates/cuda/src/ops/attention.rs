@@ -74,15 +74,17 @@ impl AttnConfig {
     }
 
     pub fn variant(&self) -> KernelVariant {
-        KernelVariant::new(
-            &ATTENTION,
-            vec![
-                ("HEAD_DIM", self.head_dim as i64),
-                ("ATTN_GROUP", self.group as i64),
-                ("ATTN_CHUNK", self.chunk as i64),
-                ("ATTN_WARPS", self.warps as i64),
-            ],
-        )
+        let mut defines = vec![
+            ("HEAD_DIM", self.head_dim as i64),
+            ("ATTN_GROUP", self.group as i64),
+            ("ATTN_CHUNK", self.chunk as i64),
+            ("ATTN_WARPS", self.warps as i64),
+        ];
+        // Short chunks: each warp loads all its K/V rows before the first score.
+        if self.chunk % self.warps == 0 && self.chunk / self.warps <= 8 {
+            defines.push(("ATTN_PRELOAD", 1));
+        }
+        KernelVariant::new(&ATTENTION, defines)
     }
 
     fn max_chunks(&self, max_seq: usize) -> usize {
@@ -94,6 +96,8 @@ impl AttnConfig {
 pub struct AttnScratch {
     part_acc: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
+    /// Per KV head: chunks finished in the running fused launch (zero between launches).
+    counters: CudaSlice<i32>,
     max_chunks: usize,
     n_q_heads: usize,
 }
@@ -110,6 +114,9 @@ impl AttnScratch {
                 .while_(|| "allocating attention scratch".into())?,
             part_ml: s
                 .alloc_zeros(n_q_heads * max_chunks * 2)
+                .while_(|| "allocating attention scratch".into())?,
+            counters: s
+                .alloc_zeros(n_q_heads.max(1))
                 .while_(|| "allocating attention scratch".into())?,
             max_chunks,
             n_q_heads,
@@ -253,6 +260,65 @@ pub fn launch_attention_decode(
     };
     // SAFETY: as above.
     unsafe { b.launch(launch) }.while_(|| "launching attn_decode_combine".into())?;
+    Ok(())
+}
+
+/// [`launch_attention_decode`] in one launch: the last block of each KV head to finish merges the
+/// chunks of its query heads (counters in the scratch, left zero after every launch). Needs
+/// `seq_len[0] >= 1`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_attention_decode_fused(
+    dev: &GpuDevice,
+    cfg: AttnConfig,
+    shape: KvShape,
+    q: &CudaSlice<f32>,
+    k_cache: &CudaSlice<u16>,
+    v_cache: &CudaSlice<u16>,
+    seq_len: &CudaSlice<i32>,
+    scratch: &mut AttnScratch,
+    out: &mut CudaSlice<f32>,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "attention_decode_fused";
+    shape.check(OP, &cfg)?;
+    let hd = cfg.head_dim as usize;
+    let row = shape.n_kv_heads * hd;
+    check_len(OP, "q", q, shape.n_q_heads * hd)?;
+    check_len(OP, "k_cache", k_cache, shape.max_seq * row)?;
+    check_len(OP, "v_cache", v_cache, shape.max_seq * row)?;
+    check_len(OP, "seq_len", seq_len, 1)?;
+    check_len(OP, "out", out, shape.n_q_heads * hd)?;
+    if scratch.max_chunks < cfg.max_chunks(shape.max_seq)
+        || scratch.n_q_heads < shape.n_q_heads
+        || scratch.counters.len() < shape.n_kv_heads
+    {
+        return Err(GpuError::invalid(
+            OP,
+            "scratch was sized for a smaller cache or fewer heads",
+        ));
+    }
+    if !scale.is_finite() {
+        return Err(GpuError::invalid(OP, format!("scale {scale}")));
+    }
+    let f = dev.function(&cfg.variant(), "attn_decode_fused")?;
+    let chunks = cfg.max_chunks(shape.max_seq);
+    let (nkv, chunks_i, max_i) = (
+        shape.n_kv_heads as i32,
+        scratch.max_chunks as i32,
+        shape.max_seq as i32,
+    );
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(q).arg(k_cache).arg(v_cache).arg(seq_len);
+    b.arg(&mut scratch.part_acc).arg(&mut scratch.part_ml);
+    b.arg(&nkv).arg(&chunks_i).arg(&max_i).arg(&scale);
+    b.arg(out).arg(&mut scratch.counters);
+    let launch = LaunchConfig {
+        grid_dim: (chunks as u32, shape.n_kv_heads as u32, 1),
+        block_dim: (cfg.warps * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: argument types and counts match the kernel; sizes were checked above.
+    unsafe { b.launch(launch) }.while_(|| "launching attn_decode_fused".into())?;
     Ok(())
 }
 

@@ -1,0 +1,59 @@
+//! `entrollm selftest --gpu`: every GPU kernel against its CPU reference on fresh random inputs,
+//! then the forward pass end to end (a small synthetic model and SmolLM2-135M, GPU vs CPU).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use entrollm_cuda::engine_selftest::run_engine_selftest;
+use entrollm_cuda::selftest::run_selftest;
+use entrollm_cuda::GpuDevice;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Test the GPU runtime (the only selftest there is).
+    #[arg(long)]
+    gpu: bool,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0x5EED)]
+    seed: u64,
+    /// SmolLM2-135M GGUF for the end-to-end checks (default: where scripts/fetch-smollm2 puts it).
+    #[arg(long)]
+    smollm2: Option<PathBuf>,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if !a.gpu {
+        bail!("nothing to test: pass --gpu");
+    }
+    let dev = Arc::new(GpuDevice::open(0)?);
+    let mut failed = false;
+    match run_selftest(&dev, a.seed) {
+        Ok(r) => println!("{r}"),
+        Err(e) => {
+            println!("{e}");
+            failed = true;
+        }
+    }
+    let gguf = a
+        .smollm2
+        .unwrap_or_else(entrollm_model::load::smollm2_gguf_path);
+    let gguf = gguf.is_file().then_some(gguf);
+    match run_engine_selftest(&dev, a.seed, gguf.as_deref()) {
+        Ok((r, notes)) => {
+            println!("{r}");
+            for n in notes {
+                println!("  {n}");
+            }
+        }
+        Err(e) => {
+            println!("{e}");
+            failed = true;
+        }
+    }
+    if failed {
+        bail!("GPU selftest failed");
+    }
+    println!("GPU selftest passed");
+    Ok(())
+}

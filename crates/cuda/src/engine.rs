@@ -1,0 +1,1144 @@
+//! The GPU forward pass: [`GpuModel`] (weights in device memory: BF16 matrices as [`GpuLinear`]s,
+//! f32 norm weights) and [`GpuEngine`] (BF16 KV cache, prefill, decode steps captured once into
+//! CUDA graphs, logits to the host or greedy argmax on the device).
+//!
+//! The math is the CPU engine's (`entrollm_model::engine`): RMSNorm → fused q/k/v → RoPE (both
+//! conventions, llama3 frequency scaling from `rope_inv_freq`) → GQA attention → o + residual →
+//! RMSNorm → fused gate/up → SwiGLU → down + residual, final norm, LM head. Differences, all
+//! rounding: the KV cache is BF16 (the CPU keeps f32); prefill feeds BF16 activations to the
+//! cuBLASLt GEMMs and BF16 probabilities to the tensor-core attention (decode keeps f32 activations
+//! and attention); sums run in another order.
+//!
+//! Decode: the token, its position and the KV length live in device memory, so one captured graph
+//! replays for every token: embedding → per layer 8 kernels (RMSNorm; q/k/v GEMV; RoPE + KV
+//! append; split-sequence attention partial and combine; o GEMV adding into the residual; RMSNorm;
+//! gate/up GEMV with SwiGLU in its epilogue; down GEMV adding into the residual) → LM head GEMV with
+//! the final RMSNorm fused in → argmax → a counter update that records the token and advances
+//! position and length. [`DecodeOptions`] can also fuse the layers' norms into their GEMVs and
+//! merge attention in one launch (both measured slower or even on the H200).
+//!
+//! Prefill (chunks of up to [`PREFILL_CHUNK`] tokens): embedding → per layer RMSNorm (BF16 out) →
+//! q/k/v GEMM → RoPE + KV append → causal flash attention (tensor cores) → o GEMM accumulating into
+//! the residual → RMSNorm → gate/up GEMM → SwiGLU (BF16 out) → down GEMM accumulating; then the last
+//! token's final norm and LM head as in decode.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice};
+use rayon::prelude::*;
+
+use entrollm_model::config::RopeStyle;
+use entrollm_model::engine::rope_inv_freq;
+use entrollm_model::synth::{tensors, SynthKind};
+use entrollm_model::weights::{Linear, ModelWeights};
+use entrollm_model::{DenseBf16 as CpuDenseBf16, LayerWeights, ModelConfig};
+
+use crate::device::GpuDevice;
+use crate::error::{DriverContext, GpuError, Result};
+use crate::gemm::Gemm;
+use crate::linear::GpuLinear;
+use crate::ops::argmax::{launch_argmax, ArgmaxScratch};
+use crate::ops::attention::{
+    launch_attention_decode, launch_attention_decode_fused, AttnConfig, AttnScratch, KvShape,
+};
+use crate::ops::elementwise::launch_embedding;
+use crate::ops::forward::*;
+use crate::ops::rope::RopeLayout;
+
+/// Most prompt tokens one prefill pass processes; longer prompts run in chunks (each attends to
+/// the cache written by the earlier ones). Bounds the activation workspace.
+pub const PREFILL_CHUNK: usize = 2048;
+
+/// One decoder layer on the device.
+pub struct GpuLayer {
+    pub attn_norm: CudaSlice<f32>,
+    /// q, k and v projections stacked: [q_dim + 2 kv_dim, hidden].
+    pub qkv: GpuLinear,
+    pub qkv_bias: Option<CudaSlice<f32>>,
+    pub o: GpuLinear,
+    pub mlp_norm: CudaSlice<f32>,
+    /// gate and up projections stacked row-interleaved (gate 0, up 0, gate 1, ...): [2 inter, hidden].
+    pub gate_up: GpuLinear,
+    pub down: GpuLinear,
+}
+
+/// A model's weights in device memory.
+pub struct GpuModel {
+    pub config: ModelConfig,
+    pub embed: GpuLinear,
+    /// None when tied to the embedding.
+    pub lm_head: Option<GpuLinear>,
+    pub layers: Vec<GpuLayer>,
+    pub final_norm: CudaSlice<f32>,
+}
+
+fn check_supported(c: &ModelConfig) -> Result<()> {
+    c.validate()
+        .map_err(|e| GpuError::invalid("gpu model", e.to_string()))?;
+    if c.head_dim % 64 != 0 || c.head_dim > 256 {
+        return Err(GpuError::invalid(
+            "gpu model",
+            format!(
+                "head_dim {} is not supported on the GPU (a multiple of 64 up to 256)",
+                c.head_dim
+            ),
+        ));
+    }
+    if c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0 || c.q_dim() % 8 != 0 {
+        return Err(GpuError::invalid(
+            "gpu model",
+            "hidden, intermediate and q sizes must be multiples of 8",
+        ));
+    }
+    AttnConfig::for_heads(c.head_dim, c.num_heads, c.num_kv_heads)?;
+    Ok(())
+}
+
+/// A matrix's rows as BF16 bits (lossless for BF16 matrices; other formats are rounded).
+fn host_bf16(m: &dyn Linear) -> Vec<u16> {
+    let cols = m.cols();
+    let mut out = vec![0u16; m.rows() * cols];
+    out.par_chunks_mut(cols).enumerate().for_each_init(
+        || vec![0f32; cols],
+        |buf, (r, row)| {
+            m.row(r, buf);
+            for (o, &v) in row.iter_mut().zip(buf.iter()) {
+                *o = half::bf16::from_f32(v).to_bits();
+            }
+        },
+    );
+    out
+}
+
+fn stacked(dev: &GpuDevice, parts: &[&dyn Linear]) -> Result<GpuLinear> {
+    let cols = parts[0].cols();
+    let rows: usize = parts.iter().map(|p| p.rows()).sum();
+    let mut bits = Vec::with_capacity(rows * cols);
+    for p in parts {
+        bits.extend(host_bf16(*p));
+    }
+    GpuLinear::dense_from_host(dev, rows, cols, &bits)
+}
+
+/// gate and up stacked row-interleaved (g0, u0, g1, u1, ...), so the decode GEMV computes a pair
+/// in one warp and applies SwiGLU in its epilogue, and prefill GEMM rows hold (gate, up) pairs.
+fn interleaved(dev: &GpuDevice, gate: &dyn Linear, up: &dyn Linear) -> Result<GpuLinear> {
+    let cols = gate.cols();
+    let (g, u) = (host_bf16(gate), host_bf16(up));
+    let mut bits = Vec::with_capacity(g.len() * 2);
+    for (gr, ur) in g.chunks(cols).zip(u.chunks(cols)) {
+        bits.extend_from_slice(gr);
+        bits.extend_from_slice(ur);
+    }
+    GpuLinear::dense_from_host(dev, 2 * gate.rows(), cols, &bits)
+}
+
+fn upload_f32(dev: &GpuDevice, v: &[f32]) -> Result<CudaSlice<f32>> {
+    dev.stream()
+        .clone_htod(v)
+        .while_(|| format!("uploading {} floats", v.len()))
+}
+
+/// SplitMix64 (as `model::synth`).
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The per-tensor seeds of `model::synth::fill_row` for tensor `name`: (row-stream base,
+/// outlier-column seed).
+pub fn synth_seeds(name: &str, seed: u64) -> (u64, u64) {
+    let h = name.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01B3)
+    });
+    (splitmix(seed ^ h), splitmix(seed ^ h ^ 0xC011))
+}
+
+impl GpuModel {
+    /// Uploads a model: matrices as BF16 (lossless for BF16 checkpoints, rounded otherwise), q/k/v
+    /// and gate/up stacked into one matrix each, norms and biases f32.
+    pub fn upload(dev: &GpuDevice, w: &ModelWeights) -> Result<Self> {
+        let c = &w.config;
+        check_supported(c)?;
+        let embed = stacked(dev, &[&*w.embed])?;
+        let tied = Arc::ptr_eq(&w.embed, &w.lm_head);
+        let lm_head = if tied {
+            None
+        } else {
+            Some(stacked(dev, &[&*w.lm_head])?)
+        };
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            let qkv_bias = match (&l.q_bias, &l.k_bias, &l.v_bias) {
+                (None, None, None) => None,
+                (q, k, v) => {
+                    let mut b = q.clone().unwrap_or_else(|| vec![0.0; c.q_dim()]);
+                    b.extend(k.clone().unwrap_or_else(|| vec![0.0; c.kv_dim()]));
+                    b.extend(v.clone().unwrap_or_else(|| vec![0.0; c.kv_dim()]));
+                    Some(upload_f32(dev, &b)?)
+                }
+            };
+            layers.push(GpuLayer {
+                attn_norm: upload_f32(dev, &l.attn_norm)?,
+                qkv: stacked(dev, &[&*l.q, &*l.k, &*l.v])?,
+                qkv_bias,
+                o: stacked(dev, &[&*l.o])?,
+                mlp_norm: upload_f32(dev, &l.mlp_norm)?,
+                gate_up: interleaved(dev, &*l.gate, &*l.up)?,
+                down: stacked(dev, &[&*l.down])?,
+            });
+        }
+        Ok(GpuModel {
+            config: c.clone(),
+            embed,
+            lm_head,
+            layers,
+            final_norm: upload_f32(dev, &w.final_norm)?,
+        })
+    }
+
+    /// Builds the synthetic model of `model::synth` for `config` directly in device memory (no host
+    /// copy, no disk): one generator thread per row, the CPU's random streams. Not bit-identical
+    /// to the CPU synth: `logf`/`sincosf`/`expf` of the device may differ from the host libm in
+    /// the last f32 ulp, which changes the BF16 rounding of about 1 value in 10⁵ by one BF16 ulp
+    /// (the selftest measures it).
+    pub fn synth(dev: &GpuDevice, c: &ModelConfig, seed: u64) -> Result<Self> {
+        check_supported(c)?;
+        let s = dev.stream();
+        let alloc16 = |n: usize| {
+            s.alloc_zeros::<u16>(n)
+                .while_(|| format!("allocating {n} BF16 weights"))
+        };
+        let alloc32 = |n: usize| {
+            s.alloc_zeros::<f32>(n)
+                .while_(|| format!("allocating {n} floats"))
+        };
+        let (h, q, kv, inter, vocab) = (
+            c.hidden_size,
+            c.q_dim(),
+            c.kv_dim(),
+            c.intermediate_size,
+            c.vocab_size,
+        );
+        let mut embed = alloc16(vocab * h)?;
+        let mut lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(alloc16(vocab * h)?)
+        };
+        let mut final_norm = alloc32(h)?;
+        struct Bufs {
+            attn_norm: CudaSlice<f32>,
+            qkv: CudaSlice<u16>,
+            o: CudaSlice<u16>,
+            mlp_norm: CudaSlice<f32>,
+            gate_up: CudaSlice<u16>,
+            down: CudaSlice<u16>,
+        }
+        let mut bufs = Vec::with_capacity(c.num_layers);
+        for _ in 0..c.num_layers {
+            bufs.push(Bufs {
+                attn_norm: alloc32(h)?,
+                qkv: alloc16((q + 2 * kv) * h)?,
+                o: alloc16(h * q)?,
+                mlp_norm: alloc32(h)?,
+                gate_up: alloc16(2 * inter * h)?,
+                down: alloc16(h * inter)?,
+            });
+        }
+        for t in tensors(c) {
+            let rows = t.shape[0];
+            let cols = *t.shape.last().unwrap_or(&1);
+            let (rows, cols) = if t.shape.len() == 1 {
+                (1, rows)
+            } else {
+                (rows, cols)
+            };
+            let seeds = synth_seeds(&t.name, seed);
+            let sigma = match t.kind {
+                SynthKind::Norm => None,
+                SynthKind::Matrix { sigma } => Some(sigma),
+            };
+            let name = t.name.as_str();
+            // Rows `row_off + i · stride` of `buf` (stride 2: gate/up interleaved).
+            let fill16s = |buf: &mut CudaSlice<u16>, row_off: usize, stride: usize| {
+                let mut view = buf.slice_mut(row_off * cols..);
+                launch_synth_fill(
+                    dev,
+                    SynthOut::Bf16(&mut view),
+                    rows,
+                    cols,
+                    stride * cols,
+                    seeds,
+                    sigma,
+                )
+            };
+            let fill16 = |buf: &mut CudaSlice<u16>, row_off: usize| fill16s(buf, row_off, 1);
+            let fill32 = |buf: &mut CudaSlice<f32>| {
+                let mut view = buf.slice_mut(0..cols);
+                launch_synth_fill(
+                    dev,
+                    SynthOut::F32(&mut view),
+                    rows,
+                    cols,
+                    cols,
+                    seeds,
+                    sigma,
+                )
+            };
+            if name == "model.embed_tokens.weight" {
+                fill16(&mut embed, 0)?;
+            } else if name == "lm_head.weight" {
+                if let Some(b) = lm_head.as_mut() {
+                    fill16(b, 0)?;
+                }
+            } else if name == "model.norm.weight" {
+                fill32(&mut final_norm)?;
+            } else {
+                let rest = name.strip_prefix("model.layers.").ok_or_else(|| {
+                    GpuError::invalid("synth", format!("unexpected tensor {name}"))
+                })?;
+                let (idx, suffix) = rest.split_once('.').unwrap_or((rest, ""));
+                let l: usize = idx
+                    .parse()
+                    .map_err(|_| GpuError::invalid("synth", format!("tensor {name}")))?;
+                let b = &mut bufs[l];
+                match suffix {
+                    "input_layernorm.weight" => fill32(&mut b.attn_norm)?,
+                    "post_attention_layernorm.weight" => fill32(&mut b.mlp_norm)?,
+                    "self_attn.q_proj.weight" => fill16(&mut b.qkv, 0)?,
+                    "self_attn.k_proj.weight" => fill16(&mut b.qkv, q)?,
+                    "self_attn.v_proj.weight" => fill16(&mut b.qkv, q + kv)?,
+                    "self_attn.o_proj.weight" => fill16(&mut b.o, 0)?,
+                    "mlp.gate_proj.weight" => fill16s(&mut b.gate_up, 0, 2)?,
+                    "mlp.up_proj.weight" => fill16s(&mut b.gate_up, 1, 2)?,
+                    "mlp.down_proj.weight" => fill16(&mut b.down, 0)?,
+                    _ => {
+                        return Err(GpuError::invalid(
+                            "synth",
+                            format!("unexpected tensor {name}"),
+                        ))
+                    }
+                }
+            }
+        }
+        dev.synchronize()?;
+        let layers = bufs
+            .into_iter()
+            .map(|b| GpuLayer {
+                attn_norm: b.attn_norm,
+                qkv: GpuLinear::dense(b.qkv, q + 2 * kv, h),
+                qkv_bias: None,
+                o: GpuLinear::dense(b.o, h, q),
+                mlp_norm: b.mlp_norm,
+                gate_up: GpuLinear::dense(b.gate_up, 2 * inter, h),
+                down: GpuLinear::dense(b.down, h, inter),
+            })
+            .collect();
+        Ok(GpuModel {
+            config: c.clone(),
+            embed: GpuLinear::dense(embed, vocab, h),
+            lm_head: lm_head.map(|w| GpuLinear::dense(w, vocab, h)),
+            layers,
+            final_norm,
+        })
+    }
+
+    pub fn lm_head(&self) -> &GpuLinear {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Device bytes of all weights (the embedding counted once when tied).
+    pub fn weight_bytes(&self) -> usize {
+        let norms = (2 * self.layers.len() + 1) * self.config.hidden_size * 4;
+        let biases: usize = self
+            .layers
+            .iter()
+            .filter_map(|l| l.qkv_bias.as_ref().map(|b| b.len() * 4))
+            .sum();
+        self.embed.stored_bytes()
+            + self.lm_head.as_ref().map_or(0, |l| l.stored_bytes())
+            + self.layer_matrix_bytes()
+            + norms
+            + biases
+    }
+
+    fn layer_matrix_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| {
+                l.qkv.stored_bytes()
+                    + l.o.stored_bytes()
+                    + l.gate_up.stored_bytes()
+                    + l.down.stored_bytes()
+            })
+            .sum()
+    }
+
+    /// Weight bytes a decode step reads: every layer matrix, the LM head and the norms (the
+    /// embedding contributes one row).
+    pub fn bytes_per_token(&self) -> usize {
+        let h = self.config.hidden_size;
+        self.layer_matrix_bytes()
+            + self.lm_head().stored_bytes()
+            + (2 * self.layers.len() + 1) * h * 4
+            + h * 2
+    }
+}
+
+/// The model with every matrix rounded to BF16 exactly as [`GpuModel::upload`] rounds it (norms
+/// and biases kept f32, as on the GPU): the CPU reference for GPU-vs-CPU comparisons.
+pub fn bf16_rounded(w: &ModelWeights) -> Result<ModelWeights> {
+    let conv = |name: &str, m: &Arc<dyn Linear>| -> Result<Arc<dyn Linear>> {
+        let d = CpuDenseBf16::new(name, m.rows(), m.cols(), host_bf16(&**m))
+            .map_err(|e| GpuError::invalid("bf16_rounded", e.to_string()))?;
+        Ok(Arc::new(d))
+    };
+    let embed = conv("embed", &w.embed)?;
+    let lm_head = if Arc::ptr_eq(&w.embed, &w.lm_head) {
+        Arc::clone(&embed)
+    } else {
+        conv("lm_head", &w.lm_head)?
+    };
+    let mut layers = Vec::new();
+    for l in &w.layers {
+        layers.push(LayerWeights {
+            attn_norm: l.attn_norm.clone(),
+            q: conv("q", &l.q)?,
+            k: conv("k", &l.k)?,
+            v: conv("v", &l.v)?,
+            o: conv("o", &l.o)?,
+            q_bias: l.q_bias.clone(),
+            k_bias: l.k_bias.clone(),
+            v_bias: l.v_bias.clone(),
+            mlp_norm: l.mlp_norm.clone(),
+            gate: conv("gate", &l.gate)?,
+            up: conv("up", &l.up)?,
+            down: conv("down", &l.down)?,
+        });
+    }
+    Ok(ModelWeights {
+        config: w.config.clone(),
+        embed,
+        layers,
+        final_norm: w.final_norm.clone(),
+        lm_head,
+    })
+}
+
+/// Device memory the engine holds, by purpose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUse {
+    pub weights: usize,
+    pub kv_cache: usize,
+    /// Activations, attention and argmax scratch, prefill buffers, cuBLASLt workspace.
+    pub workspace: usize,
+}
+
+/// How the decode step is put together. The default is the fastest measured on the H200
+/// (bench/RESULTS.md, 2026-11-29: 226.6 tok/s with both split against 209.2 with both fused on the
+/// 8B shape: the RMSNorm fused into the GEMVs costs more than the launch it saves; the one-launch
+/// attention is even with partial + combine). The fused forms stay selectable for comparison runs:
+/// environment `ENTROLLM_DECODE_ATTN=fused`, `ENTROLLM_DECODE_NORM=fused`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Attention in one launch (last block merges) instead of partial + combine.
+    pub fused_attention: bool,
+    /// RMSNorm inside the following GEMV instead of its own kernel.
+    pub fused_norm: bool,
+}
+
+impl DecodeOptions {
+    pub fn from_env() -> Self {
+        let fused = |var: &str| std::env::var(var).is_ok_and(|v| v == "fused");
+        DecodeOptions {
+            fused_attention: fused("ENTROLLM_DECODE_ATTN"),
+            fused_norm: fused("ENTROLLM_DECODE_NORM"),
+        }
+    }
+}
+
+impl std::fmt::Display for DecodeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let w = |b: bool| if b { "fused" } else { "split" };
+        write!(
+            f,
+            "attention {}, rmsnorm {}",
+            w(self.fused_attention),
+            w(self.fused_norm)
+        )
+    }
+}
+
+/// Buffers of one decode step (batch 1).
+struct DecodeBufs {
+    x: CudaSlice<f32>,
+    /// Normed activations (only with a separate RMSNorm kernel).
+    h: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    attn: CudaSlice<f32>,
+    act: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+    tok: CudaSlice<i32>,
+    pos: CudaSlice<i32>,
+    len: CudaSlice<i32>,
+    history: CudaSlice<i32>,
+    argmax: ArgmaxScratch,
+    attn_scratch: AttnScratch,
+}
+
+/// Buffers of one prefill chunk of up to `cap` tokens.
+struct PrefillBufs {
+    cap: usize,
+    tokens: CudaSlice<i32>,
+    x: CudaSlice<f32>,
+    hb: CudaSlice<u16>,
+    qkv: CudaSlice<f32>,
+    qb: CudaSlice<u16>,
+    attn: CudaSlice<u16>,
+    gate_up: CudaSlice<f32>,
+    act: CudaSlice<u16>,
+}
+
+impl PrefillBufs {
+    fn bytes(&self) -> usize {
+        self.tokens.len() * 4
+            + (self.x.len() + self.qkv.len() + self.gate_up.len()) * 4
+            + (self.hb.len() + self.qb.len() + self.attn.len() + self.act.len()) * 2
+    }
+}
+
+struct Kv {
+    k: Vec<CudaSlice<u16>>,
+    v: Vec<CudaSlice<u16>>,
+}
+
+/// Runs a [`GpuModel`] on one sequence.
+pub struct GpuEngine {
+    dev: Arc<GpuDevice>,
+    model: GpuModel,
+    gemm: Gemm,
+    max_seq: usize,
+    /// RoPE (cos, sin) of every position, [max_seq, head_dim / 2, 2].
+    cos_sin: CudaSlice<f32>,
+    attn_cfg: AttnConfig,
+    kv: Kv,
+    d: DecodeBufs,
+    prefill: PrefillBufs,
+    /// Captured decode steps: [greedy (argmax on device), logits only].
+    graphs: [Option<CudaGraph>; 2],
+    opts: DecodeOptions,
+    /// Tokens in the cache (the position of the next token).
+    pos: usize,
+}
+
+impl GpuEngine {
+    /// An engine for sequences of up to `max_seq` tokens: allocates the BF16 KV cache and all
+    /// buffers, then captures the decode step into two CUDA graphs (greedy and logits).
+    pub fn new(dev: Arc<GpuDevice>, model: GpuModel, max_seq: usize) -> Result<Self> {
+        let c = model.config.clone();
+        check_supported(&c)?;
+        if max_seq == 0 || max_seq > c.max_position_embeddings {
+            return Err(GpuError::invalid(
+                "gpu engine",
+                format!(
+                    "max_seq {max_seq} is out of range (1..={})",
+                    c.max_position_embeddings
+                ),
+            ));
+        }
+        let s = Arc::clone(dev.stream());
+        let a32 = |n: usize| {
+            s.alloc_zeros::<f32>(n.max(1))
+                .while_(|| "allocating engine buffers".into())
+        };
+        let a16 = |n: usize| {
+            s.alloc_zeros::<u16>(n.max(1))
+                .while_(|| "allocating engine buffers".into())
+        };
+        let ai = |n: usize| {
+            s.alloc_zeros::<i32>(n.max(1))
+                .while_(|| "allocating engine buffers".into())
+        };
+        let (h, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let width = qd + 2 * kvd;
+        let mut attn_cfg = decode_attn_config(c.head_dim, c.num_heads, c.num_kv_heads)?;
+        // Comparison runs: ENTROLLM_DECODE_CHUNK=<positions>x<warps>, e.g. 32x4.
+        if let Ok(v) = std::env::var("ENTROLLM_DECODE_CHUNK") {
+            let parsed = v
+                .split_once('x')
+                .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+            match parsed {
+                Some((chunk, warps)) => {
+                    attn_cfg.chunk = chunk;
+                    attn_cfg.warps = warps;
+                    attn_cfg.validate()?;
+                }
+                None => {
+                    return Err(GpuError::invalid(
+                        "gpu engine",
+                        format!("ENTROLLM_DECODE_CHUNK={v}: expected <positions>x<warps>"),
+                    ))
+                }
+            }
+        }
+        let mut kv = Kv {
+            k: Vec::new(),
+            v: Vec::new(),
+        };
+        for _ in 0..c.num_layers {
+            kv.k.push(a16(max_seq * kvd)?);
+            kv.v.push(a16(max_seq * kvd)?);
+        }
+        let d = DecodeBufs {
+            x: a32(h)?,
+            h: a32(h)?,
+            qkv: a32(width)?,
+            q: a32(qd)?,
+            attn: a32(qd)?,
+            act: a32(inter)?,
+            logits: a32(c.vocab_size)?,
+            tok: ai(1)?,
+            pos: ai(1)?,
+            len: ai(1)?,
+            history: ai(max_seq + 1)?,
+            argmax: ArgmaxScratch::new(&dev, 1024)?,
+            attn_scratch: AttnScratch::new(&dev, attn_cfg, c.num_heads, max_seq)?,
+        };
+        let cap = PREFILL_CHUNK.min(max_seq);
+        let prefill = PrefillBufs {
+            cap,
+            tokens: ai(cap)?,
+            x: a32(cap * h)?,
+            hb: a16(cap * h)?,
+            qkv: a32(cap * width)?,
+            qb: a16(cap * qd)?,
+            attn: a16(cap * qd)?,
+            gate_up: a32(cap * 2 * inter)?,
+            act: a16(cap * inter)?,
+        };
+        let cos_sin = s
+            .clone_htod(&rope_table(&rope_inv_freq(&c), max_seq))
+            .while_(|| "uploading the RoPE table".into())?;
+        let gemm = Gemm::new(&dev)?;
+        let mut e = GpuEngine {
+            dev,
+            model,
+            gemm,
+            max_seq,
+            cos_sin,
+            attn_cfg,
+            kv,
+            d,
+            prefill,
+            graphs: [None, None],
+            opts: DecodeOptions::from_env(),
+            pos: 0,
+        };
+        e.capture_graphs()?;
+        Ok(e)
+    }
+
+    pub fn device(&self) -> &Arc<GpuDevice> {
+        &self.dev
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    pub fn model(&self) -> &GpuModel {
+        &self.model
+    }
+
+    /// How the captured decode step is put together.
+    pub fn decode_options(&self) -> DecodeOptions {
+        self.opts
+    }
+
+    /// The decode step's layout in words (options and attention chunking).
+    pub fn decode_layout(&self) -> String {
+        format!(
+            "{}, attention chunks of {} positions over {} warps",
+            self.opts, self.attn_cfg.chunk, self.attn_cfg.warps
+        )
+    }
+
+    /// Tokens in the KV cache (the position the next token gets).
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq
+    }
+
+    /// Forgets the sequence (the cache is overwritten by the next one).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    pub fn memory(&self) -> MemoryUse {
+        let c = &self.model.config;
+        let kv_cache = 2 * c.num_layers * self.max_seq * c.kv_dim() * 2;
+        let d = &self.d;
+        let decode = (d.x.len()
+            + d.h.len()
+            + d.qkv.len()
+            + d.q.len()
+            + d.attn.len()
+            + d.act.len()
+            + d.logits.len())
+            * 4
+            + (d.history.len() + 3) * 4
+            + (1024 * 8)
+            + c.num_heads
+                * self.max_seq.div_ceil(self.attn_cfg.chunk as usize)
+                * (c.head_dim + 2)
+                * 4;
+        MemoryUse {
+            weights: self.model.weight_bytes(),
+            kv_cache,
+            workspace: decode
+                + self.prefill.bytes()
+                + self.gemm.workspace_bytes()
+                + self.cos_sin.len() * 4,
+        }
+    }
+
+    fn qkv_shape(&self) -> QkvShape {
+        let c = &self.model.config;
+        QkvShape {
+            n_q_heads: c.num_heads,
+            n_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            layout: match c.rope_style {
+                RopeStyle::Neox => RopeLayout::Neox,
+                RopeStyle::Interleaved => RopeLayout::Interleaved,
+            },
+        }
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.model.config.head_dim as f32).sqrt()
+    }
+
+    /// Enqueues one decode step (the token in `tok`, at position `pos`, cache length `len`).
+    fn decode_body(&mut self, greedy: bool) -> Result<()> {
+        let dev = &*self.dev;
+        let c = &self.model.config;
+        let (h, vocab) = (c.hidden_size, c.vocab_size);
+        let shape = self.qkv_shape();
+        let scale = self.scale();
+        let kv_shape = KvShape {
+            n_q_heads: c.num_heads,
+            n_kv_heads: c.num_kv_heads,
+            max_seq: self.max_seq,
+        };
+        let d = &mut self.d;
+        let table = self
+            .model
+            .embed
+            .dense_weights()
+            .ok_or_else(|| GpuError::invalid("decode", "the embedding must be dense BF16"))?;
+        launch_embedding(dev, table, &d.tok, &mut d.x, 1, vocab, h)?;
+        let eps = c.rms_norm_eps;
+        let plain = GemvFusion::default();
+        let residual = GemvFusion {
+            accumulate: true,
+            swiglu: false,
+        };
+        let swiglu = GemvFusion {
+            accumulate: false,
+            swiglu: true,
+        };
+        let opts = self.opts;
+        for (l, layer) in self.model.layers.iter().enumerate() {
+            // RMSNorm runs inside the q/k/v GEMV (or as its own kernel).
+            if opts.fused_norm {
+                layer.qkv.matvec_fused(
+                    dev,
+                    &d.x,
+                    Some((&layer.attn_norm, eps)),
+                    plain,
+                    &mut d.qkv,
+                )?;
+            } else {
+                launch_rmsnorm_f32w(
+                    dev,
+                    &d.x,
+                    &layer.attn_norm,
+                    NormOut::F32(&mut d.h),
+                    1,
+                    h,
+                    eps,
+                )?;
+                layer.qkv.matvec_fused(dev, &d.h, None, plain, &mut d.qkv)?;
+            }
+            launch_rope_append(
+                dev,
+                shape,
+                &d.qkv,
+                layer.qkv_bias.as_ref(),
+                QOut::F32(&mut d.q),
+                &mut self.kv.k[l],
+                &mut self.kv.v[l],
+                &d.pos,
+                &self.cos_sin,
+                1,
+                self.max_seq,
+            )?;
+            let attend = if opts.fused_attention {
+                launch_attention_decode_fused
+            } else {
+                launch_attention_decode
+            };
+            attend(
+                dev,
+                self.attn_cfg,
+                kv_shape,
+                &d.q,
+                &self.kv.k[l],
+                &self.kv.v[l],
+                &d.len,
+                &mut d.attn_scratch,
+                &mut d.attn,
+                scale,
+            )?;
+            layer
+                .o
+                .matvec_fused(dev, &d.attn, None, residual, &mut d.x)?;
+            // RMSNorm and SwiGLU inside the gate/up GEMV.
+            if opts.fused_norm {
+                layer.gate_up.matvec_fused(
+                    dev,
+                    &d.x,
+                    Some((&layer.mlp_norm, eps)),
+                    swiglu,
+                    &mut d.act,
+                )?;
+            } else {
+                launch_rmsnorm_f32w(
+                    dev,
+                    &d.x,
+                    &layer.mlp_norm,
+                    NormOut::F32(&mut d.h),
+                    1,
+                    h,
+                    eps,
+                )?;
+                layer
+                    .gate_up
+                    .matvec_fused(dev, &d.h, None, swiglu, &mut d.act)?;
+            }
+            layer
+                .down
+                .matvec_fused(dev, &d.act, None, residual, &mut d.x)?;
+        }
+        self.model.lm_head().matvec_fused(
+            dev,
+            &d.x,
+            Some((&self.model.final_norm, eps)),
+            plain,
+            &mut d.logits,
+        )?;
+        if greedy {
+            launch_argmax(dev, &d.logits, vocab, &mut d.argmax, &mut d.tok)?;
+        }
+        launch_finish_step(dev, &d.tok, &mut d.history, greedy, &mut d.pos, &mut d.len)
+    }
+
+    fn set_counters(&mut self, pos: usize) -> Result<()> {
+        let s = self.dev.stream();
+        s.memcpy_htod(&[pos as i32], &mut self.d.pos)
+            .while_(|| "uploading the position".into())?;
+        s.memcpy_htod(&[pos as i32 + 1], &mut self.d.len)
+            .while_(|| "uploading the cache length".into())
+    }
+
+    fn capture_graphs(&mut self) -> Result<()> {
+        // One eager step loads every kernel module (no module loads inside a capture); it writes
+        // cache row 0, which any sequence overwrites first.
+        self.set_counters(0)?;
+        self.dev
+            .stream()
+            .memcpy_htod(&[0i32], &mut self.d.tok)
+            .while_(|| "uploading a token".into())?;
+        self.decode_body(true)?;
+        self.dev.synchronize()?;
+        for (i, greedy) in [true, false].into_iter().enumerate() {
+            let stream = Arc::clone(self.dev.stream());
+            stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .while_(|| "beginning the decode-step capture".into())?;
+            let body = self.decode_body(greedy);
+            let graph = stream
+                .end_capture(CUgraphInstantiate_flags(0))
+                .while_(|| "ending the decode-step capture".into())?;
+            body?;
+            let graph =
+                graph.ok_or_else(|| GpuError::invalid("decode", "the captured graph is empty"))?;
+            graph
+                .upload()
+                .while_(|| "uploading the decode graph".into())?;
+            self.graphs[i] = Some(graph);
+        }
+        self.set_counters(0)
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let vocab = self.model.config.vocab_size;
+        if tokens.is_empty() {
+            return Err(GpuError::invalid("gpu engine", "no tokens"));
+        }
+        if self.pos + tokens.len() > self.max_seq {
+            return Err(GpuError::invalid(
+                "gpu engine",
+                format!(
+                    "context full: {} tokens in the cache + {} new exceed max_seq {}",
+                    self.pos,
+                    tokens.len(),
+                    self.max_seq
+                ),
+            ));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(GpuError::invalid(
+                "gpu engine",
+                format!("token id {bad} is outside the vocabulary ({vocab})"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` through the model in chunks (cuBLASLt GEMMs, flash-attention prefill) and
+    /// leaves the logits after the last one in the decode logits buffer.
+    fn prefill_inner(&mut self, tokens: &[u32]) -> Result<()> {
+        self.check_tokens(tokens)?;
+        let dev = Arc::clone(&self.dev);
+        let dev = &*dev;
+        let c = self.model.config.clone();
+        let (h, inter, vocab) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+        let shape = self.qkv_shape();
+        let scale = self.scale();
+        let eps = c.rms_norm_eps;
+        let mut last_n = 0;
+        for chunk in tokens.chunks(self.prefill.cap) {
+            let n = chunk.len();
+            let start = self.pos;
+            let ids: Vec<i32> = chunk.iter().map(|&t| t as i32).collect();
+            let p = &mut self.prefill;
+            dev.stream()
+                .memcpy_htod(&ids, &mut p.tokens.slice_mut(0..n))
+                .while_(|| "uploading prompt tokens".into())?;
+            dev.stream()
+                .memcpy_htod(&[start as i32], &mut self.d.pos)
+                .while_(|| "uploading the position".into())?;
+            let table =
+                self.model.embed.dense_weights().ok_or_else(|| {
+                    GpuError::invalid("prefill", "the embedding must be dense BF16")
+                })?;
+            launch_embedding(dev, table, &p.tokens, &mut p.x, n, vocab, h)?;
+            for (l, layer) in self.model.layers.iter().enumerate() {
+                launch_rmsnorm_f32w(
+                    dev,
+                    &p.x,
+                    &layer.attn_norm,
+                    NormOut::Bf16(&mut p.hb),
+                    n,
+                    h,
+                    eps,
+                )?;
+                layer.qkv.matmul(&self.gemm, &p.hb, &mut p.qkv, n, false)?;
+                launch_rope_append(
+                    dev,
+                    shape,
+                    &p.qkv,
+                    layer.qkv_bias.as_ref(),
+                    QOut::Bf16(&mut p.qb),
+                    &mut self.kv.k[l],
+                    &mut self.kv.v[l],
+                    &self.d.pos,
+                    &self.cos_sin,
+                    n,
+                    self.max_seq,
+                )?;
+                launch_flash_prefill(
+                    dev,
+                    PrefillShape {
+                        n_tokens: n,
+                        start,
+                        n_q_heads: c.num_heads,
+                        n_kv_heads: c.num_kv_heads,
+                        head_dim: c.head_dim,
+                        max_seq: self.max_seq,
+                    },
+                    &p.qb,
+                    &self.kv.k[l],
+                    &self.kv.v[l],
+                    &mut p.attn,
+                    scale,
+                )?;
+                layer.o.matmul(&self.gemm, &p.attn, &mut p.x, n, true)?;
+                launch_rmsnorm_f32w(
+                    dev,
+                    &p.x,
+                    &layer.mlp_norm,
+                    NormOut::Bf16(&mut p.hb),
+                    n,
+                    h,
+                    eps,
+                )?;
+                layer
+                    .gate_up
+                    .matmul(&self.gemm, &p.hb, &mut p.gate_up, n, false)?;
+                launch_swiglu_bf16(dev, &p.gate_up, &mut p.act, n, inter)?;
+                layer.down.matmul(&self.gemm, &p.act, &mut p.x, n, true)?;
+            }
+            self.pos += n;
+            last_n = n;
+        }
+        // Logits after the last token: its hidden state through the final norm and LM head.
+        let p = &self.prefill;
+        dev.stream()
+            .memcpy_dtod(&p.x.slice((last_n - 1) * h..last_n * h), &mut self.d.x)
+            .while_(|| "copying the last hidden state".into())?;
+        self.model.lm_head().matvec_fused(
+            dev,
+            &self.d.x,
+            Some((&self.model.final_norm, eps)),
+            GemvFusion::default(),
+            &mut self.d.logits,
+        )?;
+        self.set_counters(self.pos)
+    }
+
+    fn download_logits(&self) -> Result<Vec<f32>> {
+        self.dev
+            .stream()
+            .clone_dtoh(&self.d.logits)
+            .while_(|| "downloading logits".into())
+    }
+
+    /// Appends `tokens` (processed as a batch) and returns the logits after the last one.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.prefill_inner(tokens)?;
+        self.download_logits()
+    }
+
+    /// Appends `tokens` and returns the greedy next token (argmax on the device).
+    pub fn prefill_greedy(&mut self, tokens: &[u32]) -> Result<u32> {
+        self.prefill_inner(tokens)?;
+        launch_argmax(
+            &self.dev,
+            &self.d.logits,
+            self.model.config.vocab_size,
+            &mut self.d.argmax,
+            &mut self.d.tok,
+        )?;
+        self.read_tok()
+    }
+
+    fn read_tok(&self) -> Result<u32> {
+        let t = self
+            .dev
+            .stream()
+            .clone_dtoh(&self.d.tok)
+            .while_(|| "downloading the token".into())?[0];
+        u32::try_from(t).map_err(|_| GpuError::invalid("argmax", "every logit was NaN"))
+    }
+
+    fn replay(&mut self, token: Option<u32>, greedy: bool) -> Result<()> {
+        if let Some(t) = token {
+            self.check_tokens(&[t])?;
+            self.dev
+                .stream()
+                .memcpy_htod(&[t as i32], &mut self.d.tok)
+                .while_(|| "uploading the token".into())?;
+        } else if self.pos >= self.max_seq {
+            return Err(GpuError::invalid("gpu engine", "context full"));
+        }
+        let g = self.graphs[usize::from(!greedy)]
+            .as_ref()
+            .ok_or_else(|| GpuError::invalid("decode", "no captured graph"))?;
+        g.launch().while_(|| "replaying the decode step".into())?;
+        self.pos += 1;
+        Ok(())
+    }
+
+    /// Appends one token and returns the logits after it (one graph replay).
+    pub fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        self.replay(Some(token), false)?;
+        self.download_logits()
+    }
+
+    /// Appends one token and returns the greedy next token (argmax on the device).
+    pub fn step_greedy(&mut self, token: u32) -> Result<u32> {
+        self.replay(Some(token), true)?;
+        self.read_tok()
+    }
+
+    /// Greedy generation of `n_new` tokens after `prompt` with no host round trip between steps:
+    /// prefill + device argmax, then `n_new − 1` graph replays each feeding the previous argmax;
+    /// the tokens are read back once at the end. EOS is not checked (the benchmark protocol).
+    pub fn generate_greedy(&mut self, prompt: &[u32], n_new: usize) -> Result<Vec<u32>> {
+        if n_new == 0 {
+            return Ok(Vec::new());
+        }
+        if self.pos + prompt.len() + n_new - 1 > self.max_seq {
+            return Err(GpuError::invalid(
+                "gpu engine",
+                format!(
+                    "{} + {} prompt + {} new tokens exceed max_seq {}",
+                    self.pos,
+                    prompt.len(),
+                    n_new,
+                    self.max_seq
+                ),
+            ));
+        }
+        self.prefill_inner(prompt)?;
+        let first = self.pos;
+        launch_argmax(
+            &self.dev,
+            &self.d.logits,
+            self.model.config.vocab_size,
+            &mut self.d.argmax,
+            &mut self.d.tok,
+        )?;
+        self.dev
+            .stream()
+            .memcpy_dtod(&self.d.tok, &mut self.d.history.slice_mut(first..first + 1))
+            .while_(|| "recording the first token".into())?;
+        for _ in 1..n_new {
+            self.replay(None, true)?;
+        }
+        let hist = self
+            .dev
+            .stream()
+            .clone_dtoh(&self.d.history.slice(first..first + n_new))
+            .while_(|| "downloading generated tokens".into())?;
+        hist.into_iter()
+            .map(|t| {
+                u32::try_from(t).map_err(|_| GpuError::invalid("argmax", "every logit was NaN"))
+            })
+            .collect()
+    }
+
+    /// Appends `tokens` one at a time and returns the logits after each (for perplexity).
+    pub fn logits_for_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(tokens.len());
+        for (i, &t) in tokens.iter().enumerate() {
+            out.push(if i == 0 && self.pos == 0 {
+                self.prefill(&[t])?
+            } else {
+                self.step(t)?
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,943 @@
+//! Selftest of the GPU forward pass (part of `entrollm selftest --gpu`, after
+//! [`crate::selftest::run_selftest`]): the forward-pass kernels against their CPU references on
+//! fresh random inputs over many (also ragged) shapes, the device synth against `model::synth`,
+//! then whole models: a small synthetic model with q/k/v biases and interleaved RoPE (prefill over
+//! two chunks, decode steps) and SmolLM2-135M, GPU vs the CPU engine on the same BF16-rounded
+//! weights (logits and greedy tokens).
+//!
+//! Tolerances (relative L2 unless said): f32 kernels 1e-5 (GEMV and its fused RMSNorm / residual /
+//! SwiGLU forms, RMSNorm, RoPE); kernels with a
+//! BF16 output against the reference rounded to BF16 1e-4 (a rounding flip of a few elements);
+//! cuBLASLt GEMM 1e-4; flash prefill 1e-2 (BF16 probabilities and output); device synth: at most
+//! 1e-4 of the values differ, by at most one BF16 ulp. Whole models: logits 3e-2 for the
+//! synthetic model, 5e-2 for SmolLM2 (BF16 KV cache and BF16 prefill activations, against an f32
+//! CPU engine, through 30 layers); greedy tokens must match, a divergence passes only as a
+//! near-tie: where the CPU's top-two logits are within 0.5 of each other (documented per prompt).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+
+use entrollm_model::config::{Arch, RopeStyle};
+use entrollm_model::synth::{fill_row, fill_tensor_16, tensors, SynthDtype, SynthKind, SynthShape};
+use entrollm_model::weights::{Linear, ModelWeights};
+use entrollm_model::{DenseBf16 as CpuDenseBf16, Engine, LayerWeights, ModelConfig};
+
+use crate::device::GpuDevice;
+use crate::engine::{bf16_rounded, synth_seeds, GpuEngine, GpuModel};
+use crate::error::{GpuError, Result};
+use crate::gemm::{gemm_ref, Gemm};
+use crate::ops::attention::{
+    attention_ref, launch_attention_decode, launch_attention_decode_fused, AttnScratch, KvShape,
+};
+use crate::ops::forward::*;
+use crate::ops::gemv::{gemv_ref, GemvConfig};
+use crate::ops::rope::RopeLayout;
+use crate::ops::{bf16_to_f32, f32_to_bf16};
+use crate::selftest::{download, rel_l2, upload, CaseResult, Rng, SelftestReport};
+
+struct Checker<'a> {
+    dev: &'a GpuDevice,
+    rng: Rng,
+    cases: Vec<CaseResult>,
+}
+
+fn round_bf16(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| bf16_to_f32(f32_to_bf16(x))).collect()
+}
+
+fn widen(v: &[u16]) -> Vec<f32> {
+    v.iter().map(|&b| bf16_to_f32(b)).collect()
+}
+
+fn poisoned16(dev: &GpuDevice, n: usize) -> Result<CudaSlice<u16>> {
+    upload(dev, &vec![0x7fc0u16; n.max(1)])
+}
+
+fn poisoned32(dev: &GpuDevice, n: usize) -> Result<CudaSlice<f32>> {
+    upload(dev, &vec![f32::NAN; n.max(1)])
+}
+
+impl Checker<'_> {
+    fn record(&mut self, kernel: &str, shape: String, got: &[f32], want: &[f32], tolerance: f64) {
+        self.cases.push(CaseResult {
+            kernel: kernel.to_string(),
+            shape,
+            rel_l2: rel_l2(got, want),
+            tolerance,
+        });
+    }
+
+    fn rmsnorm(&mut self, rows: usize, dim: usize) -> Result<()> {
+        let x = self.rng.normals(rows * dim, 2.0);
+        let w: Vec<f32> = (0..dim).map(|_| 1.0 + 0.1 * self.rng.normal()).collect();
+        let (x_d, w_d) = (upload(self.dev, &x)?, upload(self.dev, &w)?);
+        let want = rmsnorm_f32w_ref(&x, &w, 1e-5);
+        let mut o32 = poisoned32(self.dev, rows * dim)?;
+        launch_rmsnorm_f32w(
+            self.dev,
+            &x_d,
+            &w_d,
+            NormOut::F32(&mut o32),
+            rows,
+            dim,
+            1e-5,
+        )?;
+        let got = download(self.dev, &o32)?;
+        self.record(
+            "rmsnorm_f32w",
+            format!("{rows} x {dim}"),
+            &got[..want.len()],
+            &want,
+            1e-5,
+        );
+        let mut o16 = poisoned16(self.dev, rows * dim)?;
+        launch_rmsnorm_f32w(
+            self.dev,
+            &x_d,
+            &w_d,
+            NormOut::Bf16(&mut o16),
+            rows,
+            dim,
+            1e-5,
+        )?;
+        let got = widen(&download(self.dev, &o16)?);
+        self.record(
+            "rmsnorm_f32w_bf16out",
+            format!("{rows} x {dim}"),
+            &got[..want.len()],
+            &round_bf16(&want),
+            1e-4,
+        );
+        Ok(())
+    }
+
+    fn swiglu(&mut self, n: usize, inter: usize) -> Result<()> {
+        let gu = self.rng.normals(2 * n * inter, 2.0);
+        let gu_d = upload(self.dev, &gu)?;
+        let mut out = poisoned16(self.dev, n * inter)?;
+        launch_swiglu_bf16(self.dev, &gu_d, &mut out, n, inter)?;
+        let got = widen(&download(self.dev, &out)?);
+        let want = round_bf16(&swiglu_interleaved_ref(&gu));
+        self.record(
+            "swiglu_bf16out",
+            format!("{n} x {inter}"),
+            &got[..want.len()],
+            &want,
+            1e-4,
+        );
+        Ok(())
+    }
+
+    fn gemv_accum(&mut self, cfg: GemvConfig, n: usize, k: usize) -> Result<()> {
+        let w = self.rng.bf16s(n * k, 0.02);
+        let x = self.rng.normals(k, 1.0);
+        let y0 = self.rng.normals(n, 1.0);
+        let (w_d, x_d) = (upload(self.dev, &w)?, upload(self.dev, &x)?);
+        let mut y = upload(self.dev, &y0)?;
+        launch_gemv_accum(self.dev, cfg, &w_d, &x_d, &mut y, n, k)?;
+        let got = download(self.dev, &y)?;
+        let want: Vec<f32> = gemv_ref(&w, &x, n, k)
+            .iter()
+            .zip(&y0)
+            .map(|(a, b)| a + b)
+            .collect();
+        self.record("gemv_accum", format!("{cfg} [{n}, {k}]"), &got, &want, 1e-5);
+        Ok(())
+    }
+
+    /// The decode step's fused GEMVs: RMSNorm in (optional), plain / accumulate / SwiGLU out.
+    fn gemv_fused(
+        &mut self,
+        cfg: GemvConfig,
+        n: usize,
+        k: usize,
+        norm: bool,
+        fusion: GemvFusion,
+    ) -> Result<()> {
+        let w = self.rng.bf16s(n * k, 0.02);
+        let x = self.rng.normals(k, 3.0);
+        let g: Vec<f32> = (0..k).map(|_| 1.0 + 0.1 * self.rng.normal()).collect();
+        let out_n = if fusion.swiglu { n / 2 } else { n };
+        let y0 = if fusion.accumulate {
+            self.rng.normals(out_n, 1.0)
+        } else {
+            vec![f32::NAN; out_n]
+        };
+        let (w_d, x_d, g_d) = (
+            upload(self.dev, &w)?,
+            upload(self.dev, &x)?,
+            upload(self.dev, &g)?,
+        );
+        let mut y = upload(self.dev, &y0)?;
+        let eps = 1e-5;
+        launch_gemv_fused(
+            self.dev,
+            cfg,
+            fusion,
+            &w_d,
+            &x_d,
+            norm.then_some((&g_d, eps)),
+            &mut y,
+            n,
+            k,
+        )?;
+        let got = download(self.dev, &y)?;
+        let xin = if norm {
+            rmsnorm_f32w_ref(&x, &g, eps)
+        } else {
+            x
+        };
+        let mut want = gemv_ref(&w, &xin, n, k);
+        if fusion.swiglu {
+            want = swiglu_interleaved_ref(&want);
+        }
+        if fusion.accumulate {
+            want.iter_mut().zip(&y0).for_each(|(a, b)| *a += b);
+        }
+        self.record(
+            "gemv_fused",
+            format!("{cfg} [{n}, {k}] norm {norm} {fusion:?}"),
+            &got,
+            &want,
+            1e-5,
+        );
+        Ok(())
+    }
+
+    fn gemm(&mut self, gemm: &Gemm, m: usize, n: usize, k: usize, acc: bool) -> Result<()> {
+        let w = self.rng.bf16s(n * k, 0.05);
+        let x = self.rng.bf16s(m * k, 1.0);
+        let y0 = if acc {
+            self.rng.normals(m * n, 1.0)
+        } else {
+            vec![f32::NAN; m * n]
+        };
+        let (w_d, x_d) = (upload(self.dev, &w)?, upload(self.dev, &x)?);
+        let mut y = upload(self.dev, &y0)?;
+        gemm.matmul(&w_d, &x_d, &mut y, m, n, k, acc)?;
+        let got = download(self.dev, &y)?;
+        let want = gemm_ref(&w, &x, acc.then_some(&y0[..]), m, n, k);
+        let kind = if acc { "gemm_lt_accumulate" } else { "gemm_lt" };
+        self.record(kind, format!("m {m} n {n} k {k}"), &got, &want, 1e-4);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rope_append(
+        &mut self,
+        n: usize,
+        nq: usize,
+        nkv: usize,
+        hd: usize,
+        layout: RopeLayout,
+        bias: bool,
+        start: usize,
+        bf16_q: bool,
+    ) -> Result<()> {
+        let s = QkvShape {
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            layout,
+        };
+        let max_seq = start + n + 3;
+        let qkv = self.rng.normals(n * s.width(), 1.0);
+        let b = bias.then(|| self.rng.normals(s.width(), 0.5));
+        let inv_freq: Vec<f64> = (0..hd / 2)
+            .map(|i| 10000f64.powf(-(2.0 * i as f64) / hd as f64))
+            .collect();
+        let qkv_d = upload(self.dev, &qkv)?;
+        let b_d = match &b {
+            Some(b) => Some(upload(self.dev, b)?),
+            None => None,
+        };
+        let f_d = upload(self.dev, &rope_table(&inv_freq, max_seq))?;
+        let pos_d = upload(self.dev, &[start as i32])?;
+        let mut kc = poisoned16(self.dev, max_seq * s.kv_dim())?;
+        let mut vc = poisoned16(self.dev, max_seq * s.kv_dim())?;
+        let (want_q, want_k, want_v) =
+            rope_append_ref(s, &qkv, b.as_deref(), start as i32, &inv_freq);
+        let got_q = if bf16_q {
+            let mut q = poisoned16(self.dev, n * s.q_dim())?;
+            launch_rope_append(
+                self.dev,
+                s,
+                &qkv_d,
+                b_d.as_ref(),
+                QOut::Bf16(&mut q),
+                &mut kc,
+                &mut vc,
+                &pos_d,
+                &f_d,
+                n,
+                max_seq,
+            )?;
+            widen(&download(self.dev, &q)?)
+        } else {
+            let mut q = poisoned32(self.dev, n * s.q_dim())?;
+            launch_rope_append(
+                self.dev,
+                s,
+                &qkv_d,
+                b_d.as_ref(),
+                QOut::F32(&mut q),
+                &mut kc,
+                &mut vc,
+                &pos_d,
+                &f_d,
+                n,
+                max_seq,
+            )?;
+            download(self.dev, &q)?
+        };
+        let desc = format!(
+            "n {n} h {nq}/{nkv}x{hd} {layout:?} bias {bias} start {start}{}",
+            if bf16_q { " bf16q" } else { "" }
+        );
+        let (want_q, tol) = if bf16_q {
+            (round_bf16(&want_q), 1e-4)
+        } else {
+            (want_q, 1e-5)
+        };
+        self.record(
+            "rope_append_q",
+            desc.clone(),
+            &got_q[..want_q.len()],
+            &want_q,
+            tol,
+        );
+        let kd = s.kv_dim();
+        let rows = start * kd..(start + n) * kd;
+        let got_k = widen(&download(self.dev, &kc)?[rows.clone()]);
+        let got_v = widen(&download(self.dev, &vc)?[rows]);
+        self.record(
+            "rope_append_k",
+            desc.clone(),
+            &got_k,
+            &round_bf16(&want_k),
+            1e-4,
+        );
+        self.record("rope_append_v", desc, &got_v, &round_bf16(&want_v), 1e-4);
+        Ok(())
+    }
+
+    fn flash(
+        &mut self,
+        n: usize,
+        start: usize,
+        nq: usize,
+        nkv: usize,
+        hd: usize,
+        q_scale: f32,
+    ) -> Result<()> {
+        let s = PrefillShape {
+            n_tokens: n,
+            start,
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            max_seq: start + n + 5,
+        };
+        let row = nkv * hd;
+        let q = self.rng.bf16s(n * nq * hd, q_scale);
+        let kc = self.rng.bf16s(s.max_seq * row, 1.0);
+        let vc = self.rng.bf16s(s.max_seq * row, 1.0);
+        let (q_d, k_d, v_d) = (
+            upload(self.dev, &q)?,
+            upload(self.dev, &kc)?,
+            upload(self.dev, &vc)?,
+        );
+        let mut out = poisoned16(self.dev, n * nq * hd)?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        launch_flash_prefill(self.dev, s, &q_d, &k_d, &v_d, &mut out, scale)?;
+        let got = widen(&download(self.dev, &out)?);
+        let want = prefill_attention_ref(s, &q, &kc, &vc, scale);
+        self.record(
+            "flash_prefill",
+            format!("n {n} start {start} h {nq}/{nkv}x{hd} qscale {q_scale}"),
+            &got[..want.len()],
+            &want,
+            1e-2,
+        );
+        Ok(())
+    }
+
+    /// Decode attention with the engine's short-chunk, preloading configuration.
+    fn attn_decode(
+        &mut self,
+        hd: usize,
+        nq: usize,
+        nkv: usize,
+        max_seq: usize,
+        len: usize,
+    ) -> Result<()> {
+        let cfg = decode_attn_config(hd, nq, nkv)?;
+        let shape = KvShape {
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            max_seq,
+        };
+        let kc = self.rng.bf16s(max_seq * nkv * hd, 1.0);
+        let vc = self.rng.bf16s(max_seq * nkv * hd, 1.0);
+        let q = self.rng.normals(nq * hd, 1.0);
+        let (k_d, v_d, q_d) = (
+            upload(self.dev, &kc)?,
+            upload(self.dev, &vc)?,
+            upload(self.dev, &q)?,
+        );
+        let len_d = upload(self.dev, &[len as i32])?;
+        let mut scratch = AttnScratch::new(self.dev, cfg, nq, max_seq)?;
+        let mut out = poisoned32(self.dev, nq * hd)?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        launch_attention_decode(
+            self.dev,
+            cfg,
+            shape,
+            &q_d,
+            &k_d,
+            &v_d,
+            &len_d,
+            &mut scratch,
+            &mut out,
+            scale,
+        )?;
+        let got = download(self.dev, &out)?;
+        let want = attention_ref(&q, &kc, &vc, len, nq, nkv, hd, scale);
+        self.record(
+            "attention_decode_c64",
+            format!("h {nq}/{nkv}x{hd} len {len}/{max_seq}"),
+            &got,
+            &want,
+            1e-4,
+        );
+        // The fused form twice in a row (its counters must be left at zero by the first launch).
+        for rep in 0..2 {
+            let mut out = poisoned32(self.dev, nq * hd)?;
+            launch_attention_decode_fused(
+                self.dev,
+                cfg,
+                shape,
+                &q_d,
+                &k_d,
+                &v_d,
+                &len_d,
+                &mut scratch,
+                &mut out,
+                scale,
+            )?;
+            let got = download(self.dev, &out)?;
+            self.record(
+                "attention_decode_fused",
+                format!("h {nq}/{nkv}x{hd} len {len}/{max_seq} launch {rep}"),
+                &got,
+                &want,
+                1e-4,
+            );
+        }
+        Ok(())
+    }
+
+    fn finish_step(&mut self) -> Result<()> {
+        let tok = upload(self.dev, &[42i32])?;
+        let mut hist = upload(self.dev, &[-1i32; 8])?;
+        let mut pos = upload(self.dev, &[4i32])?;
+        let mut len = upload(self.dev, &[5i32])?;
+        launch_finish_step(self.dev, &tok, &mut hist, true, &mut pos, &mut len)?;
+        launch_finish_step(self.dev, &tok, &mut hist, false, &mut pos, &mut len)?;
+        let h = download(self.dev, &hist)?;
+        let ok = h[5] == 42
+            && h[6] == -1
+            && download(self.dev, &pos)?[0] == 6
+            && download(self.dev, &len)?[0] == 7;
+        self.cases.push(CaseResult {
+            kernel: "finish_step".into(),
+            shape: "record + advance".into(),
+            rel_l2: if ok { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+        Ok(())
+    }
+
+    /// Device synth vs `model::synth` for every tensor of `config` (or only the one named);
+    /// matrices written every `stride`-th row (2: the engine's gate/up interleave).
+    fn synth(
+        &mut self,
+        label: &str,
+        c: &ModelConfig,
+        seed: u64,
+        only: Option<&str>,
+        stride: usize,
+    ) -> Result<()> {
+        let (mut total, mut differ, mut worst_ulps) = (0usize, 0usize, 0u32);
+        for t in tensors(c) {
+            if only.is_some_and(|o| o != t.name) {
+                continue;
+            }
+            let rows = if t.shape.len() == 1 { 1 } else { t.shape[0] };
+            let cols = *t.shape.last().unwrap_or(&1);
+            let mut cpu = vec![0u8; t.numel() * 2];
+            fill_tensor_16(&t, seed, SynthDtype::Bf16, &mut cpu);
+            let cpu: Vec<u16> = cpu
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            let seeds = synth_seeds(&t.name, seed);
+            let gpu: Vec<u16> = match t.kind {
+                SynthKind::Matrix { sigma } => {
+                    let mut buf = poisoned16(self.dev, rows * cols * stride)?;
+                    let mut view = buf.slice_mut(..);
+                    launch_synth_fill(
+                        self.dev,
+                        SynthOut::Bf16(&mut view),
+                        rows,
+                        cols,
+                        stride * cols,
+                        seeds,
+                        Some(sigma),
+                    )?;
+                    let all = download(self.dev, &buf)?;
+                    all.chunks(cols)
+                        .step_by(stride)
+                        .flatten()
+                        .copied()
+                        .collect()
+                }
+                SynthKind::Norm => {
+                    let mut buf = poisoned32(self.dev, cols)?;
+                    let mut view = buf.slice_mut(..);
+                    launch_synth_fill(
+                        self.dev,
+                        SynthOut::F32(&mut view),
+                        1,
+                        cols,
+                        cols,
+                        seeds,
+                        None,
+                    )?;
+                    download(self.dev, &buf)?
+                        .iter()
+                        .map(|&v| f32_to_bf16(v))
+                        .collect()
+                }
+            };
+            for (&a, &b) in gpu.iter().zip(&cpu) {
+                total += 1;
+                if a != b {
+                    differ += 1;
+                    worst_ulps = worst_ulps.max((a as i32 - b as i32).unsigned_abs());
+                }
+            }
+        }
+        let frac = differ as f64 / total.max(1) as f64;
+        self.cases.push(CaseResult {
+            kernel: "synth_fill".into(),
+            shape: format!("{label}: {differ} of {total} differ (max {worst_ulps} ulp)"),
+            rel_l2: if worst_ulps <= 1 && total > 0 {
+                frac
+            } else {
+                f64::INFINITY
+            },
+            tolerance: 1e-4,
+        });
+        Ok(())
+    }
+}
+
+/// A small model with q/k/v biases and interleaved RoPE (Qwen2-like), built on the host from the
+/// synth distribution: head_dim 64, GQA 4/2, two layers.
+fn small_model(seed: u64) -> Result<ModelWeights> {
+    let mut c = SynthShape::Tiny.config();
+    c.arch = Arch::Qwen2;
+    c.hidden_size = 256;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 64;
+    c.intermediate_size = 520;
+    c.vocab_size = 1003;
+    c.max_position_embeddings = 4096;
+    c.rope_style = RopeStyle::Interleaved;
+    c.attention_bias = true;
+    let mut mats = std::collections::HashMap::new();
+    let mut vecs = std::collections::HashMap::new();
+    for t in tensors(&c) {
+        let cols = *t.shape.last().unwrap_or(&1);
+        let rows = if t.shape.len() == 1 { 1 } else { t.shape[0] };
+        let mut data = vec![0f32; rows * cols];
+        for (r, row) in data.chunks_mut(cols).enumerate() {
+            fill_row(&t, seed, r, row);
+        }
+        match t.kind {
+            SynthKind::Norm => {
+                vecs.insert(t.name.clone(), data);
+            }
+            SynthKind::Matrix { .. } => {
+                // Larger weights than the synth's σ so activations do not vanish in two layers.
+                let bits = data.iter().map(|&v| f32_to_bf16(v * 4.0)).collect();
+                let m = CpuDenseBf16::new(&t.name, rows, cols, bits)
+                    .map_err(|e| GpuError::invalid("selftest", e.to_string()))?;
+                mats.insert(t.name.clone(), Arc::new(m) as Arc<dyn Linear>);
+            }
+        }
+    }
+    let mut rng = Rng::new(seed ^ 0xB1A5);
+    let m = |n: &str| Arc::clone(&mats[n]);
+    let layers = (0..c.num_layers)
+        .map(|l| {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            LayerWeights {
+                attn_norm: vecs[&p("input_layernorm.weight")].clone(),
+                q: m(&p("self_attn.q_proj.weight")),
+                k: m(&p("self_attn.k_proj.weight")),
+                v: m(&p("self_attn.v_proj.weight")),
+                o: m(&p("self_attn.o_proj.weight")),
+                q_bias: Some(rng.normals(c.q_dim(), 0.3)),
+                k_bias: Some(rng.normals(c.kv_dim(), 0.3)),
+                v_bias: Some(rng.normals(c.kv_dim(), 0.3)),
+                mlp_norm: vecs[&p("post_attention_layernorm.weight")].clone(),
+                gate: m(&p("mlp.gate_proj.weight")),
+                up: m(&p("mlp.up_proj.weight")),
+                down: m(&p("mlp.down_proj.weight")),
+            }
+        })
+        .collect();
+    let w = ModelWeights {
+        embed: m("model.embed_tokens.weight"),
+        lm_head: m("lm_head.weight"),
+        final_norm: vecs["model.norm.weight"].clone(),
+        layers,
+        config: c,
+    };
+    w.validate()
+        .map_err(|e| GpuError::invalid("selftest", e.to_string()))?;
+    Ok(w)
+}
+
+fn model_err(e: entrollm_model::ModelError) -> GpuError {
+    GpuError::invalid("cpu engine", e.to_string())
+}
+
+/// GPU vs CPU on one model: prefill logits of `prompt`, then logits after each of `steps` decode
+/// tokens (greedy from the CPU), relative L2 each, worst reported.
+fn compare_logits(
+    dev: &Arc<GpuDevice>,
+    label: &str,
+    w: ModelWeights,
+    prompt: &[u32],
+    steps: usize,
+    tol: f64,
+    cases: &mut Vec<CaseResult>,
+) -> Result<()> {
+    let max_seq = prompt.len() + steps + 1;
+    let gm = GpuModel::upload(dev, &w)?;
+    let mut ge = GpuEngine::new(Arc::clone(dev), gm, max_seq)?;
+    let mut ce = Engine::new(w, max_seq).map_err(model_err)?;
+    let want = ce.prefill(prompt).map_err(model_err)?;
+    let got = ge.prefill(prompt)?;
+    cases.push(CaseResult {
+        kernel: "e2e_prefill_logits".into(),
+        shape: format!("{label}: {} tokens", prompt.len()),
+        rel_l2: rel_l2(&got, &want),
+        tolerance: tol,
+    });
+    let mut worst = 0f64;
+    let mut next = entrollm_model::sampler::argmax(&want).unwrap_or(0);
+    for _ in 0..steps {
+        let want = ce.step(next).map_err(model_err)?;
+        let got = ge.step(next)?;
+        let e = rel_l2(&got, &want);
+        worst = if e.is_nan() {
+            f64::INFINITY
+        } else {
+            worst.max(e)
+        };
+        next = entrollm_model::sampler::argmax(&want).unwrap_or(0);
+    }
+    cases.push(CaseResult {
+        kernel: "e2e_decode_logits".into(),
+        shape: format!("{label}: worst of {steps} graph steps"),
+        rel_l2: worst,
+        tolerance: tol,
+    });
+    Ok(())
+}
+
+/// The prompts of the greedy-token comparison on SmolLM2.
+pub const SMOLLM2_PROMPTS: [&str; 5] = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "Water boils at a temperature of",
+    "The three primary colors are",
+];
+
+/// Greedy tokens of SmolLM2 on the GPU vs the CPU engine on the same BF16 weights. One line per
+/// prompt goes to `notes`.
+pub fn smollm2_greedy(
+    dev: &Arc<GpuDevice>,
+    path: &Path,
+    n_new: usize,
+    cases: &mut Vec<CaseResult>,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let (w, tok) = entrollm_model::load::open_model(path, false).map_err(model_err)?;
+    let w = bf16_rounded(&w)?;
+    let max_seq = 256;
+    let mut ce = Engine::new(w.clone_shallow(), max_seq).map_err(model_err)?;
+    let gm = GpuModel::upload(dev, &w)?;
+    let mut ge = GpuEngine::new(Arc::clone(dev), gm, max_seq)?;
+    for (i, prompt) in SMOLLM2_PROMPTS.iter().enumerate() {
+        let ids = tok.encode(prompt, true).map_err(model_err)?;
+        ce.reset();
+        ge.reset();
+        // CPU greedy with its logits kept, to judge a divergence.
+        let mut cpu = Vec::new();
+        let mut logits = ce.prefill(&ids).map_err(model_err)?;
+        let mut cpu_logits = Vec::new();
+        for _ in 0..n_new {
+            let t = entrollm_model::sampler::argmax(&logits).unwrap_or(0);
+            cpu.push(t);
+            cpu_logits.push(logits.clone());
+            logits = ce.step(t).map_err(model_err)?;
+        }
+        let gpu = ge.generate_greedy(&ids, n_new)?;
+        let first_diff = cpu.iter().zip(&gpu).position(|(a, b)| a != b);
+        let (ok, what) = match first_diff {
+            None => (true, "identical".to_string()),
+            Some(j) => {
+                let l = &cpu_logits[j];
+                let gap = l[cpu[j] as usize] - l[gpu[j] as usize];
+                (
+                    gap.abs() < 0.5,
+                    format!(
+                        "diverge at token {j}: cpu {} vs gpu {}, cpu logit gap {gap:.3} ({})",
+                        cpu[j],
+                        gpu[j],
+                        if gap.abs() < 0.5 {
+                            "near-tie"
+                        } else {
+                            "MISMATCH"
+                        }
+                    ),
+                )
+            }
+        };
+        notes.push(format!(
+            "prompt {i} {prompt:?}: {what}; gpu text {:?}",
+            tok.decode(&gpu).unwrap_or_default()
+        ));
+        cases.push(CaseResult {
+            kernel: "smollm2_greedy".into(),
+            shape: format!("prompt {i}, {n_new} tokens: {what}"),
+            rel_l2: if ok { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+    }
+    Ok(())
+}
+
+trait CloneShallow {
+    fn clone_shallow(&self) -> ModelWeights;
+}
+
+impl CloneShallow for ModelWeights {
+    /// Another `ModelWeights` sharing every matrix (Arc clones).
+    fn clone_shallow(&self) -> ModelWeights {
+        ModelWeights {
+            config: self.config.clone(),
+            embed: Arc::clone(&self.embed),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| LayerWeights {
+                    attn_norm: l.attn_norm.clone(),
+                    q: Arc::clone(&l.q),
+                    k: Arc::clone(&l.k),
+                    v: Arc::clone(&l.v),
+                    o: Arc::clone(&l.o),
+                    q_bias: l.q_bias.clone(),
+                    k_bias: l.k_bias.clone(),
+                    v_bias: l.v_bias.clone(),
+                    mlp_norm: l.mlp_norm.clone(),
+                    gate: Arc::clone(&l.gate),
+                    up: Arc::clone(&l.up),
+                    down: Arc::clone(&l.down),
+                })
+                .collect(),
+            final_norm: self.final_norm.clone(),
+            lm_head: Arc::clone(&self.lm_head),
+        }
+    }
+}
+
+/// The forward-pass selftest; `smollm2`: the GGUF for the end-to-end checks (skipped when None,
+/// and said so in the notes). Returns the report and notes; Err([`GpuError::Selftest`]) on any
+/// failure.
+pub fn run_engine_selftest(
+    dev: &Arc<GpuDevice>,
+    seed: u64,
+    smollm2: Option<&Path>,
+) -> Result<(SelftestReport, Vec<String>)> {
+    let mut c = Checker {
+        dev,
+        rng: Rng::new(seed ^ 0xE61E),
+        cases: Vec::new(),
+    };
+    let mut notes = Vec::new();
+    for &(rows, dim) in &[
+        (1, 8),
+        (1, 576),
+        (3, 1000),
+        (1, 4096),
+        (17, 4096),
+        (2, 5000),
+    ] {
+        c.rmsnorm(rows, dim)?;
+    }
+    for &(n, inter) in &[(1, 8), (3, 520), (7, 1536), (2, 14_336)] {
+        c.swiglu(n, inter)?;
+    }
+    for cfg in GemvConfig::CANDIDATES {
+        for &(n, k) in &[(1, 8), (37, 520), (129, 4104), (4096, 4096)] {
+            c.gemv_accum(cfg, n, k)?;
+        }
+    }
+    for cfg in GemvConfig::CANDIDATES {
+        for &(n, k) in &[(2, 8), (38, 520), (130, 4104), (2048, 4096)] {
+            c.gemv_fused(cfg, n, k, true, GemvFusion::default())?;
+            c.gemv_fused(
+                cfg,
+                n,
+                k,
+                false,
+                GemvFusion {
+                    accumulate: true,
+                    swiglu: false,
+                },
+            )?;
+            if cfg.rows % 2 == 0 {
+                c.gemv_fused(
+                    cfg,
+                    n,
+                    k,
+                    true,
+                    GemvFusion {
+                        accumulate: false,
+                        swiglu: true,
+                    },
+                )?;
+            }
+        }
+    }
+    let gemm = Gemm::new(dev)?;
+    for &(m, n, k) in &[
+        (1, 8, 8),
+        (37, 520, 192),
+        (130, 960, 576),
+        (300, 1000, 2048),
+        (512, 6144, 4096),
+    ] {
+        c.gemm(&gemm, m, n, k, false)?;
+        c.gemm(&gemm, m, n, k, true)?;
+    }
+    for layout in [RopeLayout::Neox, RopeLayout::Interleaved] {
+        for &(n, nq, nkv, hd, bias, start) in &[
+            (1, 1, 1, 2, false, 0),
+            (1, 9, 3, 64, true, 17),
+            (5, 32, 8, 128, false, 1000),
+            (37, 4, 2, 64, true, 3),
+        ] {
+            c.rope_append(n, nq, nkv, hd, layout, bias, start, false)?;
+            c.rope_append(n, nq, nkv, hd, layout, bias, start, true)?;
+        }
+    }
+    for &(n, start, nq, nkv, hd, qs) in &[
+        (1, 0, 1, 1, 64, 1.0),
+        (7, 0, 9, 3, 64, 1.0),
+        (64, 0, 4, 2, 64, 1.0),
+        (130, 0, 9, 3, 64, 1.0),
+        (37, 50, 4, 4, 64, 1.0),
+        (1, 300, 8, 2, 128, 1.0),
+        (200, 70, 8, 2, 128, 1.0),
+        (129, 0, 4, 1, 128, 4.0),
+        (300, 0, 32, 8, 128, 1.0),
+    ] {
+        c.flash(n, start, nq, nkv, hd, qs)?;
+    }
+    for &(hd, nq, nkv) in &[(64, 9, 3), (128, 32, 8), (128, 8, 8)] {
+        for &(max_seq, len) in &[
+            (640, 1),
+            (640, 63),
+            (640, 64),
+            (640, 65),
+            (640, 600),
+            (4100, 4100),
+        ] {
+            c.attn_decode(hd, nq, nkv, max_seq, len)?;
+        }
+    }
+    c.finish_step()?;
+    c.synth(
+        "tiny, all tensors, rows interleaved",
+        &SynthShape::Tiny.config(),
+        7,
+        None,
+        2,
+    )?;
+    c.synth(
+        "llama-3.1-8b layer-0 k_proj",
+        &SynthShape::Llama31_8B.config(),
+        0,
+        Some("model.layers.0.self_attn.k_proj.weight"),
+        1,
+    )?;
+    c.synth(
+        "llama-3.1-8b final norm",
+        &SynthShape::Llama31_8B.config(),
+        0,
+        Some("model.norm.weight"),
+        1,
+    )?;
+    let mut cases = c.cases;
+    // A small biased, interleaved-RoPE model: prefill over two chunks (2100 tokens), 4 steps.
+    let w = small_model(seed)?;
+    let vocab = w.config.vocab_size as u64;
+    let mut rng = Rng::new(seed ^ 0x5A11);
+    let prompt: Vec<u32> = (0..2100).map(|_| rng.below(vocab) as u32).collect();
+    compare_logits(
+        dev,
+        "small qwen2-like (bias, interleaved)",
+        w,
+        &prompt,
+        4,
+        3e-2,
+        &mut cases,
+    )?;
+    match smollm2 {
+        Some(path) => {
+            let (w, tok) = entrollm_model::load::open_model(path, false).map_err(model_err)?;
+            let w = bf16_rounded(&w)?;
+            let ids = tok
+                .encode(
+                    "The quick brown fox jumps over the lazy dog. In 1905, Einstein",
+                    true,
+                )
+                .map_err(model_err)?;
+            compare_logits(dev, "SmolLM2-135M", w, &ids, 8, 5e-2, &mut cases)?;
+            smollm2_greedy(dev, path, 24, &mut cases, &mut notes)?;
+        }
+        None => notes.push("SmolLM2 GGUF not found: end-to-end SmolLM2 checks skipped".into()),
+    }
+    let report = SelftestReport {
+        device: format!("{} ({})", dev.info().name, dev.info().arch()),
+        cases,
+    };
+    if report.failures().next().is_some() {
+        return Err(GpuError::Selftest(format!(
+            "{report}\n{}",
+            notes.join("\n")
+        )));
+    }
+    Ok((report, notes))
+}

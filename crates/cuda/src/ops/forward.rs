@@ -1,0 +1,752 @@
+//! Kernels of the GPU forward pass beyond the single-op files (`kernels/engine.cu`,
+//! `kernels/prefill.cu`): RMSNorm with f32 weights (f32 or BF16 out), SwiGLU to BF16, RoPE fused with
+//! the KV-cache append, the end-of-step counter update of captured decode graphs, the synthetic
+//! weight generator, causal flash-attention prefill, and the accumulating GEMV (`y += W x`). Each has
+//! a CPU reference here or in the module it extends.
+
+use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
+
+use super::attention::AttnConfig;
+use super::gemv::{check_gemv_shape, GemvConfig};
+use super::rope::{rope_ref, RopeLayout};
+use super::{as_i32, bf16_to_f32, check_len, grid_for};
+use crate::device::GpuDevice;
+use crate::error::{DriverContext, GpuError, Result};
+use crate::jit::{KernelVariant, ENGINE, PREFILL};
+
+pub fn engine_variant() -> KernelVariant {
+    KernelVariant::new(&ENGINE, vec![])
+}
+
+/// The flash-attention prefill kernel for one head dimension (a multiple of 32, at most 256).
+pub fn prefill_variant(head_dim: usize) -> Result<KernelVariant> {
+    if head_dim == 0 || head_dim % 32 != 0 || head_dim > 256 {
+        return Err(GpuError::invalid(
+            "flash_prefill",
+            format!("head_dim {head_dim} must be a multiple of 32, at most 256"),
+        ));
+    }
+    Ok(KernelVariant::new(
+        &PREFILL,
+        vec![("HEAD_DIM", head_dim as i64)],
+    ))
+}
+
+/// The GEMV variant that adds into y (`y += W x`).
+pub fn gemv_accum_variant(cfg: GemvConfig) -> KernelVariant {
+    let mut v = cfg.variant();
+    v.defines.push(("GEMV_ACCUM", 1));
+    v
+}
+
+/// Decode attention tuned for single-token steps: 64 positions per block of 8 warps, so a
+/// 512–4096 token context spreads over 8–64 blocks per KV head instead of 2–16, and each warp loads
+/// its 8 positions' K/V rows at once (`ATTN_PRELOAD`).
+pub fn decode_attn_config(
+    head_dim: usize,
+    n_q_heads: usize,
+    n_kv_heads: usize,
+) -> Result<AttnConfig> {
+    let mut c = AttnConfig::for_heads(head_dim, n_q_heads, n_kv_heads)?;
+    c.chunk = 64;
+    c.warps = 8;
+    c.validate()?;
+    Ok(c)
+}
+
+/// Every variant the forward pass launches for the head shapes we target (CI compiles them).
+pub fn all_variants() -> Vec<KernelVariant> {
+    let mut v = vec![engine_variant()];
+    v.extend(
+        [64, 128]
+            .iter()
+            .map(|&d| prefill_variant(d).expect("valid")),
+    );
+    v.extend(
+        GemvConfig::CANDIDATES
+            .iter()
+            .map(|&c| gemv_accum_variant(c)),
+    );
+    v.extend(
+        GemvConfig::CANDIDATES
+            .iter()
+            .filter(|c| c.rows % 2 == 0)
+            .map(|&c| {
+                gemv_fused_variant(
+                    c,
+                    GemvFusion {
+                        accumulate: false,
+                        swiglu: true,
+                    },
+                )
+            }),
+    );
+    v.extend(
+        [
+            (64, 9, 3),
+            (64, 4, 4),
+            (128, 32, 8),
+            (128, 64, 8),
+            (128, 32, 32),
+        ]
+        .iter()
+        .map(|&(d, q, kv)| decode_attn_config(d, q, kv).expect("valid").variant()),
+    );
+    v
+}
+
+/// Pushes the arguments and launches; every caller has checked its sizes first.
+macro_rules! launch_kernel {
+    ($dev:expr, $f:expr, $cfg:expr, $what:expr, [$($arg:expr),* $(,)?]) => {{
+        let mut b = $dev.stream().launch_builder(&$f);
+        $( b.arg($arg); )*
+        // SAFETY: the argument list matches the kernel's signature; sizes were checked above.
+        unsafe { b.launch($cfg) }.while_(|| format!("launching {}", $what))?;
+        Ok(())
+    }};
+}
+
+/// Where a normalised row goes.
+pub enum NormOut<'a> {
+    F32(&'a mut CudaSlice<f32>),
+    Bf16(&'a mut CudaSlice<u16>),
+}
+
+/// `out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) · weight` with f32 weights, for `rows` rows.
+pub fn launch_rmsnorm_f32w(
+    dev: &GpuDevice,
+    x: &CudaSlice<f32>,
+    weight: &CudaSlice<f32>,
+    out: NormOut<'_>,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    const OP: &str = "rmsnorm_f32w";
+    check_len(OP, "x", x, rows * dim)?;
+    check_len(OP, "weight", weight, dim)?;
+    match &out {
+        NormOut::F32(o) => check_len(OP, "out", o, rows * dim)?,
+        NormOut::Bf16(o) => check_len(OP, "out", o, rows * dim)?,
+    }
+    if dim == 0 || !(eps.is_finite() && eps >= 0.0) {
+        return Err(GpuError::invalid(OP, format!("dim {dim} / eps {eps}")));
+    }
+    let dim_i = as_i32(OP, "dim", dim)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (as_i32(OP, "rows", rows)? as u32, 1, 1),
+        block_dim: (if dim >= 2048 { 1024 } else { 256 }, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    match out {
+        NormOut::F32(o) => {
+            let f = dev.function(&engine_variant(), "rmsnorm_f32w")?;
+            launch_kernel!(dev, f, cfg, OP, [x, weight, o, &dim_i, &eps])
+        }
+        NormOut::Bf16(o) => {
+            let f = dev.function(&engine_variant(), "rmsnorm_f32w_bf16out")?;
+            launch_kernel!(dev, f, cfg, OP, [x, weight, o, &dim_i, &eps])
+        }
+    }
+}
+
+/// CPU reference (f64) of [`launch_rmsnorm_f32w`].
+pub fn rmsnorm_f32w_ref(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let dim = weight.len();
+    x.chunks(dim)
+        .flat_map(|row| {
+            let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / dim as f64;
+            let inv = 1.0 / (ms + eps as f64).sqrt();
+            row.iter()
+                .zip(weight)
+                .map(move |(&v, &w)| (v as f64 * inv * w as f64) as f32)
+        })
+        .collect()
+}
+
+/// `out[t, i] = bf16(silu(g) · u)` with (g, u) = `gate_up[t, 2i..2i + 2]` (gate and up rows
+/// interleaved, as the engine stacks them); reference: [`swiglu_interleaved_ref`] rounded to BF16.
+pub fn launch_swiglu_bf16(
+    dev: &GpuDevice,
+    gate_up: &CudaSlice<f32>,
+    out: &mut CudaSlice<u16>,
+    n_tokens: usize,
+    inter: usize,
+) -> Result<()> {
+    const OP: &str = "swiglu_bf16out";
+    check_len(OP, "gate_up", gate_up, 2 * n_tokens * inter)?;
+    check_len(OP, "out", out, n_tokens * inter)?;
+    as_i32(OP, "2 * n_tokens * inter", 2 * n_tokens * inter)?;
+    let (inter_i, n_i) = (inter as i32, n_tokens as i32);
+    if n_tokens * inter == 0 {
+        return Ok(());
+    }
+    let f = dev.function(&engine_variant(), "swiglu_bf16out")?;
+    let cfg = LaunchConfig {
+        grid_dim: (grid_for(n_tokens * inter, 256), 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch_kernel!(dev, f, cfg, OP, [gate_up, out, &inter_i, &n_i])
+}
+
+/// CPU reference of the interleaved SwiGLU: `out[t, i] = silu(gu[t, 2i]) · gu[t, 2i + 1]`.
+pub fn swiglu_interleaved_ref(gate_up: &[f32]) -> Vec<f32> {
+    gate_up
+        .chunks(2)
+        .map(|p| {
+            let g = p[0] as f64;
+            (g / (1.0 + (-g).exp()) * p[1] as f64) as f32
+        })
+        .collect()
+}
+
+/// Head layout of a fused q/k/v row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QkvShape {
+    pub n_q_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub layout: RopeLayout,
+}
+
+impl QkvShape {
+    pub fn q_dim(&self) -> usize {
+        self.n_q_heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+    pub fn width(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim()
+    }
+}
+
+/// Where the rotated queries go: f32 for decode attention, BF16 for the prefill kernel.
+pub enum QOut<'a> {
+    F32(&'a mut CudaSlice<f32>),
+    Bf16(&'a mut CudaSlice<u16>),
+}
+
+/// RoPE fused with the KV append: for token t of `qkv` ([n_tokens, q | k | v] f32, plus `bias`),
+/// at position `pos[0] + t`, writes the rotated q to `q_out` and the rotated k and the v as BF16
+/// into row `pos[0] + t` of the caches ([max_seq, kv_dim]); rows past `max_seq` are skipped.
+/// `cos_sin`: [`rope_table`] for `max_seq` positions.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_rope_append(
+    dev: &GpuDevice,
+    s: QkvShape,
+    qkv: &CudaSlice<f32>,
+    bias: Option<&CudaSlice<f32>>,
+    q_out: QOut<'_>,
+    k_cache: &mut CudaSlice<u16>,
+    v_cache: &mut CudaSlice<u16>,
+    pos: &CudaSlice<i32>,
+    cos_sin: &CudaSlice<f32>,
+    n_tokens: usize,
+    max_seq: usize,
+) -> Result<()> {
+    const OP: &str = "rope_append";
+    if s.head_dim == 0 || s.head_dim % 2 != 0 || s.n_kv_heads == 0 {
+        return Err(GpuError::invalid(OP, format!("shape {s:?}")));
+    }
+    check_len(OP, "qkv", qkv, n_tokens * s.width())?;
+    if let Some(b) = bias {
+        check_len(OP, "bias", b, s.width())?;
+    }
+    match &q_out {
+        QOut::F32(q) => check_len(OP, "q_out", q, n_tokens * s.q_dim())?,
+        QOut::Bf16(q) => check_len(OP, "q_out", q, n_tokens * s.q_dim())?,
+    }
+    check_len(OP, "k_cache", k_cache, max_seq * s.kv_dim())?;
+    check_len(OP, "v_cache", v_cache, max_seq * s.kv_dim())?;
+    check_len(OP, "pos", pos, 1)?;
+    check_len(OP, "cos_sin", cos_sin, max_seq * s.head_dim)?;
+    as_i32(OP, "cache elements", max_seq * s.kv_dim())?;
+    as_i32(OP, "qkv elements", n_tokens * s.width())?;
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    // One token (decode) spreads over 8 blocks; prompts have a block per token.
+    let splits = if n_tokens == 1 { 8 } else { 1 };
+    let cfg = LaunchConfig {
+        grid_dim: (as_i32(OP, "n_tokens", n_tokens)? as u32, splits, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let has_bias = i32::from(bias.is_some());
+    let bias = bias.unwrap_or(qkv); // not read when has_bias = 0
+    let (nq, nkv, hd) = (s.n_q_heads as i32, s.n_kv_heads as i32, s.head_dim as i32);
+    let inter = i32::from(s.layout == RopeLayout::Interleaved);
+    let max_i = max_seq as i32;
+    match q_out {
+        QOut::F32(q) => {
+            let f = dev.function(&engine_variant(), "rope_append_f32q")?;
+            launch_kernel!(
+                dev,
+                f,
+                cfg,
+                OP,
+                [
+                    qkv, bias, &has_bias, q, k_cache, v_cache, pos, cos_sin, &nq, &nkv, &hd,
+                    &inter, &max_i
+                ]
+            )
+        }
+        QOut::Bf16(q) => {
+            let f = dev.function(&engine_variant(), "rope_append_bf16q")?;
+            launch_kernel!(
+                dev,
+                f,
+                cfg,
+                OP,
+                [
+                    qkv, bias, &has_bias, q, k_cache, v_cache, pos, cos_sin, &nq, &nkv, &hd,
+                    &inter, &max_i
+                ]
+            )
+        }
+    }
+}
+
+/// (cos, sin) f32 pairs of every position's angles, [max_seq, head_dim / 2, 2], computed in f64 and
+/// rounded as the CPU engine rounds them.
+pub fn rope_table(inv_freq: &[f64], max_seq: usize) -> Vec<f32> {
+    let mut t = Vec::with_capacity(max_seq * inv_freq.len() * 2);
+    for pos in 0..max_seq {
+        for &f in inv_freq {
+            let (s, c) = (pos as f64 * f).sin_cos();
+            t.push(c as f32);
+            t.push(s as f32);
+        }
+    }
+    t
+}
+
+/// CPU reference of [`launch_rope_append`]: (rotated q [n, q_dim] f32, k rows [n, kv_dim] f32,
+/// v rows [n, kv_dim] f32), before any BF16 rounding.
+pub fn rope_append_ref(
+    s: QkvShape,
+    qkv: &[f32],
+    bias: Option<&[f32]>,
+    start: i32,
+    inv_freq: &[f64],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (qd, kd) = (s.q_dim(), s.kv_dim());
+    let n = qkv.len() / s.width();
+    let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    for row in qkv.chunks(s.width()) {
+        let row: Vec<f32> = match bias {
+            Some(b) => row.iter().zip(b).map(|(x, y)| x + y).collect(),
+            None => row.to_vec(),
+        };
+        q.extend_from_slice(&row[..qd]);
+        k.extend_from_slice(&row[qd..qd + kd]);
+        v.extend_from_slice(&row[qd + kd..]);
+    }
+    let positions: Vec<i32> = (0..n as i32).map(|t| start + t).collect();
+    rope_ref(&mut q, &positions, inv_freq, s.head_dim, s.layout);
+    rope_ref(&mut k, &positions, inv_freq, s.head_dim, s.layout);
+    (q, k, v)
+}
+
+/// End of a captured decode step: `history[len] = tok` (if `record`), then `pos += 1`, `len += 1`.
+pub fn launch_finish_step(
+    dev: &GpuDevice,
+    tok: &CudaSlice<i32>,
+    history: &mut CudaSlice<i32>,
+    record: bool,
+    pos: &mut CudaSlice<i32>,
+    len: &mut CudaSlice<i32>,
+) -> Result<()> {
+    const OP: &str = "finish_step";
+    check_len(OP, "tok", tok, 1)?;
+    check_len(OP, "pos", pos, 1)?;
+    check_len(OP, "len", len, 1)?;
+    let hist_len = as_i32(OP, "history", history.len())?;
+    let rec = i32::from(record);
+    let f = dev.function(&engine_variant(), "finish_step")?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch_kernel!(dev, f, cfg, OP, [tok, history, &rec, &hist_len, pos, len])
+}
+
+/// Where a synthetic tensor is generated: matrices as BF16 bits, norm weights as f32 (of their BF16
+/// rounding, as the CPU synth stores them).
+pub enum SynthOut<'a, 'b> {
+    Bf16(&'a mut CudaViewMut<'b, u16>),
+    F32(&'a mut CudaViewMut<'b, f32>),
+}
+
+/// Generates `rows × cols` of a synthetic tensor on the device (`model::synth::fill_row`'s
+/// distribution and random streams), matrix rows `ld` elements apart (`ld > cols`: interleaved). `rng_seed` = splitmix(seed ^ name_hash), `col_seed` =
+/// splitmix(seed ^ name_hash ^ 0xC011) (see [`crate::engine::synth_seeds`]); `sigma` None: a norm.
+pub fn launch_synth_fill(
+    dev: &GpuDevice,
+    out: SynthOut<'_, '_>,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    seeds: (u64, u64),
+    sigma: Option<f32>,
+) -> Result<()> {
+    const OP: &str = "synth_fill";
+    if ld < cols {
+        return Err(GpuError::invalid(
+            OP,
+            format!("row stride {ld} < {cols} columns"),
+        ));
+    }
+    match &out {
+        SynthOut::Bf16(o) if rows > 0 && o.len() < (rows - 1) * ld + cols => {
+            return Err(GpuError::invalid(OP, "output too small"))
+        }
+        SynthOut::F32(o) if o.len() < rows * cols => {
+            return Err(GpuError::invalid(OP, "output too small"))
+        }
+        _ => {}
+    }
+    let (rows_i, cols_i) = (as_i32(OP, "rows", rows)?, as_i32(OP, "cols", cols)?);
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    let kind = i32::from(sigma.is_some());
+    let sigma = sigma.unwrap_or(0.0);
+    let words = cols.div_ceil(32);
+    let f = dev.function(&engine_variant(), "synth_fill")?;
+    let cfg = LaunchConfig {
+        grid_dim: (rows.div_ceil(128) as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: (words * 4) as u32,
+    };
+    if words * 4 > 48 * 1024 {
+        return Err(GpuError::invalid(OP, format!("{cols} columns is too wide")));
+    }
+    let null = 0u64;
+    let ld_i = ld as i64;
+    let (s0, s1) = seeds;
+    match out {
+        SynthOut::Bf16(o) => launch_kernel!(
+            dev,
+            f,
+            cfg,
+            OP,
+            [o, &null, &rows_i, &cols_i, &ld_i, &s0, &s1, &kind, &sigma]
+        ),
+        SynthOut::F32(o) => launch_kernel!(
+            dev,
+            f,
+            cfg,
+            OP,
+            [&null, o, &rows_i, &cols_i, &ld_i, &s0, &s1, &kind, &sigma]
+        ),
+    }
+}
+
+/// Shape of one causal prefill attention launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillShape {
+    pub n_tokens: usize,
+    pub start: usize,
+    pub n_q_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub max_seq: usize,
+}
+
+/// Causal flash attention of `n_tokens` queries (`q` BF16 [n, n_q_heads, head_dim], positions
+/// `start..start + n`) over cache positions `0..start + n`; `out` BF16 [n, n_q_heads, head_dim].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_flash_prefill(
+    dev: &GpuDevice,
+    s: PrefillShape,
+    q: &CudaSlice<u16>,
+    k_cache: &CudaSlice<u16>,
+    v_cache: &CudaSlice<u16>,
+    out: &mut CudaSlice<u16>,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "flash_prefill";
+    let variant = prefill_variant(s.head_dim)?;
+    if s.n_kv_heads == 0 || s.n_q_heads % s.n_kv_heads != 0 {
+        return Err(GpuError::invalid(OP, format!("heads {s:?}")));
+    }
+    if s.start + s.n_tokens > s.max_seq {
+        return Err(GpuError::invalid(
+            OP,
+            format!(
+                "{} + {} tokens exceed the cache ({})",
+                s.start, s.n_tokens, s.max_seq
+            ),
+        ));
+    }
+    let qd = s.n_q_heads * s.head_dim;
+    check_len(OP, "q", q, s.n_tokens * qd)?;
+    check_len(OP, "out", out, s.n_tokens * qd)?;
+    check_len(
+        OP,
+        "k_cache",
+        k_cache,
+        s.max_seq * s.n_kv_heads * s.head_dim,
+    )?;
+    check_len(
+        OP,
+        "v_cache",
+        v_cache,
+        s.max_seq * s.n_kv_heads * s.head_dim,
+    )?;
+    as_i32(OP, "cache elements", s.max_seq * s.n_kv_heads * s.head_dim)?;
+    as_i32(OP, "q elements", s.n_tokens * qd)?;
+    if !scale.is_finite() {
+        return Err(GpuError::invalid(OP, format!("scale {scale}")));
+    }
+    if s.n_tokens == 0 {
+        return Ok(());
+    }
+    let f = dev.function(&variant, "flash_prefill")?;
+    let cfg = LaunchConfig {
+        grid_dim: (s.n_tokens.div_ceil(64) as u32, s.n_q_heads as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (n_i, start_i, nq, nkv) = (
+        s.n_tokens as i32,
+        s.start as i32,
+        s.n_q_heads as i32,
+        s.n_kv_heads as i32,
+    );
+    let scale_log2 = scale * std::f32::consts::LOG2_E;
+    launch_kernel!(
+        dev,
+        f,
+        cfg,
+        OP,
+        [
+            q,
+            k_cache,
+            v_cache,
+            out,
+            &n_i,
+            &start_i,
+            &nq,
+            &nkv,
+            &scale_log2
+        ]
+    )
+}
+
+/// CPU reference (f64) of [`launch_flash_prefill`] over the same BF16 inputs; f32 [n, q_dim].
+pub fn prefill_attention_ref(
+    s: PrefillShape,
+    q: &[u16],
+    k_cache: &[u16],
+    v_cache: &[u16],
+    scale: f32,
+) -> Vec<f32> {
+    let (hd, nq) = (s.head_dim, s.n_q_heads);
+    let group = nq / s.n_kv_heads;
+    let row = s.n_kv_heads * hd;
+    let mut out = vec![0f32; s.n_tokens * nq * hd];
+    for t in 0..s.n_tokens {
+        let len = s.start + t + 1;
+        for h in 0..nq {
+            let kvh = h / group;
+            let qh = &q[(t * nq + h) * hd..][..hd];
+            let scores: Vec<f64> = (0..len)
+                .map(|p| {
+                    let kr = &k_cache[p * row + kvh * hd..][..hd];
+                    qh.iter()
+                        .zip(kr)
+                        .map(|(&a, &b)| bf16_to_f32(a) as f64 * bf16_to_f32(b) as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = scores.iter().map(|x| (x - mx).exp()).collect();
+            let total: f64 = w.iter().sum();
+            for d in 0..hd {
+                let acc: f64 = (0..len)
+                    .map(|p| w[p] * bf16_to_f32(v_cache[p * row + kvh * hd + d]) as f64)
+                    .sum();
+                out[(t * nq + h) * hd + d] = (acc / total) as f32;
+            }
+        }
+    }
+    out
+}
+
+/// What a fused GEMV does besides `y = W x`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GemvFusion {
+    /// `y += W x` (residual add).
+    pub accumulate: bool,
+    /// Rows are (gate, up) pairs; `y[i] = silu(W_2i x) · W_2i+1 x` (n/2 outputs).
+    pub swiglu: bool,
+}
+
+/// The GEMV variant with the given fusions (RMSNorm is a separate entry point of every variant).
+pub fn gemv_fused_variant(cfg: GemvConfig, f: GemvFusion) -> KernelVariant {
+    let mut v = cfg.variant();
+    if f.accumulate {
+        v.defines.push(("GEMV_ACCUM", 1));
+    }
+    if f.swiglu {
+        v.defines.push(("GEMV_SWIGLU", 1));
+    }
+    v
+}
+
+/// `y = W · rmsnorm(x; g, eps)` (when `norm` is given, else `W x`), with `fusion`'s epilogue;
+/// x f32 [k], y f32 [n] (n/2 with swiglu). References: `gemv_ref` over
+/// `rmsnorm_f32w_ref(x)`, plus y / [`swiglu_interleaved_ref`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_gemv_fused(
+    dev: &GpuDevice,
+    cfg: GemvConfig,
+    fusion: GemvFusion,
+    w: &CudaSlice<u16>,
+    x: &CudaSlice<f32>,
+    norm: Option<(&CudaSlice<f32>, f32)>,
+    y: &mut CudaSlice<f32>,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    const OP: &str = "gemv_fused";
+    check_gemv_shape(n, k)?;
+    check_len(OP, "w", w, n * k)?;
+    check_len(OP, "x", x, k)?;
+    check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
+    if fusion.swiglu && (cfg.rows % 2 != 0 || n % 2 != 0 || fusion.accumulate) {
+        return Err(GpuError::invalid(
+            OP,
+            format!(
+                "swiglu needs an even row count and rows per warp, no accumulate ({cfg}, n {n})"
+            ),
+        ));
+    }
+    let variant = gemv_fused_variant(cfg, fusion);
+    let blocks = n.div_ceil((cfg.warps * cfg.rows) as usize);
+    let launch_cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (cfg.warps * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (n_i, k_i) = (n as i32, k as i32);
+    match norm {
+        Some((g, eps)) => {
+            check_len(OP, "norm weight", g, k)?;
+            let f = dev.function(&variant, "gemv_bf16_norm")?;
+            launch_kernel!(dev, f, launch_cfg, OP, [w, x, g, y, &n_i, &k_i, &eps])
+        }
+        None => {
+            let f = dev.function(&variant, "gemv_bf16")?;
+            launch_kernel!(dev, f, launch_cfg, OP, [w, x, y, &n_i, &k_i])
+        }
+    }
+}
+
+/// `y[..n] += W x` (W BF16 [n, k] row-major); reference: `y + gemv_ref(W, x)`.
+pub fn launch_gemv_accum(
+    dev: &GpuDevice,
+    cfg: GemvConfig,
+    w: &CudaSlice<u16>,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    const OP: &str = "gemv_accum";
+    check_gemv_shape(n, k)?;
+    check_len(OP, "w", w, n * k)?;
+    check_len(OP, "x", x, k)?;
+    check_len(OP, "y", y, n)?;
+    let f = dev.function(&gemv_accum_variant(cfg), "gemv_bf16")?;
+    let blocks = n.div_ceil((cfg.warps * cfg.rows) as usize);
+    let launch_cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (cfg.warps * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (n_i, k_i) = (n as i32, k as i32);
+    launch_kernel!(dev, f, launch_cfg, OP, [w, x, y, &n_i, &k_i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::f32_to_bf16;
+
+    #[test]
+    fn prefill_ref_first_token_sees_only_itself() {
+        let s = PrefillShape {
+            n_tokens: 2,
+            start: 0,
+            n_q_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 2,
+            max_seq: 4,
+        };
+        let b = |v: &[f32]| v.iter().map(|&x| f32_to_bf16(x)).collect::<Vec<_>>();
+        let q = b(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
+        let k = b(&[1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
+        let v = b(&[3.0, 4.0, 5.0, 6.0, 0.0, 0.0, 0.0, 0.0]);
+        let out = prefill_attention_ref(s, &q, &k, &v, 1.0);
+        assert_eq!(&out[..4], &[3.0, 4.0, 3.0, 4.0]);
+        // Token 1 sees both keys with equal scores (q = [1, 1]): the mean of the two values.
+        assert_eq!(&out[4..], &[4.0, 5.0, 4.0, 5.0]);
+    }
+
+    #[test]
+    fn rope_append_ref_splits_and_biases() {
+        let s = QkvShape {
+            n_q_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 2,
+            layout: RopeLayout::Neox,
+        };
+        let qkv = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let bias = [0.5f32; 6];
+        // Position 0: no rotation.
+        let (q, k, v) = rope_append_ref(s, &qkv, Some(&bias), 0, &[1.0]);
+        assert_eq!((q, k, v), (vec![1.5, 2.5], vec![3.5, 4.5], vec![5.5, 6.5]));
+    }
+
+    #[test]
+    fn rope_table_holds_the_cpu_engines_angles() {
+        let f = [1.0, 0.25];
+        let t = rope_table(&f, 3);
+        assert_eq!(t.len(), 3 * 2 * 2);
+        assert_eq!(&t[..4], &[1.0, 0.0, 1.0, 0.0]);
+        let (s, c) = (2.0f64 * 0.25).sin_cos();
+        assert_eq!((t[10], t[11]), (c as f32, s as f32));
+    }
+
+    #[test]
+    fn swiglu_interleaved_pairs() {
+        let out = swiglu_interleaved_ref(&[0.0, 5.0, 20.0, 0.5]);
+        assert_eq!(out[0], 0.0);
+        assert!((out[1] - 10.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn variants_are_valid() {
+        assert!(prefill_variant(96).is_ok());
+        assert!(prefill_variant(100).is_err() && prefill_variant(48).is_err());
+        let even = GemvConfig::CANDIDATES
+            .iter()
+            .filter(|c| c.rows % 2 == 0)
+            .count();
+        assert_eq!(
+            all_variants().len(),
+            1 + 2 + GemvConfig::CANDIDATES.len() + even + 5
+        );
+        assert_eq!(decode_attn_config(128, 32, 8).unwrap().chunk, 64);
+    }
+}
