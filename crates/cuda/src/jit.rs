@@ -245,6 +245,7 @@ pub fn all_variants() -> Vec<KernelVariant> {
             .iter()
             .map(|c| c.variant()),
     );
+    v.extend(crate::ops::dtans::builtin_variants());
     v
 }
 
