@@ -49,6 +49,15 @@
 #define DT_OUT 0
 #endif
 
+#ifndef DT_PD
+#define DT_PD 4         // L2 prefetch distance in iterations (raw, companion) and chunks (stream)
+#endif
+
+#ifndef DT_MINW
+#define DT_MINW 0       // resident warps per SM the register allocation must allow (0: no cap)
+#endif
+#define DT_MINB (DT_MINW > 0 ? (DT_MINW + DT_WARPS - 1) / DT_WARPS : 1)
+
 #define DT_MAXMATS 4
 #define DT_CBITS (DT_LOG2M - 8)
 #define DT_M (1 << DT_LOG2M)
@@ -113,6 +122,11 @@ __device__ __forceinline__ void dt_cp_commit() { asm volatile("cp.async.commit_g
 template <int N>
 __device__ __forceinline__ void dt_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+// Asks the copy engine to bring `bytes` (a multiple of 16, 16-byte aligned) into L2, no waiting.
+__device__ __forceinline__ void dt_prefetch_l2(const void* p, u32 bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ u32 dt_ld_nc(const u32* p) {
     u32 r;
     asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
@@ -152,25 +166,31 @@ __device__ __forceinline__ void dt_load_chunk(const DtReader& r, u32* dst, long 
     dt_cp_commit();
 }
 
+// L2 prefetch of the chunk at word `at` of the tile (as far as the stream goes).
+__device__ __forceinline__ void dt_prefetch_stream(const DtReader& r, long long at) {
+    const long long left = r.len - at;
+    if (left > 0) dt_prefetch_l2(r.s + at, (u32)(left < 256 ? left : 256) * 4u);
+}
+
 // Read step `step`: lanes with `need` take the next words in lane order. Uniform control flow.
 __device__ __forceinline__ u32 dt_read(DtReader& r, bool need, u32 step, u32 lt_mask, int lane) {
     const u32 mask = __ballot_sync(0xffffffffu, need);
     const u32 n = __popc(mask);
     const u32 rank = __popc(mask & lt_mask);
-    u32 w = 0;
+    u32 w;
     if (step != r.due) {
-        if (need) w = r.buf[r.cur + ((r.pos + rank) & 255u)];
+        w = r.buf[r.cur + ((r.pos + rank) & 255u)];  // lanes that do not need it ignore it
         r.pos += n;  // an overrun shows at the next due step or at the end
     } else {
         const u32 avail = 256u - r.pos;
         dt_cp_wait<0>();
         __syncwarp();
-        if (need)
-            w = rank < avail ? r.buf[r.cur + ((r.pos + rank) & 255u)]
-                             : r.buf[(r.cur ^ 256u) + ((1u + rank - avail) & 255u)];
+        w = rank < avail ? r.buf[r.cur + ((r.pos + rank) & 255u)]
+                         : r.buf[(r.cur ^ 256u) + ((1u + rank - avail) & 255u)];
         r.bad |= n <= avail;
         __syncwarp();
         dt_load_chunk(r, r.buf + r.cur, r.next, lane);
+        if (lane == 0) dt_prefetch_stream(r, r.next + 256 * (DT_PD - 1));
         r.next += 256;
         r.cur ^= 256u;
         r.pos = (1u + n - avail) & 511u;
@@ -192,7 +212,7 @@ __device__ __forceinline__ u32 dt_code_value(const DtMat& m, u32 c) {
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 1) dtans_kernel(const DtParams p) {
+extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kernel(const DtParams p) {
     extern __shared__ uint4 dt_smem[];
     uint4* tab = dt_smem;
     float* xs = (float*)(dt_smem + DT_M);        // activation slice (mvm)
@@ -249,6 +269,15 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 1) dtans_kernel(cons
     rd.s = m.stream + o;
     rd.len = tend - (long long)o;
     rd.buf = bufs + warp * 512;
+    const unsigned char* rawt = m.raw + (size_t)tile * 32 * DT_SC;  // the tile's raw block
+    const u32* compt = m.companion + (size_t)tile * 32 * (DT_IT * DT_CBITS);
+    if (lane == 0) {
+        for (int c = 2; c < 2 + DT_PD - 1; ++c) dt_prefetch_stream(rd, 64 + 256 * c);
+        for (int i = 1; i < 1 + DT_PD && i < DT_IT; ++i) {
+            if (DT_BF16) dt_prefetch_l2(rawt + i * DT_RAWU * 512, DT_RAWU * 512);
+            if (DT_CBITS) dt_prefetch_l2(compt + i * DT_CBITS * 32, DT_CBITS * 128);
+        }
+    }
     u32 x = rd.s[lane], b = rd.s[32 + lane];
     dt_load_chunk(rd, rd.buf, 64, lane);
     dt_load_chunk(rd, rd.buf + 256, 64 + 256, lane);
@@ -260,8 +289,8 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 1) dtans_kernel(cons
     __syncwarp();
     rd.due = rd.buf[0];
 
-    const unsigned char* rawp = m.raw + (size_t)tile * 32 * DT_SC + lane * 16;  // unit j: + j·512
-    const u32* compp = m.companion + (size_t)tile * 32 * (DT_IT * DT_CBITS) + lane;  // word j: + j·32
+    const unsigned char* rawp = rawt + lane * 16;  // unit j: + j·512
+    const u32* compp = compt + lane;               // word j: + j·32
     (void)rawp;
     (void)compp;
 
@@ -280,8 +309,10 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 1) dtans_kernel(cons
 #if DT_OUT == 0
     float acc = 0.0f, accq = 0.0f;
 #endif
-    uint4 rc[DT_BF16 ? DT_RAWU : 1], rn[DT_BF16 ? DT_RAWU : 1];
-    u32 cc[DT_CW], cn[DT_CW];
+    // Raw units and companion words of the current iteration; each register is reloaded with the
+    // next iteration's unit/word right after its last use (a prefetch distance of one iteration).
+    uint4 rc[DT_BF16 ? DT_RAWU : 1];
+    u32 cc[DT_CW];
 #if DT_BF16
 #pragma unroll
     for (int j = 0; j < DT_RAWU; ++j) rc[j] = ld_stream_u4(rawp + j * 512);
@@ -292,15 +323,10 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 1) dtans_kernel(cons
 #endif
 
     for (int it = 0; it < DT_IT; ++it) {
-        if (it + 1 < DT_IT) {
-#if DT_BF16
-#pragma unroll
-            for (int j = 0; j < DT_RAWU; ++j) rn[j] = ld_stream_u4(rawp + ((it + 1) * DT_RAWU + j) * 512);
-#endif
-#if DT_CBITS
-#pragma unroll
-            for (int j = 0; j < DT_CBITS; ++j) cn[j] = dt_ld_nc(compp + ((it + 1) * DT_CBITS + j) * 32);
-#endif
+        if (lane == 0 && it + 1 + DT_PD < DT_IT) {
+            const int pi = it + 1 + DT_PD;
+            if (DT_BF16) dt_prefetch_l2(rawt + pi * DT_RAWU * 512, DT_RAWU * 512);
+            if (DT_CBITS) dt_prefetch_l2(compt + pi * DT_CBITS * 32, DT_CBITS * 128);
         }
 #if DT_GS
         // Scales (and mins) of this iteration's groups.
@@ -329,8 +355,10 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 1) dtans_kernel(cons
 #endif
                 e[i] = tab[idx];
             }
-            const u32 R = (e[0].x * e[1].x) * (e[2].x * e[3].x);
-            const u32 D = ((e[0].y * e[1].x + e[1].y) * e[2].x + e[2].y) * e[3].x + e[3].y;
+            // R = r0 r1 r2 r3, D = ((d0 r1 + d1) r2 + d2) r3 + d3 as a two-level tree.
+            const u32 r23 = e[2].x * e[3].x;
+            const u32 R = (e[0].x * e[1].x) * r23;
+            const u32 D = (e[0].y * e[1].x + e[1].y) * r23 + (e[2].y * e[3].x + e[3].y);
             const unsigned long long xn = (unsigned long long)x * R + D;
 
             // The quartet's 4·k values.
@@ -429,6 +457,18 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 1) dtans_kernel(cons
                 }
             }
 #endif
+#if DT_BF16
+            if (((u + 1) * 4 * DT_K) % 16 == 0 && it + 1 < DT_IT) {
+                const int j = ((u + 1) * 4 * DT_K) / 16 - 1;
+                rc[j] = ld_stream_u4(rawp + ((it + 1) * DT_RAWU + j) * 512);
+            }
+#endif
+#if DT_CBITS
+            if (((u + 1) * 4 * DT_CBITS) % 32 == 0 && it + 1 < DT_IT) {
+                const int j = ((u + 1) * 4 * DT_CBITS) / 32 - 1;
+                cc[j] = dt_ld_nc(compp + ((it + 1) * DT_CBITS + j) * 32);
+            }
+#endif
             if (q + 1 < DT_Q) {
                 const u32 hi = (u32)(xn >> 32), lo = (u32)xn;
                 const bool need = hi == 0;
@@ -437,10 +477,6 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 1) dtans_kernel(cons
                 x = need ? lo : hi;
             }
         }
-#pragma unroll
-        for (int j = 0; j < DT_RAWU && DT_BF16; ++j) rc[j] = rn[j];
-#pragma unroll
-        for (int j = 0; j < DT_CW; ++j) cc[j] = cn[j];
     }
 
     // Escape rounds: each lane with records reads one per round until its last.

@@ -123,6 +123,7 @@ pub struct CodedBench<'a> {
     x: Vec<f32>,
     x_d: CudaSlice<f32>,
     y: CudaSlice<f32>,
+    reference: Option<Vec<f32>>,
 }
 
 impl<'a> CodedBench<'a> {
@@ -144,6 +145,7 @@ impl<'a> CodedBench<'a> {
                 .while_(|| "allocating y".into())?,
             tensor,
             copies,
+            reference: None,
         })
     }
 
@@ -157,8 +159,8 @@ impl<'a> CodedBench<'a> {
         let c = &self.tensor.coding;
         Ok(CodedTiming {
             kernel: format!(
-                "dtans {:?} M2^{} sc{} w{}",
-                c.mode, c.log2_m, c.sc, cfg.warps
+                "dtans {:?} M2^{} sc{} {cfg}",
+                c.mode, c.log2_m, c.sc
             ),
             n,
             k,
@@ -185,30 +187,36 @@ impl<'a> CodedBench<'a> {
         )?;
         let got = download(self.dev, &self.y)?;
         let e = download(self.dev, &err)?[0];
-        let mut want = vec![0f32; self.tensor.rows];
-        self.tensor
-            .matvec(&self.x, &mut want, &Dequant::None)
-            .map_err(codec_err)?;
-        Ok((rel_l2(&got, &want), e))
+        if self.reference.is_none() {
+            let mut want = vec![0f32; self.tensor.rows];
+            self.tensor
+                .matvec(&self.x, &mut want, &Dequant::None)
+                .map_err(codec_err)?;
+            self.reference = Some(want);
+        }
+        Ok((rel_l2(&got, self.reference.as_deref().unwrap_or(&[])), e))
     }
 }
 
-/// The BF16 codings the timing compares (M = 2^8: no companion bits; Pair keeps 16 exponents).
-pub fn bench_codings(sc: u32) -> [Coding; 2] {
-    [
-        Coding {
+/// The BF16 codings the timing compares at slice width `sc`: Pair with M = 2^8, 2^9, 2^10 (0, 1, 2
+/// companion bits per symbol; t = 16, 22, 32 kept exponents), and Single with M = 2^8.
+pub fn bench_codings(sc: u32) -> Vec<Coding> {
+    let mut v: Vec<Coding> = [(8u8, 16u16), (9, 22), (10, 32)]
+        .into_iter()
+        .map(|(log2_m, t)| Coding {
             mode: Mode::Pair,
-            log2_m: 8,
+            log2_m,
             sc,
-            t: Some(16),
-        },
-        Coding {
-            mode: Mode::Single,
-            log2_m: 8,
-            sc,
-            t: None,
-        },
-    ]
+            t: Some(t),
+        })
+        .collect();
+    v.push(Coding {
+        mode: Mode::Single,
+        log2_m: 8,
+        sc,
+        t: None,
+    });
+    v
 }
 
 #[cfg(test)]

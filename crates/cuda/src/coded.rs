@@ -71,12 +71,14 @@ pub fn check_group(coding: &Coding, cols: usize, group: usize) -> Result<()> {
     let iter_cols = 32 * k;
     let ok = if group == 0 {
         false
+    } else if group >= cols {
+        true // one group per row
     } else if group < sc {
         group % (4 * k) == 0
             && sc % group == 0
             && (iter_cols % group == 0 || group % iter_cols == 0)
     } else {
-        group % sc == 0 || group >= cols
+        group % sc == 0
     };
     if ok {
         Ok(())
@@ -234,6 +236,8 @@ mod tests {
         let single = coding(Mode::Single, 64);
         assert!(check_group(&single, 100, 32).is_ok());
         assert!(check_group(&single, 100, 16).is_ok());
+        let single128 = coding(Mode::Single, 128);
+        assert!(check_group(&single128, 100, 100).is_ok()); // one group per row
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use entrollm_cuda::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
 use entrollm_cuda::bench_coded::{bench_codings, CodedBench};
-use entrollm_cuda::ops::dtans::{selftest, DtansConfig};
+use entrollm_cuda::ops::dtans::{selftest, BENCH_CONFIGS};
 use entrollm_cuda::ops::gemv::GemvConfig;
 use entrollm_cuda::GpuDevice;
 
@@ -43,7 +43,9 @@ fn dtans_gpu_selftest() {
 fn dtans_gpu_cold_timing() {
     let dev = open();
     let scs = env_list("DTANS_SC", &[512, 1024, 2048]);
-    let warps = env_list("DTANS_WARPS", &[4, 8]);
+    let cfg_idx = env_list("DTANS_CFGS", &[0, 1, 2, 3]);
+    let log2ms = env_list("DTANS_LOG2M", &[8, 9, 10]);
+    let single = std::env::var("DTANS_SINGLE").is_ok();
     let only: Option<Vec<String>> = std::env::var("DTANS_SHAPES")
         .ok()
         .map(|s| s.split(',').map(|v| v.to_string()).collect());
@@ -75,6 +77,11 @@ fn dtans_gpu_cold_timing() {
         let mut best: Option<entrollm_cuda::bench_coded::CodedTiming> = None;
         for &sc in &scs {
             for coding in bench_codings(sc) {
+                if !log2ms.contains(&(coding.log2_m as u32))
+                    || (coding.mode == entrollm_codec::dtans::Mode::Single && !single)
+                {
+                    continue;
+                }
                 let mut b = match CodedBench::new(&dev, n, k, coding, 7 + i as u64) {
                     Ok(b) => b,
                     Err(e) => {
@@ -82,8 +89,8 @@ fn dtans_gpu_cold_timing() {
                         continue;
                     }
                 };
-                for &w in &warps {
-                    let cfg = DtansConfig { warps: w };
+                for &ci in &cfg_idx {
+                    let cfg = BENCH_CONFIGS[ci as usize];
                     let (rel, err) = b.check(cfg).expect("coded check");
                     let t = b.time(cfg).expect("coded timing");
                     println!(

@@ -36,14 +36,36 @@ pub enum DtansOut {
     Dequant,
 }
 
-/// Launch tuning: warps (tiles, one 32-row band each) per block.
+/// Launch tuning: warps (tiles, one 32-row band each) per block, and the resident warps per SM
+/// the register allocation must allow (0: no cap; else `__launch_bounds__` caps registers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DtansConfig {
     pub warps: u32,
+    pub min_warps: u32,
 }
 
 impl DtansConfig {
-    pub const DEFAULT: DtansConfig = DtansConfig { warps: 4 };
+    pub const DEFAULT: DtansConfig = DtansConfig {
+        warps: 4,
+        min_warps: 0,
+    };
+
+    pub const fn warps(warps: u32) -> Self {
+        DtansConfig {
+            warps,
+            min_warps: 0,
+        }
+    }
+}
+
+impl std::fmt::Display for DtansConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "w{}", self.warps)?;
+        if self.min_warps > 0 {
+            write!(f, "m{}", self.min_warps)?;
+        }
+        Ok(())
+    }
 }
 
 /// The compile-time shape of a kernel: everything in a tensor's coding the kernel specialises on.
@@ -91,6 +113,7 @@ impl DtansKind {
                 ("DT_LOG2M", self.log2_m as i64),
                 ("DT_SC", self.sc as i64),
                 ("DT_WARPS", cfg.warps as i64),
+                ("DT_MINW", cfg.min_warps as i64),
                 ("DT_BF16", self.bf16 as i64),
                 ("DT_CB", self.code_bits as i64),
                 ("DT_GS", self.small_group as i64),
@@ -211,7 +234,7 @@ fn launch(
     outs: &[u64],
     err: Option<&mut CudaSlice<u32>>,
 ) -> Result<()> {
-    if cfg.warps == 0 || cfg.warps > 32 {
+    if cfg.warps == 0 || cfg.warps > 32 || cfg.min_warps > 64 {
         return Err(GpuError::invalid(
             op,
             format!("{} warps per block", cfg.warps),
@@ -421,9 +444,9 @@ pub fn dequant_ref(t: &DtansTensor, dq: &Dequant) -> Result<Vec<u16>> {
 /// Kernel variants the selftest and the timing use (compiled in CI by tools/nvrtc-check).
 pub fn builtin_variants() -> Vec<KernelVariant> {
     let mut v = Vec::new();
-    let mut add = |kind: DtansKind, warps: u32, outs: &[DtansOut]| {
+    let mut add = |kind: DtansKind, warps: DtansConfig, outs: &[DtansOut]| {
         for &out in outs {
-            let var = kind.variant(DtansConfig { warps }, out);
+            let var = kind.variant(warps, out);
             if !v.contains(&var) {
                 v.push(var);
             }
@@ -431,21 +454,32 @@ pub fn builtin_variants() -> Vec<KernelVariant> {
     };
     let all = [DtansOut::Mvm, DtansOut::Decode, DtansOut::Dequant];
     for kind in selftest_kinds() {
-        add(kind, DtansConfig::DEFAULT.warps, &all);
+        add(kind, DtansConfig::DEFAULT, &all);
         for w in selftest_mvm_warps(&kind) {
-            add(kind, w, &[DtansOut::Mvm]);
+            add(kind, DtansConfig::warps(w), &[DtansOut::Mvm]);
         }
     }
     for kind in bench_kinds() {
-        for w in BENCH_WARPS {
-            add(kind, w, &[DtansOut::Mvm]);
+        for cfg in BENCH_CONFIGS {
+            add(kind, cfg, &[DtansOut::Mvm]);
         }
     }
     v
 }
 
-/// Warps per block the timing sweeps.
-pub const BENCH_WARPS: [u32; 2] = [4, 8];
+/// Launch configurations the timing sweeps.
+pub const BENCH_CONFIGS: [DtansConfig; 4] = [
+    DtansConfig::warps(4),
+    DtansConfig::warps(8),
+    DtansConfig {
+        warps: 4,
+        min_warps: 24,
+    },
+    DtansConfig {
+        warps: 8,
+        min_warps: 24,
+    },
+];
 
 /// Warps per block the selftest's mvm runs with: 1, 4 and 8 for bf16, the default otherwise.
 fn selftest_mvm_warps(kind: &DtansKind) -> Vec<u32> {
@@ -572,25 +606,12 @@ fn selftest_kinds() -> Vec<DtansKind> {
     v
 }
 
-/// The BF16 Pair codings the timing sweeps (M = 2^8, t = 16).
+/// The BF16 codings the timing sweeps (`bench_coded::bench_codings`).
 pub fn bench_kinds() -> Vec<DtansKind> {
     [512u32, 1024, 2048]
         .into_iter()
-        .flat_map(|sc| {
-            [Mode::Pair, Mode::Single].map(|mode| {
-                DtansKind::of(
-                    Payload::Bf16,
-                    &Coding {
-                        mode,
-                        log2_m: 8,
-                        sc,
-                        t: None,
-                    },
-                    4096,
-                    None,
-                )
-            })
-        })
+        .flat_map(crate::bench_coded::bench_codings)
+        .map(|c| DtansKind::of(Payload::Bf16, &c, 4096, None))
         .collect()
 }
 
@@ -796,7 +817,7 @@ impl DtansChecker<'_> {
                     let mats: Vec<&GpuDtans> = gpu.iter().collect();
                     launch_mvm(
                         self.dev,
-                        DtansConfig { warps },
+                        DtansConfig::warps(warps),
                         &mats,
                         &x_d,
                         &mut yr,
@@ -895,7 +916,7 @@ mod tests {
     fn shared_memory_fits_the_device() {
         for k in selftest_kinds().into_iter().chain(bench_kinds()) {
             for out in [DtansOut::Mvm, DtansOut::Decode, DtansOut::Dequant] {
-                let b = k.shared_bytes(DtansConfig { warps: 8 }, out);
+                let b = k.shared_bytes(DtansConfig::warps(8), out);
                 assert!(b <= 227 * 1024, "{k:?} {out:?}: {b}");
             }
         }
