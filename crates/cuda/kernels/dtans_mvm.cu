@@ -53,6 +53,9 @@
 #define DT_PD 4         // L2 prefetch distance in iterations (raw, companion) and chunks (stream)
 #endif
 
+#ifndef DT_REP
+#define DT_REP 8        // copies of the table, interleaved so that lanes l mod DT_REP hit different banks
+#endif
 #ifndef DT_MINW
 #define DT_MINW 0       // resident warps per SM the register allocation must allow (0: no cap)
 #endif
@@ -79,6 +82,7 @@ static_assert(DT_GS == 0 || (DT_GS % (4 * DT_K) == 0 && DT_SC % DT_GS == 0 && DT
               "DT_GS must be a multiple of 4·k dividing DT_SC");
 static_assert(DT_GS == 0 || DT_GS <= DT_ICOLS ? true : DT_GS % DT_ICOLS == 0,
               "groups larger than an iteration must be whole iterations");
+static_assert(DT_REP == 1 || DT_REP == 2 || DT_REP == 4 || DT_REP == 8, "DT_REP must be 1, 2, 4 or 8");
 static_assert(DT_OUT >= 0 && DT_OUT <= 2, "DT_OUT must be 0 (mvm), 1 (decode) or 2 (dequant)");
 
 struct DtMat {
@@ -215,7 +219,7 @@ __device__ __forceinline__ u32 dt_code_value(const DtMat& m, u32 c) {
 extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kernel(const DtParams p) {
     extern __shared__ uint4 dt_smem[];
     uint4* tab = dt_smem;
-    float* xs = (float*)(dt_smem + DT_M);        // activation slice (mvm)
+    float* xs = (float*)(dt_smem + DT_M * DT_REP);  // activation slice (mvm)
     float* xg = xs + (DT_OUT == 0 ? DT_SC : 0);  // activation sums per group (mvm with groups)
     constexpr int XG = DT_OUT == 0 ? ((DT_GS ? DT_SC / DT_GS : 1) + 3) / 4 * 4 : 0;
     u32* bufs = (u32*)(xg + XG);
@@ -234,8 +238,10 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
     const int col0 = slice * DT_SC;
     const int band = ((int)blockIdx.x - m.block0) * DT_WARPS + warp;
 
-    for (int i = threadIdx.x; i < DT_M; i += blockDim.x) {
-        const u32 e = __ldg(m.entries + i);
+    // Slot s's entry is stored DT_REP times at s·DT_REP + c; lane l reads copy l mod DT_REP, so a
+    // quarter-warp's 16-byte reads of random slots never share a bank.
+    for (int i = threadIdx.x; i < DT_M * DT_REP; i += blockDim.x) {
+        const u32 e = __ldg(m.entries + i / DT_REP);
         const u32 pl = e >> 16, cmask = (1u << DT_CB) - 1u;
         tab[i] = make_uint4(e & 0xFFu, (e >> 8) & 0xFFu, dt_code_value(m, pl & cmask),
                             DT_K == 2 ? dt_code_value(m, (pl >> DT_CB) & cmask) : 0u);
@@ -262,6 +268,7 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
     const int row = band * 32 + lane;
     const int rowc = min(row, m.rows - 1);
     const int ncols = min(DT_SC, p.cols - col0);
+    const uint4* tabl = tab + (lane % DT_REP);
     u32 lt_mask;
     asm("mov.u32 %0, %%lanemask_lt;" : "=r"(lt_mask));
 
@@ -353,7 +360,7 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
 #if DT_CBITS
                 idx |= ((cw >> (i * DT_CBITS)) & ((1u << DT_CBITS) - 1u)) << 8;
 #endif
-                e[i] = tab[idx];
+                e[i] = tabl[idx * DT_REP];
             }
             // R = r0 r1 r2 r3, D = ((d0 r1 + d1) r2 + d2) r3 + d3 as a two-level tree.
             const u32 r23 = e[2].x * e[3].x;

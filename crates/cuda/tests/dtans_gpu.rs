@@ -43,7 +43,7 @@ fn dtans_gpu_selftest() {
 fn dtans_gpu_cold_timing() {
     let dev = open();
     let scs = env_list("DTANS_SC", &[512, 1024, 2048]);
-    let cfg_idx = env_list("DTANS_CFGS", &[0, 1, 2, 3]);
+    let cfg_idx = env_list("DTANS_CFGS", &[0, 1, 2, 3, 4, 5]);
     let log2ms = env_list("DTANS_LOG2M", &[8, 9, 10]);
     let single = std::env::var("DTANS_SINGLE").is_ok();
     let only: Option<Vec<String>> = std::env::var("DTANS_SHAPES")

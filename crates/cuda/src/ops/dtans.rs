@@ -42,19 +42,32 @@ pub enum DtansOut {
 pub struct DtansConfig {
     pub warps: u32,
     pub min_warps: u32,
+    /// Interleaved copies of the decoding table in shared memory (1, 2, 4 or 8; 0: as many as fit
+    /// in 32 KiB): lane l reads copy l mod rep, which spreads a warp's random lookups over the banks.
+    pub rep: u32,
 }
 
 impl DtansConfig {
     pub const DEFAULT: DtansConfig = DtansConfig {
         warps: 4,
         min_warps: 0,
+        rep: 0,
     };
 
     pub const fn warps(warps: u32) -> Self {
         DtansConfig {
             warps,
             min_warps: 0,
+            rep: 0,
         }
+    }
+
+    /// The table copies for a table of 2^log2_m entries.
+    pub fn table_copies(&self, log2_m: u8) -> u32 {
+        if self.rep != 0 {
+            return self.rep;
+        }
+        (32768u32 >> (log2_m as u32 + 4)).clamp(1, 8)
     }
 }
 
@@ -63,6 +76,9 @@ impl std::fmt::Display for DtansConfig {
         write!(f, "w{}", self.warps)?;
         if self.min_warps > 0 {
             write!(f, "m{}", self.min_warps)?;
+        }
+        if self.rep > 0 {
+            write!(f, "r{}", self.rep)?;
         }
         Ok(())
     }
@@ -114,6 +130,7 @@ impl DtansKind {
                 ("DT_SC", self.sc as i64),
                 ("DT_WARPS", cfg.warps as i64),
                 ("DT_MINW", cfg.min_warps as i64),
+                ("DT_REP", cfg.table_copies(self.log2_m) as i64),
                 ("DT_BF16", self.bf16 as i64),
                 ("DT_CB", self.code_bits as i64),
                 ("DT_GS", self.small_group as i64),
@@ -132,7 +149,7 @@ impl DtansKind {
     /// Dynamic shared memory of a launch: table, activation slice and group sums (mvm), and two
     /// 1 KiB chunk buffers per warp.
     pub fn shared_bytes(&self, cfg: DtansConfig, out: DtansOut) -> usize {
-        let table = 16usize << self.log2_m;
+        let table = (16usize << self.log2_m) * cfg.table_copies(self.log2_m) as usize;
         let act = if out == DtansOut::Mvm {
             let groups = if self.small_group > 0 {
                 (self.sc / self.small_group) as usize
@@ -234,7 +251,7 @@ fn launch(
     outs: &[u64],
     err: Option<&mut CudaSlice<u32>>,
 ) -> Result<()> {
-    if cfg.warps == 0 || cfg.warps > 32 || cfg.min_warps > 64 {
+    if cfg.warps == 0 || cfg.warps > 32 || cfg.min_warps > 64 || ![0, 1, 2, 4, 8].contains(&cfg.rep) {
         return Err(GpuError::invalid(
             op,
             format!("{} warps per block", cfg.warps),
@@ -468,16 +485,24 @@ pub fn builtin_variants() -> Vec<KernelVariant> {
 }
 
 /// Launch configurations the timing sweeps.
-pub const BENCH_CONFIGS: [DtansConfig; 4] = [
+pub const BENCH_CONFIGS: [DtansConfig; 6] = [
     DtansConfig::warps(4),
     DtansConfig::warps(8),
+    DtansConfig::warps(16),
     DtansConfig {
         warps: 4,
         min_warps: 24,
+        rep: 0,
     },
     DtansConfig {
         warps: 8,
         min_warps: 24,
+        rep: 0,
+    },
+    DtansConfig {
+        warps: 8,
+        min_warps: 0,
+        rep: 1,
     },
 ];
 
