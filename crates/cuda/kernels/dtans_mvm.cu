@@ -50,7 +50,10 @@
 #endif
 
 #ifndef DT_PD
-#define DT_PD 4         // L2 prefetch distance in iterations (raw, companion) and chunks (stream)
+#define DT_PD 4         // L2 prefetch distance in blocks of 8 quartets (raw, companion) and chunks
+#endif
+#ifndef DT_NOPF
+#define DT_NOPF 0       // 1: no L2 bulk prefetch (for timing comparisons)
 #endif
 
 #ifndef DT_REP
@@ -65,16 +68,26 @@
 #define DT_CBITS (DT_LOG2M - 8)
 #define DT_M (1 << DT_LOG2M)
 #define DT_Q (DT_SC / DT_K / 4)   // quartets per lane per tile
-#define DT_IT (DT_Q / 8)          // iterations of 8 quartets
-#define DT_ICOLS (32 * DT_K)      // columns per iteration
+#ifndef DT_UQ
+#define DT_UQ 8                   // quartets per (unrolled) iteration
+#endif
+#define DT_IT (DT_Q / DT_UQ)      // iterations per tile
+#define DT_ICOLS (4 * DT_K * DT_UQ)  // columns per iteration
 #define DT_RAWU (DT_ICOLS / 16)   // 16-byte raw units per lane per iteration
-#define DT_CW (DT_CBITS > 0 ? DT_CBITS : 1)  // companion words per iteration (register array size)
+#define DT_CWI (DT_UQ * DT_CBITS / 8)  // companion words per lane per iteration
+#define DT_NB (DT_Q / 8)          // prefetch blocks of 8 quartets per tile
+#define DT_BRAW (8 * 4 * DT_K / 16 * 512)  // raw bytes of a block
+#define DT_BCOMP (DT_CBITS * 128)          // companion bytes of a block
+#define DT_CW (DT_CWI > 0 ? DT_CWI : 1)  // (register array size)
 #define DT_NO_DUE 0xFFFFFFFFu
 
 static_assert(DT_K == 1 || DT_K == 2, "DT_K must be 1 (Single) or 2 (Pair)");
 static_assert(DT_LOG2M == 8 || DT_LOG2M == 9 || DT_LOG2M == 10 || DT_LOG2M == 12, "DT_LOG2M must be 8, 9, 10 or 12");
 static_assert(DT_SC >= 64 && DT_SC <= 2048 && (DT_SC & (DT_SC - 1)) == 0, "DT_SC must be a power of two in 64..2048");
-static_assert(DT_Q % 8 == 0, "a lane's quartets must be a multiple of 8");
+static_assert(DT_UQ == 2 || DT_UQ == 4 || DT_UQ == 8, "DT_UQ must be 2, 4 or 8");
+static_assert(DT_Q % DT_UQ == 0, "a lane's quartets must be whole iterations");
+static_assert((DT_UQ * 4 * DT_CBITS) % 32 == 0, "an iteration must use whole companion words");
+static_assert(!DT_BF16 || DT_ICOLS % 16 == 0, "an iteration must use whole 16-byte raw units");
 static_assert(DT_WARPS >= 1 && DT_WARPS <= 32, "DT_WARPS must be 1..32");
 static_assert(DT_CB >= 2 && DT_CB <= 8 && DT_K * DT_CB <= 16, "codes must fit the 16-bit payload");
 static_assert(!DT_BF16 || DT_CB == 8, "bf16 codes are 8-bit exponents");
@@ -153,17 +166,17 @@ __device__ __forceinline__ u32 dt_bf16_bits(u32 rw, int j, u32 v) {
 struct DtReader {
     u32* buf;          // 512 words: two chunk buffers
     u32 cur, pos, due, bad;
-    long long next;    // word offset (from the tile start) of the next chunk to prefetch
-    long long len;     // words in the tile's stream
+    int next;          // word offset (from the tile start) of the next chunk to load
+    int len;           // words in the tile's stream
     const u32* s;      // tile start
 };
 
 // Loads the 256-word chunk at word `at` of the tile into `dst` (words past the stream are zeros).
-__device__ __forceinline__ void dt_load_chunk(const DtReader& r, u32* dst, long long at, int lane) {
+__device__ __forceinline__ void dt_load_chunk(const DtReader& r, u32* dst, int at, int lane) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int u = lane + 32 * h;
-        const long long w = at + 4 * u;
+        const int w = at + 4 * u;
         const bool ok = w + 4 <= r.len;
         dt_cp_async16(dt_smem_addr(dst + 4 * u), ok ? (const void*)(r.s + w) : (const void*)r.s, ok ? 16u : 0u);
     }
@@ -171,8 +184,8 @@ __device__ __forceinline__ void dt_load_chunk(const DtReader& r, u32* dst, long 
 }
 
 // L2 prefetch of the chunk at word `at` of the tile (as far as the stream goes).
-__device__ __forceinline__ void dt_prefetch_stream(const DtReader& r, long long at) {
-    const long long left = r.len - at;
+__device__ __forceinline__ void dt_prefetch_stream(const DtReader& r, int at) {
+    const int left = r.len - at;
     if (left > 0) dt_prefetch_l2(r.s + at, (u32)(left < 256 ? left : 256) * 4u);
 }
 
@@ -194,7 +207,7 @@ __device__ __forceinline__ u32 dt_read(DtReader& r, bool need, u32 step, u32 lt_
         r.bad |= n <= avail;
         __syncwarp();
         dt_load_chunk(r, r.buf + r.cur, r.next, lane);
-        if (lane == 0) dt_prefetch_stream(r, r.next + 256 * (DT_PD - 1));
+        if (!DT_NOPF && lane == 0) dt_prefetch_stream(r, r.next + 256 * (DT_PD - 1));
         r.next += 256;
         r.cur ^= 256u;
         r.pos = (1u + n - avail) & 511u;
@@ -274,15 +287,15 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
 
     DtReader rd;
     rd.s = m.stream + o;
-    rd.len = tend - (long long)o;
+    rd.len = (int)min(tend - (long long)o, (long long)(1 << 30));
     rd.buf = bufs + warp * 512;
     const unsigned char* rawt = m.raw + (size_t)tile * 32 * DT_SC;  // the tile's raw block
-    const u32* compt = m.companion + (size_t)tile * 32 * (DT_IT * DT_CBITS);
-    if (lane == 0) {
+    const u32* compt = m.companion + (size_t)tile * 32 * (DT_Q * DT_CBITS / 8);
+    if (!DT_NOPF && lane == 0) {
         for (int c = 2; c < 2 + DT_PD - 1; ++c) dt_prefetch_stream(rd, 64 + 256 * c);
-        for (int i = 1; i < 1 + DT_PD && i < DT_IT; ++i) {
-            if (DT_BF16) dt_prefetch_l2(rawt + i * DT_RAWU * 512, DT_RAWU * 512);
-            if (DT_CBITS) dt_prefetch_l2(compt + i * DT_CBITS * 32, DT_CBITS * 128);
+        for (int i = 1; i < 1 + DT_PD && i < DT_NB; ++i) {
+            if (DT_BF16) dt_prefetch_l2(rawt + i * DT_BRAW, DT_BRAW);
+            if (DT_CBITS) dt_prefetch_l2(compt + i * (DT_BCOMP / 4), DT_BCOMP);
         }
     }
     u32 x = rd.s[lane], b = rd.s[32 + lane];
@@ -314,7 +327,7 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
     (void)ss;
     (void)sm;
 #if DT_OUT == 0
-    float acc = 0.0f, accq = 0.0f;
+    float acc = 0.0f, accq = 0.0f, accq2 = 0.0f;  // two product chains, summed at each flush
 #endif
     // Raw units and companion words of the current iteration; each register is reloaded with the
     // next iteration's unit/word right after its last use (a prefetch distance of one iteration).
@@ -326,14 +339,14 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
 #endif
 #if DT_CBITS
 #pragma unroll
-    for (int j = 0; j < DT_CBITS; ++j) cc[j] = dt_ld_nc(compp + j * 32);
+    for (int j = 0; j < DT_CWI; ++j) cc[j] = dt_ld_nc(compp + j * 32);
 #endif
 
     for (int it = 0; it < DT_IT; ++it) {
-        if (lane == 0 && it + 1 + DT_PD < DT_IT) {
-            const int pi = it + 1 + DT_PD;
-            if (DT_BF16) dt_prefetch_l2(rawt + pi * DT_RAWU * 512, DT_RAWU * 512);
-            if (DT_CBITS) dt_prefetch_l2(compt + pi * DT_CBITS * 32, DT_CBITS * 128);
+        if (!DT_NOPF && lane == 0 && (it * DT_UQ) % 8 == 0 && (it * DT_UQ) / 8 + 1 + DT_PD < DT_NB) {
+            const int pb = (it * DT_UQ) / 8 + 1 + DT_PD;  // block of 8 quartets
+            if (DT_BF16) dt_prefetch_l2(rawt + pb * DT_BRAW, DT_BRAW);
+            if (DT_CBITS) dt_prefetch_l2(compt + pb * (DT_BCOMP / 4), DT_BCOMP);
         }
 #if DT_GS
         // Scales (and mins) of this iteration's groups.
@@ -347,8 +360,8 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
         }
 #endif
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int q = it * 8 + u;
+        for (int u = 0; u < DT_UQ; ++u) {
+            const int q = it * DT_UQ + u;
             u32 cw = 0;
 #if DT_CBITS
             cw = cc[(u * 4 * DT_CBITS) / 32] >> ((u * 4 * DT_CBITS) % 32);
@@ -391,17 +404,19 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
                 for (int h = 0; h < DT_K; ++h) {
                     const float4 xa = *(const float4*)(xq + 4 * h);
                     accq = fmaf(__uint_as_float(v[4 * h + 0]), xa.x, accq);
-                    accq = fmaf(__uint_as_float(v[4 * h + 1]), xa.y, accq);
+                    accq2 = fmaf(__uint_as_float(v[4 * h + 1]), xa.y, accq2);
                     accq = fmaf(__uint_as_float(v[4 * h + 2]), xa.z, accq);
-                    accq = fmaf(__uint_as_float(v[4 * h + 3]), xa.w, accq);
+                    accq2 = fmaf(__uint_as_float(v[4 * h + 3]), xa.w, accq2);
                 }
             }
 #if DT_GS
             if (((q + 1) * 4 * DT_K) % DT_GS == 0) {
                 const int g = (q * 4 * DT_K) / DT_GS;                            // group in the slice
                 const int gl = DT_GS <= DT_ICOLS ? (u * 4 * DT_K) / DT_GS : 0;  // group in the iteration
+                accq += accq2;
                 acc += gs[gl] * accq + (gm[gl] - gs[gl] * m.offset) * xg[g];
                 accq = 0.0f;
+                accq2 = 0.0f;
             }
 #endif
 #else
@@ -473,7 +488,7 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
 #if DT_CBITS
             if (((u + 1) * 4 * DT_CBITS) % 32 == 0 && it + 1 < DT_IT) {
                 const int j = ((u + 1) * 4 * DT_CBITS) / 32 - 1;
-                cc[j] = dt_ld_nc(compp + ((it + 1) * DT_CBITS + j) * 32);
+                cc[j] = dt_ld_nc(compp + ((it + 1) * DT_CWI + j) * 32);
             }
 #endif
             if (q + 1 < DT_Q) {
@@ -486,6 +501,9 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
         }
     }
 
+#if DT_OUT == 0
+    accq += accq2;
+#endif
     // Escape rounds: each lane with records reads one per round until its last.
     bool act = (m.tiles[2 * tile + 1] >> lane) & 1u;
     u32 step = DT_Q - 1;

@@ -18,7 +18,7 @@ use crate::bench::time_cold;
 use crate::coded::GpuDtans;
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
-use crate::ops::dtans::{launch_mvm, DtansConfig};
+use crate::ops::dtans::{launch_dequant, launch_mvm, DtansConfig};
 use crate::selftest::{download, rel_l2, upload, Rng};
 
 /// Rows coded for real; larger matrices repeat these bands.
@@ -113,6 +113,9 @@ pub struct CodedTiming {
     pub dense_equiv_tb_per_s: f64,
     /// Coded bytes read per second.
     pub coded_tb_per_s: f64,
+    pub log2_m: u8,
+    pub sc: u32,
+    pub t: u16,
 }
 
 /// One coded shape set up for cold-cache timing.
@@ -158,10 +161,7 @@ impl<'a> CodedBench<'a> {
         })?;
         let c = &self.tensor.coding;
         Ok(CodedTiming {
-            kernel: format!(
-                "dtans {:?} M2^{} sc{} {cfg}",
-                c.mode, c.log2_m, c.sc
-            ),
+            kernel: format!("dtans {:?} M2^{} sc{} {cfg}", c.mode, c.log2_m, c.sc),
             n,
             k,
             copies: copies.len(),
@@ -169,7 +169,34 @@ impl<'a> CodedBench<'a> {
             bits_per_weight: self.tensor.bits_per_weight(),
             dense_equiv_tb_per_s: (n * k * 2) as f64 / (us * 1e-6) / 1e12,
             coded_tb_per_s: bytes as f64 / (us * 1e-6) / 1e12,
+            log2_m: c.log2_m,
+            sc: c.sc,
+            t: c.t.unwrap_or(0),
         })
+    }
+
+    /// Cold-cache µs of materialising the matrix as BF16 (`dequant`, for prefill GEMMs), and
+    /// whether the result is bit-exact (checked on the last copy against the CPU decoder).
+    pub fn time_dequant(&mut self, cfg: DtansConfig) -> Result<(f64, bool)> {
+        let (dev, n, k) = (self.dev, self.tensor.rows, self.tensor.cols);
+        let mut out = dev
+            .stream()
+            .alloc_zeros::<u16>(n * k)
+            .while_(|| "allocating the dequant output".into())?;
+        let copies = &self.copies;
+        let (us, _) = time_cold(
+            dev,
+            copies.len(),
+            self.tensor.stored_bytes() + 2 * n * k,
+            |c| launch_dequant(dev, cfg, &copies[c], &mut out, None),
+        )?;
+        let got = download(dev, &out)?;
+        let want = self.tensor.decode().map_err(codec_err)?;
+        let exact = got
+            .iter()
+            .zip(want.chunks_exact(2))
+            .all(|(&g, w)| g == u16::from_le_bytes([w[0], w[1]]));
+        Ok((us, exact))
     }
 
     /// Relative L2 error of the mvm (on the last copy) against the codec's CPU matvec, and the
@@ -197,6 +224,9 @@ impl<'a> CodedBench<'a> {
         Ok((rel_l2(&got, self.reference.as_deref().unwrap_or(&[])), e))
     }
 }
+
+/// Slice widths the timing compares.
+pub const BENCH_SLICE_WIDTHS: [u32; 4] = [256, 512, 1024, 2048];
 
 /// The BF16 codings the timing compares at slice width `sc`: Pair with M = 2^8, 2^9, 2^10 (0, 1, 2
 /// companion bits per symbol; t = 16, 22, 32 kept exponents), and Single with M = 2^8.

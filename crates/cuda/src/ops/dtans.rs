@@ -45,6 +45,8 @@ pub struct DtansConfig {
     /// Interleaved copies of the decoding table in shared memory (1, 2, 4 or 8; 0: as many as fit
     /// in 32 KiB): lane l reads copy l mod rep, which spreads a warp's random lookups over the banks.
     pub rep: u32,
+    /// Quartets per unrolled iteration (2, 4 or 8; 0: 8). Group dequantisation assumes 8.
+    pub unroll: u32,
 }
 
 impl DtansConfig {
@@ -52,6 +54,7 @@ impl DtansConfig {
         warps: 4,
         min_warps: 0,
         rep: 0,
+        unroll: 0,
     };
 
     pub const fn warps(warps: u32) -> Self {
@@ -59,7 +62,21 @@ impl DtansConfig {
             warps,
             min_warps: 0,
             rep: 0,
+            unroll: 0,
         }
+    }
+
+    /// Whether the kernel compiles for `kind` with this unroll (whole companion words and raw
+    /// units per iteration).
+    pub fn fits(&self, kind: &DtansKind) -> bool {
+        let uq = if self.unroll == 0 { 8 } else { self.unroll };
+        if ![2, 4, 8].contains(&uq) {
+            return false;
+        }
+        let cbits = kind.log2_m as u32 - 8;
+        (uq * 4 * cbits) % 32 == 0
+            && (!kind.bf16 || (4 * kind.k * uq) % 16 == 0)
+            && (kind.sc / kind.k / 4) % uq == 0
     }
 
     /// The table copies for a table of 2^log2_m entries.
@@ -79,6 +96,9 @@ impl std::fmt::Display for DtansConfig {
         }
         if self.rep > 0 {
             write!(f, "r{}", self.rep)?;
+        }
+        if self.unroll > 0 {
+            write!(f, "u{}", self.unroll)?;
         }
         Ok(())
     }
@@ -131,6 +151,14 @@ impl DtansKind {
                 ("DT_WARPS", cfg.warps as i64),
                 ("DT_MINW", cfg.min_warps as i64),
                 ("DT_REP", cfg.table_copies(self.log2_m) as i64),
+                (
+                    "DT_UQ",
+                    if cfg.unroll == 0 {
+                        8
+                    } else {
+                        cfg.unroll as i64
+                    },
+                ),
                 ("DT_BF16", self.bf16 as i64),
                 ("DT_CB", self.code_bits as i64),
                 ("DT_GS", self.small_group as i64),
@@ -251,13 +279,19 @@ fn launch(
     outs: &[u64],
     err: Option<&mut CudaSlice<u32>>,
 ) -> Result<()> {
-    if cfg.warps == 0 || cfg.warps > 32 || cfg.min_warps > 64 || ![0, 1, 2, 4, 8].contains(&cfg.rep) {
+    let kind = check_launch(op, mats)?;
+    if cfg.warps == 0
+        || cfg.warps > 32
+        || cfg.min_warps > 64
+        || ![0, 1, 2, 4, 8].contains(&cfg.rep)
+        || !cfg.fits(&kind)
+        || (cfg.unroll != 0 && cfg.unroll != 8 && mats[0].groups.is_some())
+    {
         return Err(GpuError::invalid(
             op,
-            format!("{} warps per block", cfg.warps),
+            format!("launch configuration {cfg} does not fit {kind:?}"),
         ));
     }
-    let kind = check_launch(op, mats)?;
     let first = mats[0];
     let stream = dev.stream();
     let mut p = DtParams {
@@ -477,32 +511,83 @@ pub fn builtin_variants() -> Vec<KernelVariant> {
         }
     }
     for kind in bench_kinds() {
-        for cfg in BENCH_CONFIGS {
+        for cfg in BENCH_CONFIGS.into_iter().filter(|c| c.fits(&kind)) {
             add(kind, cfg, &[DtansOut::Mvm]);
+        }
+        for w in [4, 8] {
+            add(kind, DtansConfig::warps(w), &[DtansOut::Dequant]);
         }
     }
     v
 }
 
-/// Launch configurations the timing sweeps.
-pub const BENCH_CONFIGS: [DtansConfig; 6] = [
-    DtansConfig::warps(4),
-    DtansConfig::warps(8),
-    DtansConfig::warps(16),
+/// Launch configurations the timing sweeps (unroll 2/4 only where the coding allows it).
+pub const BENCH_CONFIGS: [DtansConfig; 11] = [
     DtansConfig {
         warps: 4,
-        min_warps: 24,
+        min_warps: 0,
         rep: 0,
-    },
-    DtansConfig {
-        warps: 8,
-        min_warps: 24,
-        rep: 0,
+        unroll: 0,
     },
     DtansConfig {
         warps: 8,
         min_warps: 0,
-        rep: 1,
+        rep: 0,
+        unroll: 0,
+    },
+    DtansConfig {
+        warps: 16,
+        min_warps: 0,
+        rep: 0,
+        unroll: 0,
+    },
+    DtansConfig {
+        warps: 8,
+        min_warps: 24,
+        rep: 0,
+        unroll: 0,
+    },
+    DtansConfig {
+        warps: 4,
+        min_warps: 0,
+        rep: 0,
+        unroll: 4,
+    },
+    DtansConfig {
+        warps: 8,
+        min_warps: 0,
+        rep: 0,
+        unroll: 4,
+    },
+    DtansConfig {
+        warps: 16,
+        min_warps: 0,
+        rep: 0,
+        unroll: 4,
+    },
+    DtansConfig {
+        warps: 8,
+        min_warps: 24,
+        rep: 0,
+        unroll: 4,
+    },
+    DtansConfig {
+        warps: 8,
+        min_warps: 0,
+        rep: 0,
+        unroll: 2,
+    },
+    DtansConfig {
+        warps: 16,
+        min_warps: 0,
+        rep: 0,
+        unroll: 2,
+    },
+    DtansConfig {
+        warps: 8,
+        min_warps: 24,
+        rep: 8,
+        unroll: 0,
     },
 ];
 
@@ -633,7 +718,7 @@ fn selftest_kinds() -> Vec<DtansKind> {
 
 /// The BF16 codings the timing sweeps (`bench_coded::bench_codings`).
 pub fn bench_kinds() -> Vec<DtansKind> {
-    [512u32, 1024, 2048]
+    crate::bench_coded::BENCH_SLICE_WIDTHS
         .into_iter()
         .flat_map(crate::bench_coded::bench_codings)
         .map(|c| DtansKind::of(Payload::Bf16, &c, 4096, None))
