@@ -203,7 +203,10 @@ impl<'a> CodedBench<'a> {
     /// error word.
     pub fn check(&mut self, cfg: DtansConfig) -> Result<(f64, u32)> {
         let mut err = upload(self.dev, &[0u32])?;
-        let t = self.copies.last().expect("at least one copy");
+        let t = self
+            .copies
+            .last()
+            .ok_or_else(|| GpuError::invalid("coded bench", "no uploaded copy"))?;
         launch_mvm(
             self.dev,
             cfg,
@@ -223,6 +226,54 @@ impl<'a> CodedBench<'a> {
         }
         Ok((rel_l2(&got, self.reference.as_deref().unwrap_or(&[])), e))
     }
+}
+
+/// The fastest lossless BF16 coding and launch measured per Llama-3.1-8B launch shape on an H200
+/// (bench/RESULTS.md, 2026-11-29): (name, rows, cols, coding, config, µs).
+pub fn llama8b_tuned() -> [(&'static str, usize, usize, Coding, DtansConfig, f64); 5] {
+    let pair = |sc| Coding {
+        mode: Mode::Pair,
+        log2_m: 8,
+        sc,
+        t: Some(16),
+    };
+    let cfg = |warps, min_warps, unroll| DtansConfig {
+        warps,
+        min_warps,
+        rep: 0,
+        unroll,
+    };
+    [
+        ("qkv", 6144, 4096, pair(256), cfg(8, 0, 4), 23.90),
+        ("o", 4096, 4096, pair(256), cfg(16, 0, 0), 17.42),
+        ("gate_up", 28_672, 4096, pair(2048), cfg(16, 0, 0), 76.57),
+        ("down", 4096, 14_336, pair(1024), cfg(16, 0, 0), 42.92),
+        // w8m24 (registers capped for 24 warps/SM) measured 268.40 µs but spills 8 bytes.
+        ("lm_head", 128_256, 4096, pair(512), cfg(8, 0, 4), 279.04),
+    ]
+}
+
+/// A lossless BF16 Pair coding and launch for an `n × k` matrix: the tuned one for the Llama-8B
+/// shapes, else by tile count (narrow slices when there are few row bands, so that every SM gets
+/// enough warps).
+pub fn bf16_coding_for(n: usize, k: usize) -> (Coding, DtansConfig) {
+    if let Some(t) = llama8b_tuned().into_iter().find(|t| t.1 == n && t.2 == k) {
+        return (t.3, t.4);
+    }
+    let bands = n.div_ceil(32);
+    let sc = [2048u32, 1024, 512, 256]
+        .into_iter()
+        .find(|&sc| bands * k.div_ceil(sc as usize) >= 8 * 1024)
+        .unwrap_or(256);
+    (
+        Coding {
+            mode: Mode::Pair,
+            log2_m: 8,
+            sc,
+            t: Some(16),
+        },
+        DtansConfig::warps(8),
+    )
 }
 
 /// Slice widths the timing compares.

@@ -180,7 +180,8 @@ fn dtans_precompile_cubins() {
     use rayon::prelude::*;
     let arch = std::env::var("DTANS_PRECOMPILE_ARCH").unwrap_or_else(|_| "sm_90".into());
     let dir = entrollm_cuda::jit::default_cache_dir().expect("a cache directory");
-    let variants = entrollm_cuda::jit::all_variants();
+    let mut variants = entrollm_cuda::jit::all_variants();
+    variants.extend(entrollm_cuda::ops::dtans::sweep_variants());
     let failed: Vec<String> = variants
         .par_iter()
         .filter_map(|v| {

@@ -25,6 +25,9 @@ pub static DTANS: KernelSource = KernelSource {
 /// Most matrices in one launch (the kernel's `DT_MAXMATS`).
 pub const MAX_MATS: usize = 4;
 
+/// Dynamic shared memory one block may use on sm_80/sm_90 parts (227 KiB on the H100/H200).
+pub const MAX_SHARED_BYTES: usize = 227 * 1024;
+
 /// What a launch produces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DtansOut {
@@ -179,11 +182,7 @@ impl DtansKind {
     pub fn shared_bytes(&self, cfg: DtansConfig, out: DtansOut) -> usize {
         let table = (16usize << self.log2_m) * cfg.table_copies(self.log2_m) as usize;
         let act = if out == DtansOut::Mvm {
-            let groups = if self.small_group > 0 {
-                (self.sc / self.small_group) as usize
-            } else {
-                1
-            };
+            let groups = self.sc.checked_div(self.small_group).unwrap_or(1) as usize;
             4 * self.sc as usize + 4 * groups.div_ceil(4) * 4
         } else {
             0
@@ -374,6 +373,15 @@ fn launch(
     let variant = kind.variant(cfg, out_kind);
     let f = dev.function(&variant, "dtans_kernel")?;
     let shared = kind.shared_bytes(cfg, out_kind);
+    if shared > MAX_SHARED_BYTES {
+        return Err(GpuError::invalid(
+            op,
+            format!(
+                "launch configuration {cfg} needs {shared} bytes of shared memory per block \
+                 (at most {MAX_SHARED_BYTES}): fewer warps or table copies"
+            ),
+        ));
+    }
     if shared > 48 * 1024 {
         f.set_attribute(
             CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -492,7 +500,8 @@ pub fn dequant_ref(t: &DtansTensor, dq: &Dequant) -> Result<Vec<u16>> {
         .collect())
 }
 
-/// Kernel variants the selftest and the timing use (compiled in CI by tools/nvrtc-check).
+/// Kernel variants the selftest and the tuned Llama-8B launches use (compiled in CI by
+/// tools/nvrtc-check).
 pub fn builtin_variants() -> Vec<KernelVariant> {
     let mut v = Vec::new();
     let mut add = |kind: DtansKind, warps: DtansConfig, outs: &[DtansOut]| {
@@ -510,12 +519,33 @@ pub fn builtin_variants() -> Vec<KernelVariant> {
             add(kind, DtansConfig::warps(w), &[DtansOut::Mvm]);
         }
     }
+    for (_, _, cols, coding, cfg, _) in crate::bench_coded::llama8b_tuned() {
+        let kind = DtansKind::of(Payload::Bf16, &coding, cols, None);
+        add(kind, cfg, &[DtansOut::Mvm]);
+        add(
+            kind,
+            DtansConfig::DEFAULT,
+            &[DtansOut::Dequant, DtansOut::Decode],
+        );
+    }
+    v
+}
+
+/// Every variant the timing sweep (`tests/dtans_gpu.rs`) launches: the built-in ones, and each
+/// bench coding with each fitting [`BENCH_CONFIGS`] entry.
+pub fn sweep_variants() -> Vec<KernelVariant> {
+    let mut v = builtin_variants();
     for kind in bench_kinds() {
-        for cfg in BENCH_CONFIGS.into_iter().filter(|c| c.fits(&kind)) {
-            add(kind, cfg, &[DtansOut::Mvm]);
-        }
-        for w in [4, 8] {
-            add(kind, DtansConfig::warps(w), &[DtansOut::Dequant]);
+        let cfgs = BENCH_CONFIGS
+            .into_iter()
+            .filter(|c| c.fits(&kind))
+            .map(|c| (c, DtansOut::Mvm))
+            .chain([4, 8].map(|w| (DtansConfig::warps(w), DtansOut::Dequant)));
+        for (cfg, out) in cfgs {
+            let var = kind.variant(cfg, out);
+            if !v.contains(&var) {
+                v.push(var);
+            }
         }
     }
     v
