@@ -59,6 +59,12 @@
 #ifndef DT_REP
 #define DT_REP 8        // copies of the table, interleaved so that lanes l mod DT_REP hit different banks
 #endif
+#ifndef DT_FAST
+#define DT_FAST 0       // 1: byte-permute table addressing and a 32-bit high-word test (fewer instructions)
+#endif
+#ifndef DT_FAST
+#define DT_FAST 0       // 1: byte-permute table addressing and a 32-bit high-word test (fewer instructions)
+#endif
 #ifndef DT_MINW
 #define DT_MINW 0       // resident warps per SM the register allocation must allow (0: no cap)
 #endif
@@ -369,17 +375,35 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
             uint4 e[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
+#if DT_FAST
+                // Byte i of b zero-extended by one byte permute, then one shift-add to the slot's
+                // copy for this lane (slots are 16·DT_REP bytes apart).
+                u32 idx = dt_prmt(b, 0u, 0x4440u | (u32)i);
+#else
                 u32 idx = (b >> (8 * i)) & 0xFFu;
+#endif
 #if DT_CBITS
                 idx |= ((cw >> (i * DT_CBITS)) & ((1u << DT_CBITS) - 1u)) << 8;
 #endif
+#if DT_FAST
+                e[i] = *(const uint4*)((const char*)tabl + idx * (16u * DT_REP));
+#else
                 e[i] = tabl[idx * DT_REP];
+#endif
             }
             // R = r0 r1 r2 r3, D = ((d0 r1 + d1) r2 + d2) r3 + d3 as a two-level tree.
             const u32 r23 = e[2].x * e[3].x;
             const u32 R = (e[0].x * e[1].x) * r23;
             const u32 D = (e[0].y * e[1].x + e[1].y) * r23 + (e[2].y * e[3].x + e[3].y);
+#if DT_FAST
+            u32 xlo, xhi;  // x·R + D as two words, so the test below is one 32-bit compare
+            asm("{ .reg .u64 t; mad.wide.u32 t, %2, %3, %4; mov.b64 {%0, %1}, t; }"
+                : "=r"(xlo), "=r"(xhi)
+                : "r"(x), "r"(R), "l"((unsigned long long)D));
+#else
             const unsigned long long xn = (unsigned long long)x * R + D;
+            const u32 xlo = (u32)xn, xhi = (u32)(xn >> 32);
+#endif
 
             // The quartet's 4·k values.
             u32 v[4 * DT_K];
@@ -492,7 +516,7 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
             }
 #endif
             if (q + 1 < DT_Q) {
-                const u32 hi = (u32)(xn >> 32), lo = (u32)xn;
+                const u32 hi = xhi, lo = xlo;
                 const bool need = hi == 0;
                 const u32 w = dt_read(rd, need, (u32)q, lt_mask, lane);
                 b = need ? w : lo;

@@ -242,6 +242,7 @@ pub fn llama8b_tuned() -> [(&'static str, usize, usize, Coding, DtansConfig, f64
         min_warps,
         rep: 0,
         unroll,
+        fast: false,
     };
     [
         ("qkv", 6144, 4096, pair(256), cfg(8, 0, 4), 23.90),

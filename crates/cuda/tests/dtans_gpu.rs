@@ -4,7 +4,7 @@
 
 use entrollm_cuda::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
 use entrollm_cuda::bench_coded::{bench_codings, CodedBench};
-use entrollm_cuda::ops::dtans::{selftest, DtansConfig, BENCH_CONFIGS};
+use entrollm_cuda::ops::dtans::{bench_configs, selftest, DtansConfig};
 use entrollm_cuda::ops::gemv::GemvConfig;
 use entrollm_cuda::GpuDevice;
 
@@ -45,7 +45,7 @@ fn dtans_gpu_cold_timing() {
     let scs = env_list("DTANS_SC", &entrollm_cuda::bench_coded::BENCH_SLICE_WIDTHS);
     let cfg_idx = env_list(
         "DTANS_CFGS",
-        &(0..BENCH_CONFIGS.len() as u32).collect::<Vec<_>>(),
+        &(0..bench_configs().len() as u32).collect::<Vec<_>>(),
     );
     let log2ms = env_list("DTANS_LOG2M", &[8, 9]);
     let single = std::env::var("DTANS_SINGLE").is_ok();
@@ -100,7 +100,9 @@ fn dtans_gpu_cold_timing() {
                     None,
                 );
                 for &ci in &cfg_idx {
-                    let cfg = BENCH_CONFIGS[ci as usize];
+                    let Some(&cfg) = bench_configs().get(ci as usize) else {
+                        continue;
+                    };
                     if !cfg.fits(&kind) {
                         continue;
                     }
