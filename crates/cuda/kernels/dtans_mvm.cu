@@ -14,11 +14,15 @@
 // from the accumulator (x ≥ 2^32) or from the warp's stream, read through a 1 KiB shared-memory chunk
 // whose header names the read step at which it runs out; the next chunk is prefetched with cp.async
 // into a second 1 KiB buffer. Raw bytes and companion words (fixed rates) are loaded one iteration
-// (8 quartets) ahead into registers. Escapes (decoded as zero) are fixed after the main loop.
+// (DT_UQ quartets) ahead into registers, and the copy engine prefetches raw, companion and chunks
+// DT_PD blocks of 8 quartets ahead into L2. Escapes (decoded as zero) are fixed after the main loop.
 //
 // The shared table holds per slot {r, d, v0, v1}: v = the value of each code of the symbol as f32
 // bits (code-only payloads, from a 256-entry LUT), or for bf16 the exponent in place (code << 23):
-// a bf16 weight is then (prmt(raw, sign-replicate) & 0x807F0000) | v, two instructions.
+// a bf16 weight is then (prmt(raw, sign-replicate) & 0x807F0000) | v, two instructions. The table
+// is stored DT_REP times interleaved and lane l reads copy l mod DT_REP: a warp's 16-byte lookups of
+// random slots then take the minimum of 4 shared-memory wavefronts instead of ~12 (bank conflicts
+// made the first version shared-memory bound; measured on an H200, bench/RESULTS.md).
 //
 // Memory safety does not depend on the data: table indices are < M by construction, shared-memory
 // chunk reads are masked to the buffer, global chunk loads are bounded by the tile's stream, and
