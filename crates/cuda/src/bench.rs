@@ -48,7 +48,7 @@ fn copies_for(weight_bytes: usize, l2_bytes: u64) -> usize {
 
 /// Times `launch(copy_index)` under the cold-cache protocol; returns (median µs per launch,
 /// launches per burst).
-fn time_cold(
+pub(crate) fn time_cold(
     dev: &GpuDevice,
     copies: usize,
     weight_bytes: usize,

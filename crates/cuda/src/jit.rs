@@ -255,6 +255,7 @@ pub fn all_variants() -> Vec<KernelVariant> {
             .map(|c| c.variant()),
     );
     v.extend(crate::ops::forward::all_variants());
+    v.extend(crate::ops::dtans::builtin_variants());
     v
 }
 

@@ -6,6 +6,8 @@
 //! on machines without a driver or GPU so callers can fall back to the CPU engine.
 
 pub mod bench;
+pub mod bench_coded;
+pub mod coded;
 pub mod device;
 pub mod engine;
 pub mod engine_selftest;

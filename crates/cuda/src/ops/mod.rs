@@ -7,6 +7,7 @@
 
 pub mod argmax;
 pub mod attention;
+pub mod dtans;
 pub mod elementwise;
 pub mod forward;
 pub mod gemv;

@@ -1,0 +1,197 @@
+//! dtANS-LLM GPU tests, ignored by default (CI has no GPU). On a GPU machine:
+//! `cargo test -p entrollm-cuda --release --test dtans_gpu -- --ignored --nocapture --test-threads=1`
+//! (or the prebuilt test binary with the same arguments).
+
+use entrollm_cuda::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
+use entrollm_cuda::bench_coded::{bench_codings, CodedBench};
+use entrollm_cuda::ops::dtans::{bench_configs, selftest, DtansConfig};
+use entrollm_cuda::ops::gemv::GemvConfig;
+use entrollm_cuda::GpuDevice;
+
+fn open() -> GpuDevice {
+    let dev = GpuDevice::open(0).expect("a CUDA device");
+    println!("device: {:?}", dev.info());
+    dev
+}
+
+fn env_list(name: &str, default: &[u32]) -> Vec<u32> {
+    std::env::var(name)
+        .ok()
+        .map(|s| s.split(',').filter_map(|v| v.trim().parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn dtans_gpu_selftest() {
+    let dev = open();
+    let seed = std::env::var("SELFTEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0xD7A5);
+    match selftest(&dev, seed) {
+        Ok(report) => println!("{report}"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Per-launch table on the five Llama-3.1-8B shapes: coded mvm (BF16 lossless, Pair and Single,
+/// slice widths DTANS_SC, warps DTANS_WARPS) against our dense GEMV (best of its candidates) and
+/// cuBLAS, cold cache. DTANS_SHAPES limits the shapes (comma-separated names).
+#[test]
+#[ignore = "needs a GPU"]
+fn dtans_gpu_cold_timing() {
+    let dev = open();
+    let scs = env_list("DTANS_SC", &entrollm_cuda::bench_coded::BENCH_SLICE_WIDTHS);
+    let cfg_idx = env_list(
+        "DTANS_CFGS",
+        &(0..bench_configs().len() as u32).collect::<Vec<_>>(),
+    );
+    let log2ms = env_list("DTANS_LOG2M", &[8, 9]);
+    let single = std::env::var("DTANS_SINGLE").is_ok();
+    let only: Option<Vec<String>> = std::env::var("DTANS_SHAPES")
+        .ok()
+        .map(|s| s.split(',').map(|v| v.to_string()).collect());
+    let dense_cfgs: Vec<GemvConfig> = match std::env::var("DTANS_DENSE_ALL") {
+        Ok(_) => GemvConfig::CANDIDATES.to_vec(),
+        Err(_) => GemvConfig::CANDIDATES[..4].to_vec(),
+    };
+    let mut summary = Vec::new();
+    let mut failures = 0usize;
+    for (i, &(name, n, k)) in LLAMA8B_GEMV_SHAPES.iter().enumerate() {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
+            continue;
+        }
+        let mut dense = GemvBench::new(&dev, n, k, 1000 + i as u64).expect("dense setup");
+        let cublas = dense.time_cublas().expect("cublas timing");
+        let ours = dense_cfgs
+            .iter()
+            .map(|&c| dense.time_ours(c).expect("gemv timing"))
+            .min_by(|a, b| a.median_us.total_cmp(&b.median_us))
+            .unwrap();
+        drop(dense);
+        println!(
+            "{name:<8} {n:>6}x{k:<6} cublas {:8.2} us ({:.2} TB/s) | dense {} {:8.2} us ({:.2} TB/s)",
+            cublas.median_us,
+            cublas.weight_tb_per_s,
+            ours.kernel,
+            ours.median_us,
+            ours.weight_tb_per_s
+        );
+        let mut best: Option<entrollm_cuda::bench_coded::CodedTiming> = None;
+        for &sc in &scs {
+            for coding in bench_codings(sc) {
+                if !log2ms.contains(&(coding.log2_m as u32))
+                    || (coding.mode == entrollm_codec::dtans::Mode::Single && !single)
+                {
+                    continue;
+                }
+                let mut b = match CodedBench::new(&dev, n, k, coding, 7 + i as u64) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        println!("  {coding:?}: setup failed: {e}");
+                        continue;
+                    }
+                };
+                let kind = entrollm_cuda::ops::dtans::DtansKind::of(
+                    entrollm_codec::Payload::Bf16,
+                    &coding,
+                    k,
+                    None,
+                );
+                for &ci in &cfg_idx {
+                    let Some(&cfg) = bench_configs().get(ci as usize) else {
+                        continue;
+                    };
+                    if !cfg.fits(&kind) {
+                        continue;
+                    }
+                    let (rel, err) = b.check(cfg).expect("coded check");
+                    let t = b.time(cfg).expect("coded timing");
+                    println!(
+                        "  {:<28} {:6.3} b/w {:8.2} us  dense-eq {:.2} TB/s  coded {:.2} TB/s  \
+                         vs dense x{:.3}  vs cublas x{:.3}  rel_l2 {rel:.1e} err {err} (copies {})",
+                        t.kernel,
+                        t.bits_per_weight,
+                        t.median_us,
+                        t.dense_equiv_tb_per_s,
+                        t.coded_tb_per_s,
+                        ours.median_us / t.median_us,
+                        cublas.median_us / t.median_us,
+                        t.copies
+                    );
+                    if !(rel < 1e-5 && err == 0) {
+                        println!("FAIL {} {name}: rel {rel} err {err}", t.kernel);
+                        failures += 1;
+                        continue;
+                    }
+                    if best.as_ref().is_none_or(|b| t.median_us < b.median_us) {
+                        best = Some(t);
+                    }
+                }
+            }
+        }
+        if let Some(b) = &best {
+            // Materialising the layer for prefill, with the best mvm's coding.
+            let coding = entrollm_codec::dtans::Coding {
+                mode: entrollm_codec::dtans::Mode::Pair,
+                log2_m: b.log2_m,
+                sc: b.sc,
+                t: Some(b.t),
+            };
+            if let Ok(mut cb) = CodedBench::new(&dev, n, k, coding, 7 + i as u64) {
+                for cfg in [DtansConfig::warps(4), DtansConfig::warps(8)] {
+                    match cb.time_dequant(cfg) {
+                        Ok((us, exact)) => println!(
+                            "  dequant {coding:?} {cfg}: {us:.2} us ({:.2} TB/s written+read), bit-exact {exact}",
+                            (2 * n * k + cb.tensor.stored_bytes()) as f64 / (us * 1e-6) / 1e12
+                        ),
+                        Err(e) => println!("  dequant {cfg}: {e}"),
+                    }
+                }
+            }
+        }
+        if let Some(b) = best {
+            summary.push(format!(
+                "| {name} | {n}×{k} | {:.2} | {:.2} | {} | {:.3} | {:.2} | {:.2} / {:.2} | x{:.3} | x{:.3} |",
+                cublas.median_us,
+                ours.median_us,
+                b.kernel,
+                b.bits_per_weight,
+                b.median_us,
+                b.dense_equiv_tb_per_s,
+                b.coded_tb_per_s,
+                ours.median_us / b.median_us,
+                cublas.median_us / b.median_us
+            ));
+        }
+    }
+    println!("| launch | shape | cuBLAS µs | dense µs | best coded | b/w | coded µs | TB/s dense-eq / coded | vs dense | vs cuBLAS |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for s in summary {
+        println!("{s}");
+    }
+    assert_eq!(failures, 0, "{failures} coded launches gave wrong results");
+}
+
+/// Fills a cubin cache with every built-in kernel variant for `DTANS_PRECOMPILE_ARCH` (default
+/// sm_90), with NVRTC alone, in parallel: `ENTROLLM_CACHE=DIR` then lets a GPU run skip the JIT.
+#[test]
+#[ignore = "needs libnvrtc; fills the kernel cache"]
+fn dtans_precompile_cubins() {
+    use rayon::prelude::*;
+    let arch = std::env::var("DTANS_PRECOMPILE_ARCH").unwrap_or_else(|_| "sm_90".into());
+    let dir = entrollm_cuda::jit::default_cache_dir().expect("a cache directory");
+    let mut variants = entrollm_cuda::jit::all_variants();
+    variants.extend(entrollm_cuda::ops::dtans::sweep_variants());
+    let failed: Vec<String> = variants
+        .par_iter()
+        .filter_map(|v| {
+            entrollm_cuda::jit::cached_cubin(v, &arch, Some(&dir))
+                .err()
+                .map(|e| e.to_string())
+        })
+        .collect();
+    println!("{} variants cached in {}", variants.len(), dir.display());
+    assert!(failed.is_empty(), "{failed:#?}");
+}
