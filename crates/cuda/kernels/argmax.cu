@@ -32,6 +32,8 @@ __device__ __forceinline__ void argmax_block(float& bv, int& bi) {
 
 extern "C" __global__ void argmax_partial(const float* __restrict__ x, int n,
                                           float* __restrict__ part_val, int* __restrict__ part_idx) {
+    pdl_wait();
+    pdl_trigger();
     float bv = -F32_INF;
     int bi = -1;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
@@ -44,6 +46,8 @@ extern "C" __global__ void argmax_partial(const float* __restrict__ x, int n,
 
 extern "C" __global__ void argmax_final(const float* __restrict__ part_val, const int* __restrict__ part_idx,
                                         int n_parts, int* __restrict__ out) {
+    pdl_wait();
+    pdl_trigger();
     float bv = -F32_INF;
     int bi = -1;
     for (int j = threadIdx.x; j < n_parts; j += blockDim.x) {

@@ -55,6 +55,8 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
                                                   const int* __restrict__ seq_len_ptr, float* part_acc,
                                                   float* part_ml, int n_kv_heads, int max_chunks, int max_seq,
                                                   float scale, float* __restrict__ out, int* counters) {
+    pdl_wait();
+    pdl_trigger();
     __shared__ float s_m[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_l[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_acc[ATTN_WARPS][ATTN_GROUP][HEAD_DIM];
@@ -212,6 +214,8 @@ extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_ac
                                                const float* __restrict__ part_ml,
                                                const int* __restrict__ seq_len_ptr,
                                                float* __restrict__ out, int max_chunks, int max_seq) {
+    pdl_wait();
+    pdl_trigger();
     const int qh = blockIdx.x, d = threadIdx.x;
     const int seq_len = min(seq_len_ptr[0], max_seq);
     const int n_chunks = seq_len <= 0 ? 0 : (seq_len + ATTN_CHUNK - 1) / ATTN_CHUNK;

@@ -53,3 +53,20 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
                  : "l"(p));
     return r;
 }
+
+// Programmatic dependent launch (sm_90+). The decode graph's kernel-to-kernel edges are
+// programmatic (engine.rs), so a kernel may start while its predecessor still runs: it must call
+// pdl_wait() before touching anything an earlier kernel writes or reads (only immutable data, the
+// weights, may be read before it), and calls pdl_trigger() after it so its own successor can start
+// (after the wait, so at most one kernel ahead is resident and waiting). Both are no-ops when the
+// launch has no programmatic dependency (prefill, selftests) and below sm_90.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}

@@ -9,6 +9,8 @@ typedef unsigned long long u64;
 template <bool BF16_OUT>
 __device__ __forceinline__ void rmsnorm_row(const float* __restrict__ x, const float* __restrict__ weight,
                                             void* __restrict__ out, int dim, float eps) {
+    pdl_wait();
+    pdl_trigger();
     __shared__ float scratch[32];
     const float* xr = x + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
@@ -55,6 +57,8 @@ __device__ __forceinline__ void rope_append_impl(const float* __restrict__ qkv, 
                                                  const int* __restrict__ pos_ptr,
                                                  const float* __restrict__ cos_sin, int n_q_heads,
                                                  int n_kv_heads, int head_dim, int interleaved, int max_seq) {
+    pdl_wait();
+    pdl_trigger();
     const int t = blockIdx.x;
     const int pos = pos_ptr[0] + t;
     const int tab = min(max(pos, 0), max_seq - 1);  // the host keeps pos < max_seq
@@ -124,6 +128,8 @@ extern "C" __global__ void rope_append_bf16q(const float* __restrict__ qkv, cons
 // position and the KV length advance by one, so the next replay works on the next token.
 extern "C" __global__ void finish_step(const int* __restrict__ tok, int* __restrict__ history, int record,
                                        int history_len, int* __restrict__ pos, int* __restrict__ len) {
+    pdl_wait();
+    pdl_trigger();
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         const int l = len[0];
         if (record && l >= 0 && l < history_len) history[l] = tok[0];

@@ -60,14 +60,21 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
     for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.0f;
     float ss = 0.0f;
 
+    // The first batch of weights is loaded before pdl_wait (weights are immutable), so under
+    // programmatic dependent launch it streams while the previous kernel finishes.
+    uint4 wv[GEMV_UNROLL][GEMV_ROWS];
+    if (lane >= chunks) pdl_wait();  // lanes with no chunk (k < 256) wait here
     for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
-        uint4 wv[GEMV_UNROLL][GEMV_ROWS];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const int c = c0 + u * 32;
 #pragma unroll
             for (int r = 0; r < GEMV_ROWS; ++r)
                 wv[u][r] = c < chunks ? ld_stream_u4(rows[r] + c) : make_uint4(0, 0, 0, 0);
+        }
+        if (c0 == lane) {
+            pdl_wait();
+            pdl_trigger();
         }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
