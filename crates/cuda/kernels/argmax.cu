@@ -37,7 +37,7 @@ extern "C" __global__ void argmax_partial(const float* __restrict__ x, int n,
     float bv = -F32_INF;
     int bi = -1;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const float v = x[i];
+        const float v = __ldcg(x + i);
         if (argmax_better(v, i, bv, bi)) { bv = v; bi = i; }  // NaN compares false
     }
     argmax_block(bv, bi);
@@ -51,8 +51,9 @@ extern "C" __global__ void argmax_final(const float* __restrict__ part_val, cons
     float bv = -F32_INF;
     int bi = -1;
     for (int j = threadIdx.x; j < n_parts; j += blockDim.x) {
-        const int i = part_idx[j];
-        if (i >= 0 && argmax_better(part_val[j], i, bv, bi)) { bv = part_val[j]; bi = i; }
+        const int i = __ldcg(part_idx + j);
+        const float v = __ldcg(part_val + j);
+        if (i >= 0 && argmax_better(v, i, bv, bi)) { bv = v; bi = i; }
     }
     argmax_block(bv, bi);
     if (threadIdx.x == 0) out[0] = bi;

@@ -449,9 +449,11 @@ pub struct DecodeOptions {
     pub fused_attention: bool,
     /// RMSNorm inside the following GEMV instead of its own kernel.
     pub fused_norm: bool,
-    /// No programmatic dependent launch: every kernel of the graph waits for the previous one to
-    /// finish before it starts (environment `ENTROLLM_DECODE_PDL=off`).
-    pub no_pdl: bool,
+    /// Programmatic dependent launch: each kernel of the graph is launched while the previous one
+    /// finishes (environment `ENTROLLM_DECODE_PDL=on`). Off by default until a device run shows
+    /// it correct on the 8B shape (bench/RESULTS.md, 2026-11-29: 235.5 tok/s, but greedy tokens
+    /// that differed between runs before the residual reads moved to L2).
+    pub pdl: bool,
 }
 
 impl DecodeOptions {
@@ -460,7 +462,7 @@ impl DecodeOptions {
         DecodeOptions {
             fused_attention: fused("ENTROLLM_DECODE_ATTN"),
             fused_norm: fused("ENTROLLM_DECODE_NORM"),
-            no_pdl: std::env::var("ENTROLLM_DECODE_PDL").is_ok_and(|v| v == "off"),
+            pdl: std::env::var("ENTROLLM_DECODE_PDL").is_ok_and(|v| v == "on"),
         }
     }
 }
@@ -473,7 +475,7 @@ impl std::fmt::Display for DecodeOptions {
             "attention {}, rmsnorm {}, pdl {}",
             w(self.fused_attention),
             w(self.fused_norm),
-            if self.no_pdl { "off" } else { "on" }
+            if self.pdl { "on" } else { "off" }
         )
     }
 }
@@ -1061,7 +1063,7 @@ impl GpuEngine {
             body?;
             let graph =
                 graph.ok_or_else(|| GpuError::invalid("decode", "the captured graph is empty"))?;
-            let graph = DecodeGraph::new(graph, &stream, !self.opts.no_pdl)?;
+            let graph = DecodeGraph::new(graph, &stream, self.opts.pdl)?;
             graph.upload()?;
             self.pdl_edges = graph.programmatic_edges;
             self.graphs[i] = Some(graph);

@@ -669,7 +669,7 @@ fn compare_logits(
 fn compare_pdl(
     dev: &Arc<GpuDevice>,
     label: &str,
-    w: &ModelWeights,
+    model: impl Fn() -> Result<GpuModel>,
     prompt: &[u32],
     steps: usize,
     cases: &mut Vec<CaseResult>,
@@ -677,9 +677,9 @@ fn compare_pdl(
     let max_seq = prompt.len() + steps + 1;
     let base = DecodeOptions::from_env();
     let mut engines = Vec::new();
-    for no_pdl in [false, true] {
-        let gm = GpuModel::upload(dev, w)?;
-        let opts = DecodeOptions { no_pdl, ..base };
+    for pdl in [true, false] {
+        let gm = model()?;
+        let opts = DecodeOptions { pdl, ..base };
         engines.push(GpuEngine::with_options(Arc::clone(dev), gm, max_seq, opts)?);
     }
     if !engines[0]
@@ -976,11 +976,28 @@ pub fn run_engine_selftest(
     compare_pdl(
         dev,
         "small qwen2-like (bias, interleaved)",
-        &w,
+        || GpuModel::upload(dev, &w),
         &prompt[..300],
         48,
         &mut cases,
     )?;
+    // The 8B shape (multi-wave GEMVs, 4096-wide residual): two synthetic models on the device.
+    if dev.info().total_memory_bytes >= 48 << 30 {
+        let c = SynthShape::Llama31_8B.config();
+        let ids: Vec<u32> = (0..200)
+            .map(|_| rng.below(c.vocab_size as u64) as u32)
+            .collect();
+        compare_pdl(
+            dev,
+            "synthetic llama-3.1-8b",
+            || GpuModel::synth(dev, &c, 0),
+            &ids,
+            32,
+            &mut cases,
+        )?;
+    } else {
+        notes.push("under 48 GiB of device memory: the 8B PDL comparison skipped".into());
+    }
     compare_logits(
         dev,
         "small qwen2-like (bias, interleaved)",
