@@ -1,5 +1,6 @@
 #!/bin/bash
-# decode-perf device run (one call): PDL on/off benches, selftest, PDL + one-launch attention.
+# decode-perf device run of 2026-11-29 (binary of commit 9221940, PDL on by default there):
+# PDL on/off benches, selftest, PDL + one-launch attention.
 cd "$(dirname "$0")/../.." 2>/dev/null || true
 B=.dev/perf/entrollm
 chmod +x $B
