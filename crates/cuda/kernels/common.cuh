@@ -60,10 +60,10 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
 // weights, may be read before it), and calls pdl_trigger() after it so its own successor can start
 // (after the wait, so at most one kernel ahead is resident and waiting). Data an earlier kernel
 // wrote is never read with ld.global.nc (__ldg, or what the compiler makes of a const __restrict__
-// load): nc loads assume the data read-only for the kernel's lifetime and may be scheduled above
-// the wait. Such reads use __ldcg (L2; also where a line may sit in this SM's L1 from a kernel still
-// running when this one launched: the residual after an accumulating GEMV) or __ldca (the GEMVs'
-// input vectors, reused from L1). Both are no-ops when the launch has no programmatic dependency
+// load): nc loads assume the data read-only for the kernel's lifetime, which PDL breaks (the
+// writer may still run when this kernel starts). Such reads use __ldcg (L2; also where a line may
+// sit in this SM's L1 from a kernel still running when this one launched: the residual after an
+// accumulating GEMV) or __ldca (the GEMVs' input vectors, reused from L1). Both are no-ops when the launch has no programmatic dependency
 // (prefill, selftests) and below sm_90.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

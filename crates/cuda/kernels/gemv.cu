@@ -80,8 +80,8 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const int c = c0 + u * 32;
             if (c < chunks) {
-                // x: a coherent load (not __ldg's ld.global.nc, which may be scheduled above pdl_wait and
-                // assumes x is read-only while the kernel runs, untrue under PDL).
+                // x: a coherent load (not __ldg's ld.global.nc, which assumes x read-only while the
+                // kernel runs, untrue under PDL).
                 float4 a = __ldca(xv + 2 * c), b = __ldca(xv + 2 * c + 1);
                 if (NORM) {
                     ss = fmaf(a.x, a.x, ss); ss = fmaf(a.y, a.y, ss); ss = fmaf(a.z, a.z, ss); ss = fmaf(a.w, a.w, ss);
