@@ -1,7 +1,8 @@
 #!/bin/bash
-# Next device call for decode-perf (not yet run): the PDL fix of 530e35c. Copy a stripped
-# target/release/entrollm of that commit and this script to /work/main/.dev/perf, run with
-# carry [".dev/perf"], timeout ~200 s.
+# Next device call for decode-perf (not yet run): the PDL fix of 530e35c. A stripped
+# target/release/entrollm of 730e791 and this script are staged in /work/main/.dev/perf: run
+# `bash .dev/perf/verify.sh 2>&1 | tee $OUT/log` with carry [".dev/perf"], timeout ~200 s.
+# PDL can become the default when e2e_decode_pdl_vs_plain (both shapes) and tokens_consistent pass.
 cd "$(dirname "$0")/../.." 2>/dev/null || true
 B=.dev/perf/entrollm
 chmod +x $B
