@@ -32,10 +32,12 @@ __device__ __forceinline__ void argmax_block(float& bv, int& bi) {
 
 extern "C" __global__ void argmax_partial(const float* __restrict__ x, int n,
                                           float* __restrict__ part_val, int* __restrict__ part_idx) {
+    pdl_wait();
+    pdl_trigger();
     float bv = -F32_INF;
     int bi = -1;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const float v = x[i];
+        const float v = __ldcg(x + i);
         if (argmax_better(v, i, bv, bi)) { bv = v; bi = i; }  // NaN compares false
     }
     argmax_block(bv, bi);
@@ -44,11 +46,14 @@ extern "C" __global__ void argmax_partial(const float* __restrict__ x, int n,
 
 extern "C" __global__ void argmax_final(const float* __restrict__ part_val, const int* __restrict__ part_idx,
                                         int n_parts, int* __restrict__ out) {
+    pdl_wait();
+    pdl_trigger();
     float bv = -F32_INF;
     int bi = -1;
     for (int j = threadIdx.x; j < n_parts; j += blockDim.x) {
-        const int i = part_idx[j];
-        if (i >= 0 && argmax_better(part_val[j], i, bv, bi)) { bv = part_val[j]; bi = i; }
+        const int i = __ldcg(part_idx + j);
+        const float v = __ldcg(part_val + j);
+        if (i >= 0 && argmax_better(v, i, bv, bi)) { bv = v; bi = i; }
     }
     argmax_block(bv, bi);
     if (threadIdx.x == 0) out[0] = bi;

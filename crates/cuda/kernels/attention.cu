@@ -40,7 +40,7 @@ extern "C" __global__ void kv_append(const float* __restrict__ k_new, const floa
 __device__ __forceinline__ void load_head_slice(const bf16_t* p, float* out) {
 #pragma unroll
     for (int e = 0; e < EPL; e += 2) {
-        const u32 w = *(const u32*)(p + e);
+        const u32 w = __ldcg((const unsigned int*)(p + e));  // the newest row is the last kernel's
         out[e] = bf16_lo(w);
         out[e + 1] = bf16_hi(w);
     }
@@ -55,6 +55,8 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
                                                   const int* __restrict__ seq_len_ptr, float* part_acc,
                                                   float* part_ml, int n_kv_heads, int max_chunks, int max_seq,
                                                   float scale, float* __restrict__ out, int* counters) {
+    pdl_wait();
+    pdl_trigger();
     __shared__ float s_m[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_l[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_acc[ATTN_WARPS][ATTN_GROUP][HEAD_DIM];
@@ -71,7 +73,7 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     for (int g = 0; g < ATTN_GROUP; ++g) {
         const float* qh = q + (size_t)(kvh * ATTN_GROUP + g) * HEAD_DIM + lane * EPL;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) { qr[g][e] = qh[e] * qscale; acc[g][e] = 0.0f; }
+        for (int e = 0; e < EPL; ++e) { qr[g][e] = __ldcg(qh + e) * qscale; acc[g][e] = 0.0f; }
         m[g] = -F32_INF;
         l[g] = 0.0f;
     }
@@ -212,17 +214,19 @@ extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_ac
                                                const float* __restrict__ part_ml,
                                                const int* __restrict__ seq_len_ptr,
                                                float* __restrict__ out, int max_chunks, int max_seq) {
+    pdl_wait();
+    pdl_trigger();
     const int qh = blockIdx.x, d = threadIdx.x;
     const int seq_len = min(seq_len_ptr[0], max_seq);
     const int n_chunks = seq_len <= 0 ? 0 : (seq_len + ATTN_CHUNK - 1) / ATTN_CHUNK;
     const float* ml = part_ml + (size_t)qh * max_chunks * 2;
     float mx = -F32_INF;
-    for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, ml[2 * c]);
+    for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, __ldcg(ml + 2 * c));
     float a = 0.0f, lsum = 0.0f;
     for (int c = 0; c < n_chunks; ++c) {
-        const float f = exp2f(ml[2 * c] - mx);
-        a = fmaf(f, part_acc[((size_t)qh * max_chunks + c) * HEAD_DIM + d], a);
-        lsum = fmaf(f, ml[2 * c + 1], lsum);
+        const float f = exp2f(__ldcg(ml + 2 * c) - mx);
+        a = fmaf(f, __ldcg(part_acc + ((size_t)qh * max_chunks + c) * HEAD_DIM + d), a);
+        lsum = fmaf(f, __ldcg(ml + 2 * c + 1), lsum);
     }
     // An empty cache (seq_len 0) has no defined output: NaN, so it cannot pass silently.
     out[(size_t)qh * HEAD_DIM + d] = n_chunks ? a / lsum : F32_NAN;

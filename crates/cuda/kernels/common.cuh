@@ -53,3 +53,25 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
                  : "l"(p));
     return r;
 }
+
+// Programmatic dependent launch (sm_90+). The decode graph's kernel-to-kernel edges are
+// programmatic (engine.rs), so a kernel may start while its predecessor still runs: it must call
+// pdl_wait() before touching anything an earlier kernel writes or reads (only immutable data, the
+// weights, may be read before it), and calls pdl_trigger() after it so its own successor can start
+// (after the wait, so at most one kernel ahead is resident and waiting). Data an earlier kernel
+// wrote is never read with ld.global.nc (__ldg, or what the compiler makes of a const __restrict__
+// load): nc loads assume the data read-only for the kernel's lifetime, which PDL breaks (the
+// writer may still run when this kernel starts). Such reads use __ldcg (L2; also where a line may
+// sit in this SM's L1 from a kernel still running when this one launched: the residual after an
+// accumulating GEMV) or __ldca (the GEMVs' input vectors, reused from L1). Both are no-ops when the launch has no programmatic dependency
+// (prefill, selftests) and below sm_90.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}

@@ -5,6 +5,8 @@
 extern "C" __global__ void embedding_gather(const bf16_t* __restrict__ table,
                                             const int* __restrict__ tokens,
                                             float* __restrict__ out, int dim, int vocab) {
+    pdl_wait();
+    pdl_trigger();
     const int t = blockIdx.y;
     const int tok = tokens[t];
     const bool valid = tok >= 0 && tok < vocab;

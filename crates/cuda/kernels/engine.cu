@@ -9,13 +9,18 @@ typedef unsigned long long u64;
 template <bool BF16_OUT>
 __device__ __forceinline__ void rmsnorm_row(const float* __restrict__ x, const float* __restrict__ weight,
                                             void* __restrict__ out, int dim, float eps) {
+    pdl_wait();
+    pdl_trigger();
     __shared__ float scratch[32];
     const float* xr = x + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = __ldcg(xr + i);  // written by the previous kernel: L2, not L1 (PDL)
+        ss = fmaf(v, v, ss);
+    }
     const float inv = rsqrtf(block_sum(ss, scratch) / (float)dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = xr[i] * inv * weight[i];
+        const float v = __ldcg(xr + i) * inv * weight[i];
         if (BF16_OUT) ((bf16_t*)out)[(size_t)blockIdx.x * dim + i] = f32_to_bf16(v);
         else ((float*)out)[(size_t)blockIdx.x * dim + i] = v;
     }
@@ -55,6 +60,8 @@ __device__ __forceinline__ void rope_append_impl(const float* __restrict__ qkv, 
                                                  const int* __restrict__ pos_ptr,
                                                  const float* __restrict__ cos_sin, int n_q_heads,
                                                  int n_kv_heads, int head_dim, int interleaved, int max_seq) {
+    pdl_wait();
+    pdl_trigger();
     const int t = blockIdx.x;
     const int pos = pos_ptr[0] + t;
     const int tab = min(max(pos, 0), max_seq - 1);  // the host keeps pos < max_seq
@@ -71,7 +78,7 @@ __device__ __forceinline__ void rope_append_impl(const float* __restrict__ qkv, 
             const int a = interleaved ? 2 * i : i;
             const int b = interleaved ? 2 * i + 1 : i + half;
             const int base = head * head_dim;  // q heads then k heads: contiguous in the row
-            float x0 = row[base + a], x1 = row[base + b];
+            float x0 = __ldcg(row + base + a), x1 = __ldcg(row + base + b);
             if (has_bias) { x0 += bias[base + a]; x1 += bias[base + b]; }
             // The CPU engine's arithmetic: f32 cos/sin of the f64 angle, f32 rotation, no FMA.
             const float2 cs = ((const float2*)cos_sin)[(size_t)tab * half + i];
@@ -93,7 +100,7 @@ __device__ __forceinline__ void rope_append_impl(const float* __restrict__ qkv, 
             }
         } else if (store_kv) {
             const int e = j - rot_pairs;
-            float v = row[q_dim + kv_dim + e];
+            float v = __ldcg(row + q_dim + kv_dim + e);
             if (has_bias) v += bias[q_dim + kv_dim + e];
             v_cache[(size_t)pos * kv_dim + e] = f32_to_bf16(v);
         }
@@ -124,9 +131,11 @@ extern "C" __global__ void rope_append_bf16q(const float* __restrict__ qkv, cons
 // position and the KV length advance by one, so the next replay works on the next token.
 extern "C" __global__ void finish_step(const int* __restrict__ tok, int* __restrict__ history, int record,
                                        int history_len, int* __restrict__ pos, int* __restrict__ len) {
+    pdl_wait();
+    pdl_trigger();
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         const int l = len[0];
-        if (record && l >= 0 && l < history_len) history[l] = tok[0];
+        if (record && l >= 0 && l < history_len) history[l] = __ldcg(tok);
         pos[0] = pos[0] + 1;
         len[0] = l + 1;
     }

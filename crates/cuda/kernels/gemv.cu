@@ -60,8 +60,11 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
     for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.0f;
     float ss = 0.0f;
 
+    // The first batch of weights is loaded before pdl_wait (weights are immutable), so under
+    // programmatic dependent launch it streams while the previous kernel finishes.
+    uint4 wv[GEMV_UNROLL][GEMV_ROWS];
+    if (lane >= chunks) pdl_wait();  // lanes with no chunk (k < 256) wait here
     for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
-        uint4 wv[GEMV_UNROLL][GEMV_ROWS];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const int c = c0 + u * 32;
@@ -69,11 +72,17 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
             for (int r = 0; r < GEMV_ROWS; ++r)
                 wv[u][r] = c < chunks ? ld_stream_u4(rows[r] + c) : make_uint4(0, 0, 0, 0);
         }
+        if (c0 == lane) {
+            pdl_wait();
+            pdl_trigger();
+        }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const int c = c0 + u * 32;
             if (c < chunks) {
-                float4 a = __ldg(xv + 2 * c), b = __ldg(xv + 2 * c + 1);
+                // x: a coherent load (not __ldg's ld.global.nc, which assumes x read-only while the
+                // kernel runs, untrue under PDL).
+                float4 a = __ldca(xv + 2 * c), b = __ldca(xv + 2 * c + 1);
                 if (NORM) {
                     ss = fmaf(a.x, a.x, ss); ss = fmaf(a.y, a.y, ss); ss = fmaf(a.z, a.z, ss); ss = fmaf(a.w, a.w, ss);
                     ss = fmaf(b.x, b.x, ss); ss = fmaf(b.y, b.y, ss); ss = fmaf(b.z, b.z, ss); ss = fmaf(b.w, b.w, ss);
@@ -94,10 +103,13 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
         if (lane == 0 && row0 + r + 1 < n) y[(row0 + r) >> 1] = gate / (1.0f + expf(-gate)) * up;
     }
 #else
+    // The residual read bypasses L1 (__ldcg): under PDL the next kernel (RMSNorm, reading all of y)
+    // is launched before this one ends, so a line of y that this read left in the SM's L1 could
+    // still be there, without the rows other blocks write after it, when that kernel reads y.
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) {
         const float s = warp_sum(acc[r]) * scale;
-        if (lane == 0 && row0 + r < n) y[row0 + r] = GEMV_ACCUM ? y[row0 + r] + s : s;
+        if (lane == 0 && row0 + r < n) y[row0 + r] = GEMV_ACCUM ? __ldcg(y + row0 + r) + s : s;
     }
 #endif
 }

@@ -24,8 +24,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaSlice};
+use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 use rayon::prelude::*;
 
 use entrollm_model::config::RopeStyle;
@@ -449,6 +449,11 @@ pub struct DecodeOptions {
     pub fused_attention: bool,
     /// RMSNorm inside the following GEMV instead of its own kernel.
     pub fused_norm: bool,
+    /// Programmatic dependent launch: each kernel of the graph is launched while the previous one
+    /// finishes (environment `ENTROLLM_DECODE_PDL=on`). Off by default until a device run shows
+    /// it correct on the 8B shape (bench/RESULTS.md, 2026-11-29: 235.5 tok/s, but greedy tokens
+    /// that differed between runs before the residual reads moved to L2).
+    pub pdl: bool,
 }
 
 impl DecodeOptions {
@@ -457,6 +462,7 @@ impl DecodeOptions {
         DecodeOptions {
             fused_attention: fused("ENTROLLM_DECODE_ATTN"),
             fused_norm: fused("ENTROLLM_DECODE_NORM"),
+            pdl: std::env::var("ENTROLLM_DECODE_PDL").is_ok_and(|v| v == "on"),
         }
     }
 }
@@ -466,11 +472,172 @@ impl std::fmt::Display for DecodeOptions {
         let w = |b: bool| if b { "fused" } else { "split" };
         write!(
             f,
-            "attention {}, rmsnorm {}",
+            "attention {}, rmsnorm {}, pdl {}",
             w(self.fused_attention),
-            w(self.fused_norm)
+            w(self.fused_norm),
+            if self.pdl { "on" } else { "off" }
         )
     }
+}
+
+/// Kernels that call `pdl_wait()` before touching anything an earlier kernel wrote or reads
+/// (kernels/common.cuh): an edge into one of them may be programmatic.
+const PDL_KERNELS: &[&str] = &[
+    "embedding_gather",
+    "rmsnorm_f32w",
+    "rmsnorm_f32w_bf16out",
+    "gemv_bf16",
+    "gemv_bf16_norm",
+    "rope_append_f32q",
+    "rope_append_bf16q",
+    "attn_decode_partial",
+    "attn_decode_fused",
+    "attn_decode_combine",
+    "argmax_partial",
+    "argmax_final",
+    "finish_step",
+];
+
+/// A captured decode step. With programmatic dependent launch, every kernel-to-kernel edge into a
+/// [`PDL_KERNELS`] kernel is turned into a programmatic one (what a capture of launches with
+/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` records) and the graph instantiated
+/// again: a kernel is launched once every block of its predecessor has passed `pdl_trigger()`, so
+/// its launch and its first weight loads overlap the predecessor's tail.
+struct DecodeGraph {
+    graph: CudaGraph,
+    /// The instance with programmatic edges (None: `graph`'s own instance, plain edges).
+    pdl_exec: Option<sys::CUgraphExec>,
+    stream: Arc<CudaStream>,
+    programmatic_edges: usize,
+}
+
+impl DecodeGraph {
+    fn new(graph: CudaGraph, stream: &Arc<CudaStream>, pdl: bool) -> Result<Self> {
+        let mut g = DecodeGraph {
+            graph,
+            pdl_exec: None,
+            stream: Arc::clone(stream),
+            programmatic_edges: 0,
+        };
+        if pdl {
+            let cu_graph = g.graph.cu_graph();
+            // SAFETY: the graph is owned by `g.graph`, alive, and used by this thread alone.
+            g.programmatic_edges = unsafe { make_edges_programmatic(cu_graph) }?;
+            let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+            // SAFETY: as above; `exec` receives a new instance that Drop destroys.
+            unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, cu_graph, 0) }
+                .result()
+                .while_(|| "instantiating the decode graph with programmatic edges".into())?;
+            g.pdl_exec = Some(exec);
+        }
+        Ok(g)
+    }
+
+    fn upload(&self) -> Result<()> {
+        match self.pdl_exec {
+            None => self.graph.upload(),
+            Some(exec) => {
+                self.stream.context().bind_to_thread().and_then(|()| {
+                    // SAFETY: a live instance and stream.
+                    unsafe { sys::cuGraphUpload(exec, self.stream.cu_stream()) }.result()
+                })
+            }
+        }
+        .while_(|| "uploading the decode graph".into())
+    }
+
+    fn launch(&self) -> Result<()> {
+        match self.pdl_exec {
+            None => self.graph.launch(),
+            Some(exec) => {
+                self.stream.context().bind_to_thread().and_then(|()| {
+                    // SAFETY: a live instance and stream.
+                    unsafe { sys::cuGraphLaunch(exec, self.stream.cu_stream()) }.result()
+                })
+            }
+        }
+        .while_(|| "replaying the decode step".into())
+    }
+}
+
+impl Drop for DecodeGraph {
+    fn drop(&mut self) {
+        if let Some(exec) = self.pdl_exec.take() {
+            // SAFETY: created in `new`, destroyed once; errors at teardown have no one to go to.
+            let _ = unsafe { sys::cuGraphExecDestroy(exec) };
+        }
+    }
+}
+
+/// The kernel a graph node launches, if it is a kernel node.
+unsafe fn kernel_name(node: sys::CUgraphNode) -> Result<Option<String>> {
+    let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+    sys::cuGraphNodeGetType(node, &mut ty)
+        .result()
+        .while_(|| "reading a graph node's type".into())?;
+    if ty != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+        return Ok(None);
+    }
+    let mut params: sys::CUDA_KERNEL_NODE_PARAMS_v2 = std::mem::zeroed();
+    sys::cuGraphKernelNodeGetParams_v2(node, &mut params)
+        .result()
+        .while_(|| "reading a kernel node".into())?;
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    sys::cuFuncGetName(&mut name, params.func)
+        .result()
+        .while_(|| "reading a kernel's name".into())?;
+    if name.is_null() {
+        return Ok(None);
+    }
+    Ok(Some(
+        std::ffi::CStr::from_ptr(name)
+            .to_string_lossy()
+            .into_owned(),
+    ))
+}
+
+/// Turns every plain kernel → [`PDL_KERNELS`]-kernel edge of `graph` programmatic; returns how many.
+unsafe fn make_edges_programmatic(graph: sys::CUgraph) -> Result<usize> {
+    let what = || "reading the decode graph's edges".to_string();
+    let mut n = 0usize;
+    let null = std::ptr::null_mut();
+    sys::cuGraphGetEdges_v2(graph, null, null, std::ptr::null_mut(), &mut n)
+        .result()
+        .while_(what)?;
+    let mut from = vec![std::ptr::null_mut(); n];
+    let mut to = vec![std::ptr::null_mut(); n];
+    let mut data: Vec<sys::CUgraphEdgeData> = vec![std::mem::zeroed(); n];
+    sys::cuGraphGetEdges_v2(
+        graph,
+        from.as_mut_ptr(),
+        to.as_mut_ptr(),
+        data.as_mut_ptr(),
+        &mut n,
+    )
+    .result()
+    .while_(what)?;
+    let plain = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_DEFAULT as u8;
+    let mut changed = 0;
+    for i in 0..n {
+        if data[i].type_ != plain || kernel_name(from[i])?.is_none() {
+            continue;
+        }
+        match kernel_name(to[i])? {
+            Some(name) if PDL_KERNELS.contains(&name.as_str()) => {}
+            _ => continue,
+        }
+        let mut e = data[i];
+        e.from_port = sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8;
+        e.type_ = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
+        sys::cuGraphRemoveDependencies_v2(graph, &from[i], &to[i], &data[i], 1)
+            .result()
+            .while_(|| "removing a decode graph edge".into())?;
+        sys::cuGraphAddDependencies_v2(graph, &from[i], &to[i], &e, 1)
+            .result()
+            .while_(|| "adding a programmatic edge".into())?;
+        changed += 1;
+    }
+    Ok(changed)
 }
 
 /// Buffers of one decode step (batch 1).
@@ -530,8 +697,10 @@ pub struct GpuEngine {
     d: DecodeBufs,
     prefill: PrefillBufs,
     /// Captured decode steps: [greedy (argmax on device), logits only].
-    graphs: [Option<CudaGraph>; 2],
+    graphs: [Option<DecodeGraph>; 2],
     opts: DecodeOptions,
+    /// Kernel-to-kernel edges of the decode graph made programmatic (0: PDL off).
+    pdl_edges: usize,
     /// Tokens in the cache (the position of the next token).
     pos: usize,
 }
@@ -540,6 +709,17 @@ impl GpuEngine {
     /// An engine for sequences of up to `max_seq` tokens: allocates the BF16 KV cache and all
     /// buffers, then captures the decode step into two CUDA graphs (greedy and logits).
     pub fn new(dev: Arc<GpuDevice>, model: GpuModel, max_seq: usize) -> Result<Self> {
+        Self::with_options(dev, model, max_seq, DecodeOptions::from_env())
+    }
+
+    /// [`GpuEngine::new`] with the decode step put together as `opts` says (not from the
+    /// environment).
+    pub fn with_options(
+        dev: Arc<GpuDevice>,
+        model: GpuModel,
+        max_seq: usize,
+        opts: DecodeOptions,
+    ) -> Result<Self> {
         let c = model.config.clone();
         check_supported(&c)?;
         if max_seq == 0 || max_seq > c.max_position_embeddings {
@@ -636,7 +816,8 @@ impl GpuEngine {
             d,
             prefill,
             graphs: [None, None],
-            opts: DecodeOptions::from_env(),
+            opts,
+            pdl_edges: 0,
             pos: 0,
         };
         e.capture_graphs()?;
@@ -663,8 +844,8 @@ impl GpuEngine {
     /// The decode step's layout in words (options and attention chunking).
     pub fn decode_layout(&self) -> String {
         format!(
-            "{}, attention chunks of {} positions over {} warps",
-            self.opts, self.attn_cfg.chunk, self.attn_cfg.warps
+            "{}, attention chunks of {} positions over {} warps, {} programmatic edges",
+            self.opts, self.attn_cfg.chunk, self.attn_cfg.warps, self.pdl_edges
         )
     }
 
@@ -882,9 +1063,9 @@ impl GpuEngine {
             body?;
             let graph =
                 graph.ok_or_else(|| GpuError::invalid("decode", "the captured graph is empty"))?;
-            graph
-                .upload()
-                .while_(|| "uploading the decode graph".into())?;
+            let graph = DecodeGraph::new(graph, &stream, self.opts.pdl)?;
+            graph.upload()?;
+            self.pdl_edges = graph.programmatic_edges;
             self.graphs[i] = Some(graph);
         }
         self.set_counters(0)
@@ -1065,7 +1246,7 @@ impl GpuEngine {
         let g = self.graphs[usize::from(!greedy)]
             .as_ref()
             .ok_or_else(|| GpuError::invalid("decode", "no captured graph"))?;
-        g.launch().while_(|| "replaying the decode step".into())?;
+        g.launch()?;
         self.pos += 1;
         Ok(())
     }

@@ -25,7 +25,7 @@ use entrollm_model::weights::{Linear, ModelWeights};
 use entrollm_model::{DenseBf16 as CpuDenseBf16, Engine, LayerWeights, ModelConfig};
 
 use crate::device::GpuDevice;
-use crate::engine::{bf16_rounded, synth_seeds, GpuEngine, GpuModel};
+use crate::engine::{bf16_rounded, synth_seeds, DecodeOptions, GpuEngine, GpuModel};
 use crate::error::{GpuError, Result};
 use crate::gemm::{gemm_ref, Gemm};
 use crate::ops::attention::{
@@ -663,6 +663,74 @@ fn compare_logits(
     Ok(())
 }
 
+/// The decode graph with programmatic dependent launch against the same graph with plain edges:
+/// PDL changes only when kernels start, so the logits of every step must be bit-identical
+/// (reported as relative L2, tolerance 0). Also fails when no edge became programmatic.
+fn compare_pdl(
+    dev: &Arc<GpuDevice>,
+    label: &str,
+    model: impl Fn() -> Result<GpuModel>,
+    prompt: &[u32],
+    steps: usize,
+    cases: &mut Vec<CaseResult>,
+) -> Result<()> {
+    let max_seq = prompt.len() + steps + 1;
+    let base = DecodeOptions::from_env();
+    let mut engines = Vec::new();
+    for pdl in [true, false] {
+        let gm = model()?;
+        let opts = DecodeOptions { pdl, ..base };
+        engines.push(GpuEngine::with_options(Arc::clone(dev), gm, max_seq, opts)?);
+    }
+    if !engines[0]
+        .decode_layout()
+        .contains(", 0 programmatic edges")
+    {
+        let (a, b) = engines.split_at_mut(1);
+        let (pdl, plain) = (&mut a[0], &mut b[0]);
+        let mut next = entrollm_model::sampler::argmax(&plain.prefill(prompt)?).unwrap_or(0);
+        pdl.prefill(prompt)?;
+        let mut worst = 0f64;
+        for _ in 0..steps {
+            let want = plain.step(next)?;
+            let got = pdl.step(next)?;
+            let same = got.len() == want.len()
+                && got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+            worst = worst.max(if same {
+                0.0
+            } else {
+                let e = rel_l2(&got, &want);
+                if e.is_nan() || e == 0.0 {
+                    f64::INFINITY
+                } else {
+                    e
+                }
+            });
+            next = entrollm_model::sampler::argmax(&want).unwrap_or(0);
+        }
+        cases.push(CaseResult {
+            kernel: "e2e_decode_pdl_vs_plain".into(),
+            shape: format!(
+                "{label}: {steps} graph steps ({})",
+                engines[0].decode_layout()
+            ),
+            rel_l2: worst,
+            tolerance: 0.0,
+        });
+    } else {
+        cases.push(CaseResult {
+            kernel: "e2e_decode_pdl_vs_plain".into(),
+            shape: format!("{label}: no edge became programmatic"),
+            rel_l2: f64::INFINITY,
+            tolerance: 0.0,
+        });
+    }
+    Ok(())
+}
+
 /// The prompts of the greedy-token comparison on SmolLM2.
 pub const SMOLLM2_PROMPTS: [&str; 5] = [
     "The capital of France is",
@@ -905,6 +973,31 @@ pub fn run_engine_selftest(
     let vocab = w.config.vocab_size as u64;
     let mut rng = Rng::new(seed ^ 0x5A11);
     let prompt: Vec<u32> = (0..2100).map(|_| rng.below(vocab) as u32).collect();
+    compare_pdl(
+        dev,
+        "small qwen2-like (bias, interleaved)",
+        || GpuModel::upload(dev, &w),
+        &prompt[..300],
+        48,
+        &mut cases,
+    )?;
+    // The 8B shape (multi-wave GEMVs, 4096-wide residual): two synthetic models on the device.
+    if dev.info().total_memory_bytes >= 48 << 30 {
+        let c = SynthShape::Llama31_8B.config();
+        let ids: Vec<u32> = (0..200)
+            .map(|_| rng.below(c.vocab_size as u64) as u32)
+            .collect();
+        compare_pdl(
+            dev,
+            "synthetic llama-3.1-8b",
+            || GpuModel::synth(dev, &c, 0),
+            &ids,
+            32,
+            &mut cases,
+        )?;
+    } else {
+        notes.push("under 48 GiB of device memory: the 8B PDL comparison skipped".into());
+    }
     compare_logits(
         dev,
         "small qwen2-like (bias, interleaved)",
