@@ -39,6 +39,16 @@ extern "C" __global__ void swiglu(const float* __restrict__ gate_up, float* __re
     }
 }
 
+// gate_up holds (gate, up) pairs interleaved (as the engine stacks gate/up rows);
+// out[i] = silu(gate_up[2i]) * gate_up[2i + 1] (the coded gate/up matvec's epilogue).
+extern "C" __global__ void swiglu_pairs(const float2* __restrict__ gate_up, float* __restrict__ out,
+                                        int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float2 p = gate_up[i];
+        out[i] = p.x / (1.0f + expf(-p.x)) * p.y;
+    }
+}
+
 // x += y (the residual stream update).
 extern "C" __global__ void residual_add(float* __restrict__ x, const float* __restrict__ y, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] += y[i];

@@ -37,7 +37,7 @@ use entrollm_model::{DenseBf16 as CpuDenseBf16, LayerWeights, ModelConfig};
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
-use crate::linear::GpuLinear;
+use crate::linear::{GpuLinear, SharedScratch};
 use crate::ops::argmax::{launch_argmax, ArgmaxScratch};
 use crate::ops::attention::{
     launch_attention_decode, launch_attention_decode_fused, AttnConfig, AttnScratch, KvShape,
@@ -71,9 +71,11 @@ pub struct GpuModel {
     pub lm_head: Option<GpuLinear>,
     pub layers: Vec<GpuLayer>,
     pub final_norm: CudaSlice<f32>,
+    /// Scratch of the coded matrices (`engine_coded`), None when every matrix is dense.
+    pub coded_scratch: Option<SharedScratch>,
 }
 
-fn check_supported(c: &ModelConfig) -> Result<()> {
+pub(crate) fn check_supported(c: &ModelConfig) -> Result<()> {
     c.validate()
         .map_err(|e| GpuError::invalid("gpu model", e.to_string()))?;
     if c.head_dim % 64 != 0 || c.head_dim > 256 {
@@ -197,6 +199,7 @@ impl GpuModel {
             lm_head,
             layers,
             final_norm: upload_f32(dev, &w.final_norm)?,
+            coded_scratch: None,
         })
     }
 
@@ -344,6 +347,7 @@ impl GpuModel {
             lm_head: lm_head.map(|w| GpuLinear::dense(w, vocab, h)),
             layers,
             final_norm,
+            coded_scratch: None,
         })
     }
 
@@ -704,6 +708,7 @@ impl GpuEngine {
             weights: self.model.weight_bytes(),
             kv_cache,
             workspace: decode
+                + self.model.scratch_bytes()
                 + self.prefill.bytes()
                 + self.gemm.workspace_bytes()
                 + self.cos_sin.len() * 4,
@@ -953,7 +958,9 @@ impl GpuEngine {
                     h,
                     eps,
                 )?;
-                layer.qkv.matmul(&self.gemm, &p.hb, &mut p.qkv, n, false)?;
+                layer
+                    .qkv
+                    .matmul(dev, &self.gemm, &p.hb, &mut p.qkv, n, false)?;
                 launch_rope_append(
                     dev,
                     shape,
@@ -983,7 +990,9 @@ impl GpuEngine {
                     &mut p.attn,
                     scale,
                 )?;
-                layer.o.matmul(&self.gemm, &p.attn, &mut p.x, n, true)?;
+                layer
+                    .o
+                    .matmul(dev, &self.gemm, &p.attn, &mut p.x, n, true)?;
                 launch_rmsnorm_f32w(
                     dev,
                     &p.x,
@@ -995,9 +1004,11 @@ impl GpuEngine {
                 )?;
                 layer
                     .gate_up
-                    .matmul(&self.gemm, &p.hb, &mut p.gate_up, n, false)?;
+                    .matmul(dev, &self.gemm, &p.hb, &mut p.gate_up, n, false)?;
                 launch_swiglu_bf16(dev, &p.gate_up, &mut p.act, n, inter)?;
-                layer.down.matmul(&self.gemm, &p.act, &mut p.x, n, true)?;
+                layer
+                    .down
+                    .matmul(dev, &self.gemm, &p.act, &mut p.x, n, true)?;
             }
             self.pos += n;
             last_n = n;

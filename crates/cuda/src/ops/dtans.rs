@@ -448,7 +448,7 @@ pub fn launch_mvm(
         super::check_len(OP, "y", y, t.rows)?;
         if slices > 1 {
             stream
-                .memset_zeros(&mut **y)
+                .memset_zeros(&mut y.slice_mut(0..t.rows))
                 .while_(|| "zeroing y".into())?;
         }
         outs.push(y.device_ptr_mut(stream).0);
