@@ -210,12 +210,17 @@ pub fn run(a: Args) -> Result<()> {
     };
     let long = if a.long_prefill > 0 {
         // The main figures first (stderr), in case the long prefill is cut short.
+        let m = e.memory();
         eprintln!(
-            "bench: decode {tok_s:.2} tok/s ({:.3} ms/token) at a {}-token prompt; {} tokens of \
-             KV cache; prefilling {} tokens next",
+            "bench: decode {tok_s:.2} tok/s ({:.3} ms/token) at a {}-token prompt; memory: \
+             weights {} + KV cache {} ({max_seq} tokens) + workspace {} bytes; coded {:.4} \
+             bits/weight; prefilling {} tokens next",
             step_s * 1e3,
             a.prompt_len,
-            max_seq,
+            m.weights,
+            m.kv_cache,
+            m.workspace,
+            coded.bits_per_weight(),
             a.long_prefill
         );
         let toks = random_tokens(a.long_prefill, c.vocab_size, a.seed ^ 2);

@@ -53,6 +53,13 @@ pub fn run(a: Args) -> Result<()> {
             failed = true;
         }
     }
+    match entrollm_cuda::engine_coded::coded_e2e_selftest(&dev, a.seed) {
+        Ok(r) => println!("{r}"),
+        Err(e) => {
+            println!("{e}");
+            failed = true;
+        }
+    }
     match entrollm_cuda::ops::dtans::selftest(&dev, a.seed) {
         Ok(r) => {
             let failed_cases = r.failures().count();
@@ -62,13 +69,6 @@ pub fn run(a: Args) -> Result<()> {
                 r.cases.len() - failed_cases
             );
         }
-        Err(e) => {
-            println!("{e}");
-            failed = true;
-        }
-    }
-    match entrollm_cuda::engine_coded::coded_e2e_selftest(&dev, a.seed) {
-        Ok(r) => println!("{r}"),
         Err(e) => {
             println!("{e}");
             failed = true;
