@@ -553,7 +553,13 @@ pub fn coded_e2e_selftest(
     Ok(report)
 }
 
-/// Kernel variants the coded synthetic models use with the tuned plan (mvm and dequant of every
+/// A compact plan for the synthetic distribution (`bench/plans/single-m8.json`): Single mode,
+/// M = 2^8, slices of 512–2048 columns; predicted 10.76–10.83 bits/weight on the Llama-3.3-70B
+/// layer matrices (the tuned Pair M = 2^8 t = 16 codings spend 11.7–11.9 there: the synthetic
+/// exponents spread wider than t = 16 keeps, and escapes cost).
+pub const COMPACT_PLAN_JSON: &str = include_str!("../../../bench/plans/single-m8.json");
+
+/// Kernel variants the coded synthetic models use with the tuned plan and the compact plan (mvm and dequant of every
 /// stacked shape of the e2e model, Llama-3.1-8B and Llama-3.3-70B), for precompiling cubins.
 pub fn serve_variants() -> Vec<crate::jit::KernelVariant> {
     use crate::linear::dtans_config_for;
@@ -573,13 +579,18 @@ pub fn serve_variants() -> Vec<crate::jit::KernelVariant> {
             (h, inter),
             (c.vocab_size, h),
         ] {
-            let coding = bf16_coding_for(rows, cols).0;
-            let kind = DtansKind::of(Payload::Bf16, &coding, cols, None);
-            for out in [DtansOut::Mvm, DtansOut::Dequant] {
-                if let Ok(cfg) = dtans_config_for(Payload::Bf16, &coding, rows, cols, None, out) {
-                    let var = kind.variant(cfg, out);
-                    if !v.contains(&var) {
-                        v.push(var);
+            let compact = CodingPlan::from_json(COMPACT_PLAN_JSON, None).expect("a valid plan");
+            let mut codings = vec![bf16_coding_for(rows, cols).0];
+            codings.extend(compact.launches.values().flatten().copied());
+            for coding in codings {
+                let kind = DtansKind::of(Payload::Bf16, &coding, cols, None);
+                for out in [DtansOut::Mvm, DtansOut::Dequant] {
+                    if let Ok(cfg) = dtans_config_for(Payload::Bf16, &coding, rows, cols, None, out)
+                    {
+                        let var = kind.variant(cfg, out);
+                        if !v.contains(&var) {
+                            v.push(var);
+                        }
                     }
                 }
             }
@@ -597,12 +608,15 @@ mod tests {
 
     #[test]
     fn tuned_plans_have_kernels_for_every_shape() {
-        for c in [
+        let compact = CodingPlan::from_json(COMPACT_PLAN_JSON, None).unwrap();
+        for (c, plan) in [
             e2e_config(),
             SynthShape::Llama31_8B.config(),
             SynthShape::Llama33_70B.config(),
-        ] {
-            let plan = tuned_plan(&c);
+        ]
+        .into_iter()
+        .flat_map(|c| [(c.clone(), tuned_plan(&c)), (c, compact.clone())])
+        {
             let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
             for (name, rows, cols) in [
                 ("model.layers.0.self_attn.q_proj.weight", q + 2 * kv, h),
@@ -655,6 +669,60 @@ mod tests {
                 .map(|b| u16::from_le_bytes([b[0], b[1]]))
                 .collect();
             assert_eq!(&got, bits, "{rows}×{cols} {:?}", t.coding);
+        }
+    }
+}
+
+#[cfg(test)]
+mod coding_sizes {
+    use super::*;
+    use entrollm_model::synth::SynthShape;
+
+    /// Predicted bits/weight of candidate codings on the synthetic distribution (512-row samples of
+    /// each Llama-3.3-70B layer matrix): `cargo test --release -p entrollm-cuda --lib
+    /// coding_sizes -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "prints a table; seconds of CPU"]
+    fn predicted_bits_per_weight() {
+        let c = SynthShape::Llama33_70B.config();
+        for t in tensors(&c)
+            .iter()
+            .filter(|t| t.name.starts_with("model.layers.0.") && t.shape.len() == 2)
+        {
+            let cols = t.shape[1];
+            let rows = 512;
+            let mut bytes = Vec::with_capacity(rows * cols * 2);
+            let mut buf = vec![0f32; cols];
+            for r in 0..rows {
+                fill_row(t, 0, r, &mut buf);
+                for &v in &buf {
+                    bytes.extend(half::bf16::from_f32(v).to_bits().to_le_bytes());
+                }
+            }
+            let (codes, _) = Payload::Bf16.symbolize(&bytes).unwrap();
+            let auto = choose_coding_and_width(Payload::Bf16, rows, cols, &codes).unwrap();
+            let mut line = format!(
+                "{:<32} auto {} {:.3}",
+                t.name,
+                auto.0,
+                auto.1 * 8.0 / (rows * cols) as f64
+            );
+            for s in [
+                "pair:8:1024:16",
+                "pair:9:1024:22",
+                "pair:10:1024:32",
+                "single:8:1024",
+                "pair:9:256:22",
+                "pair:10:256:32",
+                "single:8:512",
+                "single:8:2048",
+            ] {
+                let coding = Coding::parse(s).unwrap().unwrap();
+                let b =
+                    DtansTensor::predict_bytes(Payload::Bf16, rows, cols, &codes, coding).unwrap();
+                line += &format!(" | {s} {:.3}", b * 8.0 / (rows * cols) as f64);
+            }
+            println!("{line}");
         }
     }
 }
