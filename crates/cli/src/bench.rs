@@ -125,11 +125,23 @@ pub fn run(a: Args) -> Result<()> {
             )
         }
         (None, Some(_)) if a.coded => {
-            bail!("--coded builds a synthetic model (--synth); a container's coded matrices are served as stored")
+            bail!(
+                "--coded builds a synthetic model (--synth); a container's coded matrices are \
+                 served as stored without it"
+            )
         }
         (None, Some(path)) => {
-            let (w, _) = open_model(path, false)?;
-            (GpuModel::upload(&dev, &w)?, path.display().to_string())
+            // A container's dtANS-coded matrices stay coded (checksums verified on the host
+            // decode at load) and are served by the coded kernels.
+            let (w, _) = open_model(path, true)?;
+            let (m, n) = GpuModel::upload_served(&dev, &w)?;
+            (
+                m,
+                format!(
+                    "{} ({n} coded layer/head matrices served coded)",
+                    path.display()
+                ),
+            )
         }
         _ => bail!("give either a MODEL path or --synth SHAPE"),
     };

@@ -49,6 +49,19 @@ extern "C" __global__ void swiglu_pairs(const float2* __restrict__ gate_up, floa
     }
 }
 
+// gate_up is [n_tokens, 2 * inter] (gate rows first, then up rows: a GEMM over [gate; up] stored as
+// halves); out[t, i] = bf16(silu(gate) * up), the prefill activations of the down GEMM.
+extern "C" __global__ void swiglu_halves_bf16(const float* __restrict__ gate_up,
+                                              bf16_t* __restrict__ out, int inter, int n_tokens) {
+    const size_t n = (size_t)inter * n_tokens;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = j / inter, i = j - t * inter;
+        const float g = gate_up[t * 2 * inter + i];
+        const float u = gate_up[t * 2 * inter + inter + i];
+        out[j] = f32_to_bf16(g / (1.0f + expf(-g)) * u);
+    }
+}
+
 // x += y (the residual stream update).
 extern "C" __global__ void residual_add(float* __restrict__ x, const float* __restrict__ y, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] += y[i];

@@ -42,7 +42,7 @@ use crate::ops::argmax::{launch_argmax, ArgmaxScratch};
 use crate::ops::attention::{
     launch_attention_decode, launch_attention_decode_fused, AttnConfig, AttnScratch, KvShape,
 };
-use crate::ops::elementwise::launch_embedding;
+use crate::ops::elementwise::{launch_embedding, launch_swiglu_halves_bf16};
 use crate::ops::forward::*;
 use crate::ops::rope::RopeLayout;
 
@@ -113,7 +113,7 @@ fn host_bf16(m: &dyn Linear) -> Vec<u16> {
     out
 }
 
-fn stacked(dev: &GpuDevice, parts: &[&dyn Linear]) -> Result<GpuLinear> {
+pub(crate) fn stacked(dev: &GpuDevice, parts: &[&dyn Linear]) -> Result<GpuLinear> {
     let cols = parts[0].cols();
     let rows: usize = parts.iter().map(|p| p.rows()).sum();
     let mut bits = Vec::with_capacity(rows * cols);
@@ -125,7 +125,11 @@ fn stacked(dev: &GpuDevice, parts: &[&dyn Linear]) -> Result<GpuLinear> {
 
 /// gate and up stacked row-interleaved (g0, u0, g1, u1, ...), so the decode GEMV computes a pair
 /// in one warp and applies SwiGLU in its epilogue, and prefill GEMM rows hold (gate, up) pairs.
-fn interleaved(dev: &GpuDevice, gate: &dyn Linear, up: &dyn Linear) -> Result<GpuLinear> {
+pub(crate) fn interleaved(
+    dev: &GpuDevice,
+    gate: &dyn Linear,
+    up: &dyn Linear,
+) -> Result<GpuLinear> {
     let cols = gate.cols();
     let (g, u) = (host_bf16(gate), host_bf16(up));
     let mut bits = Vec::with_capacity(g.len() * 2);
@@ -136,7 +140,7 @@ fn interleaved(dev: &GpuDevice, gate: &dyn Linear, up: &dyn Linear) -> Result<Gp
     GpuLinear::dense_from_host(dev, 2 * gate.rows(), cols, &bits)
 }
 
-fn upload_f32(dev: &GpuDevice, v: &[f32]) -> Result<CudaSlice<f32>> {
+pub(crate) fn upload_f32(dev: &GpuDevice, v: &[f32]) -> Result<CudaSlice<f32>> {
     dev.stream()
         .clone_htod(v)
         .while_(|| format!("uploading {} floats", v.len()))
@@ -1005,7 +1009,11 @@ impl GpuEngine {
                 layer
                     .gate_up
                     .matmul(dev, &self.gemm, &p.hb, &mut p.gate_up, n, false)?;
-                launch_swiglu_bf16(dev, &p.gate_up, &mut p.act, n, inter)?;
+                if layer.gate_up.gate_up_halves() {
+                    launch_swiglu_halves_bf16(dev, &p.gate_up, &mut p.act, n, inter)?;
+                } else {
+                    launch_swiglu_bf16(dev, &p.gate_up, &mut p.act, n, inter)?;
+                }
                 layer
                     .down
                     .matmul(dev, &self.gemm, &p.act, &mut p.x, n, true)?;

@@ -208,8 +208,8 @@ impl GpuModel {
         let mut add = |m: &GpuLinear| match m {
             GpuLinear::Dtans(c) => {
                 s.matrices += 1;
-                s.weights += c.t.rows * c.t.cols;
-                s.bytes += c.t.stored_bytes;
+                s.weights += c.rows() * c.cols();
+                s.bytes += c.parts.iter().map(|t| t.stored_bytes).sum::<usize>();
             }
             GpuLinear::Dense(d) => {
                 s.dense_matrices += 1;
@@ -426,7 +426,7 @@ fn build(
 
 fn stored_device_bytes(m: &GpuLinear) -> usize {
     match m {
-        GpuLinear::Dtans(c) => c.t.device_bytes(),
+        GpuLinear::Dtans(c) => c.parts.iter().map(|t| t.device_bytes()).sum(),
         GpuLinear::Dense(d) => d.rows * d.cols * 2,
     }
 }
@@ -435,8 +435,12 @@ fn stored_device_bytes(m: &GpuLinear) -> usize {
 fn dup(dev: &GpuDevice, m: &GpuLinear) -> Result<GpuLinear> {
     match m {
         GpuLinear::Dtans(c) => {
-            let t = c.t.duplicate(dev)?;
-            Ok(GpuLinear::Dtans(Box::new(c.with_tensor(t))))
+            let parts = c
+                .parts
+                .iter()
+                .map(|t| t.duplicate(dev))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(GpuLinear::Dtans(Box::new(c.with_parts(parts))))
         }
         GpuLinear::Dense(d) => {
             let w = dev
@@ -462,6 +466,63 @@ pub fn e2e_config() -> ModelConfig {
     c
 }
 
+/// The synthetic model of `c` as a container opened fused would give it: every layer matrix and
+/// the LM head a [`CodedLinear`](entrollm_model::load::CodedLinear) coded by `plan` (q, k, v, gate
+/// and up separate tensors), the embedding dense BF16, norms as stored.
+pub fn served_weights(
+    c: &ModelConfig,
+    seed: u64,
+    plan: &CodingPlan,
+) -> Result<entrollm_model::weights::ModelWeights> {
+    use entrollm_model::load::CodedLinear;
+    use entrollm_model::weights::{LayerWeights, Linear, ModelWeights};
+    let ts = tensors(c);
+    let bad = |e: entrollm_model::ModelError| GpuError::invalid(OP, e.to_string());
+    let mat = |name: &str| -> Result<Arc<dyn Linear>> {
+        let t = find(&ts, name)?;
+        let (rows, cols) = (t.shape[0], t.shape[1]);
+        let bits = host_matrix(t, seed);
+        if name == "model.embed_tokens.weight" {
+            let d = entrollm_model::DenseBf16::new(name, rows, cols, bits).map_err(bad)?;
+            return Ok(Arc::new(d));
+        }
+        let t = code_bf16(&bits, rows, cols, plan.coding_for(name))?;
+        Ok(Arc::new(CodedLinear::new(t, None).map_err(bad)?))
+    };
+    let norm = |name: &str| -> Result<Vec<f32>> { Ok(host_norm(find(&ts, name)?, seed)) };
+    let mut layers = Vec::with_capacity(c.num_layers);
+    for l in 0..c.num_layers {
+        let p = |s: &str| format!("model.layers.{l}.{s}.weight");
+        layers.push(LayerWeights {
+            attn_norm: norm(&p("input_layernorm"))?,
+            q: mat(&p("self_attn.q_proj"))?,
+            k: mat(&p("self_attn.k_proj"))?,
+            v: mat(&p("self_attn.v_proj"))?,
+            o: mat(&p("self_attn.o_proj"))?,
+            q_bias: None,
+            k_bias: None,
+            v_bias: None,
+            mlp_norm: norm(&p("post_attention_layernorm"))?,
+            gate: mat(&p("mlp.gate_proj"))?,
+            up: mat(&p("mlp.up_proj"))?,
+            down: mat(&p("mlp.down_proj"))?,
+        });
+    }
+    let embed = mat("model.embed_tokens.weight")?;
+    let lm_head = if c.tie_word_embeddings {
+        Arc::clone(&embed)
+    } else {
+        mat("lm_head.weight")?
+    };
+    Ok(ModelWeights {
+        config: c.clone(),
+        embed,
+        layers,
+        final_norm: norm("model.norm.weight")?,
+        lm_head,
+    })
+}
+
 /// Tolerances of [`coded_e2e_selftest`] (relative L2 of the logits, coded vs dense, same weights).
 /// Prefill dequantises bit-exactly and runs the same GEMMs; only the LM head (a batch-1 product
 /// for the last token) runs the coded mvm instead of the GEMV: f32 sums in another order.
@@ -474,7 +535,9 @@ pub const E2E_STEP_TOL: f64 = 1e-4;
 /// with [`GpuModel::synth_coded`] (the tuned plan, then the coder's choice) and with
 /// [`GpuModel::synth_one_layer`] (the same weights dense). Logits after a prefill and after decode
 /// steps within [`E2E_PREFILL_TOL`] / [`E2E_STEP_TOL`], identical greedy tokens (32 after an
-/// 8-token prompt), no stream error flagged.
+/// 8-token prompt), no stream error flagged. Then a container's layout ([`served_weights`]: q/k/v
+/// and gate/up as separate coded tensors) served by [`GpuModel::upload_served`] (stacked q/k/v
+/// launch, gate/up as halves) against [`GpuModel::upload`] of the same weights, same tolerances.
 pub fn coded_e2e_selftest(
     dev: &Arc<GpuDevice>,
     seed: u64,
@@ -543,6 +606,40 @@ pub fn coded_e2e_selftest(
             tolerance: 0.0,
         });
     }
+    // A container's layout: separate coded q/k/v (one stacked launch) and gate/up (halves), served
+    // by `upload_served`, against the same weights uploaded dense (decoded on the host).
+    let w = served_weights(&c, seed, &tuned_plan(&c))?;
+    let dense_w = run(GpuModel::upload(dev, &w)?)?;
+    let (served, n) = GpuModel::upload_served(dev, &w)?;
+    let s = served.coded_summary();
+    let shape = format!(
+        "served: {n} coded launches, {:.3} bits/weight",
+        s.bits_per_weight()
+    );
+    let (pre, st, toks, err) = run(served)?;
+    cases.push(CaseResult {
+        kernel: "served e2e prefill".into(),
+        shape: shape.clone(),
+        rel_l2: rel_l2(&pre, &dense_w.0),
+        tolerance: E2E_PREFILL_TOL,
+    });
+    cases.push(CaseResult {
+        kernel: "served e2e decode".into(),
+        shape: shape.clone(),
+        rel_l2: rel_l2(&st.concat(), &dense_w.1.concat()),
+        tolerance: E2E_STEP_TOL,
+    });
+    let same = toks == dense_w.2 && !err && n == 4 * c.num_layers + 1;
+    cases.push(CaseResult {
+        kernel: "served e2e greedy".into(),
+        shape: format!(
+            "served: 32 tokens {}{}",
+            if toks == dense_w.2 { "equal" } else { "DIFFER" },
+            if err { ", stream error flagged" } else { "" }
+        ),
+        rel_l2: if same { 0.0 } else { f64::INFINITY },
+        tolerance: 0.0,
+    });
     let report = SelftestReport {
         device: format!("{} ({})", dev.info().name, dev.info().arch()),
         cases,
@@ -639,6 +736,27 @@ mod tests {
     }
 
     #[test]
+    fn served_weights_keep_every_matrix_coded() {
+        let c = e2e_config();
+        let w = served_weights(&c, 3, &tuned_plan(&c)).unwrap();
+        assert!(w.embed.dtans().is_none());
+        assert!(w.lm_head.dtans().is_some());
+        for l in &w.layers {
+            let qkv: Vec<_> = [&l.q, &l.k, &l.v]
+                .iter()
+                .map(|m| m.dtans().expect("coded").0.coding)
+                .collect();
+            assert!(
+                qkv.iter().all(|c| *c == qkv[0]),
+                "one launch needs one coding"
+            );
+            let (g, u) = (l.gate.dtans().unwrap().0, l.up.dtans().unwrap().0);
+            assert_eq!(g.coding, u.coding);
+            assert!(l.o.dtans().is_some() && l.down.dtans().is_some());
+        }
+    }
+
+    #[test]
     fn one_coded_layer_decodes_to_its_weights() {
         let c = e2e_config();
         let ts = tensors(&c);
@@ -724,5 +842,127 @@ mod coding_sizes {
             }
             println!("{line}");
         }
+    }
+}
+
+/// Uploads a coded matrix made of `parts` (row-stacked; `halves`: gate/up), or None when any part
+/// is not kept coded or the parts cannot share a launch (then the caller uploads it dense).
+fn coded_parts(
+    dev: &GpuDevice,
+    parts: &[&dyn entrollm_model::weights::Linear],
+    halves: bool,
+    scratch: &SharedScratch,
+) -> Result<Option<GpuLinear>> {
+    let mut coded = Vec::with_capacity(parts.len());
+    for p in parts {
+        match p.dtans() {
+            Some((t, dq)) => coded.push((t, dq)),
+            None => return Ok(None),
+        }
+    }
+    let (t0, _) = coded[0];
+    if coded.iter().any(|(t, _)| {
+        t.payload != t0.payload
+            || t.coding != t0.coding
+            || t.cols != t0.cols
+            || check_coding(t.payload, &t.coding).is_err()
+    }) {
+        return Ok(None);
+    }
+    let mut up = Vec::with_capacity(coded.len());
+    for (t, dq) in &coded {
+        match GpuDtans::upload(dev, t, dq) {
+            Ok(g) => up.push(g),
+            // A payload, coding or group layout the kernels do not take: served dense.
+            Err(GpuError::InvalidArgument { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    match GpuLinear::coded_parts(up, halves, Arc::clone(scratch)) {
+        Ok(l) => Ok(Some(l)),
+        // Parts whose groups differ, or a coding without a launch that fits: served dense.
+        Err(GpuError::InvalidArgument { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+impl GpuModel {
+    /// Uploads a model serving its dtANS-coded matrices as stored (a container opened with
+    /// `fused`: the coded arrays go to the device, nothing is decoded to BF16; the loader has
+    /// already checked each tensor's checksum on its host decode). q/k/v run as one stacked
+    /// launch and gate/up as one launch over [gate; up] when their parts share a coding; matrices
+    /// that are not coded (or whose parts cannot share a launch) are uploaded dense as
+    /// [`GpuModel::upload`] does, and so is the embedding (a lookup reads one row). Returns the
+    /// model and how many layer/head matrices are coded.
+    pub fn upload_served(
+        dev: &GpuDevice,
+        w: &entrollm_model::weights::ModelWeights,
+    ) -> Result<(Self, usize)> {
+        use crate::engine::{interleaved, stacked, upload_f32};
+        let c = &w.config;
+        crate::engine::check_supported(c)?;
+        let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let max_rows = [q + 2 * kv, h, 2 * inter, c.vocab_size]
+            .into_iter()
+            .max()
+            .unwrap_or(1);
+        let max_weights = [(q + 2 * kv) * h, h * q, 2 * inter * h, h * inter]
+            .into_iter()
+            .max()
+            .unwrap_or(1);
+        let scratch: SharedScratch = Arc::new(Mutex::new(DtansScratch::new(
+            dev,
+            max_rows,
+            [h, q, inter].into_iter().max().unwrap_or(1),
+            max_weights,
+        )?));
+        let mut n_coded = 0;
+        let mut serve =
+            |parts: &[&dyn entrollm_model::weights::Linear], halves: bool| -> Result<GpuLinear> {
+                if let Some(l) = coded_parts(dev, parts, halves, &scratch)? {
+                    n_coded += 1;
+                    return Ok(l);
+                }
+                match parts {
+                    [g, u] if halves => interleaved(dev, *g, *u),
+                    _ => stacked(dev, parts),
+                }
+            };
+        let embed = stacked(dev, &[&*w.embed])?;
+        let lm_head = if Arc::ptr_eq(&w.embed, &w.lm_head) {
+            None
+        } else {
+            Some(serve(&[&*w.lm_head], false)?)
+        };
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            let qkv_bias = match (&l.q_bias, &l.k_bias, &l.v_bias) {
+                (None, None, None) => None,
+                (qb, kb, vb) => {
+                    let mut b = qb.clone().unwrap_or_else(|| vec![0.0; q]);
+                    b.extend(kb.clone().unwrap_or_else(|| vec![0.0; kv]));
+                    b.extend(vb.clone().unwrap_or_else(|| vec![0.0; kv]));
+                    Some(upload_f32(dev, &b)?)
+                }
+            };
+            layers.push(GpuLayer {
+                attn_norm: upload_f32(dev, &l.attn_norm)?,
+                qkv: serve(&[&*l.q, &*l.k, &*l.v], false)?,
+                qkv_bias,
+                o: serve(&[&*l.o], false)?,
+                mlp_norm: upload_f32(dev, &l.mlp_norm)?,
+                gate_up: serve(&[&*l.gate, &*l.up], true)?,
+                down: serve(&[&*l.down], false)?,
+            });
+        }
+        let m = GpuModel {
+            config: c.clone(),
+            embed,
+            lm_head,
+            layers,
+            final_norm: upload_f32(dev, &w.final_norm)?,
+            coded_scratch: (n_coded > 0).then_some(scratch),
+        };
+        Ok((m, n_coded))
     }
 }

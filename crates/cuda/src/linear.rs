@@ -23,8 +23,11 @@ use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
 use crate::ops::dtans::MAX_SHARED_BYTES;
-use crate::ops::dtans::{launch_dequant, launch_mvm, DtansConfig, DtansKind, DtansOut};
-use crate::ops::elementwise::{launch_residual_add, launch_swiglu_pairs};
+use crate::ops::dtans::{
+    launch_dequant, launch_dequant_at, launch_mvm, launch_mvm_stacked, DtansConfig, DtansKind,
+    DtansOut,
+};
+use crate::ops::elementwise::{launch_residual_add, launch_swiglu, launch_swiglu_pairs};
 use crate::ops::forward::{
     launch_gemv_accum, launch_gemv_fused, launch_rmsnorm_f32w, GemvFusion, NormOut,
 };
@@ -76,9 +79,14 @@ impl DtansScratch {
 /// Scratch shared by the coded matrices of a model.
 pub type SharedScratch = Arc<Mutex<DtansScratch>>;
 
-/// A dtANS-LLM coded matrix and its launch configurations.
+/// A dtANS-LLM coded matrix (one tensor, or row-stacked parts that share a coding: q/k/v, gate and
+/// up of a container, run as one multi-matrix launch) and its launch configurations.
 pub struct DtansLinear {
-    pub t: GpuDtans,
+    /// The row blocks of the matrix, in order (one for a tensor coded whole).
+    pub parts: Vec<GpuDtans>,
+    /// (gate, up) stored as halves [gate; up] instead of interleaved rows (SwiGLU epilogue and
+    /// prefill read them so).
+    pub halves: bool,
     /// Launch of the batch-1 decode-matvec.
     pub mvm: DtansConfig,
     /// Launch of the dequantisation (prefill).
@@ -191,14 +199,14 @@ impl GpuLinear {
     pub fn rows(&self) -> usize {
         match self {
             GpuLinear::Dense(d) => d.rows,
-            GpuLinear::Dtans(c) => c.t.rows,
+            GpuLinear::Dtans(c) => c.rows(),
         }
     }
 
     pub fn cols(&self) -> usize {
         match self {
             GpuLinear::Dense(d) => d.cols,
-            GpuLinear::Dtans(c) => c.t.cols,
+            GpuLinear::Dtans(c) => c.cols(),
         }
     }
 
@@ -206,7 +214,7 @@ impl GpuLinear {
     pub fn stored_bytes(&self) -> usize {
         match self {
             GpuLinear::Dense(d) => d.rows * d.cols * 2,
-            GpuLinear::Dtans(c) => c.t.stored_bytes,
+            GpuLinear::Dtans(c) => c.parts.iter().map(|t| t.stored_bytes).sum(),
         }
     }
 
@@ -276,7 +284,7 @@ impl GpuLinear {
             GpuLinear::Dtans(c) => {
                 let mut s = c.lock();
                 let s = &mut *s;
-                let (rows, cols) = (c.t.rows, c.t.cols);
+                let (rows, cols) = (c.rows(), c.cols());
                 if s.w.len() < rows * cols {
                     return Err(GpuError::invalid(
                         "dtans matmul",
@@ -288,7 +296,15 @@ impl GpuLinear {
                         ),
                     ));
                 }
-                launch_dequant(dev, c.dequant, &c.t, &mut s.w, Some(&mut s.err))?;
+                if let [t] = &c.parts[..] {
+                    launch_dequant(dev, c.dequant, t, &mut s.w, Some(&mut s.err))?;
+                } else {
+                    let mut off = 0;
+                    for t in &c.parts {
+                        launch_dequant_at(dev, c.dequant, t, &mut s.w, off, Some(&mut s.err))?;
+                        off += t.rows * t.cols;
+                    }
+                }
                 gemm.matmul(&s.w, x, y, m, rows, cols, accumulate)
             }
         }
@@ -313,8 +329,40 @@ impl GpuLinear {
     /// Wraps an uploaded coded matrix with launch configurations for its shape and coding; the
     /// products use `scratch` (which must hold its rows, columns and, for prefill, its weights).
     pub fn coded(t: GpuDtans, scratch: SharedScratch) -> Result<Self> {
+        Self::coded_parts(vec![t], false, scratch)
+    }
+
+    /// A matrix of row-stacked coded parts (q/k/v; gate and up with `halves`) that share payload,
+    /// coding, columns and groups, so that one launch serves them all.
+    pub fn coded_parts(parts: Vec<GpuDtans>, halves: bool, scratch: SharedScratch) -> Result<Self> {
+        let t = parts
+            .first()
+            .ok_or_else(|| GpuError::invalid("dtans linear", "no parts"))?;
         let group = t.groups().map(|g| g.group);
-        let (p, c, r, k) = (t.payload, t.coding, t.rows, t.cols);
+        let (p, c, k) = (t.payload, t.coding, t.cols);
+        let r: usize = parts.iter().map(|t| t.rows).sum();
+        for u in &parts[1..] {
+            if u.payload != p
+                || u.coding != c
+                || u.cols != k
+                || u.groups().map(|g| g.group) != group
+            {
+                return Err(GpuError::invalid(
+                    "dtans linear",
+                    format!(
+                        "stacked parts must share payload, coding, columns and groups: {p:?} {c} \
+                         ×{k} vs {:?} {} ×{}",
+                        u.payload, u.coding, u.cols
+                    ),
+                ));
+            }
+        }
+        if parts.len() > crate::ops::dtans::MAX_MATS || (halves && parts.len() != 2) {
+            return Err(GpuError::invalid(
+                "dtans linear",
+                format!("{} stacked parts (halves: {halves})", parts.len()),
+            ));
+        }
         let mvm = dtans_config_for(p, &c, r, k, group, DtansOut::Mvm)?;
         let dequant = dtans_config_for(p, &c, r, k, group, DtansOut::Dequant)?;
         {
@@ -331,19 +379,35 @@ impl GpuLinear {
             }
         }
         Ok(GpuLinear::Dtans(Box::new(DtansLinear {
-            t,
+            parts,
+            halves,
             mvm,
             dequant,
             scratch,
         })))
     }
+
+    /// Whether gate/up rows are stored as halves [gate; up] (a container's separate tensors)
+    /// rather than interleaved: prefill then applies SwiGLU to halves.
+    pub fn gate_up_halves(&self) -> bool {
+        matches!(self, GpuLinear::Dtans(c) if c.halves)
+    }
 }
 
 impl DtansLinear {
-    /// Another coded tensor of the same shape and coding with these launches and scratch.
-    pub fn with_tensor(&self, t: GpuDtans) -> DtansLinear {
+    pub fn rows(&self) -> usize {
+        self.parts.iter().map(|t| t.rows).sum()
+    }
+
+    pub fn cols(&self) -> usize {
+        self.parts[0].cols
+    }
+
+    /// Other coded parts of the same shapes and coding with these launches and scratch.
+    pub fn with_parts(&self, parts: Vec<GpuDtans>) -> DtansLinear {
         DtansLinear {
-            t,
+            parts,
+            halves: self.halves,
             mvm: self.mvm,
             dequant: self.dequant,
             scratch: Arc::clone(&self.scratch),
@@ -352,6 +416,21 @@ impl DtansLinear {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, DtansScratch> {
         self.scratch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mvm_into(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        err: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        if let [t] = &self.parts[..] {
+            launch_mvm(dev, self.mvm, &[t], x, &mut [y], Some(err))
+        } else {
+            let mats: Vec<&GpuDtans> = self.parts.iter().collect();
+            launch_mvm_stacked(dev, self.mvm, &mats, x, y, Some(err))
+        }
     }
 
     /// The batch-1 product with the engine's fusions (see [`GpuLinear::matvec_fused`]).
@@ -363,7 +442,7 @@ impl DtansLinear {
         fusion: GemvFusion,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let (rows, cols) = (self.t.rows, self.t.cols);
+        let (rows, cols) = (self.rows(), self.cols());
         if fusion.swiglu && rows % 2 != 0 {
             return Err(GpuError::invalid(
                 "dtans matvec",
@@ -381,7 +460,7 @@ impl DtansLinear {
         };
         let plain = !fusion.accumulate && !fusion.swiglu;
         if plain {
-            return launch_mvm(dev, self.mvm, &[&self.t], input, &mut [y], Some(err));
+            return self.mvm_into(dev, input, y, err);
         }
         if fusion.accumulate && fusion.swiglu {
             return Err(GpuError::invalid(
@@ -389,8 +468,10 @@ impl DtansLinear {
                 "accumulating a SwiGLU output is not supported",
             ));
         }
-        launch_mvm(dev, self.mvm, &[&self.t], input, &mut [&mut *sy], Some(err))?;
-        if fusion.swiglu {
+        self.mvm_into(dev, input, sy, err)?;
+        if fusion.swiglu && self.halves {
+            launch_swiglu(dev, sy, y, 1, rows / 2)
+        } else if fusion.swiglu {
             launch_swiglu_pairs(dev, sy, y, rows / 2)
         } else {
             launch_residual_add(dev, y, sy, rows)

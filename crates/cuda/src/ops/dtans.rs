@@ -457,6 +457,54 @@ pub fn launch_mvm(
     launch(dev, OP, cfg, DtansOut::Mvm, mats, Some(x), &outs, err)
 }
 
+/// `y[off_i .. off_i + rows_i] = mats[i] · x` with the matrices' outputs stacked in one buffer
+/// (`off_i` = the rows before matrix i): q/k/v or [gate; up] stored as separate tensors, in one
+/// launch.
+pub fn launch_mvm_stacked(
+    dev: &GpuDevice,
+    cfg: DtansConfig,
+    mats: &[&GpuDtans],
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    err: Option<&mut CudaSlice<u32>>,
+) -> Result<()> {
+    const OP: &str = "dtans mvm (stacked)";
+    check_launch(OP, mats)?;
+    super::check_len(OP, "x", x, mats[0].cols)?;
+    let total: usize = mats.iter().map(|t| t.rows).sum();
+    super::check_len(OP, "y", y, total)?;
+    let stream = dev.stream();
+    if mats[0].cols.div_ceil(mats[0].coding.sc as usize) > 1 {
+        stream
+            .memset_zeros(&mut y.slice_mut(0..total))
+            .while_(|| "zeroing y".into())?;
+    }
+    let base = y.device_ptr_mut(stream).0;
+    let mut outs = Vec::with_capacity(mats.len());
+    let mut off = 0u64;
+    for t in mats {
+        outs.push(base + 4 * off);
+        off += t.rows as u64;
+    }
+    launch(dev, OP, cfg, DtansOut::Mvm, mats, Some(x), &outs, err)
+}
+
+/// Materialises `t` as BF16 weights into `out` starting at element `offset` (rows of a stacked
+/// matrix), for prefill GEMMs.
+pub fn launch_dequant_at(
+    dev: &GpuDevice,
+    cfg: DtansConfig,
+    t: &GpuDtans,
+    out: &mut CudaSlice<u16>,
+    offset: usize,
+    err: Option<&mut CudaSlice<u32>>,
+) -> Result<()> {
+    const OP: &str = "dtans dequant";
+    super::check_len(OP, "out", out, offset + t.rows * t.cols)?;
+    let o = out.device_ptr_mut(dev.stream()).0 + 2 * offset as u64;
+    launch(dev, OP, cfg, DtansOut::Dequant, &[t], None, &[o], err)
+}
+
 /// Decodes `t` into its source elements (`t.decoded_bytes()` bytes: little-endian u16 for 16-bit
 /// payloads, one code byte otherwise), row-major.
 pub fn launch_decode(
