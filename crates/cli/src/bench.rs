@@ -2,15 +2,24 @@
 //! `--prompt-len` tokens, then exactly G = 64 and G = 128 greedy tokens (EOS ignored, decode steps
 //! replayed from a CUDA graph), one warm-up then the median of 3 runs each; steady-state
 //! tok/s = 64 / (t128 − t64). Also: achieved weight bandwidth, prefill throughput, GPU memory.
+//!
+//! `--coded` serves dtANS-LLM coded matrices (`GpuModel::synth_coded`: one layer coded on the host
+//! and copied on the device into every layer; the LM head coded too, the embedding dense), with the
+//! codings of `--coding` / `--coding-file` (default: the tuned table). `--context N` sizes the KV
+//! cache for N tokens; `--long-prefill N` then times decode after an N-token prefill.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use entrollm_codec::dtans::Coding;
+use entrollm_cuda::engine_coded::{free_memory, tuned_plan};
 use entrollm_cuda::{GpuDevice, GpuEngine, GpuModel};
+use entrollm_model::coding_plan::CodingPlan;
 use entrollm_model::load::open_model;
 use entrollm_model::synth::SynthShape;
+use entrollm_model::ModelConfig;
 
 /// HBM read bandwidth of the H200 measured with a sum kernel (DESIGN.md), the share's denominator.
 const H200_HBM_GBPS: f64 = 4330.0;
@@ -37,6 +46,41 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// With --synth: serve dtANS-LLM coded matrices (lossless BF16; one layer coded on the host,
+    /// copied on the device into every layer).
+    #[arg(long)]
+    coded: bool,
+    /// Coding of every coded matrix: `auto` (the coder chooses) or MODE:LOG2M:SC[:T]
+    /// (default: the tuned table, `bench_coded::bf16_coding_for`).
+    #[arg(long)]
+    coding: Option<String>,
+    /// Coding per launch (JSON: qkv, o, gate_up, down, lm_head, default); --coding fills the rest.
+    #[arg(long)]
+    coding_file: Option<PathBuf>,
+    /// KV-cache capacity in tokens (default: the prompt + 128, or --prefill-len / --long-prefill).
+    #[arg(long)]
+    context: Option<usize>,
+    /// Also time decode after a prefill of this many random tokens (64 steps; 0: skip).
+    #[arg(long, default_value_t = 0)]
+    long_prefill: usize,
+}
+
+/// The coding plan of `--coding` / `--coding-file` (neither: the tuned table for `c`).
+fn coding_plan(a: &Args, c: &ModelConfig) -> Result<CodingPlan> {
+    let default = match &a.coding {
+        Some(s) => Coding::parse(s).map_err(|e| anyhow!("--coding: {e}"))?,
+        None => None,
+    };
+    Ok(match (&a.coding_file, &a.coding) {
+        (Some(f), _) => CodingPlan::from_file(f, default)?,
+        (None, Some(_)) => CodingPlan::uniform(default),
+        (None, None) => tuned_plan(c),
+    })
+}
+
+/// Bytes of the BF16 KV cache for `tokens` positions.
+fn kv_bytes(c: &ModelConfig, tokens: usize) -> usize {
+    2 * c.num_layers * tokens * c.kv_dim() * 2
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -53,9 +97,25 @@ pub fn run(a: Args) -> Result<()> {
     if a.repeats == 0 || a.prompt_len == 0 {
         bail!("--repeats and --prompt-len must be at least 1");
     }
+    if (a.coding.is_some() || a.coding_file.is_some()) && !a.coded {
+        bail!("--coding and --coding-file need --coded");
+    }
     let dev = Arc::new(GpuDevice::open(0).context("bench needs a CUDA GPU")?);
     let t_load = Instant::now();
     let (model, source) = match (&a.synth, &a.model) {
+        (Some(name), None) if a.coded => {
+            let shape = SynthShape::parse(name).expect("clap checked the name");
+            let c = shape.config();
+            let plan = coding_plan(&a, &c)?;
+            (
+                GpuModel::synth_coded(&dev, &c, a.seed, &plan)?,
+                format!(
+                    "synthetic {name} (seed {}), dtANS-LLM coded: layer 0 coded on the host and \
+                     copied into every layer",
+                    a.seed
+                ),
+            )
+        }
         (Some(name), None) => {
             let shape = SynthShape::parse(name).expect("clap checked the name");
             let c = shape.config();
@@ -64,26 +124,63 @@ pub fn run(a: Args) -> Result<()> {
                 format!("synthetic {name} (seed {}, built on the GPU)", a.seed),
             )
         }
+        (None, Some(_)) if a.coded => {
+            bail!(
+                "--coded builds a synthetic model (--synth); a container's coded matrices are \
+                 served as stored without it"
+            )
+        }
         (None, Some(path)) => {
-            let (w, _) = open_model(path, false)?;
-            (GpuModel::upload(&dev, &w)?, path.display().to_string())
+            // A container's dtANS-coded matrices stay coded (checksums verified on the host
+            // decode at load) and are served by the coded kernels.
+            let (w, _) = open_model(path, true)?;
+            let (m, n) = GpuModel::upload_served(&dev, &w)?;
+            (
+                m,
+                format!(
+                    "{} ({n} coded layer/head matrices served coded)",
+                    path.display()
+                ),
+            )
         }
         _ => bail!("give either a MODEL path or --synth SHAPE"),
     };
     dev.synchronize()?;
     let load_s = t_load.elapsed().as_secs_f64();
     let c = model.config.clone();
-    let max_seq = (a.prompt_len + 128)
+    let need_seq = (a.prompt_len + 128)
         .max(a.prefill_len)
-        .min(c.max_position_embeddings);
-    if a.prompt_len + 128 > max_seq {
+        .max(a.long_prefill + 64);
+    let max_seq = match a.context {
+        Some(n) if n < need_seq => bail!(
+            "--context {n} is shorter than the runs need ({need_seq} tokens: prompt + 128, \
+             --prefill-len, --long-prefill + 64)"
+        ),
+        Some(n) if n > c.max_position_embeddings => bail!(
+            "--context {n} exceeds the model's {} positions",
+            c.max_position_embeddings
+        ),
+        Some(n) => n,
+        None => need_seq.min(c.max_position_embeddings),
+    };
+    if need_seq > max_seq {
+        bail!("the runs need {need_seq} positions, the model has {max_seq}");
+    }
+    let (free, _) = free_memory(&dev)?;
+    let kv = kv_bytes(&c, max_seq);
+    if kv > free {
         bail!(
-            "--prompt-len {} + 128 exceeds the model's context",
-            a.prompt_len
+            "not enough GPU memory for the KV cache: {max_seq} tokens need {:.3} GB, {:.3} GB \
+             are free after the weights ({:.3} GB)",
+            kv as f64 / 1e9,
+            free as f64 / 1e9,
+            model.weight_bytes() as f64 / 1e9
         );
     }
     let bytes_per_token = model.bytes_per_token();
-    let mut e = GpuEngine::new(Arc::clone(&dev), model, max_seq)?;
+    let coded = model.coded_summary();
+    let mut e = GpuEngine::new(Arc::clone(&dev), model, max_seq)
+        .with_context(|| format!("building the engine for {max_seq} tokens"))?;
     let prompt = random_tokens(a.prompt_len, c.vocab_size, a.seed);
 
     // Warm-up (kernel loads, cuBLASLt plans), then the protocol.
@@ -123,6 +220,36 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         None
     };
+    let long = if a.long_prefill > 0 {
+        // The main figures first (stderr), in case the long prefill is cut short.
+        let m = e.memory();
+        eprintln!(
+            "bench: decode {tok_s:.2} tok/s ({:.3} ms/token) at a {}-token prompt; memory: \
+             weights {} + KV cache {} ({max_seq} tokens) + workspace {} bytes; coded {:.4} \
+             bits/weight; prefilling {} tokens next",
+            step_s * 1e3,
+            a.prompt_len,
+            m.weights,
+            m.kv_cache,
+            m.workspace,
+            coded.bits_per_weight(),
+            a.long_prefill
+        );
+        let toks = random_tokens(a.long_prefill, c.vocab_size, a.seed ^ 2);
+        e.reset();
+        let t = Instant::now();
+        let mut tok = e.prefill_greedy(&toks)?;
+        let prefill_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for _ in 0..64 {
+            tok = e.step_greedy(tok)?;
+        }
+        let step = t.elapsed().as_secs_f64() / 64.0;
+        Some((prefill_s, step))
+    } else {
+        None
+    };
+    let coded_error = e.model().coded_error(&dev)?;
     let mem = e.memory();
     let (free, total) = dev
         .context()
@@ -154,7 +281,21 @@ pub fn run(a: Args) -> Result<()> {
                 "workspace": mem.workspace,
                 "device_used": total - free,
                 "device_total": total,
+                "max_seq": max_seq,
             },
+            "coded": {
+                "matrices": coded.matrices,
+                "weights": coded.weights,
+                "bytes": coded.bytes,
+                "bits_per_weight": coded.bits_per_weight(),
+                "dense_matrices": coded.dense_matrices,
+                "dense_weights": coded.dense_weights,
+                "stream_errors": coded_error,
+            },
+            "long_prefill": a.long_prefill,
+            "long_prefill_s": long.map(|l| l.0),
+            "long_decode_tok_s": long.map(|l| 1.0 / l.1),
+            "long_decode_ms_per_token": long.map(|l| l.1 * 1e3),
             "decode_step": e.decode_layout(),
             "tokens_consistent": consistent,
             "first_tokens": &warm[..8.min(warm.len())],
@@ -195,6 +336,27 @@ pub fn run(a: Args) -> Result<()> {
                 t * 1e3
             );
         }
+        if coded.matrices > 0 {
+            println!(
+                "coded       {} matrices, {:.3} G weights in {:.3} GB: {:.4} bits/weight (dtANS-LLM, lossless); {} dense matrices ({:.3} G weights, BF16){}",
+                coded.matrices,
+                coded.weights as f64 / 1e9,
+                gb(coded.bytes),
+                coded.bits_per_weight(),
+                coded.dense_matrices,
+                coded.dense_weights as f64 / 1e9,
+                if coded_error { "; STREAM ERRORS FLAGGED" } else { "" }
+            );
+        }
+        if let Some((p, step)) = long {
+            println!(
+                "long        {} tokens prefilled in {:.2} s, then decode {:.1} tok/s ({:.3} ms/token, 64 steps)",
+                a.long_prefill,
+                p,
+                1.0 / step,
+                step * 1e3
+            );
+        }
         println!(
             "memory      weights {:.3} GB + KV cache {:.3} GB ({max_seq} tokens) + workspace {:.3} GB; device in use {:.3} GB of {:.1} GB",
             gb(mem.weights),
@@ -211,6 +373,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     if !consistent {
         bail!("greedy tokens differ between runs of the same prompt");
+    }
+    if coded_error {
+        bail!("a coded kernel flagged an inconsistent stream");
     }
     Ok(())
 }

@@ -47,7 +47,8 @@ impl Backend {
         if device != DeviceArg::Cpu {
             let gpu = GpuDevice::open(0).and_then(|dev| {
                 let dev = Arc::new(dev);
-                let model = GpuModel::upload(&dev, &weights)?;
+                // dtANS-coded matrices (a container opened fused) are served coded.
+                let (model, _) = GpuModel::upload_served(&dev, &weights)?;
                 GpuEngine::new(dev, model, ctx)
             });
             match gpu {

@@ -1,5 +1,7 @@
 //! `entrollm selftest --gpu`: every GPU kernel against its CPU reference on fresh random inputs,
-//! then the forward pass end to end (a small synthetic model and SmolLM2-135M, GPU vs CPU).
+//! then the forward pass end to end (a small synthetic model and SmolLM2-135M, GPU vs CPU), the
+//! dtANS-LLM kernels (`ops::dtans::selftest`: decode/dequant bit-exact, mvm against the CPU), and
+//! the coded forward pass against the dense one on the same weights (`coded_e2e_selftest`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,6 +47,27 @@ pub fn run(a: Args) -> Result<()> {
             for n in notes {
                 println!("  {n}");
             }
+        }
+        Err(e) => {
+            println!("{e}");
+            failed = true;
+        }
+    }
+    match entrollm_cuda::engine_coded::coded_e2e_selftest(&dev, a.seed) {
+        Ok(r) => println!("{r}"),
+        Err(e) => {
+            println!("{e}");
+            failed = true;
+        }
+    }
+    match entrollm_cuda::ops::dtans::selftest(&dev, a.seed) {
+        Ok(r) => {
+            let failed_cases = r.failures().count();
+            println!(
+                "dtANS kernels: {} cases, {} passed, {failed_cases} failed",
+                r.cases.len(),
+                r.cases.len() - failed_cases
+            );
         }
         Err(e) => {
             println!("{e}");

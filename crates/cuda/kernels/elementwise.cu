@@ -41,6 +41,29 @@ extern "C" __global__ void swiglu(const float* __restrict__ gate_up, float* __re
     }
 }
 
+// gate_up holds (gate, up) pairs interleaved (as the engine stacks gate/up rows);
+// out[i] = silu(gate_up[2i]) * gate_up[2i + 1] (the coded gate/up matvec's epilogue).
+extern "C" __global__ void swiglu_pairs(const float2* __restrict__ gate_up, float* __restrict__ out,
+                                        int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float2 p = gate_up[i];
+        out[i] = p.x / (1.0f + expf(-p.x)) * p.y;
+    }
+}
+
+// gate_up is [n_tokens, 2 * inter] (gate rows first, then up rows: a GEMM over [gate; up] stored as
+// halves); out[t, i] = bf16(silu(gate) * up), the prefill activations of the down GEMM.
+extern "C" __global__ void swiglu_halves_bf16(const float* __restrict__ gate_up,
+                                              bf16_t* __restrict__ out, int inter, int n_tokens) {
+    const size_t n = (size_t)inter * n_tokens;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = j / inter, i = j - t * inter;
+        const float g = gate_up[t * 2 * inter + i];
+        const float u = gate_up[t * 2 * inter + inter + i];
+        out[j] = f32_to_bf16(g / (1.0f + expf(-g)) * u);
+    }
+}
+
 // x += y (the residual stream update).
 extern "C" __global__ void residual_add(float* __restrict__ x, const float* __restrict__ y, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] += y[i];

@@ -37,12 +37,12 @@ use entrollm_model::{DenseBf16 as CpuDenseBf16, LayerWeights, ModelConfig};
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
-use crate::linear::GpuLinear;
+use crate::linear::{GpuLinear, SharedScratch};
 use crate::ops::argmax::{launch_argmax, ArgmaxScratch};
 use crate::ops::attention::{
     launch_attention_decode, launch_attention_decode_fused, AttnConfig, AttnScratch, KvShape,
 };
-use crate::ops::elementwise::launch_embedding;
+use crate::ops::elementwise::{launch_embedding, launch_swiglu_halves_bf16};
 use crate::ops::forward::*;
 use crate::ops::rope::RopeLayout;
 
@@ -71,9 +71,11 @@ pub struct GpuModel {
     pub lm_head: Option<GpuLinear>,
     pub layers: Vec<GpuLayer>,
     pub final_norm: CudaSlice<f32>,
+    /// Scratch of the coded matrices (`engine_coded`), None when every matrix is dense.
+    pub coded_scratch: Option<SharedScratch>,
 }
 
-fn check_supported(c: &ModelConfig) -> Result<()> {
+pub(crate) fn check_supported(c: &ModelConfig) -> Result<()> {
     c.validate()
         .map_err(|e| GpuError::invalid("gpu model", e.to_string()))?;
     if c.head_dim % 64 != 0 || c.head_dim > 256 {
@@ -111,7 +113,7 @@ fn host_bf16(m: &dyn Linear) -> Vec<u16> {
     out
 }
 
-fn stacked(dev: &GpuDevice, parts: &[&dyn Linear]) -> Result<GpuLinear> {
+pub(crate) fn stacked(dev: &GpuDevice, parts: &[&dyn Linear]) -> Result<GpuLinear> {
     let cols = parts[0].cols();
     let rows: usize = parts.iter().map(|p| p.rows()).sum();
     let mut bits = Vec::with_capacity(rows * cols);
@@ -123,7 +125,11 @@ fn stacked(dev: &GpuDevice, parts: &[&dyn Linear]) -> Result<GpuLinear> {
 
 /// gate and up stacked row-interleaved (g0, u0, g1, u1, ...), so the decode GEMV computes a pair
 /// in one warp and applies SwiGLU in its epilogue, and prefill GEMM rows hold (gate, up) pairs.
-fn interleaved(dev: &GpuDevice, gate: &dyn Linear, up: &dyn Linear) -> Result<GpuLinear> {
+pub(crate) fn interleaved(
+    dev: &GpuDevice,
+    gate: &dyn Linear,
+    up: &dyn Linear,
+) -> Result<GpuLinear> {
     let cols = gate.cols();
     let (g, u) = (host_bf16(gate), host_bf16(up));
     let mut bits = Vec::with_capacity(g.len() * 2);
@@ -134,7 +140,7 @@ fn interleaved(dev: &GpuDevice, gate: &dyn Linear, up: &dyn Linear) -> Result<Gp
     GpuLinear::dense_from_host(dev, 2 * gate.rows(), cols, &bits)
 }
 
-fn upload_f32(dev: &GpuDevice, v: &[f32]) -> Result<CudaSlice<f32>> {
+pub(crate) fn upload_f32(dev: &GpuDevice, v: &[f32]) -> Result<CudaSlice<f32>> {
     dev.stream()
         .clone_htod(v)
         .while_(|| format!("uploading {} floats", v.len()))
@@ -197,6 +203,7 @@ impl GpuModel {
             lm_head,
             layers,
             final_norm: upload_f32(dev, &w.final_norm)?,
+            coded_scratch: None,
         })
     }
 
@@ -344,6 +351,7 @@ impl GpuModel {
             lm_head: lm_head.map(|w| GpuLinear::dense(w, vocab, h)),
             layers,
             final_norm,
+            coded_scratch: None,
         })
     }
 
@@ -885,6 +893,7 @@ impl GpuEngine {
             weights: self.model.weight_bytes(),
             kv_cache,
             workspace: decode
+                + self.model.scratch_bytes()
                 + self.prefill.bytes()
                 + self.gemm.workspace_bytes()
                 + self.cos_sin.len() * 4,
@@ -1134,7 +1143,9 @@ impl GpuEngine {
                     h,
                     eps,
                 )?;
-                layer.qkv.matmul(&self.gemm, &p.hb, &mut p.qkv, n, false)?;
+                layer
+                    .qkv
+                    .matmul(dev, &self.gemm, &p.hb, &mut p.qkv, n, false)?;
                 launch_rope_append(
                     dev,
                     shape,
@@ -1164,7 +1175,9 @@ impl GpuEngine {
                     &mut p.attn,
                     scale,
                 )?;
-                layer.o.matmul(&self.gemm, &p.attn, &mut p.x, n, true)?;
+                layer
+                    .o
+                    .matmul(dev, &self.gemm, &p.attn, &mut p.x, n, true)?;
                 launch_rmsnorm_f32w(
                     dev,
                     &p.x,
@@ -1176,9 +1189,15 @@ impl GpuEngine {
                 )?;
                 layer
                     .gate_up
-                    .matmul(&self.gemm, &p.hb, &mut p.gate_up, n, false)?;
-                launch_swiglu_bf16(dev, &p.gate_up, &mut p.act, n, inter)?;
-                layer.down.matmul(&self.gemm, &p.act, &mut p.x, n, true)?;
+                    .matmul(dev, &self.gemm, &p.hb, &mut p.gate_up, n, false)?;
+                if layer.gate_up.gate_up_halves() {
+                    launch_swiglu_halves_bf16(dev, &p.gate_up, &mut p.act, n, inter)?;
+                } else {
+                    launch_swiglu_bf16(dev, &p.gate_up, &mut p.act, n, inter)?;
+                }
+                layer
+                    .down
+                    .matmul(dev, &self.gemm, &p.act, &mut p.x, n, true)?;
             }
             self.pos += n;
             last_n = n;

@@ -10,6 +10,7 @@ pub mod bench_coded;
 pub mod coded;
 pub mod device;
 pub mod engine;
+pub mod engine_coded;
 pub mod engine_selftest;
 pub mod error;
 pub mod gemm;

@@ -2,13 +2,35 @@
 //! products (decode) run a GEMV, batched products (prefill) a cuBLASLt GEMM. Variants are the
 //! storage formats; the dense BF16 one is here, entropy-coded variants add their own arm (their
 //! decode-matvec kernel for `matvec`, decode-then-GEMM for `matmul`).
+//!
+//! [`GpuLinear::Dtans`]: a dtANS-LLM coded matrix ([`GpuDtans`]). Batch 1 runs the fused
+//! decode-matvec (`ops::dtans::launch_mvm`); the decode step's fusions are small kernels around it
+//! on buffers preallocated in a [`DtansScratch`] shared by all coded matrices of a model (RMSNorm
+//! into a scratch input, the product into a scratch output, then residual add or interleaved
+//! SwiGLU into the caller's buffer), so the step still captures into one CUDA graph with no
+//! allocation. Prefill dequantises the matrix into the scratch's BF16 workspace (one matrix, the
+//! largest of the layers) and runs the same cuBLASLt GEMM as the dense path.
+
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
+use entrollm_codec::dtans::Coding;
+use entrollm_codec::Payload;
 
+use crate::bench_coded::llama8b_tuned;
+use crate::coded::GpuDtans;
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
-use crate::ops::forward::{launch_gemv_accum, launch_gemv_fused, GemvFusion};
+use crate::ops::dtans::MAX_SHARED_BYTES;
+use crate::ops::dtans::{
+    launch_dequant, launch_dequant_at, launch_mvm, launch_mvm_stacked, DtansConfig, DtansKind,
+    DtansOut,
+};
+use crate::ops::elementwise::{launch_residual_add, launch_swiglu, launch_swiglu_pairs};
+use crate::ops::forward::{
+    launch_gemv_accum, launch_gemv_fused, launch_rmsnorm_f32w, GemvFusion, NormOut,
+};
 use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
 
 /// A row-major BF16 matrix [rows, cols] in device memory and the GEMV configuration of its shape.
@@ -19,9 +41,101 @@ pub struct DenseBf16 {
     pub gemv: GemvConfig,
 }
 
+/// Device buffers the coded matrices of one model share (the stream serialises their use): the
+/// product before its epilogue, the normalised input, the BF16 dequantisation workspace of
+/// prefill, and the kernels' error word (non-zero after an inconsistent stream).
+pub struct DtansScratch {
+    pub y: CudaSlice<f32>,
+    pub xn: CudaSlice<f32>,
+    pub w: CudaSlice<u16>,
+    pub err: CudaSlice<u32>,
+}
+
+impl DtansScratch {
+    /// Buffers for products of up to `rows` outputs and `cols` inputs, and a dequantisation
+    /// workspace of `weights` BF16 elements (0: no prefill of coded matrices).
+    pub fn new(dev: &GpuDevice, rows: usize, cols: usize, weights: usize) -> Result<Self> {
+        let s = dev.stream();
+        let what = || {
+            format!(
+                "allocating coded-matrix scratch ({rows} outputs, {cols} inputs, {:.3} GB \
+                 dequantisation workspace)",
+                weights as f64 * 2e-9
+            )
+        };
+        Ok(DtansScratch {
+            y: s.alloc_zeros::<f32>(rows.max(1)).while_(what)?,
+            xn: s.alloc_zeros::<f32>(cols.max(1)).while_(what)?,
+            w: s.alloc_zeros::<u16>(weights.max(1)).while_(what)?,
+            err: s.alloc_zeros::<u32>(1).while_(what)?,
+        })
+    }
+
+    pub fn bytes(&self) -> usize {
+        (self.y.len() + self.xn.len() + self.err.len()) * 4 + self.w.len() * 2
+    }
+}
+
+/// Scratch shared by the coded matrices of a model.
+pub type SharedScratch = Arc<Mutex<DtansScratch>>;
+
+/// A dtANS-LLM coded matrix (one tensor, or row-stacked parts that share a coding: q/k/v, gate and
+/// up of a container, run as one multi-matrix launch) and its launch configurations.
+pub struct DtansLinear {
+    /// The row blocks of the matrix, in order (one for a tensor coded whole).
+    pub parts: Vec<GpuDtans>,
+    /// (gate, up) stored as halves [gate; up] instead of interleaved rows (SwiGLU epilogue and
+    /// prefill read them so).
+    pub halves: bool,
+    /// Launch of the batch-1 decode-matvec.
+    pub mvm: DtansConfig,
+    /// Launch of the dequantisation (prefill).
+    pub dequant: DtansConfig,
+    scratch: SharedScratch,
+}
+
 /// One weight matrix W [rows (outputs), cols (inputs)] of the GPU forward pass.
 pub enum GpuLinear {
     Dense(DenseBf16),
+    Dtans(Box<DtansLinear>),
+}
+
+/// A launch configuration of the dtANS kernels for a coded matrix: the tuned one when the shape
+/// and coding are in the measured Llama-8B table, else the first of 8/4 warps × unroll 8/4/2 the
+/// kernel compiles for (whole companion words per iteration) whose shared memory fits.
+pub fn dtans_config_for(
+    payload: Payload,
+    coding: &Coding,
+    rows: usize,
+    cols: usize,
+    group: Option<usize>,
+    out: DtansOut,
+) -> Result<DtansConfig> {
+    if out == DtansOut::Mvm && group.is_none() {
+        if let Some(t) = llama8b_tuned()
+            .into_iter()
+            .find(|t| t.1 == rows && t.2 == cols && t.3 == *coding)
+        {
+            return Ok(t.4);
+        }
+    }
+    let kind = DtansKind::of(payload, coding, cols, group);
+    let unrolls: &[u32] = if group.is_some() { &[0] } else { &[0, 4, 2] };
+    for warps in [8, 4] {
+        for &unroll in unrolls {
+            let cfg = DtansConfig {
+                unroll,
+                ..DtansConfig::warps(warps)
+            };
+            if cfg.fits(&kind) && kind.shared_bytes(cfg, out) <= MAX_SHARED_BYTES {
+                return Ok(cfg);
+            }
+        }
+    }
+    Err(GpuError::invalid(
+        "dtans linear",
+        format!("no kernel launch fits {payload:?} coding {coding} on a {rows}×{cols} matrix"),
+    ))
 }
 
 /// The GEMV configuration for a shape: the fastest of the measured candidates on the H200 for the
@@ -85,12 +199,14 @@ impl GpuLinear {
     pub fn rows(&self) -> usize {
         match self {
             GpuLinear::Dense(d) => d.rows,
+            GpuLinear::Dtans(c) => c.rows(),
         }
     }
 
     pub fn cols(&self) -> usize {
         match self {
             GpuLinear::Dense(d) => d.cols,
+            GpuLinear::Dtans(c) => c.cols(),
         }
     }
 
@@ -98,6 +214,7 @@ impl GpuLinear {
     pub fn stored_bytes(&self) -> usize {
         match self {
             GpuLinear::Dense(d) => d.rows * d.cols * 2,
+            GpuLinear::Dtans(c) => c.parts.iter().map(|t| t.stored_bytes).sum(),
         }
     }
 
@@ -114,6 +231,13 @@ impl GpuLinear {
                 launch_gemv_accum(dev, d.gemv, &d.w, x, y, d.rows, d.cols)
             }
             GpuLinear::Dense(d) => launch_gemv(dev, d.gemv, &d.w, x, y, d.rows, d.cols),
+            GpuLinear::Dtans(_) => {
+                let fusion = GemvFusion {
+                    accumulate,
+                    swiglu: false,
+                };
+                self.matvec_fused(dev, x, None, fusion, y)
+            }
         }
     }
 
@@ -140,12 +264,15 @@ impl GpuLinear {
                 }
                 launch_gemv_fused(dev, cfg, fusion, &d.w, x, norm, y, d.rows, d.cols)
             }
+            GpuLinear::Dtans(c) => c.matvec_fused(dev, x, norm, fusion, y),
         }
     }
 
     /// `Y = X Wᵀ` (or `Y += X Wᵀ`) for `m` BF16 input rows; Y f32 [m, rows].
+    #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
+        dev: &GpuDevice,
         gemm: &Gemm,
         x: &CudaSlice<u16>,
         y: &mut CudaSlice<f32>,
@@ -154,6 +281,32 @@ impl GpuLinear {
     ) -> Result<()> {
         match self {
             GpuLinear::Dense(d) => gemm.matmul(&d.w, x, y, m, d.rows, d.cols, accumulate),
+            GpuLinear::Dtans(c) => {
+                let mut s = c.lock();
+                let s = &mut *s;
+                let (rows, cols) = (c.rows(), c.cols());
+                if s.w.len() < rows * cols {
+                    return Err(GpuError::invalid(
+                        "dtans matmul",
+                        format!(
+                            "the dequantisation workspace holds {} weights, a {rows}×{cols} \
+                             matrix needs {}",
+                            s.w.len(),
+                            rows * cols
+                        ),
+                    ));
+                }
+                if let [t] = &c.parts[..] {
+                    launch_dequant(dev, c.dequant, t, &mut s.w, Some(&mut s.err))?;
+                } else {
+                    let mut off = 0;
+                    for t in &c.parts {
+                        launch_dequant_at(dev, c.dequant, t, &mut s.w, off, Some(&mut s.err))?;
+                        off += t.rows * t.cols;
+                    }
+                }
+                gemm.matmul(&s.w, x, y, m, rows, cols, accumulate)
+            }
         }
     }
 
@@ -161,6 +314,167 @@ impl GpuLinear {
     pub fn dense_weights(&self) -> Option<&CudaSlice<u16>> {
         match self {
             GpuLinear::Dense(d) => Some(&d.w),
+            GpuLinear::Dtans(_) => None,
+        }
+    }
+
+    /// The coded tensor, when the matrix is dtANS-coded.
+    pub fn dtans(&self) -> Option<&DtansLinear> {
+        match self {
+            GpuLinear::Dtans(c) => Some(c),
+            GpuLinear::Dense(_) => None,
+        }
+    }
+
+    /// Wraps an uploaded coded matrix with launch configurations for its shape and coding; the
+    /// products use `scratch` (which must hold its rows, columns and, for prefill, its weights).
+    pub fn coded(t: GpuDtans, scratch: SharedScratch) -> Result<Self> {
+        Self::coded_parts(vec![t], false, scratch)
+    }
+
+    /// A matrix of row-stacked coded parts (q/k/v; gate and up with `halves`) that share payload,
+    /// coding, columns and groups, so that one launch serves them all.
+    pub fn coded_parts(parts: Vec<GpuDtans>, halves: bool, scratch: SharedScratch) -> Result<Self> {
+        let t = parts
+            .first()
+            .ok_or_else(|| GpuError::invalid("dtans linear", "no parts"))?;
+        let group = t.groups().map(|g| g.group);
+        let (p, c, k) = (t.payload, t.coding, t.cols);
+        let r: usize = parts.iter().map(|t| t.rows).sum();
+        for u in &parts[1..] {
+            if u.payload != p
+                || u.coding != c
+                || u.cols != k
+                || u.groups().map(|g| g.group) != group
+            {
+                return Err(GpuError::invalid(
+                    "dtans linear",
+                    format!(
+                        "stacked parts must share payload, coding, columns and groups: {p:?} {c} \
+                         ×{k} vs {:?} {} ×{}",
+                        u.payload, u.coding, u.cols
+                    ),
+                ));
+            }
+        }
+        if parts.len() > crate::ops::dtans::MAX_MATS || (halves && parts.len() != 2) {
+            return Err(GpuError::invalid(
+                "dtans linear",
+                format!("{} stacked parts (halves: {halves})", parts.len()),
+            ));
+        }
+        let mvm = dtans_config_for(p, &c, r, k, group, DtansOut::Mvm)?;
+        let dequant = dtans_config_for(p, &c, r, k, group, DtansOut::Dequant)?;
+        {
+            let s = scratch.lock().unwrap_or_else(|e| e.into_inner());
+            if s.y.len() < r || s.xn.len() < k {
+                return Err(GpuError::invalid(
+                    "dtans linear",
+                    format!(
+                        "scratch of {} outputs / {} inputs is too small for {r}×{k}",
+                        s.y.len(),
+                        s.xn.len()
+                    ),
+                ));
+            }
+        }
+        Ok(GpuLinear::Dtans(Box::new(DtansLinear {
+            parts,
+            halves,
+            mvm,
+            dequant,
+            scratch,
+        })))
+    }
+
+    /// Whether gate/up rows are stored as halves [gate; up] (a container's separate tensors)
+    /// rather than interleaved: prefill then applies SwiGLU to halves.
+    pub fn gate_up_halves(&self) -> bool {
+        matches!(self, GpuLinear::Dtans(c) if c.halves)
+    }
+}
+
+impl DtansLinear {
+    pub fn rows(&self) -> usize {
+        self.parts.iter().map(|t| t.rows).sum()
+    }
+
+    pub fn cols(&self) -> usize {
+        self.parts[0].cols
+    }
+
+    /// Other coded parts of the same shapes and coding with these launches and scratch.
+    pub fn with_parts(&self, parts: Vec<GpuDtans>) -> DtansLinear {
+        DtansLinear {
+            parts,
+            halves: self.halves,
+            mvm: self.mvm,
+            dequant: self.dequant,
+            scratch: Arc::clone(&self.scratch),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DtansScratch> {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mvm_into(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        err: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        if let [t] = &self.parts[..] {
+            launch_mvm(dev, self.mvm, &[t], x, &mut [y], Some(err))
+        } else {
+            let mats: Vec<&GpuDtans> = self.parts.iter().collect();
+            launch_mvm_stacked(dev, self.mvm, &mats, x, y, Some(err))
+        }
+    }
+
+    /// The batch-1 product with the engine's fusions (see [`GpuLinear::matvec_fused`]).
+    fn matvec_fused(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        norm: Option<(&CudaSlice<f32>, f32)>,
+        fusion: GemvFusion,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (rows, cols) = (self.rows(), self.cols());
+        if fusion.swiglu && rows % 2 != 0 {
+            return Err(GpuError::invalid(
+                "dtans matvec",
+                format!("SwiGLU needs (gate, up) row pairs, the matrix has {rows} rows"),
+            ));
+        }
+        let mut guard = self.lock();
+        let DtansScratch { y: sy, xn, err, .. } = &mut *guard;
+        let input: &CudaSlice<f32> = match norm {
+            Some((w, eps)) => {
+                launch_rmsnorm_f32w(dev, x, w, NormOut::F32(xn), 1, cols, eps)?;
+                xn
+            }
+            None => x,
+        };
+        let plain = !fusion.accumulate && !fusion.swiglu;
+        if plain {
+            return self.mvm_into(dev, input, y, err);
+        }
+        if fusion.accumulate && fusion.swiglu {
+            return Err(GpuError::invalid(
+                "dtans matvec",
+                "accumulating a SwiGLU output is not supported",
+            ));
+        }
+        self.mvm_into(dev, input, sy, err)?;
+        if fusion.swiglu && self.halves {
+            launch_swiglu(dev, sy, y, 1, rows / 2)
+        } else if fusion.swiglu {
+            launch_swiglu_pairs(dev, sy, y, rows / 2)
+        } else {
+            launch_residual_add(dev, y, sy, rows)
         }
     }
 }

@@ -184,6 +184,29 @@ fn dtans_precompile_cubins() {
     let dir = entrollm_cuda::jit::default_cache_dir().expect("a cache directory");
     let mut variants = entrollm_cuda::jit::all_variants();
     variants.extend(entrollm_cuda::ops::dtans::sweep_variants());
+    variants.extend(entrollm_cuda::engine_coded::serve_variants());
+    let failed: Vec<String> = variants
+        .par_iter()
+        .filter_map(|v| {
+            entrollm_cuda::jit::cached_cubin(v, &arch, Some(&dir))
+                .err()
+                .map(|e| e.to_string())
+        })
+        .collect();
+    println!("{} variants cached in {}", variants.len(), dir.display());
+    assert!(failed.is_empty(), "{failed:#?}");
+}
+
+/// Cubins of every runtime variant (`jit::all_variants`) and of the coded synthetic models'
+/// launches (`engine_coded::serve_variants`), for `ENTROLLM_CACHE`: a GPU run then skips the JIT.
+#[test]
+#[ignore = "needs libnvrtc; fills the kernel cache"]
+fn serve_precompile_cubins() {
+    use rayon::prelude::*;
+    let arch = std::env::var("DTANS_PRECOMPILE_ARCH").unwrap_or_else(|_| "sm_90".into());
+    let dir = entrollm_cuda::jit::default_cache_dir().expect("a cache directory");
+    let mut variants = entrollm_cuda::jit::all_variants();
+    variants.extend(entrollm_cuda::engine_coded::serve_variants());
     let failed: Vec<String> = variants
         .par_iter()
         .filter_map(|v| {

@@ -207,6 +207,9 @@ impl CodedLinear {
 }
 
 impl Linear for CodedLinear {
+    fn dtans(&self) -> Option<(&DtansTensor, Dequant<'_>)> {
+        Some((&self.t, self.dequant()))
+    }
     fn rows(&self) -> usize {
         self.t.rows
     }

@@ -25,6 +25,16 @@ pub trait Linear: Send + Sync {
     fn row(&self, r: usize, out: &mut [f32]);
     /// Bytes this matrix occupies in memory.
     fn stored_bytes(&self) -> usize;
+    /// The dtANS-coded tensor and its dequantisation, when the matrix is kept coded (a GPU engine
+    /// then uploads the coded arrays instead of decoding them).
+    fn dtans(
+        &self,
+    ) -> Option<(
+        &entrollm_codec::dtans::DtansTensor,
+        entrollm_codec::matvec::Dequant<'_>,
+    )> {
+        None
+    }
 }
 
 pub struct LayerWeights {

@@ -177,6 +177,66 @@ pub fn swiglu_ref(gate_up: &[f32], inter: usize) -> Vec<f32> {
         .collect()
 }
 
+/// `out[i] = silu(gate_up[2i]) · gate_up[2i + 1]` for `n` (gate, up) pairs stored interleaved.
+pub fn launch_swiglu_pairs(
+    dev: &GpuDevice,
+    gate_up: &CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
+    n: usize,
+) -> Result<()> {
+    const OP: &str = "swiglu_pairs";
+    check_len(OP, "gate_up", gate_up, 2 * n)?;
+    check_len(OP, "out", out, n)?;
+    let n_i = as_i32(OP, "2 * n", 2 * n)? / 2;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = dev.function(&variant(), "swiglu_pairs")?;
+    let cfg = LaunchConfig {
+        grid_dim: (grid_for(n, BLOCK), 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(gate_up).arg(out).arg(&n_i);
+    // SAFETY: argument types and counts match the kernel; sizes were checked above.
+    unsafe { b.launch(cfg) }.while_(|| "launching swiglu_pairs".into())?;
+    Ok(())
+}
+
+/// `out[t, i] = bf16(silu(gate_up[t, i]) · gate_up[t, inter + i])`: [`launch_swiglu`] with BF16
+/// output, for prefill over gate/up stored as halves.
+pub fn launch_swiglu_halves_bf16(
+    dev: &GpuDevice,
+    gate_up: &CudaSlice<f32>,
+    out: &mut CudaSlice<u16>,
+    n_tokens: usize,
+    inter: usize,
+) -> Result<()> {
+    const OP: &str = "swiglu_halves_bf16";
+    check_len(OP, "gate_up", gate_up, 2 * n_tokens * inter)?;
+    check_len(OP, "out", out, n_tokens * inter)?;
+    let (inter_i, n_i) = (
+        as_i32(OP, "inter", inter)?,
+        as_i32(OP, "n_tokens", n_tokens)?,
+    );
+    as_i32(OP, "2 * n_tokens * inter", 2 * n_tokens * inter)?;
+    if n_tokens * inter == 0 {
+        return Ok(());
+    }
+    let f = dev.function(&variant(), "swiglu_halves_bf16")?;
+    let cfg = LaunchConfig {
+        grid_dim: (grid_for(n_tokens * inter, BLOCK), 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(gate_up).arg(out).arg(&inter_i).arg(&n_i);
+    // SAFETY: argument types and counts match the kernel; sizes were checked above.
+    unsafe { b.launch(cfg) }.while_(|| "launching swiglu_halves_bf16".into())?;
+    Ok(())
+}
+
 /// `x[..n] += y[..n]`.
 pub fn launch_residual_add(
     dev: &GpuDevice,

@@ -1,0 +1,968 @@
+//! [`GpuModel`]s whose matrices are dtANS-LLM coded ([`GpuLinear::Dtans`]): the synthetic
+//! benchmark models of issue 5.
+//!
+//! [`GpuModel::synth_coded`] generates ONE decoder layer's BF16 matrices on the host
+//! (`model::synth`'s distribution and streams, layer 0), stacks them as the engine does (q/k/v
+//! rows stacked, gate/up rows interleaved), codes each stacked matrix losslessly with the plan's
+//! coding (or the coder's choice), uploads it and then copies the coded arrays device-to-device
+//! into every layer: every layer owns its own copy, so the memory use is that of a fully coded
+//! model, and the decode step reads every layer's arrays. The LM head is coded too; the embedding
+//! stays dense BF16 (a lookup reads one row; the kernels decode whole 32-row tiles). Norms are each
+//! layer's own. [`GpuModel::synth_one_layer`] builds the same weights dense, for comparisons.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::CudaSlice;
+use rayon::prelude::*;
+
+use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor};
+use entrollm_codec::matvec::Dequant;
+use entrollm_codec::Payload;
+use entrollm_model::coding_plan::{CodingPlan, Launch};
+use entrollm_model::synth::{fill_row, fill_tensor_16, tensors, SynthDtype, SynthTensor};
+use entrollm_model::ModelConfig;
+
+use crate::bench_coded::bf16_coding_for;
+use crate::coded::{check_supported as check_coding, GpuDtans};
+use crate::device::GpuDevice;
+use crate::engine::{GpuLayer, GpuModel};
+use crate::error::{DriverContext, GpuError, Result};
+use crate::linear::{DtansScratch, GpuLinear, SharedScratch};
+use crate::ops::forward::{launch_synth_fill, SynthOut};
+
+const OP: &str = "synth_coded";
+
+/// The plan of the tuned BF16 codings: per launch the coding `bench_coded::bf16_coding_for` gives
+/// its stacked shape (the measured fastest for the Llama-3.1-8B shapes).
+pub fn tuned_plan(c: &ModelConfig) -> CodingPlan {
+    let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let mut plan = CodingPlan::uniform(None);
+    for (l, rows, cols) in [
+        (Launch::Qkv, q + 2 * kv, h),
+        (Launch::O, h, q),
+        (Launch::GateUp, 2 * inter, h),
+        (Launch::Down, h, inter),
+        (Launch::LmHead, c.vocab_size, h),
+    ] {
+        plan.launches.insert(l, Some(bf16_coding_for(rows, cols).0));
+    }
+    plan
+}
+
+/// One synthetic matrix as BF16 bits (rows in parallel, as `model::synth`).
+fn host_matrix(t: &SynthTensor, seed: u64) -> Vec<u16> {
+    let mut bytes = vec![0u8; t.numel() * 2];
+    fill_tensor_16(t, seed, SynthDtype::Bf16, &mut bytes);
+    bytes
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect()
+}
+
+/// A norm weight vector as the synth stores it (BF16-rounded), in f32.
+fn host_norm(t: &SynthTensor, seed: u64) -> Vec<f32> {
+    let mut v = vec![0f32; t.numel()];
+    fill_row(t, seed, 0, &mut v);
+    v.iter()
+        .map(|&x| half::bf16::from_f32(x).to_f32())
+        .collect()
+}
+
+/// The host matrices of one layer, stacked as the engine stacks them.
+struct HostLayer {
+    qkv: Vec<u16>,
+    o: Vec<u16>,
+    gate_up: Vec<u16>,
+    down: Vec<u16>,
+}
+
+fn find<'a>(ts: &'a [SynthTensor], name: &str) -> Result<&'a SynthTensor> {
+    ts.iter()
+        .find(|t| t.name == name)
+        .ok_or_else(|| GpuError::invalid(OP, format!("the synthetic model has no {name}")))
+}
+
+fn host_layer(ts: &[SynthTensor], seed: u64) -> Result<HostLayer> {
+    let m = |s: &str| -> Result<Vec<u16>> {
+        Ok(host_matrix(
+            find(ts, &format!("model.layers.0.{s}.weight"))?,
+            seed,
+        ))
+    };
+    let mut qkv = m("self_attn.q_proj")?;
+    qkv.extend(m("self_attn.k_proj")?);
+    qkv.extend(m("self_attn.v_proj")?);
+    let (gate, up) = (m("mlp.gate_proj")?, m("mlp.up_proj")?);
+    let cols = find(ts, "model.layers.0.mlp.gate_proj.weight")?.shape[1];
+    let mut gate_up = Vec::with_capacity(gate.len() * 2);
+    for (g, u) in gate.chunks(cols).zip(up.chunks(cols)) {
+        gate_up.extend_from_slice(g);
+        gate_up.extend_from_slice(u);
+    }
+    drop((gate, up));
+    Ok(HostLayer {
+        qkv,
+        o: m("self_attn.o_proj")?,
+        gate_up,
+        down: m("mlp.down_proj")?,
+    })
+}
+
+/// Codes a BF16 matrix losslessly with `coding` (None: the coder's choice of coding and width).
+pub fn code_bf16(
+    bits: &[u16],
+    rows: usize,
+    cols: usize,
+    coding: Option<Coding>,
+) -> Result<DtansTensor> {
+    let codec = |e: entrollm_codec::CodecError| GpuError::invalid(OP, e.to_string());
+    let bytes: Vec<u8> = bits.par_iter().flat_map_iter(|b| b.to_le_bytes()).collect();
+    let (codes, raw) = Payload::Bf16.symbolize(&bytes).map_err(codec)?;
+    drop(bytes);
+    let coding = match coding {
+        Some(c) => c,
+        None => {
+            choose_coding_and_width(Payload::Bf16, rows, cols, &codes)
+                .map_err(codec)?
+                .0
+        }
+    };
+    check_coding(Payload::Bf16, &coding)?;
+    DtansTensor::encode(Payload::Bf16, rows, cols, &codes, &raw, coding).map_err(codec)
+}
+
+/// Free and total device memory.
+pub fn free_memory(dev: &GpuDevice) -> Result<(usize, usize)> {
+    dev.context()
+        .mem_get_info()
+        .while_(|| "querying free device memory".into())
+}
+
+fn gb(b: usize) -> f64 {
+    b as f64 / 1e9
+}
+
+impl GpuDtans {
+    /// A copy of the coded arrays in new device memory (device-to-device).
+    pub fn duplicate(&self, dev: &GpuDevice) -> Result<GpuDtans> {
+        if self.groups.is_some() {
+            return Err(GpuError::invalid(
+                "dtans duplicate",
+                "tensors with group scales are not duplicated",
+            ));
+        }
+        let s = dev.stream();
+        let what = || format!("copying a coded {}×{} matrix", self.rows, self.cols);
+        Ok(GpuDtans {
+            payload: self.payload,
+            coding: self.coding,
+            rows: self.rows,
+            cols: self.cols,
+            entries: s.clone_dtod(&self.entries).while_(what)?,
+            lut: s.clone_dtod(&self.lut).while_(what)?,
+            tiles: s.clone_dtod(&self.tiles).while_(what)?,
+            stream: s.clone_dtod(&self.stream).while_(what)?,
+            stream_len: self.stream_len,
+            companion: s.clone_dtod(&self.companion).while_(what)?,
+            raw: s.clone_dtod(&self.raw).while_(what)?,
+            groups: None,
+            stored_bytes: self.stored_bytes,
+        })
+    }
+
+    /// Device bytes of the arrays (with the kernels' padding of empty ones).
+    pub fn device_bytes(&self) -> usize {
+        (self.entries.len() + self.lut.len() + self.tiles.len() + self.stream.len()) * 4
+            + self.companion.len() * 4
+            + self.raw.len()
+    }
+}
+
+/// Summary of a model's coded matrices.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CodedSummary {
+    /// Coded matrices and their weights.
+    pub matrices: usize,
+    pub weights: usize,
+    /// Bytes of their coded arrays.
+    pub bytes: usize,
+    /// Dense matrices (BF16) and their weights.
+    pub dense_matrices: usize,
+    pub dense_weights: usize,
+}
+
+impl CodedSummary {
+    pub fn bits_per_weight(&self) -> f64 {
+        if self.weights == 0 {
+            0.0
+        } else {
+            self.bytes as f64 * 8.0 / self.weights as f64
+        }
+    }
+}
+
+impl GpuModel {
+    /// The coded and dense matrices of the model (the embedding counted once when tied).
+    pub fn coded_summary(&self) -> CodedSummary {
+        let mut s = CodedSummary::default();
+        let mut add = |m: &GpuLinear| match m {
+            GpuLinear::Dtans(c) => {
+                s.matrices += 1;
+                s.weights += c.rows() * c.cols();
+                s.bytes += c.parts.iter().map(|t| t.stored_bytes).sum::<usize>();
+            }
+            GpuLinear::Dense(d) => {
+                s.dense_matrices += 1;
+                s.dense_weights += d.rows * d.cols;
+            }
+        };
+        add(&self.embed);
+        if let Some(l) = &self.lm_head {
+            add(l);
+        }
+        for l in &self.layers {
+            for m in [&l.qkv, &l.o, &l.gate_up, &l.down] {
+                add(m);
+            }
+        }
+        s
+    }
+
+    /// Device bytes of the coded matrices' shared scratch (0 for a dense model).
+    pub fn scratch_bytes(&self) -> usize {
+        self.coded_scratch
+            .as_ref()
+            .map_or(0, |s| s.lock().unwrap_or_else(|e| e.into_inner()).bytes())
+    }
+
+    /// Whether a coded kernel has flagged an inconsistent stream since the model was built.
+    pub fn coded_error(&self, dev: &GpuDevice) -> Result<bool> {
+        match &self.coded_scratch {
+            None => Ok(false),
+            Some(s) => {
+                let s = s.lock().unwrap_or_else(|e| e.into_inner());
+                let e = dev
+                    .stream()
+                    .clone_dtoh(&s.err)
+                    .while_(|| "reading the coded kernels' error word".into())?;
+                Ok(e[0] != 0)
+            }
+        }
+    }
+
+    /// The synthetic model with layer 0's matrices in every layer (each layer its own copy), dense
+    /// BF16: the reference of [`GpuModel::synth_coded`] (same weights, uncoded).
+    pub fn synth_one_layer(dev: &GpuDevice, c: &ModelConfig, seed: u64) -> Result<Self> {
+        build(dev, c, seed, None)
+    }
+
+    /// The synthetic model of `model::synth` with layer 0's matrices coded (dtANS-LLM, lossless
+    /// BF16) by `plan` (a launch's `None`: the coder's choice) and copied on the device into every
+    /// layer; the LM head coded likewise, the embedding dense. Fails naming the coding if the GPU
+    /// kernels do not support it, and with the bytes needed if the device memory is short.
+    pub fn synth_coded(
+        dev: &GpuDevice,
+        c: &ModelConfig,
+        seed: u64,
+        plan: &CodingPlan,
+    ) -> Result<Self> {
+        build(dev, c, seed, Some(plan))
+    }
+}
+
+fn build(
+    dev: &GpuDevice,
+    c: &ModelConfig,
+    seed: u64,
+    plan: Option<&CodingPlan>,
+) -> Result<GpuModel> {
+    crate::engine::check_supported(c)?;
+    let ts = tensors(c);
+    let (h, q, kv, inter, vocab) = (
+        c.hidden_size,
+        c.q_dim(),
+        c.kv_dim(),
+        c.intermediate_size,
+        c.vocab_size,
+    );
+    let shapes = [
+        ("self_attn.q_proj", q + 2 * kv, h),
+        ("self_attn.o_proj", h, q),
+        ("mlp.gate_proj", 2 * inter, h),
+        ("mlp.down_proj", h, inter),
+    ];
+    // Codings first, so that an unsupported one fails before any work.
+    let coding_of = |name: &str| plan.and_then(|p| p.coding_for(name));
+    if plan.is_some() {
+        for (part, _, _) in shapes {
+            if let Some(cd) = coding_of(&format!("model.layers.0.{part}.weight")) {
+                check_coding(Payload::Bf16, &cd)?;
+            }
+        }
+        if let Some(cd) = coding_of("lm_head.weight") {
+            check_coding(Payload::Bf16, &cd)?;
+        }
+    }
+    let s = dev.stream();
+    // The embedding: dense, generated on the device as `GpuModel::synth` does.
+    let embed_t = find(&ts, "model.embed_tokens.weight")?;
+    let mut embed = s
+        .alloc_zeros::<u16>(vocab * h)
+        .while_(|| format!("allocating the {:.3} GB embedding", gb(vocab * h * 2)))?;
+    {
+        let mut view = embed.slice_mut(0..);
+        launch_synth_fill(
+            dev,
+            SynthOut::Bf16(&mut view),
+            vocab,
+            h,
+            h,
+            crate::engine::synth_seeds(&embed_t.name, seed),
+            Some(match embed_t.kind {
+                entrollm_model::synth::SynthKind::Matrix { sigma } => sigma,
+                entrollm_model::synth::SynthKind::Norm => 1.0,
+            }),
+        )?;
+    }
+    let max_rows = [q + 2 * kv, h, 2 * inter, vocab]
+        .into_iter()
+        .max()
+        .unwrap_or(1);
+    let max_cols = [h, q, inter].into_iter().max().unwrap_or(1);
+    let max_weights = shapes.iter().map(|s| s.1 * s.2).max().unwrap_or(1);
+    let scratch: Option<SharedScratch> = match plan {
+        Some(_) => Some(Arc::new(Mutex::new(DtansScratch::new(
+            dev,
+            max_rows,
+            max_cols,
+            max_weights,
+        )?))),
+        None => None,
+    };
+    let make = |bits: &[u16], rows: usize, cols: usize, name: &str| -> Result<GpuLinear> {
+        match (&scratch, plan) {
+            (Some(sc), Some(_)) => {
+                let t = code_bf16(bits, rows, cols, coding_of(name))
+                    .map_err(|e| GpuError::invalid(OP, format!("coding {name}: {e}")))?;
+                let g = GpuDtans::upload(dev, &t, &Dequant::None)?;
+                GpuLinear::coded(g, Arc::clone(sc))
+            }
+            _ => GpuLinear::dense_from_host(dev, rows, cols, bits),
+        }
+    };
+    // Layer 0 on the host, coded and uploaded.
+    let hl = host_layer(&ts, seed)?;
+    let name = |part: &str| format!("model.layers.0.{part}.weight");
+    let l0 = [
+        make(&hl.qkv, q + 2 * kv, h, &name("self_attn.q_proj"))?,
+        make(&hl.o, h, q, &name("self_attn.o_proj"))?,
+        make(&hl.gate_up, 2 * inter, h, &name("mlp.gate_proj"))?,
+        make(&hl.down, h, inter, &name("mlp.down_proj"))?,
+    ];
+    drop(hl);
+    let lm_head = if c.tie_word_embeddings {
+        None
+    } else {
+        let t = find(&ts, "lm_head.weight")?;
+        let bits = host_matrix(t, seed);
+        Some(make(&bits, vocab, h, "lm_head.weight")?)
+    };
+    dev.synchronize()?;
+    // Every other layer: a device copy of layer 0's arrays. Check the memory first.
+    let layer_bytes: usize = l0.iter().map(stored_device_bytes).sum();
+    let need = layer_bytes * c.num_layers.saturating_sub(1);
+    let (free, total) = free_memory(dev)?;
+    if need + (64 << 20) > free {
+        return Err(GpuError::invalid(
+            OP,
+            format!(
+                "not enough device memory: {} more layers of {:.3} GB need {:.3} GB, {:.3} GB of \
+                 {:.3} GB are free",
+                c.num_layers - 1,
+                gb(layer_bytes),
+                gb(need),
+                gb(free),
+                gb(total)
+            ),
+        ));
+    }
+    let norm = |n: String| -> Result<CudaSlice<f32>> {
+        let v = host_norm(find(&ts, &n)?, seed);
+        s.clone_htod(&v).while_(|| format!("uploading {n}"))
+    };
+    let layer = |l: usize, [qkv, o, gate_up, down]: [GpuLinear; 4]| -> Result<GpuLayer> {
+        let p = format!("model.layers.{l}");
+        Ok(GpuLayer {
+            attn_norm: norm(format!("{p}.input_layernorm.weight"))?,
+            qkv,
+            qkv_bias: None,
+            o,
+            mlp_norm: norm(format!("{p}.post_attention_layernorm.weight"))?,
+            gate_up,
+            down,
+        })
+    };
+    let mut rest = Vec::with_capacity(c.num_layers);
+    for l in 1..c.num_layers {
+        let [a, b, g, d] = &l0;
+        rest.push(layer(
+            l,
+            [dup(dev, a)?, dup(dev, b)?, dup(dev, g)?, dup(dev, d)?],
+        )?);
+    }
+    let mut layers = vec![layer(0, l0)?];
+    layers.extend(rest);
+    let final_norm = norm("model.norm.weight".into())?;
+    dev.synchronize()?;
+    Ok(GpuModel {
+        config: c.clone(),
+        embed: GpuLinear::dense(embed, vocab, h),
+        lm_head,
+        layers,
+        final_norm,
+        coded_scratch: scratch,
+    })
+}
+
+fn stored_device_bytes(m: &GpuLinear) -> usize {
+    match m {
+        GpuLinear::Dtans(c) => c.parts.iter().map(|t| t.device_bytes()).sum(),
+        GpuLinear::Dense(d) => d.rows * d.cols * 2,
+    }
+}
+
+/// A device copy of a layer matrix (coded: the arrays; dense: the weights).
+fn dup(dev: &GpuDevice, m: &GpuLinear) -> Result<GpuLinear> {
+    match m {
+        GpuLinear::Dtans(c) => {
+            let parts = c
+                .parts
+                .iter()
+                .map(|t| t.duplicate(dev))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(GpuLinear::Dtans(Box::new(c.with_parts(parts))))
+        }
+        GpuLinear::Dense(d) => {
+            let w = dev
+                .stream()
+                .clone_dtod(&d.w)
+                .while_(|| format!("copying a [{}, {}] BF16 matrix", d.rows, d.cols))?;
+            Ok(GpuLinear::dense(w, d.rows, d.cols))
+        }
+    }
+}
+
+/// The small Llama-architecture model of the coded end-to-end check: head_dim 64, GQA 4/2, two
+/// layers, ragged intermediate and vocabulary sizes.
+pub fn e2e_config() -> ModelConfig {
+    let mut c = entrollm_model::synth::SynthShape::Tiny.config();
+    c.hidden_size = 256;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 64;
+    c.intermediate_size = 520;
+    c.vocab_size = 1003;
+    c.max_position_embeddings = 4096;
+    c
+}
+
+/// The synthetic model of `c` as a container opened fused would give it: every layer matrix and
+/// the LM head a [`CodedLinear`](entrollm_model::load::CodedLinear) coded by `plan` (q, k, v, gate
+/// and up separate tensors), the embedding dense BF16, norms as stored.
+pub fn served_weights(
+    c: &ModelConfig,
+    seed: u64,
+    plan: &CodingPlan,
+) -> Result<entrollm_model::weights::ModelWeights> {
+    use entrollm_model::load::CodedLinear;
+    use entrollm_model::weights::{LayerWeights, Linear, ModelWeights};
+    let ts = tensors(c);
+    let bad = |e: entrollm_model::ModelError| GpuError::invalid(OP, e.to_string());
+    let mat = |name: &str| -> Result<Arc<dyn Linear>> {
+        let t = find(&ts, name)?;
+        let (rows, cols) = (t.shape[0], t.shape[1]);
+        let bits = host_matrix(t, seed);
+        if name == "model.embed_tokens.weight" {
+            let d = entrollm_model::DenseBf16::new(name, rows, cols, bits).map_err(bad)?;
+            return Ok(Arc::new(d));
+        }
+        let t = code_bf16(&bits, rows, cols, plan.coding_for(name))?;
+        Ok(Arc::new(CodedLinear::new(t, None).map_err(bad)?))
+    };
+    let norm = |name: &str| -> Result<Vec<f32>> { Ok(host_norm(find(&ts, name)?, seed)) };
+    let mut layers = Vec::with_capacity(c.num_layers);
+    for l in 0..c.num_layers {
+        let p = |s: &str| format!("model.layers.{l}.{s}.weight");
+        layers.push(LayerWeights {
+            attn_norm: norm(&p("input_layernorm"))?,
+            q: mat(&p("self_attn.q_proj"))?,
+            k: mat(&p("self_attn.k_proj"))?,
+            v: mat(&p("self_attn.v_proj"))?,
+            o: mat(&p("self_attn.o_proj"))?,
+            q_bias: None,
+            k_bias: None,
+            v_bias: None,
+            mlp_norm: norm(&p("post_attention_layernorm"))?,
+            gate: mat(&p("mlp.gate_proj"))?,
+            up: mat(&p("mlp.up_proj"))?,
+            down: mat(&p("mlp.down_proj"))?,
+        });
+    }
+    let embed = mat("model.embed_tokens.weight")?;
+    let lm_head = if c.tie_word_embeddings {
+        Arc::clone(&embed)
+    } else {
+        mat("lm_head.weight")?
+    };
+    Ok(ModelWeights {
+        config: c.clone(),
+        embed,
+        layers,
+        final_norm: norm("model.norm.weight")?,
+        lm_head,
+    })
+}
+
+/// Tolerances of [`coded_e2e_selftest`] (relative L2 of the logits, coded vs dense, same weights).
+/// Prefill dequantises bit-exactly and runs the same GEMMs; only the LM head (a batch-1 product
+/// for the last token) runs the coded mvm instead of the GEMV: f32 sums in another order.
+pub const E2E_PREFILL_TOL: f64 = 1e-5;
+/// Decode steps replace the dense GEMV by the coded mvm: the same products in f32 summed in
+/// another order (per-slice partial sums added with atomics), through two layers.
+pub const E2E_STEP_TOL: f64 = 1e-4;
+
+/// End to end, coded against dense: the model of [`e2e_config`] (layer 0 in both layers) built
+/// with [`GpuModel::synth_coded`] (the tuned plan, then the coder's choice) and with
+/// [`GpuModel::synth_one_layer`] (the same weights dense). Logits after a prefill and after decode
+/// steps within [`E2E_PREFILL_TOL`] / [`E2E_STEP_TOL`], identical greedy tokens (32 after an
+/// 8-token prompt), no stream error flagged. Then a container's layout ([`served_weights`]: q/k/v
+/// and gate/up as separate coded tensors) served by [`GpuModel::upload_served`] (stacked q/k/v
+/// launch, gate/up as halves) against [`GpuModel::upload`] of the same weights, same tolerances.
+pub fn coded_e2e_selftest(
+    dev: &Arc<GpuDevice>,
+    seed: u64,
+) -> Result<crate::selftest::SelftestReport> {
+    use crate::engine::GpuEngine;
+    use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
+    let c = e2e_config();
+    let mut rng = Rng::new(seed ^ 0xC0DE);
+    let prompt: Vec<u32> = (0..8)
+        .map(|_| rng.below(c.vocab_size as u64) as u32)
+        .collect();
+    let steps: Vec<u32> = (0..4)
+        .map(|_| rng.below(c.vocab_size as u64) as u32)
+        .collect();
+    // (prefill logits, logits of each step, greedy tokens, stream error flagged)
+    type Run = (Vec<f32>, Vec<Vec<f32>>, Vec<u32>, bool);
+    let run = |m: GpuModel| -> Result<Run> {
+        let mut e = GpuEngine::new(Arc::clone(dev), m, 256)?;
+        let pre = e.prefill(&prompt)?;
+        let mut st = Vec::new();
+        for &t in &steps {
+            st.push(e.step(t)?);
+        }
+        e.reset();
+        let toks = e.generate_greedy(&prompt, 32)?;
+        let err = e.model().coded_error(dev)?;
+        Ok((pre, st, toks, err))
+    };
+    let dense = run(GpuModel::synth_one_layer(dev, &c, seed)?)?;
+    let mut cases = Vec::new();
+    for (label, plan) in [
+        ("tuned", tuned_plan(&c)),
+        ("auto", CodingPlan::uniform(None)),
+    ] {
+        let model = GpuModel::synth_coded(dev, &c, seed, &plan)?;
+        let s = model.coded_summary();
+        let shape = format!(
+            "{label}: {} coded matrices, {:.3} bits/weight",
+            s.matrices,
+            s.bits_per_weight()
+        );
+        let (pre, st, toks, err) = run(model)?;
+        cases.push(CaseResult {
+            kernel: "coded e2e prefill".into(),
+            shape: shape.clone(),
+            rel_l2: rel_l2(&pre, &dense.0),
+            tolerance: E2E_PREFILL_TOL,
+        });
+        let got: Vec<f32> = st.concat();
+        let want: Vec<f32> = dense.1.concat();
+        cases.push(CaseResult {
+            kernel: "coded e2e decode".into(),
+            shape: shape.clone(),
+            rel_l2: rel_l2(&got, &want),
+            tolerance: E2E_STEP_TOL,
+        });
+        let same = toks == dense.2 && !err;
+        cases.push(CaseResult {
+            kernel: "coded e2e greedy".into(),
+            shape: format!(
+                "{label}: 32 tokens {}{}",
+                if toks == dense.2 { "equal" } else { "DIFFER" },
+                if err { ", stream error flagged" } else { "" }
+            ),
+            rel_l2: if same { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+    }
+    // A container's layout: separate coded q/k/v (one stacked launch) and gate/up (halves), served
+    // by `upload_served`, against the same weights uploaded dense (decoded on the host).
+    let w = served_weights(&c, seed, &tuned_plan(&c))?;
+    let dense_w = run(GpuModel::upload(dev, &w)?)?;
+    let (served, n) = GpuModel::upload_served(dev, &w)?;
+    let s = served.coded_summary();
+    let shape = format!(
+        "served: {n} coded launches, {:.3} bits/weight",
+        s.bits_per_weight()
+    );
+    let (pre, st, toks, err) = run(served)?;
+    cases.push(CaseResult {
+        kernel: "served e2e prefill".into(),
+        shape: shape.clone(),
+        rel_l2: rel_l2(&pre, &dense_w.0),
+        tolerance: E2E_PREFILL_TOL,
+    });
+    cases.push(CaseResult {
+        kernel: "served e2e decode".into(),
+        shape: shape.clone(),
+        rel_l2: rel_l2(&st.concat(), &dense_w.1.concat()),
+        tolerance: E2E_STEP_TOL,
+    });
+    let same = toks == dense_w.2 && !err && n == 4 * c.num_layers + 1;
+    cases.push(CaseResult {
+        kernel: "served e2e greedy".into(),
+        shape: format!(
+            "served: 32 tokens {}{}",
+            if toks == dense_w.2 { "equal" } else { "DIFFER" },
+            if err { ", stream error flagged" } else { "" }
+        ),
+        rel_l2: if same { 0.0 } else { f64::INFINITY },
+        tolerance: 0.0,
+    });
+    let report = SelftestReport {
+        device: format!("{} ({})", dev.info().name, dev.info().arch()),
+        cases,
+    };
+    if report.failures().next().is_some() {
+        return Err(GpuError::Selftest(report.to_string()));
+    }
+    Ok(report)
+}
+
+/// A compact plan for the synthetic distribution (`bench/plans/single-m8.json`): Single mode,
+/// M = 2^8, slices of 512–2048 columns; predicted 10.76–10.83 bits/weight on the Llama-3.3-70B
+/// layer matrices (the tuned Pair M = 2^8 t = 16 codings spend 11.7–11.9 there: the synthetic
+/// exponents spread wider than t = 16 keeps, and escapes cost).
+pub const COMPACT_PLAN_JSON: &str = include_str!("../../../bench/plans/single-m8.json");
+
+/// Kernel variants the coded synthetic models use with the tuned plan and the compact plan (mvm and dequant of every
+/// stacked shape of the e2e model, Llama-3.1-8B and Llama-3.3-70B), for precompiling cubins.
+pub fn serve_variants() -> Vec<crate::jit::KernelVariant> {
+    use crate::linear::dtans_config_for;
+    use crate::ops::dtans::{DtansKind, DtansOut};
+    use entrollm_model::synth::SynthShape;
+    let mut v = Vec::new();
+    for c in [
+        e2e_config(),
+        SynthShape::Llama31_8B.config(),
+        SynthShape::Llama33_70B.config(),
+    ] {
+        let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        for (rows, cols) in [
+            (q + 2 * kv, h),
+            (h, q),
+            (2 * inter, h),
+            (h, inter),
+            (c.vocab_size, h),
+        ] {
+            let compact = CodingPlan::from_json(COMPACT_PLAN_JSON, None).expect("a valid plan");
+            let mut codings = vec![bf16_coding_for(rows, cols).0];
+            codings.extend(compact.launches.values().flatten().copied());
+            for coding in codings {
+                let kind = DtansKind::of(Payload::Bf16, &coding, cols, None);
+                for out in [DtansOut::Mvm, DtansOut::Dequant] {
+                    if let Ok(cfg) = dtans_config_for(Payload::Bf16, &coding, rows, cols, None, out)
+                    {
+                        let var = kind.variant(cfg, out);
+                        if !v.contains(&var) {
+                            v.push(var);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::linear::dtans_config_for;
+    use crate::ops::dtans::DtansOut;
+    use entrollm_model::synth::SynthShape;
+
+    #[test]
+    fn tuned_plans_have_kernels_for_every_shape() {
+        let compact = CodingPlan::from_json(COMPACT_PLAN_JSON, None).unwrap();
+        for (c, plan) in [
+            e2e_config(),
+            SynthShape::Llama31_8B.config(),
+            SynthShape::Llama33_70B.config(),
+        ]
+        .into_iter()
+        .flat_map(|c| [(c.clone(), tuned_plan(&c)), (c, compact.clone())])
+        {
+            let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+            for (name, rows, cols) in [
+                ("model.layers.0.self_attn.q_proj.weight", q + 2 * kv, h),
+                ("model.layers.0.self_attn.o_proj.weight", h, q),
+                ("model.layers.0.mlp.gate_proj.weight", 2 * inter, h),
+                ("model.layers.0.mlp.down_proj.weight", h, inter),
+                ("lm_head.weight", c.vocab_size, h),
+            ] {
+                let coding = plan
+                    .coding_for(name)
+                    .expect("tuned plans name every launch");
+                check_coding(Payload::Bf16, &coding).unwrap();
+                for out in [DtansOut::Mvm, DtansOut::Dequant] {
+                    dtans_config_for(Payload::Bf16, &coding, rows, cols, None, out)
+                        .unwrap_or_else(|e| panic!("{name} {rows}×{cols} {coding}: {e}"));
+                }
+            }
+        }
+        assert!(serve_variants().len() >= 10);
+    }
+
+    #[test]
+    fn served_weights_keep_every_matrix_coded() {
+        let c = e2e_config();
+        let w = served_weights(&c, 3, &tuned_plan(&c)).unwrap();
+        assert!(w.embed.dtans().is_none());
+        assert!(w.lm_head.dtans().is_some());
+        for l in &w.layers {
+            let qkv: Vec<_> = [&l.q, &l.k, &l.v]
+                .iter()
+                .map(|m| m.dtans().expect("coded").0.coding)
+                .collect();
+            assert!(
+                qkv.iter().all(|c| *c == qkv[0]),
+                "one launch needs one coding"
+            );
+            let (g, u) = (l.gate.dtans().unwrap().0, l.up.dtans().unwrap().0);
+            assert_eq!(g.coding, u.coding);
+            assert!(l.o.dtans().is_some() && l.down.dtans().is_some());
+        }
+    }
+
+    #[test]
+    fn one_coded_layer_decodes_to_its_weights() {
+        let c = e2e_config();
+        let ts = tensors(&c);
+        let hl = host_layer(&ts, 7).unwrap();
+        let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        // gate/up interleaved: row 2i is gate row i, row 2i + 1 up row i.
+        let gate = host_matrix(find(&ts, "model.layers.0.mlp.gate_proj.weight").unwrap(), 7);
+        let up = host_matrix(find(&ts, "model.layers.0.mlp.up_proj.weight").unwrap(), 7);
+        assert_eq!(&hl.gate_up[..h], &gate[..h]);
+        assert_eq!(&hl.gate_up[h..2 * h], &up[..h]);
+        assert_eq!(&hl.gate_up[2 * h..3 * h], &gate[h..2 * h]);
+        let plan = tuned_plan(&c);
+        for (bits, rows, cols, coding) in [
+            (&hl.qkv, q + 2 * kv, h, plan.launches[&Launch::Qkv]),
+            (&hl.down, h, inter, plan.launches[&Launch::Down]),
+            (&hl.gate_up, 2 * inter, h, None),
+            (&hl.qkv, q + 2 * kv, h, None),
+            (&hl.o, h, q, None),
+            (&hl.down, h, inter, None),
+        ] {
+            let t = code_bf16(bits, rows, cols, coding).unwrap();
+            for out in [DtansOut::Mvm, DtansOut::Dequant] {
+                dtans_config_for(Payload::Bf16, &t.coding, rows, cols, None, out).unwrap();
+            }
+            let dec = t.decode().unwrap();
+            let got: Vec<u16> = dec
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            assert_eq!(&got, bits, "{rows}×{cols} {:?}", t.coding);
+        }
+    }
+}
+
+#[cfg(test)]
+mod coding_sizes {
+    use super::*;
+    use entrollm_model::synth::SynthShape;
+
+    /// Predicted bits/weight of candidate codings on the synthetic distribution (512-row samples of
+    /// each Llama-3.3-70B layer matrix): `cargo test --release -p entrollm-cuda --lib
+    /// coding_sizes -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "prints a table; seconds of CPU"]
+    fn predicted_bits_per_weight() {
+        let c = SynthShape::Llama33_70B.config();
+        for t in tensors(&c)
+            .iter()
+            .filter(|t| t.name.starts_with("model.layers.0.") && t.shape.len() == 2)
+        {
+            let cols = t.shape[1];
+            let rows = 512;
+            let mut bytes = Vec::with_capacity(rows * cols * 2);
+            let mut buf = vec![0f32; cols];
+            for r in 0..rows {
+                fill_row(t, 0, r, &mut buf);
+                for &v in &buf {
+                    bytes.extend(half::bf16::from_f32(v).to_bits().to_le_bytes());
+                }
+            }
+            let (codes, _) = Payload::Bf16.symbolize(&bytes).unwrap();
+            let auto = choose_coding_and_width(Payload::Bf16, rows, cols, &codes).unwrap();
+            let mut line = format!(
+                "{:<32} auto {} {:.3}",
+                t.name,
+                auto.0,
+                auto.1 * 8.0 / (rows * cols) as f64
+            );
+            for s in [
+                "pair:8:1024:16",
+                "pair:9:1024:22",
+                "pair:10:1024:32",
+                "single:8:1024",
+                "pair:9:256:22",
+                "pair:10:256:32",
+                "single:8:512",
+                "single:8:2048",
+            ] {
+                let coding = Coding::parse(s).unwrap().unwrap();
+                let b =
+                    DtansTensor::predict_bytes(Payload::Bf16, rows, cols, &codes, coding).unwrap();
+                line += &format!(" | {s} {:.3}", b * 8.0 / (rows * cols) as f64);
+            }
+            println!("{line}");
+        }
+    }
+}
+
+/// Uploads a coded matrix made of `parts` (row-stacked; `halves`: gate/up), or None when any part
+/// is not kept coded or the parts cannot share a launch (then the caller uploads it dense).
+fn coded_parts(
+    dev: &GpuDevice,
+    parts: &[&dyn entrollm_model::weights::Linear],
+    halves: bool,
+    scratch: &SharedScratch,
+) -> Result<Option<GpuLinear>> {
+    let mut coded = Vec::with_capacity(parts.len());
+    for p in parts {
+        match p.dtans() {
+            Some((t, dq)) => coded.push((t, dq)),
+            None => return Ok(None),
+        }
+    }
+    let (t0, _) = coded[0];
+    if coded.iter().any(|(t, _)| {
+        t.payload != t0.payload
+            || t.coding != t0.coding
+            || t.cols != t0.cols
+            || check_coding(t.payload, &t.coding).is_err()
+    }) {
+        return Ok(None);
+    }
+    let mut up = Vec::with_capacity(coded.len());
+    for (t, dq) in &coded {
+        match GpuDtans::upload(dev, t, dq) {
+            Ok(g) => up.push(g),
+            // A payload, coding or group layout the kernels do not take: served dense.
+            Err(GpuError::InvalidArgument { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    match GpuLinear::coded_parts(up, halves, Arc::clone(scratch)) {
+        Ok(l) => Ok(Some(l)),
+        // Parts whose groups differ, or a coding without a launch that fits: served dense.
+        Err(GpuError::InvalidArgument { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+impl GpuModel {
+    /// Uploads a model serving its dtANS-coded matrices as stored (a container opened with
+    /// `fused`: the coded arrays go to the device, nothing is decoded to BF16; the loader has
+    /// already checked each tensor's checksum on its host decode). q/k/v run as one stacked
+    /// launch and gate/up as one launch over [gate; up] when their parts share a coding; matrices
+    /// that are not coded (or whose parts cannot share a launch) are uploaded dense as
+    /// [`GpuModel::upload`] does, and so is the embedding (a lookup reads one row). Returns the
+    /// model and how many layer/head matrices are coded.
+    pub fn upload_served(
+        dev: &GpuDevice,
+        w: &entrollm_model::weights::ModelWeights,
+    ) -> Result<(Self, usize)> {
+        use crate::engine::{interleaved, stacked, upload_f32};
+        let c = &w.config;
+        crate::engine::check_supported(c)?;
+        let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let max_rows = [q + 2 * kv, h, 2 * inter, c.vocab_size]
+            .into_iter()
+            .max()
+            .unwrap_or(1);
+        let max_weights = [(q + 2 * kv) * h, h * q, 2 * inter * h, h * inter]
+            .into_iter()
+            .max()
+            .unwrap_or(1);
+        let scratch: SharedScratch = Arc::new(Mutex::new(DtansScratch::new(
+            dev,
+            max_rows,
+            [h, q, inter].into_iter().max().unwrap_or(1),
+            max_weights,
+        )?));
+        let mut n_coded = 0;
+        let mut serve =
+            |parts: &[&dyn entrollm_model::weights::Linear], halves: bool| -> Result<GpuLinear> {
+                if let Some(l) = coded_parts(dev, parts, halves, &scratch)? {
+                    n_coded += 1;
+                    return Ok(l);
+                }
+                match parts {
+                    [g, u] if halves => interleaved(dev, *g, *u),
+                    _ => stacked(dev, parts),
+                }
+            };
+        let embed = stacked(dev, &[&*w.embed])?;
+        let lm_head = if Arc::ptr_eq(&w.embed, &w.lm_head) {
+            None
+        } else {
+            Some(serve(&[&*w.lm_head], false)?)
+        };
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            let qkv_bias = match (&l.q_bias, &l.k_bias, &l.v_bias) {
+                (None, None, None) => None,
+                (qb, kb, vb) => {
+                    let mut b = qb.clone().unwrap_or_else(|| vec![0.0; q]);
+                    b.extend(kb.clone().unwrap_or_else(|| vec![0.0; kv]));
+                    b.extend(vb.clone().unwrap_or_else(|| vec![0.0; kv]));
+                    Some(upload_f32(dev, &b)?)
+                }
+            };
+            layers.push(GpuLayer {
+                attn_norm: upload_f32(dev, &l.attn_norm)?,
+                qkv: serve(&[&*l.q, &*l.k, &*l.v], false)?,
+                qkv_bias,
+                o: serve(&[&*l.o], false)?,
+                mlp_norm: upload_f32(dev, &l.mlp_norm)?,
+                gate_up: serve(&[&*l.gate, &*l.up], true)?,
+                down: serve(&[&*l.down], false)?,
+            });
+        }
+        let m = GpuModel {
+            config: c.clone(),
+            embed,
+            lm_head,
+            layers,
+            final_norm: upload_f32(dev, &w.final_norm)?,
+            coded_scratch: (n_coded > 0).then_some(scratch),
+        };
+        Ok((m, n_coded))
+    }
+}
