@@ -346,25 +346,24 @@ mod gguf {
         for info in file.tensors() {
             let data = file.tensor_data(info);
             let with_name = || format!("tensor '{}'", info.name);
-            match storage(info, a.min_elements) {
-                Storage::Plain(dtype, shape) => w.add_plain(&info.name, dtype, &shape, data)?,
-                p => {
-                    let (coded, stats, dtype, shape) = match p {
-                        Storage::Codes(block) => {
-                            code_blocks(info, block, data, plan.coding_for(&info.name))
-                        }
-                        Storage::Floats(dtype) => {
-                            code_floats(info, dtype, data, plan.coding_for(&info.name))
-                        }
-                        Storage::Plain(..) => unreachable!(),
-                    }
-                    .with_context(with_name)?;
-                    if coded.stored_bytes() >= data.len() {
-                        // Near-uniform codes: coding would not shrink this tensor.
-                        w.add_plain(&info.name, Dtype::U8, &[data.len()], data)?;
-                        bar.inc(info.n_bytes);
-                        continue;
-                    }
+            let coding = plan.coding_for(&info.name);
+            // What to store when there is nothing to code, or coding would not shrink the tensor
+            // (near-uniform codes), and the coded form.
+            let (plain_dtype, plain_shape, coded) = match storage(info, a.min_elements) {
+                Storage::Plain(dtype, shape) => (dtype, shape, None),
+                Storage::Codes(block) => (
+                    Dtype::U8,
+                    vec![data.len()],
+                    Some(code_blocks(info, block, data, coding)),
+                ),
+                Storage::Floats(dtype) => (
+                    dtype,
+                    info.hf_shape(),
+                    Some(code_floats(info, dtype, data, coding)),
+                ),
+            };
+            match coded.transpose().with_context(with_name)? {
+                Some((coded, stats, dtype, shape)) if coded.stored_bytes() < data.len() => {
                     let arrays = coded.arrays();
                     let arrays = arrays
                         .iter()
@@ -384,6 +383,7 @@ mod gguf {
                     coded_numel += info.n_elements();
                     n_coded += 1;
                 }
+                _ => w.add_plain(&info.name, plain_dtype, &plain_shape, data)?,
             }
             bar.inc(info.n_bytes);
         }

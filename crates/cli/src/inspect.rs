@@ -5,7 +5,7 @@ use anyhow::Result;
 use entrollm_codec::histogram::{byte_histogram, entropy_bits};
 use entrollm_format::coded::payload_of;
 use entrollm_format::{Checkpoint, ContainerReader, StoredData};
-use entrollm_model::gguf::{is_gguf_container, open_gguf_container, GgufLoad};
+use entrollm_model::gguf::{gguf_container_header, is_gguf_container};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -142,11 +142,11 @@ fn container(a: &Args) -> Result<Vec<Value>> {
     // A GGUF-sourced container stores block tensors as bytes: its GGUF header gives each tensor's
     // type and weight shape.
     let gguf = is_gguf_container(&reader)
-        .then(|| open_gguf_container(&reader, GgufLoad::Header))
+        .then(|| gguf_container_header(&reader))
         .transpose()?;
     let mut rows = Vec::new();
     for t in reader.tensors() {
-        let info = gguf.as_ref().and_then(|g| g.file().tensor_info(t.name));
+        let info = gguf.as_ref().and_then(|g| g.tensor_info(t.name));
         let (dtype, shape) = match info {
             Some(i) => (i.ggml_type.name(), i.hf_shape()),
             None => (t.dtype.name(), t.shape.to_vec()),

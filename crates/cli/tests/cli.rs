@@ -557,3 +557,47 @@ fn smollm2_gguf_container_is_lossless_and_runs_like_the_gguf() {
     assert_eq!(pc.replace(cs, gs), pg, "perplexity GGUF vs container");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Every ggml type of the reader's golden file (F32, F16, the Q4/Q5/Q8 block types, k-quants),
+/// coded where it can be or kept as it is, comes back byte for byte.
+#[test]
+fn gguf_of_every_block_type_round_trips() {
+    let gguf = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/data/gguf_dequant.gguf")
+        .canonicalize()
+        .unwrap();
+    let d = tmp("gguf-types");
+    let (c, back) = (d.join("c"), d.join("back"));
+    let cs = c.to_str().unwrap();
+    ok(&[
+        "compress",
+        gguf.to_str().unwrap(),
+        "-o",
+        cs,
+        "--min-elements",
+        "256",
+    ]);
+    ok(&["decompress", cs, "-o", back.to_str().unwrap()]);
+    assert!(
+        std::fs::read(back.join("gguf_dequant.gguf")).unwrap() == std::fs::read(&gguf).unwrap(),
+        "the restored GGUF differs"
+    );
+    let info: serde_json::Value =
+        serde_json::from_slice(&ok(&["inspect", cs, "--json"]).stdout).unwrap();
+    let tensors = info["tensors"].as_array().unwrap();
+    let row = |name: &str| tensors.iter().find(|t| t["name"] == name).unwrap();
+    for ty in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "F16"] {
+        let r = row(ty);
+        assert_eq!(r["dtype"], ty, "{r}");
+        assert_eq!(r["shape"], serde_json::json!([2, 256]), "{r}");
+    }
+    // K-quants are stored as they are; whatever coding would not shrink stays plain too.
+    assert!(row("Q4_K")["coder"].is_null());
+    assert!(
+        tensors.iter().all(
+            |t| t["coder"].is_null() || t["stored_bytes"].as_f64() < t["source_bytes"].as_f64()
+        ),
+        "a coded tensor is smaller than its source"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

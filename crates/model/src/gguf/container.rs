@@ -35,6 +35,21 @@ pub fn is_gguf_container(reader: &ContainerReader) -> bool {
 /// Rebuilds the GGUF of a GGUF-sourced container as a [`GgufSource`]. Every tensor that is
 /// decoded is checked against its checksum (also the fused ones, once, at load).
 pub fn open_gguf_container(reader: &ContainerReader, load: GgufLoad) -> Result<GgufSource> {
+    let (file, linears) = rebuild(reader, load)?;
+    Ok(GgufSource::new(file)?.with_linears(linears))
+}
+
+/// The GGUF header of a GGUF-sourced container (metadata, tensor types and shapes; the tensor
+/// data reads as zeros), for any architecture.
+pub fn gguf_container_header(reader: &ContainerReader) -> Result<GgufFile> {
+    Ok(rebuild(reader, GgufLoad::Header)?.0)
+}
+
+/// The GGUF image of the container, and the matrices kept coded (`Fused`), by GGUF name.
+fn rebuild(
+    reader: &ContainerReader,
+    load: GgufLoad,
+) -> Result<(GgufFile, HashMap<String, Arc<dyn Linear>>)> {
     let dir = reader.dir();
     if !is_gguf_container(reader) {
         return Err(ModelError::format(
@@ -86,6 +101,5 @@ pub fn open_gguf_container(reader: &ContainerReader, load: GgufLoad) -> Result<G
             }
         }
     }
-    let file = GgufFile::from_bytes(dir.join(&src.name), image)?;
-    Ok(GgufSource::new(file)?.with_linears(linears))
+    Ok((GgufFile::from_bytes(dir.join(&src.name), image)?, linears))
 }

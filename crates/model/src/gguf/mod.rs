@@ -22,7 +22,7 @@ mod types;
 mod write;
 
 pub use blocks::{code_bits, pack_codes, unpack_codes, BlockType, QuantCodes};
-pub use container::{is_gguf_container, open_gguf_container, GgufLoad};
+pub use container::{gguf_container_header, is_gguf_container, open_gguf_container, GgufLoad};
 pub use dequant::{check_dequantizable, dequantize, DEQUANTIZABLE};
 pub use file::{
     GgufFile, GgufTensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS,
