@@ -45,11 +45,11 @@ pub fn gguf_container_header(reader: &ContainerReader) -> Result<GgufFile> {
     Ok(rebuild(reader, GgufLoad::Header)?.0)
 }
 
-/// The GGUF image of the container, and the matrices kept coded (`Fused`), by GGUF name.
-fn rebuild(
-    reader: &ContainerReader,
-    load: GgufLoad,
-) -> Result<(GgufFile, HashMap<String, Arc<dyn Linear>>)> {
+/// Matrices served as they are stored, by GGUF name.
+type Linears = HashMap<String, Arc<dyn Linear>>;
+
+/// The GGUF image of the container, and the matrices kept coded (`Fused`).
+fn rebuild(reader: &ContainerReader, load: GgufLoad) -> Result<(GgufFile, Linears)> {
     let dir = reader.dir();
     if !is_gguf_container(reader) {
         return Err(ModelError::format(
@@ -66,7 +66,7 @@ fn rebuild(
     let mut image = vec![0u8; size];
     let prefix = reader.source_prefix(0);
     image[..prefix.len()].copy_from_slice(prefix);
-    let mut linears: HashMap<String, Arc<dyn Linear>> = HashMap::new();
+    let mut linears = Linears::new();
     if load != GgufLoad::Header {
         for seg in &src.segments {
             let t = reader.tensor(&seg.tensor).map_err(fmt)?;
