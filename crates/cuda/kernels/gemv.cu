@@ -39,11 +39,72 @@ __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
 #define GEMV_SWIGLU 0
 #endif
 static_assert(!GEMV_SWIGLU || GEMV_ROWS % 2 == 0, "GEMV_SWIGLU needs an even GEMV_ROWS");
+// ROPE = the q/k/v projection of a decode step with RoPE and the KV-cache append in its epilogue
+// (one kernel fewer per layer): a warp's rows are rotation pairs (i, i + half) or (2i, 2i + 1) of a
+// q or k head, or two consecutive v rows, and lane 0 writes the rotated q (f32) and the k and v rows
+// of position pos[0] (BF16) with rope_append_impl's arithmetic (engine.cu), so the result is the
+// same bits as the GEMV followed by that kernel.
+#ifndef GEMV_ROPE
+#define GEMV_ROPE 0
+#endif
+static_assert(!GEMV_ROPE || (GEMV_ROWS % 2 == 0 && !GEMV_SWIGLU && !GEMV_ACCUM),
+              "GEMV_ROPE needs an even GEMV_ROWS and no other epilogue");
+
+struct RopeArgs {
+    const float* bias;  // [n] or null
+    float* q_out;       // [q_dim]
+    bf16_t* k_cache;    // [max_seq, kv_dim]
+    bf16_t* v_cache;
+    const int* pos;     // the step's position
+    const float* cos_sin;  // [max_seq, head_dim / 2] (cos, sin) pairs
+    int n_q_heads, n_kv_heads, head_dim, interleaved, max_seq;
+};
+
+// The two weight rows of rotation pair `p` (q heads, then k heads, then v rows two by two).
+__device__ __forceinline__ void rope_pair_rows(const RopeArgs& ra, int p, int& a, int& b) {
+    const int half = ra.head_dim / 2;
+    const int rot_pairs = (ra.n_q_heads + ra.n_kv_heads) * half;
+    if (p < rot_pairs) {
+        const int head = p / half, i = p - head * half;
+        a = head * ra.head_dim + (ra.interleaved ? 2 * i : i);
+        b = head * ra.head_dim + (ra.interleaved ? 2 * i + 1 : i + half);
+    } else {
+        a = rot_pairs * 2 + 2 * (p - rot_pairs);
+        b = a + 1;
+    }
+}
+
+__device__ __forceinline__ void rope_store(const RopeArgs& ra, int p, int a, int b, float x0, float x1) {
+    const int half = ra.head_dim / 2;
+    const int q_dim = ra.n_q_heads * ra.head_dim, kv_dim = ra.n_kv_heads * ra.head_dim;
+    const int pos = __ldcg(ra.pos);  // written by the previous step's last kernel
+    const bool store_kv = pos >= 0 && pos < ra.max_seq;
+    if (ra.bias) { x0 += ra.bias[a]; x1 += ra.bias[b]; }
+    if (a >= q_dim + kv_dim) {
+        if (store_kv) {
+            ra.v_cache[(size_t)pos * kv_dim + a - q_dim - kv_dim] = f32_to_bf16(x0);
+            ra.v_cache[(size_t)pos * kv_dim + b - q_dim - kv_dim] = f32_to_bf16(x1);
+        }
+        return;
+    }
+    const int i = p % half;
+    const int tab = min(max(pos, 0), ra.max_seq - 1);
+    const float2 cs = ((const float2*)ra.cos_sin)[(size_t)tab * half + i];
+    const float y0 = __fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y));
+    const float y1 = __fadd_rn(__fmul_rn(x0, cs.y), __fmul_rn(x1, cs.x));
+    if (a < q_dim) {
+        ra.q_out[a] = y0;
+        ra.q_out[b] = y1;
+    } else if (store_kv) {
+        ra.k_cache[(size_t)pos * kv_dim + a - q_dim] = f32_to_bf16(y0);
+        ra.k_cache[(size_t)pos * kv_dim + b - q_dim] = f32_to_bf16(y1);
+    }
+}
 
 template <bool NORM>
 __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const float* __restrict__ x,
                                           const float* __restrict__ g, float* __restrict__ y, int n, int k,
-                                          float eps) {
+                                          float eps, const RopeArgs& ra) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
     if (row0 >= n) return;
@@ -51,10 +112,16 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
     const float4* xv = (const float4*)x;
     const float4* gv = (const float4*)g;
     // Rows past the end re-read the last row (valid memory, uniform control flow); never stored.
+    int ri[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) ri[r] = min(row0 + r, n - 1);
+#if GEMV_ROPE
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r += 2) rope_pair_rows(ra, min(row0 + r, n - 2) / 2, ri[r], ri[r + 1]);
+#endif
     const uint4* rows[GEMV_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r)
-        rows[r] = (const uint4*)(w + (size_t)min(row0 + r, n - 1) * k);
+    for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = (const uint4*)(w + (size_t)ri[r] * k);
     float acc[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.0f;
@@ -96,7 +163,13 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
         }
     }
     const float scale = NORM ? rsqrtf(warp_sum(ss) / (float)k + eps) : 1.0f;
-#if GEMV_SWIGLU
+#if GEMV_ROPE
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r += 2) {
+        const float s0 = warp_sum(acc[r]) * scale, s1 = warp_sum(acc[r + 1]) * scale;
+        if (lane == 0 && row0 + r + 1 < n) rope_store(ra, (row0 + r) / 2, ri[r], ri[r + 1], s0, s1);
+    }
+#elif GEMV_SWIGLU
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r += 2) {
         const float gate = warp_sum(acc[r]) * scale, up = warp_sum(acc[r + 1]) * scale;
@@ -114,14 +187,25 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
 #endif
 }
 
+#if !GEMV_ROPE
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int n, int k) {
-    gemv_body<false>(w, x, x, y, n, k, 0.0f);
+    gemv_body<false>(w, x, x, y, n, k, 0.0f, RopeArgs{});
 }
 
 // y = W · rmsnorm(x; g, eps) (g f32 [k]).
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16_norm(const bf16_t* __restrict__ w, const float* __restrict__ x, const float* __restrict__ g,
                float* __restrict__ y, int n, int k, float eps) {
-    gemv_body<true>(w, x, g, y, n, k, eps);
+    gemv_body<true>(w, x, g, y, n, k, eps, RopeArgs{});
 }
+#else
+// The q/k/v GEMV with RoPE and the KV append (n = q_dim + 2 kv_dim rows; y unused).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_bf16_rope(const bf16_t* __restrict__ w, const float* __restrict__ x, int n, int k, const float* bias,
+               float* q_out, bf16_t* k_cache, bf16_t* v_cache, const int* pos, const float* cos_sin,
+               int n_q_heads, int n_kv_heads, int head_dim, int interleaved, int max_seq) {
+    const RopeArgs ra{bias, q_out, k_cache, v_cache, pos, cos_sin, n_q_heads, n_kv_heads, head_dim, interleaved, max_seq};
+    gemv_body<false>(w, x, x, nullptr, n, k, 0.0f, ra);
+}
+#endif

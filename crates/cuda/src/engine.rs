@@ -463,6 +463,9 @@ pub struct DecodeOptions {
     /// on the small model and the 8B shape, and it measured 227.3 against 223.5 tok/s
     /// (bench/RESULTS.md, final call of 2026-11-29).
     pub pdl: bool,
+    /// RoPE and the KV append as their own kernel instead of the q/k/v GEMV's epilogue (dense
+    /// q/k/v only; environment `ENTROLLM_DECODE_ROPE=split`).
+    pub split_rope: bool,
 }
 
 impl DecodeOptions {
@@ -472,6 +475,7 @@ impl DecodeOptions {
             fused_attention: fused("ENTROLLM_DECODE_ATTN"),
             fused_norm: fused("ENTROLLM_DECODE_NORM"),
             pdl: std::env::var("ENTROLLM_DECODE_PDL").as_deref() != Ok("off"),
+            split_rope: std::env::var("ENTROLLM_DECODE_ROPE").as_deref() == Ok("split"),
         }
     }
 }
@@ -481,9 +485,10 @@ impl std::fmt::Display for DecodeOptions {
         let w = |b: bool| if b { "fused" } else { "split" };
         write!(
             f,
-            "attention {}, rmsnorm {}, pdl {}",
+            "attention {}, rmsnorm {}, rope {}, pdl {}",
             w(self.fused_attention),
             w(self.fused_norm),
+            w(!self.split_rope),
             if self.pdl { "on" } else { "off" }
         )
     }
@@ -497,6 +502,7 @@ const PDL_KERNELS: &[&str] = &[
     "rmsnorm_f32w_bf16out",
     "gemv_bf16",
     "gemv_bf16_norm",
+    "gemv_bf16_rope",
     "rope_append_f32q",
     "rope_append_bf16q",
     "attn_decode_partial",
@@ -949,8 +955,40 @@ impl GpuEngine {
         };
         let opts = self.opts;
         for (l, layer) in self.model.layers.iter().enumerate() {
-            // RMSNorm runs inside the q/k/v GEMV (or as its own kernel).
-            if opts.fused_norm {
+            // RMSNorm runs inside the q/k/v GEMV (or as its own kernel); RoPE and the KV append in
+            // the dense q/k/v GEMV's epilogue (or as their own kernel).
+            let rope_gemv = match &layer.qkv {
+                GpuLinear::Dense(w) if !opts.split_rope && !opts.fused_norm => Some(w),
+                _ => None,
+            };
+            if let Some(w) = rope_gemv {
+                launch_rmsnorm_f32w(
+                    dev,
+                    &d.x,
+                    &layer.attn_norm,
+                    NormOut::F32(&mut d.h),
+                    1,
+                    h,
+                    eps,
+                )?;
+                launch_gemv_rope(
+                    dev,
+                    w.gemv,
+                    &w.w,
+                    &d.h,
+                    w.cols,
+                    shape,
+                    layer.qkv_bias.as_ref(),
+                    RopeTargets {
+                        q: &mut d.q,
+                        k_cache: &mut self.kv.k[l],
+                        v_cache: &mut self.kv.v[l],
+                        pos: &d.pos,
+                        cos_sin: &self.cos_sin,
+                        max_seq: self.max_seq,
+                    },
+                )?;
+            } else if opts.fused_norm {
                 layer.qkv.matvec_fused(
                     dev,
                     &d.x,
@@ -970,19 +1008,21 @@ impl GpuEngine {
                 )?;
                 layer.qkv.matvec_fused(dev, &d.h, None, plain, &mut d.qkv)?;
             }
-            launch_rope_append(
-                dev,
-                shape,
-                &d.qkv,
-                layer.qkv_bias.as_ref(),
-                QOut::F32(&mut d.q),
-                &mut self.kv.k[l],
-                &mut self.kv.v[l],
-                &d.pos,
-                &self.cos_sin,
-                1,
-                self.max_seq,
-            )?;
+            if rope_gemv.is_none() {
+                launch_rope_append(
+                    dev,
+                    shape,
+                    &d.qkv,
+                    layer.qkv_bias.as_ref(),
+                    QOut::F32(&mut d.q),
+                    &mut self.kv.k[l],
+                    &mut self.kv.v[l],
+                    &d.pos,
+                    &self.cos_sin,
+                    1,
+                    self.max_seq,
+                )?;
+            }
             let attend = if opts.fused_attention {
                 launch_attention_decode_fused
             } else {

@@ -323,6 +323,113 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// The q/k/v GEMV with RoPE and the KV append in its epilogue: the same bits as the plain GEMV
+    /// followed by `rope_append` (both on the GPU), and within 1e-5 of the CPU references.
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_rope(
+        &mut self,
+        cfg: GemvConfig,
+        nq: usize,
+        nkv: usize,
+        hd: usize,
+        k: usize,
+        layout: RopeLayout,
+        bias: bool,
+        start: usize,
+    ) -> Result<()> {
+        let s = QkvShape {
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            layout,
+        };
+        let (n, max_seq) = (s.width(), start + 4);
+        let w = self.rng.bf16s(n * k, 0.02);
+        let x = self.rng.normals(k, 3.0);
+        let b = bias.then(|| self.rng.normals(n, 0.5));
+        let inv_freq: Vec<f64> = (0..hd / 2)
+            .map(|i| 500000f64.powf(-(2.0 * i as f64) / hd as f64))
+            .collect();
+        let (w_d, x_d) = (upload(self.dev, &w)?, upload(self.dev, &x)?);
+        let b_d = match &b {
+            Some(b) => Some(upload(self.dev, b)?),
+            None => None,
+        };
+        let f_d = upload(self.dev, &rope_table(&inv_freq, max_seq))?;
+        let pos_d = upload(self.dev, &[start as i32])?;
+        let kd = s.kv_dim();
+        let mut out = Vec::new(); // (q, k row, v row) of the fused and the split path
+        for fused in [true, false] {
+            let mut q = poisoned32(self.dev, s.q_dim())?;
+            let mut kc = poisoned16(self.dev, max_seq * kd)?;
+            let mut vc = poisoned16(self.dev, max_seq * kd)?;
+            if fused {
+                let t = RopeTargets {
+                    q: &mut q,
+                    k_cache: &mut kc,
+                    v_cache: &mut vc,
+                    pos: &pos_d,
+                    cos_sin: &f_d,
+                    max_seq,
+                };
+                launch_gemv_rope(self.dev, cfg, &w_d, &x_d, k, s, b_d.as_ref(), t)?;
+            } else {
+                let mut qkv = poisoned32(self.dev, n)?;
+                launch_gemv_fused(
+                    self.dev,
+                    cfg,
+                    GemvFusion::default(),
+                    &w_d,
+                    &x_d,
+                    None,
+                    &mut qkv,
+                    n,
+                    k,
+                )?;
+                launch_rope_append(
+                    self.dev,
+                    s,
+                    &qkv,
+                    b_d.as_ref(),
+                    QOut::F32(&mut q),
+                    &mut kc,
+                    &mut vc,
+                    &pos_d,
+                    &f_d,
+                    1,
+                    max_seq,
+                )?;
+            }
+            let row = start * kd..(start + 1) * kd;
+            out.push((
+                download(self.dev, &q)?,
+                widen(&download(self.dev, &kc)?[row.clone()]),
+                widen(&download(self.dev, &vc)?[row]),
+            ));
+        }
+        let qkv_ref = gemv_ref(&w, &x, n, k);
+        let (want_q, want_k, want_v) =
+            rope_append_ref(s, &qkv_ref, b.as_deref(), start as i32, &inv_freq);
+        let desc = format!("{cfg} h {nq}/{nkv}x{hd} k {k} {layout:?} bias {bias} pos {start}");
+        let (f, p) = (&out[0], &out[1]);
+        let same = |a: &[f32], b: &[f32]| {
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()) && a.len() == b.len()
+        };
+        let bits_equal = same(&f.0, &p.0) && same(&f.1, &p.1) && same(&f.2, &p.2);
+        let flag = [if bits_equal { 0.0 } else { 1.0 }];
+        self.record("gemv_rope_vs_split_bits", desc.clone(), &flag, &[0.0], 0.0);
+        self.record("gemv_rope_q", desc.clone(), &f.0, &want_q, 1e-5);
+        self.record(
+            "gemv_rope_k",
+            desc.clone(),
+            &f.1,
+            &round_bf16(&want_k),
+            1e-4,
+        );
+        self.record("gemv_rope_v", desc, &f.2, &round_bf16(&want_v), 1e-4);
+        Ok(())
+    }
+
     fn flash(
         &mut self,
         n: usize,
@@ -918,6 +1025,17 @@ pub fn run_engine_selftest(
         ] {
             c.rope_append(n, nq, nkv, hd, layout, bias, start, false)?;
             c.rope_append(n, nq, nkv, hd, layout, bias, start, true)?;
+        }
+    }
+    for layout in [RopeLayout::Neox, RopeLayout::Interleaved] {
+        for (i, &cfg) in GemvConfig::CANDIDATES.iter().enumerate() {
+            let (nq, nkv, hd, k, bias, start) = [
+                (1, 1, 2, 8, false, 0),
+                (9, 3, 64, 576, true, 17),
+                (4, 2, 64, 264, true, 3),
+                (32, 8, 128, 4096, false, 1000),
+            ][i % 4];
+            c.gemv_rope(cfg, nq, nkv, hd, k, layout, bias, start)?;
         }
     }
     for &(n, start, nq, nkv, hd, qs) in &[

@@ -82,6 +82,11 @@ pub fn all_variants() -> Vec<KernelVariant> {
             }),
     );
     v.extend(
+        GemvConfig::CANDIDATES
+            .iter()
+            .map(|&c| gemv_rope_variant(c).1),
+    );
+    v.extend(
         [
             (64, 9, 3),
             (64, 4, 4),
@@ -650,6 +655,94 @@ pub fn launch_gemv_fused(
             launch_kernel!(dev, f, launch_cfg, OP, [w, x, y, &n_i, &k_i])
         }
     }
+}
+
+/// The q/k/v GEMV with RoPE and the KV append in its epilogue, for a dense q/k/v matrix whose
+/// plain GEMV runs with `cfg`: a warp needs whole rotation pairs, so an odd row count per warp
+/// becomes two rows at half the unroll (the same bytes in flight).
+pub fn gemv_rope_variant(cfg: GemvConfig) -> (GemvConfig, KernelVariant) {
+    let cfg = if cfg.rows % 2 == 0 {
+        cfg
+    } else {
+        GemvConfig {
+            rows: cfg.rows * 2,
+            unroll: (cfg.unroll / 2).max(1),
+            ..cfg
+        }
+    };
+    let mut v = cfg.variant();
+    v.defines.push(("GEMV_ROPE", 1));
+    (cfg, v)
+}
+
+/// Where [`launch_gemv_rope`] writes: the rotated q (f32 [q_dim]) and row `pos[0]` of the caches.
+pub struct RopeTargets<'a> {
+    pub q: &'a mut CudaSlice<f32>,
+    pub k_cache: &'a mut CudaSlice<u16>,
+    pub v_cache: &'a mut CudaSlice<u16>,
+    pub pos: &'a CudaSlice<i32>,
+    pub cos_sin: &'a CudaSlice<f32>,
+    pub max_seq: usize,
+}
+
+/// One decode token's q/k/v projection `W x` (+ `bias`; W BF16 [q_dim + 2 kv_dim, k]) with RoPE
+/// and the KV append fused: the same bits as [`launch_gemv_fused`] into a q/k/v row followed by
+/// [`launch_rope_append`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_gemv_rope(
+    dev: &GpuDevice,
+    cfg: GemvConfig,
+    w: &CudaSlice<u16>,
+    x: &CudaSlice<f32>,
+    k: usize,
+    s: QkvShape,
+    bias: Option<&CudaSlice<f32>>,
+    t: RopeTargets<'_>,
+) -> Result<()> {
+    const OP: &str = "gemv_rope";
+    if s.head_dim == 0 || s.head_dim % 2 != 0 || s.n_kv_heads == 0 {
+        return Err(GpuError::invalid(OP, format!("shape {s:?}")));
+    }
+    let n = s.width();
+    check_gemv_shape(n, k)?;
+    check_len(OP, "w", w, n * k)?;
+    check_len(OP, "x", x, k)?;
+    if let Some(b) = bias {
+        check_len(OP, "bias", b, n)?;
+    }
+    check_len(OP, "q", t.q, s.q_dim())?;
+    check_len(OP, "k_cache", t.k_cache, t.max_seq * s.kv_dim())?;
+    check_len(OP, "v_cache", t.v_cache, t.max_seq * s.kv_dim())?;
+    check_len(OP, "pos", t.pos, 1)?;
+    check_len(OP, "cos_sin", t.cos_sin, t.max_seq * s.head_dim)?;
+    as_i32(OP, "cache elements", t.max_seq * s.kv_dim())?;
+    let (cfg, variant) = gemv_rope_variant(cfg);
+    let f = dev.function(&variant, "gemv_bf16_rope")?;
+    let launch_cfg = LaunchConfig {
+        grid_dim: (n.div_ceil((cfg.warps * cfg.rows) as usize) as u32, 1, 1),
+        block_dim: (cfg.warps * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let null = 0u64; // no bias: a null pointer
+    let (n_i, k_i) = (n as i32, k as i32);
+    let (nq, nkv, hd) = (s.n_q_heads as i32, s.n_kv_heads as i32, s.head_dim as i32);
+    let inter = i32::from(s.layout == RopeLayout::Interleaved);
+    let max_i = t.max_seq as i32;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(w).arg(x).arg(&n_i).arg(&k_i);
+    match bias {
+        Some(bias) => b.arg(bias),
+        None => b.arg(&null),
+    };
+    b.arg(t.q)
+        .arg(t.k_cache)
+        .arg(t.v_cache)
+        .arg(t.pos)
+        .arg(t.cos_sin);
+    b.arg(&nq).arg(&nkv).arg(&hd).arg(&inter).arg(&max_i);
+    // SAFETY: the argument list matches gemv_bf16_rope's signature; sizes were checked above.
+    unsafe { b.launch(launch_cfg) }.while_(|| format!("launching {OP} {cfg} [{n}, {k}]"))?;
+    Ok(())
 }
 
 /// `y[..n] += W x` (W BF16 [n, k] row-major); reference: `y + gemv_ref(W, x)`.
