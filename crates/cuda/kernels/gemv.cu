@@ -101,23 +101,40 @@ __device__ __forceinline__ void rope_store(const RopeArgs& ra, int p, int a, int
     }
 }
 
-template <bool NORM>
+// What the fused variants read and write besides w, x and y.
+struct GemvFuse {
+    const float* g;      // NORM: RMSNorm weight, x normalised on the fly
+    const float* ss_in;  // PRENORM: x arrives multiplied by the norm weight; ss_in[0] = Σ of its
+                         // unnormalised squares (from the producing GEMV), applied as a scale
+    float eps;
+    RopeArgs rope;
+    // NEXTNORM (accumulating GEMVs): the next RMSNorm's input, so it needs no kernel of its own:
+    // h_out = x_new ∘ g_next, ss_out[0] = Σ x_new² (block sums in slots[], added in block order by
+    // the last block to finish, so the sum is deterministic; it resets *counter for the next launch).
+    const float* g_next;
+    float* h_out;
+    float* slots;
+    unsigned* counter;
+    float* ss_out;
+};
+
+template <bool NORM, bool PRENORM, bool NEXTNORM>
 __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const float* __restrict__ x,
-                                          const float* __restrict__ g, float* __restrict__ y, int n, int k,
-                                          float eps, const RopeArgs& ra) {
+                                          float* __restrict__ y, int n, int k, const GemvFuse& f) {
+    static_assert(!NEXTNORM || GEMV_ACCUM, "NEXTNORM is the epilogue of an accumulating GEMV");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
-    if (row0 >= n) return;
+    if (!NEXTNORM && row0 >= n) return;  // NEXTNORM: every warp reaches the block barrier
     const int chunks = k >> 3;  // 16-byte chunks per row
     const float4* xv = (const float4*)x;
-    const float4* gv = (const float4*)g;
+    const float4* gv = (const float4*)f.g;
     // Rows past the end re-read the last row (valid memory, uniform control flow); never stored.
     int ri[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) ri[r] = min(row0 + r, n - 1);
 #if GEMV_ROPE
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r += 2) rope_pair_rows(ra, min(row0 + r, n - 2) / 2, ri[r], ri[r + 1]);
+    for (int r = 0; r < GEMV_ROWS; r += 2) rope_pair_rows(f.rope, min(row0 + r, n - 2) / 2, ri[r], ri[r + 1]);
 #endif
     const uint4* rows[GEMV_ROWS];
 #pragma unroll
@@ -162,12 +179,14 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
             }
         }
     }
-    const float scale = NORM ? rsqrtf(warp_sum(ss) / (float)k + eps) : 1.0f;
+    float scale = 1.0f;
+    if (NORM) scale = rsqrtf(warp_sum(ss) / (float)k + f.eps);
+    if (PRENORM) scale = rsqrtf(__ldcg(f.ss_in) / (float)k + f.eps);
 #if GEMV_ROPE
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r += 2) {
         const float s0 = warp_sum(acc[r]) * scale, s1 = warp_sum(acc[r + 1]) * scale;
-        if (lane == 0 && row0 + r + 1 < n) rope_store(ra, (row0 + r) / 2, ri[r], ri[r + 1], s0, s1);
+        if (lane == 0 && row0 + r + 1 < n) rope_store(f.rope, (row0 + r) / 2, ri[r], ri[r + 1], s0, s1);
     }
 #elif GEMV_SWIGLU
 #pragma unroll
@@ -179,10 +198,42 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
     // The residual read bypasses L1 (__ldcg): under PDL the next kernel (RMSNorm, reading all of y)
     // is launched before this one ends, so a line of y that this read left in the SM's L1 could
     // still be there, without the rows other blocks write after it, when that kernel reads y.
+    float sq = 0.0f;
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) {
         const float s = warp_sum(acc[r]) * scale;
-        if (lane == 0 && row0 + r < n) y[row0 + r] = GEMV_ACCUM ? __ldcg(y + row0 + r) + s : s;
+        if (lane == 0 && row0 + r < n) {
+            const float v = GEMV_ACCUM ? __ldcg(y + row0 + r) + s : s;
+            y[row0 + r] = v;
+            if (NEXTNORM) {
+                f.h_out[row0 + r] = v * f.g_next[row0 + r];
+                sq = fmaf(v, v, sq);
+            }
+        }
+    }
+    if (NEXTNORM) {
+        __shared__ float part[32];
+        __shared__ bool last;
+        if (lane == 0) part[warp] = sq;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float b = 0.0f;
+            for (int i = 0; i < GEMV_WARPS; ++i) b += part[i];
+            f.slots[blockIdx.x] = b;
+            __threadfence();
+            last = atomicAdd(f.counter, 1u) == gridDim.x - 1;
+        }
+        __syncthreads();
+        if (last) {
+            __threadfence();
+            float t = 0.0f;
+            for (int i = threadIdx.x; i < (int)gridDim.x; i += blockDim.x) t += __ldcg(f.slots + i);
+            t = block_sum(t, part);
+            if (threadIdx.x == 0) {
+                *f.ss_out = t;
+                *f.counter = 0u;
+            }
+        }
     }
 #endif
 }
@@ -190,22 +241,56 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
 #if !GEMV_ROPE
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int n, int k) {
-    gemv_body<false>(w, x, x, y, n, k, 0.0f, RopeArgs{});
+    gemv_body<false, false, false>(w, x, y, n, k, GemvFuse{});
 }
 
 // y = W · rmsnorm(x; g, eps) (g f32 [k]).
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16_norm(const bf16_t* __restrict__ w, const float* __restrict__ x, const float* __restrict__ g,
                float* __restrict__ y, int n, int k, float eps) {
-    gemv_body<true>(w, x, g, y, n, k, eps, RopeArgs{});
+    GemvFuse f{};
+    f.g = g;
+    f.eps = eps;
+    gemv_body<true, false, false>(w, x, y, n, k, f);
 }
-#else
-// The q/k/v GEMV with RoPE and the KV append (n = q_dim + 2 kv_dim rows; y unused).
+
+// y = rsqrt(ss[0] / k + eps) · W h, with h = x ∘ g and ss[0] = Σ x² from the producing GEMV.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_bf16_rope(const bf16_t* __restrict__ w, const float* __restrict__ x, int n, int k, const float* bias,
-               float* q_out, bf16_t* k_cache, bf16_t* v_cache, const int* pos, const float* cos_sin,
-               int n_q_heads, int n_kv_heads, int head_dim, int interleaved, int max_seq) {
-    const RopeArgs ra{bias, q_out, k_cache, v_cache, pos, cos_sin, n_q_heads, n_kv_heads, head_dim, interleaved, max_seq};
-    gemv_body<false>(w, x, x, nullptr, n, k, 0.0f, ra);
+gemv_bf16_prenorm(const bf16_t* __restrict__ w, const float* __restrict__ h, const float* ss, float* __restrict__ y,
+                  int n, int k, float eps) {
+    GemvFuse f{};
+    f.ss_in = ss;
+    f.eps = eps;
+    gemv_body<false, true, false>(w, h, y, n, k, f);
+}
+
+#if GEMV_ACCUM && !GEMV_SWIGLU
+// y += W x, then the next RMSNorm's input: h_out = y ∘ g_next and ss_out[0] = Σ y² (slots: one
+// float per block; counter: zero before the first launch, left zero).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_bf16_accum_norm(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int n, int k,
+                     const float* g_next, float* h_out, float* slots, unsigned* counter, float* ss_out) {
+    GemvFuse f{};
+    f.g_next = g_next;
+    f.h_out = h_out;
+    f.slots = slots;
+    f.counter = counter;
+    f.ss_out = ss_out;
+    gemv_body<false, false, true>(w, x, y, n, k, f);
+}
+#endif
+#else
+// The q/k/v GEMV with RoPE and the KV append (n = q_dim + 2 kv_dim rows); ss: null, or the input
+// arrives as x ∘ g with ss[0] = Σ x² (as for gemv_bf16_prenorm).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_bf16_rope(const bf16_t* __restrict__ w, const float* __restrict__ x, int n, int k, const float* ss, float eps,
+               const float* bias, float* q_out, bf16_t* k_cache, bf16_t* v_cache, const int* pos,
+               const float* cos_sin, int n_q_heads, int n_kv_heads, int head_dim, int interleaved, int max_seq) {
+    GemvFuse f{};
+    f.ss_in = ss;
+    f.eps = eps;
+    f.rope = RopeArgs{bias, q_out, k_cache, v_cache, pos, cos_sin, n_q_heads, n_kv_heads, head_dim, interleaved, max_seq};
+    if (ss) gemv_body<false, true, false>(w, x, nullptr, n, k, f);
+    else gemv_body<false, false, false>(w, x, nullptr, n, k, f);
 }
 #endif

@@ -37,7 +37,7 @@ use entrollm_model::{DenseBf16 as CpuDenseBf16, LayerWeights, ModelConfig};
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
-use crate::linear::{GpuLinear, SharedScratch};
+use crate::linear::{swiglu_config, GpuLinear, SharedScratch};
 use crate::ops::argmax::{launch_argmax, ArgmaxScratch};
 use crate::ops::attention::{
     launch_attention_decode, launch_attention_decode_fused, AttnConfig, AttnScratch, KvShape,
@@ -466,6 +466,10 @@ pub struct DecodeOptions {
     /// RoPE and the KV append as their own kernel instead of the q/k/v GEMV's epilogue (dense
     /// q/k/v only; environment `ENTROLLM_DECODE_ROPE=split`).
     pub split_rope: bool,
+    /// RMSNorm as its own kernel instead of chained through the GEMVs (the residual GEMV leaves
+    /// x ∘ g and Σx², the next dense GEMV scales by the norm; environment
+    /// `ENTROLLM_DECODE_NORM=split`).
+    pub split_norm: bool,
 }
 
 impl DecodeOptions {
@@ -476,6 +480,7 @@ impl DecodeOptions {
             fused_norm: fused("ENTROLLM_DECODE_NORM"),
             pdl: std::env::var("ENTROLLM_DECODE_PDL").as_deref() != Ok("off"),
             split_rope: std::env::var("ENTROLLM_DECODE_ROPE").as_deref() == Ok("split"),
+            split_norm: std::env::var("ENTROLLM_DECODE_NORM").as_deref() == Ok("split"),
         }
     }
 }
@@ -487,7 +492,13 @@ impl std::fmt::Display for DecodeOptions {
             f,
             "attention {}, rmsnorm {}, rope {}, pdl {}",
             w(self.fused_attention),
-            w(self.fused_norm),
+            if self.fused_norm {
+                "fused"
+            } else if self.split_norm {
+                "split"
+            } else {
+                "chained"
+            },
             w(!self.split_rope),
             if self.pdl { "on" } else { "off" }
         )
@@ -503,6 +514,8 @@ const PDL_KERNELS: &[&str] = &[
     "gemv_bf16",
     "gemv_bf16_norm",
     "gemv_bf16_rope",
+    "gemv_bf16_prenorm",
+    "gemv_bf16_accum_norm",
     "rope_append_f32q",
     "rope_append_bf16q",
     "attn_decode_partial",
@@ -658,8 +671,13 @@ unsafe fn make_edges_programmatic(graph: sys::CUgraph) -> Result<usize> {
 /// Buffers of one decode step (batch 1).
 struct DecodeBufs {
     x: CudaSlice<f32>,
-    /// Normed activations (only with a separate RMSNorm kernel).
+    /// Normed activations (a separate RMSNorm kernel), or an RMSNorm's input times its weight
+    /// with the sum of squares in `ss` (left by an accumulating GEMV: `launch_gemv_accum_norm`).
     h: CudaSlice<f32>,
+    ss: CudaSlice<f32>,
+    /// Per-block partial sums and the last-block counter of `launch_gemv_accum_norm`.
+    norm_slots: CudaSlice<f32>,
+    norm_counter: CudaSlice<i32>,
     qkv: CudaSlice<f32>,
     q: CudaSlice<f32>,
     attn: CudaSlice<f32>,
@@ -792,6 +810,9 @@ impl GpuEngine {
         let d = DecodeBufs {
             x: a32(h)?,
             h: a32(h)?,
+            ss: a32(1)?,
+            norm_slots: a32(h)?, // at least one row per block
+            norm_counter: ai(1)?,
             qkv: a32(width)?,
             q: a32(qd)?,
             attn: a32(qd)?,
@@ -954,61 +975,56 @@ impl GpuEngine {
             swiglu: true,
         };
         let opts = self.opts;
-        for (l, layer) in self.model.layers.iter().enumerate() {
-            // RMSNorm runs inside the q/k/v GEMV (or as its own kernel); RoPE and the KV append in
-            // the dense q/k/v GEMV's epilogue (or as their own kernel).
-            let rope_gemv = match &layer.qkv {
-                GpuLinear::Dense(w) if !opts.split_rope && !opts.fused_norm => Some(w),
-                _ => None,
-            };
-            if let Some(w) = rope_gemv {
-                launch_rmsnorm_f32w(
-                    dev,
-                    &d.x,
-                    &layer.attn_norm,
-                    NormOut::F32(&mut d.h),
-                    1,
-                    h,
-                    eps,
-                )?;
-                launch_gemv_rope(
-                    dev,
-                    w.gemv,
-                    &w.w,
-                    &d.h,
-                    w.cols,
-                    shape,
-                    layer.qkv_bias.as_ref(),
-                    RopeTargets {
-                        q: &mut d.q,
-                        k_cache: &mut self.kv.k[l],
-                        v_cache: &mut self.kv.v[l],
-                        pos: &d.pos,
-                        cos_sin: &self.cos_sin,
-                        max_seq: self.max_seq,
-                    },
-                )?;
-            } else if opts.fused_norm {
-                layer.qkv.matvec_fused(
-                    dev,
-                    &d.x,
-                    Some((&layer.attn_norm, eps)),
-                    plain,
-                    &mut d.qkv,
-                )?;
+        let dense = GpuLinear::as_dense;
+        // RoPE and the KV append run in the dense q/k/v GEMV's epilogue (or as their own kernel).
+        let rope_fused = !opts.split_rope && !opts.fused_norm;
+        let rope_gemv = |l: &GpuLayer| l.qkv.as_dense().filter(|_| rope_fused).is_some();
+        // A dense accumulating GEMV leaves the next RMSNorm's input (x ∘ g and Σx²) for a dense
+        // consumer, so that norm needs no kernel of its own; `chained`: d.h and d.ss hold it.
+        let chain = !opts.split_norm && !opts.fused_norm;
+        let mut chained = false;
+        let layers = &self.model.layers;
+        for (l, layer) in layers.iter().enumerate() {
+            let prenorm = chained.then_some((&d.ss, eps));
+            if let Some(w) = layer.qkv.as_dense().filter(|_| rope_fused) {
+                if !chained {
+                    launch_rmsnorm_f32w(
+                        dev,
+                        &d.x,
+                        &layer.attn_norm,
+                        NormOut::F32(&mut d.h),
+                        1,
+                        h,
+                        eps,
+                    )?;
+                }
+                let t = RopeTargets {
+                    q: &mut d.q,
+                    k_cache: &mut self.kv.k[l],
+                    v_cache: &mut self.kv.v[l],
+                    pos: &d.pos,
+                    cos_sin: &self.cos_sin,
+                    max_seq: self.max_seq,
+                };
+                let bias = layer.qkv_bias.as_ref();
+                launch_gemv_rope(dev, w.gemv, &w.w, &d.h, w.cols, prenorm, shape, bias, t)?;
             } else {
-                launch_rmsnorm_f32w(
-                    dev,
-                    &d.x,
-                    &layer.attn_norm,
-                    NormOut::F32(&mut d.h),
-                    1,
-                    h,
-                    eps,
-                )?;
-                layer.qkv.matvec_fused(dev, &d.h, None, plain, &mut d.qkv)?;
-            }
-            if rope_gemv.is_none() {
+                // RMSNorm inside the q/k/v GEMV or as its own kernel, then RoPE + KV append.
+                if opts.fused_norm {
+                    let norm = Some((&layer.attn_norm, eps));
+                    layer.qkv.matvec_fused(dev, &d.x, norm, plain, &mut d.qkv)?;
+                } else {
+                    launch_rmsnorm_f32w(
+                        dev,
+                        &d.x,
+                        &layer.attn_norm,
+                        NormOut::F32(&mut d.h),
+                        1,
+                        h,
+                        eps,
+                    )?;
+                    layer.qkv.matvec_fused(dev, &d.h, None, plain, &mut d.qkv)?;
+                }
                 launch_rope_append(
                     dev,
                     shape,
@@ -1040,43 +1056,112 @@ impl GpuEngine {
                 &mut d.attn,
                 scale,
             )?;
-            layer
-                .o
-                .matvec_fused(dev, &d.attn, None, residual, &mut d.x)?;
-            // RMSNorm and SwiGLU inside the gate/up GEMV.
-            if opts.fused_norm {
-                layer.gate_up.matvec_fused(
-                    dev,
-                    &d.x,
-                    Some((&layer.mlp_norm, eps)),
-                    swiglu,
-                    &mut d.act,
-                )?;
-            } else {
-                launch_rmsnorm_f32w(
-                    dev,
-                    &d.x,
-                    &layer.mlp_norm,
-                    NormOut::F32(&mut d.h),
-                    1,
-                    h,
-                    eps,
-                )?;
-                layer
-                    .gate_up
-                    .matvec_fused(dev, &d.h, None, swiglu, &mut d.act)?;
+            // o (+ residual), leaving the MLP norm's input when gate/up can take it.
+            chained = match (dense(&layer.o), dense(&layer.gate_up)) {
+                (Some(o), Some(_)) if chain => {
+                    let next = NextNorm {
+                        g: &layer.mlp_norm,
+                        h: &mut d.h,
+                        slots: &mut d.norm_slots,
+                        counter: &mut d.norm_counter,
+                        ss: &mut d.ss,
+                    };
+                    launch_gemv_accum_norm(
+                        dev, o.gemv, &o.w, &d.attn, &mut d.x, o.rows, o.cols, next,
+                    )?;
+                    true
+                }
+                _ => {
+                    layer
+                        .o
+                        .matvec_fused(dev, &d.attn, None, residual, &mut d.x)?;
+                    false
+                }
+            };
+            // RMSNorm and SwiGLU inside the gate/up GEMV (or the norm as its own kernel).
+            match dense(&layer.gate_up) {
+                Some(g) if chained => {
+                    let cfg = swiglu_config(g.gemv);
+                    let ss = (&d.ss, eps);
+                    launch_gemv_prenorm(
+                        dev, cfg, swiglu, &g.w, &d.h, ss, &mut d.act, g.rows, g.cols,
+                    )?;
+                }
+                _ if opts.fused_norm => {
+                    let norm = Some((&layer.mlp_norm, eps));
+                    layer
+                        .gate_up
+                        .matvec_fused(dev, &d.x, norm, swiglu, &mut d.act)?;
+                }
+                _ => {
+                    launch_rmsnorm_f32w(
+                        dev,
+                        &d.x,
+                        &layer.mlp_norm,
+                        NormOut::F32(&mut d.h),
+                        1,
+                        h,
+                        eps,
+                    )?;
+                    layer
+                        .gate_up
+                        .matvec_fused(dev, &d.h, None, swiglu, &mut d.act)?;
+                }
             }
-            layer
-                .down
-                .matvec_fused(dev, &d.act, None, residual, &mut d.x)?;
+            // down (+ residual), leaving the next layer's attention norm input (or the final
+            // norm's) when its consumer is dense.
+            let (next_g, consumer_dense) = match layers.get(l + 1) {
+                Some(n) => (&n.attn_norm, rope_gemv(n)),
+                None => (
+                    &self.model.final_norm,
+                    dense(self.model.lm_head()).is_some(),
+                ),
+            };
+            chained = match dense(&layer.down) {
+                Some(dn) if chain && consumer_dense => {
+                    let next = NextNorm {
+                        g: next_g,
+                        h: &mut d.h,
+                        slots: &mut d.norm_slots,
+                        counter: &mut d.norm_counter,
+                        ss: &mut d.ss,
+                    };
+                    launch_gemv_accum_norm(
+                        dev, dn.gemv, &dn.w, &d.act, &mut d.x, dn.rows, dn.cols, next,
+                    )?;
+                    true
+                }
+                _ => {
+                    layer
+                        .down
+                        .matvec_fused(dev, &d.act, None, residual, &mut d.x)?;
+                    false
+                }
+            };
         }
-        self.model.lm_head().matvec_fused(
-            dev,
-            &d.x,
-            Some((&self.model.final_norm, eps)),
-            plain,
-            &mut d.logits,
-        )?;
+        match dense(self.model.lm_head()) {
+            Some(w) if chained => {
+                let ss = (&d.ss, eps);
+                launch_gemv_prenorm(
+                    dev,
+                    w.gemv,
+                    plain,
+                    &w.w,
+                    &d.h,
+                    ss,
+                    &mut d.logits,
+                    w.rows,
+                    w.cols,
+                )?;
+            }
+            _ => self.model.lm_head().matvec_fused(
+                dev,
+                &d.x,
+                Some((&self.model.final_norm, eps)),
+                plain,
+                &mut d.logits,
+            )?,
+        }
         if greedy {
             launch_argmax(dev, &d.logits, vocab, &mut d.argmax, &mut d.tok)?;
         }

@@ -206,6 +206,91 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// The RMSNorm chained through the GEMVs: an accumulating GEMV leaves the next norm's input
+    /// (h = y ∘ g, Σy²; launched twice: the last-block counter must come back to zero), and the
+    /// consuming GEMV (plain or SwiGLU) scales by the norm; against the CPU references.
+    fn gemv_norm_chain(&mut self, cfg: GemvConfig, n: usize, k: usize) -> Result<()> {
+        let eps = 1e-5;
+        // Producer: y [k] += W1 [k, n] a, then h = y ∘ g.
+        let w1 = self.rng.bf16s(k * n, 0.02);
+        let a = self.rng.normals(n, 3.0);
+        let y0 = self.rng.normals(k, 1.0);
+        let g: Vec<f32> = (0..k).map(|_| 1.0 + 0.1 * self.rng.normal()).collect();
+        let (w1_d, a_d, g_d) = (
+            upload(self.dev, &w1)?,
+            upload(self.dev, &a)?,
+            upload(self.dev, &g)?,
+        );
+        let mut y = upload(self.dev, &y0)?;
+        let mut h = poisoned32(self.dev, k)?;
+        let mut slots = poisoned32(self.dev, k)?;
+        let mut counter = upload(self.dev, &[0i32])?;
+        let mut ss = poisoned32(self.dev, 1)?;
+        let mut ss_runs = Vec::new();
+        for run in 0..2 {
+            if run == 1 {
+                y = upload(self.dev, &y0)?;
+            }
+            let next = NextNorm {
+                g: &g_d,
+                h: &mut h,
+                slots: &mut slots,
+                counter: &mut counter,
+                ss: &mut ss,
+            };
+            launch_gemv_accum_norm(self.dev, cfg, &w1_d, &a_d, &mut y, k, n, next)?;
+            ss_runs.push(download(self.dev, &ss)?[0]);
+        }
+        let mut want_y = gemv_ref(&w1, &a, k, n);
+        want_y.iter_mut().zip(&y0).for_each(|(v, b)| *v += b);
+        let want_h: Vec<f32> = want_y.iter().zip(&g).map(|(v, g)| v * g).collect();
+        let want_ss = want_y.iter().map(|&v| v as f64 * v as f64).sum::<f64>() as f32;
+        let desc = format!("{cfg} [{k}, {n}]");
+        let got_y = download(self.dev, &y)?;
+        let got_h = download(self.dev, &h)?;
+        self.record("gemv_accum_norm_y", desc.clone(), &got_y, &want_y, 1e-5);
+        self.record("gemv_accum_norm_h", desc.clone(), &got_h, &want_h, 1e-5);
+        self.record(
+            "gemv_accum_norm_ss",
+            desc.clone(),
+            &ss_runs,
+            &[want_ss; 2],
+            1e-5,
+        );
+        let c = download(self.dev, &counter)?[0] as f32;
+        self.record("gemv_accum_norm_counter", desc, &[c], &[0.0], 0.0);
+        // Consumers of (h, ss): W2 [m, k] · rmsnorm(y; g), plain and SwiGLU pairs.
+        let m = 2 * n;
+        let w2 = self.rng.bf16s(m * k, 0.02);
+        let w2_d = upload(self.dev, &w2)?;
+        let want = gemv_ref(&w2, &rmsnorm_f32w_ref(&want_y, &g, eps), m, k);
+        for fusion in [
+            GemvFusion::default(),
+            GemvFusion {
+                accumulate: false,
+                swiglu: true,
+            },
+        ] {
+            let cfg = if fusion.swiglu {
+                crate::linear::swiglu_config(cfg)
+            } else {
+                cfg
+            };
+            let out_n = if fusion.swiglu { m / 2 } else { m };
+            let mut out = poisoned32(self.dev, out_n)?;
+            launch_gemv_prenorm(self.dev, cfg, fusion, &w2_d, &h, (&ss, eps), &mut out, m, k)?;
+            let want = if fusion.swiglu {
+                swiglu_interleaved_ref(&want)
+            } else {
+                want.clone()
+            };
+            let got = download(self.dev, &out)?;
+            let desc = format!("{cfg} [{m}, {k}] {fusion:?}");
+            self.record("gemv_prenorm", desc, &got, &want, 1e-5);
+        }
+        Ok(())
+    }
+
     fn gemm(&mut self, gemm: &Gemm, m: usize, n: usize, k: usize, acc: bool) -> Result<()> {
         let w = self.rng.bf16s(n * k, 0.05);
         let x = self.rng.bf16s(m * k, 1.0);
@@ -372,7 +457,7 @@ impl Checker<'_> {
                     cos_sin: &f_d,
                     max_seq,
                 };
-                launch_gemv_rope(self.dev, cfg, &w_d, &x_d, k, s, b_d.as_ref(), t)?;
+                launch_gemv_rope(self.dev, cfg, &w_d, &x_d, k, None, s, b_d.as_ref(), t)?;
             } else {
                 let mut qkv = poisoned32(self.dev, n)?;
                 launch_gemv_fused(
@@ -1026,6 +1111,10 @@ pub fn run_engine_selftest(
             c.rope_append(n, nq, nkv, hd, layout, bias, start, false)?;
             c.rope_append(n, nq, nkv, hd, layout, bias, start, true)?;
         }
+    }
+    for (i, &cfg) in GemvConfig::CANDIDATES.iter().enumerate() {
+        let (n, k) = [(8, 16), (576, 1536), (4096, 14336), (520, 264)][i % 4];
+        c.gemv_norm_chain(cfg, n, k)?;
     }
     for layout in [RopeLayout::Neox, RopeLayout::Interleaved] {
         for (i, &cfg) in GemvConfig::CANDIDATES.iter().enumerate() {

@@ -160,6 +160,19 @@ pub fn gemv_config_for(rows: usize, cols: usize) -> GemvConfig {
     }
 }
 
+/// The GEMV configuration for SwiGLU pairs (a warp holds whole (gate, up) pairs).
+pub fn swiglu_config(cfg: GemvConfig) -> GemvConfig {
+    if cfg.rows % 2 == 0 {
+        cfg
+    } else {
+        GemvConfig {
+            warps: 4,
+            rows: 2,
+            unroll: 4,
+        }
+    }
+}
+
 impl GpuLinear {
     /// Uploads a row-major BF16 matrix.
     pub fn dense_from_host(
@@ -254,14 +267,11 @@ impl GpuLinear {
     ) -> Result<()> {
         match self {
             GpuLinear::Dense(d) => {
-                let mut cfg = d.gemv;
-                if fusion.swiglu && cfg.rows % 2 != 0 {
-                    cfg = GemvConfig {
-                        warps: 4,
-                        rows: 2,
-                        unroll: 4,
-                    };
-                }
+                let cfg = if fusion.swiglu {
+                    swiglu_config(d.gemv)
+                } else {
+                    d.gemv
+                };
                 launch_gemv_fused(dev, cfg, fusion, &d.w, x, norm, y, d.rows, d.cols)
             }
             GpuLinear::Dtans(c) => c.matvec_fused(dev, x, norm, fusion, y),
@@ -307,6 +317,14 @@ impl GpuLinear {
                 }
                 gemm.matmul(&s.w, x, y, m, rows, cols, accumulate)
             }
+        }
+    }
+
+    /// The matrix, when it is stored dense.
+    pub fn as_dense(&self) -> Option<&DenseBf16> {
+        match self {
+            GpuLinear::Dense(d) => Some(d),
+            GpuLinear::Dtans(_) => None,
         }
     }
 

@@ -81,11 +81,12 @@ pub fn all_variants() -> Vec<KernelVariant> {
                 )
             }),
     );
-    v.extend(
-        GemvConfig::CANDIDATES
-            .iter()
-            .map(|&c| gemv_rope_variant(c).1),
-    );
+    for c in GemvConfig::CANDIDATES {
+        let r = gemv_rope_variant(c).1;
+        if !v.contains(&r) {
+            v.push(r);
+        }
+    }
     v.extend(
         [
             (64, 9, 3),
@@ -687,7 +688,8 @@ pub struct RopeTargets<'a> {
 
 /// One decode token's q/k/v projection `W x` (+ `bias`; W BF16 [q_dim + 2 kv_dim, k]) with RoPE
 /// and the KV append fused: the same bits as [`launch_gemv_fused`] into a q/k/v row followed by
-/// [`launch_rope_append`].
+/// [`launch_rope_append`]. With `prenorm` = (ss, eps), x is an RMSNorm's input times its weight
+/// and ss[0] the sum of its unweighted squares, as [`launch_gemv_accum_norm`] leaves them.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_gemv_rope(
     dev: &GpuDevice,
@@ -695,6 +697,7 @@ pub fn launch_gemv_rope(
     w: &CudaSlice<u16>,
     x: &CudaSlice<f32>,
     k: usize,
+    prenorm: Option<(&CudaSlice<f32>, f32)>,
     s: QkvShape,
     bias: Option<&CudaSlice<f32>>,
     t: RopeTargets<'_>,
@@ -707,6 +710,9 @@ pub fn launch_gemv_rope(
     check_gemv_shape(n, k)?;
     check_len(OP, "w", w, n * k)?;
     check_len(OP, "x", x, k)?;
+    if let Some((ss, _)) = prenorm {
+        check_len(OP, "ss", ss, 1)?;
+    }
     if let Some(b) = bias {
         check_len(OP, "bias", b, n)?;
     }
@@ -728,8 +734,14 @@ pub fn launch_gemv_rope(
     let (nq, nkv, hd) = (s.n_q_heads as i32, s.n_kv_heads as i32, s.head_dim as i32);
     let inter = i32::from(s.layout == RopeLayout::Interleaved);
     let max_i = t.max_seq as i32;
+    let eps = prenorm.map_or(0.0f32, |p| p.1);
     let mut b = dev.stream().launch_builder(&f);
     b.arg(w).arg(x).arg(&n_i).arg(&k_i);
+    match prenorm {
+        Some((ss, _)) => b.arg(ss),
+        None => b.arg(&null),
+    };
+    b.arg(&eps);
     match bias {
         Some(bias) => b.arg(bias),
         None => b.arg(&null),
@@ -743,6 +755,108 @@ pub fn launch_gemv_rope(
     // SAFETY: the argument list matches gemv_bf16_rope's signature; sizes were checked above.
     unsafe { b.launch(launch_cfg) }.while_(|| format!("launching {OP} {cfg} [{n}, {k}]"))?;
     Ok(())
+}
+
+/// `y = rsqrt(ss[0] / k + eps) · W h` (`fusion`: plain or SwiGLU pairs), where h = x ∘ g is an
+/// RMSNorm's input times its weight and ss[0] = Σ x², as [`launch_gemv_accum_norm`] leaves them:
+/// the RMSNorm without a kernel of its own. Reference: [`launch_gemv_fused`]'s with norm.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_gemv_prenorm(
+    dev: &GpuDevice,
+    cfg: GemvConfig,
+    fusion: GemvFusion,
+    w: &CudaSlice<u16>,
+    h: &CudaSlice<f32>,
+    (ss, eps): (&CudaSlice<f32>, f32),
+    y: &mut CudaSlice<f32>,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    const OP: &str = "gemv_prenorm";
+    check_gemv_shape(n, k)?;
+    check_len(OP, "w", w, n * k)?;
+    check_len(OP, "h", h, k)?;
+    check_len(OP, "ss", ss, 1)?;
+    check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
+    if fusion.accumulate || (fusion.swiglu && (cfg.rows % 2 != 0 || n % 2 != 0)) {
+        return Err(GpuError::invalid(
+            OP,
+            format!("no accumulate; swiglu needs even rows ({cfg}, n {n})"),
+        ));
+    }
+    let f = dev.function(&gemv_fused_variant(cfg, fusion), "gemv_bf16_prenorm")?;
+    let launch_cfg = LaunchConfig {
+        grid_dim: (n.div_ceil((cfg.warps * cfg.rows) as usize) as u32, 1, 1),
+        block_dim: (cfg.warps * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (n_i, k_i) = (n as i32, k as i32);
+    launch_kernel!(dev, f, launch_cfg, OP, [w, h, ss, y, &n_i, &k_i, &eps])
+}
+
+/// The next RMSNorm's input as [`launch_gemv_accum_norm`] writes it.
+pub struct NextNorm<'a> {
+    /// The norm's weight, f32 [n].
+    pub g: &'a CudaSlice<f32>,
+    /// y ∘ g, f32 [n].
+    pub h: &'a mut CudaSlice<f32>,
+    /// One partial sum per block of the launch.
+    pub slots: &'a mut CudaSlice<f32>,
+    /// Zero before the first launch; the kernel leaves it zero.
+    pub counter: &'a mut CudaSlice<i32>,
+    /// Σ y², f32 [1].
+    pub ss: &'a mut CudaSlice<f32>,
+}
+
+/// `y[..n] += W x`, then the next RMSNorm's input (h = y ∘ g, ss[0] = Σ y², summed in a fixed
+/// order: deterministic) for [`launch_gemv_prenorm`] / [`launch_gemv_rope`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_gemv_accum_norm(
+    dev: &GpuDevice,
+    cfg: GemvConfig,
+    w: &CudaSlice<u16>,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    n: usize,
+    k: usize,
+    next: NextNorm<'_>,
+) -> Result<()> {
+    const OP: &str = "gemv_accum_norm";
+    check_gemv_shape(n, k)?;
+    check_len(OP, "w", w, n * k)?;
+    check_len(OP, "x", x, k)?;
+    check_len(OP, "y", y, n)?;
+    check_len(OP, "g", next.g, n)?;
+    check_len(OP, "h", next.h, n)?;
+    let blocks = n.div_ceil((cfg.warps * cfg.rows) as usize);
+    check_len(OP, "slots", next.slots, blocks)?;
+    check_len(OP, "counter", next.counter, 1)?;
+    check_len(OP, "ss", next.ss, 1)?;
+    let f = dev.function(&gemv_accum_variant(cfg), "gemv_bf16_accum_norm")?;
+    let launch_cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (cfg.warps * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (n_i, k_i) = (n as i32, k as i32);
+    launch_kernel!(
+        dev,
+        f,
+        launch_cfg,
+        OP,
+        [
+            w,
+            x,
+            y,
+            &n_i,
+            &k_i,
+            next.g,
+            next.h,
+            next.slots,
+            next.counter,
+            next.ss
+        ]
+    )
 }
 
 /// `y[..n] += W x` (W BF16 [n, k] row-major); reference: `y + gemv_ref(W, x)`.
@@ -836,9 +950,13 @@ mod tests {
             .iter()
             .filter(|c| c.rows % 2 == 0)
             .count();
+        let rope: std::collections::HashSet<_> = GemvConfig::CANDIDATES
+            .iter()
+            .map(|&c| gemv_rope_variant(c).0)
+            .collect();
         assert_eq!(
             all_variants().len(),
-            1 + 2 + GemvConfig::CANDIDATES.len() + even + 5
+            1 + 2 + GemvConfig::CANDIDATES.len() + even + rope.len() + 5
         );
         assert_eq!(decode_attn_config(128, 32, 8).unwrap().chunk, 64);
     }
