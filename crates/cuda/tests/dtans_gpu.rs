@@ -260,7 +260,7 @@ fn dtans_encode_gpu_selftest() {
 }
 
 /// Encode time of one decoder layer of the synthetic `ENC_MODELS` (default llama-3.1-8b,
-/// llama-3.1-70b) with the codings of `ENC_PLAN` (default bench/plans/single-m8.json): host plan,
+/// llama-3.3-70b) with the codings of `ENC_PLAN` (default bench/plans/single-m8.json): host plan,
 /// GPU encode and, unless `ENC_CPU=0`, the host encoder on the same plan, byte-compared.
 #[test]
 #[ignore = "needs a GPU"]
@@ -279,7 +279,7 @@ fn dtans_encode_gpu_timing() {
     let plan = CodingPlan::from_file(std::path::Path::new(&plan_file), None).expect("plan file");
     let cpu = std::env::var("ENC_CPU").map_or(true, |v| v != "0");
     let models =
-        std::env::var("ENC_MODELS").unwrap_or_else(|_| "llama-3.1-8b,llama-3.1-70b".into());
+        std::env::var("ENC_MODELS").unwrap_or_else(|_| "llama-3.1-8b,llama-3.3-70b".into());
     let mut bad = 0;
     for name in models.split(',') {
         let c = SynthShape::parse(name)
