@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use entrollm_codec::dtans::Coding;
-use entrollm_cuda::engine_coded::{free_memory, tuned_plan};
+use entrollm_cuda::engine_coded::{free_memory, tuned_plan, Encoder};
 use entrollm_cuda::{GpuDevice, GpuEngine, GpuModel};
 use entrollm_model::coding_plan::CodingPlan;
 use entrollm_model::load::open_model;
@@ -57,6 +57,10 @@ pub struct Args {
     /// Coding per launch (JSON: qkv, o, gate_up, down, lm_head, default); --coding fills the rest.
     #[arg(long)]
     coding_file: Option<PathBuf>,
+    /// With --coded: where the matrices are coded, `gpu` (the default) or `cpu` (the host
+    /// encoder); the coded arrays are byte-identical, only the load time differs.
+    #[arg(long, default_value = "gpu")]
+    encode: Encoder,
     /// KV-cache capacity in tokens (default: the prompt + 128, or --prefill-len / --long-prefill).
     #[arg(long)]
     context: Option<usize>,
@@ -108,11 +112,15 @@ pub fn run(a: Args) -> Result<()> {
             let c = shape.config();
             let plan = coding_plan(&a, &c)?;
             (
-                GpuModel::synth_coded(&dev, &c, a.seed, &plan)?,
+                GpuModel::synth_coded(&dev, &c, a.seed, &plan, a.encode)?,
                 format!(
-                    "synthetic {name} (seed {}), dtANS-LLM coded: layer 0 coded on the host and \
+                    "synthetic {name} (seed {}), dtANS-LLM coded: layer 0 coded on the {} and \
                      copied into every layer",
-                    a.seed
+                    a.seed,
+                    match a.encode {
+                        Encoder::Gpu => "GPU",
+                        Encoder::Cpu => "host",
+                    }
                 ),
             )
         }

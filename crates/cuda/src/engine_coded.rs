@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaSlice;
 use rayon::prelude::*;
 
-use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor};
+use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor, EncodePlan};
 use entrollm_codec::matvec::Dequant;
 use entrollm_codec::Payload;
 use entrollm_model::coding_plan::{CodingPlan, Launch};
@@ -108,17 +108,36 @@ fn host_layer(ts: &[SynthTensor], seed: u64) -> Result<HostLayer> {
     })
 }
 
-/// Codes a BF16 matrix losslessly with `coding` (None: the coder's choice of coding and width).
+/// Where a BF16 matrix is coded: the host's encoder or the GPU's (byte-identical output; the
+/// host makes the plan either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoder {
+    Cpu,
+    Gpu,
+}
+
+impl std::str::FromStr for Encoder {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "cpu" => Ok(Encoder::Cpu),
+            "gpu" => Ok(Encoder::Gpu),
+            _ => Err(format!("encoder '{s}': expected cpu or gpu")),
+        }
+    }
+}
+
+/// Codes a BF16 matrix losslessly with `coding` (None: the coder's choice of coding and width),
+/// on the host or (`gpu`) on that device.
 pub fn code_bf16(
     bits: &[u16],
     rows: usize,
     cols: usize,
     coding: Option<Coding>,
+    gpu: Option<&GpuDevice>,
 ) -> Result<DtansTensor> {
     let codec = |e: entrollm_codec::CodecError| GpuError::invalid(OP, e.to_string());
-    let bytes: Vec<u8> = bits.par_iter().flat_map_iter(|b| b.to_le_bytes()).collect();
-    let (codes, raw) = Payload::Bf16.symbolize(&bytes).map_err(codec)?;
-    drop(bytes);
+    let codes = crate::ops::dtans_encode::bf16_codes(bits);
     let coding = match coding {
         Some(c) => c,
         None => {
@@ -128,7 +147,109 @@ pub fn code_bf16(
         }
     };
     check_coding(Payload::Bf16, &coding)?;
-    DtansTensor::encode(Payload::Bf16, rows, cols, &codes, &raw, coding).map_err(codec)
+    let plan = EncodePlan::new(Payload::Bf16, rows, cols, &codes, coding).map_err(codec)?;
+    match gpu {
+        Some(dev) => {
+            drop(codes);
+            let w = dev
+                .stream()
+                .clone_htod(bits)
+                .while_(|| format!("uploading a {rows}×{cols} matrix to code"))?;
+            Ok(crate::ops::dtans_encode::encode_bf16(dev, &w, &plan)?.0)
+        }
+        None => {
+            let raw: Vec<u8> = bits
+                .par_iter()
+                .map(|&b| Payload::Bf16.split16(b).1)
+                .collect();
+            DtansTensor::encode_planned(&plan, &codes, &raw).map_err(codec)
+        }
+    }
+}
+
+/// One matrix of [`time_layer_encode`].
+#[derive(Clone, Debug)]
+pub struct EncodeTiming {
+    pub name: &'static str,
+    pub rows: usize,
+    pub cols: usize,
+    pub coding: Coding,
+    /// Host: codes, histograms and table.
+    pub plan_s: f64,
+    /// GPU: upload of the BF16 matrix, then the kernels' passes and the download.
+    pub upload_s: f64,
+    pub gpu: crate::ops::dtans_encode::EncodeTimes,
+    /// The host encoder after the same plan, if run.
+    pub cpu_s: Option<f64>,
+    /// Whether the GPU's tensor equals the host encoder's (if run), array for array.
+    pub identical: Option<bool>,
+    pub bits_per_weight: f64,
+}
+
+/// Times coding layer 0 of the synthetic model `c` (qkv, o, gate_up, down as served) with the
+/// codings of `plan`: the host's plan, the GPU encode and, with `cpu`, the host encoder on the
+/// same plan, checked byte for byte against the GPU's.
+pub fn time_layer_encode(
+    dev: &GpuDevice,
+    c: &ModelConfig,
+    seed: u64,
+    plan: &CodingPlan,
+    cpu: bool,
+) -> Result<Vec<EncodeTiming>> {
+    use std::time::Instant;
+    let codec = |e: entrollm_codec::CodecError| GpuError::invalid(OP, e.to_string());
+    let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let hl = host_layer(&tensors(c), seed)?;
+    let mats: [(&'static str, &[u16], usize, usize); 4] = [
+        ("self_attn.q_proj", &hl.qkv, q + 2 * kv, h),
+        ("self_attn.o_proj", &hl.o, h, q),
+        ("mlp.gate_proj", &hl.gate_up, 2 * inter, h),
+        ("mlp.down_proj", &hl.down, h, inter),
+    ];
+    let mut out = Vec::new();
+    for (name, bits, rows, cols) in mats {
+        let coding = plan
+            .coding_for(&format!("model.layers.0.{name}.weight"))
+            .ok_or_else(|| GpuError::invalid(OP, format!("the plan gives {name} no coding")))?;
+        check_coding(Payload::Bf16, &coding)?;
+        let t0 = Instant::now();
+        let codes = crate::ops::dtans_encode::bf16_codes(bits);
+        let p = EncodePlan::new(Payload::Bf16, rows, cols, &codes, coding).map_err(codec)?;
+        let plan_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let w = dev
+            .stream()
+            .clone_htod(bits)
+            .while_(|| format!("uploading {name}"))?;
+        dev.synchronize()?;
+        let upload_s = t1.elapsed().as_secs_f64();
+        let (gt, times) = crate::ops::dtans_encode::encode_bf16(dev, &w, &p)?;
+        drop(w);
+        let (cpu_s, identical) = if cpu {
+            let raw: Vec<u8> = bits
+                .par_iter()
+                .map(|&b| Payload::Bf16.split16(b).1)
+                .collect();
+            let t2 = Instant::now();
+            let ct = DtansTensor::encode_planned(&p, &codes, &raw).map_err(codec)?;
+            (Some(t2.elapsed().as_secs_f64()), Some(ct == gt))
+        } else {
+            (None, None)
+        };
+        out.push(EncodeTiming {
+            name,
+            rows,
+            cols,
+            coding,
+            plan_s,
+            upload_s,
+            gpu: times,
+            cpu_s,
+            identical,
+            bits_per_weight: gt.bits_per_weight(),
+        });
+    }
+    Ok(out)
 }
 
 /// Free and total device memory.
@@ -265,8 +386,9 @@ impl GpuModel {
         c: &ModelConfig,
         seed: u64,
         plan: &CodingPlan,
+        encoder: Encoder,
     ) -> Result<Self> {
-        build(dev, c, seed, Some(plan))
+        build(dev, c, seed, Some((plan, encoder)))
     }
 }
 
@@ -274,8 +396,13 @@ fn build(
     dev: &GpuDevice,
     c: &ModelConfig,
     seed: u64,
-    plan: Option<&CodingPlan>,
+    plan: Option<(&CodingPlan, Encoder)>,
 ) -> Result<GpuModel> {
+    let gpu = match plan {
+        Some((_, Encoder::Gpu)) => Some(dev),
+        _ => None,
+    };
+    let plan = plan.map(|(p, _)| p);
     crate::engine::check_supported(c)?;
     let ts = tensors(c);
     let (h, q, kv, inter, vocab) = (
@@ -342,7 +469,7 @@ fn build(
     let make = |bits: &[u16], rows: usize, cols: usize, name: &str| -> Result<GpuLinear> {
         match (&scratch, plan) {
             (Some(sc), Some(_)) => {
-                let t = code_bf16(bits, rows, cols, coding_of(name))
+                let t = code_bf16(bits, rows, cols, coding_of(name), gpu)
                     .map_err(|e| GpuError::invalid(OP, format!("coding {name}: {e}")))?;
                 let g = GpuDtans::upload(dev, &t, &Dequant::None)?;
                 GpuLinear::coded(g, Arc::clone(sc))
@@ -486,7 +613,7 @@ pub fn served_weights(
             let d = entrollm_model::DenseBf16::new(name, rows, cols, bits).map_err(bad)?;
             return Ok(Arc::new(d));
         }
-        let t = code_bf16(&bits, rows, cols, plan.coding_for(name))?;
+        let t = code_bf16(&bits, rows, cols, plan.coding_for(name), None)?;
         Ok(Arc::new(CodedLinear::new(t, None).map_err(bad)?))
     };
     let norm = |name: &str| -> Result<Vec<f32>> { Ok(host_norm(find(&ts, name)?, seed)) };
@@ -572,7 +699,7 @@ pub fn coded_e2e_selftest(
         ("tuned", tuned_plan(&c)),
         ("auto", CodingPlan::uniform(None)),
     ] {
-        let model = GpuModel::synth_coded(dev, &c, seed, &plan)?;
+        let model = GpuModel::synth_coded(dev, &c, seed, &plan, Encoder::Gpu)?;
         let s = model.coded_summary();
         let shape = format!(
             "{label}: {} coded matrices, {:.3} bits/weight",
@@ -777,7 +904,7 @@ mod tests {
             (&hl.o, h, q, None),
             (&hl.down, h, inter, None),
         ] {
-            let t = code_bf16(bits, rows, cols, coding).unwrap();
+            let t = code_bf16(bits, rows, cols, coding, None).unwrap();
             for out in [DtansOut::Mvm, DtansOut::Dequant] {
                 dtans_config_for(Payload::Bf16, &t.coding, rows, cols, None, out).unwrap();
             }

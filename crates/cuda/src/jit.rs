@@ -256,6 +256,7 @@ pub fn all_variants() -> Vec<KernelVariant> {
     );
     v.extend(crate::ops::forward::all_variants());
     v.extend(crate::ops::dtans::builtin_variants());
+    v.push(crate::ops::dtans_encode::variant());
     v
 }
 

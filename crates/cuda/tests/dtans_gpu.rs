@@ -218,3 +218,113 @@ fn serve_precompile_cubins() {
     println!("{} variants cached in {}", variants.len(), dir.display());
     assert!(failed.is_empty(), "{failed:#?}");
 }
+
+/// GPU encoder against the CPU encoder, byte for byte, and the CPU decoder on its output
+/// (`ops::dtans_encode::selftest`); prints one line per coding group and any failure.
+#[test]
+#[ignore = "needs a GPU"]
+fn dtans_encode_gpu_selftest() {
+    let dev = open();
+    let seed = std::env::var("SELFTEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0xE2C0);
+    let t = std::time::Instant::now();
+    match entrollm_cuda::ops::dtans_encode::selftest(&dev, seed) {
+        Ok(r) => {
+            let both = r
+                .cases
+                .iter()
+                .filter(|c| c.shape.contains("rejected"))
+                .count();
+            println!(
+                "dtans_encode selftest: {} cases byte-identical to the CPU encoder and decoded \
+                 exactly ({both} of them codings both encoders reject), {:.1} s",
+                r.cases.len(),
+                t.elapsed().as_secs_f64()
+            );
+            for c in r.cases.iter().step_by(37) {
+                println!("  ok {}", c.shape);
+            }
+        }
+        Err(e) => {
+            let s = e.to_string();
+            let fails: Vec<&str> = s.lines().filter(|l| l.contains("FAIL")).collect();
+            panic!(
+                "{} failing cases, first:\n{}",
+                fails.len(),
+                fails[..fails.len().min(40)].join("\n")
+            );
+        }
+    }
+}
+
+/// Encode time of one decoder layer of the synthetic `ENC_MODELS` (default llama-3.1-8b,
+/// llama-3.3-70b) with the codings of `ENC_PLAN` (default bench/plans/single-m8.json): host plan,
+/// GPU encode and, unless `ENC_CPU=0`, the host encoder on the same plan, byte-compared.
+#[test]
+#[ignore = "needs a GPU"]
+fn dtans_encode_gpu_timing() {
+    use entrollm_cuda::engine_coded::time_layer_encode;
+    use entrollm_model::coding_plan::CodingPlan;
+    use entrollm_model::synth::SynthShape;
+    let dev = open();
+    let plan_file = std::env::var("ENC_PLAN").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../bench/plans/single-m8.json"
+        )
+        .into()
+    });
+    let plan = CodingPlan::from_file(std::path::Path::new(&plan_file), None).expect("plan file");
+    let cpu = std::env::var("ENC_CPU").map_or(true, |v| v != "0");
+    let models =
+        std::env::var("ENC_MODELS").unwrap_or_else(|_| "llama-3.1-8b,llama-3.3-70b".into());
+    let mut bad = 0;
+    for name in models.split(',') {
+        let c = SynthShape::parse(name)
+            .expect("a synthetic shape name")
+            .config();
+        let rows = time_layer_encode(&dev, &c, 0, &plan, cpu).expect("layer encode");
+        let (mut plan_s, mut up_s, mut gpu_s, mut dl_s, mut cpu_s) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for r in &rows {
+            let g = r.gpu.lanes_s + r.gpu.streams_s;
+            println!(
+                "{name} {:<17} {:>6}x{:<6} {:<16} {:.3} b/w  plan {:.3} s  upload {:.3} s  gpu {:.3} s (lanes+measure {:.3}, write {:.3})  download {:.3} s  cpu {}  {}",
+                r.name,
+                r.rows,
+                r.cols,
+                r.coding.to_string(),
+                r.bits_per_weight,
+                r.plan_s,
+                r.upload_s,
+                g,
+                r.gpu.lanes_s,
+                r.gpu.streams_s,
+                r.gpu.download_s,
+                r.cpu_s.map_or("-".into(), |s| format!("{s:.3} s")),
+                match r.identical {
+                    Some(true) => "IDENTICAL",
+                    Some(false) => "DIFFERS",
+                    None => "",
+                }
+            );
+            bad += (r.identical == Some(false)) as usize;
+            plan_s += r.plan_s;
+            up_s += r.upload_s;
+            gpu_s += g;
+            dl_s += r.gpu.download_s;
+            cpu_s += r.cpu_s.unwrap_or(0.0);
+        }
+        let layers = c.num_layers as f64;
+        println!(
+            "{name} per layer: plan {plan_s:.3} s + upload {up_s:.3} s + gpu {gpu_s:.3} s + download {dl_s:.3} s = {:.3} s (gpu path) vs plan + cpu {:.3} s; whole model ({} layers, lm_head excluded): gpu path {:.1} s, cpu {:.1} s",
+            plan_s + up_s + gpu_s + dl_s,
+            plan_s + cpu_s,
+            c.num_layers,
+            layers * (plan_s + up_s + gpu_s + dl_s),
+            layers * (plan_s + cpu_s)
+        );
+    }
+    assert_eq!(bad, 0, "GPU-encoded tensors differ from the CPU encoder's");
+}

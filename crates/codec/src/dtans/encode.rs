@@ -5,17 +5,88 @@ use super::*;
 use crate::histogram::{byte_histogram, top_t};
 use rayon::prelude::*;
 
+/// The host's choices for coding one tensor, made from its code histogram: which codes are kept,
+/// the padding code and the table. The per-weight coding follows them, on the CPU
+/// ([`DtansTensor::encode_planned`]) or on the GPU (entrollm-cuda's `dtans_encode`), with
+/// identical output.
+pub struct EncodePlan {
+    pub payload: Payload,
+    pub coding: Coding,
+    pub geometry: Geometry,
+    pub table: SymbolTable,
+    /// Code → the code coded in its place (itself, or the zero code for escaped codes).
+    pub coded_as: [u8; 256],
+    pub escaped: [bool; 256],
+    /// The code of padding positions (the most frequent kept code).
+    pub pad: u8,
+    enc: EncoderTable,
+}
+
+impl EncodePlan {
+    /// Chooses the kept codes and builds the table for the row-major [rows × cols] `codes`.
+    pub fn new(
+        payload: Payload,
+        rows: usize,
+        cols: usize,
+        codes: &[u8],
+        coding: Coding,
+    ) -> Result<EncodePlan> {
+        let g = Geometry::new(payload, &coding, rows, cols)?;
+        if codes.len() != rows * cols {
+            return Err(CodecError::Shape(format!(
+                "{rows}×{cols} {payload:?} needs {} codes, got {}",
+                rows * cols,
+                codes.len()
+            )));
+        }
+        let hist = byte_histogram(codes);
+        if let Some(c) = (payload.alphabet()..256).find(|&c| hist[c] > 0) {
+            return Err(CodecError::Shape(format!(
+                "code {c} does not fit the {}-bit {payload:?} payload",
+                payload.code_bits()
+            )));
+        }
+        let (coded_as, escaped, pad) = choose_values(payload, &hist, coding.t);
+        let key_bits = coding.key_bits(payload);
+        let keys = tuple_histogram(&g, payload, codes, &hist, &coded_as, pad, key_bits);
+        let table = SymbolTable::build(&keys, coding.log2_m)?;
+        let enc = table.encoder(key_bits);
+        Ok(EncodePlan {
+            payload,
+            coding,
+            geometry: g,
+            table,
+            coded_as,
+            escaped,
+            pad,
+            enc,
+        })
+    }
+
+    /// Per packed key (2^key_bits entries): its symbol's first slot (bits 0..16) and slot count
+    /// (16..24), or 0 for a key without a symbol (it never occurs).
+    pub fn key_slots(&self) -> Vec<u32> {
+        self.enc
+            .key_to_symbol
+            .iter()
+            .map(|&s| match s {
+                u16::MAX => 0,
+                s => self.enc.start[s as usize] as u32 | self.enc.count[s as usize] << 16,
+            })
+            .collect()
+    }
+}
+
 /// What every tile's encoder shares.
 struct Shared<'a> {
     payload: Payload,
     g: Geometry,
     codes: &'a [u8],
     raw: &'a [u8],
-    /// Code → the code coded in its place (itself, or the zero code for escaped codes).
     coded_as: [u8; 256],
     escaped: [bool; 256],
     pad: u8,
-    enc: EncoderTable,
+    enc: &'a EncoderTable,
 }
 
 /// One lane's symbols and escapes for one tile.
@@ -36,37 +107,35 @@ impl DtansTensor {
         raw: &[u8],
         coding: Coding,
     ) -> Result<DtansTensor> {
-        let g = Geometry::new(payload, &coding, rows, cols)?;
-        let n = rows * cols;
-        if codes.len() != n || raw.len() != if payload.has_raw() { n } else { 0 } {
+        let plan = EncodePlan::new(payload, rows, cols, codes, coding)?;
+        DtansTensor::encode_planned(&plan, codes, raw)
+    }
+
+    /// Codes `codes` (and, for 16-bit floats, `raw`) as `plan` (made from these codes) says.
+    pub fn encode_planned(plan: &EncodePlan, codes: &[u8], raw: &[u8]) -> Result<DtansTensor> {
+        let (payload, g) = (plan.payload, plan.geometry);
+        let n = g.rows * g.cols;
+        let raw_n = if payload.has_raw() { n } else { 0 };
+        if codes.len() != n || raw.len() != raw_n {
             return Err(CodecError::Shape(format!(
-                "{rows}×{cols} {payload:?} needs {n} codes and {} raw bytes, got {} and {}",
-                if payload.has_raw() { n } else { 0 },
+                "{}×{} {payload:?} needs {n} codes and {raw_n} raw bytes, got {} and {}",
+                g.rows,
+                g.cols,
                 codes.len(),
                 raw.len()
             )));
         }
-        let hist = byte_histogram(codes);
-        if let Some(c) = (payload.alphabet()..256).find(|&c| hist[c] > 0) {
-            return Err(CodecError::Shape(format!(
-                "code {c} does not fit the {}-bit {payload:?} payload",
-                payload.code_bits()
-            )));
-        }
-        let (coded_as, escaped, pad) = choose_values(payload, &hist, coding.t);
-        let key_bits = coding.key_bits(payload);
-        let keys = tuple_histogram(&g, payload, codes, &hist, &coded_as, pad, key_bits);
-        let table = SymbolTable::build(&keys, coding.log2_m)?;
         let shared = Shared {
-            payload,
+            payload: plan.payload,
             g,
             codes,
             raw,
-            coded_as,
-            escaped,
-            pad,
-            enc: table.encoder(key_bits),
+            coded_as: plan.coded_as,
+            escaped: plan.escaped,
+            pad: plan.pad,
+            enc: &plan.enc,
         };
+        let (coding, rows, cols, table) = (plan.coding, g.rows, g.cols, plan.table.clone());
 
         let mut companion = vec![0u32; g.companion_len()];
         let mut raw_out = vec![0u8; g.raw_len()];

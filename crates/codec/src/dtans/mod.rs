@@ -25,6 +25,7 @@ mod encode;
 mod table;
 
 pub use choose::{choose_coding, choose_coding_and_width, default_slice_width, predict_bytes};
+pub use encode::EncodePlan;
 pub use table::{SymbolTable, MAX_SLOTS};
 
 use crate::{CodecError, Payload, Result};

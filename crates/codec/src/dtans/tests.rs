@@ -505,3 +505,50 @@ fn chosen_coding_is_the_smallest_of_its_candidates_and_round_trips() {
     assert_eq!(default_slice_width(576), 64);
     assert_eq!(default_slice_width(100), 128);
 }
+
+#[test]
+fn plan_key_slots_follow_the_table() {
+    let bytes = gaussian_bf16(100 * 300, 0.02, 11);
+    let (codes, raw) = Payload::Bf16.symbolize(&bytes).unwrap();
+    for (mode, t) in [(Mode::Single, None), (Mode::Pair, Some(12))] {
+        let coding = Coding {
+            mode,
+            log2_m: 10,
+            sc: 128,
+            t,
+        };
+        let plan = EncodePlan::new(Payload::Bf16, 100, 300, &codes, coding).unwrap();
+        let ks = plan.key_slots();
+        assert_eq!(ks.len(), 1 << coding.key_bits(Payload::Bf16));
+        let mut start = 0u32;
+        for (&s, &r) in plan.table.symbols.iter().zip(&plan.table.counts) {
+            assert_eq!(ks[s as usize], start | (r as u32) << 16);
+            start += r as u32;
+        }
+        // Every symbol owns a slot, so only keys without a symbol read 0.
+        assert_eq!(
+            ks.iter().filter(|&&k| k != 0).count(),
+            plan.table.symbols.len()
+        );
+        // The planned path is the encoder's.
+        assert_eq!(
+            DtansTensor::encode_planned(&plan, &codes, &raw).unwrap(),
+            DtansTensor::encode(Payload::Bf16, 100, 300, &codes, &raw, coding).unwrap()
+        );
+        assert!(DtansTensor::encode_planned(&plan, &codes[1..], &raw).is_err());
+        assert!(DtansTensor::encode_planned(&plan, &codes, &raw[1..]).is_err());
+    }
+    assert!(EncodePlan::new(
+        Payload::Bf16,
+        100,
+        301,
+        &codes,
+        Coding {
+            mode: Mode::Single,
+            log2_m: 8,
+            sc: 64,
+            t: None
+        }
+    )
+    .is_err());
+}

@@ -8,6 +8,7 @@
 pub mod argmax;
 pub mod attention;
 pub mod dtans;
+pub mod dtans_encode;
 pub mod elementwise;
 pub mod forward;
 pub mod gemv;

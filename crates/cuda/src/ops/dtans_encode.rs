@@ -1,0 +1,394 @@
+//! dtANS-LLM encoding of BF16 matrices on the GPU (`kernels/dtans_encode.cu`): the host makes the
+//! plan (histogram, kept codes, table: [`EncodePlan`]), the device does the per-weight work (raw
+//! bytes, escapes, every lane's backward pass) and lays out each tile's stream; the output is
+//! byte-identical to the CPU encoder's (`DtansTensor::encode`), which the selftest checks.
+//!
+//! Where time goes: the plan needs the codes' histogram on the host (one pass over the codes; a
+//! tuple histogram too in Pair mode); on the device, one pass for the lanes and two for the streams
+//! (measure, write), with one small download of the tile lengths between them for the offsets.
+
+use std::time::Instant;
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use entrollm_codec::dtans::{Coding, DtansTensor, EncodePlan, Mode, LANES};
+use entrollm_codec::Payload;
+use rayon::prelude::*;
+
+use crate::device::GpuDevice;
+use crate::error::{DriverContext, GpuError, Result};
+use crate::jit::{KernelSource, KernelVariant};
+use crate::selftest::{download, upload, CaseResult, Rng, SelftestReport};
+
+pub static DTANS_ENCODE: KernelSource = KernelSource {
+    name: "dtans_encode.cu",
+    source: include_str!("../../kernels/dtans_encode.cu"),
+};
+
+const OP: &str = "dtans encode";
+const BLOCK: u32 = 128;
+
+/// The one compiled variant (every parameter is a runtime argument).
+pub fn variant() -> KernelVariant {
+    KernelVariant::new(&DTANS_ENCODE, vec![])
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+struct EncParams {
+    w: u64,
+    key_slots: u64,
+    coded_as: u64,
+    escaped: u64,
+    companion: u64,
+    raw: u64,
+    words: u64,
+    flags: u64,
+    prologue: u64,
+    esc_count: u64,
+    tiles_out: u64,
+    lengths: u64,
+    stream: u64,
+    rows: i64,
+    cols: i64,
+    k: i32,
+    sc: i32,
+    bands: i32,
+    n_tiles: i32,
+    quartets: i32,
+    cbits: i32,
+    comp_words: i32,
+    flag_words: i32,
+    pad: i32,
+    write: i32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
+unsafe impl DeviceRepr for EncParams {}
+
+/// The codes of BF16 elements (the exponent byte), for the host's plan.
+pub fn bf16_codes(bits: &[u16]) -> Vec<u8> {
+    bits.par_iter()
+        .map(|&b| Payload::Bf16.split16(b).0)
+        .collect()
+}
+
+/// Where one GPU encode spent its time (seconds, host clock, device synchronised).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EncodeTimes {
+    /// Lanes pass and the measuring pass of the streams.
+    pub lanes_s: f64,
+    /// Offsets (host prefix sum) and the writing pass.
+    pub streams_s: f64,
+    /// Copying the coded arrays to the host.
+    pub download_s: f64,
+}
+
+/// Codes the BF16 matrix `w` (row-major [rows × cols], on the device) as `plan` (made on the host
+/// from the same matrix's codes) says; returns the coded tensor on the host, byte-identical to
+/// `DtansTensor::encode` of the same matrix and coding.
+pub fn encode_bf16(
+    dev: &GpuDevice,
+    w: &CudaSlice<u16>,
+    plan: &EncodePlan,
+) -> Result<(DtansTensor, EncodeTimes)> {
+    if plan.payload != Payload::Bf16 {
+        return Err(GpuError::invalid(
+            OP,
+            format!(
+                "GPU encoding takes BF16 matrices, not {:?} (encode on the host)",
+                plan.payload
+            ),
+        ));
+    }
+    let g = plan.geometry;
+    super::check_len(OP, "w", w, g.rows * g.cols)?;
+    let tiles = g.tiles();
+    let steps = g.quartets - 1;
+    let flag_words = steps.div_ceil(32);
+    let i32_of = |name: &str, v: usize| super::as_i32(OP, name, v);
+    let n_tiles = i32_of("tiles", tiles)?;
+    let threads = tiles
+        .checked_mul(LANES)
+        .filter(|&t| t.div_ceil(BLOCK as usize) <= i32::MAX as usize)
+        .ok_or_else(|| GpuError::invalid(OP, format!("{tiles} tiles are too many")))?;
+    let s = dev.stream();
+    let t0 = Instant::now();
+    let key_slots = upload(dev, &plan.key_slots())?;
+    let coded_as = upload(dev, &plan.coded_as)?;
+    let escaped_bytes: Vec<u8> = plan.escaped.iter().map(|&e| e as u8).collect();
+    let escaped = upload(dev, &escaped_bytes)?;
+    let alloc = |n: usize, what: &str| -> Result<CudaSlice<u32>> {
+        s.alloc_zeros::<u32>(n.max(1))
+            .while_(|| format!("allocating {n} words for the {what}"))
+    };
+    let mut companion = alloc(g.companion_len(), "companion")?;
+    let mut raw = s
+        .alloc_zeros::<u8>(g.raw_len().max(1))
+        .while_(|| "allocating the raw bytes".into())?;
+    let mut words = alloc(tiles * LANES * steps, "emitted words")?;
+    let mut flags = alloc(tiles * LANES * flag_words, "emit flags")?;
+    let mut prologue = alloc(tiles * 2 * LANES, "prologues")?;
+    let mut esc_count = alloc(tiles * LANES, "escape counts")?;
+    let mut tiles_out = alloc(2 * tiles, "tile index")?;
+    let mut lengths = alloc(tiles, "tile lengths")?;
+    let f_lanes = dev.function(&variant(), "dtans_encode_lanes")?;
+    let f_asm = dev.function(&variant(), "dtans_encode_assemble")?;
+    let mut p = EncParams {
+        w: w.device_ptr(s).0,
+        key_slots: key_slots.device_ptr(s).0,
+        coded_as: coded_as.device_ptr(s).0,
+        escaped: escaped.device_ptr(s).0,
+        companion: companion.device_ptr_mut(s).0,
+        raw: raw.device_ptr_mut(s).0,
+        words: words.device_ptr_mut(s).0,
+        flags: flags.device_ptr_mut(s).0,
+        prologue: prologue.device_ptr_mut(s).0,
+        esc_count: esc_count.device_ptr_mut(s).0,
+        tiles_out: tiles_out.device_ptr_mut(s).0,
+        lengths: lengths.device_ptr_mut(s).0,
+        stream: 0,
+        rows: g.rows as i64,
+        cols: g.cols as i64,
+        k: g.k as i32,
+        sc: g.sc as i32,
+        bands: i32_of("bands", g.bands)?,
+        n_tiles,
+        quartets: g.quartets as i32,
+        cbits: g.companion_bits_per_symbol as i32,
+        comp_words: g.companion_words as i32,
+        flag_words: flag_words as i32,
+        pad: plan.pad as i32,
+        write: 0,
+    };
+    let lc = LaunchConfig {
+        grid_dim: (threads.div_ceil(BLOCK as usize) as u32, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let launch = |f: &cudarc::driver::CudaFunction, p: &EncParams, what: &str| -> Result<()> {
+        let mut b = s.launch_builder(f);
+        b.arg(p);
+        // SAFETY: `p` matches the kernel's parameter struct; every buffer was allocated above for
+        // this geometry (w checked against rows × cols).
+        unsafe { b.launch(lc) }
+            .map(|_| ())
+            .while_(|| format!("launching {what} on {}×{}", g.rows, g.cols))
+    };
+    launch(&f_lanes, &p, "dtans_encode_lanes")?;
+    launch(&f_asm, &p, "dtans_encode_assemble (measure)")?;
+    let lens = download(dev, &lengths)?;
+    let lanes_s = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let mut index = vec![0u32; 2 * tiles];
+    let mut total = 0u64;
+    for (t, &n) in lens[..tiles].iter().enumerate() {
+        index[2 * t] = u32::try_from(total).map_err(|_| {
+            GpuError::invalid(OP, "coded stream exceeds 2^32 words; split the tensor")
+        })?;
+        total += n as u64;
+    }
+    let total = total as usize;
+    s.memcpy_htod(&index, &mut tiles_out)
+        .while_(|| "uploading tile offsets".into())?;
+    let mut stream = alloc(total, "stream")?;
+    p.stream = stream.device_ptr_mut(s).0;
+    p.write = 1;
+    launch(&f_asm, &p, "dtans_encode_assemble (write)")?;
+    dev.synchronize()?;
+    let streams_s = t1.elapsed().as_secs_f64();
+
+    let t2 = Instant::now();
+    let mut stream = download(dev, &stream)?;
+    stream.truncate(total);
+    let mut index = download(dev, &tiles_out)?;
+    index.truncate(2 * tiles);
+    let mut companion = download(dev, &companion)?;
+    companion.truncate(g.companion_len());
+    let mut raw = download(dev, &raw)?;
+    raw.truncate(g.raw_len());
+    let download_s = t2.elapsed().as_secs_f64();
+    drop((words, flags, prologue, esc_count, lengths));
+    Ok((
+        DtansTensor {
+            payload: plan.payload,
+            coding: plan.coding,
+            rows: g.rows,
+            cols: g.cols,
+            table: plan.table.clone(),
+            tiles: index,
+            stream,
+            companion,
+            raw,
+        },
+        EncodeTimes {
+            lanes_s,
+            streams_s,
+            download_s,
+        },
+    ))
+}
+
+/// Plans on the host and encodes on the GPU: `bits` is uploaded, coded, and the tensor returned.
+pub fn encode_bf16_host(
+    dev: &GpuDevice,
+    bits: &[u16],
+    rows: usize,
+    cols: usize,
+    coding: Coding,
+) -> Result<DtansTensor> {
+    let codec = |e: entrollm_codec::CodecError| GpuError::invalid(OP, e.to_string());
+    let plan =
+        EncodePlan::new(Payload::Bf16, rows, cols, &bf16_codes(bits), coding).map_err(codec)?;
+    let w = upload(dev, bits)?;
+    Ok(encode_bf16(dev, &w, &plan)?.0)
+}
+
+/// Random BF16 weights with escapes to make: mostly N(0, 0.02), some huge, tiny, zero and -0.
+fn random_bf16(rng: &mut Rng, n: usize) -> Vec<u16> {
+    (0..n)
+        .map(|i| {
+            let v = match rng.below(500) {
+                0 => 0.0,
+                1 => rng.normal() * 300.0,
+                2 => rng.normal() * 1e-9,
+                _ => rng.normal() * 0.02,
+            };
+            if i % 3001 == 5 {
+                0x8000
+            } else {
+                half::bf16::from_f32(v).to_bits()
+            }
+        })
+        .collect()
+}
+
+/// GPU-encoded arrays against the CPU encoder's, byte for byte, and the CPU decoder on the GPU's
+/// output, on fresh random BF16 matrices: ragged and regular shapes, Single and Pair, every table
+/// size, several slice widths, with and without escapes.
+pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
+    let mut rng = Rng::new(seed);
+    let mut cases = Vec::new();
+    let shapes_of = |sc: usize, extra: usize| {
+        [
+            (1, 1),
+            (31, sc - 3),
+            (33, sc + 1),
+            (64, 2 * sc),
+            (70, 3 * sc + 17),
+            (257, 640 + extra),
+        ]
+    };
+    for mode in [Mode::Single, Mode::Pair] {
+        for log2_m in [8u8, 9, 10, 12] {
+            for sc in [64u32, 256, 512, 2048] {
+                for t in [None, Some(12u16), Some(40)] {
+                    let coding = Coding {
+                        mode,
+                        log2_m,
+                        sc,
+                        t,
+                    };
+                    let extra = rng.below(sc as u64) as usize;
+                    for (rows, cols) in shapes_of(sc as usize, extra) {
+                        cases.push(case(
+                            dev,
+                            &mut Rng::new(rng.next_u64()),
+                            coding,
+                            rows,
+                            cols,
+                        )?);
+                    }
+                }
+            }
+        }
+    }
+    let report = SelftestReport {
+        device: format!("{} ({})", dev.info().name, dev.info().arch()),
+        cases,
+    };
+    if report.failures().next().is_some() {
+        return Err(GpuError::Selftest(report.to_string()));
+    }
+    Ok(report)
+}
+
+/// One shape and coding: 0 when the GPU's tensor equals the CPU's and decodes to the input; 1 when
+/// an array differs; infinity when decoding fails or differs. A coding the coder rejects for
+/// this matrix (too many distinct symbols for M) must be rejected by both.
+fn case(
+    dev: &GpuDevice,
+    rng: &mut Rng,
+    coding: Coding,
+    rows: usize,
+    cols: usize,
+) -> Result<CaseResult> {
+    let bits = random_bf16(rng, rows * cols);
+    let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let (codes, raw) = Payload::Bf16
+        .symbolize(&bytes)
+        .map_err(|e| GpuError::invalid(OP, e.to_string()))?;
+    let cpu = DtansTensor::encode(Payload::Bf16, rows, cols, &codes, &raw, coding);
+    let gpu = encode_bf16_host(dev, &bits, rows, cols, coding);
+    let (rel, note) = match (cpu, gpu) {
+        (Ok(c), Ok(g)) => {
+            let diff: Vec<&str> = [
+                ("table", c.table == g.table),
+                ("tiles", c.tiles == g.tiles),
+                ("stream", c.stream == g.stream),
+                ("companion", c.companion == g.companion),
+                ("raw", c.raw == g.raw),
+            ]
+            .iter()
+            .filter(|(_, same)| !same)
+            .map(|(n, _)| *n)
+            .collect();
+            let escapes = g
+                .tiles
+                .iter()
+                .skip(1)
+                .step_by(2)
+                .filter(|&&m| m != 0)
+                .count();
+            if !diff.is_empty() {
+                (1.0, format!("differs: {}", diff.join(",")))
+            } else {
+                match g.decode() {
+                    Ok(d) if d == bytes => (
+                        0.0,
+                        format!("{} words, {escapes} esc tiles", g.stream.len()),
+                    ),
+                    Ok(_) => (f64::INFINITY, "decodes wrong".into()),
+                    Err(e) => (f64::INFINITY, format!("decode: {e}")),
+                }
+            }
+        }
+        (Err(_), Err(_)) => (0.0, "rejected by both".into()),
+        (Ok(_), Err(e)) => (f64::INFINITY, format!("gpu failed: {e}")),
+        (Err(e), Ok(_)) => (f64::INFINITY, format!("cpu failed: {e}")),
+    };
+    Ok(CaseResult {
+        kernel: "dtans_encode".into(),
+        shape: format!("{rows}x{cols} {coding} {note}"),
+        rel_l2: rel,
+        tolerance: 0.0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_layout_matches_the_kernel() {
+        assert_eq!(std::mem::size_of::<EncParams>(), 13 * 8 + 2 * 8 + 10 * 4);
+    }
+
+    #[test]
+    fn bf16_codes_are_the_exponent_byte() {
+        assert_eq!(
+            bf16_codes(&[0x3F80, 0x8000, 0xFFFF, 0x0080]),
+            [0x7F, 0, 0xFF, 1]
+        );
+    }
+}
