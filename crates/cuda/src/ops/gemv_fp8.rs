@@ -113,6 +113,12 @@ pub fn launch_gemv_fp8(
 
 /// CPU reference: the model crate's row-scaled dense FP8 matrix, `y = diag(s) · W x`.
 pub fn gemv_fp8_ref(w: &[u8], scales: &[f32], x: &[f32], n: usize, k: usize) -> Result<Vec<f32>> {
+    if x.len() != k {
+        return Err(GpuError::invalid(
+            "gemv_fp8_ref",
+            format!("x has {} elements, the matrix {k} columns", x.len()),
+        ));
+    }
     let dense = DenseFp8::new("gemv_fp8_ref", n, k, w.to_vec())
         .map_err(|e| GpuError::invalid("gemv_fp8_ref", e.to_string()))?;
     let m = RowScaled::new("gemv_fp8_ref", Arc::new(dense), scales.to_vec())
@@ -138,8 +144,9 @@ mod tests {
     fn fp8_ref_applies_row_scales() {
         // 0x38 = 1.0, 0x40 = 2.0, 0xC0 = -2.0 in E4M3.
         let w = [0x38u8, 0x40, 0xC0, 0x38].repeat(4);
-        let x = vec![1.0f32; 16];
+        let x = vec![1.0f32; 8];
         let y = gemv_fp8_ref(&w, &[0.5, 2.0], &x, 2, 8).unwrap();
+        assert!(gemv_fp8_ref(&w, &[0.5, 2.0], &x[..7], 2, 8).is_err());
         assert_eq!(y, vec![0.5 * 4.0, 2.0 * 4.0]);
     }
 
