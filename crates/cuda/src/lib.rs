@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod bench_coded;
+pub mod bench_fp8;
 pub mod coded;
 pub mod device;
 pub mod engine;

@@ -19,7 +19,9 @@ use crate::ops::attention::{
 };
 use crate::ops::elementwise::*;
 use crate::ops::f32_to_bf16;
+use crate::ops::forward::{rmsnorm_f32w_ref, swiglu_interleaved_ref, GemvFusion};
 use crate::ops::gemv::{gemv_ref, launch_gemv, GemvConfig};
+use crate::ops::gemv_fp8::{gemv_fp8_ref, launch_gemv_fp8};
 use crate::ops::rope::{launch_rope, rope_ref, RopeLayout, RopeShape};
 
 /// SplitMix64: small, seedable, good enough for test inputs.
@@ -55,6 +57,20 @@ impl Rng {
     }
     pub fn bf16s(&mut self, n: usize, scale: f32) -> Vec<u16> {
         (0..n).map(|_| f32_to_bf16(self.normal() * scale)).collect()
+    }
+    /// Uniformly random FP8 E4M3 codes: every value of the format (subnormals, ±0, ±448), the
+    /// two NaN codes (0x7F, 0xFF) replaced by ±448.
+    pub fn fp8s(&mut self, n: usize) -> Vec<u8> {
+        let mut v: Vec<u8> = (0..n.div_ceil(8))
+            .flat_map(|_| self.next_u64().to_le_bytes())
+            .take(n)
+            .collect();
+        for b in &mut v {
+            if *b & 0x7F == 0x7F {
+                *b -= 1;
+            }
+        }
+        v
     }
 }
 
@@ -320,6 +336,63 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// Dense FP8 GEMV with row scales, optionally with RMSNorm of x and an epilogue, against the
+    /// model crate's `RowScaled(DenseFp8)` matvec.
+    fn gemv_fp8(
+        &mut self,
+        cfg: GemvConfig,
+        fusion: GemvFusion,
+        norm: bool,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        let w = self.rng.fp8s(n * k);
+        let scales: Vec<f32> = (0..n)
+            .map(|_| 1e-2 * (0.5 + self.rng.unit() as f32))
+            .collect();
+        let x = self.rng.normals(k, 1.0);
+        let g: Vec<f32> = (0..k).map(|_| 1.0 + 0.1 * self.rng.normal()).collect();
+        let y0 = self.rng.normals(n, 1.0);
+        let (w_d, s_d, x_d, g_d) = (
+            upload(self.dev, &w)?,
+            upload(self.dev, &scales)?,
+            upload(self.dev, &x)?,
+            upload(self.dev, &g)?,
+        );
+        let out_len = if fusion.swiglu { n / 2 } else { n };
+        let mut y = if fusion.accumulate {
+            upload(self.dev, &y0)?
+        } else {
+            poisoned(self.dev, out_len)?
+        };
+        let eps = 1e-5;
+        let norm_arg = norm.then_some((&g_d, eps));
+        launch_gemv_fp8(
+            self.dev, cfg, fusion, &w_d, &s_d, &x_d, norm_arg, &mut y, n, k,
+        )?;
+        let got = download(self.dev, &y)?;
+        let xin = if norm {
+            rmsnorm_f32w_ref(&x, &g, eps)
+        } else {
+            x
+        };
+        let mut want = gemv_fp8_ref(&w, &scales, &xin, n, k)?;
+        if fusion.accumulate {
+            want.iter_mut().zip(&y0).for_each(|(w, a)| *w += a);
+        }
+        if fusion.swiglu {
+            want = swiglu_interleaved_ref(&want);
+        }
+        let label = format!(
+            "{cfg} [{n}, {k}]{}{}{}",
+            if norm { " norm" } else { "" },
+            if fusion.accumulate { " +=" } else { "" },
+            if fusion.swiglu { " swiglu" } else { "" }
+        );
+        self.record("gemv_fp8", label, &got[..out_len], &want, 1e-5);
+        Ok(())
+    }
+
     fn attention(
         &mut self,
         cfg: AttnConfig,
@@ -505,6 +578,64 @@ impl Checker<'_> {
     }
 }
 
+/// The dense FP8 GEMV cases: every candidate configuration over ragged and Llama-8B shapes, then
+/// the fused forms (RMSNorm, residual add, SwiGLU) the decode step launches.
+fn fp8_cases(c: &mut Checker) -> Result<()> {
+    let plain = GemvFusion::default();
+    for cfg in GemvConfig::CANDIDATES {
+        for &(n, k) in &[(1, 16), (3, 32), (37, 528), (129, 4112), (1000, 2048)] {
+            c.gemv_fp8(cfg, plain, false, n, k)?;
+        }
+    }
+    let accum = GemvFusion {
+        accumulate: true,
+        swiglu: false,
+    };
+    let swiglu = GemvFusion {
+        accumulate: false,
+        swiglu: true,
+    };
+    // The Llama-8B launches with the configurations and fusions the decode step would use.
+    for &(n, k, norm, fusion) in &[
+        (4096, 4096, false, plain),
+        (4096, 4096, true, plain),
+        (4096, 4096, false, accum),
+        (4096, 4096, true, swiglu),
+        (6144, 4096, true, plain),
+        (4096, 14_336, false, accum),
+        (28_672, 4096, true, swiglu),
+    ] {
+        let cfg = crate::ops::gemv_fp8::gemv_fp8_config_for(n, k);
+        c.gemv_fp8(cfg, fusion, norm, n, k)?;
+    }
+    for cfg in GemvConfig::CANDIDATES {
+        c.gemv_fp8(cfg, accum, false, 77, 1040)?;
+        if cfg.rows % 2 == 0 {
+            c.gemv_fp8(cfg, swiglu, true, 258, 1040)?;
+        }
+        c.gemv_fp8(cfg, plain, true, 33, 272)?;
+    }
+    Ok(())
+}
+
+/// Only the dense FP8 GEMV cases (`fp8_cases`), with inputs drawn from `seed`.
+pub fn run_fp8_selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
+    let mut c = Checker {
+        dev,
+        rng: Rng::new(seed),
+        cases: Vec::new(),
+    };
+    fp8_cases(&mut c)?;
+    let report = SelftestReport {
+        device: format!("{} ({})", dev.info().name, dev.info().arch()),
+        cases: c.cases,
+    };
+    if report.failures().next().is_some() {
+        return Err(GpuError::Selftest(report.to_string()));
+    }
+    Ok(report)
+}
+
 /// Runs every kernel over its shape list with inputs drawn from `seed`. Returns the report when
 /// every case passes, [`GpuError::Selftest`] with the full report otherwise.
 pub fn run_selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
@@ -562,6 +693,7 @@ pub fn run_selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
     }
     c.gemv(GemvConfig::DEFAULT, 6144, 4096)?;
     c.gemv(GemvConfig::DEFAULT, 4096, 14_336)?;
+    fp8_cases(&mut c)?;
     for cfg in AttnConfig::builtin() {
         let n_kv = if cfg.group == 1 {
             4

@@ -12,6 +12,7 @@ pub mod dtans_encode;
 pub mod elementwise;
 pub mod forward;
 pub mod gemv;
+pub mod gemv_fp8;
 pub mod rope;
 
 use cudarc::driver::CudaSlice;
