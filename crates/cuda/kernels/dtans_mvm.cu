@@ -90,6 +90,14 @@
 #define DT_BCOMP (DT_CBITS * 128)          // companion bytes of a block
 #define DT_CW (DT_CWI > 0 ? DT_CWI : 1)  // (register array size)
 #define DT_NO_DUE 0xFFFFFFFFu
+// Decode/dequant outputs are staged per warp in shared memory (row = lane) for one iteration, then
+// stored transposed (lanes = consecutive 16-byte units of a row) so that a store instruction writes
+// whole row segments instead of 32 rows' scattered 8/16-byte pieces (uncoalesced, ~0.8 TB/s).
+#define DT_ES (DT_OUT == 2 || DT_BF16 ? 2 : 1)  // bytes per output element (decode/dequant)
+#define DT_SW (DT_ICOLS * DT_ES)                // staged bytes of a row per iteration
+#define DT_SU (DT_SW < 16 ? DT_SW : 16)         // bytes per transposed store
+#define DT_SPW ((DT_SW + DT_SU) / 4)            // words per staged row (one unit of padding: fewer bank conflicts)
+#define DT_STAGE (DT_OUT == 0 ? 0 : 32 * DT_SPW)  // staging words per warp
 
 static_assert(DT_K == 1 || DT_K == 2, "DT_K must be 1 (Single) or 2 (Pair)");
 static_assert(DT_LOG2M == 8 || DT_LOG2M == 9 || DT_LOG2M == 10 || DT_LOG2M == 12, "DT_LOG2M must be 8, 9, 10 or 12");
@@ -239,6 +247,66 @@ __device__ __forceinline__ u32 dt_code_value(const DtMat& m, u32 c) {
 #endif
 }
 
+#if DT_OUT != 0
+// Stages quartet `u` of this iteration (4·k output elements of the lane's row, DT_ES bytes each).
+__device__ __forceinline__ void dt_stage_quartet(u32* st, int lane, int u, const u32 (&h)[4 * DT_K]) {
+    u32* d = st + lane * DT_SPW + u * (4 * DT_K * DT_ES / 4);
+#if DT_ES == 2
+    if (DT_K == 2)
+        *(uint4*)d = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4 % (4 * DT_K)] | h[5 % (4 * DT_K)] << 16,
+                                h[6 % (4 * DT_K)] | h[7 % (4 * DT_K)] << 16);
+    else
+        *(uint2*)d = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
+#else
+    const u32 w0 = h[0] | h[1] << 8 | h[2] << 16 | h[3] << 24;
+    if (DT_K == 2)
+        *(uint2*)d = make_uint2(w0, h[4 % (4 * DT_K)] | h[5 % (4 * DT_K)] << 8 | h[6 % (4 * DT_K)] << 16 |
+                                        h[7 % (4 * DT_K)] << 24);
+    else
+        *d = w0;
+#endif
+}
+
+// Stores the staged iteration (32 rows × DT_ICOLS columns from column c0) transposed: lane i takes
+// 16-byte unit i mod units-per-row of row i / units-per-row, so consecutive lanes write consecutive
+// bytes of a row. Rows past the matrix and columns past `cols` are skipped; rows whose start is not
+// unit-aligned (cols·DT_ES not a multiple of the unit) and the ragged end go element by element.
+// The barriers order the staging against these reads and the next iteration's staging.
+__device__ __forceinline__ void dt_flush(const u32* st, int lane, void* out, int row0, int rows, int cols, int c0) {
+    constexpr int UPR = DT_SW / DT_SU;  // units per row
+    constexpr int EPU = DT_SU / DT_ES;  // elements per unit
+    __syncwarp();
+#pragma unroll 1
+    for (int t = 0; t < UPR; ++t) {
+        const int i = lane + 32 * t;
+        const int r = i / UPR, j = i % UPR;
+        const u32* sp = st + r * DT_SPW + j * (DT_SU / 4);
+        const int row = row0 + r, c = c0 + j * EPU;
+        if (row >= rows || c >= cols) continue;
+        unsigned char* dst = (unsigned char*)out + ((size_t)row * cols + c) * DT_ES;
+        if ((cols * DT_ES) % DT_SU == 0 && c + EPU <= cols) {
+            if (DT_SU == 16)
+                *(uint4*)dst = *(const uint4*)sp;
+            else if (DT_SU == 8)
+                *(uint2*)dst = *(const uint2*)sp;
+            else
+                *(u32*)dst = *sp;
+        } else {
+            const unsigned char* sb = (const unsigned char*)sp;
+#pragma unroll
+            for (int e = 0; e < EPU; ++e)
+                if (c + e < cols) {
+                    if (DT_ES == 2)
+                        ((bf16_t*)dst)[e] = ((const bf16_t*)sb)[e];
+                    else
+                        dst[e] = sb[e];
+                }
+        }
+    }
+    __syncwarp();
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kernel(const DtParams p) {
     extern __shared__ uint4 dt_smem[];
     uint4* tab = dt_smem;
@@ -246,6 +314,8 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
     float* xg = xs + (DT_OUT == 0 ? DT_SC : 0);  // activation sums per group (mvm with groups)
     constexpr int XG = DT_OUT == 0 ? ((DT_GS ? DT_SC / DT_GS : 1) + 3) / 4 * 4 : 0;
     u32* bufs = (u32*)(xg + XG);
+    u32* stage = bufs + DT_WARPS * 512 + (threadIdx.x >> 5) * DT_STAGE;  // this warp's (decode/dequant)
+    (void)stage;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int mi = 0;
@@ -449,62 +519,31 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
 #endif
 #else
             {
-                const int cq = col0 + q * 4 * DT_K;
-                if (row < m.rows) {
+                // The quartet's outputs: code bytes, bf16 elements, or dequantised weights as bf16.
+                u32 h[4 * DT_K];
+#pragma unroll
+                for (int c = 0; c < 4 * DT_K; ++c) {
 #if DT_OUT == 1 && !DT_BF16
-                    unsigned char* out = (unsigned char*)m.out + (size_t)row * p.cols + cq;
-                    if ((p.cols % (4 * DT_K)) == 0 && cq + 4 * DT_K <= p.cols) {
-                        u32 w0 = v[0] | v[1] << 8 | v[2] << 16 | v[3] << 24;
-                        if (DT_K == 2) {
-                            const u32 w1 = v[4 % (4 * DT_K)] | v[5 % (4 * DT_K)] << 8 | v[6 % (4 * DT_K)] << 16 |
-                                           v[7 % (4 * DT_K)] << 24;
-                            *(uint2*)out = make_uint2(w0, w1);
-                        } else {
-                            *(u32*)out = w0;
-                        }
-                    } else {
-#pragma unroll
-                        for (int c = 0; c < 4 * DT_K; ++c)
-                            if (cq + c < p.cols) out[c] = (unsigned char)v[c];
-                    }
+                    h[c] = v[c] & 0xFFu;
+#elif DT_BF16
+                    h[c] = v[c] >> 16;
 #else
-                    // 16-bit outputs: the bf16 element, or the dequantised weight as bf16.
-                    u32 h[4 * DT_K];
-#pragma unroll
-                    for (int c = 0; c < 4 * DT_K; ++c) {
-#if DT_BF16
-                        h[c] = v[c] >> 16;
-#else
-                        float s = 1.0f, mn = 0.0f;
+                    float s = 1.0f, mn = 0.0f;
 #if DT_GS
-                        {
-                            const int gl = DT_GS <= DT_ICOLS ? (u * 4 * DT_K + c) / DT_GS : 0;
-                            s = gs[gl];
-                            mn = gm[gl];
-                        }
+                    {
+                        const int gl = DT_GS <= DT_ICOLS ? (u * 4 * DT_K + c) / DT_GS : 0;
+                        s = gs[gl];
+                        mn = gm[gl];
+                    }
 #else
-                        s = ss;
-                        mn = sm;
+                    s = ss;
+                    mn = sm;
 #endif
-                        h[c] = p.group != 0 || DT_GS ? f32_to_bf16(__fadd_rn(__fmul_rn(s, __fsub_rn(__uint_as_float(v[c]), m.offset)), mn))
-                                                     : f32_to_bf16(__uint_as_float(v[c]));
-#endif
-                    }
-                    bf16_t* out = (bf16_t*)m.out + (size_t)row * p.cols + cq;
-                    if ((p.cols % (4 * DT_K)) == 0 && cq + 4 * DT_K <= p.cols) {
-                        if (DT_K == 2)
-                            *(uint4*)out = make_uint4(h[0] | h[1 % (4 * DT_K)] << 16, h[2] | h[3] << 16,
-                                                      h[4 % (4 * DT_K)] | h[5 % (4 * DT_K)] << 16,
-                                                      h[6 % (4 * DT_K)] | h[7 % (4 * DT_K)] << 16);
-                        else
-                            *(uint2*)out = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
-                    } else {
-#pragma unroll
-                        for (int c = 0; c < 4 * DT_K; ++c)
-                            if (cq + c < p.cols) out[c] = (bf16_t)h[c];
-                    }
+                    h[c] = p.group != 0 || DT_GS ? f32_to_bf16(__fadd_rn(__fmul_rn(s, __fsub_rn(__uint_as_float(v[c]), m.offset)), mn))
+                                                 : f32_to_bf16(__uint_as_float(v[c]));
 #endif
                 }
+                dt_stage_quartet(stage, lane, u, h);
             }
 #endif
 #if DT_BF16
@@ -527,12 +566,17 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
                 x = need ? lo : hi;
             }
         }
+#if DT_OUT != 0
+        dt_flush(stage, lane, m.out, band * 32, m.rows, p.cols, col0 + it * DT_ICOLS);
+#endif
     }
 
 #if DT_OUT == 0
     accq += accq2;
 #endif
-    // Escape rounds: each lane with records reads one per round until its last.
+    // Escape rounds: each lane with records reads one per round until its last. Decode/dequant
+    // write escapes straight to global memory: the last flush's closing __syncwarp orders the
+    // transposed stores (other lanes, same addresses) before them.
     bool act = (m.tiles[2 * tile + 1] >> lane) & 1u;
     u32 step = DT_Q - 1;
     int last_col = -1;

@@ -17,7 +17,8 @@
 //! position and length. [`DecodeOptions`] can also fuse the layers' norms into their GEMVs and
 //! merge attention in one launch (both measured slower or even on the H200).
 //!
-//! Prefill (chunks of up to [`PREFILL_CHUNK`] tokens): embedding → per layer RMSNorm (BF16 out) →
+//! Prefill (chunks of up to [`PREFILL_CHUNK`] tokens, [`CODED_PREFILL_CHUNK`] for coded models
+//! where memory allows): embedding → per layer RMSNorm (BF16 out) →
 //! q/k/v GEMM → RoPE + KV append → causal flash attention (tensor cores) → o GEMM accumulating into
 //! the residual → RMSNorm → gate/up GEMM → SwiGLU (BF16 out) → down GEMM accumulating; then the last
 //! token's final norm and LM head as in decode.
@@ -49,6 +50,14 @@ use crate::ops::rope::RopeLayout;
 /// Most prompt tokens one prefill pass processes; longer prompts run in chunks (each attends to
 /// the cache written by the earlier ones). Bounds the activation workspace.
 pub const PREFILL_CHUNK: usize = 2048;
+
+/// Prefill chunk of a model with coded matrices: every chunk dequantises each coded matrix again,
+/// so prompts up to this length dequantise once; used when its buffers fit in free device memory
+/// beside [`PREFILL_RESERVE`] (else [`PREFILL_CHUNK`]).
+pub const CODED_PREFILL_CHUNK: usize = 8192;
+
+/// Device memory a longer coded prefill chunk must leave free (graphs, cuBLASLt, the allocator).
+pub const PREFILL_RESERVE: usize = 1 << 30;
 
 /// One decoder layer on the device.
 pub struct GpuLayer {
@@ -825,7 +834,16 @@ impl GpuEngine {
             argmax: ArgmaxScratch::new(&dev, 1024)?,
             attn_scratch: AttnScratch::new(&dev, attn_cfg, c.num_heads, max_seq)?,
         };
-        let cap = PREFILL_CHUNK.min(max_seq);
+        // Bytes per token of the prefill buffers below.
+        let per_token = 4 + 4 * (h + width + 2 * inter) + 2 * (h + 2 * qd + inter);
+        let mut cap = PREFILL_CHUNK.min(max_seq);
+        if model.coded_scratch.is_some() && max_seq > cap {
+            let (free, _) = crate::engine_coded::free_memory(&dev)?;
+            let want = CODED_PREFILL_CHUNK.min(max_seq);
+            if per_token * want + PREFILL_RESERVE <= free {
+                cap = want;
+            }
+        }
         let prefill = PrefillBufs {
             cap,
             tokens: ai(cap)?,

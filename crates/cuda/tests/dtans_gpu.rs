@@ -174,6 +174,67 @@ fn dtans_gpu_cold_timing() {
     assert_eq!(failures, 0, "{failures} coded launches gave wrong results");
 }
 
+/// Per-launch `dequant` (BF16 materialisation for prefill GEMMs) on the five Llama-3.1-8B shapes,
+/// cold cache, with the engine's launch configuration: the compact plan's Single coding
+/// (bench/plans/single-m8.json) and the tuned Pair coding of each shape. TB/s counts the coded
+/// bytes read and the BF16 bytes written; each result is checked bit-exact against the CPU
+/// decoder. DTANS_SHAPES limits the shapes (comma-separated names).
+#[test]
+#[ignore = "needs a GPU"]
+fn dtans_gpu_dequant_timing() {
+    use entrollm_cuda::engine_coded::COMPACT_PLAN_JSON;
+    use entrollm_cuda::linear::dtans_config_for;
+    use entrollm_cuda::ops::dtans::DtansOut;
+    use entrollm_model::coding_plan::{CodingPlan, Launch};
+    let dev = open();
+    let plan = CodingPlan::from_json(COMPACT_PLAN_JSON, None).expect("the compact plan");
+    let only: Option<Vec<String>> = std::env::var("DTANS_SHAPES")
+        .ok()
+        .map(|s| s.split(',').map(|v| v.to_string()).collect());
+    let mut failures = 0usize;
+    println!("| launch | shape | coding | launch cfg | b/w | µs | TB/s read+written | bit-exact |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (i, &(name, n, k)) in LLAMA8B_GEMV_SHAPES.iter().enumerate() {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
+            continue;
+        }
+        let launch = Launch::from_name(name).expect("a plan launch name");
+        let single = plan
+            .launches
+            .get(&launch)
+            .copied()
+            .flatten()
+            .or(plan.default)
+            .expect("the plan codes every launch");
+        let pair = entrollm_cuda::bench_coded::bf16_coding_for(n, k).0;
+        for coding in [single, pair] {
+            let cfg = dtans_config_for(
+                entrollm_codec::Payload::Bf16,
+                &coding,
+                n,
+                k,
+                None,
+                DtansOut::Dequant,
+            )
+            .expect("a dequant launch");
+            let mut cb = CodedBench::new(&dev, n, k, coding, 7 + i as u64).expect("coded setup");
+            let (us, exact) = cb.time_dequant(cfg).expect("dequant timing");
+            println!(
+                "| {name} | {n}×{k} | {coding} | {cfg} | {:.3} | {us:.2} | {:.2} | {exact} |",
+                cb.tensor.bits_per_weight(),
+                (2 * n * k + cb.tensor.stored_bytes()) as f64 / (us * 1e-6) / 1e12
+            );
+            if !exact {
+                failures += 1;
+            }
+        }
+    }
+    assert_eq!(
+        failures, 0,
+        "{failures} dequant launches were not bit-exact"
+    );
+}
+
 /// Fills a cubin cache with every built-in kernel variant for `DTANS_PRECOMPILE_ARCH` (default
 /// sm_90), with NVRTC alone, in parallel: `ENTROLLM_CACHE=DIR` then lets a GPU run skip the JIT.
 #[test]

@@ -187,17 +187,28 @@ impl DtansKind {
         )
     }
 
-    /// Dynamic shared memory of a launch: table, activation slice and group sums (mvm), and two
-    /// 1 KiB chunk buffers per warp.
+    /// Dynamic shared memory of a launch: table, activation slice and group sums (mvm), two 1 KiB
+    /// chunk buffers per warp, and (decode/dequant) a warp's staged outputs of one iteration: 32
+    /// rows of `DT_SW` bytes plus one store unit of padding (the kernel's `DT_STAGE`).
     pub fn shared_bytes(&self, cfg: DtansConfig, out: DtansOut) -> usize {
         let table = (16usize << self.log2_m) * cfg.table_copies(self.log2_m) as usize;
-        let act = if out == DtansOut::Mvm {
-            let groups = self.sc.checked_div(self.small_group).unwrap_or(1) as usize;
-            4 * self.sc as usize + 4 * groups.div_ceil(4) * 4
-        } else {
-            0
+        let uq = if cfg.unroll == 0 { 8 } else { cfg.unroll } as usize;
+        let (act, stage) = match out {
+            DtansOut::Mvm => {
+                let groups = self.sc.checked_div(self.small_group).unwrap_or(1) as usize;
+                (4 * self.sc as usize + 4 * groups.div_ceil(4) * 4, 0)
+            }
+            DtansOut::Decode | DtansOut::Dequant => {
+                let es = if out == DtansOut::Dequant || self.bf16 {
+                    2
+                } else {
+                    1
+                };
+                let row = 4 * self.k as usize * uq * es;
+                (0, 32 * (row + row.min(16)))
+            }
         };
-        table + act + 2048 * cfg.warps as usize
+        table + act + (2048 + stage) * cfg.warps as usize
     }
 }
 
@@ -573,6 +584,9 @@ pub fn builtin_variants() -> Vec<KernelVariant> {
     let all = [DtansOut::Mvm, DtansOut::Decode, DtansOut::Dequant];
     for kind in selftest_kinds() {
         add(kind, DtansConfig::DEFAULT, &all);
+        for cfg in selftest_store_configs(&kind) {
+            add(kind, cfg, &[DtansOut::Decode, DtansOut::Dequant]);
+        }
         for cfg in selftest_mvm_configs(&kind) {
             add(kind, cfg, &[DtansOut::Mvm]);
         }
@@ -646,6 +660,24 @@ fn selftest_mvm_configs(kind: &DtansKind) -> Vec<DtansConfig> {
     } else {
         vec![DtansConfig::DEFAULT]
     }
+}
+
+/// Launches the selftest's decode and dequant runs with: the default (4 warps, unroll 8) and 8 warps
+/// with the smallest unroll the kind compiles for (the narrowest staged rows of the transposed
+/// stores).
+fn selftest_store_configs(kind: &DtansKind) -> Vec<DtansConfig> {
+    let mut v = vec![DtansConfig::DEFAULT];
+    if let Some(cfg) = [2, 4]
+        .map(|unroll| DtansConfig {
+            unroll,
+            ..DtansConfig::warps(8)
+        })
+        .into_iter()
+        .find(|c| c.fits(kind))
+    {
+        v.push(cfg);
+    }
+    v
 }
 
 /// One selftest coding: payload, coding, dequant group (None: no dequant; usize::MAX: per row).
@@ -922,46 +954,36 @@ impl DtansChecker<'_> {
                     t.bits_per_weight()
                 )
             };
-            // decode and dequant, bit-exact, on the first matrix.
+            // decode and dequant, bit-exact, on the first matrix (outputs poisoned first).
             let (t0, g0) = (&ts[0].0, &gpu[0]);
             let want = t0
                 .decode()
                 .map_err(|e| GpuError::invalid("dtans selftest", e.to_string()))?;
-            let mut out = upload(self.dev, &vec![0xA5u8; want.len()])?;
-            launch_decode(
-                self.dev,
-                DtansConfig::DEFAULT,
-                g0,
-                &mut out,
-                Some(&mut self.err),
-            )?;
-            let got = download(self.dev, &out)?;
-            let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-            let e = self.err_word()?;
-            self.record(
-                "dtans decode".into(),
-                format!("{} err {e}", shape(t0)),
-                if e == 0 { bad as f64 } else { f64::INFINITY },
-                0.0,
-            );
-            let want = dequant_ref(t0, &dqs[0])?;
-            let mut out = upload(self.dev, &vec![0x7FC1u16; want.len()])?;
-            launch_dequant(
-                self.dev,
-                DtansConfig::DEFAULT,
-                g0,
-                &mut out,
-                Some(&mut self.err),
-            )?;
-            let got = download(self.dev, &out)?;
-            let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-            let e = self.err_word()?;
-            self.record(
-                "dtans dequant".into(),
-                format!("{} err {e}", shape(t0)),
-                if e == 0 { bad as f64 } else { f64::INFINITY },
-                0.0,
-            );
+            let want_dq = dequant_ref(t0, &dqs[0])?;
+            for cfg in selftest_store_configs(&DtansKind::of_tensor(g0)) {
+                let mut out = upload(self.dev, &vec![0xA5u8; want.len()])?;
+                launch_decode(self.dev, cfg, g0, &mut out, Some(&mut self.err))?;
+                let got = download(self.dev, &out)?;
+                let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                let e = self.err_word()?;
+                self.record(
+                    format!("dtans decode {cfg}"),
+                    format!("{} err {e}", shape(t0)),
+                    if e == 0 { bad as f64 } else { f64::INFINITY },
+                    0.0,
+                );
+                let mut out = upload(self.dev, &vec![0x7FC1u16; want_dq.len()])?;
+                launch_dequant(self.dev, cfg, g0, &mut out, Some(&mut self.err))?;
+                let got = download(self.dev, &out)?;
+                let bad = got.iter().zip(&want_dq).filter(|(a, b)| a != b).count();
+                let e = self.err_word()?;
+                self.record(
+                    format!("dtans dequant {cfg}"),
+                    format!("{} err {e}", shape(t0)),
+                    if e == 0 { bad as f64 } else { f64::INFINITY },
+                    0.0,
+                );
+            }
             // mvm of all three in one launch, with each warp count.
             let x = self.rng.normals(cols, 1.0);
             let x_d = upload(self.dev, &x)?;
@@ -1036,7 +1058,15 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
     };
     for case in selftest_cases() {
         let sc = case.sc as usize;
-        let shapes = [(70, sc * 2 + 8), (129, 3 * sc), (1, 100), (300, 4096)];
+        // Ragged: a last slice of 8 columns, rows not a multiple of 32, rows whose BF16 start is
+        // not 16-byte aligned (sc + 3: transposed stores element by element), one short row.
+        let shapes = [
+            (70, sc * 2 + 8),
+            (129, 3 * sc),
+            (45, sc + 3),
+            (1, 100),
+            (300, 4096),
+        ];
         for &(rows, cols) in &shapes {
             if let Some(g) = case.group.filter(|&g| g != usize::MAX) {
                 if g > cols
