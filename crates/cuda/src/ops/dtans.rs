@@ -584,8 +584,10 @@ pub fn builtin_variants() -> Vec<KernelVariant> {
     let all = [DtansOut::Mvm, DtansOut::Decode, DtansOut::Dequant];
     for kind in selftest_kinds() {
         add(kind, DtansConfig::DEFAULT, &all);
-        for cfg in selftest_store_configs(&kind) {
-            add(kind, cfg, &[DtansOut::Decode, DtansOut::Dequant]);
+        for grouped in [false, true] {
+            for cfg in selftest_store_configs(&kind, grouped) {
+                add(kind, cfg, &[DtansOut::Decode, DtansOut::Dequant]);
+            }
         }
         for cfg in selftest_mvm_configs(&kind) {
             add(kind, cfg, &[DtansOut::Mvm]);
@@ -664,15 +666,16 @@ fn selftest_mvm_configs(kind: &DtansKind) -> Vec<DtansConfig> {
 
 /// Launches the selftest's decode and dequant runs with: the default (4 warps, unroll 8) and 8 warps
 /// with the smallest unroll the kind compiles for (the narrowest staged rows of the transposed
-/// stores).
-fn selftest_store_configs(kind: &DtansKind) -> Vec<DtansConfig> {
+/// stores; matrices with dequant groups run at unroll 8 only).
+fn selftest_store_configs(kind: &DtansKind, grouped: bool) -> Vec<DtansConfig> {
     let mut v = vec![DtansConfig::DEFAULT];
-    if let Some(cfg) = [2, 4]
-        .map(|unroll| DtansConfig {
+    let unrolls: &[u32] = if grouped { &[8] } else { &[2, 4] };
+    if let Some(cfg) = unrolls
+        .iter()
+        .map(|&unroll| DtansConfig {
             unroll,
             ..DtansConfig::warps(8)
         })
-        .into_iter()
         .find(|c| c.fits(kind))
     {
         v.push(cfg);
@@ -960,7 +963,7 @@ impl DtansChecker<'_> {
                 .decode()
                 .map_err(|e| GpuError::invalid("dtans selftest", e.to_string()))?;
             let want_dq = dequant_ref(t0, &dqs[0])?;
-            for cfg in selftest_store_configs(&DtansKind::of_tensor(g0)) {
+            for cfg in selftest_store_configs(&DtansKind::of_tensor(g0), g0.groups.is_some()) {
                 let mut out = upload(self.dev, &vec![0xA5u8; want.len()])?;
                 launch_decode(self.dev, cfg, g0, &mut out, Some(&mut self.err))?;
                 let got = download(self.dev, &out)?;
