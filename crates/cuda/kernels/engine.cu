@@ -127,10 +127,12 @@ extern "C" __global__ void rope_append_bf16q(const float* __restrict__ qkv, cons
                            n_kv_heads, head_dim, interleaved, max_seq);
 }
 
-// End of a captured decode step: history[len[0]] = tok[0] (when record and in range), then the
-// position and the KV length advance by one, so the next replay works on the next token.
+// End of a captured decode step: history[len[0]] = tok[0] (when record and in range), zero[..n_zero]
+// cleared, then the position and the KV length advance by one, so the next replay works on the next
+// token.
 extern "C" __global__ void finish_step(const int* __restrict__ tok, int* __restrict__ history, int record,
-                                       int history_len, int* __restrict__ pos, int* __restrict__ len) {
+                                       int history_len, int* __restrict__ pos, int* __restrict__ len,
+                                       unsigned long long* __restrict__ zero, int n_zero) {
     pdl_wait();
     pdl_trigger();
     if (threadIdx.x == 0 && blockIdx.x == 0) {
@@ -139,6 +141,8 @@ extern "C" __global__ void finish_step(const int* __restrict__ tok, int* __restr
         pos[0] = pos[0] + 1;
         len[0] = l + 1;
     }
+    // The step's chained-norm accumulators, zero for the next step.
+    for (int i = threadIdx.x; i < n_zero; i += blockDim.x) zero[i] = 0ull;
 }
 
 // ---- Synthetic weights (model::synth::fill_row on the device) ----------------------------------

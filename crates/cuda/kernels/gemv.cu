@@ -74,10 +74,25 @@ __device__ __forceinline__ void rope_pair_rows(const RopeArgs& ra, int p, int& a
     }
 }
 
-__device__ __forceinline__ void rope_store(const RopeArgs& ra, int p, int a, int b, float x0, float x1) {
+// The position and the pair's (cos, sin), loaded right after pdl_wait so that their latency hides
+// behind the weight stream.
+struct RopeAt {
+    int pos;
+    float2 cs;
+};
+
+__device__ __forceinline__ RopeAt rope_at(const RopeArgs& ra, int p) {
     const int half = ra.head_dim / 2;
+    RopeAt at;
+    at.pos = __ldcg(ra.pos);  // written by the previous step's last kernel
+    const int tab = min(max(at.pos, 0), ra.max_seq - 1);
+    at.cs = ((const float2*)ra.cos_sin)[(size_t)tab * half + p % half];
+    return at;
+}
+
+__device__ __forceinline__ void rope_store(const RopeArgs& ra, RopeAt at, int a, int b, float x0, float x1) {
     const int q_dim = ra.n_q_heads * ra.head_dim, kv_dim = ra.n_kv_heads * ra.head_dim;
-    const int pos = __ldcg(ra.pos);  // written by the previous step's last kernel
+    const int pos = at.pos;
     const bool store_kv = pos >= 0 && pos < ra.max_seq;
     if (ra.bias) { x0 += ra.bias[a]; x1 += ra.bias[b]; }
     if (a >= q_dim + kv_dim) {
@@ -87,9 +102,7 @@ __device__ __forceinline__ void rope_store(const RopeArgs& ra, int p, int a, int
         }
         return;
     }
-    const int i = p % half;
-    const int tab = min(max(pos, 0), ra.max_seq - 1);
-    const float2 cs = ((const float2*)ra.cos_sin)[(size_t)tab * half + i];
+    const float2 cs = at.cs;
     const float y0 = __fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y));
     const float y1 = __fadd_rn(__fmul_rn(x0, cs.y), __fmul_rn(x1, cs.x));
     if (a < q_dim) {
@@ -104,19 +117,20 @@ __device__ __forceinline__ void rope_store(const RopeArgs& ra, int p, int a, int
 // What the fused variants read and write besides w, x and y.
 struct GemvFuse {
     const float* g;      // NORM: RMSNorm weight, x normalised on the fly
-    const float* ss_in;  // PRENORM: x arrives multiplied by the norm weight; ss_in[0] = Σ of its
-                         // unnormalised squares (from the producing GEMV), applied as a scale
+    // PRENORM: x arrives multiplied by the norm weight; ss_in[0] = Σ of its unnormalised squares
+    // in fixed point (SS_ONE = 1), from the producing GEMV; applied as a scale after the sums.
+    const unsigned long long* ss_in;
     float eps;
     RopeArgs rope;
     // NEXTNORM (accumulating GEMVs): the next RMSNorm's input, so it needs no kernel of its own:
-    // h_out = x_new ∘ g_next, ss_out[0] = Σ x_new² (block sums in slots[], added in block order by
-    // the last block to finish, so the sum is deterministic; it resets *counter for the next launch).
+    // h_out = x_new ∘ g_next, and each warp adds Σ x_new² of its rows to ss_out[0] (zero before the
+    // launch) in fixed point: integer addition, so the sum does not depend on the warps' order.
     const float* g_next;
     float* h_out;
-    float* slots;
-    unsigned* counter;
-    float* ss_out;
+    unsigned long long* ss_out;
 };
+
+#define SS_ONE 16777216.0f  // 2^24: fixed-point unit of the chained sums of squares
 
 template <bool NORM, bool PRENORM, bool NEXTNORM>
 __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const float* __restrict__ x,
@@ -124,7 +138,7 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
     static_assert(!NEXTNORM || GEMV_ACCUM, "NEXTNORM is the epilogue of an accumulating GEMV");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
-    if (!NEXTNORM && row0 >= n) return;  // NEXTNORM: every warp reaches the block barrier
+    if (row0 >= n) return;
     const int chunks = k >> 3;  // 16-byte chunks per row
     const float4* xv = (const float4*)x;
     const float4* gv = (const float4*)f.g;
@@ -147,7 +161,16 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
     // The first batch of weights is loaded before pdl_wait (weights are immutable), so under
     // programmatic dependent launch it streams while the previous kernel finishes.
     uint4 wv[GEMV_UNROLL][GEMV_ROWS];
+#if GEMV_ROPE
+    RopeAt at[GEMV_ROWS / 2];
+    if (lane >= chunks) {  // lanes with no chunk (k < 256) wait here
+        pdl_wait();
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r += 2) at[r / 2] = rope_at(f.rope, min(row0 + r, n - 2) / 2);
+    }
+#else
     if (lane >= chunks) pdl_wait();  // lanes with no chunk (k < 256) wait here
+#endif
     for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
@@ -159,6 +182,10 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
         if (c0 == lane) {
             pdl_wait();
             pdl_trigger();
+#if GEMV_ROPE
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r += 2) at[r / 2] = rope_at(f.rope, min(row0 + r, n - 2) / 2);
+#endif
         }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
@@ -181,12 +208,12 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
     }
     float scale = 1.0f;
     if (NORM) scale = rsqrtf(warp_sum(ss) / (float)k + f.eps);
-    if (PRENORM) scale = rsqrtf(__ldcg(f.ss_in) / (float)k + f.eps);
+    if (PRENORM) scale = rsqrtf((float)((double)__ldcg(f.ss_in) * (1.0 / SS_ONE)) / (float)k + f.eps);
 #if GEMV_ROPE
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r += 2) {
         const float s0 = warp_sum(acc[r]) * scale, s1 = warp_sum(acc[r + 1]) * scale;
-        if (lane == 0 && row0 + r + 1 < n) rope_store(f.rope, (row0 + r) / 2, ri[r], ri[r + 1], s0, s1);
+        if (lane == 0 && row0 + r + 1 < n) rope_store(f.rope, at[r / 2], ri[r], ri[r + 1], s0, s1);
     }
 #elif GEMV_SWIGLU
 #pragma unroll
@@ -211,30 +238,7 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
             }
         }
     }
-    if (NEXTNORM) {
-        __shared__ float part[32];
-        __shared__ bool last;
-        if (lane == 0) part[warp] = sq;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float b = 0.0f;
-            for (int i = 0; i < GEMV_WARPS; ++i) b += part[i];
-            f.slots[blockIdx.x] = b;
-            __threadfence();
-            last = atomicAdd(f.counter, 1u) == gridDim.x - 1;
-        }
-        __syncthreads();
-        if (last) {
-            __threadfence();
-            float t = 0.0f;
-            for (int i = threadIdx.x; i < (int)gridDim.x; i += blockDim.x) t += __ldcg(f.slots + i);
-            t = block_sum(t, part);
-            if (threadIdx.x == 0) {
-                *f.ss_out = t;
-                *f.counter = 0u;
-            }
-        }
-    }
+    if (NEXTNORM && lane == 0 && sq != 0.0f) atomicAdd(f.ss_out, (unsigned long long)__float2ull_rn(sq * SS_ONE));
 #endif
 }
 
@@ -254,10 +258,11 @@ gemv_bf16_norm(const bf16_t* __restrict__ w, const float* __restrict__ x, const 
     gemv_body<true, false, false>(w, x, y, n, k, f);
 }
 
-// y = rsqrt(ss[0] / k + eps) · W h, with h = x ∘ g and ss[0] = Σ x² from the producing GEMV.
+// y = rsqrt(ss[0] / k + eps) · W h, with h = x ∘ g and ss[0] = Σ x² (fixed point) from the
+// producing GEMV.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_bf16_prenorm(const bf16_t* __restrict__ w, const float* __restrict__ h, const float* ss, float* __restrict__ y,
-                  int n, int k, float eps) {
+gemv_bf16_prenorm(const bf16_t* __restrict__ w, const float* __restrict__ h, const unsigned long long* ss,
+                  float* __restrict__ y, int n, int k, float eps) {
     GemvFuse f{};
     f.ss_in = ss;
     f.eps = eps;
@@ -265,16 +270,14 @@ gemv_bf16_prenorm(const bf16_t* __restrict__ w, const float* __restrict__ h, con
 }
 
 #if GEMV_ACCUM && !GEMV_SWIGLU
-// y += W x, then the next RMSNorm's input: h_out = y ∘ g_next and ss_out[0] = Σ y² (slots: one
-// float per block; counter: zero before the first launch, left zero).
+// y += W x, then the next RMSNorm's input: h_out = y ∘ g_next, and Σ y² added to ss_out[0] (fixed
+// point, SS_ONE = 1; zero before the launch).
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16_accum_norm(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int n, int k,
-                     const float* g_next, float* h_out, float* slots, unsigned* counter, float* ss_out) {
+                     const float* g_next, float* h_out, unsigned long long* ss_out) {
     GemvFuse f{};
     f.g_next = g_next;
     f.h_out = h_out;
-    f.slots = slots;
-    f.counter = counter;
     f.ss_out = ss_out;
     gemv_body<false, false, true>(w, x, y, n, k, f);
 }
@@ -283,7 +286,8 @@ gemv_bf16_accum_norm(const bf16_t* __restrict__ w, const float* __restrict__ x, 
 // The q/k/v GEMV with RoPE and the KV append (n = q_dim + 2 kv_dim rows); ss: null, or the input
 // arrives as x ∘ g with ss[0] = Σ x² (as for gemv_bf16_prenorm).
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_bf16_rope(const bf16_t* __restrict__ w, const float* __restrict__ x, int n, int k, const float* ss, float eps,
+gemv_bf16_rope(const bf16_t* __restrict__ w, const float* __restrict__ x, int n, int k, const unsigned long long* ss,
+               float eps,
                const float* bias, float* q_out, bf16_t* k_cache, bf16_t* v_cache, const int* pos,
                const float* cos_sin, int n_q_heads, int n_kv_heads, int head_dim, int interleaved, int max_seq) {
     GemvFuse f{};

@@ -681,12 +681,11 @@ unsafe fn make_edges_programmatic(graph: sys::CUgraph) -> Result<usize> {
 struct DecodeBufs {
     x: CudaSlice<f32>,
     /// Normed activations (a separate RMSNorm kernel), or an RMSNorm's input times its weight
-    /// with the sum of squares in `ss` (left by an accumulating GEMV: `launch_gemv_accum_norm`).
+    /// with Σx² in `norm_acc` (left by an accumulating GEMV: `launch_gemv_accum_norm`).
     h: CudaSlice<f32>,
-    ss: CudaSlice<f32>,
-    /// Per-block partial sums and the last-block counter of `launch_gemv_accum_norm`.
-    norm_slots: CudaSlice<f32>,
-    norm_counter: CudaSlice<i32>,
+    /// Σx² of the chained norms, one slot per residual GEMV of the step (2 per layer), cleared by
+    /// the step's last kernel.
+    norm_acc: CudaSlice<u64>,
     qkv: CudaSlice<f32>,
     q: CudaSlice<f32>,
     attn: CudaSlice<f32>,
@@ -819,9 +818,9 @@ impl GpuEngine {
         let d = DecodeBufs {
             x: a32(h)?,
             h: a32(h)?,
-            ss: a32(1)?,
-            norm_slots: a32(h)?, // at least one row per block
-            norm_counter: ai(1)?,
+            norm_acc: s
+                .alloc_zeros::<u64>(2 * c.num_layers)
+                .while_(|| "allocating engine buffers".into())?,
             qkv: a32(width)?,
             q: a32(qd)?,
             attn: a32(qd)?,
@@ -1003,7 +1002,12 @@ impl GpuEngine {
         let mut chained = false;
         let layers = &self.model.layers;
         for (l, layer) in layers.iter().enumerate() {
-            let prenorm = chained.then_some((&d.ss, eps));
+            // Slots of d.norm_acc: 2l (o, for the MLP norm), 2l + 1 (down, for the next norm).
+            let prenorm = chained.then_some(ChainedNorm {
+                acc: &d.norm_acc,
+                slot: (2 * l).saturating_sub(1),
+                eps,
+            });
             if let Some(w) = layer.qkv.as_dense().filter(|_| rope_fused) {
                 if !chained {
                     launch_rmsnorm_f32w(
@@ -1080,9 +1084,8 @@ impl GpuEngine {
                     let next = NextNorm {
                         g: &layer.mlp_norm,
                         h: &mut d.h,
-                        slots: &mut d.norm_slots,
-                        counter: &mut d.norm_counter,
-                        ss: &mut d.ss,
+                        acc: &mut d.norm_acc,
+                        slot: 2 * l,
                     };
                     launch_gemv_accum_norm(
                         dev, o.gemv, &o.w, &d.attn, &mut d.x, o.rows, o.cols, next,
@@ -1100,7 +1103,11 @@ impl GpuEngine {
             match dense(&layer.gate_up) {
                 Some(g) if chained => {
                     let cfg = swiglu_config(g.gemv);
-                    let ss = (&d.ss, eps);
+                    let ss = ChainedNorm {
+                        acc: &d.norm_acc,
+                        slot: 2 * l,
+                        eps,
+                    };
                     launch_gemv_prenorm(
                         dev, cfg, swiglu, &g.w, &d.h, ss, &mut d.act, g.rows, g.cols,
                     )?;
@@ -1140,9 +1147,8 @@ impl GpuEngine {
                     let next = NextNorm {
                         g: next_g,
                         h: &mut d.h,
-                        slots: &mut d.norm_slots,
-                        counter: &mut d.norm_counter,
-                        ss: &mut d.ss,
+                        acc: &mut d.norm_acc,
+                        slot: 2 * l + 1,
                     };
                     launch_gemv_accum_norm(
                         dev, dn.gemv, &dn.w, &d.act, &mut d.x, dn.rows, dn.cols, next,
@@ -1159,7 +1165,11 @@ impl GpuEngine {
         }
         match dense(self.model.lm_head()) {
             Some(w) if chained => {
-                let ss = (&d.ss, eps);
+                let ss = ChainedNorm {
+                    acc: &d.norm_acc,
+                    slot: 2 * layers.len() - 1,
+                    eps,
+                };
                 launch_gemv_prenorm(
                     dev,
                     w.gemv,
@@ -1183,7 +1193,16 @@ impl GpuEngine {
         if greedy {
             launch_argmax(dev, &d.logits, vocab, &mut d.argmax, &mut d.tok)?;
         }
-        launch_finish_step(dev, &d.tok, &mut d.history, greedy, &mut d.pos, &mut d.len)
+        let zero = &mut d.norm_acc;
+        launch_finish_step(
+            dev,
+            &d.tok,
+            &mut d.history,
+            greedy,
+            &mut d.pos,
+            &mut d.len,
+            zero,
+        )
     }
 
     fn set_counters(&mut self, pos: usize) -> Result<()> {

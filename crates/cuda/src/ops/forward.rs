@@ -367,6 +367,7 @@ pub fn launch_finish_step(
     record: bool,
     pos: &mut CudaSlice<i32>,
     len: &mut CudaSlice<i32>,
+    zero: &mut CudaSlice<u64>,
 ) -> Result<()> {
     const OP: &str = "finish_step";
     check_len(OP, "tok", tok, 1)?;
@@ -380,7 +381,14 @@ pub fn launch_finish_step(
         block_dim: (32, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch_kernel!(dev, f, cfg, OP, [tok, history, &rec, &hist_len, pos, len])
+    let n_zero = as_i32(OP, "zero", zero.len())?;
+    launch_kernel!(
+        dev,
+        f,
+        cfg,
+        OP,
+        [tok, history, &rec, &hist_len, pos, len, zero, &n_zero]
+    )
 }
 
 /// Where a synthetic tensor is generated: matrices as BF16 bits, norm weights as f32 (of their BF16
@@ -688,8 +696,8 @@ pub struct RopeTargets<'a> {
 
 /// One decode token's q/k/v projection `W x` (+ `bias`; W BF16 [q_dim + 2 kv_dim, k]) with RoPE
 /// and the KV append fused: the same bits as [`launch_gemv_fused`] into a q/k/v row followed by
-/// [`launch_rope_append`]. With `prenorm` = (ss, eps), x is an RMSNorm's input times its weight
-/// and ss[0] the sum of its unweighted squares, as [`launch_gemv_accum_norm`] leaves them.
+/// [`launch_rope_append`]. With `prenorm`, x is an RMSNorm's input times its weight and the
+/// accumulator the sum of its unweighted squares, as [`launch_gemv_accum_norm`] leaves them.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_gemv_rope(
     dev: &GpuDevice,
@@ -697,7 +705,7 @@ pub fn launch_gemv_rope(
     w: &CudaSlice<u16>,
     x: &CudaSlice<f32>,
     k: usize,
-    prenorm: Option<(&CudaSlice<f32>, f32)>,
+    prenorm: Option<ChainedNorm<'_>>,
     s: QkvShape,
     bias: Option<&CudaSlice<f32>>,
     t: RopeTargets<'_>,
@@ -710,9 +718,7 @@ pub fn launch_gemv_rope(
     check_gemv_shape(n, k)?;
     check_len(OP, "w", w, n * k)?;
     check_len(OP, "x", x, k)?;
-    if let Some((ss, _)) = prenorm {
-        check_len(OP, "ss", ss, 1)?;
-    }
+    let prenorm = prenorm.map(|p| p.view(OP)).transpose()?;
     if let Some(b) = bias {
         check_len(OP, "bias", b, n)?;
     }
@@ -734,10 +740,10 @@ pub fn launch_gemv_rope(
     let (nq, nkv, hd) = (s.n_q_heads as i32, s.n_kv_heads as i32, s.head_dim as i32);
     let inter = i32::from(s.layout == RopeLayout::Interleaved);
     let max_i = t.max_seq as i32;
-    let eps = prenorm.map_or(0.0f32, |p| p.1);
+    let eps = prenorm.as_ref().map_or(0.0f32, |p| p.1);
     let mut b = dev.stream().launch_builder(&f);
     b.arg(w).arg(x).arg(&n_i).arg(&k_i);
-    match prenorm {
+    match &prenorm {
         Some((ss, _)) => b.arg(ss),
         None => b.arg(&null),
     };
@@ -757,9 +763,9 @@ pub fn launch_gemv_rope(
     Ok(())
 }
 
-/// `y = rsqrt(ss[0] / k + eps) · W h` (`fusion`: plain or SwiGLU pairs), where h = x ∘ g is an
-/// RMSNorm's input times its weight and ss[0] = Σ x², as [`launch_gemv_accum_norm`] leaves them:
-/// the RMSNorm without a kernel of its own. Reference: [`launch_gemv_fused`]'s with norm.
+/// `y = rsqrt(Σx² / k + eps) · W h` (`fusion`: plain or SwiGLU pairs), where h = x ∘ g is an
+/// RMSNorm's input times its weight and `norm` holds Σx², as [`launch_gemv_accum_norm`] leaves
+/// them: the RMSNorm without a kernel of its own. Reference: [`launch_gemv_fused`]'s with norm.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_gemv_prenorm(
     dev: &GpuDevice,
@@ -767,7 +773,7 @@ pub fn launch_gemv_prenorm(
     fusion: GemvFusion,
     w: &CudaSlice<u16>,
     h: &CudaSlice<f32>,
-    (ss, eps): (&CudaSlice<f32>, f32),
+    norm: ChainedNorm<'_>,
     y: &mut CudaSlice<f32>,
     n: usize,
     k: usize,
@@ -776,7 +782,7 @@ pub fn launch_gemv_prenorm(
     check_gemv_shape(n, k)?;
     check_len(OP, "w", w, n * k)?;
     check_len(OP, "h", h, k)?;
-    check_len(OP, "ss", ss, 1)?;
+    let (ss, eps) = norm.view(OP)?;
     check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
     if fusion.accumulate || (fusion.swiglu && (cfg.rows % 2 != 0 || n % 2 != 0)) {
         return Err(GpuError::invalid(
@@ -791,7 +797,27 @@ pub fn launch_gemv_prenorm(
         shared_mem_bytes: 0,
     };
     let (n_i, k_i) = (n as i32, k as i32);
-    launch_kernel!(dev, f, launch_cfg, OP, [w, h, ss, y, &n_i, &k_i, &eps])
+    launch_kernel!(dev, f, launch_cfg, OP, [w, h, &ss, y, &n_i, &k_i, &eps])
+}
+
+/// Fixed-point unit of the chained sums of squares (`SS_ONE` of kernels/gemv.cu): Σx² is added as
+/// integers of 2^-24, so the sum does not depend on the order of the warps' additions.
+pub const SS_ONE: f64 = 16_777_216.0;
+
+/// An RMSNorm chained through the GEMVs: `acc[slot]` holds Σx² in units of 1/[`SS_ONE`] (added by
+/// [`launch_gemv_accum_norm`], zero before it), and `eps`.
+#[derive(Clone, Copy)]
+pub struct ChainedNorm<'a> {
+    pub acc: &'a CudaSlice<u64>,
+    pub slot: usize,
+    pub eps: f32,
+}
+
+impl<'a> ChainedNorm<'a> {
+    fn view(self, op: &'static str) -> Result<(cudarc::driver::CudaView<'a, u64>, f32)> {
+        check_len(op, "ss accumulators", self.acc, self.slot + 1)?;
+        Ok((self.acc.slice(self.slot..self.slot + 1), self.eps))
+    }
 }
 
 /// The next RMSNorm's input as [`launch_gemv_accum_norm`] writes it.
@@ -800,16 +826,13 @@ pub struct NextNorm<'a> {
     pub g: &'a CudaSlice<f32>,
     /// y ∘ g, f32 [n].
     pub h: &'a mut CudaSlice<f32>,
-    /// One partial sum per block of the launch.
-    pub slots: &'a mut CudaSlice<f32>,
-    /// Zero before the first launch; the kernel leaves it zero.
-    pub counter: &'a mut CudaSlice<i32>,
-    /// Σ y², f32 [1].
-    pub ss: &'a mut CudaSlice<f32>,
+    /// Accumulators of Σ y² (units of 1/[`SS_ONE`]); `acc[slot]` must be zero before the launch.
+    pub acc: &'a mut CudaSlice<u64>,
+    pub slot: usize,
 }
 
-/// `y[..n] += W x`, then the next RMSNorm's input (h = y ∘ g, ss[0] = Σ y², summed in a fixed
-/// order: deterministic) for [`launch_gemv_prenorm`] / [`launch_gemv_rope`].
+/// `y[..n] += W x`, then the next RMSNorm's input (h = y ∘ g, Σ y² added to `acc[slot]` in fixed
+/// point: deterministic) for [`launch_gemv_prenorm`] / [`launch_gemv_rope`].
 #[allow(clippy::too_many_arguments)]
 pub fn launch_gemv_accum_norm(
     dev: &GpuDevice,
@@ -829,9 +852,8 @@ pub fn launch_gemv_accum_norm(
     check_len(OP, "g", next.g, n)?;
     check_len(OP, "h", next.h, n)?;
     let blocks = n.div_ceil((cfg.warps * cfg.rows) as usize);
-    check_len(OP, "slots", next.slots, blocks)?;
-    check_len(OP, "counter", next.counter, 1)?;
-    check_len(OP, "ss", next.ss, 1)?;
+    check_len(OP, "ss accumulators", next.acc, next.slot + 1)?;
+    let mut ss = next.acc.slice_mut(next.slot..next.slot + 1);
     let f = dev.function(&gemv_accum_variant(cfg), "gemv_bf16_accum_norm")?;
     let launch_cfg = LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
@@ -844,18 +866,7 @@ pub fn launch_gemv_accum_norm(
         f,
         launch_cfg,
         OP,
-        [
-            w,
-            x,
-            y,
-            &n_i,
-            &k_i,
-            next.g,
-            next.h,
-            next.slots,
-            next.counter,
-            next.ss
-        ]
+        [w, x, y, &n_i, &k_i, next.g, next.h, &mut ss]
     )
 }
 
