@@ -114,8 +114,38 @@ __device__ __forceinline__ void rope_store(const RopeArgs& ra, RopeAt at, int a,
     }
 }
 
+// FP8 E4M3 weights (gemv_fp8*: FP8 checkpoints with per-row scales, y = s[row] · Σ fp8(W[row, c]) x[c];
+// K % 16 == 0, each 16-byte chunk holds 16 weights). Conversion: cvt.rn.f16x2.e4m3x2 (sm_89+, one F2FP per 2 weights, exact: every E4M3 value is an
+// F16 value) then f16 → f32 (exact), so the sum is over the exact weights, as the CPU reference.
+__device__ __forceinline__ float4 e4m3x4_to_f32x4(u32 w) {
+    float4 f;
+    asm("{\n\t.reg .b16 lo, hi, h0, h1, h2, h3;\n\t.reg .b32 p, q;\n\t"
+        "mov.b32 {lo, hi}, %4;\n\t"
+        "cvt.rn.f16x2.e4m3x2 p, lo;\n\t"
+        "cvt.rn.f16x2.e4m3x2 q, hi;\n\t"
+        "mov.b32 {h0, h1}, p;\n\t"
+        "mov.b32 {h2, h3}, q;\n\t"
+        "cvt.f32.f16 %0, h0;\n\t"
+        "cvt.f32.f16 %1, h1;\n\t"
+        "cvt.f32.f16 %2, h2;\n\t"
+        "cvt.f32.f16 %3, h3;\n\t}"
+        : "=f"(f.x), "=f"(f.y), "=f"(f.z), "=f"(f.w)
+        : "r"(w));
+    return f;
+}
+
+__device__ __forceinline__ float dot4_e4m3(u32 w, float4 a, float acc) {
+    const float4 f = e4m3x4_to_f32x4(w);
+    acc = fmaf(f.x, a.x, acc);
+    acc = fmaf(f.y, a.y, acc);
+    acc = fmaf(f.z, a.z, acc);
+    acc = fmaf(f.w, a.w, acc);
+    return acc;
+}
+
 // What the fused variants read and write besides w, x and y.
 struct GemvFuse {
+    const float* row_scale;  // FP8: per-row scales of the weights
     const float* g;      // NORM: RMSNorm weight, x normalised on the fly
     // PRENORM: x arrives multiplied by the norm weight; ss_in[0] = Σ of its unnormalised squares
     // in fixed point (SS_ONE = 1), from the producing GEMV; applied as a scale after the sums.
@@ -132,14 +162,16 @@ struct GemvFuse {
 
 #define SS_ONE 16777216.0f  // 2^24: fixed-point unit of the chained sums of squares
 
-template <bool NORM, bool PRENORM, bool NEXTNORM>
-__device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const float* __restrict__ x,
+// FP8: W is FP8 E4M3 bytes with per-row scales (16 weights per 16-byte chunk), else BF16 (8).
+template <bool NORM, bool PRENORM, bool NEXTNORM, bool FP8 = false>
+__device__ __forceinline__ void gemv_body(const void* __restrict__ w, const float* __restrict__ x,
                                           float* __restrict__ y, int n, int k, const GemvFuse& f) {
     static_assert(!NEXTNORM || GEMV_ACCUM, "NEXTNORM is the epilogue of an accumulating GEMV");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
     if (row0 >= n) return;
-    const int chunks = k >> 3;  // 16-byte chunks per row
+    constexpr int XQ = FP8 ? 4 : 2;  // float4s of x per 16-byte weight chunk
+    const int chunks = k / (4 * XQ);  // 16-byte chunks per row
     const float4* xv = (const float4*)x;
     const float4* gv = (const float4*)f.g;
     // Rows past the end re-read the last row (valid memory, uniform control flow); never stored.
@@ -152,7 +184,7 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
 #endif
     const uint4* rows[GEMV_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = (const uint4*)(w + (size_t)ri[r] * k);
+    for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = (const uint4*)((const char*)w + (size_t)ri[r] * k * (FP8 ? 1 : 2));
     float acc[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.0f;
@@ -193,22 +225,40 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
             if (c < chunks) {
                 // x: a coherent load (not __ldg's ld.global.nc, which assumes x read-only while the
                 // kernel runs, untrue under PDL).
-                float4 a = __ldca(xv + 2 * c), b = __ldca(xv + 2 * c + 1);
-                if (NORM) {
-                    ss = fmaf(a.x, a.x, ss); ss = fmaf(a.y, a.y, ss); ss = fmaf(a.z, a.z, ss); ss = fmaf(a.w, a.w, ss);
-                    ss = fmaf(b.x, b.x, ss); ss = fmaf(b.y, b.y, ss); ss = fmaf(b.z, b.z, ss); ss = fmaf(b.w, b.w, ss);
-                    const float4 ga = __ldg(gv + 2 * c), gb = __ldg(gv + 2 * c + 1);
-                    a.x *= ga.x; a.y *= ga.y; a.z *= ga.z; a.w *= ga.w;
-                    b.x *= gb.x; b.y *= gb.y; b.z *= gb.z; b.w *= gb.w;
+                float4 xq[XQ];
+#pragma unroll
+                for (int q = 0; q < XQ; ++q) {
+                    float4 a = __ldca(xv + XQ * c + q);
+                    if (NORM) {
+                        ss = fmaf(a.x, a.x, ss); ss = fmaf(a.y, a.y, ss); ss = fmaf(a.z, a.z, ss); ss = fmaf(a.w, a.w, ss);
+                        const float4 ga = __ldg(gv + XQ * c + q);
+                        a.x *= ga.x; a.y *= ga.y; a.z *= ga.z; a.w *= ga.w;
+                    }
+                    xq[q] = a;
                 }
 #pragma unroll
-                for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = dot8(wv[u][r], a, b, acc[r]);
+                for (int r = 0; r < GEMV_ROWS; ++r) {
+                    if (FP8) {
+                        float a = acc[r];
+                        a = dot4_e4m3(wv[u][r].x, xq[0], a);
+                        a = dot4_e4m3(wv[u][r].y, xq[1 % XQ], a);
+                        a = dot4_e4m3(wv[u][r].z, xq[2 % XQ], a);
+                        a = dot4_e4m3(wv[u][r].w, xq[3 % XQ], a);
+                        acc[r] = a;
+                    } else {
+                        acc[r] = dot8(wv[u][r], xq[0], xq[1], acc[r]);
+                    }
+                }
             }
         }
     }
     float scale = 1.0f;
     if (NORM) scale = rsqrtf(warp_sum(ss) / (float)k + f.eps);
     if (PRENORM) scale = rsqrtf((float)((double)__ldcg(f.ss_in) * (1.0 / SS_ONE)) / (float)k + f.eps);
+    // Per-row weight scales (FP8; rows past the end read the last row's, never stored).
+    float rs[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) rs[r] = FP8 ? __ldg(f.row_scale + ri[r]) : 1.0f;
 #if GEMV_ROPE
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r += 2) {
@@ -218,7 +268,7 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
 #elif GEMV_SWIGLU
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r += 2) {
-        const float gate = warp_sum(acc[r]) * scale, up = warp_sum(acc[r + 1]) * scale;
+        const float gate = warp_sum(acc[r]) * scale * rs[r], up = warp_sum(acc[r + 1]) * scale * rs[r + 1];
         if (lane == 0 && row0 + r + 1 < n) y[(row0 + r) >> 1] = gate / (1.0f + expf(-gate)) * up;
     }
 #else
@@ -228,7 +278,7 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ w, const fl
     float sq = 0.0f;
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) {
-        const float s = warp_sum(acc[r]) * scale;
+        const float s = warp_sum(acc[r]) * scale * rs[r];
         if (lane == 0 && row0 + r < n) {
             const float v = GEMV_ACCUM ? __ldcg(y + row0 + r) + s : s;
             y[row0 + r] = v;
@@ -299,125 +349,13 @@ gemv_bf16_rope(const bf16_t* __restrict__ w, const float* __restrict__ x, int n,
 }
 #endif
 
-// Dense FP8 E4M3 GEMV with per-row f32 scales: y = s[row] · Σ fp8(W[row, c]) x[c] (FP8 checkpoints'
-// per-channel weight_scale). W row-major [N, K] bytes, K % 16 == 0 (16-byte aligned rows); each
-// 16-byte chunk holds 16 weights. Same warp/row/unroll layout, PDL handling and epilogues
-// (GEMV_ACCUM, GEMV_SWIGLU, the RMSNorm entry point) as gemv_body above.
-// Conversion: cvt.rn.f16x2.e4m3x2 (sm_89+, one F2FP per 2 weights, exact: every E4M3 value is an
-// F16 value) then f16 → f32 (exact), so the sum is over the exact weights, as the CPU reference.
-__device__ __forceinline__ float4 e4m3x4_to_f32x4(u32 w) {
-    float4 f;
-    asm("{\n\t.reg .b16 lo, hi, h0, h1, h2, h3;\n\t.reg .b32 p, q;\n\t"
-        "mov.b32 {lo, hi}, %4;\n\t"
-        "cvt.rn.f16x2.e4m3x2 p, lo;\n\t"
-        "cvt.rn.f16x2.e4m3x2 q, hi;\n\t"
-        "mov.b32 {h0, h1}, p;\n\t"
-        "mov.b32 {h2, h3}, q;\n\t"
-        "cvt.f32.f16 %0, h0;\n\t"
-        "cvt.f32.f16 %1, h1;\n\t"
-        "cvt.f32.f16 %2, h2;\n\t"
-        "cvt.f32.f16 %3, h3;\n\t}"
-        : "=f"(f.x), "=f"(f.y), "=f"(f.z), "=f"(f.w)
-        : "r"(w));
-    return f;
-}
-
-__device__ __forceinline__ float dot4_e4m3(u32 w, float4 a, float acc) {
-    const float4 f = e4m3x4_to_f32x4(w);
-    acc = fmaf(f.x, a.x, acc);
-    acc = fmaf(f.y, a.y, acc);
-    acc = fmaf(f.z, a.z, acc);
-    acc = fmaf(f.w, a.w, acc);
-    return acc;
-}
-
-template <bool NORM>
-__device__ __forceinline__ void gemv_fp8_body(const unsigned char* __restrict__ w,
-                                              const float* __restrict__ s, const float* __restrict__ x,
-                                              const float* __restrict__ g, float* __restrict__ y, int n,
-                                              int k, float eps) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
-    if (row0 >= n) return;
-    const int chunks = k >> 4;  // 16-byte chunks (16 weights) per row
-    const float4* xv = (const float4*)x;
-    const float4* gv = (const float4*)g;
-    const uint4* rows[GEMV_ROWS];
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r)
-        rows[r] = (const uint4*)(w + (size_t)min(row0 + r, n - 1) * k);
-    float acc[GEMV_ROWS];
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.0f;
-    float ss = 0.0f;
-
-    uint4 wv[GEMV_UNROLL][GEMV_ROWS];
-    if (lane >= chunks) pdl_wait();
-    for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int c = c0 + u * 32;
-#pragma unroll
-            for (int r = 0; r < GEMV_ROWS; ++r)
-                wv[u][r] = c < chunks ? ld_stream_u4(rows[r] + c) : make_uint4(0, 0, 0, 0);
-        }
-        if (c0 == lane) {
-            pdl_wait();
-            pdl_trigger();
-        }
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int c = c0 + u * 32;
-            if (c < chunks) {
-                float4 xq[4];
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    float4 a = __ldca(xv + 4 * c + q);  // coherent under PDL (see gemv_body)
-                    if (NORM) {
-                        ss = fmaf(a.x, a.x, ss); ss = fmaf(a.y, a.y, ss);
-                        ss = fmaf(a.z, a.z, ss); ss = fmaf(a.w, a.w, ss);
-                        const float4 ga = __ldg(gv + 4 * c + q);
-                        a.x *= ga.x; a.y *= ga.y; a.z *= ga.z; a.w *= ga.w;
-                    }
-                    xq[q] = a;
-                }
-#pragma unroll
-                for (int r = 0; r < GEMV_ROWS; ++r) {
-                    float a = acc[r];
-                    a = dot4_e4m3(wv[u][r].x, xq[0], a);
-                    a = dot4_e4m3(wv[u][r].y, xq[1], a);
-                    a = dot4_e4m3(wv[u][r].z, xq[2], a);
-                    a = dot4_e4m3(wv[u][r].w, xq[3], a);
-                    acc[r] = a;
-                }
-            }
-        }
-    }
-    const float scale = NORM ? rsqrtf(warp_sum(ss) / (float)k + eps) : 1.0f;
-    // Rows past the end read the last row's scale (never stored).
-#if GEMV_SWIGLU
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r += 2) {
-        const int rg = min(row0 + r, n - 1), ru = min(row0 + r + 1, n - 1);
-        const float gate = warp_sum(acc[r]) * scale * __ldg(s + rg);
-        const float up = warp_sum(acc[r + 1]) * scale * __ldg(s + ru);
-        if (lane == 0 && row0 + r + 1 < n) y[(row0 + r) >> 1] = gate / (1.0f + expf(-gate)) * up;
-    }
-#else
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) {
-        const float v = warp_sum(acc[r]) * scale * __ldg(s + min(row0 + r, n - 1));
-        // Residual read through L2 only, as in gemv_body.
-        if (lane == 0 && row0 + r < n) y[row0 + r] = GEMV_ACCUM ? __ldcg(y + row0 + r) + v : v;
-    }
-#endif
-}
-
 // s: f32 [n] row scales.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_fp8(const unsigned char* __restrict__ w, const float* __restrict__ s, const float* __restrict__ x,
          float* __restrict__ y, int n, int k) {
-    gemv_fp8_body<false>(w, s, x, x, y, n, k, 0.0f);
+    GemvFuse f{};
+    f.row_scale = s;
+    gemv_body<false, false, false, true>(w, x, y, n, k, f);
 }
 
 // y = diag(s) · W · rmsnorm(x; g, eps) (g f32 [k]).
@@ -425,5 +363,9 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_fp8_norm(const unsigned char* __restrict__ w, const float* __restrict__ s,
               const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ y, int n,
               int k, float eps) {
-    gemv_fp8_body<true>(w, s, x, g, y, n, k, eps);
+    GemvFuse f{};
+    f.row_scale = s;
+    f.g = g;
+    f.eps = eps;
+    gemv_body<true, false, false, true>(w, x, y, n, k, f);
 }
