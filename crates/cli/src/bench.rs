@@ -7,6 +7,7 @@
 //! and copied on the device into every layer; the LM head coded too, the embedding dense), with the
 //! codings of `--coding` / `--coding-file` (default: the tuned table). `--context N` sizes the KV
 //! cache for N tokens; `--long-prefill N` then times decode after an N-token prefill.
+//! `MODEL --code-at-load CODING` codes a BF16 checkpoint's matrices on the GPU at load.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use entrollm_codec::dtans::Coding;
-use entrollm_cuda::engine_coded::{free_memory, tuned_plan, Encoder};
+use entrollm_cuda::engine_coded::{check_load_plan, free_memory, tuned_plan, Encoder};
 use entrollm_cuda::{GpuDevice, GpuEngine, GpuModel};
 use entrollm_model::coding_plan::CodingPlan;
 use entrollm_model::load::open_model;
@@ -54,13 +55,18 @@ pub struct Args {
     /// (default: the tuned table, `bench_coded::bf16_coding_for`).
     #[arg(long)]
     coding: Option<String>,
-    /// Coding per launch (JSON: qkv, o, gate_up, down, lm_head, default); --coding fills the rest.
+    /// Coding per launch (JSON: qkv, o, gate_up, down, lm_head, default); --coding (with --coded)
+    /// or --code-at-load fills the rest.
     #[arg(long)]
     coding_file: Option<PathBuf>,
     /// With --coded: where the matrices are coded, `gpu` (the default) or `cpu` (the host
     /// encoder); the coded arrays are byte-identical, only the load time differs.
     #[arg(long, default_value = "gpu")]
     encode: Encoder,
+    /// With a MODEL path: code its dense BF16 layer and head matrices on the GPU at load, `auto`
+    /// or MODE:LOG2M:SC[:T] (--coding-file: per launch), and serve them coded.
+    #[arg(long, value_name = "CODING")]
+    code_at_load: Option<String>,
     /// KV-cache capacity in tokens (default: the prompt + 128, or --prefill-len / --long-prefill).
     #[arg(long)]
     context: Option<usize>,
@@ -101,9 +107,24 @@ pub fn run(a: Args) -> Result<()> {
     if a.repeats == 0 || a.prompt_len == 0 {
         bail!("--repeats and --prompt-len must be at least 1");
     }
-    if (a.coding.is_some() || a.coding_file.is_some()) && !a.coded {
-        bail!("--coding and --coding-file need --coded");
+    if a.coding.is_some() && !a.coded {
+        bail!("--coding needs --coded");
     }
+    if a.coding_file.is_some() && !a.coded && a.code_at_load.is_none() {
+        bail!("--coding-file needs --coded or --code-at-load");
+    }
+    if a.code_at_load.is_some() && (a.coded || a.model.is_none()) {
+        bail!(
+            "--code-at-load codes a MODEL checkpoint at load (for --synth, --coded --encode gpu \
+             codes the synthetic layer on the GPU)"
+        );
+    }
+    // A bad coding fails before any work.
+    let code = a
+        .code_at_load
+        .as_deref()
+        .map(|c| crate::generate::load_plan(c, a.coding_file.as_deref()))
+        .transpose()?;
     let dev = Arc::new(GpuDevice::open(0).context("bench needs a CUDA GPU")?);
     let t_load = Instant::now();
     let (model, source) = match (&a.synth, &a.model) {
@@ -142,14 +163,20 @@ pub fn run(a: Args) -> Result<()> {
             // A container's dtANS-coded matrices stay coded (checksums verified on the host
             // decode at load) and are served by the coded kernels.
             let (w, _) = open_model(path, true)?;
-            let (m, n) = GpuModel::upload_served(&dev, &w)?;
-            (
-                m,
-                format!(
-                    "{} ({n} coded layer/head matrices served coded)",
-                    path.display()
+            if let Some(plan) = &code {
+                check_load_plan(&w.config, plan)?;
+            }
+            let (m, r) = crate::generate::upload_gpu(&dev, &w, code.as_ref())?;
+            let s = m.coded_summary();
+            let how = match r {
+                Some(r) => format!(
+                    "{} launches coded on the GPU at load (host plan {:.2} s, upload {:.2} s, \
+                     GPU encode {:.2} s), {} served as stored",
+                    r.coded_at_load, r.plan_s, r.upload_s, r.encode_s, r.served
                 ),
-            )
+                None => format!("{} coded layer/head matrices served coded", s.matrices),
+            };
+            (m, format!("{} ({how})", path.display()))
         }
         _ => bail!("give either a MODEL path or --synth SHAPE"),
     };

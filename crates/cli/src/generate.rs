@@ -2,17 +2,22 @@
 //! engine (`--device cuda`) or the CPU reference engine (`--device cpu`); `auto` takes the GPU when
 //! one is usable and says on stderr why not otherwise.
 
+use crate::progress;
 use anyhow::Result;
+use entrollm_codec::dtans::Coding;
+use entrollm_cuda::engine_coded::{Encoder, LoadReport};
 use entrollm_cuda::{GpuDevice, GpuEngine, GpuModel};
 use entrollm_model::chat::{ChatMessage, ChatTemplate};
+use entrollm_model::coding_plan::CodingPlan;
 use entrollm_model::load::open_model;
 use entrollm_model::sampler::{Sampler, SamplingParams, StopReason};
 use entrollm_model::tokenizer::Tokenizer;
 use entrollm_model::{Engine, ModelWeights};
 use std::io::{BufRead, Write};
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Where the model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,21 +47,31 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// Builds the engine for `weights` on `device` with a context of `ctx` tokens.
-    pub fn new(weights: ModelWeights, ctx: usize, device: DeviceArg) -> Result<Self> {
+    /// Builds the engine for `weights` on `device` with a context of `ctx` tokens; with `code`, the
+    /// GPU codes the dense BF16 matrices at load with that plan (see [`upload_gpu`]).
+    pub fn new(
+        weights: ModelWeights,
+        ctx: usize,
+        device: DeviceArg,
+        code: Option<&CodingPlan>,
+    ) -> Result<Self> {
         if device != DeviceArg::Cpu {
-            let gpu = GpuDevice::open(0).and_then(|dev| {
-                let dev = Arc::new(dev);
-                // dtANS-coded matrices (a container opened fused) are served coded.
-                let (model, _) = GpuModel::upload_served(&dev, &weights)?;
-                GpuEngine::new(dev, model, ctx)
-            });
+            let gpu = GpuDevice::open(0)
+                .map_err(anyhow::Error::from)
+                .and_then(|dev| {
+                    let dev = Arc::new(dev);
+                    let (model, _) = upload_gpu(&dev, &weights, code)?;
+                    Ok(GpuEngine::new(dev, model, ctx)?)
+                });
             match gpu {
                 Ok(e) => return Ok(Backend::Gpu(Box::new(e))),
                 Err(e) if device == DeviceArg::Cuda => {
-                    return Err(anyhow::anyhow!("--device cuda: {e}"))
+                    return Err(anyhow::anyhow!("--device cuda: {e:#}"))
                 }
-                Err(e) => eprintln!("note: running on the CPU: {e}"),
+                Err(e) => eprintln!(
+                    "note: running on the CPU{}: {e:#}",
+                    if code.is_some() { " (uncoded)" } else { "" }
+                ),
             }
         }
         Ok(Backend::Cpu(Engine::new(weights, ctx)?))
@@ -96,6 +111,67 @@ impl Backend {
             Backend::Gpu(e) => e.max_seq_len(),
         }
     }
+}
+
+/// The plan of `--code-at-load CODING` (`auto` or MODE:LOG2M:SC[:T]) and `--coding-file`
+/// (per launch; CODING fills the launches it does not name).
+pub fn load_plan(coding: &str, file: Option<&Path>) -> Result<CodingPlan> {
+    let default = Coding::parse(coding).map_err(|e| anyhow::anyhow!("--code-at-load: {e}"))?;
+    Ok(match file {
+        Some(f) => CodingPlan::from_file(f, default)?,
+        None => CodingPlan::uniform(default),
+    })
+}
+
+/// Uploads `weights` to the GPU: dtANS-coded matrices (a container opened fused) are served coded;
+/// with `code`, every other layer/head matrix that is BF16 is coded on the GPU at load and served
+/// coded too (a progress bar follows the layers; one summary line on stderr: load time and memory,
+/// coded against dense).
+pub fn upload_gpu(
+    dev: &Arc<GpuDevice>,
+    weights: &ModelWeights,
+    code: Option<&CodingPlan>,
+) -> Result<(GpuModel, Option<LoadReport>)> {
+    let Some(plan) = code else {
+        return Ok((GpuModel::upload_served(dev, weights)?.0, None));
+    };
+    let t = Instant::now();
+    let bar = progress::steps(weights.layers.len() as u64, "code at load");
+    let (model, r) = GpuModel::upload_coded(dev, weights, plan, Encoder::Gpu, &mut |done, _| {
+        bar.set_position(done as u64)
+    })?;
+    bar.finish_and_clear();
+    let s = model.coded_summary();
+    let gb = |b: usize| b as f64 / 1e9;
+    eprintln!(
+        "code at load: {} launches coded on the GPU{} in {:.2} s (host plan {:.2} s, upload {:.2}          s, GPU encode {:.2} s); coded matrices {:.3} GB for {:.3} GB BF16 ({:.3} bits/weight),          dense {:.3} GB (embedding{}); device weights {:.3} GB",
+        r.coded_at_load,
+        if r.served > 0 {
+            format!(", {} served as stored", r.served)
+        } else {
+            String::new()
+        },
+        t.elapsed().as_secs_f64(),
+        r.plan_s,
+        r.upload_s,
+        r.encode_s,
+        gb(s.bytes),
+        gb(2 * s.weights),
+        s.bits_per_weight(),
+        gb(2 * s.dense_weights),
+        if s.dense_matrices > 1 { " and others" } else { "" },
+        gb(model.weight_bytes()),
+    );
+    for n in r.dense_notes.iter().take(4) {
+        eprintln!("note: {n}");
+    }
+    if r.dense_notes.len() > 4 {
+        eprintln!(
+            "note: … and {} more dense launches",
+            r.dense_notes.len() - 4
+        );
+    }
+    Ok((model, Some(r)))
 }
 
 /// `model::sampler::generate` over a [`Backend`]: appends `prompt`, samples up to `max_new`
@@ -185,6 +261,15 @@ pub struct ModelArgs {
     /// fused decode-matvec at every product (faster on the CPU, uses the uncoded size in memory).
     #[arg(long)]
     decode_at_load: bool,
+    /// GPU: code the dense BF16 layer and head matrices at load (dtANS-LLM, lossless, on the GPU)
+    /// and serve them with the fused decode-matvec: `auto` (the coder chooses per launch) or
+    /// MODE:LOG2M:SC[:T].
+    #[arg(long, value_name = "CODING")]
+    code_at_load: Option<String>,
+    /// With --code-at-load: codings per launch (JSON: qkv, o, gate_up, down, lm_head, default);
+    /// --code-at-load's coding fills the launches it does not name.
+    #[arg(long, value_name = "PLAN.json", requires = "code_at_load")]
+    coding_file: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -205,7 +290,21 @@ struct Session {
 
 fn open(a: &ModelArgs) -> Result<Session> {
     let device = DeviceArg::parse(&a.device)?;
+    // The plan first: a bad coding fails before the checkpoint is read.
+    let code = match &a.code_at_load {
+        Some(_) if device == DeviceArg::Cpu => {
+            anyhow::bail!("--code-at-load codes for the GPU kernels: use --device cuda")
+        }
+        Some(c) => {
+            let plan = load_plan(c, a.coding_file.as_deref())?;
+            Some(plan)
+        }
+        None => None,
+    };
     let (weights, tokenizer) = open_model(&a.model, !a.decode_at_load)?;
+    if let Some(plan) = &code {
+        entrollm_cuda::engine_coded::check_load_plan(&weights.config, plan)?;
+    }
     let ctx = a
         .context
         .unwrap_or(weights.config.max_position_embeddings.min(4096));
@@ -217,7 +316,7 @@ fn open(a: &ModelArgs) -> Result<Session> {
         ..SamplingParams::greedy()
     };
     Ok(Session {
-        engine: Backend::new(weights, ctx, device)?,
+        engine: Backend::new(weights, ctx, device, code.as_ref())?,
         tokenizer,
         sampler: Sampler::new(params)?,
         max_tokens: a.max_tokens,
@@ -388,7 +487,7 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     if a.max_tokens > 0 {
         tokens.truncate(a.max_tokens);
     }
-    let p = match Backend::new(weights, a.window, device)? {
+    let p = match Backend::new(weights, a.window, device, None)? {
         Backend::Cpu(mut engine) => {
             entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?
         }

@@ -14,3 +14,16 @@ pub fn bytes(total: u64, msg: &str) -> ProgressBar {
     bar.set_message(msg.to_string());
     bar
 }
+
+/// A bar over `total` steps (e.g. layers) with a message.
+pub fn steps(total: u64, msg: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg:>12} [{elapsed_precise}] {wide_bar} {pos}/{len} ({eta})",
+        )
+        .expect("the template is valid"),
+    );
+    bar.set_message(msg.to_string());
+    bar
+}

@@ -1,7 +1,8 @@
 //! `entrollm selftest --gpu`: every GPU kernel against its CPU reference on fresh random inputs,
 //! then the forward pass end to end (a small synthetic model and SmolLM2-135M, GPU vs CPU), the
 //! dtANS-LLM kernels (`ops::dtans::selftest`: decode/dequant bit-exact, mvm against the CPU), and
-//! the coded forward pass against the dense one on the same weights (`coded_e2e_selftest`), and
+//! the coded forward pass against the dense one on the same weights (`coded_e2e_selftest`, code at
+//! load included), and
 //! the GPU encoder byte for byte against the CPU encoder (`ops::dtans_encode::selftest`).
 
 use std::path::PathBuf;

@@ -95,7 +95,7 @@ pub fn check_group(coding: &Coding, cols: usize, group: usize) -> Result<()> {
     }
 }
 
-fn lut(payload: Payload, signed: bool) -> Vec<u32> {
+pub(crate) fn lut(payload: Payload, signed: bool) -> Vec<u32> {
     (0..256u32)
         .map(|c| {
             let v = match payload {

@@ -601,6 +601,20 @@ pub fn served_weights(
     seed: u64,
     plan: &CodingPlan,
 ) -> Result<entrollm_model::weights::ModelWeights> {
+    synth_weights(c, seed, Some(plan))
+}
+
+/// The synthetic model of `c` as a BF16 checkpoint gives it: every matrix dense BF16 (the weights
+/// of [`served_weights`] before coding).
+pub fn dense_weights(c: &ModelConfig, seed: u64) -> Result<entrollm_model::weights::ModelWeights> {
+    synth_weights(c, seed, None)
+}
+
+fn synth_weights(
+    c: &ModelConfig,
+    seed: u64,
+    plan: Option<&CodingPlan>,
+) -> Result<entrollm_model::weights::ModelWeights> {
     use entrollm_model::load::CodedLinear;
     use entrollm_model::weights::{LayerWeights, Linear, ModelWeights};
     let ts = tensors(c);
@@ -609,10 +623,13 @@ pub fn served_weights(
         let t = find(&ts, name)?;
         let (rows, cols) = (t.shape[0], t.shape[1]);
         let bits = host_matrix(t, seed);
-        if name == "model.embed_tokens.weight" {
-            let d = entrollm_model::DenseBf16::new(name, rows, cols, bits).map_err(bad)?;
-            return Ok(Arc::new(d));
-        }
+        let plan = match plan {
+            Some(p) if name != "model.embed_tokens.weight" => p,
+            _ => {
+                let d = entrollm_model::DenseBf16::new(name, rows, cols, bits).map_err(bad)?;
+                return Ok(Arc::new(d));
+            }
+        };
         let t = code_bf16(&bits, rows, cols, plan.coding_for(name), None)?;
         Ok(Arc::new(CodedLinear::new(t, None).map_err(bad)?))
     };
@@ -665,6 +682,9 @@ pub const E2E_STEP_TOL: f64 = 1e-4;
 /// 8-token prompt), no stream error flagged. Then a container's layout ([`served_weights`]: q/k/v
 /// and gate/up as separate coded tensors) served by [`GpuModel::upload_served`] (stacked q/k/v
 /// launch, gate/up as halves) against [`GpuModel::upload`] of the same weights, same tolerances.
+/// Then code at load ([`GpuModel::upload_coded`], tuned plan and auto) of the same weights dense:
+/// GPU-coded against host-coded (identical arrays, bit-identical logits and tokens) and against the
+/// dense model (same tolerances and tokens).
 pub fn coded_e2e_selftest(
     dev: &Arc<GpuDevice>,
     seed: u64,
@@ -767,6 +787,75 @@ pub fn coded_e2e_selftest(
         rel_l2: if same { 0.0 } else { f64::INFINITY },
         tolerance: 0.0,
     });
+    // Code at load: the same weights as a BF16 checkpoint gives them, coded on the GPU at load
+    // (`upload_coded`), against the host encoder's arrays of the same matrices uploaded as a
+    // container's are: identical arrays, hence identical logits; and against the dense model.
+    let bf16 = dense_weights(&c, seed)?;
+    let launches = 4 * c.num_layers + usize::from(!c.tie_word_embeddings);
+    for (label, plan) in [
+        ("tuned", tuned_plan(&c)),
+        ("auto", CodingPlan::uniform(None)),
+    ] {
+        let (gm, gr) = GpuModel::upload_coded(dev, &bf16, &plan, Encoder::Gpu, &mut |_, _| {})?;
+        let (cm, cr) = GpuModel::upload_coded(dev, &bf16, &plan, Encoder::Cpu, &mut |_, _| {})?;
+        let diff = coded_arrays_differ(dev, &gm, &cm)?;
+        let s = gm.coded_summary();
+        let shape = format!(
+            "code at load {label}: {} of {launches} launches coded, {:.3} bits/weight",
+            gr.coded_at_load,
+            s.bits_per_weight()
+        );
+        let complete = gr.coded_at_load == launches && cr.coded_at_load == launches;
+        cases.push(CaseResult {
+            kernel: "code-at-load arrays".into(),
+            shape: format!(
+                "{shape}; GPU vs host encoder: {}",
+                diff.as_deref().unwrap_or("identical")
+            ),
+            rel_l2: if diff.is_none() && complete {
+                0.0
+            } else {
+                f64::INFINITY
+            },
+            tolerance: 0.0,
+        });
+        let (g, h) = (run(gm)?, run(cm)?);
+        let identical = g.0 == h.0 && g.1 == h.1 && g.2 == h.2 && !g.3 && !h.3;
+        cases.push(CaseResult {
+            kernel: "code-at-load logits".into(),
+            shape: format!(
+                "{label}: GPU- vs host-coded prefill, steps, 32 tokens {}",
+                if identical { "identical" } else { "DIFFER" }
+            ),
+            rel_l2: if identical { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+        cases.push(CaseResult {
+            kernel: "code-at-load e2e prefill".into(),
+            shape: shape.clone(),
+            rel_l2: rel_l2(&g.0, &dense_w.0),
+            tolerance: E2E_PREFILL_TOL,
+        });
+        cases.push(CaseResult {
+            kernel: "code-at-load e2e decode".into(),
+            shape: shape.clone(),
+            rel_l2: rel_l2(&g.1.concat(), &dense_w.1.concat()),
+            tolerance: E2E_STEP_TOL,
+        });
+        cases.push(CaseResult {
+            kernel: "code-at-load e2e greedy".into(),
+            shape: format!(
+                "{label}: 32 tokens {} the dense model's",
+                if g.2 == dense_w.2 {
+                    "equal"
+                } else {
+                    "DIFFER from"
+                }
+            ),
+            rel_l2: if g.2 == dense_w.2 { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+    }
     let report = SelftestReport {
         device: format!("{} ({})", dev.info().name, dev.info().arch()),
         cases,
@@ -823,6 +912,55 @@ pub fn serve_variants() -> Vec<crate::jit::KernelVariant> {
     v
 }
 
+/// The kernel variants [`GpuModel::upload_coded`] launches for `w` coded by `plan` (the coder's
+/// choices computed as at load), for precompiling cubins; matrices that are not BF16 have none.
+pub fn load_variants(
+    w: &entrollm_model::weights::ModelWeights,
+    plan: &CodingPlan,
+) -> Result<Vec<crate::jit::KernelVariant>> {
+    use crate::linear::dtans_config_for;
+    use crate::ops::dtans::{DtansKind, DtansOut};
+    use entrollm_model::weights::Linear;
+    let mut launches: Vec<(Vec<&dyn Linear>, bool, Launch)> = Vec::new();
+    if !Arc::ptr_eq(&w.embed, &w.lm_head) {
+        launches.push((vec![&*w.lm_head], false, Launch::LmHead));
+    }
+    for l in &w.layers {
+        launches.push((vec![&*l.q, &*l.k, &*l.v], false, Launch::Qkv));
+        launches.push((vec![&*l.o], false, Launch::O));
+        launches.push((vec![&*l.gate, &*l.up], true, Launch::GateUp));
+        launches.push((vec![&*l.down], false, Launch::Down));
+    }
+    let mut v = Vec::new();
+    for (parts, halves, launch) in launches {
+        let Some(bits) = exact_bf16(&parts, halves) else {
+            continue;
+        };
+        let cols = parts[0].cols();
+        let rows = bits.len() / cols;
+        let coding = match launch_coding(plan, launch) {
+            Some(c) => c,
+            None => {
+                let codes = crate::ops::dtans_encode::bf16_codes(&bits);
+                choose_coding_and_width(Payload::Bf16, rows, cols, &codes)
+                    .map_err(|e| GpuError::invalid(OP, e.to_string()))?
+                    .0
+            }
+        };
+        let kind = DtansKind::of(Payload::Bf16, &coding, cols, None);
+        for out in [DtansOut::Mvm, DtansOut::Dequant] {
+            let var = kind.variant(
+                dtans_config_for(Payload::Bf16, &coding, rows, cols, None, out)?,
+                out,
+            );
+            if !v.contains(&var) {
+                v.push(var);
+            }
+        }
+    }
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -860,6 +998,89 @@ mod tests {
             }
         }
         assert!(serve_variants().len() >= 10);
+    }
+
+    #[test]
+    fn exact_bf16_stacks_interleaves_and_rejects_other_precisions() {
+        use entrollm_model::weights::Linear;
+        use entrollm_model::{DenseBf16, DenseF16, DenseF32};
+        let bits = |n: usize, base: u16| -> Vec<u16> { (0..n as u16).map(|i| base + i).collect() };
+        let a = DenseBf16::new("a", 2, 3, bits(6, 0x3F00)).unwrap();
+        let b = DenseBf16::new("b", 2, 3, bits(6, 0x4000)).unwrap();
+        let c = DenseBf16::new("c", 1, 3, bits(3, 0xBC00)).unwrap();
+        let parts: [&dyn Linear; 3] = [&a, &b, &c];
+        let mut want = bits(6, 0x3F00);
+        want.extend(bits(6, 0x4000));
+        want.extend(bits(3, 0xBC00));
+        assert_eq!(exact_bf16(&parts, false).unwrap(), want);
+        // gate/up interleaved: gate row 0, up row 0, gate row 1, up row 1.
+        let want: Vec<u16> = [0x3F00, 0x3F01, 0x3F02, 0x4000, 0x4001, 0x4002]
+            .into_iter()
+            .chain([0x3F03, 0x3F04, 0x3F05, 0x4003, 0x4004, 0x4005])
+            .collect();
+        assert_eq!(exact_bf16(&[&a, &b], true).unwrap(), want);
+        // Parts that cannot be interleaved or stacked.
+        assert!(exact_bf16(&[&a, &c], true).is_none());
+        let wide = DenseBf16::new("w", 1, 4, bits(4, 0x3F00)).unwrap();
+        assert!(exact_bf16(&[&a, &wide], false).is_none());
+        // F32 and F16 values BF16 cannot hold: not coded. Values it can hold are (lossless).
+        let f32m = DenseF32::new("f", 1, 2, vec![1.0, 1.0 + 1.0 / 1024.0]).unwrap();
+        assert!(exact_bf16(&[&f32m], false).is_none());
+        let f16m = DenseF16::new("h", 1, 2, vec![0x3C01, 0x3C00]).unwrap();
+        assert!(exact_bf16(&[&f16m], false).is_none());
+        let exact = DenseF32::new("e", 1, 2, vec![1.0, -0.5]).unwrap();
+        assert_eq!(exact_bf16(&[&exact], false).unwrap(), [0x3F80, 0xBF00]);
+    }
+
+    #[test]
+    fn load_plans_are_checked_before_any_work() {
+        let c = e2e_config();
+        check_load_plan(&c, &tuned_plan(&c)).unwrap();
+        check_load_plan(&c, &CodingPlan::uniform(None)).unwrap();
+        check_load_plan(&c, &CodingPlan::from_json(COMPACT_PLAN_JSON, None).unwrap()).unwrap();
+        let mut plan = tuned_plan(&c);
+        plan.launches
+            .insert(Launch::Down, Coding::parse("quad:10:1024").unwrap());
+        let e = check_load_plan(&c, &plan).unwrap_err().to_string();
+        assert!(e.contains("down") && e.contains("quad"), "{e}");
+        let plan = CodingPlan::uniform(Coding::parse("single:16:1024").unwrap());
+        let e = check_load_plan(&c, &plan).unwrap_err().to_string();
+        assert!(e.contains("qkv") && e.contains("single"), "{e}");
+    }
+
+    #[test]
+    fn load_variants_cover_the_tuned_launches() {
+        let c = e2e_config();
+        let w = dense_weights(&c, 2).unwrap();
+        let tuned = load_variants(&w, &tuned_plan(&c)).unwrap();
+        let serve = serve_variants();
+        assert!(!tuned.is_empty() && tuned.iter().all(|v| serve.contains(v)));
+        assert!(!load_variants(&w, &CodingPlan::uniform(None))
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn dense_weights_are_the_served_weights_decoded() {
+        let c = e2e_config();
+        let (d, s) = (
+            dense_weights(&c, 5).unwrap(),
+            served_weights(&c, 5, &tuned_plan(&c)).unwrap(),
+        );
+        let row = |m: &dyn entrollm_model::weights::Linear, r: usize| {
+            let mut v = vec![0f32; m.cols()];
+            m.row(r, &mut v);
+            v
+        };
+        for (a, b) in [
+            (&d.layers[1].q, &s.layers[1].q),
+            (&d.layers[0].up, &s.layers[0].up),
+        ] {
+            assert!(a.dtans().is_none() && b.dtans().is_some());
+            for r in [0, a.rows() - 1] {
+                assert_eq!(row(&**a, r), row(&**b, r));
+            }
+        }
     }
 
     #[test]
@@ -1013,6 +1234,178 @@ fn coded_parts(
     }
 }
 
+/// How [`GpuModel::upload_coded`] served a model's layer and head launches (stacked q/k/v, o,
+/// gate/up, down, LM head).
+#[derive(Clone, Debug, Default)]
+pub struct LoadReport {
+    /// Launches coded at load.
+    pub coded_at_load: usize,
+    /// Launches a container held coded, served as stored.
+    pub served: usize,
+    /// Launches served dense when coding at load, each with why.
+    pub dense_notes: Vec<String>,
+    /// Host: gathering each matrix's BF16 bits, the coder's choice (auto) and the plan.
+    pub plan_s: f64,
+    /// Uploading the BF16 matrices to code.
+    pub upload_s: f64,
+    /// Coding: the GPU encoder's passes (or, with [`Encoder::Cpu`], the host encoder and the upload
+    /// of its arrays).
+    pub encode_s: f64,
+}
+
+/// The coding `plan` gives a launch (None: the coder's choice).
+fn launch_coding(plan: &CodingPlan, l: Launch) -> Option<Coding> {
+    plan.launches.get(&l).copied().unwrap_or(plan.default)
+}
+
+/// Checks that the GPU kernels run `coding` on a [rows × cols] BF16 matrix (decode-matvec and
+/// prefill dequantisation); the error names `what` and the coding.
+fn check_kernels(what: &str, coding: &Coding, rows: usize, cols: usize) -> Result<()> {
+    use crate::linear::dtans_config_for;
+    use crate::ops::dtans::DtansOut;
+    let bad = |e: GpuError| {
+        GpuError::invalid(
+            "code at load",
+            format!("{what}: coding {coding} has no GPU kernel for {rows}×{cols} BF16: {e}"),
+        )
+    };
+    check_coding(Payload::Bf16, coding).map_err(bad)?;
+    for out in [DtansOut::Mvm, DtansOut::Dequant] {
+        dtans_config_for(Payload::Bf16, coding, rows, cols, None, out).map_err(bad)?;
+    }
+    Ok(())
+}
+
+/// Checks every coding `plan` names for the launches of `c` at their stacked shapes, before any
+/// work: a coding the kernels do not run fails here, naming the launch and the coding.
+pub fn check_load_plan(c: &ModelConfig, plan: &CodingPlan) -> Result<()> {
+    let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    for (l, rows, cols) in [
+        (Launch::Qkv, q + 2 * kv, h),
+        (Launch::O, h, q),
+        (Launch::GateUp, 2 * inter, h),
+        (Launch::Down, h, inter),
+        (Launch::LmHead, c.vocab_size, h),
+    ] {
+        if let Some(coding) = launch_coding(plan, l) {
+            check_kernels(&format!("the {} launch", l.name()), &coding, rows, cols)?;
+        }
+    }
+    Ok(())
+}
+
+/// The BF16 bits of `parts` row-stacked (`halves`: gate and up rows interleaved, as the engine
+/// serves them), or None when some value is not a BF16 number (an F16, F32 or quantised matrix:
+/// coding its BF16 rounding would not be lossless).
+fn exact_bf16(parts: &[&dyn entrollm_model::weights::Linear], halves: bool) -> Option<Vec<u16>> {
+    let cols = parts.first()?.cols();
+    if parts.iter().any(|p| p.cols() != cols)
+        || (halves && (parts.len() != 2 || parts[0].rows() != parts[1].rows()))
+    {
+        return None;
+    }
+    // (part, row) of each output row.
+    let src: Vec<(usize, usize)> = if halves {
+        (0..parts[0].rows())
+            .flat_map(|r| [(0, r), (1, r)])
+            .collect()
+    } else {
+        parts
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| (0..p.rows()).map(move |r| (i, r)))
+            .collect()
+    };
+    let mut out = vec![0u16; src.len() * cols];
+    out.par_chunks_mut(cols)
+        .zip(src.par_iter())
+        .try_for_each_init(
+            || vec![0f32; cols],
+            |buf, (row, &(i, r))| {
+                parts[i].row(r, buf);
+                for (o, &v) in row.iter_mut().zip(buf.iter()) {
+                    let b = v.to_bits();
+                    if b & 0xFFFF != 0 {
+                        return Err(());
+                    }
+                    *o = (b >> 16) as u16;
+                }
+                Ok(())
+            },
+        )
+        .ok()?;
+    Some(out)
+}
+
+/// Codes one launch's matrix at load: the host plans from the BF16 bits it already holds, the
+/// matrix goes up and is coded on the device (the coded arrays never come down), or with
+/// [`Encoder::Cpu`] it is coded on the host and its arrays uploaded as a container's are. None
+/// when the matrix is not BF16.
+#[allow(clippy::too_many_arguments)]
+fn code_at_load(
+    dev: &GpuDevice,
+    parts: &[&dyn entrollm_model::weights::Linear],
+    halves: bool,
+    what: &str,
+    coding: Option<Coding>,
+    encoder: Encoder,
+    scratch: &SharedScratch,
+    r: &mut LoadReport,
+) -> Result<Option<GpuLinear>> {
+    use std::time::Instant;
+    let codec = |e: entrollm_codec::CodecError| GpuError::invalid(OP, format!("{what}: {e}"));
+    let t0 = Instant::now();
+    let Some(bits) = exact_bf16(parts, halves) else {
+        return Ok(None);
+    };
+    let cols = parts[0].cols();
+    let rows = bits.len() / cols;
+    let codes = crate::ops::dtans_encode::bf16_codes(&bits);
+    let coding = match coding {
+        Some(c) => c,
+        None => {
+            let c = choose_coding_and_width(Payload::Bf16, rows, cols, &codes)
+                .map_err(codec)?
+                .0;
+            check_kernels(&format!("{what} (the coder's choice)"), &c, rows, cols)?;
+            c
+        }
+    };
+    let plan = EncodePlan::new(Payload::Bf16, rows, cols, &codes, coding).map_err(codec)?;
+    r.plan_s += t0.elapsed().as_secs_f64();
+    let g = match encoder {
+        Encoder::Gpu => {
+            drop(codes);
+            let t1 = Instant::now();
+            let w = dev
+                .stream()
+                .clone_htod(&bits)
+                .while_(|| format!("uploading {what} ({rows}×{cols}) to code"))?;
+            drop(bits);
+            dev.synchronize()?;
+            r.upload_s += t1.elapsed().as_secs_f64();
+            let t2 = Instant::now();
+            let (g, _) = crate::ops::dtans_encode::encode_bf16_device(dev, &w, &plan)?;
+            drop(w);
+            r.encode_s += t2.elapsed().as_secs_f64();
+            g
+        }
+        Encoder::Cpu => {
+            let t2 = Instant::now();
+            let raw: Vec<u8> = bits
+                .par_iter()
+                .map(|&b| Payload::Bf16.split16(b).1)
+                .collect();
+            let t = DtansTensor::encode_planned(&plan, &codes, &raw).map_err(codec)?;
+            let g = GpuDtans::upload(dev, &t, &Dequant::None)?;
+            dev.synchronize()?;
+            r.encode_s += t2.elapsed().as_secs_f64();
+            g
+        }
+    };
+    Ok(Some(GpuLinear::coded(g, Arc::clone(scratch))?))
+}
+
 impl GpuModel {
     /// Uploads a model serving its dtANS-coded matrices as stored (a container opened with
     /// `fused`: the coded arrays go to the device, nothing is decoded to BF16; the loader has
@@ -1025,71 +1418,185 @@ impl GpuModel {
         dev: &GpuDevice,
         w: &entrollm_model::weights::ModelWeights,
     ) -> Result<(Self, usize)> {
-        use crate::engine::{interleaved, stacked, upload_f32};
-        let c = &w.config;
-        crate::engine::check_supported(c)?;
-        let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-        let max_rows = [q + 2 * kv, h, 2 * inter, c.vocab_size]
-            .into_iter()
-            .max()
-            .unwrap_or(1);
-        let max_weights = [(q + 2 * kv) * h, h * q, 2 * inter * h, h * inter]
-            .into_iter()
-            .max()
-            .unwrap_or(1);
-        let scratch: SharedScratch = Arc::new(Mutex::new(DtansScratch::new(
-            dev,
-            max_rows,
-            [h, q, inter].into_iter().max().unwrap_or(1),
-            max_weights,
-        )?));
-        let mut n_coded = 0;
-        let mut serve =
-            |parts: &[&dyn entrollm_model::weights::Linear], halves: bool| -> Result<GpuLinear> {
-                if let Some(l) = coded_parts(dev, parts, halves, &scratch)? {
-                    n_coded += 1;
+        let (m, r) = serve(dev, w, None, &mut |_, _| {})?;
+        Ok((m, r.served))
+    }
+
+    /// [`GpuModel::upload_served`], and every layer/head launch the container does not hold coded
+    /// (all of them for a BF16 checkpoint) is coded at load with the coding `plan` gives its launch
+    /// (None: the coder's choice for the stacked matrix): q/k/v stacked and gate/up interleaved as
+    /// the engine serves them, coded by `encoder` (on the GPU: from device memory, the coded arrays
+    /// stay there) and served by the fused kernels. Matrices that are not BF16 are served dense,
+    /// with a note in the report; a tied LM head is the dense embedding. The plan's codings are
+    /// checked against the kernels before any work. `progress(done, total)` follows the layers.
+    pub fn upload_coded(
+        dev: &GpuDevice,
+        w: &entrollm_model::weights::ModelWeights,
+        plan: &CodingPlan,
+        encoder: Encoder,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(Self, LoadReport)> {
+        crate::engine::check_supported(&w.config)?;
+        check_load_plan(&w.config, plan)?;
+        serve(dev, w, Some((plan, encoder)), progress)
+    }
+}
+
+/// [`GpuModel::upload_served`] and, with a plan, [`GpuModel::upload_coded`].
+fn serve(
+    dev: &GpuDevice,
+    w: &entrollm_model::weights::ModelWeights,
+    code: Option<(&CodingPlan, Encoder)>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<(GpuModel, LoadReport)> {
+    use crate::engine::{interleaved, stacked, upload_f32};
+    use entrollm_model::weights::Linear;
+    let c = &w.config;
+    crate::engine::check_supported(c)?;
+    let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let max_rows = [q + 2 * kv, h, 2 * inter, c.vocab_size]
+        .into_iter()
+        .max()
+        .unwrap_or(1);
+    let max_weights = [(q + 2 * kv) * h, h * q, 2 * inter * h, h * inter]
+        .into_iter()
+        .max()
+        .unwrap_or(1);
+    let scratch: SharedScratch = Arc::new(Mutex::new(DtansScratch::new(
+        dev,
+        max_rows,
+        [h, q, inter].into_iter().max().unwrap_or(1),
+        max_weights,
+    )?));
+    let mut r = LoadReport::default();
+    let mut serve = |parts: &[&dyn Linear], halves: bool, launch: Launch, what: &str| {
+        if let Some(l) = coded_parts(dev, parts, halves, &scratch)? {
+            r.served += 1;
+            return Ok(l);
+        }
+        if let Some((plan, encoder)) = code {
+            let coding = launch_coding(plan, launch);
+            match code_at_load(dev, parts, halves, what, coding, encoder, &scratch, &mut r)? {
+                Some(l) => {
+                    r.coded_at_load += 1;
                     return Ok(l);
                 }
-                match parts {
-                    [g, u] if halves => interleaved(dev, *g, *u),
-                    _ => stacked(dev, parts),
-                }
-            };
-        let embed = stacked(dev, &[&*w.embed])?;
-        let lm_head = if Arc::ptr_eq(&w.embed, &w.lm_head) {
-            None
-        } else {
-            Some(serve(&[&*w.lm_head], false)?)
-        };
-        let mut layers = Vec::with_capacity(w.layers.len());
-        for l in &w.layers {
-            let qkv_bias = match (&l.q_bias, &l.k_bias, &l.v_bias) {
-                (None, None, None) => None,
-                (qb, kb, vb) => {
-                    let mut b = qb.clone().unwrap_or_else(|| vec![0.0; q]);
-                    b.extend(kb.clone().unwrap_or_else(|| vec![0.0; kv]));
-                    b.extend(vb.clone().unwrap_or_else(|| vec![0.0; kv]));
-                    Some(upload_f32(dev, &b)?)
-                }
-            };
-            layers.push(GpuLayer {
-                attn_norm: upload_f32(dev, &l.attn_norm)?,
-                qkv: serve(&[&*l.q, &*l.k, &*l.v], false)?,
-                qkv_bias,
-                o: serve(&[&*l.o], false)?,
-                mlp_norm: upload_f32(dev, &l.mlp_norm)?,
-                gate_up: serve(&[&*l.gate, &*l.up], true)?,
-                down: serve(&[&*l.down], false)?,
-            });
+                None => r
+                    .dense_notes
+                    .push(format!("{what}: not BF16, served dense (BF16-rounded)")),
+            }
         }
-        let m = GpuModel {
-            config: c.clone(),
-            embed,
-            lm_head,
-            layers,
-            final_norm: upload_f32(dev, &w.final_norm)?,
-            coded_scratch: (n_coded > 0).then_some(scratch),
+        match parts {
+            [g, u] if halves => interleaved(dev, *g, *u),
+            _ => stacked(dev, parts),
+        }
+    };
+    let embed = stacked(dev, &[&*w.embed])?;
+    let lm_head = if Arc::ptr_eq(&w.embed, &w.lm_head) {
+        None
+    } else {
+        Some(serve(&[&*w.lm_head], false, Launch::LmHead, "lm_head")?)
+    };
+    let mut layers = Vec::with_capacity(w.layers.len());
+    for (i, l) in w.layers.iter().enumerate() {
+        let qkv_bias = match (&l.q_bias, &l.k_bias, &l.v_bias) {
+            (None, None, None) => None,
+            (qb, kb, vb) => {
+                let mut b = qb.clone().unwrap_or_else(|| vec![0.0; q]);
+                b.extend(kb.clone().unwrap_or_else(|| vec![0.0; kv]));
+                b.extend(vb.clone().unwrap_or_else(|| vec![0.0; kv]));
+                Some(upload_f32(dev, &b)?)
+            }
         };
-        Ok((m, n_coded))
+        let what = |s: &str| format!("layer {i} {s}");
+        layers.push(GpuLayer {
+            attn_norm: upload_f32(dev, &l.attn_norm)?,
+            qkv: serve(&[&*l.q, &*l.k, &*l.v], false, Launch::Qkv, &what("qkv"))?,
+            qkv_bias,
+            o: serve(&[&*l.o], false, Launch::O, &what("o"))?,
+            mlp_norm: upload_f32(dev, &l.mlp_norm)?,
+            gate_up: serve(&[&*l.gate, &*l.up], true, Launch::GateUp, &what("gate_up"))?,
+            down: serve(&[&*l.down], false, Launch::Down, &what("down"))?,
+        });
+        progress(i + 1, w.layers.len());
     }
+    if code.is_some() && lm_head.is_none() {
+        r.dense_notes
+            .push("lm_head: tied to the embedding, served dense with it".into());
+    }
+    let any_coded = r.served + r.coded_at_load > 0;
+    let m = GpuModel {
+        config: c.clone(),
+        embed,
+        lm_head,
+        layers,
+        final_norm: upload_f32(dev, &w.final_norm)?,
+        coded_scratch: any_coded.then_some(scratch),
+    };
+    dev.synchronize()?;
+    Ok((m, r))
+}
+
+/// Where two models' coded matrices differ (coding, shape or any device array within its coded
+/// length), or None when every launch holds the same arrays.
+fn coded_arrays_differ(dev: &GpuDevice, a: &GpuModel, b: &GpuModel) -> Result<Option<String>> {
+    use crate::selftest::download;
+    use entrollm_codec::dtans::Geometry;
+    fn mats(m: &GpuModel) -> Vec<&GpuLinear> {
+        let mut v: Vec<&GpuLinear> = m.lm_head.iter().collect();
+        for l in &m.layers {
+            v.extend([&l.qkv, &l.o, &l.gate_up, &l.down]);
+        }
+        v
+    }
+    let (ma, mb) = (mats(a), mats(b));
+    if ma.len() != mb.len() {
+        return Ok(Some("different launch counts".into()));
+    }
+    for (i, (x, y)) in ma.into_iter().zip(mb).enumerate() {
+        let (x, y) = match (x, y) {
+            (GpuLinear::Dtans(x), GpuLinear::Dtans(y)) => (x, y),
+            (GpuLinear::Dense(_), GpuLinear::Dense(_)) => continue,
+            _ => return Ok(Some(format!("launch {i}: coded in one model only"))),
+        };
+        if x.parts.len() != y.parts.len() {
+            return Ok(Some(format!("launch {i}: part counts")));
+        }
+        for (p, q) in x.parts.iter().zip(&y.parts) {
+            if (p.coding, p.rows, p.cols, p.stream_len, p.stored_bytes)
+                != (q.coding, q.rows, q.cols, q.stream_len, q.stored_bytes)
+            {
+                return Ok(Some(format!(
+                    "launch {i}: {} {}×{} {} words vs {} {}×{} {} words",
+                    p.coding, p.rows, p.cols, p.stream_len, q.coding, q.rows, q.cols, q.stream_len
+                )));
+            }
+            let g = Geometry::new(p.payload, &p.coding, p.rows, p.cols)
+                .map_err(|e| GpuError::invalid(OP, e.to_string()))?;
+            let same_u32 = |u: &CudaSlice<u32>, v: &CudaSlice<u32>, n: usize| -> Result<bool> {
+                let (u, v) = (download(dev, u)?, download(dev, v)?);
+                Ok(u.len() >= n && v.len() >= n && u[..n] == v[..n])
+            };
+            let (ru, rv) = (download(dev, &p.raw)?, download(dev, &q.raw)?);
+            let n = g.raw_len();
+            for (name, same) in [
+                (
+                    "entries",
+                    same_u32(&p.entries, &q.entries, p.entries.len())?,
+                ),
+                ("tiles", same_u32(&p.tiles, &q.tiles, 2 * g.tiles())?),
+                ("stream", same_u32(&p.stream, &q.stream, p.stream_len)?),
+                (
+                    "companion",
+                    same_u32(&p.companion, &q.companion, g.companion_len())?,
+                ),
+                ("raw", ru.len() >= n && rv.len() >= n && ru[..n] == rv[..n]),
+            ] {
+                if !same {
+                    return Ok(Some(format!("launch {i}: {name} differ")));
+                }
+            }
+        }
+    }
+    Ok(None)
 }

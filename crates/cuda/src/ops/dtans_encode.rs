@@ -14,6 +14,7 @@ use entrollm_codec::dtans::{Coding, DtansTensor, EncodePlan, Mode, LANES};
 use entrollm_codec::Payload;
 use rayon::prelude::*;
 
+use crate::coded::GpuDtans;
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::jit::{KernelSource, KernelVariant};
@@ -91,6 +92,52 @@ pub fn encode_bf16(
     w: &CudaSlice<u16>,
     plan: &EncodePlan,
 ) -> Result<(DtansTensor, EncodeTimes)> {
+    let (t, mut times) = encode_bf16_device(dev, w, plan)?;
+    let g = plan.geometry;
+    let t2 = Instant::now();
+    let mut stream = download(dev, &t.stream)?;
+    stream.truncate(t.stream_len);
+    let mut index = download(dev, &t.tiles)?;
+    index.truncate(2 * g.tiles());
+    let mut companion = download(dev, &t.companion)?;
+    companion.truncate(g.companion_len());
+    let mut raw = download(dev, &t.raw)?;
+    raw.truncate(g.raw_len());
+    times.download_s = t2.elapsed().as_secs_f64();
+    Ok((
+        DtansTensor {
+            payload: plan.payload,
+            coding: plan.coding,
+            rows: g.rows,
+            cols: g.cols,
+            table: plan.table.clone(),
+            tiles: index,
+            stream,
+            companion,
+            raw,
+        },
+        times,
+    ))
+}
+
+/// Bytes of the coded arrays of a tensor coded by `plan` whose stream has `stream_len` words: what
+/// `DtansTensor::stored_bytes` gives for the same tensor.
+fn stored_bytes(plan: &EncodePlan, stream_len: usize) -> usize {
+    let g = plan.geometry;
+    4 * (2 * g.tiles() + stream_len + g.companion_len())
+        + g.raw_len()
+        + 5 * plan.table.symbols.len()
+}
+
+/// Codes the BF16 matrix `w` (on the device) as `plan` says and keeps the coded arrays on the
+/// device, ready for the fused kernels (code at load: nothing coded is copied to the host). Host
+/// traffic: the plan's tables up, the tile lengths down and the tile offsets up. The arrays are
+/// those [`encode_bf16`] downloads (its `download_s` is 0 here).
+pub fn encode_bf16_device(
+    dev: &GpuDevice,
+    w: &CudaSlice<u16>,
+    plan: &EncodePlan,
+) -> Result<(GpuDtans, EncodeTimes)> {
     if plan.payload != Payload::Bf16 {
         return Err(GpuError::invalid(
             OP,
@@ -102,6 +149,12 @@ pub fn encode_bf16(
     }
     let g = plan.geometry;
     super::check_len(OP, "w", w, g.rows * g.cols)?;
+    if g.rows > i32::MAX as usize || g.cols > i32::MAX as usize {
+        return Err(GpuError::invalid(
+            OP,
+            format!("{}×{} is too large", g.rows, g.cols),
+        ));
+    }
     let tiles = g.tiles();
     let steps = g.quartets - 1;
     let flag_words = steps.div_ceil(32);
@@ -198,33 +251,27 @@ pub fn encode_bf16(
     dev.synchronize()?;
     let streams_s = t1.elapsed().as_secs_f64();
 
-    let t2 = Instant::now();
-    let mut stream = download(dev, &stream)?;
-    stream.truncate(total);
-    let mut index = download(dev, &tiles_out)?;
-    index.truncate(2 * tiles);
-    let mut companion = download(dev, &companion)?;
-    companion.truncate(g.companion_len());
-    let mut raw = download(dev, &raw)?;
-    raw.truncate(g.raw_len());
-    let download_s = t2.elapsed().as_secs_f64();
     drop((words, flags, prologue, esc_count, lengths));
     Ok((
-        DtansTensor {
+        GpuDtans {
             payload: plan.payload,
             coding: plan.coding,
             rows: g.rows,
             cols: g.cols,
-            table: plan.table.clone(),
-            tiles: index,
+            entries: upload(dev, &plan.table.decoder_entries())?,
+            lut: upload(dev, &crate::coded::lut(plan.payload, false))?,
+            tiles: tiles_out,
             stream,
+            stream_len: total,
             companion,
             raw,
+            groups: None,
+            stored_bytes: stored_bytes(plan, total),
         },
         EncodeTimes {
             lanes_s,
             streams_s,
-            download_s,
+            download_s: 0.0,
         },
     ))
 }
@@ -382,6 +429,24 @@ mod tests {
     #[test]
     fn params_layout_matches_the_kernel() {
         assert_eq!(std::mem::size_of::<EncParams>(), 13 * 8 + 2 * 8 + 10 * 4);
+    }
+
+    #[test]
+    fn stored_bytes_match_the_host_tensor() {
+        let mut rng = Rng::new(11);
+        for (rows, cols, coding) in [
+            (33, 300, "single:8:256"),
+            (64, 1024, "pair:9:512:12"),
+            (5, 70, "pair:8:64"),
+        ] {
+            let coding = Coding::parse(coding).unwrap().unwrap();
+            let bits = random_bf16(&mut rng, rows * cols);
+            let codes = bf16_codes(&bits);
+            let raw: Vec<u8> = bits.iter().map(|&b| Payload::Bf16.split16(b).1).collect();
+            let plan = EncodePlan::new(Payload::Bf16, rows, cols, &codes, coding).unwrap();
+            let t = DtansTensor::encode_planned(&plan, &codes, &raw).unwrap();
+            assert_eq!(stored_bytes(&plan, t.stream.len()), t.stored_bytes());
+        }
     }
 
     #[test]
