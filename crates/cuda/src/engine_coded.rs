@@ -819,16 +819,19 @@ pub fn coded_e2e_selftest(
             },
             tolerance: 0.0,
         });
+        // Same arrays, so the same products up to the order of the mvm's f32 atomic adds across
+        // column slices (not deterministic): logits within f32 rounding, the same tokens.
         let (g, h) = (run(gm)?, run(cm)?);
-        let identical = g.0 == h.0 && g.1 == h.1 && g.2 == h.2 && !g.3 && !h.3;
+        let same_tokens = g.2 == h.2 && !g.3 && !h.3;
+        let rel = rel_l2(&g.0, &h.0).max(rel_l2(&g.1.concat(), &h.1.concat()));
         cases.push(CaseResult {
             kernel: "code-at-load logits".into(),
             shape: format!(
-                "{label}: GPU- vs host-coded prefill, steps, 32 tokens {}",
-                if identical { "identical" } else { "DIFFER" }
+                "{label}: GPU- vs host-coded prefill and steps; 32 tokens {}",
+                if same_tokens { "equal" } else { "DIFFER" }
             ),
-            rel_l2: if identical { 0.0 } else { f64::INFINITY },
-            tolerance: 0.0,
+            rel_l2: if same_tokens { rel } else { f64::INFINITY },
+            tolerance: 1e-6,
         });
         cases.push(CaseResult {
             kernel: "code-at-load e2e prefill".into(),
