@@ -243,6 +243,7 @@ pub fn llama8b_tuned() -> [(&'static str, usize, usize, Coding, DtansConfig, f64
         rep: 0,
         unroll,
         fast: false,
+        entry: 0,
     };
     [
         ("qkv", 6144, 4096, pair(256), cfg(8, 0, 4), 23.90),
