@@ -105,12 +105,12 @@ impl DtansConfig {
             && (kind.sc / kind.k / 4) % uq == 0
     }
 
-    /// Bytes per shared table entry for `kind`: as configured, else 4 for BF16 Single and 8 for
-    /// BF16 Pair (fewer shared-memory wavefronts per lookup), 16 for other payloads.
+    /// Bytes per shared table entry for `kind`: as configured, else 4 for BF16 Single (fewer
+    /// shared-memory wavefronts per lookup: faster on the large Llama-8B launches, H200
+    /// 2026-11-30) and 16 otherwise (BF16 Pair: 16 was faster than 4 and 8 on every launch).
     pub fn entry_bytes(&self, kind: &DtansKind) -> u32 {
         match self.entry {
             0 if kind.bf16 && kind.k == 1 => 4,
-            0 if kind.bf16 => 8,
             0 => 16,
             e => e,
         }
@@ -685,7 +685,7 @@ pub fn bench_configs() -> Vec<DtansConfig> {
 }
 
 /// Launches the selftest's mvm runs with: for bf16, 1, 4 and 8 warps per block (default entries),
-/// 16-byte entries (4 warps, and 8 with `fast`), and the other small entry size (Pair: 4 bytes;
+/// 16-byte entries (4 warps, and 8 with `fast`), and the small entries (Pair: 4 and 8 bytes;
 /// Single: 4 bytes in 16 copies, two lanes per bank); the default otherwise.
 fn selftest_mvm_configs(kind: &DtansKind) -> Vec<DtansConfig> {
     if kind.bf16 {
@@ -708,6 +708,12 @@ fn selftest_mvm_configs(kind: &DtansKind) -> Vec<DtansConfig> {
             },
             ..DtansConfig::warps(8)
         });
+        if kind.k == 2 {
+            v.push(DtansConfig {
+                entry: 8,
+                ..DtansConfig::warps(8)
+            });
+        }
         v
     } else {
         vec![DtansConfig::DEFAULT]
@@ -715,9 +721,14 @@ fn selftest_mvm_configs(kind: &DtansKind) -> Vec<DtansConfig> {
 }
 
 /// The entry-size comparison of `dtans_gpu_entry_timing` for a launch whose engine configuration
-/// is `base`: 16-byte entries (plain and `fast`), the small entries (4 bytes, Pair also 8; Single
+/// is `base` (its warps, unroll and copies): 16-byte entries (plain and `fast`), the small entries (4 bytes, Pair also 8; Single
 /// also 4 bytes in 16 copies) and the default entries with 4, 8 and 16 warps.
 pub fn entry_timing_configs(kind: &DtansKind, base: DtansConfig) -> Vec<DtansConfig> {
+    let base = DtansConfig {
+        fast: false,
+        entry: 0,
+        ..base
+    };
     let mut v = vec![
         DtansConfig { entry: 16, ..base },
         DtansConfig {
@@ -756,17 +767,11 @@ pub fn entry_timing_configs(kind: &DtansKind, base: DtansConfig) -> Vec<DtansCon
 fn selftest_store_configs(kind: &DtansKind, grouped: bool) -> Vec<DtansConfig> {
     let mut v = vec![DtansConfig::DEFAULT];
     if kind.bf16 {
-        // The 16-byte entries too (the default is 4 or 8 bytes for bf16), and Pair's 4-byte ones.
+        // The other entry size (bf16 default: Single 4 bytes, Pair 16).
         v.push(DtansConfig {
-            entry: 16,
+            entry: if kind.k == 1 { 16 } else { 4 },
             ..DtansConfig::DEFAULT
         });
-        if kind.k == 2 {
-            v.push(DtansConfig {
-                entry: 4,
-                ..DtansConfig::DEFAULT
-            });
-        }
     }
     let unrolls: &[u32] = if grouped { &[8] } else { &[2, 4] };
     if let Some(cfg) = unrolls
@@ -1242,7 +1247,7 @@ mod tests {
         };
         let (single, pair, int) = (kind(true, 1, 8), kind(true, 2, 8), kind(false, 2, 8));
         let d = DtansConfig::DEFAULT;
-        for (k, eb, copies) in [(single, 4, 32), (pair, 8, 16), (int, 16, 8)] {
+        for (k, eb, copies) in [(single, 4, 32), (pair, 16, 8), (int, 16, 8)] {
             assert_eq!(d.entry_bytes(&k), eb);
             assert_eq!(d.table_copies(&k), copies);
             assert_eq!(
