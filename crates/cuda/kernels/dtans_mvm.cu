@@ -23,6 +23,13 @@
 // is stored DT_REP times interleaved and lane l reads copy l mod DT_REP: a warp's 16-byte lookups of
 // random slots then take the minimum of 4 shared-memory wavefronts instead of ~12 (bank conflicts
 // made the first version shared-memory bound; measured on an H200, bench/RESULTS.md).
+// DT_EB 4 (bf16): the table holds 4-byte entries instead, the codec's r | d << 8 | c0 << 16 | c1 << 24
+// (Single: r | d << 8 | c0 << 23, the exponent in place), DT_REP (up to 32) copies: with 32 every
+// lane reads its own bank, one wavefront per warp lookup instead of four. r and d cost a mask and a
+// byte permute per lookup; the exponents need no field extraction because the merge keeps only bits
+// 23..30 of the (shifted) entry: (prmt(raw, sign-replicate) & 0x807FFFFF) | (S & 0x7F800000).
+// DT_EB 8 (bf16 Pair): {r | d << 8 | c0 << 23, c1 << 23}, up to 16 copies, two wavefronts per warp
+// lookup but no exponent shifts.
 //
 // Memory safety does not depend on the data: table indices are < M by construction, shared-memory
 // chunk reads are masked to the buffer, global chunk loads are bounded by the tile's stream, and
@@ -66,8 +73,8 @@
 #ifndef DT_FAST
 #define DT_FAST 0       // 1: byte-permute table addressing and a 32-bit high-word test (fewer instructions)
 #endif
-#ifndef DT_FAST
-#define DT_FAST 0       // 1: byte-permute table addressing and a 32-bit high-word test (fewer instructions)
+#ifndef DT_EB
+#define DT_EB 16        // bytes per shared table entry: 16, or 4 / 8 for bf16 (see above)
 #endif
 #ifndef DT_MINW
 #define DT_MINW 0       // resident warps per SM the register allocation must allow (0: no cap)
@@ -90,6 +97,7 @@
 #define DT_BCOMP (DT_CBITS * 128)          // companion bytes of a block
 #define DT_CW (DT_CWI > 0 ? DT_CWI : 1)  // (register array size)
 #define DT_NO_DUE 0xFFFFFFFFu
+#define DT_TABW (DT_M * DT_REP * DT_EB / 4)  // table words in shared memory
 // Decode/dequant outputs are staged per warp in shared memory (row = lane) for one iteration, then
 // stored transposed (lanes = consecutive 16-byte units of a row) so that a store instruction writes
 // whole row segments instead of 32 rows' scattered 8/16-byte pieces (uncoalesced, ~0.8 TB/s).
@@ -113,7 +121,10 @@ static_assert(DT_GS == 0 || (DT_GS % (4 * DT_K) == 0 && DT_SC % DT_GS == 0 && DT
               "DT_GS must be a multiple of 4·k dividing DT_SC");
 static_assert(DT_GS == 0 || DT_GS <= DT_ICOLS ? true : DT_GS % DT_ICOLS == 0,
               "groups larger than an iteration must be whole iterations");
-static_assert(DT_REP == 1 || DT_REP == 2 || DT_REP == 4 || DT_REP == 8, "DT_REP must be 1, 2, 4 or 8");
+static_assert((DT_REP & (DT_REP - 1)) == 0 && DT_REP >= 1 && DT_REP * DT_EB <= 128,
+              "DT_REP must be a power of two with at most 128 bytes of copies per slot");
+static_assert(DT_EB == 16 || (DT_BF16 && (DT_EB == 4 || (DT_EB == 8 && DT_K == 2))),
+              "4-byte entries: bf16 only; 8-byte entries: bf16 Pair only");
 static_assert(DT_OUT >= 0 && DT_OUT <= 2, "DT_OUT must be 0 (mvm), 1 (decode) or 2 (dequant)");
 
 struct DtMat {
@@ -173,21 +184,31 @@ __device__ __forceinline__ u32 u4get(const uint4& v, int i) {
 }
 
 // The f32 bits of a bf16 weight: raw byte `j` of `rw` (sign << 7 | mantissa) merged with the
-// exponent field `v` (= code << 23). prmt puts the raw byte in byte 2 and its sign replicated in
-// byte 3; the mask keeps the sign bit and the 7 mantissa bits.
+// exponent in bits 23..30 of `v` (its other bits are ignored). prmt puts the raw byte in byte 2, its
+// sign replicated in byte 3 and zeros below; one LOP3 keeps the sign and the 7 mantissa bits of it.
 __device__ __forceinline__ u32 dt_bf16_bits(u32 rw, int j, u32 v) {
     const u32 sel = 0x44u | ((u32)j << 8) | ((u32)(j | 8) << 12);
-    return (dt_prmt(rw, 0u, sel) & 0x807F0000u) | v;
+    u32 f;  // bit select (a & c) | (b & ~c) as one LOP3 (the compiler splits the C form in two)
+    asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(f) : "r"(dt_prmt(rw, 0u, sel)), "r"(v), "n"(0x807FFFFF));
+    return f;
 }
 
-// A warp's reader of its tile's stream through two 1 KiB shared-memory chunk buffers.
+// A warp's reader of its tile's stream through two 1 KiB shared-memory chunk buffers. Offsets are
+// in bytes so that a read address is one multiply-add and one LOP3: cur | ((pos + 4·rank) mod 1 KiB).
 struct DtReader {
-    u32* buf;          // 512 words: two chunk buffers
-    u32 cur, pos, due, bad;
+    u32* buf;          // the block's chunk buffers (2 KiB per warp)
+    u32 cur;           // byte offset of the current chunk buffer: warp·2048 + 0 or 1024
+    u32 pos;           // byte offset of the next word in the current chunk
+    u32 due, bad;
+    u32 duer;          // due − (step − rel) of the caller's frame: the fast test compares a constant
     int next;          // word offset (from the tile start) of the next chunk to load
     int len;           // words in the tile's stream
     const u32* s;      // tile start
 };
+
+__device__ __forceinline__ u32 dt_buf_word(const DtReader& r, u32 off) {
+    return *(const u32*)((const char*)r.buf + off);
+}
 
 // Loads the 256-word chunk at word `at` of the tile into `dst` (words past the stream are zeros).
 __device__ __forceinline__ void dt_load_chunk(const DtReader& r, u32* dst, int at, int lane) {
@@ -207,31 +228,33 @@ __device__ __forceinline__ void dt_prefetch_stream(const DtReader& r, int at) {
     if (left > 0) dt_prefetch_l2(r.s + at, (u32)(left < 256 ? left : 256) * 4u);
 }
 
-// Read step `step`: lanes with `need` take the next words in lane order. Uniform control flow.
-__device__ __forceinline__ u32 dt_read(DtReader& r, bool need, u32 step, u32 lt_mask, int lane) {
+// Read step `step` (`rel` in the caller's frame, see DtReader::duer): lanes with `need` take the
+// next words in lane order. Uniform control flow.
+__device__ __forceinline__ u32 dt_read(DtReader& r, bool need, u32 step, u32 rel, u32 lt_mask, int lane) {
     const u32 mask = __ballot_sync(0xffffffffu, need);
     const u32 n = __popc(mask);
     const u32 rank = __popc(mask & lt_mask);
     u32 w;
-    if (step != r.due) {
-        w = r.buf[r.cur + ((r.pos + rank) & 255u)];  // lanes that do not need it ignore it
-        r.pos += n;  // an overrun shows at the next due step or at the end
+    if (rel != r.duer) {
+        w = dt_buf_word(r, r.cur | ((r.pos + 4u * rank) & 1020u));  // lanes that do not need it ignore it
+        r.pos += 4u * n;  // an overrun shows at the next due step or at the end
     } else {
-        const u32 avail = 256u - r.pos;
+        const u32 avail = 256u - (r.pos >> 2);
         dt_cp_wait<0>();
         __syncwarp();
-        w = rank < avail ? r.buf[r.cur + ((r.pos + rank) & 255u)]
-                         : r.buf[(r.cur ^ 256u) + ((1u + rank - avail) & 255u)];
+        w = rank < avail ? dt_buf_word(r, r.cur | ((r.pos + 4u * rank) & 1020u))
+                         : dt_buf_word(r, (r.cur ^ 1024u) | ((4u + 4u * (rank - avail)) & 1020u));
         r.bad |= n <= avail;
         __syncwarp();
-        dt_load_chunk(r, r.buf + r.cur, r.next, lane);
+        dt_load_chunk(r, (u32*)((char*)r.buf + r.cur), r.next, lane);
         if (!DT_NOPF && lane == 0) dt_prefetch_stream(r, r.next + 256 * (DT_PD - 1));
         r.next += 256;
-        r.cur ^= 256u;
-        r.pos = (1u + n - avail) & 511u;
-        const u32 nd = r.buf[r.cur];
+        r.cur ^= 1024u;
+        r.pos = ((1u + n - avail) & 511u) * 4u;
+        const u32 nd = dt_buf_word(r, r.cur);
         r.bad |= nd <= step;
         r.due = nd;
+        r.duer = nd - (step - rel);
     }
     return w;
 }
@@ -309,8 +332,7 @@ __device__ __forceinline__ void dt_flush(const u32* st, int lane, void* out, int
 
 extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kernel(const DtParams p) {
     extern __shared__ uint4 dt_smem[];
-    uint4* tab = dt_smem;
-    float* xs = (float*)(dt_smem + DT_M * DT_REP);  // activation slice (mvm)
+    float* xs = (float*)dt_smem + DT_TABW;  // activation slice (mvm)
     float* xg = xs + (DT_OUT == 0 ? DT_SC : 0);  // activation sums per group (mvm with groups)
     constexpr int XG = DT_OUT == 0 ? ((DT_GS ? DT_SC / DT_GS : 1) + 3) / 4 * 4 : 0;
     u32* bufs = (u32*)(xg + XG);
@@ -332,13 +354,29 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
     const int band = ((int)blockIdx.x - m.block0) * DT_WARPS + warp;
 
     // Slot s's entry is stored DT_REP times at s·DT_REP + c; lane l reads copy l mod DT_REP, so a
-    // quarter-warp's 16-byte reads of random slots never share a bank.
+    // quarter-warp's 16-byte reads (a half-warp's 8-byte / a warp's 4-byte reads with 16 / 32
+    // copies) of random slots never share a bank.
+#if DT_EB == 4
+    u32* tab = (u32*)dt_smem;
+    for (int i = threadIdx.x; i < DT_M * DT_REP; i += blockDim.x) {
+        const u32 e = __ldg(m.entries + i / DT_REP);
+        tab[i] = DT_K == 1 ? (e & 0xFFFFu) | ((e >> 16) & 0xFFu) << 23 : e;
+    }
+#elif DT_EB == 8
+    uint2* tab = (uint2*)dt_smem;
+    for (int i = threadIdx.x; i < DT_M * DT_REP; i += blockDim.x) {
+        const u32 e = __ldg(m.entries + i / DT_REP);
+        tab[i] = make_uint2((e & 0xFFFFu) | ((e >> 16) & 0xFFu) << 23, (e >> 24) << 23);
+    }
+#else
+    uint4* tab = dt_smem;
     for (int i = threadIdx.x; i < DT_M * DT_REP; i += blockDim.x) {
         const u32 e = __ldg(m.entries + i / DT_REP);
         const u32 pl = e >> 16, cmask = (1u << DT_CB) - 1u;
         tab[i] = make_uint4(e & 0xFFu, (e >> 8) & 0xFFu, dt_code_value(m, pl & cmask),
                             DT_K == 2 ? dt_code_value(m, (pl >> DT_CB) & cmask) : 0u);
     }
+#endif
 #if DT_OUT == 0
     for (int c = threadIdx.x; c < DT_SC; c += blockDim.x) xs[c] = col0 + c < p.cols ? __ldg(p.x + col0 + c) : 0.0f;
     if (p.group != 0 || DT_GS != 0) {
@@ -361,14 +399,15 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
     const int row = band * 32 + lane;
     const int rowc = min(row, m.rows - 1);
     const int ncols = min(DT_SC, p.cols - col0);
-    const uint4* tabl = tab + (lane % DT_REP);
+    const auto* tabl = tab + (lane % DT_REP);  // this lane's copy of slot 0
     u32 lt_mask;
     asm("mov.u32 %0, %%lanemask_lt;" : "=r"(lt_mask));
 
     DtReader rd;
     rd.s = m.stream + o;
     rd.len = (int)min(tend - (long long)o, (long long)(1 << 30));
-    rd.buf = bufs + warp * 512;
+    rd.buf = bufs;
+    rd.cur = (u32)warp * 2048u;
     const unsigned char* rawt = m.raw + (size_t)tile * 32 * DT_SC;  // the tile's raw block
     const u32* compt = m.companion + (size_t)tile * 32 * (DT_Q * DT_CBITS / 8);
     if (!DT_NOPF && lane == 0) {
@@ -379,19 +418,20 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
         }
     }
     u32 x = rd.s[lane], b = rd.s[32 + lane];
-    dt_load_chunk(rd, rd.buf, 64, lane);
-    dt_load_chunk(rd, rd.buf + 256, 64 + 256, lane);
+    dt_load_chunk(rd, bufs + warp * 512, 64, lane);
+    dt_load_chunk(rd, bufs + warp * 512 + 256, 64 + 256, lane);
     rd.next = 64 + 512;
-    rd.cur = 0;
-    rd.pos = 1;
+    rd.pos = 4;
     rd.bad = 0;
     dt_cp_wait<1>();
     __syncwarp();
-    rd.due = rd.buf[0];
+    rd.due = dt_buf_word(rd, rd.cur);
 
     const unsigned char* rawp = rawt + lane * 16;  // unit j: + j·512
     const u32* compp = compt + lane;               // word j: + j·32
+    const unsigned char* rawn = rawp + DT_RAWU * 512;  // the next iteration's units
     (void)rawp;
+    (void)rawn;
     (void)compp;
 
 #if DT_GS
@@ -423,6 +463,7 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
 #endif
 
     for (int it = 0; it < DT_IT; ++it) {
+        rd.duer = rd.due - (u32)(it * DT_UQ);
         if (!DT_NOPF && lane == 0 && (it * DT_UQ) % 8 == 0 && (it * DT_UQ) / 8 + 1 + DT_PD < DT_NB) {
             const int pb = (it * DT_UQ) / 8 + 1 + DT_PD;  // block of 8 quartets
             if (DT_BF16) dt_prefetch_l2(rawt + pb * DT_BRAW, DT_BRAW);
@@ -446,9 +487,34 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
 #if DT_CBITS
             cw = cc[(u * 4 * DT_CBITS) / 32] >> ((u * 4 * DT_CBITS) % 32);
 #endif
-            uint4 e[4];
+            u32 rr[4], dd[4], ev[4][2];  // per lookup: r, d, and the table's value word(s)
+#if DT_EB != 16
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
+                // Byte i of b by one byte permute (companion bits above it), then one multiply-add
+                // to this lane's copy of the slot (slots are DT_EB·DT_REP bytes apart).
+                u32 idx = dt_prmt(b, 0u, 0x4440u | (u32)i);
+#if DT_CBITS
+                idx |= ((cw >> (i * DT_CBITS)) & ((1u << DT_CBITS) - 1u)) << 8;
+#endif
+#if DT_EB == 8
+                const uint2 e2 = *(const uint2*)((const char*)tabl + idx * (8u * DT_REP));
+                const u32 e = e2.x;
+                ev[i][0] = e;
+                ev[i][1] = e2.y;
+#else
+                const u32 e = *(const u32*)((const char*)tabl + idx * (4u * DT_REP));
+                // Exponents into bits 23..30 (dt_bf16_bits ignores the other bits).
+                ev[i][0] = DT_K == 1 ? e : e << 7;
+                ev[i][1] = e >> 1;
+#endif
+                rr[i] = e & 0xFFu;
+                dd[i] = dt_prmt(e, 0u, 0x4441u);
+            }
+#else
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                uint4 e;
 #if DT_FAST
                 // Byte i of b zero-extended by one byte permute, then one shift-add to the slot's
                 // copy for this lane (slots are 16·DT_REP bytes apart).
@@ -460,20 +526,25 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
                 idx |= ((cw >> (i * DT_CBITS)) & ((1u << DT_CBITS) - 1u)) << 8;
 #endif
 #if DT_FAST
-                e[i] = *(const uint4*)((const char*)tabl + idx * (16u * DT_REP));
+                e = *(const uint4*)((const char*)tabl + idx * (16u * DT_REP));
 #else
-                e[i] = tabl[idx * DT_REP];
+                e = tabl[idx * DT_REP];
 #endif
+                rr[i] = e.x;
+                dd[i] = e.y;
+                ev[i][0] = e.z;
+                ev[i][1] = e.w;
             }
+#endif
             // R = r0 r1 r2 r3, D = ((d0 r1 + d1) r2 + d2) r3 + d3 as a two-level tree.
-            const u32 r23 = e[2].x * e[3].x;
-            const u32 R = (e[0].x * e[1].x) * r23;
-            const u32 D = (e[0].y * e[1].x + e[1].y) * r23 + (e[2].y * e[3].x + e[3].y);
-#if DT_FAST
+            const u32 r23 = rr[2] * rr[3];
+            const u32 R = (rr[0] * rr[1]) * r23;
+            const u32 D = (dd[0] * rr[1] + dd[1]) * r23 + (dd[2] * rr[3] + dd[3]);
+#if DT_FAST || DT_EB != 16
             u32 xlo, xhi;  // x·R + D as two words, so the test below is one 32-bit compare
-            asm("{ .reg .u64 t; mad.wide.u32 t, %2, %3, %4; mov.b64 {%0, %1}, t; }"
+            asm("{ mad.lo.cc.u32 %0, %2, %3, %4; madc.hi.u32 %1, %2, %3, 0; }"
                 : "=r"(xlo), "=r"(xhi)
-                : "r"(x), "r"(R), "l"((unsigned long long)D));
+                : "r"(x), "r"(R), "r"(D));
 #else
             const unsigned long long xn = (unsigned long long)x * R + D;
             const u32 xlo = (u32)xn, xhi = (u32)(xn >> 32);
@@ -485,7 +556,7 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
             for (int i = 0; i < 4; ++i) {
 #pragma unroll
                 for (int j = 0; j < DT_K; ++j) {
-                    const u32 tv = j == 0 ? e[i].z : e[i].w;
+                    const u32 tv = ev[i][j];
 #if DT_BF16
                     const int c = u * 4 * DT_K + i * DT_K + j;  // column in the iteration
                     v[i * DT_K + j] = dt_bf16_bits(u4get(rc[c / 16], (c % 16) / 4), c % 4, tv);
@@ -549,7 +620,7 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
 #if DT_BF16
             if (((u + 1) * 4 * DT_K) % 16 == 0 && it + 1 < DT_IT) {
                 const int j = ((u + 1) * 4 * DT_K) / 16 - 1;
-                rc[j] = ld_stream_u4(rawp + ((it + 1) * DT_RAWU + j) * 512);
+                rc[j] = ld_stream_u4(rawn + j * 512);
             }
 #endif
 #if DT_CBITS
@@ -561,7 +632,7 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
             if (q + 1 < DT_Q) {
                 const u32 hi = xhi, lo = xlo;
                 const bool need = hi == 0;
-                const u32 w = dt_read(rd, need, (u32)q, lt_mask, lane);
+                const u32 w = dt_read(rd, need, (u32)q, (u32)u, lt_mask, lane);
                 b = need ? w : lo;
                 x = need ? lo : hi;
             }
@@ -569,6 +640,7 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
 #if DT_OUT != 0
         dt_flush(stage, lane, m.out, band * 32, m.rows, p.cols, col0 + it * DT_ICOLS);
 #endif
+        rawn += DT_RAWU * 512;
     }
 
 #if DT_OUT == 0
@@ -580,8 +652,9 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
     bool act = (m.tiles[2 * tile + 1] >> lane) & 1u;
     u32 step = DT_Q - 1;
     int last_col = -1;
+    rd.duer = rd.due;
     while (__any_sync(0xffffffffu, act)) {
-        const u32 rec = dt_read(rd, act, step, lt_mask, lane);
+        const u32 rec = dt_read(rd, act, step, step, lt_mask, lane);
         if (act) {
             const int c = (rec >> 16) & 0x7FF;
             const u32 val = rec & 0xFFFFu;
@@ -637,7 +710,7 @@ extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, DT_MINB) dtans_kerne
             break;
         }
     }
-    rd.bad |= rd.due != DT_NO_DUE || rd.pos > 256u;
+    rd.bad |= rd.due != DT_NO_DUE || rd.pos > 1024u;
     dt_cp_wait<0>();
 
 #if DT_OUT == 0

@@ -228,29 +228,51 @@ impl<'a> CodedBench<'a> {
     }
 }
 
-/// The fastest lossless BF16 coding and launch measured per Llama-3.1-8B launch shape on an H200
-/// (bench/RESULTS.md, 2026-11-29): (name, rows, cols, coding, config, µs).
-pub fn llama8b_tuned() -> [(&'static str, usize, usize, Coding, DtansConfig, f64); 5] {
+/// The fastest launch measured per Llama-3.1-8B launch shape on an H200 (bench/RESULTS.md): the
+/// fastest lossless BF16 Pair coding (2026-11-29) with its launch re-measured on 2026-11-30
+/// (16-byte table entries, `fast`), then the compact plan's Single codings
+/// (bench/plans/single-m8.json) with theirs (2026-11-30: 16-byte `fast` entries on the small
+/// launches, 4-byte entries and 16 warps on the large ones): (name, rows, cols, coding, config, µs).
+/// The Pair entry of a shape comes first ([`bf16_coding_for`] takes the first).
+pub fn llama8b_tuned() -> [(&'static str, usize, usize, Coding, DtansConfig, f64); 10] {
     let pair = |sc| Coding {
         mode: Mode::Pair,
         log2_m: 8,
         sc,
         t: Some(16),
     };
-    let cfg = |warps, min_warps, unroll| DtansConfig {
+    let single = |sc| Coding {
+        mode: Mode::Single,
+        log2_m: 8,
+        sc,
+        t: None,
+    };
+    let cfg = |warps, unroll, entry| DtansConfig {
         warps,
-        min_warps,
+        min_warps: 0,
         rep: 0,
         unroll,
-        fast: false,
+        fast: entry == 16,
+        entry,
     };
     [
-        ("qkv", 6144, 4096, pair(256), cfg(8, 0, 4), 23.90),
-        ("o", 4096, 4096, pair(256), cfg(16, 0, 0), 17.42),
-        ("gate_up", 28_672, 4096, pair(2048), cfg(16, 0, 0), 76.57),
-        ("down", 4096, 14_336, pair(1024), cfg(16, 0, 0), 42.92),
-        // w8m24 (registers capped for 24 warps/SM) measured 268.40 µs but spills 8 bytes.
-        ("lm_head", 128_256, 4096, pair(512), cfg(8, 0, 4), 279.04),
+        ("qkv", 6144, 4096, pair(256), cfg(8, 4, 16), 22.93),
+        ("o", 4096, 4096, pair(256), cfg(16, 0, 16), 17.11),
+        ("gate_up", 28_672, 4096, pair(2048), cfg(16, 0, 16), 71.36),
+        ("down", 4096, 14_336, pair(1024), cfg(16, 0, 16), 40.46),
+        ("lm_head", 128_256, 4096, pair(512), cfg(8, 4, 16), 266.50),
+        ("qkv", 6144, 4096, single(512), cfg(8, 0, 16), 34.19),
+        ("o", 4096, 4096, single(512), cfg(8, 0, 16), 25.97),
+        ("gate_up", 28_672, 4096, single(1024), cfg(16, 0, 4), 102.81),
+        ("down", 4096, 14_336, single(512), cfg(16, 0, 4), 58.55),
+        (
+            "lm_head",
+            128_256,
+            4096,
+            single(2048),
+            cfg(16, 0, 4),
+            364.11,
+        ),
     ]
 }
 

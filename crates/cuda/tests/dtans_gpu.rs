@@ -4,7 +4,9 @@
 
 use entrollm_cuda::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
 use entrollm_cuda::bench_coded::{bench_codings, CodedBench};
-use entrollm_cuda::ops::dtans::{bench_configs, selftest, DtansConfig};
+use entrollm_cuda::ops::dtans::{
+    bench_configs, entry_timing_configs, selftest, DtansConfig, DtansKind,
+};
 use entrollm_cuda::ops::gemv::GemvConfig;
 use entrollm_cuda::GpuDevice;
 
@@ -172,6 +174,148 @@ fn dtans_gpu_cold_timing() {
         println!("{s}");
     }
     assert_eq!(failures, 0, "{failures} coded launches gave wrong results");
+}
+
+/// The launches (name, coding, engine configuration) `dtans_gpu_entry_timing` compares on the
+/// Llama-3.1-8B shapes: the compact plan's Single coding and the tuned Pair coding.
+fn entry_timing_launches() -> Vec<(usize, entrollm_codec::dtans::Coding, DtansConfig)> {
+    use entrollm_cuda::engine_coded::COMPACT_PLAN_JSON;
+    use entrollm_cuda::linear::dtans_config_for;
+    use entrollm_cuda::ops::dtans::DtansOut;
+    use entrollm_model::coding_plan::{CodingPlan, Launch};
+    let plan = CodingPlan::from_json(COMPACT_PLAN_JSON, None).expect("the compact plan");
+    let mut v = Vec::new();
+    for (i, &(name, n, k)) in LLAMA8B_GEMV_SHAPES.iter().enumerate() {
+        let launch = Launch::from_name(name).expect("a plan launch name");
+        let single = plan
+            .launches
+            .get(&launch)
+            .copied()
+            .flatten()
+            .or(plan.default)
+            .expect("the plan codes every launch");
+        let (pair, pair_cfg) = entrollm_cuda::bench_coded::bf16_coding_for(n, k);
+        let single_cfg = dtans_config_for(
+            entrollm_codec::Payload::Bf16,
+            &single,
+            n,
+            k,
+            None,
+            DtansOut::Mvm,
+        )
+        .expect("an mvm launch");
+        v.push((i, single, single_cfg));
+        v.push((i, pair, pair_cfg));
+    }
+    v
+}
+
+fn entry_timing_kind(coding: &entrollm_codec::dtans::Coding, k: usize) -> DtansKind {
+    DtansKind::of(entrollm_codec::Payload::Bf16, coding, k, None)
+}
+
+/// Shared-table entry sizes on the five Llama-3.1-8B launches, cold cache, against our dense GEMV
+/// (the engine's configuration) in the same run: the compact plan's Single coding and the tuned
+/// Pair coding, each with `entry_timing_configs` of its engine launch (16-byte entries plain and
+/// `fast`, 4/8-byte entries, the default entries at other warp counts). Every launch is checked
+/// against the codec's matvec before it is timed. DTANS_SHAPES limits the shapes.
+#[test]
+#[ignore = "needs a GPU"]
+fn dtans_gpu_entry_timing() {
+    let dev = open();
+    let only: Option<Vec<String>> = std::env::var("DTANS_SHAPES")
+        .ok()
+        .map(|s| s.split(',').map(|v| v.to_string()).collect());
+    let mut failures = 0usize;
+    let mut summary = Vec::new();
+    let mut dense_us = Vec::new();
+    for (i, &(name, n, k)) in LLAMA8B_GEMV_SHAPES.iter().enumerate() {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
+            dense_us.push(f64::NAN);
+            continue;
+        }
+        let mut dense = GemvBench::new(&dev, n, k, 1000 + i as u64).expect("dense setup");
+        let cfg = entrollm_cuda::linear::gemv_config_for(n, k);
+        let t = dense.time_ours(cfg).expect("gemv timing");
+        println!(
+            "{name:<8} {n:>6}x{k:<6} dense {} {:8.2} us",
+            t.kernel, t.median_us
+        );
+        dense_us.push(t.median_us);
+    }
+    for (i, coding, base) in entry_timing_launches() {
+        let (name, n, k) = LLAMA8B_GEMV_SHAPES[i];
+        if dense_us[i].is_nan() {
+            continue;
+        }
+        let mut b = CodedBench::new(&dev, n, k, coding, 7 + i as u64).expect("coded setup");
+        let kind = entry_timing_kind(&coding, k);
+        let mut best: Option<(f64, DtansConfig)> = None;
+        let mut line = format!(
+            "| {name} | {coding} {:.3} b/w |",
+            b.tensor.bits_per_weight()
+        );
+        for cfg in entry_timing_configs(&kind, base) {
+            let (rel, err) = b.check(cfg).expect("coded check");
+            if !(rel < 1e-5 && err == 0) {
+                println!("FAIL {name} {coding} {cfg}: rel {rel:.2e} err {err}");
+                line.push_str(&format!(" {cfg} FAIL |"));
+                failures += 1;
+                continue;
+            }
+            let t = b.time(cfg).expect("coded timing");
+            println!(
+                "  {name:<8} {coding} {cfg:<14} {:8.2} us  vs dense x{:.3}  rel {rel:.1e}",
+                t.median_us,
+                dense_us[i] / t.median_us
+            );
+            line.push_str(&format!(" {cfg} {:.2} |", t.median_us));
+            if best.is_none_or(|(us, _)| t.median_us < us) {
+                best = Some((t.median_us, cfg));
+            }
+        }
+        if let Some((us, cfg)) = best {
+            line.push_str(&format!(
+                " best {cfg} {us:.2} (dense {:.2}, x{:.3}) |",
+                dense_us[i],
+                dense_us[i] / us
+            ));
+        }
+        summary.push(line);
+    }
+    for s in summary {
+        println!("{s}");
+    }
+    assert_eq!(failures, 0, "{failures} coded launches gave wrong results");
+}
+
+/// Cubins of everything `dtans_gpu_selftest`, `dtans_gpu_entry_timing` and the coded synthetic
+/// models' serving (`entrollm bench --coded`) launch, for `ENTROLLM_CACHE`.
+#[test]
+#[ignore = "needs libnvrtc; fills the kernel cache"]
+fn dtans_precompile_entry_cubins() {
+    use entrollm_cuda::ops::dtans::DtansOut;
+    use rayon::prelude::*;
+    let arch = std::env::var("DTANS_PRECOMPILE_ARCH").unwrap_or_else(|_| "sm_90".into());
+    let dir = entrollm_cuda::jit::default_cache_dir().expect("a cache directory");
+    let mut variants = entrollm_cuda::jit::all_variants();
+    variants.extend(entrollm_cuda::engine_coded::serve_variants());
+    for (_, coding, base) in entry_timing_launches() {
+        let kind = entry_timing_kind(&coding, 4096);
+        for cfg in entry_timing_configs(&kind, base) {
+            variants.push(kind.variant(cfg, DtansOut::Mvm));
+        }
+    }
+    let failed: Vec<String> = variants
+        .par_iter()
+        .filter_map(|v| {
+            entrollm_cuda::jit::cached_cubin(v, &arch, Some(&dir))
+                .err()
+                .map(|e| e.to_string())
+        })
+        .collect();
+    println!("{} variants cached in {}", variants.len(), dir.display());
+    assert!(failed.is_empty(), "{failed:#?}");
 }
 
 /// Per-launch `dequant` (BF16 materialisation for prefill GEMMs) on the five Llama-3.1-8B shapes,

@@ -46,14 +46,19 @@ pub enum DtansOut {
 pub struct DtansConfig {
     pub warps: u32,
     pub min_warps: u32,
-    /// Interleaved copies of the decoding table in shared memory (1, 2, 4 or 8; 0: as many as fit
-    /// in 32 KiB): lane l reads copy l mod rep, which spreads a warp's random lookups over the banks.
+    /// Interleaved copies of the decoding table in shared memory (a power of two, at most 128 bytes
+    /// of copies per slot; 0: as many as fit in 32 KiB): lane l reads copy l mod rep, which spreads
+    /// a warp's random lookups over the banks.
     pub rep: u32,
     /// Quartets per unrolled iteration (2, 4 or 8; 0: 8). Group dequantisation assumes 8.
     pub unroll: u32,
     /// Byte-permute table addressing and a 32-bit test of the accumulator's high word
     /// (about 10 fewer instructions per quartet).
     pub fast: bool,
+    /// Bytes per shared-memory table entry (the kernel's `DT_EB`): 16 `{r, d, v0, v1}` (every
+    /// payload), 4 (BF16: the codec's entry, one wavefront per warp lookup with 32 copies) or 8
+    /// (BF16 Pair: two words with the exponents in place); 0: [`DtansConfig::entry_bytes`]'s default.
+    pub entry: u32,
 }
 
 impl DtansConfig {
@@ -63,6 +68,7 @@ impl DtansConfig {
         rep: 0,
         unroll: 0,
         fast: false,
+        entry: 0,
     };
 
     pub const fn warps(warps: u32) -> Self {
@@ -72,28 +78,52 @@ impl DtansConfig {
             rep: 0,
             unroll: 0,
             fast: false,
+            entry: 0,
         }
     }
 
     /// Whether the kernel compiles for `kind` with this unroll (whole companion words and raw
-    /// units per iteration).
+    /// units per iteration), entry size and table copies.
     pub fn fits(&self, kind: &DtansKind) -> bool {
         let uq = if self.unroll == 0 { 8 } else { self.unroll };
         if ![2, 4, 8].contains(&uq) {
             return false;
         }
         let cbits = kind.log2_m as u32 - 8;
-        (uq * 4 * cbits) % 32 == 0
+        let eb = self.entry_bytes(kind);
+        let rep_ok = self.rep == 0 || (self.rep.is_power_of_two() && self.rep * eb <= 128);
+        let entry_ok = match self.entry {
+            0 | 16 => true,
+            4 => kind.bf16,
+            8 => kind.bf16 && kind.k == 2,
+            _ => false,
+        };
+        rep_ok
+            && entry_ok
+            && (uq * 4 * cbits) % 32 == 0
             && (!kind.bf16 || (4 * kind.k * uq) % 16 == 0)
             && (kind.sc / kind.k / 4) % uq == 0
     }
 
-    /// The table copies for a table of 2^log2_m entries.
-    pub fn table_copies(&self, log2_m: u8) -> u32 {
+    /// Bytes per shared table entry for `kind`: as configured, else 4 for BF16 Single (fewer
+    /// shared-memory wavefronts per lookup: faster on the large Llama-8B launches, H200
+    /// 2026-11-30) and 16 otherwise (BF16 Pair: 16 was faster than 4 and 8 on every launch).
+    pub fn entry_bytes(&self, kind: &DtansKind) -> u32 {
+        match self.entry {
+            0 if kind.bf16 && kind.k == 1 => 4,
+            0 => 16,
+            e => e,
+        }
+    }
+
+    /// The table copies for `kind`'s table of 2^log2_m entries: as configured, else as many as fit
+    /// in 32 KiB up to 128 bytes per slot (32 copies of 4-byte entries: a bank per lane).
+    pub fn table_copies(&self, kind: &DtansKind) -> u32 {
         if self.rep != 0 {
             return self.rep;
         }
-        (32768u32 >> (log2_m as u32 + 4)).clamp(1, 8)
+        let eb = self.entry_bytes(kind);
+        (32768u32 / (eb << kind.log2_m)).clamp(1, 128 / eb)
     }
 }
 
@@ -111,6 +141,9 @@ impl std::fmt::Display for DtansConfig {
         }
         if self.fast {
             write!(f, "f")?;
+        }
+        if self.entry > 0 {
+            write!(f, "e{}", self.entry)?;
         }
         Ok(())
     }
@@ -162,7 +195,8 @@ impl DtansKind {
                 ("DT_SC", self.sc as i64),
                 ("DT_WARPS", cfg.warps as i64),
                 ("DT_MINW", cfg.min_warps as i64),
-                ("DT_REP", cfg.table_copies(self.log2_m) as i64),
+                ("DT_REP", cfg.table_copies(self) as i64),
+                ("DT_EB", cfg.entry_bytes(self) as i64),
                 (
                     "DT_UQ",
                     if cfg.unroll == 0 {
@@ -191,7 +225,8 @@ impl DtansKind {
     /// chunk buffers per warp, and (decode/dequant) a warp's staged outputs of one iteration: 32
     /// rows of `DT_SW` bytes plus one store unit of padding (the kernel's `DT_STAGE`).
     pub fn shared_bytes(&self, cfg: DtansConfig, out: DtansOut) -> usize {
-        let table = (16usize << self.log2_m) * cfg.table_copies(self.log2_m) as usize;
+        let table =
+            ((cfg.entry_bytes(self) as usize) << self.log2_m) * cfg.table_copies(self) as usize;
         let uq = if cfg.unroll == 0 { 8 } else { cfg.unroll } as usize;
         let (act, stage) = match out {
             DtansOut::Mvm => {
@@ -303,7 +338,6 @@ fn launch(
     if cfg.warps == 0
         || cfg.warps > 32
         || cfg.min_warps > 64
-        || ![0, 1, 2, 4, 8].contains(&cfg.rep)
         || !cfg.fits(&kind)
         || (cfg.unroll != 0 && cfg.unroll != 8 && mats[0].groups.is_some())
     {
@@ -643,32 +677,102 @@ pub fn bench_configs() -> Vec<DtansConfig> {
                 rep: 0,
                 unroll,
                 fast,
+                entry: 16,
             });
         }
     }
     v
 }
 
-/// Launches the selftest's mvm runs with: 1, 4 and 8 warps per block and the `fast` variant for
-/// bf16, the default otherwise.
+/// Launches the selftest's mvm runs with: for bf16, 1, 4 and 8 warps per block (default entries),
+/// 16-byte entries (4 warps, and 8 with `fast`), and the small entries (Pair: 4 and 8 bytes;
+/// Single: 4 bytes in 16 copies, two lanes per bank); the default otherwise.
 fn selftest_mvm_configs(kind: &DtansKind) -> Vec<DtansConfig> {
     if kind.bf16 {
         let mut v: Vec<DtansConfig> = [1, 4, 8].map(DtansConfig::warps).to_vec();
         v.push(DtansConfig {
+            entry: 16,
+            ..DtansConfig::warps(4)
+        });
+        v.push(DtansConfig {
             fast: true,
+            entry: 16,
             ..DtansConfig::warps(8)
         });
+        v.push(DtansConfig {
+            entry: 4,
+            rep: if kind.k == 1 && kind.log2_m <= 10 {
+                16
+            } else {
+                0
+            },
+            ..DtansConfig::warps(8)
+        });
+        if kind.k == 2 {
+            v.push(DtansConfig {
+                entry: 8,
+                ..DtansConfig::warps(8)
+            });
+        }
         v
     } else {
         vec![DtansConfig::DEFAULT]
     }
 }
 
-/// Launches the selftest's decode and dequant runs with: the default (4 warps, unroll 8) and 8 warps
-/// with the smallest unroll the kind compiles for (the narrowest staged rows of the transposed
-/// stores; matrices with dequant groups run at unroll 8 only).
+/// The entry-size comparison of `dtans_gpu_entry_timing` for a launch whose engine configuration
+/// is `base` (its warps, unroll and copies): 16-byte entries (plain and `fast`), the small entries (4 bytes, Pair also 8; Single
+/// also 4 bytes in 16 copies) and the default entries with 4, 8 and 16 warps.
+pub fn entry_timing_configs(kind: &DtansKind, base: DtansConfig) -> Vec<DtansConfig> {
+    let base = DtansConfig {
+        fast: false,
+        entry: 0,
+        ..base
+    };
+    let mut v = vec![
+        DtansConfig { entry: 16, ..base },
+        DtansConfig {
+            entry: 16,
+            fast: true,
+            ..base
+        },
+        DtansConfig { entry: 4, ..base },
+    ];
+    if kind.k == 2 {
+        v.push(DtansConfig { entry: 8, ..base });
+    } else {
+        v.push(DtansConfig {
+            entry: 4,
+            rep: 16,
+            ..base
+        });
+    }
+    for warps in [4, 8, 16] {
+        if warps != base.warps {
+            v.push(DtansConfig {
+                warps,
+                entry: 0,
+                ..base
+            });
+        }
+    }
+    v.retain(|c| c.fits(kind));
+    v
+}
+
+/// Launches the selftest's decode and dequant runs with: the default (4 warps, unroll 8; bf16 also
+/// with the other entry sizes) and 8 warps with the smallest unroll the kind compiles for (the
+/// narrowest staged rows of the transposed stores; matrices with dequant groups run at unroll 8
+/// only).
 fn selftest_store_configs(kind: &DtansKind, grouped: bool) -> Vec<DtansConfig> {
     let mut v = vec![DtansConfig::DEFAULT];
+    if kind.bf16 {
+        // The other entry size (bf16 default: Single 4 bytes, Pair 16).
+        v.push(DtansConfig {
+            entry: if kind.k == 1 { 16 } else { 4 },
+            ..DtansConfig::DEFAULT
+        });
+    }
     let unrolls: &[u32] = if grouped { &[8] } else { &[2, 4] };
     if let Some(cfg) = unrolls
         .iter()
@@ -1129,6 +1233,51 @@ mod tests {
                 assert!(b <= 227 * 1024, "{k:?} {out:?}: {b}");
             }
         }
+    }
+
+    #[test]
+    fn entry_sizes_follow_the_payload() {
+        let kind = |bf16, k, log2_m| DtansKind {
+            k,
+            log2_m,
+            sc: 1024,
+            bf16,
+            code_bits: 8,
+            small_group: 0,
+        };
+        let (single, pair, int) = (kind(true, 1, 8), kind(true, 2, 8), kind(false, 2, 8));
+        let d = DtansConfig::DEFAULT;
+        for (k, eb, copies) in [(single, 4, 32), (pair, 16, 8), (int, 16, 8)] {
+            assert_eq!(d.entry_bytes(&k), eb);
+            assert_eq!(d.table_copies(&k), copies);
+            assert_eq!(
+                k.shared_bytes(d, DtansOut::Mvm),
+                32768 + 4 * 1024 + 16 + 2048 * 4
+            );
+            assert!(d.fits(&k));
+        }
+        assert_eq!(d.table_copies(&kind(true, 1, 12)), 2);
+        assert!(!DtansConfig { entry: 4, ..d }.fits(&int));
+        assert!(!DtansConfig { entry: 8, ..d }.fits(&single));
+        assert!(!DtansConfig { entry: 5, ..d }.fits(&pair));
+        assert!(!DtansConfig {
+            entry: 16,
+            rep: 16,
+            ..d
+        }
+        .fits(&pair));
+        assert!(!DtansConfig {
+            entry: 4,
+            rep: 3,
+            ..d
+        }
+        .fits(&pair));
+        assert!(DtansConfig {
+            entry: 4,
+            rep: 32,
+            ..d
+        }
+        .fits(&pair));
     }
 
     #[test]
