@@ -141,18 +141,29 @@ pub fn launch_swiglu(
     n_tokens: usize,
     inter: usize,
 ) -> Result<()> {
-    const OP: &str = "swiglu";
-    check_len(OP, "gate_up", gate_up, 2 * n_tokens * inter)?;
-    check_len(OP, "out", out, n_tokens * inter)?;
+    launch_swiglu_halves("swiglu", dev, gate_up, out, n_tokens, inter)
+}
+
+/// The SwiGLU over gate/up halves, into `out` of the kernel's element type (f32 or BF16 bits).
+fn launch_swiglu_halves<T>(
+    kernel: &'static str,
+    dev: &GpuDevice,
+    gate_up: &CudaSlice<f32>,
+    out: &mut CudaSlice<T>,
+    n_tokens: usize,
+    inter: usize,
+) -> Result<()> {
+    check_len(kernel, "gate_up", gate_up, 2 * n_tokens * inter)?;
+    check_len(kernel, "out", out, n_tokens * inter)?;
     let (inter_i, n_i) = (
-        as_i32(OP, "inter", inter)?,
-        as_i32(OP, "n_tokens", n_tokens)?,
+        as_i32(kernel, "inter", inter)?,
+        as_i32(kernel, "n_tokens", n_tokens)?,
     );
-    as_i32(OP, "2 * n_tokens * inter", 2 * n_tokens * inter)?;
+    as_i32(kernel, "2 * n_tokens * inter", 2 * n_tokens * inter)?;
     if n_tokens * inter == 0 {
         return Ok(());
     }
-    let f = dev.function(&variant(), "swiglu")?;
+    let f = dev.function(&variant(), kernel)?;
     let cfg = LaunchConfig {
         grid_dim: (grid_for(n_tokens * inter, BLOCK), 1, 1),
         block_dim: (BLOCK, 1, 1),
@@ -161,7 +172,7 @@ pub fn launch_swiglu(
     let mut b = dev.stream().launch_builder(&f);
     b.arg(gate_up).arg(out).arg(&inter_i).arg(&n_i);
     // SAFETY: argument types and counts match the kernel; sizes were checked above.
-    unsafe { b.launch(cfg) }.while_(|| "launching swiglu".into())?;
+    unsafe { b.launch(cfg) }.while_(|| format!("launching {kernel}"))?;
     Ok(())
 }
 
@@ -213,28 +224,7 @@ pub fn launch_swiglu_halves_bf16(
     n_tokens: usize,
     inter: usize,
 ) -> Result<()> {
-    const OP: &str = "swiglu_halves_bf16";
-    check_len(OP, "gate_up", gate_up, 2 * n_tokens * inter)?;
-    check_len(OP, "out", out, n_tokens * inter)?;
-    let (inter_i, n_i) = (
-        as_i32(OP, "inter", inter)?,
-        as_i32(OP, "n_tokens", n_tokens)?,
-    );
-    as_i32(OP, "2 * n_tokens * inter", 2 * n_tokens * inter)?;
-    if n_tokens * inter == 0 {
-        return Ok(());
-    }
-    let f = dev.function(&variant(), "swiglu_halves_bf16")?;
-    let cfg = LaunchConfig {
-        grid_dim: (grid_for(n_tokens * inter, BLOCK), 1, 1),
-        block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut b = dev.stream().launch_builder(&f);
-    b.arg(gate_up).arg(out).arg(&inter_i).arg(&n_i);
-    // SAFETY: argument types and counts match the kernel; sizes were checked above.
-    unsafe { b.launch(cfg) }.while_(|| "launching swiglu_halves_bf16".into())?;
-    Ok(())
+    launch_swiglu_halves("swiglu_halves_bf16", dev, gate_up, out, n_tokens, inter)
 }
 
 /// `x[..n] += y[..n]`.

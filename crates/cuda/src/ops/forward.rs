@@ -617,6 +617,24 @@ pub fn gemv_fused_variant(cfg: GemvConfig, f: GemvFusion) -> KernelVariant {
     v
 }
 
+/// SwiGLU pairs need an even row count, whole pairs per warp and no accumulate.
+pub(crate) fn check_fusion(
+    op: &'static str,
+    cfg: GemvConfig,
+    fusion: GemvFusion,
+    n: usize,
+) -> Result<()> {
+    if fusion.swiglu && (cfg.rows % 2 != 0 || n % 2 != 0 || fusion.accumulate) {
+        return Err(GpuError::invalid(
+            op,
+            format!(
+                "swiglu needs an even row count and rows per warp, no accumulate ({cfg}, n {n})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `y = W · rmsnorm(x; g, eps)` (when `norm` is given, else `W x`), with `fusion`'s epilogue;
 /// x f32 [k], y f32 [n] (n/2 with swiglu). References: `gemv_ref` over
 /// `rmsnorm_f32w_ref(x)`, plus y / [`swiglu_interleaved_ref`].
@@ -637,21 +655,9 @@ pub fn launch_gemv_fused(
     check_len(OP, "w", w, n * k)?;
     check_len(OP, "x", x, k)?;
     check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
-    if fusion.swiglu && (cfg.rows % 2 != 0 || n % 2 != 0 || fusion.accumulate) {
-        return Err(GpuError::invalid(
-            OP,
-            format!(
-                "swiglu needs an even row count and rows per warp, no accumulate ({cfg}, n {n})"
-            ),
-        ));
-    }
+    check_fusion(OP, cfg, fusion, n)?;
     let variant = gemv_fused_variant(cfg, fusion);
-    let blocks = n.div_ceil((cfg.warps * cfg.rows) as usize);
-    let launch_cfg = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (cfg.warps * 32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let launch_cfg = cfg.launch(n);
     let (n_i, k_i) = (n as i32, k as i32);
     match norm {
         Some((g, eps)) => {
@@ -730,11 +736,7 @@ pub fn launch_gemv_rope(
     as_i32(OP, "cache elements", t.max_seq * s.kv_dim())?;
     let (cfg, variant) = gemv_rope_variant(cfg);
     let f = dev.function(&variant, "gemv_bf16_rope")?;
-    let launch_cfg = LaunchConfig {
-        grid_dim: (n.div_ceil((cfg.warps * cfg.rows) as usize) as u32, 1, 1),
-        block_dim: (cfg.warps * 32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let launch_cfg = cfg.launch(n);
     let null = 0u64; // no bias: a null pointer
     let (n_i, k_i) = (n as i32, k as i32);
     let (nq, nkv, hd) = (s.n_q_heads as i32, s.n_kv_heads as i32, s.head_dim as i32);
@@ -791,11 +793,7 @@ pub fn launch_gemv_prenorm(
         ));
     }
     let f = dev.function(&gemv_fused_variant(cfg, fusion), "gemv_bf16_prenorm")?;
-    let launch_cfg = LaunchConfig {
-        grid_dim: (n.div_ceil((cfg.warps * cfg.rows) as usize) as u32, 1, 1),
-        block_dim: (cfg.warps * 32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let launch_cfg = cfg.launch(n);
     let (n_i, k_i) = (n as i32, k as i32);
     launch_kernel!(dev, f, launch_cfg, OP, [w, h, &ss, y, &n_i, &k_i, &eps])
 }
@@ -851,15 +849,10 @@ pub fn launch_gemv_accum_norm(
     check_len(OP, "y", y, n)?;
     check_len(OP, "g", next.g, n)?;
     check_len(OP, "h", next.h, n)?;
-    let blocks = n.div_ceil((cfg.warps * cfg.rows) as usize);
     check_len(OP, "ss accumulators", next.acc, next.slot + 1)?;
     let mut ss = next.acc.slice_mut(next.slot..next.slot + 1);
     let f = dev.function(&gemv_accum_variant(cfg), "gemv_bf16_accum_norm")?;
-    let launch_cfg = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (cfg.warps * 32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let launch_cfg = cfg.launch(n);
     let (n_i, k_i) = (n as i32, k as i32);
     launch_kernel!(
         dev,
@@ -886,12 +879,7 @@ pub fn launch_gemv_accum(
     check_len(OP, "x", x, k)?;
     check_len(OP, "y", y, n)?;
     let f = dev.function(&gemv_accum_variant(cfg), "gemv_bf16")?;
-    let blocks = n.div_ceil((cfg.warps * cfg.rows) as usize);
-    let launch_cfg = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (cfg.warps * 32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let launch_cfg = cfg.launch(n);
     let (n_i, k_i) = (n as i32, k as i32);
     launch_kernel!(dev, f, launch_cfg, OP, [w, x, y, &n_i, &k_i])
 }

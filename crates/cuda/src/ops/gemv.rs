@@ -77,8 +77,14 @@ impl GemvConfig {
         )
     }
 
-    fn rows_per_block(&self) -> usize {
-        (self.warps * self.rows) as usize
+    /// The launch over `n` rows: `rows` per warp, `warps` per block.
+    pub fn launch(&self, n: usize) -> LaunchConfig {
+        let rows_per_block = (self.warps * self.rows) as usize;
+        LaunchConfig {
+            grid_dim: (n.div_ceil(rows_per_block) as u32, 1, 1),
+            block_dim: (self.warps * 32, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 }
 
@@ -117,12 +123,7 @@ pub fn launch_gemv(
     check_len(OP, "x", x, k)?;
     check_len(OP, "y", y, n)?;
     let f = dev.function(&cfg.variant(), "gemv_bf16")?;
-    let blocks = n.div_ceil(cfg.rows_per_block());
-    let launch = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (cfg.warps * 32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let launch = cfg.launch(n);
     let (n_i, k_i) = (n as i32, k as i32);
     let mut b = dev.stream().launch_builder(&f);
     b.arg(w).arg(x).arg(y).arg(&n_i).arg(&k_i);

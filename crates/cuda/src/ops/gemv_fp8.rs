@@ -6,11 +6,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 use entrollm_model::weights::{DenseFp8, RowScaled};
 use entrollm_model::Linear;
 
-use super::forward::{gemv_fused_variant, GemvFusion};
+use super::forward::{check_fusion, gemv_fused_variant, GemvFusion};
 use super::gemv::GemvConfig;
 use super::{as_i32, check_len};
 use crate::device::GpuDevice;
@@ -67,21 +67,9 @@ pub fn launch_gemv_fp8(
     check_len(OP, "scales", scales, n)?;
     check_len(OP, "x", x, k)?;
     check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
-    if fusion.swiglu && (cfg.rows % 2 != 0 || n % 2 != 0 || fusion.accumulate) {
-        return Err(GpuError::invalid(
-            OP,
-            format!(
-                "swiglu needs an even row count and rows per warp, no accumulate ({cfg}, n {n})"
-            ),
-        ));
-    }
+    check_fusion(OP, cfg, fusion, n)?;
     let variant = gemv_fused_variant(cfg, fusion);
-    let blocks = n.div_ceil((cfg.warps * cfg.rows) as usize);
-    let launch = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (cfg.warps * 32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let launch = cfg.launch(n);
     let (n_i, k_i) = (n as i32, k as i32);
     let what = || format!("launching {OP} {cfg} {fusion:?} [{n}, {k}]");
     match norm {
