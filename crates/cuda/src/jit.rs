@@ -190,6 +190,28 @@ unsafe fn get_cubin(prog: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, nvrtc_sys:
     Ok(buf)
 }
 
+/// Compiles `variants` with NVRTC alone, in parallel, into the cubin cache
+/// ([`default_cache_dir`]) for `DTANS_PRECOMPILE_ARCH` (default sm_90), so that a GPU run with the
+/// same `ENTROLLM_CACHE` skips the JIT. Returns the cache directory; every failure is an error.
+pub fn precompile(variants: &[KernelVariant]) -> std::result::Result<PathBuf, String> {
+    use rayon::prelude::*;
+    let arch = std::env::var("DTANS_PRECOMPILE_ARCH").unwrap_or_else(|_| "sm_90".into());
+    let dir = default_cache_dir().ok_or("no cache directory: set ENTROLLM_CACHE or HOME")?;
+    let failed: Vec<String> = variants
+        .par_iter()
+        .filter_map(|v| {
+            cached_cubin(v, &arch, Some(&dir))
+                .err()
+                .map(|e| e.to_string())
+        })
+        .collect();
+    if failed.is_empty() {
+        Ok(dir)
+    } else {
+        Err(failed.join("\n"))
+    }
+}
+
 /// `${ENTROLLM_CACHE:-~/.cache/entrollm}/kernels`, or None when neither variable gives a place.
 pub fn default_cache_dir() -> Option<PathBuf> {
     let root = match std::env::var_os("ENTROLLM_CACHE") {

@@ -36,9 +36,6 @@ fn code_at_load_selftest() {
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn code_at_load_precompile_cubins() {
     use entrollm_model::synth::SynthShape;
-    use rayon::prelude::*;
-    let arch = std::env::var("DTANS_PRECOMPILE_ARCH").unwrap_or_else(|_| "sm_90".into());
-    let dir = entrollm_cuda::jit::default_cache_dir().expect("a cache directory");
     let mut variants = entrollm_cuda::jit::all_variants();
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
     for (c, seed) in [(e2e_config(), seed()), (SynthShape::Tiny.config(), 0)] {
@@ -52,14 +49,8 @@ fn code_at_load_precompile_cubins() {
             }
         }
     }
-    let failed: Vec<String> = variants
-        .par_iter()
-        .filter_map(|v| {
-            entrollm_cuda::jit::cached_cubin(v, &arch, Some(&dir))
-                .err()
-                .map(|e| e.to_string())
-        })
-        .collect();
-    println!("{} variants cached in {}", variants.len(), dir.display());
-    assert!(failed.is_empty(), "{failed:#?}");
+    match entrollm_cuda::jit::precompile(&variants) {
+        Ok(dir) => println!("{} variants cached in {}", variants.len(), dir.display()),
+        Err(failed) => panic!("{failed}"),
+    }
 }

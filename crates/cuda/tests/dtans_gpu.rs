@@ -295,9 +295,6 @@ fn dtans_gpu_entry_timing() {
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn dtans_precompile_entry_cubins() {
     use entrollm_cuda::ops::dtans::DtansOut;
-    use rayon::prelude::*;
-    let arch = std::env::var("DTANS_PRECOMPILE_ARCH").unwrap_or_else(|_| "sm_90".into());
-    let dir = entrollm_cuda::jit::default_cache_dir().expect("a cache directory");
     let mut variants = entrollm_cuda::jit::all_variants();
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
     for (_, coding, base) in entry_timing_launches() {
@@ -306,16 +303,10 @@ fn dtans_precompile_entry_cubins() {
             variants.push(kind.variant(cfg, DtansOut::Mvm));
         }
     }
-    let failed: Vec<String> = variants
-        .par_iter()
-        .filter_map(|v| {
-            entrollm_cuda::jit::cached_cubin(v, &arch, Some(&dir))
-                .err()
-                .map(|e| e.to_string())
-        })
-        .collect();
-    println!("{} variants cached in {}", variants.len(), dir.display());
-    assert!(failed.is_empty(), "{failed:#?}");
+    match entrollm_cuda::jit::precompile(&variants) {
+        Ok(dir) => println!("{} variants cached in {}", variants.len(), dir.display()),
+        Err(failed) => panic!("{failed}"),
+    }
 }
 
 /// Per-launch `dequant` (BF16 materialisation for prefill GEMMs) on the five Llama-3.1-8B shapes,
@@ -384,22 +375,13 @@ fn dtans_gpu_dequant_timing() {
 #[test]
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn dtans_precompile_cubins() {
-    use rayon::prelude::*;
-    let arch = std::env::var("DTANS_PRECOMPILE_ARCH").unwrap_or_else(|_| "sm_90".into());
-    let dir = entrollm_cuda::jit::default_cache_dir().expect("a cache directory");
     let mut variants = entrollm_cuda::jit::all_variants();
     variants.extend(entrollm_cuda::ops::dtans::sweep_variants());
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
-    let failed: Vec<String> = variants
-        .par_iter()
-        .filter_map(|v| {
-            entrollm_cuda::jit::cached_cubin(v, &arch, Some(&dir))
-                .err()
-                .map(|e| e.to_string())
-        })
-        .collect();
-    println!("{} variants cached in {}", variants.len(), dir.display());
-    assert!(failed.is_empty(), "{failed:#?}");
+    match entrollm_cuda::jit::precompile(&variants) {
+        Ok(dir) => println!("{} variants cached in {}", variants.len(), dir.display()),
+        Err(failed) => panic!("{failed}"),
+    }
 }
 
 /// Cubins of every runtime variant (`jit::all_variants`) and of the coded synthetic models'
@@ -407,21 +389,12 @@ fn dtans_precompile_cubins() {
 #[test]
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn serve_precompile_cubins() {
-    use rayon::prelude::*;
-    let arch = std::env::var("DTANS_PRECOMPILE_ARCH").unwrap_or_else(|_| "sm_90".into());
-    let dir = entrollm_cuda::jit::default_cache_dir().expect("a cache directory");
     let mut variants = entrollm_cuda::jit::all_variants();
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
-    let failed: Vec<String> = variants
-        .par_iter()
-        .filter_map(|v| {
-            entrollm_cuda::jit::cached_cubin(v, &arch, Some(&dir))
-                .err()
-                .map(|e| e.to_string())
-        })
-        .collect();
-    println!("{} variants cached in {}", variants.len(), dir.display());
-    assert!(failed.is_empty(), "{failed:#?}");
+    match entrollm_cuda::jit::precompile(&variants) {
+        Ok(dir) => println!("{} variants cached in {}", variants.len(), dir.display()),
+        Err(failed) => panic!("{failed}"),
+    }
 }
 
 /// GPU encoder against the CPU encoder, byte for byte, and the CPU decoder on its output

@@ -175,9 +175,6 @@ fn fp8_codings_of_the_llama8b_shapes() {
 #[test]
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn fp8_precompile_cubins() {
-    use rayon::prelude::*;
-    let arch = std::env::var("DTANS_PRECOMPILE_ARCH").unwrap_or_else(|_| "sm_90".into());
-    let dir = entrollm_cuda::jit::default_cache_dir().expect("a cache directory");
     let mut variants: Vec<_> = entrollm_cuda::jit::all_variants()
         .into_iter()
         .filter(|v| v.source.name == entrollm_cuda::jit::GEMV.name)
@@ -190,14 +187,8 @@ fn fp8_precompile_cubins() {
             }
         }
     }
-    let failed: Vec<String> = variants
-        .par_iter()
-        .filter_map(|v| {
-            entrollm_cuda::jit::cached_cubin(v, &arch, Some(&dir))
-                .err()
-                .map(|e| e.to_string())
-        })
-        .collect();
-    println!("{} variants cached in {}", variants.len(), dir.display());
-    assert!(failed.is_empty(), "{failed:#?}");
+    match entrollm_cuda::jit::precompile(&variants) {
+        Ok(dir) => println!("{} variants cached in {}", variants.len(), dir.display()),
+        Err(failed) => panic!("{failed}"),
+    }
 }

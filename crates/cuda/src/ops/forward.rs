@@ -786,12 +786,13 @@ pub fn launch_gemv_prenorm(
     check_len(OP, "h", h, k)?;
     let (ss, eps) = norm.view(OP)?;
     check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
-    if fusion.accumulate || (fusion.swiglu && (cfg.rows % 2 != 0 || n % 2 != 0)) {
+    if fusion.accumulate {
         return Err(GpuError::invalid(
             OP,
-            format!("no accumulate; swiglu needs even rows ({cfg}, n {n})"),
+            "no accumulate: the input is an RMSNorm's",
         ));
     }
+    check_fusion(OP, cfg, fusion, n)?;
     let f = dev.function(&gemv_fused_variant(cfg, fusion), "gemv_bf16_prenorm")?;
     let launch_cfg = cfg.launch(n);
     let (n_i, k_i) = (n as i32, k as i32);
