@@ -24,6 +24,15 @@ pub const LLAMA8B_GEMV_SHAPES: [(&str, usize, usize); 5] = [
     ("lm_head", 128_256, 4096),
 ];
 
+/// The same launches of Llama-3.3-70B (hidden 8192, 8 KV heads, FFN 28672).
+pub const LLAMA70B_GEMV_SHAPES: [(&str, usize, usize); 5] = [
+    ("qkv", 10_240, 8192),
+    ("o", 8192, 8192),
+    ("gate_up", 57_344, 8192),
+    ("down", 8192, 28_672),
+    ("lm_head", 128_256, 8192),
+];
+
 const BURST_SECONDS: f64 = 400e-6;
 const TIMED_REPLAYS: usize = 5;
 

@@ -17,7 +17,7 @@ use cudarc::driver::CudaSlice;
 use entrollm_codec::dtans::Coding;
 use entrollm_codec::Payload;
 
-use crate::bench_coded::llama8b_tuned;
+use crate::bench_coded::tuned_launches;
 use crate::coded::GpuDtans;
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
@@ -112,7 +112,7 @@ pub fn dtans_config_for(
     out: DtansOut,
 ) -> Result<DtansConfig> {
     if out == DtansOut::Mvm && group.is_none() {
-        if let Some(t) = llama8b_tuned()
+        if let Some(t) = tuned_launches()
             .into_iter()
             .find(|t| t.1 == rows && t.2 == cols && t.3 == *coding)
         {

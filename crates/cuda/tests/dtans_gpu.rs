@@ -506,3 +506,295 @@ fn dtans_encode_gpu_timing() {
     }
     assert_eq!(bad, 0, "GPU-encoded tensors differ from the CPU encoder's");
 }
+
+/// One launch each of our dense GEMV and the tuned Pair and Single mvm launches
+/// (`bench_coded::tuned_launches`) on the launch shapes named in DTANS_SHAPES (default: all), each
+/// checked against its reference: the program to run under `ncu` (few launches, no timing loops).
+#[test]
+#[ignore = "needs a GPU"]
+fn dtans_gpu_profile_launches() {
+    let dev = open();
+    let only: Option<Vec<String>> = std::env::var("DTANS_SHAPES")
+        .ok()
+        .map(|s| s.split(',').map(|v| v.to_string()).collect());
+    let mut failures = 0usize;
+    let mut dense_done = std::collections::HashSet::new();
+    let mut launches: Vec<_> = entrollm_cuda::bench_coded::tuned_launches().to_vec();
+    // DTANS_PROFILE="shape,pair|single,sc,warps,min_warps,unroll,entry;…": these launches instead.
+    if let Ok(spec) = std::env::var("DTANS_PROFILE") {
+        launches = spec
+            .split(';')
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').map(str::trim).collect();
+                let num = |i: usize| f[i].parse::<u32>().expect("a number");
+                let &(name, n, k) = LLAMA8B_GEMV_SHAPES
+                    .iter()
+                    .find(|s| s.0 == f[0])
+                    .expect("a Llama-8B shape name");
+                let pair = f[1] == "pair";
+                let coding = entrollm_codec::dtans::Coding {
+                    mode: if pair {
+                        entrollm_codec::dtans::Mode::Pair
+                    } else {
+                        entrollm_codec::dtans::Mode::Single
+                    },
+                    log2_m: 8,
+                    sc: num(2),
+                    t: pair.then_some(16),
+                };
+                let cfg = DtansConfig {
+                    warps: num(3),
+                    min_warps: num(4),
+                    rep: 0,
+                    unroll: num(5),
+                    fast: num(6) == 16,
+                    entry: num(6),
+                };
+                (name, n, k, coding, cfg, 0.0)
+            })
+            .collect();
+    }
+    for (i, (name, n, k, coding, cfg, _)) in launches.into_iter().enumerate() {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
+            continue;
+        }
+        if dense_done.insert((n, k)) {
+            let mut dense = GemvBench::new(&dev, n, k, 1000 + i as u64).expect("dense setup");
+            let rel = dense
+                .check_ours(entrollm_cuda::linear::gemv_config_for(n, k))
+                .expect("dense check");
+            println!("{name:<8} dense rel {rel:.1e}");
+        }
+        let mut b = CodedBench::new(&dev, n, k, coding, 7 + i as u64).expect("coded setup");
+        let (rel, err) = b.check(cfg).expect("coded check");
+        println!(
+            "{name:<8} {coding} {cfg} {:.3} b/w rel {rel:.1e} err {err}",
+            b.tensor.bits_per_weight()
+        );
+        failures += usize::from(!(rel < 1e-5 && err == 0));
+    }
+    assert_eq!(failures, 0, "{failures} launches gave wrong results");
+}
+
+/// The codings and launch configurations `dtans_gpu_occupancy_sweep` compares: lossless BF16 Pair
+/// (M 2^8, t 16) and Single (M 2^8) at slice widths 512–2048, with 8/16/32 warps per block,
+/// registers capped for 0/32/40/48 resident warps per SM, unroll 4/8, 16-byte `fast` and 4-byte
+/// entries.
+fn occupancy_sweep_launches() -> Vec<(entrollm_codec::dtans::Coding, Vec<DtansConfig>)> {
+    use entrollm_codec::dtans::{Coding, Mode};
+    // DTANS_SWEEP=2: blocks of 7/14/28 warps (28 resident per SM: 73 registers), 16/8/4-byte
+    // entries.
+    let second = std::env::var("DTANS_SWEEP").is_ok_and(|v| v == "2");
+    let (warp_set, min_set, entry_set): (&[u32], &[u32], &[u32]) = if second {
+        (&[7, 14, 28], &[0, 28], &[16, 8, 4])
+    } else {
+        (&[8, 16, 32], &[0, 32, 40, 48], &[16, 4])
+    };
+    let codings = [(Mode::Pair, 8u8, Some(16u16)), (Mode::Single, 8, None)];
+    let mut v = Vec::new();
+    for sc in [512u32, 1024, 2048] {
+        for &(mode, log2_m, t) in &codings {
+            let coding = Coding {
+                mode,
+                log2_m,
+                sc,
+                t,
+            };
+            let kind = entry_timing_kind(&coding, 4096);
+            let mut cfgs = Vec::new();
+            for &warps in warp_set {
+                for &min_warps in min_set {
+                    for unroll in [4u32, 8] {
+                        for &entry in entry_set {
+                            let cfg = DtansConfig {
+                                warps,
+                                min_warps,
+                                rep: 0,
+                                unroll,
+                                fast: entry == 16,
+                                entry,
+                            };
+                            if cfg.fits(&kind) {
+                                cfgs.push(cfg);
+                            }
+                        }
+                    }
+                }
+            }
+            v.push((coding, cfgs));
+        }
+    }
+    v
+}
+
+/// Occupancy sweep of the mvm on the five Llama-3.1-8B launches (DTANS_SHAPES limits them,
+/// DTANS_SC the slice widths): every configuration of `occupancy_sweep_launches` checked against the
+/// codec's matvec and timed cold beside our dense GEMV; the best per launch and mode at the end.
+#[test]
+#[ignore = "needs a GPU"]
+fn dtans_gpu_occupancy_sweep() {
+    let dev = open();
+    let only: Option<Vec<String>> = std::env::var("DTANS_SHAPES")
+        .ok()
+        .map(|s| s.split(',').map(|v| v.to_string()).collect());
+    let scs = env_list("DTANS_SC", &[512, 1024, 2048]);
+    let mut failures = 0usize;
+    let mut summary = Vec::new();
+    for (i, &(name, n, k)) in LLAMA8B_GEMV_SHAPES.iter().enumerate() {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
+            continue;
+        }
+        let mut dense = GemvBench::new(&dev, n, k, 1000 + i as u64).expect("dense setup");
+        let dense_us = dense
+            .time_ours(entrollm_cuda::linear::gemv_config_for(n, k))
+            .expect("gemv timing")
+            .median_us;
+        drop(dense);
+        println!("{name:<8} {n:>6}x{k:<6} dense {dense_us:8.2} us");
+        let mut best: std::collections::BTreeMap<String, (f64, String)> = Default::default();
+        for (coding, cfgs) in occupancy_sweep_launches() {
+            if !scs.contains(&coding.sc) {
+                continue;
+            }
+            let mut b = CodedBench::new(&dev, n, k, coding, 7 + i as u64).expect("coded setup");
+            let bw = b.tensor.bits_per_weight();
+            for cfg in cfgs {
+                let (rel, err) = b.check(cfg).expect("coded check");
+                if !(rel < 1e-5 && err == 0) {
+                    println!("FAIL {name} {coding} {cfg}: rel {rel:.2e} err {err}");
+                    failures += 1;
+                    continue;
+                }
+                let us = b.time(cfg).expect("coded timing").median_us;
+                println!(
+                    "  {name:<8} {coding} {cfg:<14} {bw:.3} b/w {us:8.2} us  vs dense x{:.3}",
+                    dense_us / us
+                );
+                let key = format!("{name} {:?}", coding.mode);
+                if best.get(&key).is_none_or(|&(b, _)| us < b) {
+                    best.insert(key, (us, format!("{coding} {cfg} {bw:.3} b/w")));
+                }
+            }
+        }
+        for (key, (us, what)) in best {
+            summary.push(format!(
+                "| {key} | {what} | {us:.2} | dense {dense_us:.2} | x{:.3} |",
+                dense_us / us
+            ));
+        }
+    }
+    for s in summary {
+        println!("{s}");
+    }
+    assert_eq!(failures, 0, "{failures} coded launches gave wrong results");
+}
+
+/// The launch configurations `dtans_gpu_plan_sweep` compares: blocks of 8–32 warps (one block of
+/// 28 or 32 warps fills an SM), 16-byte `fast` and 4-byte entries, unroll 8.
+fn plan_sweep_configs() -> Vec<DtansConfig> {
+    let mut v = Vec::new();
+    for warps in [8u32, 14, 16, 28, 32] {
+        for entry in [16u32, 4] {
+            v.push(DtansConfig {
+                warps,
+                min_warps: 0,
+                rep: 0,
+                unroll: 8,
+                fast: entry == 16,
+                entry,
+            });
+        }
+    }
+    v
+}
+
+/// The compact plan's codings (bench/plans/single-m8.json) on the Llama-3.1-8B launches, or with
+/// DTANS_MODEL=70b on Llama-3.3-70B's, with each of `plan_sweep_configs`: checked against the
+/// codec's matvec, timed cold beside our dense GEMV; the fastest per launch at the end (the sweep
+/// behind the Single rows of `bench_coded::tuned_launches`).
+#[test]
+#[ignore = "needs a GPU"]
+fn dtans_gpu_plan_sweep() {
+    use entrollm_cuda::engine_coded::COMPACT_PLAN_JSON;
+    use entrollm_model::coding_plan::{CodingPlan, Launch};
+    let dev = open();
+    let plan = CodingPlan::from_json(COMPACT_PLAN_JSON, None).expect("the compact plan");
+    let shapes = match std::env::var("DTANS_MODEL").as_deref() {
+        Ok("70b") => entrollm_cuda::bench::LLAMA70B_GEMV_SHAPES,
+        _ => LLAMA8B_GEMV_SHAPES,
+    };
+    let mut failures = 0usize;
+    let mut summary = Vec::new();
+    for (i, &(name, n, k)) in shapes.iter().enumerate() {
+        let mut dense = GemvBench::new(&dev, n, k, 1000 + i as u64).expect("dense setup");
+        let dense_us = dense
+            .time_ours(entrollm_cuda::linear::gemv_config_for(n, k))
+            .expect("gemv timing")
+            .median_us;
+        drop(dense);
+        let launch = Launch::from_name(name).expect("a plan launch name");
+        let coding = plan
+            .launches
+            .get(&launch)
+            .copied()
+            .flatten()
+            .or(plan.default)
+            .expect("the plan codes every launch");
+        let mut b = CodedBench::new(&dev, n, k, coding, 7 + i as u64).expect("coded setup");
+        let bw = b.tensor.bits_per_weight();
+        println!("{name:<8} {n:>6}x{k:<6} dense {dense_us:8.2} us, {coding} {bw:.3} b/w");
+        let mut best: Option<(f64, DtansConfig)> = None;
+        for cfg in plan_sweep_configs() {
+            let (rel, err) = b.check(cfg).expect("coded check");
+            if !(rel < 1e-5 && err == 0) {
+                println!("FAIL {name} {coding} {cfg}: rel {rel:.2e} err {err}");
+                failures += 1;
+                continue;
+            }
+            let us = b.time(cfg).expect("coded timing").median_us;
+            println!("  {cfg:<10} {us:8.2} us  vs dense x{:.3}", dense_us / us);
+            if best.is_none_or(|(b, _)| us < b) {
+                best = Some((us, cfg));
+            }
+        }
+        if let Some((us, cfg)) = best {
+            summary.push(format!(
+                "| {name} | {n}×{k} | {coding} | {bw:.3} | {cfg} | {us:.2} | {dense_us:.2} | x{:.3} |",
+                dense_us / us
+            ));
+        }
+    }
+    println!("| launch | shape | coding | b/w | best launch | µs | dense µs | vs dense |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for s in summary {
+        println!("{s}");
+    }
+    assert_eq!(failures, 0, "{failures} coded launches gave wrong results");
+}
+
+/// Cubins of everything `dtans_gpu_occupancy_sweep`, `dtans_gpu_plan_sweep` and
+/// `dtans_gpu_profile_launches` launch, for `ENTROLLM_CACHE`.
+#[test]
+#[ignore = "needs libnvrtc; fills the kernel cache"]
+fn dtans_precompile_sweep_cubins() {
+    use entrollm_cuda::ops::dtans::DtansOut;
+    let mut variants = entrollm_cuda::jit::all_variants();
+    for (coding, cfgs) in occupancy_sweep_launches() {
+        let kind = entry_timing_kind(&coding, 4096);
+        for cfg in cfgs {
+            variants.push(kind.variant(cfg, DtansOut::Mvm));
+        }
+    }
+    for (_, _, k, coding, cfg, _) in entrollm_cuda::bench_coded::tuned_launches() {
+        variants.push(entry_timing_kind(&coding, k).variant(cfg, DtansOut::Mvm));
+    }
+    for (_, coding, _) in entry_timing_launches() {
+        for cfg in plan_sweep_configs() {
+            variants.push(entry_timing_kind(&coding, 4096).variant(cfg, DtansOut::Mvm));
+        }
+    }
+    match entrollm_cuda::jit::precompile(&variants) {
+        Ok(dir) => println!("{} variants cached in {}", variants.len(), dir.display()),
+        Err(failed) => panic!("{failed}"),
+    }
+}

@@ -627,7 +627,7 @@ pub fn builtin_variants() -> Vec<KernelVariant> {
             add(kind, cfg, &[DtansOut::Mvm]);
         }
     }
-    for (_, _, cols, coding, cfg, _) in crate::bench_coded::llama8b_tuned() {
+    for (_, _, cols, coding, cfg, _) in crate::bench_coded::tuned_launches() {
         let kind = DtansKind::of(Payload::Bf16, &coding, cols, None);
         add(kind, cfg, &[DtansOut::Mvm]);
         add(
