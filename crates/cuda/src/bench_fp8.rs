@@ -13,7 +13,7 @@
 use std::sync::Mutex;
 
 use cudarc::driver::CudaSlice;
-use entrollm_codec::dtans::{choose_coding_and_width, DtansTensor};
+use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor};
 use entrollm_codec::matvec::Dequant;
 use entrollm_codec::Payload;
 use entrollm_model::synth::{fill_tensor_fp8, fit_fp8_multiplier, SynthKind, SynthTensor};
@@ -123,12 +123,18 @@ impl Fp8Matrix {
             .sum()
     }
 
-    /// The codes dtANS-coded with the coding and slice width `choose_coding_and_width` picks on the
-    /// generated rows (bands repeated up to `rows`).
-    pub fn coded(&self) -> Result<DtansTensor> {
+    /// The codes dtANS-coded with `coding`, or (None) with the coding and slice width
+    /// `choose_coding_and_width` picks on the generated rows (bands repeated up to `rows`).
+    pub fn coded(&self, coding: Option<Coding>) -> Result<DtansTensor> {
         let p = Payload::Fp8E4m3;
-        let (coding, _) = choose_coding_and_width(p, self.base_rows, self.cols, &self.base_codes)
-            .map_err(codec_err)?;
+        let coding = match coding {
+            Some(c) => c,
+            None => {
+                choose_coding_and_width(p, self.base_rows, self.cols, &self.base_codes)
+                    .map_err(codec_err)?
+                    .0
+            }
+        };
         let t = DtansTensor::encode(p, self.base_rows, self.cols, &self.base_codes, &[], coding)
             .map_err(codec_err)?;
         if self.base_rows == self.rows {
@@ -198,11 +204,19 @@ pub struct Fp8Bench<'a> {
 }
 
 impl<'a> Fp8Bench<'a> {
-    /// Generates, codes and uploads an `n × k` FP8 matrix at `bits` of entropy; the reference
-    /// product is the model crate's dense FP8 matvec with row scales.
-    pub fn new(dev: &'a GpuDevice, n: usize, k: usize, bits: f64, seed: u64) -> Result<Self> {
+    /// Generates, codes (with `coding`, or the coder's choice) and uploads an `n × k` FP8 matrix
+    /// at `bits` of entropy; the reference product is the model crate's dense FP8 matvec with row
+    /// scales.
+    pub fn new(
+        dev: &'a GpuDevice,
+        n: usize,
+        k: usize,
+        bits: f64,
+        seed: u64,
+        coding: Option<Coding>,
+    ) -> Result<Self> {
         let m = Fp8Matrix::synth(n, k, bits, seed)?;
-        let tensor = m.coded()?;
+        let tensor = m.coded(coding)?;
         let codes = m.codes();
         let l2 = dev.info().l2_bytes as usize;
         let dense = (0..(2 * l2) / codes.len() + 1)
@@ -340,7 +354,7 @@ mod tests {
         let h = m.entropy_bits();
         // The multiplier is fitted on other rows of the same statistics: near, not at, the target.
         assert!((h - 2.1).abs() < 0.25, "entropy {h}");
-        let t = m.coded().unwrap();
+        let t = m.coded(None).unwrap();
         assert_eq!(t.decode().unwrap(), m.codes());
         assert!(t.bits_per_weight() < 3.0, "{} b/w", t.bits_per_weight());
         assert!(!fp8_mvm_configs(&t).is_empty());
@@ -351,6 +365,6 @@ mod tests {
         let m = Fp8Matrix::synth(BASE_ROWS + 64, 32, 3.0, 1).unwrap();
         assert_eq!(m.scales[BASE_ROWS + 5], m.scales[5]);
         assert_eq!(m.codes()[BASE_ROWS * 32..], m.codes()[..64 * 32]);
-        assert_eq!(m.coded().unwrap().rows, BASE_ROWS + 64);
+        assert_eq!(m.coded(None).unwrap().rows, BASE_ROWS + 64);
     }
 }

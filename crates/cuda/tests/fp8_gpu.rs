@@ -20,6 +20,16 @@ fn bits() -> f64 {
         .unwrap_or(2.1)
 }
 
+/// The codings to compare: FP8_CODINGS, comma-separated `auto` (the coder's choice) or
+/// MODE:LOG2M:SC[:T]; default `auto`.
+fn codings() -> Vec<Option<entrollm_codec::dtans::Coding>> {
+    std::env::var("FP8_CODINGS")
+        .unwrap_or_else(|_| "auto".into())
+        .split(',')
+        .map(|c| entrollm_codec::dtans::Coding::parse(c.trim()).expect("a coding"))
+        .collect()
+}
+
 fn open() -> GpuDevice {
     let dev = GpuDevice::open(0).expect("a CUDA device");
     println!("device: {:?}", dev.info());
@@ -37,10 +47,10 @@ fn fp8_gpu_selftest() {
 }
 
 /// Per-launch table on the five Llama-3.1-8B shapes: dense FP8 GEMV (best of the GEMV candidates)
-/// against the dtANS mvm on the same FP8 codes at FP8_BITS of entropy (coding chosen by
-/// `choose_coding_and_width`, best of 4/8/16 warps), with our dense BF16 GEMV for reference. Every
-/// launch is checked against the CPU reference before it is timed. Then the per-token sums of
-/// the 32 decoder layers' launches.
+/// against the dtANS mvm on the same FP8 codes at FP8_BITS of entropy (codings FP8_CODINGS, default
+/// the coder's choice; the best of them and of 4/8/16 warps), with our dense BF16 GEMV for
+/// reference. Every launch is checked against the CPU reference before it is timed. Then the
+/// per-token sums of the 32 decoder layers' launches.
 #[test]
 #[ignore = "needs a GPU"]
 fn fp8_gpu_cold_timing() {
@@ -55,49 +65,56 @@ fn fp8_gpu_cold_timing() {
             let mut b = GemvBench::new(&dev, n, k, 1000 + i as u64).expect("bf16 setup");
             b.time_ours(gemv_config_for(n, k)).expect("bf16 timing")
         };
-        let mut b = Fp8Bench::new(&dev, n, k, bits, 77 + i as u64).expect("fp8 setup");
-        let setup_s = t0.elapsed().as_secs_f64();
         let mut dense_best: Option<entrollm_cuda::bench_fp8::Fp8Timing> = None;
-        for cfg in GemvConfig::CANDIDATES {
-            let rel = b.check_dense(cfg).expect("dense fp8 check");
-            let passed = rel < 1e-5; // NaN fails
-            if !passed {
-                println!("FAIL gemv_fp8 {cfg} {name}: rel_l2 {rel:e}");
-                failures += 1;
-                continue;
-            }
-            let t = b.time_dense(cfg).expect("dense fp8 timing");
-            println!(
-                "  {name:<8} {:<24} {:8.2} us {:6.3} b/w {:6.2} Tw/s rel_l2 {rel:.1e}",
-                t.kernel, t.median_us, t.bits_per_weight, t.tweights_per_s
-            );
-            if dense_best
-                .as_ref()
-                .is_none_or(|d| t.median_us < d.median_us)
-            {
-                dense_best = Some(t);
-            }
-        }
         let mut coded_best: Option<entrollm_cuda::bench_fp8::Fp8Timing> = None;
-        for cfg in fp8_mvm_configs(&b.tensor) {
-            let (rel, cpu_rel, err) = b.check_coded(cfg).expect("coded fp8 check");
-            if !(rel < 1e-5 && cpu_rel < 1e-5 && err == 0) {
-                println!(
-                    "FAIL coded fp8 {cfg} {name}: rel_l2 {rel:e} (cpu decoder {cpu_rel:e}) err {err}"
-                );
-                failures += 1;
-                continue;
+        let mut setup_s = 0.0;
+        let mut entropy = (0.0, 0.0);
+        for coding in codings() {
+            let mut b = Fp8Bench::new(&dev, n, k, bits, 77 + i as u64, coding).expect("fp8 setup");
+            if dense_best.is_none() {
+                setup_s = t0.elapsed().as_secs_f64();
+                entropy = (b.m.entropy_bits(), b.m.multiplier);
+                for cfg in GemvConfig::CANDIDATES {
+                    let rel = b.check_dense(cfg).expect("dense fp8 check");
+                    let passed = rel < 1e-5; // NaN fails
+                    if !passed {
+                        println!("FAIL gemv_fp8 {cfg} {name}: rel_l2 {rel:e}");
+                        failures += 1;
+                        continue;
+                    }
+                    let t = b.time_dense(cfg).expect("dense fp8 timing");
+                    println!(
+                        "  {name:<8} {:<24} {:8.2} us {:6.3} b/w {:6.2} Tw/s rel_l2 {rel:.1e}",
+                        t.kernel, t.median_us, t.bits_per_weight, t.tweights_per_s
+                    );
+                    if dense_best
+                        .as_ref()
+                        .is_none_or(|d| t.median_us < d.median_us)
+                    {
+                        dense_best = Some(t);
+                    }
+                }
             }
-            let t = b.time_coded(cfg).expect("coded fp8 timing");
-            println!(
-                "  {name:<8} {:<44} {:8.2} us {:6.3} b/w {:6.2} Tw/s rel_l2 {rel:.1e} (copies {})",
-                t.kernel, t.median_us, t.bits_per_weight, t.tweights_per_s, t.copies
-            );
-            if coded_best
-                .as_ref()
-                .is_none_or(|d| t.median_us < d.median_us)
-            {
-                coded_best = Some(t);
+            for cfg in fp8_mvm_configs(&b.tensor) {
+                let (rel, cpu_rel, err) = b.check_coded(cfg).expect("coded fp8 check");
+                if !(rel < 1e-5 && cpu_rel < 1e-5 && err == 0) {
+                    println!(
+                        "FAIL coded fp8 {cfg} {name}: rel_l2 {rel:e} (cpu decoder {cpu_rel:e}) err {err}"
+                    );
+                    failures += 1;
+                    continue;
+                }
+                let t = b.time_coded(cfg).expect("coded fp8 timing");
+                println!(
+                    "  {name:<8} {:<44} {:8.2} us {:6.3} b/w {:6.2} Tw/s rel_l2 {rel:.1e} (copies {})",
+                    t.kernel, t.median_us, t.bits_per_weight, t.tweights_per_s, t.copies
+                );
+                if coded_best
+                    .as_ref()
+                    .is_none_or(|d| t.median_us < d.median_us)
+                {
+                    coded_best = Some(t);
+                }
             }
         }
         let (Some(d), Some(c)) = (dense_best, coded_best) else {
@@ -106,8 +123,8 @@ fn fp8_gpu_cold_timing() {
         };
         println!(
             "{name:<8} {n}x{k}: entropy {:.3} bits (multiplier {:.2}), setup {setup_s:.1} s; bf16 {:.2} us, fp8 {} {:.2} us, coded {} {:.2} us ({:.3} b/w): coded vs fp8 x{:.3}",
-            b.m.entropy_bits(),
-            b.m.multiplier,
+            entropy.0,
+            entropy.1,
             bf16.median_us,
             d.kernel,
             d.median_us,
@@ -156,16 +173,19 @@ fn fp8_codings_of_the_llama8b_shapes() {
         let t = Instant::now();
         let m = Fp8Matrix::synth(n, k, bits(), 77 + i as u64).unwrap();
         let ts = t.elapsed().as_secs_f64();
-        let c = m.coded().unwrap();
-        println!(
-            "{name:<8} {n}x{k}: entropy {:.3}, multiplier {:.2}, {:?} {:.3} b/w, configs {:?}; synth {ts:.1} s, code {:.1} s",
-            m.entropy_bits(),
-            m.multiplier,
-            c.coding,
-            c.bits_per_weight(),
-            fp8_mvm_configs(&c).iter().map(|c| c.to_string()).collect::<Vec<_>>(),
-            t.elapsed().as_secs_f64() - ts
-        );
+        for coding in codings() {
+            let tc = Instant::now();
+            let c = m.coded(coding).unwrap();
+            println!(
+                "{name:<8} {n}x{k}: entropy {:.3}, multiplier {:.2}, {} {:.3} b/w, configs {:?}; synth {ts:.1} s, code {:.1} s",
+                m.entropy_bits(),
+                m.multiplier,
+                c.coding,
+                c.bits_per_weight(),
+                fp8_mvm_configs(&c).iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+                tc.elapsed().as_secs_f64()
+            );
+        }
     }
 }
 
@@ -181,7 +201,10 @@ fn fp8_precompile_cubins() {
         .collect();
     for (i, &(_, n, k)) in LLAMA8B_GEMV_SHAPES.iter().enumerate() {
         let m = Fp8Matrix::synth(n, k, bits(), 77 + i as u64).unwrap();
-        for v in fp8_mvm_variants(&m.coded().unwrap()) {
+        for v in codings()
+            .into_iter()
+            .flat_map(|c| fp8_mvm_variants(&m.coded(c).unwrap()))
+        {
             if !variants.contains(&v) {
                 variants.push(v);
             }
