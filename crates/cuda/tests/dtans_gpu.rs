@@ -8,20 +8,9 @@ use entrollm_cuda::ops::dtans::{
     bench_configs, entry_timing_configs, selftest, DtansConfig, DtansKind,
 };
 use entrollm_cuda::ops::gemv::GemvConfig;
-use entrollm_cuda::GpuDevice;
 
-fn open() -> GpuDevice {
-    let dev = GpuDevice::open(0).expect("a CUDA device");
-    println!("device: {:?}", dev.info());
-    dev
-}
-
-fn env_list(name: &str, default: &[u32]) -> Vec<u32> {
-    std::env::var(name)
-        .ok()
-        .map(|s| s.split(',').filter_map(|v| v.trim().parse().ok()).collect())
-        .unwrap_or_else(|| default.to_vec())
-}
+mod common;
+use common::{env_list, open, shape_selected};
 
 #[test]
 #[ignore = "needs a GPU"]
@@ -51,9 +40,6 @@ fn dtans_gpu_cold_timing() {
     );
     let log2ms = env_list("DTANS_LOG2M", &[8, 9]);
     let single = std::env::var("DTANS_SINGLE").is_ok();
-    let only: Option<Vec<String>> = std::env::var("DTANS_SHAPES")
-        .ok()
-        .map(|s| s.split(',').map(|v| v.to_string()).collect());
     let dense_cfgs: Vec<GemvConfig> = match std::env::var("DTANS_DENSE_ALL") {
         Ok(_) => GemvConfig::CANDIDATES.to_vec(),
         Err(_) => GemvConfig::CANDIDATES[..4].to_vec(),
@@ -61,7 +47,7 @@ fn dtans_gpu_cold_timing() {
     let mut summary = Vec::new();
     let mut failures = 0usize;
     for (i, &(name, n, k)) in LLAMA8B_GEMV_SHAPES.iter().enumerate() {
-        if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
+        if !shape_selected(name) {
             continue;
         }
         let mut dense = GemvBench::new(&dev, n, k, 1000 + i as u64).expect("dense setup");
@@ -223,14 +209,11 @@ fn entry_timing_kind(coding: &entrollm_codec::dtans::Coding, k: usize) -> DtansK
 #[ignore = "needs a GPU"]
 fn dtans_gpu_entry_timing() {
     let dev = open();
-    let only: Option<Vec<String>> = std::env::var("DTANS_SHAPES")
-        .ok()
-        .map(|s| s.split(',').map(|v| v.to_string()).collect());
     let mut failures = 0usize;
     let mut summary = Vec::new();
     let mut dense_us = Vec::new();
     for (i, &(name, n, k)) in LLAMA8B_GEMV_SHAPES.iter().enumerate() {
-        if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
+        if !shape_selected(name) {
             dense_us.push(f64::NAN);
             continue;
         }
@@ -323,14 +306,11 @@ fn dtans_gpu_dequant_timing() {
     use entrollm_model::coding_plan::{CodingPlan, Launch};
     let dev = open();
     let plan = CodingPlan::from_json(COMPACT_PLAN_JSON, None).expect("the compact plan");
-    let only: Option<Vec<String>> = std::env::var("DTANS_SHAPES")
-        .ok()
-        .map(|s| s.split(',').map(|v| v.to_string()).collect());
     let mut failures = 0usize;
     println!("| launch | shape | coding | launch cfg | b/w | µs | TB/s read+written | bit-exact |");
     println!("|---|---|---|---|---|---|---|---|");
     for (i, &(name, n, k)) in LLAMA8B_GEMV_SHAPES.iter().enumerate() {
-        if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
+        if !shape_selected(name) {
             continue;
         }
         let launch = Launch::from_name(name).expect("a plan launch name");
@@ -514,9 +494,6 @@ fn dtans_encode_gpu_timing() {
 #[ignore = "needs a GPU"]
 fn dtans_gpu_profile_launches() {
     let dev = open();
-    let only: Option<Vec<String>> = std::env::var("DTANS_SHAPES")
-        .ok()
-        .map(|s| s.split(',').map(|v| v.to_string()).collect());
     let mut failures = 0usize;
     let mut dense_done = std::collections::HashSet::new();
     let mut launches: Vec<_> = entrollm_cuda::bench_coded::tuned_launches().to_vec();
@@ -555,7 +532,7 @@ fn dtans_gpu_profile_launches() {
             .collect();
     }
     for (i, (name, n, k, coding, cfg, _)) in launches.into_iter().enumerate() {
-        if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
+        if !shape_selected(name) {
             continue;
         }
         if dense_done.insert((n, k)) {
@@ -634,14 +611,11 @@ fn occupancy_sweep_launches() -> Vec<(entrollm_codec::dtans::Coding, Vec<DtansCo
 #[ignore = "needs a GPU"]
 fn dtans_gpu_occupancy_sweep() {
     let dev = open();
-    let only: Option<Vec<String>> = std::env::var("DTANS_SHAPES")
-        .ok()
-        .map(|s| s.split(',').map(|v| v.to_string()).collect());
     let scs = env_list("DTANS_SC", &[512, 1024, 2048]);
     let mut failures = 0usize;
     let mut summary = Vec::new();
     for (i, &(name, n, k)) in LLAMA8B_GEMV_SHAPES.iter().enumerate() {
-        if only.as_ref().is_some_and(|o| !o.iter().any(|s| s == name)) {
+        if !shape_selected(name) {
             continue;
         }
         let mut dense = GemvBench::new(&dev, n, k, 1000 + i as u64).expect("dense setup");

@@ -9,7 +9,6 @@ use entrollm_cuda::bench_fp8::{fp8_mvm_configs, fp8_mvm_variants, Fp8Bench, Fp8M
 use entrollm_cuda::linear::gemv_config_for;
 use entrollm_cuda::ops::gemv::GemvConfig;
 use entrollm_cuda::selftest::run_fp8_selftest;
-use entrollm_cuda::GpuDevice;
 
 /// Code entropy of the synthetic FP8 checkpoint (the seed's EntQuant 2.1-bit one); FP8_BITS
 /// overrides it.
@@ -30,11 +29,8 @@ fn codings() -> Vec<Option<entrollm_codec::dtans::Coding>> {
         .collect()
 }
 
-fn open() -> GpuDevice {
-    let dev = GpuDevice::open(0).expect("a CUDA device");
-    println!("device: {:?}", dev.info());
-    dev
-}
+mod common;
+use common::open;
 
 #[test]
 #[ignore = "needs a GPU"]

@@ -6,13 +6,9 @@
 use entrollm_cuda::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
 use entrollm_cuda::ops::gemv::GemvConfig;
 use entrollm_cuda::selftest::run_selftest;
-use entrollm_cuda::GpuDevice;
 
-fn open() -> GpuDevice {
-    let dev = GpuDevice::open(0).expect("a CUDA device");
-    println!("device: {:?}", dev.info());
-    dev
-}
+mod common;
+use common::open;
 
 #[test]
 #[ignore = "needs a GPU"]
