@@ -713,6 +713,35 @@ pub fn coded_e2e_selftest(
         let err = e.model().coded_error(dev)?;
         Ok((pre, st, toks, err))
     };
+    // The three end-to-end cases of a run against its reference: prefill logits, decode-step
+    // logits, and the greedy tokens (equal, no stream error flagged, and `extra`).
+    let compare = |kind: &str, label: &str, shape: &str, got: &Run, want: &Run, extra: bool| {
+        let same = got.2 == want.2 && !got.3 && extra;
+        [
+            CaseResult {
+                kernel: format!("{kind} e2e prefill"),
+                shape: shape.to_string(),
+                rel_l2: rel_l2(&got.0, &want.0),
+                tolerance: E2E_PREFILL_TOL,
+            },
+            CaseResult {
+                kernel: format!("{kind} e2e decode"),
+                shape: shape.to_string(),
+                rel_l2: rel_l2(&got.1.concat(), &want.1.concat()),
+                tolerance: E2E_STEP_TOL,
+            },
+            CaseResult {
+                kernel: format!("{kind} e2e greedy"),
+                shape: format!(
+                    "{label}: 32 tokens {}{}",
+                    if got.2 == want.2 { "equal" } else { "DIFFER" },
+                    if got.3 { ", stream error flagged" } else { "" }
+                ),
+                rel_l2: if same { 0.0 } else { f64::INFINITY },
+                tolerance: 0.0,
+            },
+        ]
+    };
     let dense = run(GpuModel::synth_one_layer(dev, &c, seed)?)?;
     let mut cases = Vec::new();
     for (label, plan) in [
@@ -726,32 +755,7 @@ pub fn coded_e2e_selftest(
             s.matrices,
             s.bits_per_weight()
         );
-        let (pre, st, toks, err) = run(model)?;
-        cases.push(CaseResult {
-            kernel: "coded e2e prefill".into(),
-            shape: shape.clone(),
-            rel_l2: rel_l2(&pre, &dense.0),
-            tolerance: E2E_PREFILL_TOL,
-        });
-        let got: Vec<f32> = st.concat();
-        let want: Vec<f32> = dense.1.concat();
-        cases.push(CaseResult {
-            kernel: "coded e2e decode".into(),
-            shape: shape.clone(),
-            rel_l2: rel_l2(&got, &want),
-            tolerance: E2E_STEP_TOL,
-        });
-        let same = toks == dense.2 && !err;
-        cases.push(CaseResult {
-            kernel: "coded e2e greedy".into(),
-            shape: format!(
-                "{label}: 32 tokens {}{}",
-                if toks == dense.2 { "equal" } else { "DIFFER" },
-                if err { ", stream error flagged" } else { "" }
-            ),
-            rel_l2: if same { 0.0 } else { f64::INFINITY },
-            tolerance: 0.0,
-        });
+        cases.extend(compare("coded", label, &shape, &run(model)?, &dense, true));
     }
     // A container's layout: separate coded q/k/v (one stacked launch) and gate/up (halves), served
     // by `upload_served`, against the same weights uploaded dense (decoded on the host).
@@ -763,30 +767,15 @@ pub fn coded_e2e_selftest(
         "served: {n} coded launches, {:.3} bits/weight",
         s.bits_per_weight()
     );
-    let (pre, st, toks, err) = run(served)?;
-    cases.push(CaseResult {
-        kernel: "served e2e prefill".into(),
-        shape: shape.clone(),
-        rel_l2: rel_l2(&pre, &dense_w.0),
-        tolerance: E2E_PREFILL_TOL,
-    });
-    cases.push(CaseResult {
-        kernel: "served e2e decode".into(),
-        shape: shape.clone(),
-        rel_l2: rel_l2(&st.concat(), &dense_w.1.concat()),
-        tolerance: E2E_STEP_TOL,
-    });
-    let same = toks == dense_w.2 && !err && n == 4 * c.num_layers + 1;
-    cases.push(CaseResult {
-        kernel: "served e2e greedy".into(),
-        shape: format!(
-            "served: 32 tokens {}{}",
-            if toks == dense_w.2 { "equal" } else { "DIFFER" },
-            if err { ", stream error flagged" } else { "" }
-        ),
-        rel_l2: if same { 0.0 } else { f64::INFINITY },
-        tolerance: 0.0,
-    });
+    let all_launches = n == 4 * c.num_layers + 1;
+    cases.extend(compare(
+        "served",
+        "served",
+        &shape,
+        &run(served)?,
+        &dense_w,
+        all_launches,
+    ));
     // Code at load: the same weights as a BF16 checkpoint gives them, coded on the GPU at load
     // (`upload_coded`), against the host encoder's arrays of the same matrices uploaded as a
     // container's are: identical arrays, hence identical logits; and against the dense model.
@@ -833,31 +822,7 @@ pub fn coded_e2e_selftest(
             rel_l2: if same_tokens { rel } else { f64::INFINITY },
             tolerance: 1e-6,
         });
-        cases.push(CaseResult {
-            kernel: "code-at-load e2e prefill".into(),
-            shape: shape.clone(),
-            rel_l2: rel_l2(&g.0, &dense_w.0),
-            tolerance: E2E_PREFILL_TOL,
-        });
-        cases.push(CaseResult {
-            kernel: "code-at-load e2e decode".into(),
-            shape: shape.clone(),
-            rel_l2: rel_l2(&g.1.concat(), &dense_w.1.concat()),
-            tolerance: E2E_STEP_TOL,
-        });
-        cases.push(CaseResult {
-            kernel: "code-at-load e2e greedy".into(),
-            shape: format!(
-                "{label}: 32 tokens {} the dense model's",
-                if g.2 == dense_w.2 {
-                    "equal"
-                } else {
-                    "DIFFER from"
-                }
-            ),
-            rel_l2: if g.2 == dense_w.2 { 0.0 } else { f64::INFINITY },
-            tolerance: 0.0,
-        });
+        cases.extend(compare("code-at-load", label, &shape, &g, &dense_w, true));
     }
     let report = SelftestReport {
         device: format!("{} ({})", dev.info().name, dev.info().arch()),
