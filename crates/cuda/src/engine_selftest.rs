@@ -1310,6 +1310,9 @@ pub fn run_engine_selftest(
         },
         tolerance: 0.0,
     });
+    // Tolerance as for SmolLM2: besides the BF16 activations, prefill multiplies by each scaled
+    // weight rounded to BF16, the CPU engine by the exact FP8 value times its scale (measured on
+    // the H200: 2.9e-2 prefill, 2.5e-2 decode).
     compare_logits(
         dev,
         "small qwen2-like, FP8 E4M3 + row scales",
@@ -1317,7 +1320,7 @@ pub fn run_engine_selftest(
         true,
         &prompt,
         4,
-        3e-2,
+        5e-2,
         &mut cases,
     )?;
     match smollm2 {
