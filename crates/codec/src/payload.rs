@@ -196,16 +196,27 @@ pub fn f32_to_fp8_e4m3(v: f32) -> u8 {
     }
     let sign = if v.is_sign_negative() { 0x80u8 } else { 0 };
     let a = v.abs().min(448.0);
-    // Search the 127 non-negative finite codes: exact and simple; only used to make test data.
-    let mut best = 0u8;
-    let mut best_err = f32::INFINITY;
-    for c in 0u8..=0x7E {
-        let err = (fp8_e4m3_to_f32(c) - a).abs();
-        if err < best_err || (err == best_err && c & 1 == 0) {
-            best = c;
-            best_err = err;
+    // The non-negative finite codes 0..=0x7E increase with their value: binary search for the
+    // first code at or above `a`, then take the nearer of it and the one below (ties: even code).
+    let (mut lo, mut hi) = (0u8, 0x7Eu8);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if fp8_e4m3_to_f32(mid) < a {
+            lo = mid + 1;
+        } else {
+            hi = mid;
         }
     }
+    if lo == 0 {
+        return sign;
+    }
+    let below = lo - 1;
+    let (down, up) = (a - fp8_e4m3_to_f32(below), fp8_e4m3_to_f32(lo) - a);
+    let best = if down < up || (down == up && below & 1 == 0) {
+        below
+    } else {
+        lo
+    };
     sign | best
 }
 
@@ -222,6 +233,47 @@ pub fn fp4_e2m1_to_f32(n: u8) -> f32 {
 
 #[cfg(test)]
 mod tests {
+
+    /// The nearest code by exhaustive search (ties to the even code), the definition the fast
+    /// conversion must match.
+    fn fp8_e4m3_by_search(v: f32) -> u8 {
+        let sign = if v.is_sign_negative() { 0x80u8 } else { 0 };
+        let a = v.abs().min(448.0);
+        let mut best = 0u8;
+        let mut best_err = f32::INFINITY;
+        for c in 0u8..=0x7E {
+            let err = (fp8_e4m3_to_f32(c) - a).abs();
+            if err < best_err || (err == best_err && c & 1 == 0) {
+                best = c;
+                best_err = err;
+            }
+        }
+        sign | best
+    }
+
+    #[test]
+    fn fp8_e4m3_rounding_matches_the_exhaustive_search() {
+        let mut vals = vec![0.0f32, -0.0, 448.0, 449.0, 1e9, -1e9, f32::MIN_POSITIVE, 1e-30];
+        for c in 0u8..=0x7E {
+            // Every code, and the midpoints to its neighbours (ties), and just around them.
+            let x = fp8_e4m3_to_f32(c);
+            let y = fp8_e4m3_to_f32(c.saturating_add(1).min(0x7E));
+            let mid = (x + y) / 2.0;
+            vals.extend([x, mid, mid.next_up(), mid.next_down(), x.next_up(), x.next_down()]);
+        }
+        let mut r = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..20_000 {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            vals.push(f32::from_bits(r as u32 & 0x43FF_FFFF) * if r >> 63 == 1 { -1.0 } else { 1.0 });
+        }
+        for v in vals {
+            for v in [v, -v] {
+                assert_eq!(f32_to_fp8_e4m3(v), fp8_e4m3_by_search(v), "{v:e}");
+            }
+        }
+    }
     use super::*;
 
     #[test]

@@ -369,3 +369,18 @@ gemv_fp8_norm(const unsigned char* __restrict__ w, const float* __restrict__ s,
     f.eps = eps;
     gemv_body<true, false, false, true>(w, x, y, n, k, f);
 }
+
+// out = bf16(fp8(W) · s[row]) for the prefill GEMM: W FP8 E4M3 [rows, cols] (cols % 4 == 0), four
+// weights per thread and step. The f32 product rounded to nearest even, as the CPU reference.
+extern "C" __global__ void fp8_rows_to_bf16(const unsigned char* __restrict__ w, const float* __restrict__ s,
+                                            bf16_t* __restrict__ out, long long n4, int cols4) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n4;
+         i += (long long)gridDim.x * blockDim.x) {
+        const float sc = s[i / cols4];
+        const float4 f = e4m3x4_to_f32x4(((const u32*)w)[i]);
+        uint2 o;
+        o.x = (u32)f32_to_bf16(f.x * sc) | (u32)f32_to_bf16(f.y * sc) << 16;
+        o.y = (u32)f32_to_bf16(f.z * sc) | (u32)f32_to_bf16(f.w * sc) << 16;
+        ((uint2*)out)[i] = o;
+    }
+}

@@ -323,6 +323,17 @@ impl CodedSummary {
 }
 
 impl GpuModel {
+    /// How many of the layer and head matrices are kept in FP8 (an FP8 checkpoint served).
+    pub fn fp8_matrices(&self) -> usize {
+        let mut mats: Vec<&GpuLinear> = self.lm_head.iter().collect();
+        for l in &self.layers {
+            mats.extend([&l.qkv, &l.o, &l.gate_up, &l.down]);
+        }
+        mats.iter()
+            .filter(|m| matches!(m, GpuLinear::Fp8(_)))
+            .count()
+    }
+
     /// The coded and dense matrices of the model (the embedding counted once when tied).
     pub fn coded_summary(&self) -> CodedSummary {
         let mut s = CodedSummary::default();
@@ -332,9 +343,9 @@ impl GpuModel {
                 s.weights += c.rows() * c.cols();
                 s.bytes += c.parts.iter().map(|t| t.stored_bytes).sum::<usize>();
             }
-            GpuLinear::Dense(d) => {
+            GpuLinear::Dense(_) | GpuLinear::Fp8(_) => {
                 s.dense_matrices += 1;
-                s.dense_weights += d.rows * d.cols;
+                s.dense_weights += m.rows() * m.cols();
             }
         };
         add(&self.embed);
@@ -554,7 +565,7 @@ fn build(
 fn stored_device_bytes(m: &GpuLinear) -> usize {
     match m {
         GpuLinear::Dtans(c) => c.parts.iter().map(|t| t.device_bytes()).sum(),
-        GpuLinear::Dense(d) => d.rows * d.cols * 2,
+        GpuLinear::Dense(_) | GpuLinear::Fp8(_) => m.stored_bytes(),
     }
 }
 
@@ -576,6 +587,10 @@ fn dup(dev: &GpuDevice, m: &GpuLinear) -> Result<GpuLinear> {
                 .while_(|| format!("copying a [{}, {}] BF16 matrix", d.rows, d.cols))?;
             Ok(GpuLinear::dense(w, d.rows, d.cols))
         }
+        GpuLinear::Fp8(_) => Err(GpuError::invalid(
+            "layer copy",
+            "FP8 matrices are uploaded per layer, not copied",
+        )),
     }
 }
 
@@ -1161,6 +1176,50 @@ mod coding_sizes {
     }
 }
 
+/// Uploads `parts` (row-stacked; `halves`: gate and up, interleaved row by row as the dense path
+/// stores them) as one FP8 matrix when every part is FP8 E4M3 (row scales, or 1) with the same
+/// columns, a multiple of 16; else None (the caller uploads it otherwise).
+fn fp8_parts(
+    dev: &GpuDevice,
+    parts: &[&dyn entrollm_model::weights::Linear],
+    halves: bool,
+    scratch: &SharedScratch,
+) -> Result<Option<GpuLinear>> {
+    let cols = parts[0].cols();
+    let mut views = Vec::with_capacity(parts.len());
+    for p in parts {
+        match p.fp8_e4m3() {
+            Some((codes, scales)) if p.cols() == cols && cols % 16 == 0 => {
+                let scales = scales.map_or_else(|| vec![1.0; p.rows()], <[f32]>::to_vec);
+                views.push((codes, scales, p.rows()));
+            }
+            _ => return Ok(None),
+        }
+    }
+    let rows: usize = views.iter().map(|v| v.2).sum();
+    let mut codes = Vec::with_capacity(rows * cols);
+    let mut scales = Vec::with_capacity(rows);
+    match &views[..] {
+        [g, u] if halves => {
+            if g.2 != u.2 {
+                return Ok(None);
+            }
+            for r in 0..g.2 {
+                codes.extend_from_slice(&g.0[r * cols..(r + 1) * cols]);
+                codes.extend_from_slice(&u.0[r * cols..(r + 1) * cols]);
+                scales.extend([g.1[r], u.1[r]]);
+            }
+        }
+        _ => {
+            for (c, s, _) in &views {
+                codes.extend_from_slice(c);
+                scales.extend_from_slice(s);
+            }
+        }
+    }
+    GpuLinear::fp8_from_host(dev, rows, cols, &codes, &scales, Arc::clone(scratch)).map(Some)
+}
+
 /// Uploads a coded matrix made of `parts` (row-stacked; `halves`: gate/up), or None when any part
 /// is not kept coded or the parts cannot share a launch (then the caller uploads it dense).
 fn coded_parts(
@@ -1210,6 +1269,8 @@ pub struct LoadReport {
     pub coded_at_load: usize,
     /// Launches a container held coded, served as stored.
     pub served: usize,
+    /// Launches an FP8 checkpoint holds as FP8 E4M3 (with row scales), served as FP8.
+    pub fp8: usize,
     /// Launches served dense when coding at load, each with why.
     pub dense_notes: Vec<String>,
     /// Host: gathering each matrix's BF16 bits, the coder's choice (auto) and the plan.
@@ -1442,6 +1503,15 @@ fn serve(
             r.served += 1;
             return Ok(l);
         }
+        if let Some(l) = fp8_parts(dev, parts, halves, &scratch)? {
+            r.fp8 += 1;
+            if code.is_some() {
+                r.dense_notes.push(format!(
+                    "{what}: FP8, served as FP8 (code at load codes BF16)"
+                ));
+            }
+            return Ok(l);
+        }
         if let Some((plan, encoder)) = code {
             let coding = launch_coding(plan, launch);
             match code_at_load(dev, parts, halves, what, coding, encoder, &scratch, &mut r)? {
@@ -1492,7 +1562,7 @@ fn serve(
         r.dense_notes
             .push("lm_head: tied to the embedding, served dense with it".into());
     }
-    let any_coded = r.served + r.coded_at_load > 0;
+    let any_coded = r.served + r.coded_at_load + r.fp8 > 0;
     let m = GpuModel {
         config: c.clone(),
         embed,

@@ -822,23 +822,81 @@ fn small_model(seed: u64) -> Result<ModelWeights> {
     Ok(w)
 }
 
+/// `w` with every matrix but the embedding stored as an FP8 checkpoint holds it: E4M3 codes with
+/// per-row scales (the row's largest magnitude maps to 448).
+fn fp8_weights(w: ModelWeights) -> Result<ModelWeights> {
+    use entrollm_codec::payload::f32_to_fp8_e4m3;
+    use entrollm_model::weights::{DenseFp8, RowScaled};
+    let fp8 = |m: &Arc<dyn Linear>| -> Result<Arc<dyn Linear>> {
+        let (rows, cols) = (m.rows(), m.cols());
+        let mut codes = Vec::with_capacity(rows * cols);
+        let mut scales = Vec::with_capacity(rows);
+        let mut row = vec![0f32; cols];
+        for r in 0..rows {
+            m.row(r, &mut row);
+            let max = row.iter().fold(0f32, |a, &v| a.max(v.abs()));
+            let s = if max > 0.0 { max / 448.0 } else { 1.0 };
+            scales.push(s);
+            codes.extend(row.iter().map(|&v| f32_to_fp8_e4m3(v / s)));
+        }
+        let d = DenseFp8::new("fp8", rows, cols, codes).map_err(model_err)?;
+        Ok(Arc::new(
+            RowScaled::new("fp8", Arc::new(d), scales).map_err(model_err)?,
+        ))
+    };
+    let layers = w
+        .layers
+        .iter()
+        .map(|l| {
+            Ok(LayerWeights {
+                attn_norm: l.attn_norm.clone(),
+                q: fp8(&l.q)?,
+                k: fp8(&l.k)?,
+                v: fp8(&l.v)?,
+                o: fp8(&l.o)?,
+                q_bias: l.q_bias.clone(),
+                k_bias: l.k_bias.clone(),
+                v_bias: l.v_bias.clone(),
+                mlp_norm: l.mlp_norm.clone(),
+                gate: fp8(&l.gate)?,
+                up: fp8(&l.up)?,
+                down: fp8(&l.down)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ModelWeights {
+        lm_head: fp8(&w.lm_head)?,
+        embed: w.embed,
+        final_norm: w.final_norm,
+        layers,
+        config: w.config,
+    })
+}
+
 fn model_err(e: entrollm_model::ModelError) -> GpuError {
     GpuError::invalid("cpu engine", e.to_string())
 }
 
 /// GPU vs CPU on one model: prefill logits of `prompt`, then logits after each of `steps` decode
-/// tokens (greedy from the CPU), relative L2 each, worst reported.
+/// tokens (greedy from the CPU), relative L2 each, worst reported. `served`: uploaded as a
+/// checkpoint is served (`upload_served`: FP8 matrices stay FP8), else every matrix as BF16.
+#[allow(clippy::too_many_arguments)]
 fn compare_logits(
     dev: &Arc<GpuDevice>,
     label: &str,
     w: ModelWeights,
+    served: bool,
     prompt: &[u32],
     steps: usize,
     tol: f64,
     cases: &mut Vec<CaseResult>,
 ) -> Result<()> {
     let max_seq = prompt.len() + steps + 1;
-    let gm = GpuModel::upload(dev, &w)?;
+    let gm = if served {
+        GpuModel::upload_served(dev, &w)?.0
+    } else {
+        GpuModel::upload(dev, &w)?
+    };
     let mut ge = GpuEngine::new(Arc::clone(dev), gm, max_seq)?;
     let mut ce = Engine::new(w, max_seq).map_err(model_err)?;
     let want = ce.prefill(prompt).map_err(model_err)?;
@@ -1225,9 +1283,44 @@ pub fn run_engine_selftest(
         dev,
         "small qwen2-like (bias, interleaved)",
         w,
+        false,
         &prompt,
         4,
         3e-2,
+        &mut cases,
+    )?;
+    // The same architecture as an FP8 checkpoint, served with its matrices in FP8 (the FP8 GEMV
+    // for decode, a BF16 copy and the GEMM for prefill) against the CPU engine on the same codes.
+    // (Its down projection has 520 columns, not a multiple of 16: that one is served as BF16.)
+    let w8 = fp8_weights(small_model(seed ^ 0xF8)?)?;
+    let fp8_served = GpuModel::upload_served(dev, &w8)?.0.fp8_matrices();
+    let fits = |m: &Arc<dyn Linear>| usize::from(m.cols() % 16 == 0);
+    let expected = fits(&w8.lm_head)
+        + w8.layers
+            .iter()
+            .map(|l| fits(&l.q) + fits(&l.o) + fits(&l.gate) + fits(&l.down))
+            .sum::<usize>();
+    cases.push(CaseResult {
+        kernel: "fp8_served_matrices".into(),
+        shape: format!("{fp8_served} layer/head matrices in FP8, {expected} expected"),
+        rel_l2: if fp8_served == expected && expected > 0 {
+            0.0
+        } else {
+            f64::INFINITY
+        },
+        tolerance: 0.0,
+    });
+    // Tolerance as for SmolLM2: besides the BF16 activations, prefill multiplies by each scaled
+    // weight rounded to BF16, the CPU engine by the exact FP8 value times its scale (measured on
+    // the H200: 2.9e-2 prefill, 2.5e-2 decode).
+    compare_logits(
+        dev,
+        "small qwen2-like, FP8 E4M3 + row scales",
+        w8,
+        true,
+        &prompt,
+        4,
+        5e-2,
         &mut cases,
     )?;
     match smollm2 {
@@ -1240,7 +1333,7 @@ pub fn run_engine_selftest(
                     true,
                 )
                 .map_err(model_err)?;
-            compare_logits(dev, "SmolLM2-135M", w, &ids, 8, 5e-2, &mut cases)?;
+            compare_logits(dev, "SmolLM2-135M", w, false, &ids, 8, 5e-2, &mut cases)?;
             smollm2_greedy(dev, path, 24, &mut cases, &mut notes)?;
         }
         None => notes.push("SmolLM2 GGUF not found: end-to-end SmolLM2 checks skipped".into()),

@@ -32,6 +32,9 @@ use crate::ops::forward::{
     launch_gemv_accum, launch_gemv_fused, launch_rmsnorm_f32w, GemvFusion, NormOut,
 };
 use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
+use crate::ops::gemv_fp8::{
+    check_gemv_fp8_shape, gemv_fp8_config_for, launch_fp8_rows_to_bf16, launch_gemv_fp8,
+};
 
 /// A row-major BF16 matrix [rows, cols] in device memory and the GEMV configuration of its shape.
 pub struct DenseBf16 {
@@ -94,10 +97,22 @@ pub struct DtansLinear {
     scratch: SharedScratch,
 }
 
+/// A dense FP8 E4M3 matrix with per-row scales (an FP8 checkpoint's weights as stored): batch-1
+/// products by the FP8 GEMV, prefill through a BF16 copy in the shared workspace and the GEMM.
+pub struct Fp8Linear {
+    pub rows: usize,
+    pub cols: usize,
+    pub w: CudaSlice<u8>,
+    pub scales: CudaSlice<f32>,
+    pub gemv: GemvConfig,
+    scratch: SharedScratch,
+}
+
 /// One weight matrix W [rows (outputs), cols (inputs)] of the GPU forward pass.
 pub enum GpuLinear {
     Dense(DenseBf16),
     Dtans(Box<DtansLinear>),
+    Fp8(Box<Fp8Linear>),
 }
 
 /// A launch configuration of the dtANS kernels for a coded matrix: the tuned one when the shape
@@ -209,10 +224,45 @@ impl GpuLinear {
         })
     }
 
+    /// Uploads an FP8 E4M3 matrix (row-major codes) with its per-row scales; `scratch` must hold
+    /// its rows, columns and, for prefill, its weights as BF16.
+    pub fn fp8_from_host(
+        dev: &GpuDevice,
+        rows: usize,
+        cols: usize,
+        codes: &[u8],
+        scales: &[f32],
+        scratch: SharedScratch,
+    ) -> Result<Self> {
+        check_gemv_fp8_shape(rows, cols)?;
+        if codes.len() != rows * cols || scales.len() != rows {
+            return Err(GpuError::invalid(
+                "fp8 linear",
+                format!(
+                    "[{rows}, {cols}] needs {} codes and {rows} scales, got {} and {}",
+                    rows * cols,
+                    codes.len(),
+                    scales.len()
+                ),
+            ));
+        }
+        let s = dev.stream();
+        let what = || format!("uploading a [{rows}, {cols}] FP8 matrix");
+        Ok(GpuLinear::Fp8(Box::new(Fp8Linear {
+            rows,
+            cols,
+            w: s.clone_htod(codes).while_(what)?,
+            scales: s.clone_htod(scales).while_(what)?,
+            gemv: gemv_fp8_config_for(rows, cols),
+            scratch,
+        })))
+    }
+
     pub fn rows(&self) -> usize {
         match self {
             GpuLinear::Dense(d) => d.rows,
             GpuLinear::Dtans(c) => c.rows(),
+            GpuLinear::Fp8(f) => f.rows,
         }
     }
 
@@ -220,6 +270,7 @@ impl GpuLinear {
         match self {
             GpuLinear::Dense(d) => d.cols,
             GpuLinear::Dtans(c) => c.cols(),
+            GpuLinear::Fp8(f) => f.cols,
         }
     }
 
@@ -228,6 +279,7 @@ impl GpuLinear {
         match self {
             GpuLinear::Dense(d) => d.rows * d.cols * 2,
             GpuLinear::Dtans(c) => c.parts.iter().map(|t| t.stored_bytes).sum(),
+            GpuLinear::Fp8(f) => f.rows * f.cols + 4 * f.rows,
         }
     }
 
@@ -244,7 +296,7 @@ impl GpuLinear {
                 launch_gemv_accum(dev, d.gemv, &d.w, x, y, d.rows, d.cols)
             }
             GpuLinear::Dense(d) => launch_gemv(dev, d.gemv, &d.w, x, y, d.rows, d.cols),
-            GpuLinear::Dtans(_) => {
+            GpuLinear::Dtans(_) | GpuLinear::Fp8(_) => {
                 let fusion = GemvFusion {
                     accumulate,
                     swiglu: false,
@@ -275,6 +327,16 @@ impl GpuLinear {
                 launch_gemv_fused(dev, cfg, fusion, &d.w, x, norm, y, d.rows, d.cols)
             }
             GpuLinear::Dtans(c) => c.matvec_fused(dev, x, norm, fusion, y),
+            GpuLinear::Fp8(f) => {
+                let cfg = if fusion.swiglu {
+                    swiglu_config(f.gemv)
+                } else {
+                    f.gemv
+                };
+                launch_gemv_fp8(
+                    dev, cfg, fusion, &f.w, &f.scales, x, norm, y, f.rows, f.cols,
+                )
+            }
         }
     }
 
@@ -317,6 +379,11 @@ impl GpuLinear {
                 }
                 gemm.matmul(&s.w, x, y, m, rows, cols, accumulate)
             }
+            GpuLinear::Fp8(f) => {
+                let mut s = f.scratch.lock().unwrap_or_else(|e| e.into_inner());
+                launch_fp8_rows_to_bf16(dev, &f.w, &f.scales, &mut s.w, f.rows, f.cols)?;
+                gemm.matmul(&s.w, x, y, m, f.rows, f.cols, accumulate)
+            }
         }
     }
 
@@ -324,7 +391,7 @@ impl GpuLinear {
     pub fn as_dense(&self) -> Option<&DenseBf16> {
         match self {
             GpuLinear::Dense(d) => Some(d),
-            GpuLinear::Dtans(_) => None,
+            _ => None,
         }
     }
 
@@ -332,7 +399,7 @@ impl GpuLinear {
     pub fn dense_weights(&self) -> Option<&CudaSlice<u16>> {
         match self {
             GpuLinear::Dense(d) => Some(&d.w),
-            GpuLinear::Dtans(_) => None,
+            _ => None,
         }
     }
 
@@ -340,7 +407,7 @@ impl GpuLinear {
     pub fn dtans(&self) -> Option<&DtansLinear> {
         match self {
             GpuLinear::Dtans(c) => Some(c),
-            GpuLinear::Dense(_) => None,
+            _ => None,
         }
     }
 

@@ -21,7 +21,9 @@ use crate::ops::elementwise::*;
 use crate::ops::f32_to_bf16;
 use crate::ops::forward::{rmsnorm_f32w_ref, swiglu_interleaved_ref, GemvFusion};
 use crate::ops::gemv::{gemv_ref, launch_gemv, GemvConfig};
-use crate::ops::gemv_fp8::{gemv_fp8_ref, launch_gemv_fp8};
+use crate::ops::gemv_fp8::{
+    fp8_rows_to_bf16_ref, gemv_fp8_ref, launch_fp8_rows_to_bf16, launch_gemv_fp8,
+};
 use crate::ops::rope::{launch_rope, rope_ref, RopeLayout, RopeShape};
 
 /// SplitMix64: small, seedable, good enough for test inputs.
@@ -393,6 +395,31 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// FP8 → BF16 materialisation with row scales, bit for bit against the CPU reference.
+    fn fp8_rows_to_bf16(&mut self, rows: usize, cols: usize) -> Result<()> {
+        let w = self.rng.fp8s(rows * cols);
+        let scales: Vec<f32> = (0..rows)
+            .map(|_| 1e-2 * (0.5 + self.rng.unit() as f32))
+            .collect();
+        let (w_d, s_d) = (upload(self.dev, &w)?, upload(self.dev, &scales)?);
+        let mut out = self
+            .dev
+            .stream()
+            .alloc_zeros::<u16>(rows * cols)
+            .while_(|| "allocating the BF16 output".into())?;
+        launch_fp8_rows_to_bf16(self.dev, &w_d, &s_d, &mut out, rows, cols)?;
+        let got = download(self.dev, &out)?;
+        let want = fp8_rows_to_bf16_ref(&w, &scales, cols);
+        let differ = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+        self.cases.push(CaseResult {
+            kernel: "fp8_rows_to_bf16".into(),
+            shape: format!("[{rows}, {cols}]: {differ} elements differ"),
+            rel_l2: if differ == 0 { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+        Ok(())
+    }
+
     fn attention(
         &mut self,
         cfg: AttnConfig,
@@ -579,7 +606,8 @@ impl Checker<'_> {
 }
 
 /// The dense FP8 GEMV cases: every candidate configuration over ragged and Llama-8B shapes, then
-/// the fused forms (RMSNorm, residual add, SwiGLU) the decode step launches.
+/// the fused forms (RMSNorm, residual add, SwiGLU) the decode step launches; then the FP8 → BF16
+/// materialisation for prefill.
 fn fp8_cases(c: &mut Checker) -> Result<()> {
     let plain = GemvFusion::default();
     for cfg in GemvConfig::CANDIDATES {
@@ -614,6 +642,9 @@ fn fp8_cases(c: &mut Checker) -> Result<()> {
             c.gemv_fp8(cfg, swiglu, true, 258, 1040)?;
         }
         c.gemv_fp8(cfg, plain, true, 33, 272)?;
+    }
+    for &(rows, cols) in &[(1, 16), (37, 528), (1000, 2048), (4096, 4096)] {
+        c.fp8_rows_to_bf16(rows, cols)?;
     }
     Ok(())
 }

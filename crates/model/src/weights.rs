@@ -35,6 +35,11 @@ pub trait Linear: Send + Sync {
     )> {
         None
     }
+    /// The FP8 E4M3 codes (row-major) and, if any, the per-row scales, when the matrix is stored
+    /// so (a GPU engine then keeps it in FP8).
+    fn fp8_e4m3(&self) -> Option<(&[u8], Option<&[f32]>)> {
+        None
+    }
 }
 
 pub struct LayerWeights {
@@ -93,6 +98,10 @@ pub trait DenseElement: sealed::Sealed + Send + Sync + 'static {
     fn to_f32(s: Self::Stored) -> f32;
     /// The elements themselves when they already are f32 (no conversion needed).
     fn as_f32_slice(_s: &[Self::Stored]) -> Option<&[f32]> {
+        None
+    }
+    /// The elements themselves when they are FP8 E4M3 bytes.
+    fn as_fp8_slice(_s: &[Self::Stored]) -> Option<&[u8]> {
         None
     }
 }
@@ -155,6 +164,9 @@ impl DenseElement for Fp8E4m3 {
     #[inline(always)]
     fn to_f32(s: u8) -> f32 {
         FP8_E4M3_TO_F32[s as usize]
+    }
+    fn as_fp8_slice(s: &[u8]) -> Option<&[u8]> {
+        Some(s)
     }
 }
 
@@ -272,6 +284,12 @@ impl Linear for RowScaled {
     fn stored_bytes(&self) -> usize {
         self.inner.stored_bytes() + 4 * self.scales.len()
     }
+    fn fp8_e4m3(&self) -> Option<(&[u8], Option<&[f32]>)> {
+        match self.inner.fp8_e4m3() {
+            Some((codes, None)) => Some((codes, Some(&self.scales))),
+            _ => None,
+        }
+    }
 }
 
 impl<E: DenseElement> Dense<E> {
@@ -376,6 +394,10 @@ impl<E: DenseElement> Linear for Dense<E> {
 
     fn stored_bytes(&self) -> usize {
         self.data.len() * std::mem::size_of::<E::Stored>()
+    }
+
+    fn fp8_e4m3(&self) -> Option<(&[u8], Option<&[f32]>)> {
+        E::as_fp8_slice(&self.data).map(|c| (c, None))
     }
 }
 
@@ -1012,6 +1034,21 @@ mod tests {
         m.row(1, &mut row);
         assert_eq!(row[3], w[7 + 3] * 2.0);
         assert!(RowScaled::new("w", dense, vec![1.0; 4]).is_err());
+    }
+
+    #[test]
+    fn fp8_matrices_expose_their_codes_and_scales() {
+        let codes: Vec<u8> = (0..12u8).map(|i| i * 7).collect();
+        let fp8: Arc<dyn Linear> = Arc::new(DenseFp8::new("w", 3, 4, codes.clone()).unwrap());
+        assert_eq!(fp8.fp8_e4m3(), Some((&codes[..], None)));
+        let scales = vec![0.5, 2.0, 4.0];
+        let m = RowScaled::new("w", fp8.clone(), scales.clone()).unwrap();
+        assert_eq!(m.fp8_e4m3(), Some((&codes[..], Some(&scales[..]))));
+        // Scaled twice, or not FP8 at all: no FP8 view.
+        let twice = RowScaled::new("w", Arc::new(m), scales).unwrap();
+        assert_eq!(twice.fp8_e4m3(), None);
+        let f32m = DenseF32::new("w", 3, 4, vec![0.0; 12]).unwrap();
+        assert_eq!(f32m.fp8_e4m3(), None);
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //! `y[r] = s[r] · Σ_c fp8(W[r, c]) x[c]`, W row-major [n, k] bytes (k % 16 == 0), s f32 [n], x and
 //! y f32; the epilogues of the BF16 GEMV (residual add, interleaved SwiGLU, RMSNorm of x on the
 //! fly). The kernels share the BF16 GEMV's compiled modules ([`gemv_fused_variant`]). CPU
-//! reference: the model crate's `RowScaled(DenseFp8)` matvec ([`gemv_fp8_ref`]).
+//! reference: the model crate's `RowScaled(DenseFp8)` matvec ([`gemv_fp8_ref`]). Also the FP8 → BF16
+//! materialisation of a matrix for prefill GEMMs (`fp8_rows_to_bf16`, [`fp8_rows_to_bf16_ref`]).
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
+use entrollm_codec::payload::fp8_e4m3_to_f32;
 use entrollm_model::weights::{DenseFp8, RowScaled};
 use entrollm_model::Linear;
 
@@ -97,6 +99,55 @@ pub fn launch_gemv_fp8(
         }
     }
     Ok(())
+}
+
+/// `out = bf16(fp8(W) · s[row])`, W FP8 E4M3 bytes [rows, cols] (cols % 16 == 0), s f32 [rows], out
+/// BF16 bits [rows, cols]: an FP8 matrix materialised for the prefill GEMM.
+pub fn launch_fp8_rows_to_bf16(
+    dev: &GpuDevice,
+    w: &CudaSlice<u8>,
+    scales: &CudaSlice<f32>,
+    out: &mut CudaSlice<u16>,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    const OP: &str = "fp8_rows_to_bf16";
+    check_gemv_fp8_shape(rows, cols)?;
+    check_len(OP, "w", w, rows * cols)?;
+    check_len(OP, "scales", scales, rows)?;
+    if out.len() < rows * cols {
+        return Err(GpuError::invalid(
+            OP,
+            format!("output holds {} elements, needs {}", out.len(), rows * cols),
+        ));
+    }
+    let variant = gemv_fused_variant(GemvConfig::CANDIDATES[0], GemvFusion::default());
+    let f = dev.function(&variant, OP)?;
+    let n4 = (rows * cols / 4) as i64;
+    let cols4 = (cols / 4) as i32;
+    let blocks = (n4 as usize).div_ceil(256).min(132 * 16) as u32;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(w).arg(scales).arg(out).arg(&n4).arg(&cols4);
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: argument types and counts match the kernel; sizes were checked above.
+    unsafe { b.launch(cfg) }.while_(|| format!("launching {OP} [{rows}, {cols}]"))?;
+    Ok(())
+}
+
+/// CPU reference of [`launch_fp8_rows_to_bf16`]: each weight's f32 value times its row's scale,
+/// rounded to BF16 (nearest even).
+pub fn fp8_rows_to_bf16_ref(w: &[u8], scales: &[f32], cols: usize) -> Vec<u16> {
+    w.chunks(cols)
+        .zip(scales)
+        .flat_map(|(row, &s)| {
+            row.iter()
+                .map(move |&c| half::bf16::from_f32(fp8_e4m3_to_f32(c) * s).to_bits())
+        })
+        .collect()
 }
 
 /// CPU reference: the model crate's row-scaled dense FP8 matrix, `y = diag(s) · W x`.
