@@ -253,20 +253,38 @@ mod tests {
 
     #[test]
     fn fp8_e4m3_rounding_matches_the_exhaustive_search() {
-        let mut vals = vec![0.0f32, -0.0, 448.0, 449.0, 1e9, -1e9, f32::MIN_POSITIVE, 1e-30];
+        let mut vals = vec![
+            0.0f32,
+            -0.0,
+            448.0,
+            449.0,
+            1e9,
+            -1e9,
+            f32::MIN_POSITIVE,
+            1e-30,
+        ];
         for c in 0u8..=0x7E {
             // Every code, and the midpoints to its neighbours (ties), and just around them.
             let x = fp8_e4m3_to_f32(c);
             let y = fp8_e4m3_to_f32(c.saturating_add(1).min(0x7E));
             let mid = (x + y) / 2.0;
-            vals.extend([x, mid, mid.next_up(), mid.next_down(), x.next_up(), x.next_down()]);
+            vals.extend([
+                x,
+                mid,
+                mid.next_up(),
+                mid.next_down(),
+                x.next_up(),
+                x.next_down(),
+            ]);
         }
         let mut r = 0x2545_F491_4F6C_DD1Du64;
         for _ in 0..20_000 {
             r ^= r << 13;
             r ^= r >> 7;
             r ^= r << 17;
-            vals.push(f32::from_bits(r as u32 & 0x43FF_FFFF) * if r >> 63 == 1 { -1.0 } else { 1.0 });
+            vals.push(
+                f32::from_bits(r as u32 & 0x43FF_FFFF) * if r >> 63 == 1 { -1.0 } else { 1.0 },
+            );
         }
         for v in vals {
             for v in [v, -v] {
