@@ -6,6 +6,8 @@ use entrollm_cuda::GpuDevice;
 use entrollm_model::coding_plan::CodingPlan;
 use std::sync::Arc;
 
+mod common;
+
 fn seed() -> u64 {
     std::env::var("SELFTEST_SEED")
         .ok()
@@ -49,8 +51,5 @@ fn code_at_load_precompile_cubins() {
             }
         }
     }
-    match entrollm_cuda::jit::precompile(&variants) {
-        Ok(dir) => println!("{} variants cached in {}", variants.len(), dir.display()),
-        Err(failed) => panic!("{failed}"),
-    }
+    common::precompile(&variants);
 }

@@ -286,10 +286,7 @@ fn dtans_precompile_entry_cubins() {
             variants.push(kind.variant(cfg, DtansOut::Mvm));
         }
     }
-    match entrollm_cuda::jit::precompile(&variants) {
-        Ok(dir) => println!("{} variants cached in {}", variants.len(), dir.display()),
-        Err(failed) => panic!("{failed}"),
-    }
+    common::precompile(&variants);
 }
 
 /// Per-launch `dequant` (BF16 materialisation for prefill GEMMs) on the five Llama-3.1-8B shapes,
@@ -358,10 +355,7 @@ fn dtans_precompile_cubins() {
     let mut variants = entrollm_cuda::jit::all_variants();
     variants.extend(entrollm_cuda::ops::dtans::sweep_variants());
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
-    match entrollm_cuda::jit::precompile(&variants) {
-        Ok(dir) => println!("{} variants cached in {}", variants.len(), dir.display()),
-        Err(failed) => panic!("{failed}"),
-    }
+    common::precompile(&variants);
 }
 
 /// Cubins of every runtime variant (`jit::all_variants`) and of the coded synthetic models'
@@ -371,10 +365,7 @@ fn dtans_precompile_cubins() {
 fn serve_precompile_cubins() {
     let mut variants = entrollm_cuda::jit::all_variants();
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
-    match entrollm_cuda::jit::precompile(&variants) {
-        Ok(dir) => println!("{} variants cached in {}", variants.len(), dir.display()),
-        Err(failed) => panic!("{failed}"),
-    }
+    common::precompile(&variants);
 }
 
 /// GPU encoder against the CPU encoder, byte for byte, and the CPU decoder on its output
@@ -767,8 +758,5 @@ fn dtans_precompile_sweep_cubins() {
             variants.push(entry_timing_kind(&coding, 4096).variant(cfg, DtansOut::Mvm));
         }
     }
-    match entrollm_cuda::jit::precompile(&variants) {
-        Ok(dir) => println!("{} variants cached in {}", variants.len(), dir.display()),
-        Err(failed) => panic!("{failed}"),
-    }
+    common::precompile(&variants);
 }

@@ -206,8 +206,5 @@ fn fp8_precompile_cubins() {
             }
         }
     }
-    match entrollm_cuda::jit::precompile(&variants) {
-        Ok(dir) => println!("{} variants cached in {}", variants.len(), dir.display()),
-        Err(failed) => panic!("{failed}"),
-    }
+    common::precompile(&variants);
 }

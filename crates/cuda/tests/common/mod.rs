@@ -22,3 +22,12 @@ pub fn env_list(name: &str, default: &[u32]) -> Vec<u32> {
 pub fn shape_selected(name: &str) -> bool {
     std::env::var("DTANS_SHAPES").map_or(true, |s| s.split(',').any(|v| v.trim() == name))
 }
+
+/// Compiles `variants` into the kernel cache (`ENTROLLM_CACHE`), reporting where; panics with the
+/// compiler's messages when one fails.
+pub fn precompile(variants: &[entrollm_cuda::jit::KernelVariant]) {
+    match entrollm_cuda::jit::precompile(variants) {
+        Ok(dir) => println!("{} variants cached in {}", variants.len(), dir.display()),
+        Err(failed) => panic!("{failed}"),
+    }
+}
