@@ -325,6 +325,7 @@ pub fn run(a: Args) -> Result<()> {
                 "bits_per_weight": coded.bits_per_weight(),
                 "dense_matrices": coded.dense_matrices,
                 "dense_weights": coded.dense_weights,
+                "dense_bytes": coded.dense_bytes,
                 "stream_errors": coded_error,
             },
             "long_prefill": a.long_prefill,
@@ -373,13 +374,14 @@ pub fn run(a: Args) -> Result<()> {
         }
         if coded.matrices > 0 {
             println!(
-                "coded       {} matrices, {:.3} G weights in {:.3} GB: {:.4} bits/weight (dtANS-LLM, lossless); {} dense matrices ({:.3} G weights, BF16){}",
+                "coded       {} matrices, {:.3} G weights in {:.3} GB: {:.4} bits/weight (dtANS-LLM, lossless); {} dense matrices ({:.3} G weights in {:.3} GB){}",
                 coded.matrices,
                 coded.weights as f64 / 1e9,
                 gb(coded.bytes),
                 coded.bits_per_weight(),
                 coded.dense_matrices,
                 coded.dense_weights as f64 / 1e9,
+                gb(coded.dense_bytes),
                 if coded_error { "; STREAM ERRORS FLAGGED" } else { "" }
             );
         }

@@ -158,7 +158,7 @@ pub fn upload_gpu(
         gb(s.bytes),
         gb(2 * s.weights),
         s.bits_per_weight(),
-        gb(2 * s.dense_weights),
+        gb(s.dense_bytes),
         if s.dense_matrices > 1 { " and others" } else { "" },
         gb(model.weight_bytes()),
     );

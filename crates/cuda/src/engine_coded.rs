@@ -307,9 +307,10 @@ pub struct CodedSummary {
     pub weights: usize,
     /// Bytes of their coded arrays.
     pub bytes: usize,
-    /// Dense matrices (BF16) and their weights.
+    /// Dense matrices (BF16, or FP8 with row scales), their weights and bytes.
     pub dense_matrices: usize,
     pub dense_weights: usize,
+    pub dense_bytes: usize,
 }
 
 impl CodedSummary {
@@ -346,6 +347,7 @@ impl GpuModel {
             GpuLinear::Dense(_) | GpuLinear::Fp8(_) => {
                 s.dense_matrices += 1;
                 s.dense_weights += m.rows() * m.cols();
+                s.dense_bytes += m.stored_bytes();
             }
         };
         add(&self.embed);
