@@ -16,9 +16,10 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use entrollm_codec::dtans::Coding;
 use entrollm_cuda::engine_coded::{check_load_plan, free_memory, tuned_plan, Encoder};
+use entrollm_cuda::linear::Fp8Serving;
 use entrollm_cuda::{GpuDevice, GpuEngine, GpuModel};
 use entrollm_model::coding_plan::CodingPlan;
-use entrollm_model::load::open_model;
+use entrollm_model::load::open_weights;
 use entrollm_model::synth::SynthShape;
 use entrollm_model::ModelConfig;
 
@@ -73,6 +74,10 @@ pub struct Args {
     /// Also time decode after a prefill of this many random tokens (64 steps; 0: skip).
     #[arg(long, default_value_t = 0)]
     long_prefill: usize,
+    /// With an FP8 MODEL: how its matrices are kept, `auto`, `dense` or `palette` (see `run
+    /// --help`).
+    #[arg(long, default_value = "auto", value_parser = crate::generate::parse_fp8)]
+    fp8: Fp8Serving,
 }
 
 /// The coding plan of `--coding` / `--coding-file` (neither: the tuned table for `c`).
@@ -162,11 +167,11 @@ pub fn run(a: Args) -> Result<()> {
         (None, Some(path)) => {
             // A container's dtANS-coded matrices stay coded (checksums verified on the host
             // decode at load) and are served by the coded kernels.
-            let (w, _) = open_model(path, true)?;
+            let w = open_weights(path, true)?;
             if let Some(plan) = &code {
                 check_load_plan(&w.config, plan)?;
             }
-            let (m, r) = crate::generate::upload_gpu(&dev, &w, code.as_ref())?;
+            let (m, r) = crate::generate::upload_gpu(&dev, &w, code.as_ref(), a.fp8)?;
             let s = m.coded_summary();
             let how = match r {
                 Some(r) => format!(
@@ -214,6 +219,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let bytes_per_token = model.bytes_per_token();
     let coded = model.coded_summary();
+    let fp8 = (model.fp8_matrices(), model.fp8_palette_matrices());
     let mut e = GpuEngine::new(Arc::clone(&dev), model, max_seq)
         .with_context(|| format!("building the engine for {max_seq} tokens"))?;
     let prompt = random_tokens(a.prompt_len, c.vocab_size, a.seed);
@@ -327,6 +333,10 @@ pub fn run(a: Args) -> Result<()> {
                 "dense_weights": coded.dense_weights,
                 "dense_bytes": coded.dense_bytes,
                 "stream_errors": coded_error,
+            },
+            "fp8": {
+                "matrices": fp8.0,
+                "palette_matrices": fp8.1,
             },
             "long_prefill": a.long_prefill,
             "long_prefill_s": long.map(|l| l.0),

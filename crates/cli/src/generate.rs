@@ -6,6 +6,7 @@ use crate::progress;
 use anyhow::Result;
 use entrollm_codec::dtans::Coding;
 use entrollm_cuda::engine_coded::{Encoder, LoadReport};
+use entrollm_cuda::linear::Fp8Serving;
 use entrollm_cuda::{GpuDevice, GpuEngine, GpuModel};
 use entrollm_model::chat::{ChatMessage, ChatTemplate};
 use entrollm_model::coding_plan::CodingPlan;
@@ -48,19 +49,21 @@ pub enum Backend {
 
 impl Backend {
     /// Builds the engine for `weights` on `device` with a context of `ctx` tokens; with `code`, the
-    /// GPU codes the dense BF16 matrices at load with that plan (see [`upload_gpu`]).
+    /// GPU codes the dense BF16 matrices at load with that plan; FP8 matrices are kept as `fp8`
+    /// says (see [`upload_gpu`]).
     pub fn new(
         weights: ModelWeights,
         ctx: usize,
         device: DeviceArg,
         code: Option<&CodingPlan>,
+        fp8: Fp8Serving,
     ) -> Result<Self> {
         if device != DeviceArg::Cpu {
             let gpu = GpuDevice::open(0)
                 .map_err(anyhow::Error::from)
                 .and_then(|dev| {
                     let dev = Arc::new(dev);
-                    let (model, _) = upload_gpu(&dev, &weights, code)?;
+                    let (model, _) = upload_gpu(&dev, &weights, code, fp8)?;
                     Ok(GpuEngine::new(dev, model, ctx)?)
                 });
             match gpu {
@@ -126,20 +129,40 @@ pub fn load_plan(coding: &str, file: Option<&Path>) -> Result<CodingPlan> {
 /// Uploads `weights` to the GPU: dtANS-coded matrices (a container opened fused) are served coded;
 /// with `code`, every other layer/head matrix that is BF16 is coded on the GPU at load and served
 /// coded too (a progress bar follows the layers; one summary line on stderr: load time and memory,
-/// coded against dense).
+/// coded against dense). An FP8 checkpoint's matrices stay FP8, kept as `fp8` says (a line on
+/// stderr says how many are palette-packed).
 pub fn upload_gpu(
     dev: &Arc<GpuDevice>,
     weights: &ModelWeights,
     code: Option<&CodingPlan>,
+    fp8: Fp8Serving,
 ) -> Result<(GpuModel, Option<LoadReport>)> {
+    let report_fp8 = |m: &GpuModel| {
+        if m.fp8_matrices() > 0 {
+            eprintln!(
+                "fp8: {} layer/head launches served in FP8, {} of them palette-packed (--fp8 {})",
+                m.fp8_matrices(),
+                m.fp8_palette_matrices(),
+                match fp8 {
+                    Fp8Serving::Auto => "auto",
+                    Fp8Serving::Dense => "dense",
+                    Fp8Serving::Palette => "palette",
+                }
+            );
+        }
+    };
     let Some(plan) = code else {
-        return Ok((GpuModel::upload_served(dev, weights)?.0, None));
+        let model = GpuModel::upload_served(dev, weights, fp8)?.0;
+        report_fp8(&model);
+        return Ok((model, None));
     };
     let t = Instant::now();
     let bar = progress::steps(weights.layers.len() as u64, "code at load");
-    let (model, r) = GpuModel::upload_coded(dev, weights, plan, Encoder::Gpu, &mut |done, _| {
-        bar.set_position(done as u64)
-    })?;
+    let (model, r) =
+        GpuModel::upload_coded(dev, weights, plan, Encoder::Gpu, fp8, &mut |done, _| {
+            bar.set_position(done as u64)
+        })?;
+    report_fp8(&model);
     bar.finish_and_clear();
     let s = model.coded_summary();
     let gb = |b: usize| b as f64 / 1e9;
@@ -270,6 +293,17 @@ pub struct ModelArgs {
     /// --code-at-load's coding fills the launches it does not name.
     #[arg(long, value_name = "PLAN.json", requires = "code_at_load")]
     coding_file: Option<PathBuf>,
+    /// GPU, FP8 checkpoints: how their matrices are kept, `auto` (palette-packed — 4-bit indices
+    /// into 16 codes plus escapes, half the bytes — where that is at most 0.6 of the codes'
+    /// bytes, as in low-entropy checkpoints), `dense` (as stored) or `palette` (wherever the
+    /// columns are a multiple of 32).
+    #[arg(long, default_value = "auto", value_parser = parse_fp8)]
+    fp8: Fp8Serving,
+}
+
+/// `--fp8 auto|dense|palette`.
+pub fn parse_fp8(s: &str) -> std::result::Result<Fp8Serving, String> {
+    s.parse()
 }
 
 #[derive(clap::Args)]
@@ -316,7 +350,7 @@ fn open(a: &ModelArgs) -> Result<Session> {
         ..SamplingParams::greedy()
     };
     Ok(Session {
-        engine: Backend::new(weights, ctx, device, code.as_ref())?,
+        engine: Backend::new(weights, ctx, device, code.as_ref(), a.fp8)?,
         tokenizer,
         sampler: Sampler::new(params)?,
         max_tokens: a.max_tokens,
@@ -487,7 +521,7 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     if a.max_tokens > 0 {
         tokens.truncate(a.max_tokens);
     }
-    let p = match Backend::new(weights, a.window, device, None)? {
+    let p = match Backend::new(weights, a.window, device, None, Fp8Serving::Auto)? {
         Backend::Cpu(mut engine) => {
             entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?
         }

@@ -1,6 +1,6 @@
 //! Cold-cache timing of FP8 E4M3 matrices with per-row scales (FP8 checkpoints' per-channel
-//! `weight_scale`): the dense FP8 GEMV (`ops::gemv_fp8`) beside the dtANS-LLM `mvm` on the same
-//! codes entropy-coded, under the protocol of `bench.rs` (copies covering more than 2× L2, a CUDA
+//! `weight_scale`): the dense FP8 GEMV (`ops::gemv_fp8`), the same GEMV on the codes
+//! palette-packed (`gemv_pal4`) and the dtANS-LLM `mvm` on the same codes entropy-coded, under the protocol of `bench.rs` (copies covering more than 2× L2, a CUDA
 //! graph of ≥ 400 µs of launches, median of 5 replays).
 //!
 //! The codes are the synthetic FP8 checkpoint's (`entrollm_model::synth::fp8_row`): model-like rows
@@ -15,6 +15,7 @@ use std::sync::Mutex;
 use cudarc::driver::CudaSlice;
 use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor};
 use entrollm_codec::matvec::Dequant;
+use entrollm_codec::palette::Palette4;
 use entrollm_codec::Payload;
 use entrollm_model::synth::{fill_tensor_fp8, fit_fp8_multiplier, SynthKind, SynthTensor};
 
@@ -27,7 +28,7 @@ use crate::jit::KernelVariant;
 use crate::ops::dtans::{launch_mvm, DtansConfig, DtansKind, DtansOut, MAX_SHARED_BYTES};
 use crate::ops::forward::GemvFusion;
 use crate::ops::gemv::GemvConfig;
-use crate::ops::gemv_fp8::{gemv_fp8_ref, launch_gemv_fp8};
+use crate::ops::gemv_fp8::{gemv_fp8_ref, launch_gemv_fp8, Fp8Codes, GpuPal4};
 use crate::selftest::{download, rel_l2, upload, Rng};
 
 fn codec_err(e: entrollm_codec::CodecError) -> GpuError {
@@ -177,6 +178,24 @@ pub fn fp8_mvm_variants(t: &DtansTensor) -> Vec<KernelVariant> {
         .collect()
 }
 
+/// Which FP8 GEMV a timing runs: on the codes as stored, or palette-packed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvForm {
+    Dense,
+    Palette,
+}
+
+impl GemvForm {
+    pub const ALL: [GemvForm; 2] = [GemvForm::Dense, GemvForm::Palette];
+
+    fn name(self) -> &'static str {
+        match self {
+            GemvForm::Dense => "gemv_fp8",
+            GemvForm::Palette => "gemv_pal4",
+        }
+    }
+}
+
 /// A timed launch.
 #[derive(Clone, Debug)]
 pub struct Fp8Timing {
@@ -189,12 +208,16 @@ pub struct Fp8Timing {
     pub copies: usize,
 }
 
-/// One FP8 shape on the device, dense and coded, for checking and cold-cache timing.
+/// One FP8 shape on the device, dense, palette-packed and coded, for checking and cold-cache
+/// timing.
 pub struct Fp8Bench<'a> {
     dev: &'a GpuDevice,
     pub m: Fp8Matrix,
-    pub tensor: DtansTensor,
-    dense: Vec<CudaSlice<u8>>,
+    /// The dtANS-coded codes (None: not coded, the GEMVs only).
+    pub tensor: Option<DtansTensor>,
+    pub packed: Palette4,
+    dense: Vec<Fp8Codes>,
+    palette: Vec<Fp8Codes>,
     scales: CudaSlice<f32>,
     coded: Vec<GpuDtans>,
     x: Vec<f32>,
@@ -204,27 +227,34 @@ pub struct Fp8Bench<'a> {
 }
 
 impl<'a> Fp8Bench<'a> {
-    /// Generates, codes (with `coding`, or the coder's choice) and uploads an `n × k` FP8 matrix
-    /// at `bits` of entropy; the reference product is the model crate's dense FP8 matvec with row
-    /// scales.
+    /// Generates, codes (with `coding`: Some(None) the coder's choice, None not at all),
+    /// palette-packs and uploads an `n × k` FP8 matrix at `bits` of entropy; the reference product
+    /// is the model crate's dense FP8 matvec with row scales.
     pub fn new(
         dev: &'a GpuDevice,
         n: usize,
         k: usize,
         bits: f64,
         seed: u64,
-        coding: Option<Coding>,
+        coding: Option<Option<Coding>>,
     ) -> Result<Self> {
         let m = Fp8Matrix::synth(n, k, bits, seed)?;
-        let tensor = m.coded(coding)?;
+        let tensor = coding.map(|c| m.coded(c)).transpose()?;
         let codes = m.codes();
         let l2 = dev.info().l2_bytes as usize;
         let dense = (0..(2 * l2) / codes.len() + 1)
-            .map(|_| upload(dev, &codes))
+            .map(|_| upload(dev, &codes).map(Fp8Codes::Dense))
             .collect::<Result<Vec<_>>>()?;
-        let coded = (0..(2 * l2) / tensor.stored_bytes() + 1)
-            .map(|_| GpuDtans::upload(dev, &tensor, &m.dequant()))
+        let packed = Palette4::encode(&codes, n, k, 0).map_err(codec_err)?;
+        let palette = (0..(2 * l2) / packed.stored_bytes() + 1)
+            .map(|_| GpuPal4::upload(dev, &packed).map(Fp8Codes::Palette))
             .collect::<Result<Vec<_>>>()?;
+        let coded = match &tensor {
+            Some(t) => (0..(2 * l2) / t.stored_bytes() + 1)
+                .map(|_| GpuDtans::upload(dev, t, &m.dequant()))
+                .collect::<Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
         let x = Rng::new(seed + 1).normals(k, 1.0);
         let reference = gemv_fp8_ref(&codes, &m.scales, &x, n, k)?;
         Ok(Fp8Bench {
@@ -238,17 +268,30 @@ impl<'a> Fp8Bench<'a> {
                 .while_(|| "allocating y".into())?,
             m,
             tensor,
+            packed,
             dense,
+            palette,
             coded,
             reference,
         })
     }
 
-    /// Relative L2 error of the dense FP8 GEMV (last copy) against the reference.
-    pub fn check_dense(&mut self, cfg: GemvConfig) -> Result<f64> {
+    fn coded_tensor(&self) -> Result<&DtansTensor> {
+        self.tensor
+            .as_ref()
+            .ok_or_else(|| GpuError::invalid("fp8 bench", "the matrix was not dtANS-coded"))
+    }
+
+    /// Relative L2 error of the FP8 GEMV `form` (last copy) against the reference.
+    pub fn check_gemv(&mut self, cfg: GemvConfig, form: GemvForm) -> Result<f64> {
         let (n, k) = (self.m.rows, self.m.cols);
         self.y = upload(self.dev, &vec![f32::NAN; n])?;
-        let w = self.dense.last().expect("at least one copy");
+        let w = if form == GemvForm::Dense {
+            &self.dense
+        } else {
+            &self.palette
+        };
+        let w = w.last().expect("at least one copy");
         launch_gemv_fp8(
             self.dev,
             cfg,
@@ -282,7 +325,7 @@ impl<'a> Fp8Bench<'a> {
         )?;
         let got = download(self.dev, &self.y)?;
         let mut cpu = vec![0f32; n];
-        self.tensor
+        self.coded_tensor()?
             .matvec(&self.x, &mut cpu, &self.m.dequant())
             .map_err(codec_err)?;
         Ok((
@@ -303,35 +346,30 @@ impl<'a> Fp8Bench<'a> {
         }
     }
 
-    pub fn time_dense(&mut self, cfg: GemvConfig) -> Result<Fp8Timing> {
+    /// Cold-cache time of the FP8 GEMV `form`.
+    pub fn time_gemv(&mut self, cfg: GemvConfig, form: GemvForm) -> Result<Fp8Timing> {
         let (dev, n, k) = (self.dev, self.m.rows, self.m.cols);
-        let bytes = n * k + 4 * n;
-        let (dense, s, x, y) = (&self.dense, &self.scales, &self.x_d, &mut self.y);
-        let (us, _) = time_cold(dev, dense.len(), bytes, |c| {
-            launch_gemv_fp8(
-                dev,
-                cfg,
-                GemvFusion::default(),
-                &dense[c],
-                s,
-                x,
-                None,
-                y,
-                n,
-                k,
-            )
+        let w = if form == GemvForm::Dense {
+            &self.dense
+        } else {
+            &self.palette
+        };
+        let (copies, bytes) = (w.len(), w[0].stored_bytes() + 4 * n);
+        let (s, x, y) = (&self.scales, &self.x_d, &mut self.y);
+        let (us, _) = time_cold(dev, copies, bytes, |c| {
+            launch_gemv_fp8(dev, cfg, GemvFusion::default(), &w[c], s, x, None, y, n, k)
         })?;
-        Ok(self.timing(format!("gemv_fp8 {cfg}"), us, bytes, dense.len()))
+        Ok(self.timing(format!("{} {cfg}", form.name()), us, bytes, copies))
     }
 
     pub fn time_coded(&mut self, cfg: DtansConfig) -> Result<Fp8Timing> {
         let dev = self.dev;
-        let bytes = self.tensor.stored_bytes() + 4 * self.m.rows;
+        let bytes = self.coded_tensor()?.stored_bytes() + 4 * self.m.rows;
         let (coded, x, y) = (&self.coded, &self.x_d, &mut self.y);
         let (us, _) = time_cold(dev, coded.len(), bytes, |c| {
             launch_mvm(dev, cfg, &[&coded[c]], x, &mut [&mut *y], None)
         })?;
-        let c = &self.tensor.coding;
+        let c = &self.coded_tensor()?.coding;
         Ok(self.timing(
             format!(
                 "dtans {:?} M2^{} sc{} t{:?} {cfg}",

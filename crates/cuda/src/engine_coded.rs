@@ -27,8 +27,9 @@ use crate::coded::{check_supported as check_coding, GpuDtans};
 use crate::device::GpuDevice;
 use crate::engine::{GpuLayer, GpuModel};
 use crate::error::{DriverContext, GpuError, Result};
-use crate::linear::{DtansScratch, GpuLinear, SharedScratch};
+use crate::linear::{DtansScratch, Fp8Serving, GpuLinear, SharedScratch};
 use crate::ops::forward::{launch_synth_fill, SynthOut};
+use crate::ops::gemv_fp8::Fp8Codes;
 
 const OP: &str = "synth_coded";
 
@@ -326,13 +327,22 @@ impl CodedSummary {
 impl GpuModel {
     /// How many of the layer and head matrices are kept in FP8 (an FP8 checkpoint served).
     pub fn fp8_matrices(&self) -> usize {
+        self.count_matrices(|m| matches!(m, GpuLinear::Fp8(_)))
+    }
+
+    /// How many of the FP8 matrices are palette-packed.
+    pub fn fp8_palette_matrices(&self) -> usize {
+        self.count_matrices(
+            |m| matches!(m, GpuLinear::Fp8(f) if matches!(f.codes, Fp8Codes::Palette(_))),
+        )
+    }
+
+    fn count_matrices(&self, pred: impl Fn(&GpuLinear) -> bool) -> usize {
         let mut mats: Vec<&GpuLinear> = self.lm_head.iter().collect();
         for l in &self.layers {
             mats.extend([&l.qkv, &l.o, &l.gate_up, &l.down]);
         }
-        mats.iter()
-            .filter(|m| matches!(m, GpuLinear::Fp8(_)))
-            .count()
+        mats.into_iter().filter(|m| pred(m)).count()
     }
 
     /// The coded and dense matrices of the model (the embedding counted once when tied).
@@ -778,7 +788,7 @@ pub fn coded_e2e_selftest(
     // by `upload_served`, against the same weights uploaded dense (decoded on the host).
     let w = served_weights(&c, seed, &tuned_plan(&c))?;
     let dense_w = run(GpuModel::upload(dev, &w)?)?;
-    let (served, n) = GpuModel::upload_served(dev, &w)?;
+    let (served, n) = GpuModel::upload_served(dev, &w, Fp8Serving::Auto)?;
     let s = served.coded_summary();
     let shape = format!(
         "served: {n} coded launches, {:.3} bits/weight",
@@ -802,8 +812,11 @@ pub fn coded_e2e_selftest(
         ("tuned", tuned_plan(&c)),
         ("auto", CodingPlan::uniform(None)),
     ] {
-        let (gm, gr) = GpuModel::upload_coded(dev, &bf16, &plan, Encoder::Gpu, &mut |_, _| {})?;
-        let (cm, cr) = GpuModel::upload_coded(dev, &bf16, &plan, Encoder::Cpu, &mut |_, _| {})?;
+        let auto = Fp8Serving::Auto;
+        let (gm, gr) =
+            GpuModel::upload_coded(dev, &bf16, &plan, Encoder::Gpu, auto, &mut |_, _| {})?;
+        let (cm, cr) =
+            GpuModel::upload_coded(dev, &bf16, &plan, Encoder::Cpu, auto, &mut |_, _| {})?;
         let diff = coded_arrays_differ(dev, &gm, &cm)?;
         let s = gm.coded_summary();
         let shape = format!(
@@ -1185,6 +1198,7 @@ fn fp8_parts(
     dev: &GpuDevice,
     parts: &[&dyn entrollm_model::weights::Linear],
     halves: bool,
+    form: Fp8Serving,
     scratch: &SharedScratch,
 ) -> Result<Option<GpuLinear>> {
     let cols = parts[0].cols();
@@ -1219,7 +1233,7 @@ fn fp8_parts(
             }
         }
     }
-    GpuLinear::fp8_from_host(dev, rows, cols, &codes, &scales, Arc::clone(scratch)).map(Some)
+    GpuLinear::fp8_from_host(dev, rows, cols, &codes, &scales, form, Arc::clone(scratch)).map(Some)
 }
 
 /// Uploads a coded matrix made of `parts` (row-stacked; `halves`: gate/up), or None when any part
@@ -1445,11 +1459,13 @@ impl GpuModel {
     /// that are not coded (or whose parts cannot share a launch) are uploaded dense as
     /// [`GpuModel::upload`] does, and so is the embedding (a lookup reads one row). Returns the
     /// model and how many layer/head matrices are coded.
+    /// FP8 checkpoints' matrices stay FP8, kept as `fp8` says.
     pub fn upload_served(
         dev: &GpuDevice,
         w: &entrollm_model::weights::ModelWeights,
+        fp8: Fp8Serving,
     ) -> Result<(Self, usize)> {
-        let (m, r) = serve(dev, w, None, &mut |_, _| {})?;
+        let (m, r) = serve(dev, w, None, fp8, &mut |_, _| {})?;
         Ok((m, r.served))
     }
 
@@ -1465,11 +1481,12 @@ impl GpuModel {
         w: &entrollm_model::weights::ModelWeights,
         plan: &CodingPlan,
         encoder: Encoder,
+        fp8: Fp8Serving,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<(Self, LoadReport)> {
         crate::engine::check_supported(&w.config)?;
         check_load_plan(&w.config, plan)?;
-        serve(dev, w, Some((plan, encoder)), progress)
+        serve(dev, w, Some((plan, encoder)), fp8, progress)
     }
 }
 
@@ -1478,6 +1495,7 @@ fn serve(
     dev: &GpuDevice,
     w: &entrollm_model::weights::ModelWeights,
     code: Option<(&CodingPlan, Encoder)>,
+    fp8: Fp8Serving,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<(GpuModel, LoadReport)> {
     use crate::engine::{interleaved, stacked, upload_f32};
@@ -1505,7 +1523,7 @@ fn serve(
             r.served += 1;
             return Ok(l);
         }
-        if let Some(l) = fp8_parts(dev, parts, halves, &scratch)? {
+        if let Some(l) = fp8_parts(dev, parts, halves, fp8, &scratch)? {
             r.fp8 += 1;
             if code.is_some() {
                 r.dense_notes.push(format!(

@@ -28,6 +28,7 @@ use crate::device::GpuDevice;
 use crate::engine::{bf16_rounded, synth_seeds, DecodeOptions, GpuEngine, GpuModel};
 use crate::error::{GpuError, Result};
 use crate::gemm::{gemm_ref, Gemm};
+use crate::linear::Fp8Serving;
 use crate::ops::attention::{
     attention_ref, launch_attention_decode, launch_attention_decode_fused, AttnScratch, KvShape,
 };
@@ -823,8 +824,9 @@ fn small_model(seed: u64) -> Result<ModelWeights> {
 }
 
 /// `w` with every matrix but the embedding stored as an FP8 checkpoint holds it: E4M3 codes with
-/// per-row scales (the row's largest magnitude maps to 448).
-fn fp8_weights(w: ModelWeights) -> Result<ModelWeights> {
+/// per-row scales, the row's largest magnitude mapped to `top` (448: the format's range; small
+/// values push most codes to the few near zero, as in a low-entropy checkpoint).
+fn fp8_weights(w: ModelWeights, top: f32) -> Result<ModelWeights> {
     use entrollm_codec::payload::f32_to_fp8_e4m3;
     use entrollm_model::weights::{DenseFp8, RowScaled};
     let fp8 = |m: &Arc<dyn Linear>| -> Result<Arc<dyn Linear>> {
@@ -835,7 +837,7 @@ fn fp8_weights(w: ModelWeights) -> Result<ModelWeights> {
         for r in 0..rows {
             m.row(r, &mut row);
             let max = row.iter().fold(0f32, |a, &v| a.max(v.abs()));
-            let s = if max > 0.0 { max / 448.0 } else { 1.0 };
+            let s = if max > 0.0 { max / top } else { 1.0 };
             scales.push(s);
             codes.extend(row.iter().map(|&v| f32_to_fp8_e4m3(v / s)));
         }
@@ -879,23 +881,23 @@ fn model_err(e: entrollm_model::ModelError) -> GpuError {
 
 /// GPU vs CPU on one model: prefill logits of `prompt`, then logits after each of `steps` decode
 /// tokens (greedy from the CPU), relative L2 each, worst reported. `served`: uploaded as a
-/// checkpoint is served (`upload_served`: FP8 matrices stay FP8), else every matrix as BF16.
+/// checkpoint is served (`upload_served`: FP8 matrices stay FP8, kept so), else (None) every matrix
+/// as BF16.
 #[allow(clippy::too_many_arguments)]
 fn compare_logits(
     dev: &Arc<GpuDevice>,
     label: &str,
     w: ModelWeights,
-    served: bool,
+    served: Option<Fp8Serving>,
     prompt: &[u32],
     steps: usize,
     tol: f64,
     cases: &mut Vec<CaseResult>,
 ) -> Result<()> {
     let max_seq = prompt.len() + steps + 1;
-    let gm = if served {
-        GpuModel::upload_served(dev, &w)?.0
-    } else {
-        GpuModel::upload(dev, &w)?
+    let gm = match served {
+        Some(fp8) => GpuModel::upload_served(dev, &w, fp8)?.0,
+        None => GpuModel::upload(dev, &w)?,
     };
     let mut ge = GpuEngine::new(Arc::clone(dev), gm, max_seq)?;
     let mut ce = Engine::new(w, max_seq).map_err(model_err)?;
@@ -1283,7 +1285,7 @@ pub fn run_engine_selftest(
         dev,
         "small qwen2-like (bias, interleaved)",
         w,
-        false,
+        None,
         &prompt,
         4,
         3e-2,
@@ -1292,8 +1294,10 @@ pub fn run_engine_selftest(
     // The same architecture as an FP8 checkpoint, served with its matrices in FP8 (the FP8 GEMV
     // for decode, a BF16 copy and the GEMM for prefill) against the CPU engine on the same codes.
     // (Its down projection has 520 columns, not a multiple of 16: that one is served as BF16.)
-    let w8 = fp8_weights(small_model(seed ^ 0xF8)?)?;
-    let fp8_served = GpuModel::upload_served(dev, &w8)?.0.fp8_matrices();
+    let w8 = fp8_weights(small_model(seed ^ 0xF8)?, 448.0)?;
+    let fp8_served = GpuModel::upload_served(dev, &w8, Fp8Serving::Dense)?
+        .0
+        .fp8_matrices();
     let fits = |m: &Arc<dyn Linear>| usize::from(m.cols() % 16 == 0);
     let expected = fits(&w8.lm_head)
         + w8.layers
@@ -1317,7 +1321,40 @@ pub fn run_engine_selftest(
         dev,
         "small qwen2-like, FP8 E4M3 + row scales",
         w8,
-        true,
+        Some(Fp8Serving::Dense),
+        &prompt,
+        4,
+        5e-2,
+        &mut cases,
+    )?;
+    // The same architecture as a low-entropy FP8 checkpoint (row maxima at 2^-5: most codes are
+    // zero and the subnormals), served palette-packed (every FP8 matrix whose columns are a
+    // multiple of 32; escapes included) against the CPU engine on the same codes.
+    let wp = fp8_weights(small_model(seed ^ 0xF9)?, 1.0 / 32.0)?;
+    let packed = GpuModel::upload_served(dev, &wp, Fp8Serving::Palette)?
+        .0
+        .fp8_palette_matrices();
+    let fits32 = |m: &Arc<dyn Linear>| usize::from(m.cols() % 32 == 0);
+    let expected = fits32(&wp.lm_head)
+        + wp.layers
+            .iter()
+            .map(|l| fits32(&l.q) + fits32(&l.o) + fits32(&l.gate) + fits32(&l.down))
+            .sum::<usize>();
+    cases.push(CaseResult {
+        kernel: "fp8_palette_matrices".into(),
+        shape: format!("{packed} layer/head matrices palette-packed, {expected} expected"),
+        rel_l2: if packed == expected && expected > 0 {
+            0.0
+        } else {
+            f64::INFINITY
+        },
+        tolerance: 0.0,
+    });
+    compare_logits(
+        dev,
+        "small qwen2-like, low-entropy FP8, palette-packed",
+        wp,
+        Some(Fp8Serving::Palette),
         &prompt,
         4,
         5e-2,
@@ -1333,7 +1370,7 @@ pub fn run_engine_selftest(
                     true,
                 )
                 .map_err(model_err)?;
-            compare_logits(dev, "SmolLM2-135M", w, false, &ids, 8, 5e-2, &mut cases)?;
+            compare_logits(dev, "SmolLM2-135M", w, None, &ids, 8, 5e-2, &mut cases)?;
             smollm2_greedy(dev, path, 24, &mut cases, &mut notes)?;
         }
         None => notes.push("SmolLM2 GGUF not found: end-to-end SmolLM2 checks skipped".into()),

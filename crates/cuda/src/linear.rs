@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
 use entrollm_codec::dtans::Coding;
+use entrollm_codec::palette::Palette4;
 use entrollm_codec::Payload;
 
 use crate::bench_coded::tuned_launches;
@@ -33,7 +34,8 @@ use crate::ops::forward::{
 };
 use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
 use crate::ops::gemv_fp8::{
-    check_gemv_fp8_shape, gemv_fp8_config_for, launch_fp8_rows_to_bf16, launch_gemv_fp8,
+    check_gemv_fp8_shape, check_gemv_pal4_shape, gemv_fp8_config_for, gemv_pal4_config_for,
+    launch_fp8_rows_to_bf16, launch_gemv_fp8, Fp8Codes, GpuPal4,
 };
 
 /// A row-major BF16 matrix [rows, cols] in device memory and the GEMV configuration of its shape.
@@ -97,15 +99,46 @@ pub struct DtansLinear {
     scratch: SharedScratch,
 }
 
-/// A dense FP8 E4M3 matrix with per-row scales (an FP8 checkpoint's weights as stored): batch-1
-/// products by the FP8 GEMV, prefill through a BF16 copy in the shared workspace and the GEMM.
+/// An FP8 E4M3 matrix with per-row scales (an FP8 checkpoint's weights), its codes as stored or
+/// palette-packed: batch-1 products by the FP8 GEMV, prefill through a BF16 copy in the shared
+/// workspace and the GEMM.
 pub struct Fp8Linear {
     pub rows: usize,
     pub cols: usize,
-    pub w: CudaSlice<u8>,
+    pub codes: Fp8Codes,
     pub scales: CudaSlice<f32>,
     pub gemv: GemvConfig,
     scratch: SharedScratch,
+}
+
+/// How an FP8 checkpoint's matrices are kept on the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Fp8Serving {
+    /// Palette-packed where that takes at most [`PALETTE_MAX_RATIO`] of the codes' bytes (a
+    /// low-entropy checkpoint: few codes, few escapes) and the columns are a multiple of 32; as
+    /// stored otherwise.
+    #[default]
+    Auto,
+    /// The codes as stored.
+    Dense,
+    /// Palette-packed (an error for a matrix whose columns are not a multiple of 32).
+    Palette,
+}
+
+/// [`Fp8Serving::Auto`] packs a matrix when the packed form is at most this fraction of its codes'
+/// bytes (4 bits a weight is 0.5; each escape adds 4 bytes).
+pub const PALETTE_MAX_RATIO: f64 = 0.6;
+
+impl std::str::FromStr for Fp8Serving {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Fp8Serving::Auto),
+            "dense" => Ok(Fp8Serving::Dense),
+            "palette" => Ok(Fp8Serving::Palette),
+            _ => Err(format!("`{s}`: expected auto, dense or palette")),
+        }
+    }
 }
 
 /// One weight matrix W [rows (outputs), cols (inputs)] of the GPU forward pass.
@@ -224,14 +257,15 @@ impl GpuLinear {
         })
     }
 
-    /// Uploads an FP8 E4M3 matrix (row-major codes) with its per-row scales; `scratch` must hold
-    /// its rows, columns and, for prefill, its weights as BF16.
+    /// Uploads an FP8 E4M3 matrix (row-major codes) with its per-row scales, kept as `form` says;
+    /// `scratch` must hold its rows, columns and, for prefill, its weights as BF16.
     pub fn fp8_from_host(
         dev: &GpuDevice,
         rows: usize,
         cols: usize,
         codes: &[u8],
         scales: &[f32],
+        form: Fp8Serving,
         scratch: SharedScratch,
     ) -> Result<Self> {
         check_gemv_fp8_shape(rows, cols)?;
@@ -248,12 +282,32 @@ impl GpuLinear {
         }
         let s = dev.stream();
         let what = || format!("uploading a [{rows}, {cols}] FP8 matrix");
+        let packed = match form {
+            Fp8Serving::Dense => None,
+            Fp8Serving::Auto if cols % 32 != 0 => None,
+            _ => {
+                check_gemv_pal4_shape(rows, cols)?;
+                let p = Palette4::encode(codes, rows, cols, 0).map_err(|e| {
+                    GpuError::invalid("fp8 linear", format!("palette packing: {e}"))
+                })?;
+                let small = p.stored_bytes() as f64 <= PALETTE_MAX_RATIO * codes.len() as f64;
+                (form == Fp8Serving::Palette || small).then_some(p)
+            }
+        };
+        let codes = match packed {
+            Some(p) => Fp8Codes::Palette(GpuPal4::upload(dev, &p)?),
+            None => Fp8Codes::Dense(s.clone_htod(codes).while_(what)?),
+        };
+        let gemv = match codes {
+            Fp8Codes::Dense(_) => gemv_fp8_config_for(rows, cols),
+            Fp8Codes::Palette(_) => gemv_pal4_config_for(rows, cols),
+        };
         Ok(GpuLinear::Fp8(Box::new(Fp8Linear {
             rows,
             cols,
-            w: s.clone_htod(codes).while_(what)?,
+            codes,
+            gemv,
             scales: s.clone_htod(scales).while_(what)?,
-            gemv: gemv_fp8_config_for(rows, cols),
             scratch,
         })))
     }
@@ -279,7 +333,7 @@ impl GpuLinear {
         match self {
             GpuLinear::Dense(d) => d.rows * d.cols * 2,
             GpuLinear::Dtans(c) => c.parts.iter().map(|t| t.stored_bytes).sum(),
-            GpuLinear::Fp8(f) => f.rows * f.cols + 4 * f.rows,
+            GpuLinear::Fp8(f) => f.codes.stored_bytes() + 4 * f.rows,
         }
     }
 
@@ -334,7 +388,7 @@ impl GpuLinear {
                     f.gemv
                 };
                 launch_gemv_fp8(
-                    dev, cfg, fusion, &f.w, &f.scales, x, norm, y, f.rows, f.cols,
+                    dev, cfg, fusion, &f.codes, &f.scales, x, norm, y, f.rows, f.cols,
                 )
             }
         }
@@ -381,7 +435,7 @@ impl GpuLinear {
             }
             GpuLinear::Fp8(f) => {
                 let mut s = f.scratch.lock().unwrap_or_else(|e| e.into_inner());
-                launch_fp8_rows_to_bf16(dev, &f.w, &f.scales, &mut s.w, f.rows, f.cols)?;
+                launch_fp8_rows_to_bf16(dev, &f.codes, &f.scales, &mut s.w, f.rows, f.cols)?;
                 gemm.matmul(&s.w, x, y, m, f.rows, f.cols, accumulate)
             }
         }

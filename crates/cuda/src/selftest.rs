@@ -10,6 +10,7 @@ use std::fmt;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, DeviceRepr};
+use entrollm_codec::palette::Palette4;
 
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
@@ -22,7 +23,7 @@ use crate::ops::f32_to_bf16;
 use crate::ops::forward::{rmsnorm_f32w_ref, swiglu_interleaved_ref, GemvFusion};
 use crate::ops::gemv::{gemv_ref, launch_gemv, GemvConfig};
 use crate::ops::gemv_fp8::{
-    fp8_rows_to_bf16_ref, gemv_fp8_ref, launch_fp8_rows_to_bf16, launch_gemv_fp8,
+    fp8_rows_to_bf16_ref, gemv_fp8_ref, launch_fp8_rows_to_bf16, launch_gemv_fp8, Fp8Codes, GpuPal4,
 };
 use crate::ops::rope::{launch_rope, rope_ref, RopeLayout, RopeShape};
 
@@ -73,6 +74,28 @@ impl Rng {
             }
         }
         v
+    }
+
+    /// FP8 codes as a low-entropy checkpoint's (values near zero: 0, ±1..±7 subnormals and a few
+    /// small normals) with `escape_pct` % drawn from all codes (palette escapes), NaNs excluded.
+    pub fn fp8s_low_entropy(&mut self, n: usize, escape_pct: u64) -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                let u = self.next_u64();
+                let c = if u % 100 < escape_pct {
+                    (u >> 8) as u8
+                } else {
+                    // Geometric over 0..=9: small magnitudes most likely.
+                    ((u >> 16) as u32 | 1 << 31).trailing_zeros().min(9) as u8
+                };
+                let c = c ^ if (u >> 40) & 1 == 1 { 0x80 } else { 0 };
+                if c & 0x7F == 0x7F {
+                    c - 1
+                } else {
+                    c
+                }
+            })
+            .collect()
     }
 }
 
@@ -338,25 +361,44 @@ impl Checker<'_> {
         Ok(())
     }
 
-    /// Dense FP8 GEMV with row scales, optionally with RMSNorm of x and an epilogue, against the
-    /// model crate's `RowScaled(DenseFp8)` matvec.
+    /// FP8 codes of an [n, k] matrix for `form` (palette-packed: low-entropy with 2 % escapes) and
+    /// the form on the device.
+    fn fp8_codes(&mut self, form: Fp8Form, n: usize, k: usize) -> Result<(Vec<u8>, Fp8Codes)> {
+        Ok(match form {
+            Fp8Form::Dense => {
+                let w = self.rng.fp8s(n * k);
+                let d = upload(self.dev, &w)?;
+                (w, Fp8Codes::Dense(d))
+            }
+            Fp8Form::Palette { escape_pct } => {
+                let w = self.rng.fp8s_low_entropy(n * k, escape_pct);
+                let p = Palette4::encode(&w, n, k, 0)
+                    .map_err(|e| GpuError::invalid("palette selftest", e.to_string()))?;
+                let d = GpuPal4::upload(self.dev, &p)?;
+                (w, Fp8Codes::Palette(d))
+            }
+        })
+    }
+
+    /// FP8 GEMV with row scales (codes dense or palette-packed), optionally with RMSNorm of x and
+    /// an epilogue, against the model crate's `RowScaled(DenseFp8)` matvec of the same codes.
     fn gemv_fp8(
         &mut self,
+        form: Fp8Form,
         cfg: GemvConfig,
         fusion: GemvFusion,
         norm: bool,
         n: usize,
         k: usize,
     ) -> Result<()> {
-        let w = self.rng.fp8s(n * k);
+        let (w, w_d) = self.fp8_codes(form, n, k)?;
         let scales: Vec<f32> = (0..n)
             .map(|_| 1e-2 * (0.5 + self.rng.unit() as f32))
             .collect();
         let x = self.rng.normals(k, 1.0);
         let g: Vec<f32> = (0..k).map(|_| 1.0 + 0.1 * self.rng.normal()).collect();
         let y0 = self.rng.normals(n, 1.0);
-        let (w_d, s_d, x_d, g_d) = (
-            upload(self.dev, &w)?,
+        let (s_d, x_d, g_d) = (
             upload(self.dev, &scales)?,
             upload(self.dev, &x)?,
             upload(self.dev, &g)?,
@@ -391,17 +433,18 @@ impl Checker<'_> {
             if fusion.accumulate { " +=" } else { "" },
             if fusion.swiglu { " swiglu" } else { "" }
         );
-        self.record("gemv_fp8", label, &got[..out_len], &want, 1e-5);
+        self.record(form.kernel(), label, &got[..out_len], &want, 1e-5);
         Ok(())
     }
 
-    /// FP8 → BF16 materialisation with row scales, bit for bit against the CPU reference.
-    fn fp8_rows_to_bf16(&mut self, rows: usize, cols: usize) -> Result<()> {
-        let w = self.rng.fp8s(rows * cols);
+    /// FP8 → BF16 materialisation with row scales (codes dense or palette-packed), bit for bit
+    /// against the CPU reference on the codes.
+    fn fp8_rows_to_bf16(&mut self, form: Fp8Form, rows: usize, cols: usize) -> Result<()> {
+        let (w, w_d) = self.fp8_codes(form, rows, cols)?;
         let scales: Vec<f32> = (0..rows)
             .map(|_| 1e-2 * (0.5 + self.rng.unit() as f32))
             .collect();
-        let (w_d, s_d) = (upload(self.dev, &w)?, upload(self.dev, &scales)?);
+        let s_d = upload(self.dev, &scales)?;
         let mut out = self
             .dev
             .stream()
@@ -412,8 +455,12 @@ impl Checker<'_> {
         let want = fp8_rows_to_bf16_ref(&w, &scales, cols);
         let differ = got.iter().zip(&want).filter(|(g, w)| g != w).count();
         self.cases.push(CaseResult {
-            kernel: "fp8_rows_to_bf16".into(),
-            shape: format!("[{rows}, {cols}]: {differ} elements differ"),
+            kernel: match form {
+                Fp8Form::Dense => "fp8_rows_to_bf16",
+                Fp8Form::Palette { .. } => "pal4_rows_to_bf16",
+            }
+            .into(),
+            shape: format!("[{rows}, {cols}]{}: {differ} elements differ", form.label()),
             rel_l2: if differ == 0 { 0.0 } else { f64::INFINITY },
             tolerance: 0.0,
         });
@@ -605,16 +652,45 @@ impl Checker<'_> {
     }
 }
 
-/// The dense FP8 GEMV cases: every candidate configuration over ragged and Llama-8B shapes, then
-/// the fused forms (RMSNorm, residual add, SwiGLU) the decode step launches; then the FP8 → BF16
-/// materialisation for prefill.
-fn fp8_cases(c: &mut Checker) -> Result<()> {
-    let plain = GemvFusion::default();
-    for cfg in GemvConfig::CANDIDATES {
-        for &(n, k) in &[(1, 16), (3, 32), (37, 528), (129, 4112), (1000, 2048)] {
-            c.gemv_fp8(cfg, plain, false, n, k)?;
+/// How the FP8 cases' codes travel.
+#[derive(Clone, Copy, Debug)]
+enum Fp8Form {
+    Dense,
+    /// Palette-packed low-entropy codes, `escape_pct` % of them outside the palette's reach.
+    Palette {
+        escape_pct: u64,
+    },
+}
+
+impl Fp8Form {
+    fn kernel(self) -> &'static str {
+        match self {
+            Fp8Form::Dense => "gemv_fp8",
+            Fp8Form::Palette { .. } => "gemv_pal4",
         }
     }
+
+    fn label(self) -> String {
+        match self {
+            Fp8Form::Dense => String::new(),
+            Fp8Form::Palette { escape_pct } => format!(" ({escape_pct} % escapes)"),
+        }
+    }
+
+    /// Columns of a case: the palette form needs multiples of 32.
+    fn cols(self, k: usize) -> usize {
+        match self {
+            Fp8Form::Dense => k,
+            Fp8Form::Palette { .. } => k.next_multiple_of(32),
+        }
+    }
+}
+
+/// The FP8 GEMV cases, codes dense and palette-packed: every candidate configuration over ragged
+/// and Llama-8B shapes, then the fused forms (RMSNorm, residual add, SwiGLU) the decode step
+/// launches; then the FP8 → BF16 materialisation for prefill.
+fn fp8_cases(c: &mut Checker) -> Result<()> {
+    let plain = GemvFusion::default();
     let accum = GemvFusion {
         accumulate: true,
         swiglu: false,
@@ -623,28 +699,41 @@ fn fp8_cases(c: &mut Checker) -> Result<()> {
         accumulate: false,
         swiglu: true,
     };
-    // The Llama-8B launches with the configurations and fusions the decode step would use.
-    for &(n, k, norm, fusion) in &[
-        (4096, 4096, false, plain),
-        (4096, 4096, true, plain),
-        (4096, 4096, false, accum),
-        (4096, 4096, true, swiglu),
-        (6144, 4096, true, plain),
-        (4096, 14_336, false, accum),
-        (28_672, 4096, true, swiglu),
-    ] {
-        let cfg = crate::ops::gemv_fp8::gemv_fp8_config_for(n, k);
-        c.gemv_fp8(cfg, fusion, norm, n, k)?;
-    }
-    for cfg in GemvConfig::CANDIDATES {
-        c.gemv_fp8(cfg, accum, false, 77, 1040)?;
-        if cfg.rows % 2 == 0 {
-            c.gemv_fp8(cfg, swiglu, true, 258, 1040)?;
+    for form in [Fp8Form::Dense, Fp8Form::Palette { escape_pct: 2 }] {
+        for cfg in GemvConfig::CANDIDATES {
+            for &(n, k) in &[(1, 16), (3, 32), (37, 528), (129, 4112), (1000, 2048)] {
+                c.gemv_fp8(form, cfg, plain, false, n, form.cols(k))?;
+            }
         }
-        c.gemv_fp8(cfg, plain, true, 33, 272)?;
+        // The Llama-8B launches with the configurations and fusions the decode step would use.
+        for &(n, k, norm, fusion) in &[
+            (4096, 4096, false, plain),
+            (4096, 4096, true, plain),
+            (4096, 4096, false, accum),
+            (4096, 4096, true, swiglu),
+            (6144, 4096, true, plain),
+            (4096, 14_336, false, accum),
+            (28_672, 4096, true, swiglu),
+        ] {
+            let cfg = crate::ops::gemv_fp8::gemv_fp8_config_for(n, k);
+            c.gemv_fp8(form, cfg, fusion, norm, n, k)?;
+        }
+        for cfg in GemvConfig::CANDIDATES {
+            c.gemv_fp8(form, cfg, accum, false, 77, form.cols(1040))?;
+            if cfg.rows % 2 == 0 {
+                c.gemv_fp8(form, cfg, swiglu, true, 258, form.cols(1040))?;
+            }
+            c.gemv_fp8(form, cfg, plain, true, 33, form.cols(272))?;
+        }
+        for &(rows, cols) in &[(1, 16), (37, 528), (1000, 2048), (4096, 4096)] {
+            c.fp8_rows_to_bf16(form, rows, form.cols(cols))?;
+        }
     }
-    for &(rows, cols) in &[(1, 16), (37, 528), (1000, 2048), (4096, 4096)] {
-        c.fp8_rows_to_bf16(rows, cols)?;
+    // No escapes, and most weights escaping (uniform codes).
+    for escape_pct in [0, 100] {
+        let form = Fp8Form::Palette { escape_pct };
+        c.gemv_fp8(form, GemvConfig::DEFAULT, plain, true, 37, 544)?;
+        c.fp8_rows_to_bf16(form, 37, 544)?;
     }
     Ok(())
 }

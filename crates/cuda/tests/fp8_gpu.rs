@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use entrollm_cuda::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
-use entrollm_cuda::bench_fp8::{fp8_mvm_configs, fp8_mvm_variants, Fp8Bench, Fp8Matrix};
+use entrollm_cuda::bench_fp8::{fp8_mvm_configs, fp8_mvm_variants, Fp8Bench, Fp8Matrix, GemvForm};
 use entrollm_cuda::linear::gemv_config_for;
 use entrollm_cuda::ops::gemv::GemvConfig;
 use entrollm_cuda::selftest::run_fp8_selftest;
@@ -20,12 +20,16 @@ fn bits() -> f64 {
 }
 
 /// The codings to compare: FP8_CODINGS, comma-separated `auto` (the coder's choice) or
-/// MODE:LOG2M:SC[:T]; default `auto`.
-fn codings() -> Vec<Option<entrollm_codec::dtans::Coding>> {
+/// MODE:LOG2M:SC[:T]; default `auto`; `none`: no dtANS launch (None; the matrix is still coded
+/// with the coder's choice for the set-up).
+fn codings() -> Vec<Option<Option<entrollm_codec::dtans::Coding>>> {
     std::env::var("FP8_CODINGS")
         .unwrap_or_else(|_| "auto".into())
         .split(',')
-        .map(|c| entrollm_codec::dtans::Coding::parse(c.trim()).expect("a coding"))
+        .map(|c| match c.trim() {
+            "none" => None,
+            c => Some(entrollm_codec::dtans::Coding::parse(c).expect("a coding")),
+        })
         .collect()
 }
 
@@ -42,56 +46,66 @@ fn fp8_gpu_selftest() {
     }
 }
 
-/// Per-launch table on the five Llama-3.1-8B shapes: dense FP8 GEMV (best of the GEMV candidates)
-/// against the dtANS mvm on the same FP8 codes at FP8_BITS of entropy (codings FP8_CODINGS, default
-/// the coder's choice; the best of them and of 4/8/16 warps), with our dense BF16 GEMV for
-/// reference. Every launch is checked against the CPU reference before it is timed. Then the
-/// per-token sums of the 32 decoder layers' launches.
+/// Per-launch table on the five Llama-3.1-8B shapes: the FP8 GEMV on the codes as stored and
+/// palette-packed (each the best of the GEMV candidates) against the dtANS mvm on the same FP8
+/// codes at FP8_BITS of entropy (codings FP8_CODINGS, default the coder's choice, `none` to skip;
+/// the best of them and of 4/8/16 warps), with our dense BF16 GEMV for reference. Every launch is
+/// checked against the CPU reference before it is timed. Then the per-token sums of the 32
+/// decoder layers' launches.
 #[test]
 #[ignore = "needs a GPU"]
 fn fp8_gpu_cold_timing() {
+    use entrollm_cuda::bench_fp8::Fp8Timing;
     let dev = open();
     let bits = bits();
     let mut rows = Vec::new();
     let mut failures = 0usize;
-    let (mut layer_bf16, mut layer_fp8, mut layer_coded) = (0f64, 0f64, 0f64);
+    // Per-token sums over the 32 layers: BF16, FP8, palette, dtANS.
+    let mut layer = [0f64; 4];
+    let best = |b: &mut Option<Fp8Timing>, t: Fp8Timing| {
+        if b.as_ref().is_none_or(|d| t.median_us < d.median_us) {
+            *b = Some(t);
+        }
+    };
     for (i, &(name, n, k)) in LLAMA8B_GEMV_SHAPES.iter().enumerate() {
         let t0 = Instant::now();
         let bf16 = {
             let mut b = GemvBench::new(&dev, n, k, 1000 + i as u64).expect("bf16 setup");
             b.time_ours(gemv_config_for(n, k)).expect("bf16 timing")
         };
-        let mut dense_best: Option<entrollm_cuda::bench_fp8::Fp8Timing> = None;
-        let mut coded_best: Option<entrollm_cuda::bench_fp8::Fp8Timing> = None;
+        let mut gemv_best: [Option<Fp8Timing>; 2] = [None, None];
+        let mut coded_best: Option<Fp8Timing> = None;
         let mut setup_s = 0.0;
-        let mut entropy = (0.0, 0.0);
-        for coding in codings() {
+        let mut entropy = (0.0, 0.0, 0.0, 0.0);
+        for (ci, coding) in codings().into_iter().enumerate() {
             let mut b = Fp8Bench::new(&dev, n, k, bits, 77 + i as u64, coding).expect("fp8 setup");
-            if dense_best.is_none() {
+            if ci == 0 {
                 setup_s = t0.elapsed().as_secs_f64();
-                entropy = (b.m.entropy_bits(), b.m.multiplier);
+                entropy = (
+                    b.m.entropy_bits(),
+                    b.m.multiplier,
+                    b.packed.bits_per_weight(),
+                    b.packed.escape_fraction(),
+                );
                 for cfg in GemvConfig::CANDIDATES {
-                    let rel = b.check_dense(cfg).expect("dense fp8 check");
-                    let passed = rel < 1e-5; // NaN fails
-                    if !passed {
-                        println!("FAIL gemv_fp8 {cfg} {name}: rel_l2 {rel:e}");
-                        failures += 1;
-                        continue;
-                    }
-                    let t = b.time_dense(cfg).expect("dense fp8 timing");
-                    println!(
-                        "  {name:<8} {:<24} {:8.2} us {:6.3} b/w {:6.2} Tw/s rel_l2 {rel:.1e}",
-                        t.kernel, t.median_us, t.bits_per_weight, t.tweights_per_s
-                    );
-                    if dense_best
-                        .as_ref()
-                        .is_none_or(|d| t.median_us < d.median_us)
-                    {
-                        dense_best = Some(t);
+                    for form in GemvForm::ALL {
+                        let rel = b.check_gemv(cfg, form).expect("fp8 gemv check");
+                        if rel.is_nan() || rel >= 1e-5 {
+                            println!("FAIL fp8 gemv {cfg} {form:?} {name}: rel_l2 {rel:e}");
+                            failures += 1;
+                            continue;
+                        }
+                        let t = b.time_gemv(cfg, form).expect("fp8 gemv timing");
+                        println!(
+                            "  {name:<8} {:<32} {:8.2} us {:6.3} b/w {:6.2} Tw/s rel_l2 {rel:.1e}",
+                            t.kernel, t.median_us, t.bits_per_weight, t.tweights_per_s
+                        );
+                        best(&mut gemv_best[usize::from(form != GemvForm::Dense)], t);
                     }
                 }
             }
-            for cfg in fp8_mvm_configs(&b.tensor) {
+            let Some(tensor) = &b.tensor else { continue };
+            for cfg in fp8_mvm_configs(tensor) {
                 let (rel, cpu_rel, err) = b.check_coded(cfg).expect("coded fp8 check");
                 if !(rel < 1e-5 && cpu_rel < 1e-5 && err == 0) {
                     println!(
@@ -105,57 +119,57 @@ fn fp8_gpu_cold_timing() {
                     "  {name:<8} {:<44} {:8.2} us {:6.3} b/w {:6.2} Tw/s rel_l2 {rel:.1e} (copies {})",
                     t.kernel, t.median_us, t.bits_per_weight, t.tweights_per_s, t.copies
                 );
-                if coded_best
-                    .as_ref()
-                    .is_none_or(|d| t.median_us < d.median_us)
-                {
-                    coded_best = Some(t);
-                }
+                best(&mut coded_best, t);
             }
         }
-        let (Some(d), Some(c)) = (dense_best, coded_best) else {
-            println!("{name}: no passing launch");
+        let [Some(d), Some(p)] = gemv_best else {
+            println!("{name}: no passing FP8 GEMV");
             continue;
         };
+        let coded = coded_best.as_ref().map_or_else(
+            || "not run".to_string(),
+            |c| {
+                format!(
+                    "{:.2} ({}, {:.3} b/w)",
+                    c.median_us, c.kernel, c.bits_per_weight
+                )
+            },
+        );
         println!(
-            "{name:<8} {n}x{k}: entropy {:.3} bits (multiplier {:.2}), setup {setup_s:.1} s; bf16 {:.2} us, fp8 {} {:.2} us, coded {} {:.2} us ({:.3} b/w): coded vs fp8 x{:.3}",
-            entropy.0,
-            entropy.1,
-            bf16.median_us,
-            d.kernel,
-            d.median_us,
-            c.kernel,
-            c.median_us,
-            c.bits_per_weight,
-            d.median_us / c.median_us
+            "{name:<8} {n}x{k}: entropy {:.3} bits (multiplier {:.2}), setup {setup_s:.1} s; bf16 {:.2} us, fp8 {} {:.2} us, palette {} {:.2} us ({:.3} b/w, {:.2e} escapes): palette vs fp8 x{:.3}; coded {coded}",
+            entropy.0, entropy.1, bf16.median_us, d.kernel, d.median_us, p.kernel, p.median_us,
+            entropy.2, entropy.3, d.median_us / p.median_us
         );
         if name != "lm_head" {
-            layer_bf16 += 32.0 * bf16.median_us;
-            layer_fp8 += 32.0 * d.median_us;
-            layer_coded += 32.0 * c.median_us;
+            layer[0] += 32.0 * bf16.median_us;
+            layer[1] += 32.0 * d.median_us;
+            layer[2] += 32.0 * p.median_us;
+            layer[3] += 32.0 * coded_best.as_ref().map_or(f64::NAN, |c| c.median_us);
         }
         rows.push(format!(
-            "| {name} | {n}×{k} | {:.2} | {:.2} ({}) | {:.3} | {:.2} ({}) | x{:.3} |",
+            "| {name} | {n}×{k} | {:.2} | {:.2} ({}) | {:.2} ({}, {:.3} b/w) | x{:.3} | {coded} |",
             bf16.median_us,
             d.median_us,
             d.kernel,
-            c.bits_per_weight,
-            c.median_us,
-            c.kernel,
-            d.median_us / c.median_us
+            p.median_us,
+            p.kernel,
+            p.bits_per_weight,
+            d.median_us / p.median_us
         ));
     }
-    println!("| launch | shape | dense BF16 µs | dense FP8 µs | coded b/w | coded FP8 µs | coded vs FP8 |");
+    println!("| launch | shape | dense BF16 µs | dense FP8 µs | palette FP8 µs | palette vs FP8 | dtANS FP8 µs |");
     println!("|---|---|---|---|---|---|---|");
     for r in rows {
         println!("{r}");
     }
     println!(
-        "32 decoder layers' matrices per token: dense BF16 {:.1} us, dense FP8 {:.1} us, coded FP8 {:.1} us: coded vs dense FP8 x{:.3}",
-        layer_bf16,
-        layer_fp8,
-        layer_coded,
-        layer_fp8 / layer_coded
+        "32 decoder layers' matrices per token: dense BF16 {:.1} us, dense FP8 {:.1} us, palette FP8 {:.1} us (x{:.3} of dense FP8), dtANS FP8 {:.1} us (x{:.3})",
+        layer[0],
+        layer[1],
+        layer[2],
+        layer[1] / layer[2],
+        layer[3],
+        layer[1] / layer[3]
     );
     assert_eq!(failures, 0, "{failures} launches gave wrong results");
 }
@@ -169,7 +183,7 @@ fn fp8_codings_of_the_llama8b_shapes() {
         let t = Instant::now();
         let m = Fp8Matrix::synth(n, k, bits(), 77 + i as u64).unwrap();
         let ts = t.elapsed().as_secs_f64();
-        for coding in codings() {
+        for coding in codings().into_iter().flatten() {
             let tc = Instant::now();
             let c = m.coded(coding).unwrap();
             println!(
@@ -199,6 +213,7 @@ fn fp8_precompile_cubins() {
         let m = Fp8Matrix::synth(n, k, bits(), 77 + i as u64).unwrap();
         for v in codings()
             .into_iter()
+            .flatten()
             .flat_map(|c| fp8_mvm_variants(&m.coded(c).unwrap()))
         {
             if !variants.contains(&v) {
@@ -207,4 +222,39 @@ fn fp8_precompile_cubins() {
         }
     }
     common::precompile(&variants);
+}
+
+/// One launch of each FP8 GEMV form (on the codes as stored and palette-packed)
+/// with GEMV configuration FP8_PROFILE_CFG (`w4r4u2` form, default the dense FP8 choice) on the
+/// Llama-8B shapes named in DTANS_SHAPES (default: all), each checked against the reference: the
+/// program to run under `ncu`.
+#[test]
+#[ignore = "needs a GPU"]
+fn fp8_gpu_profile_launches() {
+    let dev = open();
+    let cfg_env = std::env::var("FP8_PROFILE_CFG").ok();
+    let mut failures = 0;
+    for (i, &(name, n, k)) in LLAMA8B_GEMV_SHAPES.iter().enumerate() {
+        if !common::shape_selected(name) {
+            continue;
+        }
+        let mut b = Fp8Bench::new(&dev, n, k, bits(), 77 + i as u64, None).expect("fp8 setup");
+        let cfg = cfg_env.as_deref().map_or_else(
+            || entrollm_cuda::ops::gemv_fp8::gemv_fp8_config_for(n, k),
+            |s| {
+                GemvConfig::CANDIDATES
+                    .into_iter()
+                    .find(|c| c.to_string() == s)
+                    .expect("FP8_PROFILE_CFG: one of GemvConfig::CANDIDATES")
+            },
+        );
+        for form in GemvForm::ALL {
+            let rel = b.check_gemv(cfg, form).expect("fp8 gemv check");
+            println!("{name} {form:?} {cfg}: rel_l2 {rel:.1e}");
+            if rel.is_nan() || rel >= 1e-5 {
+                failures += 1;
+            }
+        }
+    }
+    assert_eq!(failures, 0);
 }

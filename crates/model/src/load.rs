@@ -306,10 +306,24 @@ impl TensorSource for ContainerSource {
 /// container; `fused`: see [`ContainerSource`]) or an HF checkpoint directory with `config.json`
 /// and `tokenizer.json`.
 pub fn open_model(path: &Path, fused: bool) -> Result<(ModelWeights, Tokenizer)> {
+    let (w, t) = open(path, fused, true)?;
+    let t = t.ok_or_else(|| ModelError::format(path, "no tokenizer"))?;
+    Ok((w, t))
+}
+
+/// The model at `path` as [`open_model`] opens it, without its tokenizer (benchmarks feed token
+/// ids; a checkpoint directory needs no `tokenizer.json`).
+pub fn open_weights(path: &Path, fused: bool) -> Result<ModelWeights> {
+    Ok(open(path, fused, false)?.0)
+}
+
+fn open(path: &Path, fused: bool, tokenizer: bool) -> Result<(ModelWeights, Option<Tokenizer>)> {
     if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
         let source = GgufSource::open(path)?;
-        let tokenizer = Tokenizer::from_gguf(source.file())?;
-        return Ok((build_model(&source)?, tokenizer));
+        let t = tokenizer
+            .then(|| Tokenizer::from_gguf(source.file()))
+            .transpose()?;
+        return Ok((build_model(&source)?, t));
     }
     if !path.is_dir() {
         return Err(ModelError::format(
@@ -326,17 +340,19 @@ pub fn open_model(path: &Path, fused: bool) -> Result<(ModelWeights, Tokenizer)>
                 GgufLoad::Decoded
             };
             let source = crate::gguf::open_gguf_container(&reader, load)?;
-            let tokenizer = Tokenizer::from_gguf(source.file())?;
-            return Ok((build_model(&source)?, tokenizer));
+            let t = tokenizer
+                .then(|| Tokenizer::from_gguf(source.file()))
+                .transpose()?;
+            return Ok((build_model(&source)?, t));
         }
     }
-    let tokenizer = Tokenizer::from_dir(path)?;
+    let t = tokenizer.then(|| Tokenizer::from_dir(path)).transpose()?;
     let weights = if path.join("entrollm.json").is_file() {
         build_model(&ContainerSource::open(path, fused)?)?
     } else {
         build_model(&SafetensorsSource::open(path)?)?
     };
-    Ok((weights, tokenizer))
+    Ok((weights, t))
 }
 
 /// Where `scripts/fetch-smollm2` puts SmolLM2-135M-Instruct, the project's real test model:

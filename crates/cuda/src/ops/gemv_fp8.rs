@@ -4,10 +4,16 @@
 //! fly). The kernels share the BF16 GEMV's compiled modules ([`gemv_fused_variant`]). CPU
 //! reference: the model crate's `RowScaled(DenseFp8)` matvec ([`gemv_fp8_ref`]). Also the FP8 → BF16
 //! materialisation of a matrix for prefill GEMMs (`fp8_rows_to_bf16`, [`fp8_rows_to_bf16_ref`]).
+//!
+//! The codes travel in one of two forms ([`Fp8Codes`]): as stored (`gemv_fp8`), or palette-packed
+//! (codec `palette::Palette4`, `gemv_pal4`: 4-bit indices into 16 codes plus escapes, half the
+//! bytes, for low-entropy checkpoints). Same products, same epilogues, same references: the packed
+//! form decodes to the same codes.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
+use entrollm_codec::palette::Palette4;
 use entrollm_codec::payload::fp8_e4m3_to_f32;
 use entrollm_model::weights::{DenseFp8, RowScaled};
 use entrollm_model::Linear;
@@ -31,6 +37,94 @@ pub fn check_gemv_fp8_shape(n: usize, k: usize) -> Result<()> {
     Ok(())
 }
 
+/// An FP8 matrix's codes on the device.
+pub enum Fp8Codes {
+    /// Row-major codes as stored.
+    Dense(CudaSlice<u8>),
+    /// Palette-packed (see [`GpuPal4`]).
+    Palette(GpuPal4),
+}
+
+/// A palette-packed FP8 matrix on the device (codec [`Palette4`]): indices [rows, cols / 2], the
+/// 16 palette codes, escape offsets [rows + 1] and escapes (never empty: one unused entry when
+/// there are none).
+pub struct GpuPal4 {
+    pub idx: CudaSlice<u8>,
+    pub palette: CudaSlice<u8>,
+    pub esc_ptr: CudaSlice<u32>,
+    pub esc: CudaSlice<u32>,
+    /// Escaped weights.
+    pub escapes: usize,
+}
+
+impl GpuPal4 {
+    pub fn upload(dev: &GpuDevice, p: &Palette4) -> Result<Self> {
+        check_gemv_pal4_shape(p.rows(), p.cols())?;
+        let s = dev.stream();
+        let what = || {
+            format!(
+                "uploading a [{}, {}] palette-packed FP8 matrix",
+                p.rows(),
+                p.cols()
+            )
+        };
+        let esc: &[u32] = if p.escapes().is_empty() {
+            &[0]
+        } else {
+            p.escapes()
+        };
+        Ok(GpuPal4 {
+            idx: s.clone_htod(p.indices()).while_(what)?,
+            palette: s.clone_htod(&p.palette()[..]).while_(what)?,
+            esc_ptr: s.clone_htod(p.row_ptr()).while_(what)?,
+            esc: s.clone_htod(esc).while_(what)?,
+            escapes: p.escapes().len(),
+        })
+    }
+}
+
+impl Fp8Codes {
+    /// Bytes of device memory the codes occupy (and a batch-1 product reads).
+    pub fn stored_bytes(&self) -> usize {
+        match self {
+            Fp8Codes::Dense(w) => w.len(),
+            Fp8Codes::Palette(p) => {
+                p.idx.len() + p.palette.len() + 4 * (p.esc_ptr.len() + p.escapes)
+            }
+        }
+    }
+
+    /// Checks the codes against a [rows, cols] shape.
+    fn check(&self, op: &'static str, rows: usize, cols: usize) -> Result<()> {
+        match self {
+            Fp8Codes::Dense(w) => {
+                check_gemv_fp8_shape(rows, cols)?;
+                check_len(op, "w", w, rows * cols)
+            }
+            Fp8Codes::Palette(p) => {
+                check_gemv_pal4_shape(rows, cols)?;
+                check_len(op, "indices", &p.idx, rows * cols / 2)?;
+                check_len(op, "palette", &p.palette, 16)?;
+                check_len(op, "escape offsets", &p.esc_ptr, rows + 1)?;
+                check_len(op, "escapes", &p.esc, p.escapes.max(1))
+            }
+        }
+    }
+}
+
+/// Checks a palette-packed GEMV shape: k a multiple of 32 (16-byte aligned rows of 4-bit indices).
+pub fn check_gemv_pal4_shape(n: usize, k: usize) -> Result<()> {
+    if n == 0 || k == 0 || k % 32 != 0 {
+        return Err(GpuError::invalid(
+            "gemv_pal4",
+            format!("shape [{n}, {k}]: n and k must be > 0 and k a multiple of 32"),
+        ));
+    }
+    as_i32("gemv_pal4", "n", n)?;
+    as_i32("gemv_pal4", "k", k)?;
+    Ok(())
+}
+
 /// The launch configuration for an FP8 shape. A 16-byte chunk holds 16 weights (8 for BF16), so
 /// rows have half the chunks of BF16 ones: more rows per warp keep as many bytes in flight, except
 /// on matrices too short to give every SM several warps. Rows per warp stay even (SwiGLU pairs).
@@ -47,15 +141,26 @@ pub fn gemv_fp8_config_for(rows: usize, cols: usize) -> GemvConfig {
     }
 }
 
+/// The launch configuration for a palette-packed shape: 32 weights a 16-byte chunk, so a row of
+/// 4096 is four chunks a lane; eight warps of two rows (the best of the candidates on the
+/// Llama-8B shapes, bench/RESULTS.md).
+pub fn gemv_pal4_config_for(_rows: usize, _cols: usize) -> GemvConfig {
+    GemvConfig {
+        warps: 8,
+        rows: 2,
+        unroll: 4,
+    }
+}
+
 /// `y = diag(s) · W · rmsnorm(x; g, eps)` (when `norm` is given, else `diag(s) · W x`) with
-/// `fusion`'s epilogue; W FP8 E4M3 bytes [n, k], s f32 [n], x f32 [k], y f32 [n] (n/2 with
-/// swiglu).
+/// `fusion`'s epilogue; W FP8 E4M3 [n, k] (k % 16 == 0; palette-packed: k % 32 == 0), s f32 [n],
+/// x f32 [k], y f32 [n] (n/2 with swiglu).
 #[allow(clippy::too_many_arguments)]
 pub fn launch_gemv_fp8(
     dev: &GpuDevice,
     cfg: GemvConfig,
     fusion: GemvFusion,
-    w: &CudaSlice<u8>,
+    w: &Fp8Codes,
     scales: &CudaSlice<f32>,
     x: &CudaSlice<f32>,
     norm: Option<(&CudaSlice<f32>, f32)>,
@@ -64,56 +169,61 @@ pub fn launch_gemv_fp8(
     k: usize,
 ) -> Result<()> {
     const OP: &str = "gemv_fp8";
-    check_gemv_fp8_shape(n, k)?;
-    check_len(OP, "w", w, n * k)?;
+    w.check(OP, n, k)?;
     check_len(OP, "scales", scales, n)?;
     check_len(OP, "x", x, k)?;
     check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
     check_fusion(OP, cfg, fusion, n)?;
     let variant = gemv_fused_variant(cfg, fusion);
-    let launch = cfg.launch(n);
+    let mut launch = cfg.launch(n);
     let (n_i, k_i) = (n as i32, k as i32);
-    let what = || format!("launching {OP} {cfg} {fusion:?} [{n}, {k}]");
-    match norm {
-        Some((g, eps)) => {
-            check_len(OP, "norm weight", g, k)?;
-            let f = dev.function(&variant, "gemv_fp8_norm")?;
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(w)
-                .arg(scales)
-                .arg(x)
-                .arg(g)
-                .arg(y)
-                .arg(&n_i)
-                .arg(&k_i)
-                .arg(&eps);
-            // SAFETY: argument types and counts match the kernel; sizes were checked above.
-            unsafe { b.launch(launch) }.while_(what)?;
-        }
-        None => {
-            let f = dev.function(&variant, "gemv_fp8")?;
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(w).arg(scales).arg(x).arg(y).arg(&n_i).arg(&k_i);
-            // SAFETY: as above.
-            unsafe { b.launch(launch) }.while_(what)?;
-        }
+    let kernel = match (w, norm.is_some()) {
+        (Fp8Codes::Dense(_), false) => "gemv_fp8",
+        (Fp8Codes::Dense(_), true) => "gemv_fp8_norm",
+        (Fp8Codes::Palette(_), false) => "gemv_pal4",
+        (Fp8Codes::Palette(_), true) => "gemv_pal4_norm",
+    };
+    let what = || format!("launching {kernel} {cfg} {fusion:?} [{n}, {k}]");
+    let f = dev.function(&variant, kernel)?;
+    if let Fp8Codes::Palette(_) = w {
+        // Persistent blocks (each builds a 32 KB lookup table first): as many as fit at once.
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(cfg.warps * 32, 0, None)
+            .while_(|| format!("querying the occupancy of {kernel} {cfg}"))?;
+        launch.grid_dim.0 = launch.grid_dim.0.min(per_sm.max(1) * dev.info().sm_count);
     }
+    let mut b = dev.stream().launch_builder(&f);
+    match w {
+        Fp8Codes::Dense(w) => b.arg(w),
+        Fp8Codes::Palette(p) => b.arg(&p.idx).arg(&p.palette).arg(&p.esc_ptr).arg(&p.esc),
+    };
+    b.arg(scales).arg(x);
+    if let Some((g, _)) = &norm {
+        check_len(OP, "norm weight", g, k)?;
+        b.arg(*g);
+    }
+    b.arg(y).arg(&n_i).arg(&k_i);
+    let eps = norm.map(|(_, eps)| eps);
+    if let Some(eps) = &eps {
+        b.arg(eps);
+    }
+    // SAFETY: argument types and counts match the kernel chosen above; sizes were checked.
+    unsafe { b.launch(launch) }.while_(what)?;
     Ok(())
 }
 
-/// `out = bf16(fp8(W) · s[row])`, W FP8 E4M3 bytes [rows, cols] (cols % 16 == 0), s f32 [rows], out
-/// BF16 bits [rows, cols]: an FP8 matrix materialised for the prefill GEMM.
+/// `out = bf16(fp8(W) · s[row])`, W FP8 E4M3 [rows, cols] in either form, s f32 [rows], out BF16
+/// bits [rows, cols]: an FP8 matrix materialised for the prefill GEMM.
 pub fn launch_fp8_rows_to_bf16(
     dev: &GpuDevice,
-    w: &CudaSlice<u8>,
+    w: &Fp8Codes,
     scales: &CudaSlice<f32>,
     out: &mut CudaSlice<u16>,
     rows: usize,
     cols: usize,
 ) -> Result<()> {
     const OP: &str = "fp8_rows_to_bf16";
-    check_gemv_fp8_shape(rows, cols)?;
-    check_len(OP, "w", w, rows * cols)?;
+    w.check(OP, rows, cols)?;
     check_len(OP, "scales", scales, rows)?;
     if out.len() < rows * cols {
         return Err(GpuError::invalid(
@@ -122,19 +232,49 @@ pub fn launch_fp8_rows_to_bf16(
         ));
     }
     let variant = gemv_fused_variant(GemvConfig::CANDIDATES[0], GemvFusion::default());
-    let f = dev.function(&variant, OP)?;
-    let n4 = (rows * cols / 4) as i64;
-    let cols4 = (cols / 4) as i32;
-    let blocks = (n4 as usize).div_ceil(256).min(132 * 16) as u32;
-    let mut b = dev.stream().launch_builder(&f);
-    b.arg(w).arg(scales).arg(out).arg(&n4).arg(&cols4);
-    let cfg = cudarc::driver::LaunchConfig {
-        grid_dim: (blocks, 1, 1),
+    // Grid-stride loops: enough blocks to fill any GPU, no more.
+    let grid = |units: usize| cudarc::driver::LaunchConfig {
+        grid_dim: (units.div_ceil(256).min(132 * 16) as u32, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: argument types and counts match the kernel; sizes were checked above.
-    unsafe { b.launch(cfg) }.while_(|| format!("launching {OP} [{rows}, {cols}]"))?;
+    let what = |k: &str| format!("launching {k} [{rows}, {cols}]");
+    match w {
+        Fp8Codes::Dense(w) => {
+            let f = dev.function(&variant, OP)?;
+            let (n4, cols4) = ((rows * cols / 4) as i64, (cols / 4) as i32);
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(w).arg(scales).arg(&mut *out).arg(&n4).arg(&cols4);
+            // SAFETY: argument types and counts match the kernel; sizes were checked above.
+            unsafe { b.launch(grid(n4 as usize)) }.while_(|| what(OP))?;
+        }
+        Fp8Codes::Palette(p) => {
+            let f = dev.function(&variant, "pal4_rows_to_bf16")?;
+            let (n8, cols8) = ((rows * cols / 8) as i64, (cols / 8) as i32);
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(&p.idx)
+                .arg(&p.palette)
+                .arg(scales)
+                .arg(&mut *out)
+                .arg(&n8)
+                .arg(&cols8);
+            // SAFETY: as above.
+            unsafe { b.launch(grid(n8 as usize)) }.while_(|| what("pal4_rows_to_bf16"))?;
+            if p.escapes > 0 {
+                let f = dev.function(&variant, "pal4_escapes_to_bf16")?;
+                let (r_i, c_i) = (rows as i32, cols as i32);
+                let mut b = dev.stream().launch_builder(&f);
+                b.arg(&p.esc_ptr)
+                    .arg(&p.esc)
+                    .arg(scales)
+                    .arg(&mut *out)
+                    .arg(&r_i)
+                    .arg(&c_i);
+                // SAFETY: as above.
+                unsafe { b.launch(grid(rows)) }.while_(|| what("pal4_escapes_to_bf16"))?;
+            }
+        }
+    }
     Ok(())
 }
 
