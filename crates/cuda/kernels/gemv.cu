@@ -496,7 +496,14 @@ gemv_pal4(const unsigned char* __restrict__ idx, const unsigned char* __restrict
 }
 
 // y = diag(s) · W · rmsnorm(x; g, eps) (g f32 [k]), W palette-packed.
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+// Four rows a warp: without a minimum of one block per SM ptxas caps this kernel at 96 registers
+// and spills (w4r4u2); with it, it takes what it needs.
+#if GEMV_ROWS >= 4
+#define PAL4_NORM_BOUNDS __launch_bounds__(GEMV_WARPS * 32, 1)
+#else
+#define PAL4_NORM_BOUNDS __launch_bounds__(GEMV_WARPS * 32)
+#endif
+extern "C" __global__ void PAL4_NORM_BOUNDS
 gemv_pal4_norm(const unsigned char* __restrict__ idx, const unsigned char* __restrict__ pal,
                const u32* __restrict__ esc_ptr, const u32* __restrict__ esc, const float* __restrict__ s,
                const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ y, int n,

@@ -141,6 +141,24 @@ impl std::str::FromStr for Fp8Serving {
     }
 }
 
+/// The palette form `form` keeps an FP8 matrix's row-major `codes` in, or None (as stored): never
+/// for `Dense` or columns not a multiple of 32; for `Auto` when the packed form is at most
+/// [`PALETTE_MAX_RATIO`] of the codes' bytes.
+pub fn fp8_palette(
+    codes: &[u8],
+    rows: usize,
+    cols: usize,
+    form: Fp8Serving,
+) -> Result<Option<Palette4>> {
+    if form == Fp8Serving::Dense || check_gemv_pal4_shape(rows, cols).is_err() {
+        return Ok(None);
+    }
+    let p = Palette4::encode(codes, rows, cols, 0)
+        .map_err(|e| GpuError::invalid("fp8 linear", format!("palette packing: {e}")))?;
+    let small = p.stored_bytes() as f64 <= PALETTE_MAX_RATIO * codes.len() as f64;
+    Ok((form == Fp8Serving::Palette || small).then_some(p))
+}
+
 /// One weight matrix W [rows (outputs), cols (inputs)] of the GPU forward pass.
 pub enum GpuLinear {
     Dense(DenseBf16),
@@ -282,18 +300,7 @@ impl GpuLinear {
         }
         let s = dev.stream();
         let what = || format!("uploading a [{rows}, {cols}] FP8 matrix");
-        let packed = match form {
-            Fp8Serving::Dense => None,
-            Fp8Serving::Auto if cols % 32 != 0 => None,
-            _ => {
-                check_gemv_pal4_shape(rows, cols)?;
-                let p = Palette4::encode(codes, rows, cols, 0).map_err(|e| {
-                    GpuError::invalid("fp8 linear", format!("palette packing: {e}"))
-                })?;
-                let small = p.stored_bytes() as f64 <= PALETTE_MAX_RATIO * codes.len() as f64;
-                (form == Fp8Serving::Palette || small).then_some(p)
-            }
-        };
+        let packed = fp8_palette(codes, rows, cols, form)?;
         let codes = match packed {
             Some(p) => Fp8Codes::Palette(GpuPal4::upload(dev, &p)?),
             None => Fp8Codes::Dense(s.clone_htod(codes).while_(what)?),
@@ -630,5 +637,29 @@ mod tests {
         assert_eq!(s(28_672, 4096), "w4r2u4");
         assert_eq!(s(4096, 14_336), "w4r1u8");
         assert_eq!(s(128_256, 4096), "w4r2u2");
+    }
+
+    #[test]
+    fn fp8_serving_packs_what_it_says() {
+        assert_eq!("auto".parse(), Ok(Fp8Serving::Auto));
+        assert_eq!("palette".parse(), Ok(Fp8Serving::Palette));
+        assert!("fp4"
+            .parse::<Fp8Serving>()
+            .unwrap_err()
+            .contains("auto, dense or palette"));
+        // Few codes: packed under auto and palette; every code: only when asked.
+        let few: Vec<u8> = (0..64 * 256)
+            .map(|i| [0u8, 0x01, 0x81, 0x02][i % 4])
+            .collect();
+        let all: Vec<u8> = (0..64 * 256).map(|i| (i * 7 % 256) as u8).collect();
+        let packs = |c: &[u8], cols, f| fp8_palette(c, c.len() / cols, cols, f).unwrap().is_some();
+        assert!(packs(&few, 256, Fp8Serving::Auto));
+        assert!(packs(&few, 256, Fp8Serving::Palette));
+        assert!(!packs(&few, 256, Fp8Serving::Dense));
+        assert!(!packs(&all, 256, Fp8Serving::Auto));
+        assert!(packs(&all, 256, Fp8Serving::Palette));
+        // Columns not a multiple of 32 stay as stored, whatever is asked.
+        assert!(!packs(&few[..48 * 272], 272, Fp8Serving::Palette));
+        assert!(!packs(&few[..48 * 272], 272, Fp8Serving::Auto));
     }
 }
