@@ -879,6 +879,42 @@ fn model_err(e: entrollm_model::ModelError) -> GpuError {
     GpuError::invalid("cpu engine", e.to_string())
 }
 
+/// An FP8 checkpoint served as `form` (`Dense`: in FP8 where the columns are a multiple of 16;
+/// `Palette`: palette-packed where they are a multiple of 32) against the CPU engine: first how
+/// many layer/head matrices the upload kept so, then the logits ([`compare_logits`], tolerance 5e-2).
+fn fp8_served_case(
+    dev: &Arc<GpuDevice>,
+    label: &str,
+    w: ModelWeights,
+    form: Fp8Serving,
+    prompt: &[u32],
+    cases: &mut Vec<CaseResult>,
+) -> Result<()> {
+    let served = GpuModel::upload_served(dev, &w, form)?.0;
+    let (kernel, got, multiple) = match form {
+        Fp8Serving::Palette => ("fp8_palette_matrices", served.fp8_palette_matrices(), 32),
+        _ => ("fp8_served_matrices", served.fp8_matrices(), 16),
+    };
+    drop(served);
+    let fits = |m: &Arc<dyn Linear>| usize::from(m.cols() % multiple == 0);
+    let expected = fits(&w.lm_head)
+        + w.layers
+            .iter()
+            .map(|l| fits(&l.q) + fits(&l.o) + fits(&l.gate) + fits(&l.down))
+            .sum::<usize>();
+    cases.push(CaseResult {
+        kernel: kernel.into(),
+        shape: format!("{got} layer/head matrices kept {form:?}, {expected} expected"),
+        rel_l2: if got == expected && expected > 0 {
+            0.0
+        } else {
+            f64::INFINITY
+        },
+        tolerance: 0.0,
+    });
+    compare_logits(dev, label, w, Some(form), prompt, 4, 5e-2, cases)
+}
+
 /// GPU vs CPU on one model: prefill logits of `prompt`, then logits after each of `steps` decode
 /// tokens (greedy from the CPU), relative L2 each, worst reported. `served`: uploaded as a
 /// checkpoint is served (`upload_served`: FP8 matrices stay FP8, kept so), else (None) every matrix
@@ -1294,70 +1330,28 @@ pub fn run_engine_selftest(
     // The same architecture as an FP8 checkpoint, served with its matrices in FP8 (the FP8 GEMV
     // for decode, a BF16 copy and the GEMM for prefill) against the CPU engine on the same codes.
     // (Its down projection has 520 columns, not a multiple of 16: that one is served as BF16.)
-    let w8 = fp8_weights(small_model(seed ^ 0xF8)?, 448.0)?;
-    let fp8_served = GpuModel::upload_served(dev, &w8, Fp8Serving::Dense)?
-        .0
-        .fp8_matrices();
-    let fits = |m: &Arc<dyn Linear>| usize::from(m.cols() % 16 == 0);
-    let expected = fits(&w8.lm_head)
-        + w8.layers
-            .iter()
-            .map(|l| fits(&l.q) + fits(&l.o) + fits(&l.gate) + fits(&l.down))
-            .sum::<usize>();
-    cases.push(CaseResult {
-        kernel: "fp8_served_matrices".into(),
-        shape: format!("{fp8_served} layer/head matrices in FP8, {expected} expected"),
-        rel_l2: if fp8_served == expected && expected > 0 {
-            0.0
-        } else {
-            f64::INFINITY
-        },
-        tolerance: 0.0,
-    });
     // Tolerance as for SmolLM2: besides the BF16 activations, prefill multiplies by each scaled
     // weight rounded to BF16, the CPU engine by the exact FP8 value times its scale (measured on
     // the H200: 2.9e-2 prefill, 2.5e-2 decode).
-    compare_logits(
+    let w8 = fp8_weights(small_model(seed ^ 0xF8)?, 448.0)?;
+    fp8_served_case(
         dev,
         "small qwen2-like, FP8 E4M3 + row scales",
         w8,
-        Some(Fp8Serving::Dense),
+        Fp8Serving::Dense,
         &prompt,
-        4,
-        5e-2,
         &mut cases,
     )?;
     // The same architecture as a low-entropy FP8 checkpoint (row maxima at 2^-5: most codes are
     // zero and the subnormals), served palette-packed (every FP8 matrix whose columns are a
-    // multiple of 32; escapes included) against the CPU engine on the same codes.
+    // multiple of 32; escapes included).
     let wp = fp8_weights(small_model(seed ^ 0xF9)?, 1.0 / 32.0)?;
-    let packed = GpuModel::upload_served(dev, &wp, Fp8Serving::Palette)?
-        .0
-        .fp8_palette_matrices();
-    let fits32 = |m: &Arc<dyn Linear>| usize::from(m.cols() % 32 == 0);
-    let expected = fits32(&wp.lm_head)
-        + wp.layers
-            .iter()
-            .map(|l| fits32(&l.q) + fits32(&l.o) + fits32(&l.gate) + fits32(&l.down))
-            .sum::<usize>();
-    cases.push(CaseResult {
-        kernel: "fp8_palette_matrices".into(),
-        shape: format!("{packed} layer/head matrices palette-packed, {expected} expected"),
-        rel_l2: if packed == expected && expected > 0 {
-            0.0
-        } else {
-            f64::INFINITY
-        },
-        tolerance: 0.0,
-    });
-    compare_logits(
+    fp8_served_case(
         dev,
         "small qwen2-like, low-entropy FP8, palette-packed",
         wp,
-        Some(Fp8Serving::Palette),
+        Fp8Serving::Palette,
         &prompt,
-        4,
-        5e-2,
         &mut cases,
     )?;
     match smollm2 {
