@@ -34,8 +34,8 @@ use crate::ops::forward::{
 };
 use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
 use crate::ops::gemv_fp8::{
-    check_gemv_fp8_shape, check_gemv_pal4_shape, gemv_fp8_config_for, gemv_pal4_config_for,
-    launch_fp8_rows_to_bf16, launch_gemv_fp8, Fp8Codes, GpuPal4,
+    check_gemv_fp8_shape, check_gemv_pal4_shape, gemv_fp8_config_for, launch_fp8_rows_to_bf16,
+    launch_gemv_fp8, Fp8Codes, GpuPal4, PAL4_GEMV,
 };
 
 /// A row-major BF16 matrix [rows, cols] in device memory and the GEMV configuration of its shape.
@@ -307,7 +307,7 @@ impl GpuLinear {
         };
         let gemv = match codes {
             Fp8Codes::Dense(_) => gemv_fp8_config_for(rows, cols),
-            Fp8Codes::Palette(_) => gemv_pal4_config_for(rows, cols),
+            Fp8Codes::Palette(_) => PAL4_GEMV,
         };
         Ok(GpuLinear::Fp8(Box::new(Fp8Linear {
             rows,

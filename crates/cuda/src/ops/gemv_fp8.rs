@@ -141,16 +141,14 @@ pub fn gemv_fp8_config_for(rows: usize, cols: usize) -> GemvConfig {
     }
 }
 
-/// The launch configuration for a palette-packed shape: 32 weights a 16-byte chunk, so a row of
-/// 4096 is four chunks a lane; eight warps of two rows (the best of the candidates on the
-/// Llama-8B shapes, bench/RESULTS.md).
-pub fn gemv_pal4_config_for(_rows: usize, _cols: usize) -> GemvConfig {
-    GemvConfig {
-        warps: 8,
-        rows: 2,
-        unroll: 4,
-    }
-}
+/// The launch configuration of palette-packed matrices: 32 weights a 16-byte chunk, so a row of
+/// 4096 is four chunks a lane; eight warps of two rows (the best of the candidates on four of the
+/// five Llama-8B shapes and within 2 % on the fifth, bench/RESULTS.md).
+pub const PAL4_GEMV: GemvConfig = GemvConfig {
+    warps: 8,
+    rows: 2,
+    unroll: 4,
+};
 
 /// `y = diag(s) · W · rmsnorm(x; g, eps)` (when `norm` is given, else `diag(s) · W x`) with
 /// `fusion`'s epilogue; W FP8 E4M3 [n, k] (k % 16 == 0; palette-packed: k % 32 == 0), s f32 [n],
