@@ -96,14 +96,25 @@ impl std::fmt::Display for GemvConfig {
 
 /// Checks a GEMV shape: k must be a multiple of 8 (16-byte aligned rows) and sizes fit the kernel.
 pub fn check_gemv_shape(n: usize, k: usize) -> Result<()> {
-    if n == 0 || k == 0 || k % 8 != 0 {
+    check_chunked_shape("gemv", n, k, 8)
+}
+
+/// Checks the shape of a GEMV that reads rows in 16-byte chunks of `per_chunk` weights: n and k
+/// positive, k a multiple of `per_chunk`, both within the kernels' `int`.
+pub(crate) fn check_chunked_shape(
+    op: &'static str,
+    n: usize,
+    k: usize,
+    per_chunk: usize,
+) -> Result<()> {
+    if n == 0 || k == 0 || k % per_chunk != 0 {
         return Err(GpuError::invalid(
-            "gemv",
-            format!("shape [{n}, {k}]: n and k must be > 0 and k a multiple of 8"),
+            op,
+            format!("shape [{n}, {k}]: n and k must be > 0 and k a multiple of {per_chunk}"),
         ));
     }
-    as_i32("gemv", "n", n)?;
-    as_i32("gemv", "k", k)?;
+    as_i32(op, "n", n)?;
+    as_i32(op, "k", k)?;
     Ok(())
 }
 

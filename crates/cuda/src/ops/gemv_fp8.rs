@@ -18,23 +18,15 @@ use entrollm_codec::payload::fp8_e4m3_to_f32;
 use entrollm_model::weights::{DenseFp8, RowScaled};
 use entrollm_model::Linear;
 
+use super::check_len;
 use super::forward::{check_fusion, gemv_fused_variant, GemvFusion};
-use super::gemv::GemvConfig;
-use super::{as_i32, check_len};
+use super::gemv::{check_chunked_shape, GemvConfig};
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
 
 /// Checks a dense FP8 GEMV shape: k a multiple of 16 (16-byte aligned rows of one-byte weights).
 pub fn check_gemv_fp8_shape(n: usize, k: usize) -> Result<()> {
-    if n == 0 || k == 0 || k % 16 != 0 {
-        return Err(GpuError::invalid(
-            "gemv_fp8",
-            format!("shape [{n}, {k}]: n and k must be > 0 and k a multiple of 16"),
-        ));
-    }
-    as_i32("gemv_fp8", "n", n)?;
-    as_i32("gemv_fp8", "k", k)?;
-    Ok(())
+    check_chunked_shape("gemv_fp8", n, k, 16)
 }
 
 /// An FP8 matrix's codes on the device.
@@ -114,15 +106,7 @@ impl Fp8Codes {
 
 /// Checks a palette-packed GEMV shape: k a multiple of 32 (16-byte aligned rows of 4-bit indices).
 pub fn check_gemv_pal4_shape(n: usize, k: usize) -> Result<()> {
-    if n == 0 || k == 0 || k % 32 != 0 {
-        return Err(GpuError::invalid(
-            "gemv_pal4",
-            format!("shape [{n}, {k}]: n and k must be > 0 and k a multiple of 32"),
-        ));
-    }
-    as_i32("gemv_pal4", "n", n)?;
-    as_i32("gemv_pal4", "k", k)?;
-    Ok(())
+    check_chunked_shape("gemv_pal4", n, k, 32)
 }
 
 /// The launch configuration for an FP8 shape. A 16-byte chunk holds 16 weights (8 for BF16), so
