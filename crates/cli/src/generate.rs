@@ -143,11 +143,7 @@ pub fn upload_gpu(
                 "fp8: {} layer/head launches served in FP8, {} of them palette-packed (--fp8 {})",
                 m.fp8_matrices(),
                 m.fp8_palette_matrices(),
-                match fp8 {
-                    Fp8Serving::Auto => "auto",
-                    Fp8Serving::Dense => "dense",
-                    Fp8Serving::Palette => "palette",
-                }
+                fp8
             );
         }
     };

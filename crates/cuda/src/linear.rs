@@ -129,15 +129,33 @@ pub enum Fp8Serving {
 /// bytes (4 bits a weight is 0.5; each escape adds 4 bytes).
 pub const PALETTE_MAX_RATIO: f64 = 0.6;
 
+impl Fp8Serving {
+    /// The forms and their names on the command line.
+    const NAMES: [(Fp8Serving, &'static str); 3] = [
+        (Fp8Serving::Auto, "auto"),
+        (Fp8Serving::Dense, "dense"),
+        (Fp8Serving::Palette, "palette"),
+    ];
+}
+
 impl std::str::FromStr for Fp8Serving {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "auto" => Ok(Fp8Serving::Auto),
-            "dense" => Ok(Fp8Serving::Dense),
-            "palette" => Ok(Fp8Serving::Palette),
-            _ => Err(format!("`{s}`: expected auto, dense or palette")),
-        }
+        Self::NAMES
+            .iter()
+            .find(|(_, n)| *n == s)
+            .map(|(f, _)| *f)
+            .ok_or_else(|| format!("`{s}`: expected auto, dense or palette"))
+    }
+}
+
+impl std::fmt::Display for Fp8Serving {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = Self::NAMES
+            .iter()
+            .find(|(s, _)| s == self)
+            .map_or("?", |(_, n)| n);
+        f.write_str(name)
     }
 }
 
