@@ -7,14 +7,15 @@
 //! dense FP8 bytes without spending more instructions than it saves (the GPU's `gemv_pal4`). It is
 //! a serving form, built at load from the codes (dense or decoded from a container).
 //!
-//! Layout: row-major, `cols / 2` bytes a row (cols a multiple of 32), two indices a byte (low nibble
-//! first), in *lane order* ([`column_of`]): the GPU reads a row in 16-byte chunks of 32 indices, 32
-//! lanes side by side, and lane `l`'s chunk holds eight groups of four consecutive columns spaced
-//! so that each group's x values, read by all lanes at once, are one contiguous run (a coalesced
-//! load, where plain order would have each lane read 128 bytes of its own). An escaped weight is
-//! stored as the palette slot of the zero code, so a product over the indices skips it; the
-//! escape list then adds its true value. Escapes of row `r` are `escapes[row_ptr[r]..row_ptr[r +
-//! 1]]`, each `col | code << 24`, columns ascending.
+//! Layout: tiles of 16 rows (the last one padded with zero-slot indices), each stored as blocks of
+//! 64 columns, tile after tile and block after block: 512 bytes, two indices a byte (low nibble
+//! first: the even column), in the order of the GPU's tensor-core fragments ([`pair_at`]): thread
+//! `t` of a warp reads bytes `16 t .. 16 t + 16` of a block, and its byte `4 s + i` is register `i`
+//! of the A fragment of an `m16n8k16` product over the block's columns `16 s ..16 s + 16` — one
+//! 16-byte load a thread for four products, each byte one pair of weights. An escaped weight is
+//! stored as the palette slot of the zero code, so a product over the indices skips it; the escape
+//! list then adds its true value. Escapes of row `r` are `escapes[row_ptr[r]..row_ptr[r + 1]]`,
+//! each `col | code << 24`, columns ascending.
 
 use rayon::prelude::*;
 
@@ -27,19 +28,23 @@ pub const SLOTS: usize = 16;
 /// Escape entries hold the column in 24 bits.
 pub const MAX_COLS: usize = 1 << 24;
 
-/// Indices a GPU lane reads at once (16 bytes), and lanes of a warp.
-const CHUNK: usize = 32;
-const LANES: usize = 32;
+/// Rows of a tile (the M of the GPU's `m16n8k16` product).
+pub const TILE_ROWS: usize = 16;
 
-/// The column of the index at position `pos` of a packed row of `cols` columns (lane order): chunk
-/// `c = pos / 32` belongs to lane `l = c % 32` of the 1024-column block `s = c / 32`, which spans
-/// `m = min(32, chunks left)` chunks; its group `g` (of four) covers columns
-/// `1024 s + 4 (g m + l) ..+ 4`.
-pub fn column_of(cols: usize, pos: usize) -> usize {
-    let (c, w) = (pos / CHUNK, pos % CHUNK);
-    let (s, l) = (c / LANES, c % LANES);
-    let m = (cols / CHUNK - s * LANES).min(LANES);
-    s * LANES * CHUNK + 4 * ((w / 4) * m + l) + w % 4
+/// Columns of a tile's block (four K steps of 16).
+pub const BLOCK_COLS: usize = 64;
+
+/// Bytes of a block: 16 rows × 64 columns at 4 bits.
+pub const BLOCK_BYTES: usize = TILE_ROWS * BLOCK_COLS / 2;
+
+/// The (row in the tile, column in the block) of the pair of weights at byte `j` (< 512) of a
+/// block; the pair is that column (low nibble) and the next. Byte `j` belongs to thread
+/// `t = j / 16`, K step `s = j % 16 / 4` and A-fragment register `i = j % 4` of an `m16n8k16`
+/// BF16 product: rows `t / 4` (+ 8 for odd `i`), columns `16 s + 2 (t % 4)` (+ 8 for `i ≥ 2`).
+pub fn pair_at(j: usize) -> (usize, usize) {
+    let (t, b) = (j / 16, j % 16);
+    let (s, i) = (b / 4, b % 4);
+    (t / 4 + 8 * (i & 1), 16 * s + 8 * (i >> 1) + 2 * (t % 4))
 }
 
 /// A matrix of one-byte codes in palette form (see the module documentation).
@@ -55,14 +60,15 @@ pub struct Palette4 {
 }
 
 impl Palette4 {
-    /// Packs `codes` (row-major [rows, cols], cols a multiple of 32 below 2^24) whose code `zero` has the value
-    /// zero (0x00 for FP8 E4M3). The palette holds `zero` and the 15 most frequent other codes (all
-    /// of them when there are fewer; ties to the smaller code, so the result is deterministic).
+    /// Packs `codes` (row-major [rows, cols], cols a multiple of 64 below 2^24) whose code `zero`
+    /// has the value zero (0x00 for FP8 E4M3). The palette holds `zero` and the 15 most frequent
+    /// other codes (all of them when there are fewer; ties to the smaller code, so the result is
+    /// deterministic).
     pub fn encode(codes: &[u8], rows: usize, cols: usize, zero: u8) -> Result<Self> {
-        if rows == 0 || cols == 0 || !cols.is_multiple_of(CHUNK) || cols >= MAX_COLS {
+        if rows == 0 || cols == 0 || !cols.is_multiple_of(BLOCK_COLS) || cols >= MAX_COLS {
             return Err(CodecError::Shape(format!(
-                "palette packing needs rows > 0 and a multiple of 32 columns below 2^24, got \
-                 [{rows}, {cols}]"
+                "palette packing needs rows > 0 and a multiple of {BLOCK_COLS} columns below \
+                 2^24, got [{rows}, {cols}]"
             )));
         }
         if codes.len() != rows * cols {
@@ -87,29 +93,41 @@ impl Palette4 {
         for (s, &c) in palette.iter().enumerate().rev() {
             slot_of[c as usize] = Some(s as u8);
         }
-        let half = cols / 2;
-        let lane_cols: Vec<u32> = (0..cols).map(|p| column_of(cols, p) as u32).collect();
-        let mut indices = vec![0u8; rows * half];
-        let row_escapes: Vec<Vec<u32>> = indices
-            .par_chunks_mut(half)
-            .zip(codes.par_chunks(cols))
-            .map(|(out, row)| {
-                let mut esc = Vec::new();
-                for (o, at) in out.iter_mut().zip(lane_cols.chunks_exact(2)) {
-                    let mut nib = [0u8; 2];
-                    for (n, &col) in nib.iter_mut().zip(at) {
-                        let c = row[col as usize];
-                        *n = slot_of[c as usize].unwrap_or_else(|| {
-                            esc.push(col | (c as u32) << 24);
-                            zero_slot
-                        });
+        let pairs: Vec<(usize, usize)> = (0..BLOCK_BYTES).map(pair_at).collect();
+        let tile_bytes = TILE_ROWS * cols / 2;
+        let mut indices = vec![0u8; rows.div_ceil(TILE_ROWS) * tile_bytes];
+        // Escapes of each tile's rows.
+        let tile_escapes: Vec<Vec<Vec<u32>>> = indices
+            .par_chunks_mut(tile_bytes)
+            .enumerate()
+            .map(|(t, out)| {
+                let mut esc = vec![Vec::new(); TILE_ROWS];
+                for (b, block) in out.chunks_exact_mut(BLOCK_BYTES).enumerate() {
+                    for (o, &(r, c)) in block.iter_mut().zip(&pairs) {
+                        let row = t * TILE_ROWS + r;
+                        if row >= rows {
+                            *o = zero_slot | zero_slot << 4;
+                            continue;
+                        }
+                        let mut nib = [0u8; 2];
+                        for (i, n) in nib.iter_mut().enumerate() {
+                            let col = b * BLOCK_COLS + c + i;
+                            let code = codes[row * cols + col];
+                            *n = slot_of[code as usize].unwrap_or_else(|| {
+                                esc[r].push(col as u32 | (code as u32) << 24);
+                                zero_slot
+                            });
+                        }
+                        *o = nib[0] | nib[1] << 4;
                     }
-                    *o = nib[0] | nib[1] << 4;
                 }
-                esc.sort_unstable_by_key(|e| e & 0xFF_FFFF);
+                for e in &mut esc {
+                    e.sort_unstable_by_key(|e| e & 0xFF_FFFF);
+                }
                 esc
             })
             .collect();
+        let row_escapes: Vec<Vec<u32>> = tile_escapes.into_iter().flatten().take(rows).collect();
         let mut row_ptr = Vec::with_capacity(rows + 1);
         row_ptr.push(0u32);
         let mut total = 0usize;
@@ -149,8 +167,8 @@ impl Palette4 {
         self.zero_slot
     }
 
-    /// Row-major packed indices, `cols / 2` bytes a row in lane order ([`column_of`]), low nibble
-    /// first.
+    /// Packed indices in tile order (module documentation, [`pair_at`]): `rows` rounded up to a
+    /// multiple of 16, times `cols / 2` bytes.
     pub fn indices(&self) -> &[u8] {
         &self.indices
     }
@@ -182,16 +200,19 @@ impl Palette4 {
 
     /// The codes of rows `rows` (row-major), bit for bit the ones packed.
     pub fn decode_rows(&self, rows: std::ops::Range<usize>) -> Vec<u8> {
-        let (half, cols) = (self.cols / 2, self.cols);
-        let lane_cols: Vec<usize> = (0..cols).map(|p| column_of(cols, p)).collect();
+        let cols = self.cols;
+        let tile_bytes = TILE_ROWS * cols / 2;
         let mut out = vec![0u8; rows.len() * cols];
         for (r, row) in rows.zip(out.chunks_mut(cols)) {
-            for (at, &b) in lane_cols
-                .chunks_exact(2)
-                .zip(&self.indices[r * half..(r + 1) * half])
-            {
-                row[at[0]] = self.palette[(b & 15) as usize];
-                row[at[1]] = self.palette[(b >> 4) as usize];
+            let tile = &self.indices[r / TILE_ROWS * tile_bytes..][..tile_bytes];
+            for (b, block) in tile.chunks_exact(BLOCK_BYTES).enumerate() {
+                for (j, &byte) in block.iter().enumerate() {
+                    let (tr, c) = pair_at(j);
+                    if tr == r % TILE_ROWS {
+                        row[b * BLOCK_COLS + c] = self.palette[(byte & 15) as usize];
+                        row[b * BLOCK_COLS + c + 1] = self.palette[(byte >> 4) as usize];
+                    }
+                }
             }
             for &e in &self.escapes[self.row_ptr[r] as usize..self.row_ptr[r + 1] as usize] {
                 row[(e & 0xFF_FFFF) as usize] = (e >> 24) as u8;
@@ -236,10 +257,10 @@ mod tests {
     #[test]
     fn round_trips_bit_exact_with_and_without_escapes() {
         for (rows, cols, distinct, seed) in [
-            (1, 32, 3, 1),
-            (3, 96, 4, 2),
+            (1, 64, 3, 1),
+            (3, 192, 4, 2),
             (17, 64, 16, 3),
-            (33, 1056, 40, 4),
+            (33, 1088, 40, 4),
             (64, 512, 200, 5),
             (5, 4096, 256, 6),
         ] {
@@ -260,12 +281,15 @@ mod tests {
                     .all(|w| (w[0] & 0xFF_FFFF) < (w[1] & 0xFF_FFFF)));
                 for &v in e {
                     let c = (v & 0xFF_FFFF) as usize;
-                    let pos = (0..cols).find(|&q| column_of(cols, q) == c).unwrap();
-                    let b = p.indices()[r * cols / 2 + pos / 2];
-                    let nib = if pos.is_multiple_of(2) {
-                        b & 15
+                    let (t, b) = (r / TILE_ROWS, c / BLOCK_COLS);
+                    let j = (0..BLOCK_BYTES)
+                        .find(|&j| pair_at(j) == (r % TILE_ROWS, (c % BLOCK_COLS) & !1))
+                        .unwrap();
+                    let byte = p.indices()[(t * cols / BLOCK_COLS + b) * BLOCK_BYTES + j];
+                    let nib = if c.is_multiple_of(2) {
+                        byte & 15
                     } else {
-                        b >> 4
+                        byte >> 4
                     };
                     assert_eq!(nib, p.zero_slot());
                     assert!(!p.palette().contains(&((v >> 24) as u8)));
@@ -310,43 +334,44 @@ mod tests {
         codes.extend([0x30u8; 10]);
         codes.extend([0x00u8; 2]);
         codes.resize(128, 0x38);
-        let p = Palette4::encode(&codes[..96], 2, 48, 0)
+        let p = Palette4::encode(&codes[..64], 2, 32, 0)
             .map(|_| ())
             .unwrap_err();
-        assert!(p.to_string().contains("multiple of 32"), "{p}");
+        assert!(p.to_string().contains("multiple of 64"), "{p}");
         let p = Palette4::encode(&codes, 1, 128, 0).unwrap();
         assert_eq!(&p.palette()[..4], &[0x00, 0x38, 0xB8, 0x30]);
         assert!(p.escapes().is_empty());
-        assert_eq!(p.stored_bytes(), 64 + 16 + 8);
+        // One row, padded to a tile of 16.
+        assert_eq!(p.stored_bytes(), 16 * 64 + 16 + 8);
     }
 
     #[test]
     fn bad_shapes_are_errors() {
-        assert!(Palette4::encode(&[], 0, 32, 0).is_err());
-        assert!(Palette4::encode(&[1; 31], 1, 32, 0).is_err());
-        assert!(Palette4::encode(&[1; 48], 1, 48, 0).is_err());
-        let codes: Vec<u8> = (0..64).collect();
-        let e = Palette4::encode(&codes, 2, 32, 0).unwrap();
+        assert!(Palette4::encode(&[], 0, 64, 0).is_err());
+        assert!(Palette4::encode(&[1; 63], 1, 64, 0).is_err());
+        assert!(Palette4::encode(&[1; 32], 1, 32, 0).is_err());
+        let codes: Vec<u8> = (0..128).collect();
+        let e = Palette4::encode(&codes, 2, 64, 0).unwrap();
         assert_eq!(e.decode(), codes);
+        // Two rows fill a 16-row tile: the other rows are zero-slot padding.
+        assert_eq!(e.indices().len(), TILE_ROWS * 64 / 2);
     }
 
     #[test]
-    fn lane_order_is_a_permutation_with_coalesced_groups() {
-        for cols in [32, 96, 1024, 1056, 4096, 14_336] {
-            let mut seen = vec![false; cols];
-            for p in 0..cols {
-                let c = column_of(cols, p);
-                assert!(!seen[c], "cols {cols}: column {c} twice");
-                seen[c] = true;
-            }
-            // Group 3 of the first block's lanes: consecutive runs of four, lane after lane.
-            let m = (cols / 32).min(32);
-            for l in 0..m {
-                assert_eq!(column_of(cols, 32 * l + 4 * 3), 4 * (3 * m + l));
-            }
+    fn tile_order_is_the_mma_fragment_order() {
+        // Every (row, even column) of a 16 × 64 block exactly once.
+        let mut seen = [[false; BLOCK_COLS / 2]; TILE_ROWS];
+        for j in 0..BLOCK_BYTES {
+            let (r, c) = pair_at(j);
+            assert!(
+                c.is_multiple_of(2) && !seen[r][c / 2],
+                "byte {j}: ({r}, {c}) twice"
+            );
+            seen[r][c / 2] = true;
         }
-        // Plain order inside a group of four.
-        let first: Vec<usize> = (0..4).map(|p| column_of(1024, p)).collect();
-        assert_eq!(first, [0, 1, 2, 3]);
+        // Thread 5 (group 1, quad position 1): K step 2's registers are rows 1, 9, 1, 9 at
+        // columns 32 + 2, 32 + 2, 32 + 10, 32 + 10 (PTX ISA, m16n8k16 A fragment).
+        let regs: Vec<_> = (0..4).map(|i| pair_at(16 * 5 + 4 * 2 + i)).collect();
+        assert_eq!(regs, [(1, 34), (9, 34), (1, 42), (9, 42)]);
     }
 }

@@ -152,70 +152,17 @@ __device__ __forceinline__ float e4m3_to_f32(u32 code) {
     return f;
 }
 
-// Palette-packed FP8 (gemv_pal4*: an FP8 matrix as 4-bit indices into a 16-code palette, two a byte,
-// in lane order, plus an escape list; codec `palette::Palette4`). One byte of indices is a pair of
-// weights: pal4_tab holds the pair's two values as f16x2 (every E4M3 value is an F16 value) for each
-// of the 256 bytes, 32 times over with copy l in bank l, so a warp's 32 lookups (any bytes) are one
-// conflict-free shared-memory wavefront. 32 KB, built once per (persistent) block. (An f32 table —
-// no conversion, 16 copies, two wavefronts a lookup — measured 2.5 % slower over a Llama-8B layer.)
-#define PAL4_ENTRIES 256
-#define PAL4_STRIDE_LOG2 7  // bytes between a copy's entries: 4 · 32 copies
-__shared__ u32 pal4_tab[PAL4_ENTRIES * 32];
-
-// Fills pal4_tab from the palette's 16 codes (global memory) and waits for the block; call before any
-// early exit. A thread writes whole entries (all copies: 128 contiguous bytes).
-__device__ __forceinline__ void pal4_fill(const unsigned char* __restrict__ pal) {
-    for (int b = threadIdx.x; b < PAL4_ENTRIES; b += blockDim.x) {
-        const unsigned short codes = (unsigned short)(pal[b & 15] | pal[b >> 4] << 8);
-        u32 h2;
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(codes));
-        uint4* dst = (uint4*)(pal4_tab + b * 32);
-#pragma unroll
-        for (int c = 0; c < 8; ++c) dst[c] = make_uint4(h2, h2, h2, h2);
-    }
-    __syncthreads();
-}
-
-// The pair at byte offset `off` of pal4_tab, as two floats.
-__device__ __forceinline__ float2 pal4_at(u32 off) {
-    const u32 h2 = *(const u32*)((const char*)pal4_tab + off);
-    float2 f;
-    asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\tcvt.f32.f16 %0, lo;\n\tcvt.f32.f16 %1, hi;\n\t}"
-        : "=f"(f.x), "=f"(f.y)
-        : "r"(h2));
-    return f;
-}
-
-// Eight weights (one word of indices: four pair bytes) against x[0..8) = (a, b). lane_off = the
-// lane's copy (4 · lane); each pair's offset is one shift and one and-or of the word.
-__device__ __forceinline__ float dot8_pal4(u32 w, float4 a, float4 b, u32 lane_off, float acc) {
-    constexpr u32 M = 0xffu << PAL4_STRIDE_LOG2;
-    float2 p = pal4_at(((w << PAL4_STRIDE_LOG2) & M) | lane_off);
-    acc = fmaf(p.x, a.x, acc);
-    acc = fmaf(p.y, a.y, acc);
-    p = pal4_at(((w >> (8 - PAL4_STRIDE_LOG2)) & M) | lane_off);
-    acc = fmaf(p.x, a.z, acc);
-    acc = fmaf(p.y, a.w, acc);
-    p = pal4_at(((w >> (16 - PAL4_STRIDE_LOG2)) & M) | lane_off);
-    acc = fmaf(p.x, b.x, acc);
-    acc = fmaf(p.y, b.y, acc);
-    p = pal4_at(((w >> (24 - PAL4_STRIDE_LOG2)) & M) | lane_off);
-    acc = fmaf(p.x, b.z, acc);
-    acc = fmaf(p.y, b.w, acc);
-    return acc;
-}
+// Palette-packed FP8 geometry (codec palette::Palette4): tiles of 16 rows, blocks of 64 columns.
+#define PAL4_TILE_ROWS 16
+#define PAL4_BLOCK_COLS 64
 
 // Weight storage of gemv_body.
 #define WFMT_BF16 0  // BF16 [n, k], 8 weights a 16-byte chunk
 #define WFMT_FP8 1   // FP8 E4M3 [n, k] with per-row scales, 16 weights a chunk
-#define WFMT_PAL4 2  // palette-packed FP8 with per-row scales and escapes, 32 weights a chunk
 
 // What the fused variants read and write besides w, x and y.
 struct GemvFuse {
-    const float* row_scale;  // FP8, PAL4: per-row scales of the weights
-    // PAL4: escapes of row r at esc[esc_ptr[r] .. esc_ptr[r + 1]), each col | code << 24.
-    const u32* esc_ptr;
-    const u32* esc;
+    const float* row_scale;  // FP8: per-row scales of the weights
     const float* g;      // NORM: RMSNorm weight, x normalised on the fly
     // PRENORM: x arrives multiplied by the norm weight; ss_in[0] = Σ of its unnormalised squares
     // in fixed point (SS_ONE = 1), from the producing GEMV; applied as a scale after the sums.
@@ -232,7 +179,7 @@ struct GemvFuse {
 
 #define SS_ONE 16777216.0f  // 2^24: fixed-point unit of the chained sums of squares
 
-// WFMT: the weight storage (WFMT_*). PAL4 needs pal4_fill first.
+// WFMT: the weight storage (WFMT_*).
 // gemv_rows: the GEMV_ROWS rows from row0 of one warp.
 template <bool NORM, bool PRENORM, bool NEXTNORM, int WFMT>
 __device__ __forceinline__ void gemv_rows(const void* __restrict__ w, const float* __restrict__ x,
@@ -240,9 +187,8 @@ __device__ __forceinline__ void gemv_rows(const void* __restrict__ w, const floa
     static_assert(!NEXTNORM || GEMV_ACCUM, "NEXTNORM is the epilogue of an accumulating GEMV");
     const int lane = threadIdx.x & 31;
     if (row0 >= n) return;
-    constexpr bool FP8 = WFMT == WFMT_FP8, PAL4 = WFMT == WFMT_PAL4, SCALED = FP8 || PAL4;
-    const u32 lane_off = 4u * lane;  // PAL4: the lane's copy of pal4_tab
-    constexpr int XQ = PAL4 ? 8 : FP8 ? 4 : 2;  // float4s of x per 16-byte weight chunk
+    constexpr bool FP8 = WFMT == WFMT_FP8;
+    constexpr int XQ = FP8 ? 4 : 2;  // float4s of x per 16-byte weight chunk
     const int chunks = k / (4 * XQ);  // 16-byte chunks per row
     const float4* xv = (const float4*)x;
     const float4* gv = (const float4*)f.g;
@@ -256,7 +202,7 @@ __device__ __forceinline__ void gemv_rows(const void* __restrict__ w, const floa
 #endif
     const uint4* rows[GEMV_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = (const uint4*)((const char*)w + (size_t)ri[r] * k * (PAL4 ? 1 : FP8 ? 2 : 4) / 2);
+    for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = (const uint4*)((const char*)w + (size_t)ri[r] * k * (FP8 ? 1 : 2));
     float acc[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.0f;
@@ -300,10 +246,7 @@ __device__ __forceinline__ void gemv_rows(const void* __restrict__ w, const floa
                 float4 xq[XQ];
 #pragma unroll
                 for (int q = 0; q < XQ; ++q) {
-                    // PAL4 chunks are in lane order (codec palette::column_of): group q of the
-                    // chunks of a 1024-column block is one contiguous run of x over the lanes.
-                    const int cb = c & ~31;
-                    const int xi = PAL4 ? cb * 8 + q * min(32, chunks - cb) + (c & 31) : XQ * c + q;
+                    const int xi = XQ * c + q;
                     float4 a = __ldca(xv + xi);
                     if (NORM) {
                         ss = fmaf(a.x, a.x, ss); ss = fmaf(a.y, a.y, ss); ss = fmaf(a.z, a.z, ss); ss = fmaf(a.w, a.w, ss);
@@ -314,14 +257,7 @@ __device__ __forceinline__ void gemv_rows(const void* __restrict__ w, const floa
                 }
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; ++r) {
-                    if (PAL4) {
-                        float a = acc[r];
-                        a = dot8_pal4(wv[u][r].x, xq[0], xq[1], lane_off, a);
-                        a = dot8_pal4(wv[u][r].y, xq[2 % XQ], xq[3 % XQ], lane_off, a);
-                        a = dot8_pal4(wv[u][r].z, xq[4 % XQ], xq[5 % XQ], lane_off, a);
-                        a = dot8_pal4(wv[u][r].w, xq[6 % XQ], xq[7 % XQ], lane_off, a);
-                        acc[r] = a;
-                    } else if (FP8) {
+                    if (FP8) {
                         float a = acc[r];
                         a = dot4_e4m3(wv[u][r].x, xq[0], a);
                         a = dot4_e4m3(wv[u][r].y, xq[1 % XQ], a);
@@ -335,26 +271,13 @@ __device__ __forceinline__ void gemv_rows(const void* __restrict__ w, const floa
             }
         }
     }
-    if (PAL4) {
-        // Escaped weights were summed as zeros; add their values (x normalised as above).
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; ++r) {
-            const u32 end = __ldg(f.esc_ptr + ri[r] + 1);
-            for (u32 e = __ldg(f.esc_ptr + ri[r]) + lane; e < end; e += 32) {
-                const u32 v = __ldg(f.esc + e), c = v & 0xffffffu;
-                float xc = __ldca(x + c);
-                if (NORM) xc *= __ldg(f.g + c);
-                acc[r] = fmaf(e4m3_to_f32(v >> 24), xc, acc[r]);
-            }
-        }
-    }
     float scale = 1.0f;
     if (NORM) scale = rsqrtf(warp_sum(ss) / (float)k + f.eps);
     if (PRENORM) scale = rsqrtf((float)((double)__ldcg(f.ss_in) * (1.0 / SS_ONE)) / (float)k + f.eps);
     // Per-row weight scales (FP8; rows past the end read the last row's, never stored).
     float rs[GEMV_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) rs[r] = SCALED ? __ldg(f.row_scale + ri[r]) : 1.0f;
+    for (int r = 0; r < GEMV_ROWS; ++r) rs[r] = FP8 ? __ldg(f.row_scale + ri[r]) : 1.0f;
 #if GEMV_ROPE
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r += 2) {
@@ -388,18 +311,12 @@ __device__ __forceinline__ void gemv_rows(const void* __restrict__ w, const floa
 #endif
 }
 
-// One warp's rows; PAL4 warps walk the row groups in steps of the grid: the launch caps its grid at
-// what fits on the GPU at once (persistent blocks, each building pal4_tab once).
+// One warp's rows.
 template <bool NORM, bool PRENORM, bool NEXTNORM, int WFMT = WFMT_BF16>
 __device__ __forceinline__ void gemv_body(const void* __restrict__ w, const float* __restrict__ x,
                                           float* __restrict__ y, int n, int k, const GemvFuse& f) {
     const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_ROWS;
-    if (WFMT == WFMT_PAL4) {
-        for (int r = row0; r < n; r += gridDim.x * GEMV_WARPS * GEMV_ROWS)
-            gemv_rows<NORM, PRENORM, NEXTNORM, WFMT>(w, x, y, n, k, f, r);
-    } else {
-        gemv_rows<NORM, PRENORM, NEXTNORM, WFMT>(w, x, y, n, k, f, row0);
-    }
+    gemv_rows<NORM, PRENORM, NEXTNORM, WFMT>(w, x, y, n, k, f, row0);
 }
 
 #if !GEMV_ROPE
@@ -481,42 +398,307 @@ gemv_fp8_norm(const unsigned char* __restrict__ w, const float* __restrict__ s,
     gemv_body<true, false, false, WFMT_FP8>(w, x, y, n, k, f);
 }
 
-// Palette-packed FP8: idx [n, k / 2] bytes (k % 32 == 0), pal the 16 codes, s f32 [n] row scales,
-// esc_ptr u32 [n + 1], esc u32 (see GemvFuse).
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_pal4(const unsigned char* __restrict__ idx, const unsigned char* __restrict__ pal,
-          const u32* __restrict__ esc_ptr, const u32* __restrict__ esc, const float* __restrict__ s,
-          const float* __restrict__ x, float* __restrict__ y, int n, int k) {
-    pal4_fill(pal);
-    GemvFuse f{};
-    f.row_scale = s;
-    f.esc_ptr = esc_ptr;
-    f.esc = esc;
-    gemv_body<false, false, false, WFMT_PAL4>(idx, x, y, n, k, f);
+// Palette-packed FP8 on the tensor cores (gemv_pal4*; codec palette::Palette4: an FP8 matrix as
+// 4-bit indices into 16 codes plus per-row escapes, in tiles of 16 rows × blocks of 64 columns
+// stored as the A fragments of mma.m16n8k16 BF16 products). A byte of indices is a pair of weights
+// and indexes a shared table of the 256 pairs' values as bf16x2 (every E4M3 value is a BF16
+// value): the looked-up word is the A register as it stands, so a pair costs one byte_perm (the
+// byte · 256 + the lane's copy: the address) and one conflict-free lookup — no conversion and no
+// FMA; the tensor core does the products. x goes in as two BF16 halves, x = hi + lo to within
+// 2^-17 |x| (below the f32 sums' own rounding), B columns 0 and 1 (lanes 0-3 and 4-7); the other
+// columns repeat hi and are ignored. (The CUDA-core version, a lookup and a conversion and an FMA
+// a weight, was issue-bound at 1.03× the dense FP8 GEMV: bench/RESULTS.md.)
+// A block is persistent over row tiles; its warps split a tile's column blocks (GEMV_UNROLL of
+// them in flight each, the next batch — of the next tile at the end of one — loaded before the
+// current one is multiplied) and add their partial sums in shared memory in a fixed order.
+// Shared memory (dynamic only): the pair table (256 entries × 256 bytes: 32 lane copies of 4,
+// padded so that an entry's offset is the pair byte shifted by a whole byte), the warps' sums,
+// then x's two BF16 halves (2 k bytes each); ops/gemv_fp8.rs (pal4_shared_bytes) sizes it. The
+// dynamic region of a kernel without static shared memory starts right after the 1 KiB sm_90
+// reserves (PAL4_BASE, checked at run time), so the table's address is a constant the lookups
+// fold into their load: a lookup is one byte_perm and one load.
+#define PAL4_BASE 1024u
+#define PAL4_TAB_STRIDE 256
+#define PAL4_TAB_BYTES (256 * PAL4_TAB_STRIDE)
+#define PAL4_SUMS_BYTES ((2 * (GEMV_WARPS + GEMV_ROWS) * PAL4_TILE_ROWS + GEMV_WARPS) * 4)
+#define PAL4_SUMS_ALIGNED ((PAL4_SUMS_BYTES + 15) / 16 * 16)
+extern __shared__ __align__(16) unsigned char pal4_smem[];
+
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ u32 lds_u32(u32 a) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ uint4 lds_u4(u32 a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ void sts_u32(u32 a, u32 v) { asm volatile("st.shared.u32 [%0], %1;" ::"r"(a), "r"(v)); }
+__device__ __forceinline__ void sts_u4(u32 a, uint4 v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+
+// Fills the table from the 16 codes (global memory): entry b holds codes b & 15 (low half) and
+// b >> 4, 32 times.
+__device__ __forceinline__ void pal4_fill_table(const unsigned char* __restrict__ pal) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+        const u32 v = (u32)f32_to_bf16(e4m3_to_f32(pal[b & 15])) | (u32)f32_to_bf16(e4m3_to_f32(pal[b >> 4])) << 16;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) sts_u4(PAL4_BASE + b * PAL4_TAB_STRIDE + 16 * c, make_uint4(v, v, v, v));
+    }
+}
+
+// Writes x (NORM: x ∘ g) as BF16 halves in B-fragment order: for column block b and quad position
+// q (lane % 4), 8 words of each half at word 32 b + 8 q of the half: K step s's two registers at
+// 2 s and 2 s + 1 (columns 16 s + 2 q, +1 and 16 s + 8 + 2 q, +1). Four columns a thread and step
+// (two pairs: quad positions q and q + 1). Returns this thread's Σ x² (NORM).
+__device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+template <bool NORM>
+__device__ __forceinline__ float pal4_fill_x(const float* __restrict__ x, const float* __restrict__ g, int k,
+                                             u32 x_hi, u32 x_lo) {
+    float ss = 0.0f;
+    for (int p = threadIdx.x; p < k / 4; p += blockDim.x) {
+        float4 v = __ldcg((const float4*)x + p);
+        if (NORM) {
+            ss = fmaf(v.x, v.x, ss);
+            ss = fmaf(v.y, v.y, ss);
+            ss = fmaf(v.z, v.z, ss);
+            ss = fmaf(v.w, v.w, ss);
+            const float4 gg = __ldg((const float4*)g + p);
+            v.x *= gg.x;
+            v.y *= gg.y;
+            v.z *= gg.z;
+            v.w *= gg.w;
+        }
+        const u32 h0 = bf16x2_rn(v.x, v.y), h1 = bf16x2_rn(v.z, v.w);
+        const u32 l0 = bf16x2_rn(v.x - bf16_lo(h0), v.y - bf16_hi(h0));
+        const u32 l1 = bf16x2_rn(v.z - bf16_lo(h1), v.w - bf16_hi(h1));
+        const int c = 4 * p, w = c & (PAL4_BLOCK_COLS - 1);
+        const u32 at = 4u * ((c / PAL4_BLOCK_COLS) * 32 + ((w >> 1) & 3) * 8 + 2 * (w >> 4) + ((w >> 3) & 1));
+        sts_u32(x_hi + at, h0);
+        sts_u32(x_hi + at + 32, h1);
+        sts_u32(x_lo + at, l0);
+        sts_u32(x_lo + at + 32, l1);
+    }
+    return ss;
+}
+
+// This lane's index words of GEMV_UNROLL column blocks kb, kb + S, ... of a group of S warps (p:
+// block kb's, valid: the tile exists). Blocks past the end load `safe` instead (any valid
+// address; never multiplied): unconditional loads, so the compiler keeps no old values around.
+template <int S>
+__device__ __forceinline__ void pal4_load(uint4 (&v)[GEMV_UNROLL], const uint4* p, bool valid, int kb, int nkb,
+                                          const uint4* safe) {
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u)
+        v[u] = ld_stream_u4(valid && kb + u * S < nkb ? p + u * S * 32 : safe);
+}
+
+// The table entry at offset `off` (PAL4_BASE folded into the load).
+__device__ __forceinline__ u32 pal4_entry(u32 off) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1+1024];" : "=r"(v) : "r"(off));
+    return v;
+}
+
+// One K step: c += A(word) · B(b0, b1). The pair of byte j of word sits at table offset
+// byte_perm(word, lane4, 0x55j4) = 256 · byte + 4 · lane (lane4 = 4 lane).
+__device__ __forceinline__ void pal4_mma(u32 word, u32 b0, u32 b1, u32 lane4, float (&c)[4]) {
+    const u32 a0 = pal4_entry(__byte_perm(word, lane4, 0x5504)), a1 = pal4_entry(__byte_perm(word, lane4, 0x5514));
+    const u32 a2 = pal4_entry(__byte_perm(word, lane4, 0x5524)), a3 = pal4_entry(__byte_perm(word, lane4, 0x5534));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// A column block (four K steps; two accumulator sets so consecutive products do not wait on each
+// other). xb: the shared address of this lane's B words of the block.
+__device__ __forceinline__ void pal4_block(uint4 w, u32 xb, u32 lane4, float (&acc)[2][4]) {
+    const uint4 b01 = lds_u4(xb), b23 = lds_u4(xb + 16);
+    pal4_mma(w.x, b01.x, b01.y, lane4, acc[0]);
+    pal4_mma(w.y, b01.z, b01.w, lane4, acc[1]);
+    pal4_mma(w.z, b23.x, b23.y, lane4, acc[0]);
+    pal4_mma(w.w, b23.z, b23.w, lane4, acc[1]);
+}
+
+// y = diag(s) · W · x' with x' = x, or rmsnorm(x; g, eps) (NORM), and the GEMV_ACCUM / GEMV_SWIGLU
+// epilogue. The block's warps form GEMV_ROWS groups, each working on its own tile at a time (its
+// warps splitting the column blocks, then adding their sums at the group's barrier): as many
+// groups as there are tiles to go round, as few warps a tile as that leaves, so that a warp's
+// share of a tile — its column blocks between two barriers — is long.
+#define PAL4_GROUPS GEMV_ROWS
+#define PAL4_GROUP_WARPS (GEMV_WARPS / PAL4_GROUPS)
+// The palette kernels exist in the variants whose warps split into whole groups of at most 16
+// (ops/gemv_fp8.rs launches no other).
+#if GEMV_WARPS % PAL4_GROUPS == 0 && PAL4_GROUPS <= 16
+
+// Waits for the group's warps (named barrier 1 + group; a one-warp group needs none).
+__device__ __forceinline__ void pal4_group_sync(int group) {
+    if (PAL4_GROUP_WARPS > 1) asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(PAL4_GROUP_WARPS * 32) : "memory");
+    else __syncwarp();
+}
+
+template <bool NORM>
+__device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, const unsigned char* __restrict__ pal,
+                                               const u32* __restrict__ esc_ptr, const u32* __restrict__ esc,
+                                               const float* __restrict__ rs, const float* __restrict__ x,
+                                               const float* __restrict__ g, float* __restrict__ y, int n, int k,
+                                               float eps) {
+    constexpr int S = PAL4_GROUP_WARPS;
+    unsigned char* sums = pal4_smem + PAL4_TAB_BYTES;
+    float(*red)[GEMV_WARPS][PAL4_TILE_ROWS] = (float(*)[GEMV_WARPS][PAL4_TILE_ROWS])sums;  // [2]: double-buffered
+    float(*esc_red)[PAL4_GROUPS][PAL4_TILE_ROWS] =
+        (float(*)[PAL4_GROUPS][PAL4_TILE_ROWS])(sums + 2 * GEMV_WARPS * PAL4_TILE_ROWS * 4);
+    float* ss_red = (float*)(sums + 2 * (GEMV_WARPS + PAL4_GROUPS) * PAL4_TILE_ROWS * 4);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = warp / S, wi = warp % S;
+    const int nkb = k / PAL4_BLOCK_COLS, ntiles = (n + PAL4_TILE_ROWS - 1) / PAL4_TILE_ROWS;
+    const u32 x_hi = PAL4_BASE + PAL4_TAB_BYTES + PAL4_SUMS_ALIGNED, x_lo = x_hi + 2u * k;
+    u32 dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (smem_addr(pal4_smem) != PAL4_BASE || x_lo + 2u * k - PAL4_BASE > dyn) __trap();  // a launch bug
+    const u32 lane4 = 4u * lane;
+    // This lane's B column is lane / 4: the low half for lanes 4-7, the high one elsewhere.
+    const u32 xq = ((lane >> 2) == 1 ? x_lo : x_hi) + 32u * (lane & 3);
+    pal4_fill_table(pal);
+    int tile = blockIdx.x * PAL4_GROUPS + group;
+    const int tile_step = gridDim.x * PAL4_GROUPS;
+    // p: this warp's next column block; p_tile: its first one of the current tile.
+    const uint4* p_tile = idx + ((size_t)tile * nkb + wi) * 32 + lane;
+    const size_t tile_stride = (size_t)tile_step * nkb * 32;
+    const uint4* p = p_tile;
+    const uint4* safe = idx + lane;
+    uint4 next[GEMV_UNROLL];
+    pal4_load<S>(next, p, tile < ntiles, wi, nkb, safe);  // weights are immutable: before pdl_wait
+    pdl_wait();
+    pdl_trigger();
+    float ss = pal4_fill_x<NORM>(x, g, k, x_hi, x_lo);
+    if (NORM) {
+        ss = warp_sum(ss);
+        if (lane == 0) ss_red[warp] = ss;
+    }
+    __syncthreads();
+    float scale = 1.0f;
+    if (NORM) {
+        float t = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GEMV_WARPS; ++w) t += ss_red[w];
+        scale = rsqrtf(t / (float)k + eps);
+    }
+    const int er = lane & (PAL4_TILE_ROWS - 1);  // the group's first warp: the tile row of the epilogue
+    for (int buf = 0; tile < ntiles; tile += tile_step, buf ^= 1) {
+        // What the epilogue reads besides the sums, prefetched now so that its latency hides
+        // behind the products (without holding registers through them).
+        const int row0 = tile * PAL4_TILE_ROWS;
+        if (wi < PAL4_TILE_ROWS && row0 + wi < n) prefetch_l1(esc_ptr + row0 + wi);
+        if (wi == 0) {
+            prefetch_l1(rs + min(row0 + er, n - 1));
+            if (GEMV_ACCUM && row0 + er < n) prefetch_l2(y + row0 + er);
+        }
+        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        // Whole batches followed by another of this tile (no bounds checks but the next batch's
+        // own), then the tile's last batch (the next one: the group's next tile's first).
+        int kb = wi;
+        for (; kb + S * GEMV_UNROLL < nkb; kb += S * GEMV_UNROLL) {
+            uint4 cur[GEMV_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) cur[u] = next[u];
+            p += S * GEMV_UNROLL * 32;
+            pal4_load<S>(next, p, true, kb + S * GEMV_UNROLL, nkb, safe);
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) pal4_block(cur[u], xq + 128u * (kb + u * S), lane4, acc);
+        }
+        {
+            uint4 cur[GEMV_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) cur[u] = next[u];
+            p_tile += tile_stride;
+            p = p_tile;
+            pal4_load<S>(next, p, tile + tile_step < ntiles, wi, nkb, safe);
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const int b = kb + u * S;
+                if (b < nkb) pal4_block(cur[u], xq + 128u * b, lane4, acc);
+            }
+        }
+        // Columns 0 (hi) and 1 (lo) of rows lane / 4 and lane / 4 + 8 are in lanes 4i: c0, c1 and
+        // c2, c3.
+        if ((lane & 3) == 0) {
+            red[buf][warp][lane >> 2] = (acc[0][0] + acc[1][0]) + (acc[0][1] + acc[1][1]);
+            red[buf][warp][(lane >> 2) + 8] = (acc[0][2] + acc[1][2]) + (acc[0][3] + acc[1][3]);
+        }
+        // Escaped weights were multiplied as zeros: their values, a row a warp.
+        for (int r = wi; r < PAL4_TILE_ROWS; r += S) {
+            const int row = row0 + r;
+            u32 e_begin = 0, e_end = 0;  // (none past the last row)
+            if (row < n) {
+                e_begin = __ldg(esc_ptr + row);
+                e_end = __ldg(esc_ptr + row + 1);
+            }
+            float e = 0.0f;
+            if (e_begin < e_end) {
+                for (u32 i = e_begin + lane; i < e_end; i += 32) {
+                    const u32 v = __ldg(esc + i), c = v & 0xffffffu;
+                    float xc = __ldca(x + c);
+                    if (NORM) xc *= __ldg(g + c);
+                    e = fmaf(e4m3_to_f32(v >> 24), xc, e);
+                }
+                e = warp_sum(e);
+            }
+            if (lane == 0) esc_red[buf][group][r] = e;
+        }
+        pal4_group_sync(group);
+        if (wi == 0) {
+            const int row = row0 + er;
+            float sum = esc_red[buf][group][er];
+#pragma unroll
+            for (int w = 0; w < S; ++w) sum += red[buf][group * S + w][er];
+            const float v = sum * scale * __ldg(rs + min(row, n - 1));
+#if GEMV_SWIGLU
+            const float up = __shfl_down_sync(0xffffffffu, v, 1);
+            if (lane < PAL4_TILE_ROWS && (er & 1) == 0 && row + 1 < n) y[row >> 1] = v / (1.0f + expf(-v)) * up;
+#else
+            if (lane < PAL4_TILE_ROWS && row < n) y[row] = GEMV_ACCUM ? __ldcg(y + row) + v : v;
+#endif
+        }
+    }
+}
+
+// Palette-packed FP8: idx the tiles (Palette4::indices), pal the 16 codes, esc_ptr u32 [n + 1] and
+// esc u32 the escapes (col | code << 24), s f32 [n] row scales; k % 64 == 0. Dynamic shared
+// memory PAL4_TAB_BYTES + PAL4_SUMS_ALIGNED + 4 k; grid at most the tiles, at most what fits at
+// once.
+// Two blocks an SM of up to 16 warps where shared memory allows (k ≤ 12 288 at 16 warps): with two
+// column blocks in flight a warp, registers capped to fit (more would spill).
+#define PAL4_MIN_BLOCKS (GEMV_UNROLL <= 2 ? 2 : 1)
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, PAL4_MIN_BLOCKS)
+gemv_pal4(const uint4* __restrict__ idx, const unsigned char* __restrict__ pal, const u32* __restrict__ esc_ptr,
+          const u32* __restrict__ esc, const float* __restrict__ s, const float* __restrict__ x,
+          float* __restrict__ y, int n, int k) {
+    gemv_pal4_body<false>(idx, pal, esc_ptr, esc, s, x, nullptr, y, n, k, 0.0f);
 }
 
 // y = diag(s) · W · rmsnorm(x; g, eps) (g f32 [k]), W palette-packed.
-// Four rows a warp: without a minimum of one block per SM ptxas caps this kernel at 96 registers
-// and spills (w4r4u2); with it, it takes what it needs.
-#if GEMV_ROWS >= 4
-#define PAL4_NORM_BOUNDS __launch_bounds__(GEMV_WARPS * 32, 1)
-#else
-#define PAL4_NORM_BOUNDS __launch_bounds__(GEMV_WARPS * 32)
-#endif
-extern "C" __global__ void PAL4_NORM_BOUNDS
-gemv_pal4_norm(const unsigned char* __restrict__ idx, const unsigned char* __restrict__ pal,
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, PAL4_MIN_BLOCKS)
+gemv_pal4_norm(const uint4* __restrict__ idx, const unsigned char* __restrict__ pal,
                const u32* __restrict__ esc_ptr, const u32* __restrict__ esc, const float* __restrict__ s,
                const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ y, int n,
                int k, float eps) {
-    pal4_fill(pal);
-    GemvFuse f{};
-    f.row_scale = s;
-    f.esc_ptr = esc_ptr;
-    f.esc = esc;
-    f.g = g;
-    f.eps = eps;
-    gemv_body<true, false, false, WFMT_PAL4>(idx, x, y, n, k, f);
+    gemv_pal4_body<true>(idx, pal, esc_ptr, esc, s, x, g, y, n, k, eps);
 }
+#endif  // whole groups
 #endif  // !GEMV_ROPE: the FP8 and palette GEMVs have no RoPE epilogue
 
 // out = bf16(fp8(W) · s[row]) for the prefill GEMM: W FP8 E4M3 [rows, cols] (cols % 4 == 0), four
@@ -534,33 +716,32 @@ extern "C" __global__ void fp8_rows_to_bf16(const unsigned char* __restrict__ w,
     }
 }
 
-// out = bf16(fp8(W) · s[row]) from the palette form, as fp8_rows_to_bf16 from the codes: words of
-// indices (eight weights, two groups of four columns) grid-strided, then pal4_escapes_to_bf16
-// overwrites the escaped weights.
+// out = bf16(fp8(W) · s[row]) from the palette form, as fp8_rows_to_bf16 from the codes: a word of
+// indices (one K step of one lane: four pairs) a thread, grid-strided over the tiles; then
+// pal4_escapes_to_bf16 overwrites the escaped weights. rows: the matrix's (the tiles' padding rows
+// are skipped); cols % 64 == 0.
 extern "C" __global__ void pal4_rows_to_bf16(const u32* __restrict__ idx, const unsigned char* __restrict__ pal,
                                              const float* __restrict__ s, bf16_t* __restrict__ out,
-                                             long long n8, int cols8) {
+                                             long long words, int rows, int cols) {
     __shared__ float val[16];
     if (threadIdx.x < 16) val[threadIdx.x] = e4m3_to_f32(pal[threadIdx.x]);
     __syncthreads();
-    const int chunks = cols8 / 4;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8;
+    const int nkb = cols / PAL4_BLOCK_COLS;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < words;
          i += (long long)gridDim.x * blockDim.x) {
-        const long long row = i / cols8;
-        const int wi = (int)(i - row * cols8), c = wi >> 2, q = wi & 3;
-        const float sc = s[row];
+        // Word i: column block i / 128 (tile-major), lane t = i / 4 % 32, K step i % 4.
+        const long long blk = i >> 7, tile = blk / nkb;
+        const int b = (int)(blk - tile * nkb), t = (int)(i >> 2) & 31, st = (int)i & 3;
         const u32 w = idx[i];
-        u32 o[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const u32 b = w >> (8 * j);
-            o[j] = (u32)f32_to_bf16(val[b & 15] * sc) | (u32)f32_to_bf16(val[(b >> 4) & 15] * sc) << 16;
+            const long long row = tile * PAL4_TILE_ROWS + (t >> 2) + 8 * (j & 1);
+            if (row >= rows) continue;
+            const int col = b * PAL4_BLOCK_COLS + 16 * st + 8 * (j >> 1) + 2 * (t & 3);
+            const float sc = s[row];
+            const u32 p = w >> (8 * j);
+            *(u32*)(out + row * cols + col) = (u32)f32_to_bf16(val[p & 15] * sc) | (u32)f32_to_bf16(val[(p >> 4) & 15] * sc) << 16;
         }
-        // Word q of chunk c holds groups 2q and 2q + 1 (four columns each) in lane order.
-        const int cb = c & ~31, m = min(32, chunks - cb);
-        uint2* r = (uint2*)(out + row * (long long)cols8 * 8);
-        r[cb * 8 + (2 * q) * m + (c & 31)] = make_uint2(o[0], o[1]);
-        r[cb * 8 + (2 * q + 1) * m + (c & 31)] = make_uint2(o[2], o[3]);
     }
 }
 

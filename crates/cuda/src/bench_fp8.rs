@@ -194,6 +194,34 @@ impl GemvForm {
             GemvForm::Palette => "gemv_pal4",
         }
     }
+
+    /// Relative L2 error allowed against the f32 reference: the dense GEMV sums exact products in
+    /// f32; the palette GEMV's x enters the tensor cores as two BF16 halves, exact to 2^-18 of
+    /// each |x|, which a short or cancelling sum can magnify past 1e-5 (measured: 1.7e-5 on one
+    /// output of 64 terms; 2.5e-6 on the Llama shapes).
+    pub fn tolerance(self) -> f64 {
+        match self {
+            GemvForm::Dense => 1e-5,
+            GemvForm::Palette => 5e-5,
+        }
+    }
+
+    /// The launch configurations of this form's GEMV (sweeps, selftests).
+    pub fn configs(self) -> &'static [GemvConfig] {
+        match self {
+            GemvForm::Dense => &GemvConfig::CANDIDATES,
+            GemvForm::Palette => &crate::ops::gemv_fp8::PAL4_CANDIDATES,
+        }
+    }
+
+    /// The launch configuration the engine gives an [n, k] matrix in this form on a GPU of `sms`
+    /// SMs.
+    pub fn engine_config(self, n: usize, k: usize, sms: u32) -> GemvConfig {
+        match self {
+            GemvForm::Dense => crate::ops::gemv_fp8::gemv_fp8_config_for(n, k),
+            GemvForm::Palette => crate::ops::gemv_fp8::pal4_config_for(n, sms, false),
+        }
+    }
 }
 
 /// A timed launch.

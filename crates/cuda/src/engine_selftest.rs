@@ -880,7 +880,7 @@ fn model_err(e: entrollm_model::ModelError) -> GpuError {
 }
 
 /// An FP8 checkpoint served as `form` (`Dense`: in FP8 where the columns are a multiple of 16;
-/// `Palette`: palette-packed where they are a multiple of 32) against the CPU engine: first how
+/// `Palette`: palette-packed where they are a multiple of 64) against the CPU engine: first how
 /// many layer/head matrices the upload kept so, then the logits ([`compare_logits`], tolerance 5e-2).
 fn fp8_served_case(
     dev: &Arc<GpuDevice>,
@@ -892,7 +892,11 @@ fn fp8_served_case(
 ) -> Result<()> {
     let served = GpuModel::upload_served(dev, &w, form)?.0;
     let (kernel, got, multiple) = match form {
-        Fp8Serving::Palette => ("fp8_palette_matrices", served.fp8_palette_matrices(), 32),
+        Fp8Serving::Palette => (
+            "fp8_palette_matrices",
+            served.fp8_palette_matrices(),
+            entrollm_codec::palette::BLOCK_COLS,
+        ),
         _ => ("fp8_served_matrices", served.fp8_matrices(), 16),
     };
     drop(served);
@@ -1344,7 +1348,7 @@ pub fn run_engine_selftest(
     )?;
     // The same architecture as a low-entropy FP8 checkpoint (row maxima at 2^-5: most codes are
     // zero and the subnormals), served palette-packed (every FP8 matrix whose columns are a
-    // multiple of 32; escapes included).
+    // multiple of 64; escapes included).
     let wp = fp8_weights(small_model(seed ^ 0xF9)?, 1.0 / 32.0)?;
     fp8_served_case(
         dev,

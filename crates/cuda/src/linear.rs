@@ -35,7 +35,7 @@ use crate::ops::forward::{
 use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
 use crate::ops::gemv_fp8::{
     check_gemv_fp8_shape, check_gemv_pal4_shape, gemv_fp8_config_for, launch_fp8_rows_to_bf16,
-    launch_gemv_fp8, Fp8Codes, GpuPal4, PAL4_GEMV,
+    launch_gemv_fp8, pal4_config_for, Fp8Codes, GpuPal4,
 };
 
 /// A row-major BF16 matrix [rows, cols] in device memory and the GEMV configuration of its shape.
@@ -121,7 +121,7 @@ pub enum Fp8Serving {
     Auto,
     /// The codes as stored.
     Dense,
-    /// Palette-packed (an error for a matrix whose columns are not a multiple of 32).
+    /// Palette-packed (an error for a matrix whose columns are not a multiple of 64).
     Palette,
 }
 
@@ -325,7 +325,7 @@ impl GpuLinear {
         };
         let gemv = match codes {
             Fp8Codes::Dense(_) => gemv_fp8_config_for(rows, cols),
-            Fp8Codes::Palette(_) => PAL4_GEMV,
+            Fp8Codes::Palette(_) => pal4_config_for(rows, dev.info().sm_count, false),
         };
         Ok(GpuLinear::Fp8(Box::new(Fp8Linear {
             rows,
@@ -407,10 +407,12 @@ impl GpuLinear {
             }
             GpuLinear::Dtans(c) => c.matvec_fused(dev, x, norm, fusion, y),
             GpuLinear::Fp8(f) => {
-                let cfg = if fusion.swiglu {
-                    swiglu_config(f.gemv)
-                } else {
-                    f.gemv
+                let cfg = match (&f.codes, fusion.swiglu) {
+                    (Fp8Codes::Palette(_), true) => {
+                        pal4_config_for(f.rows, dev.info().sm_count, true)
+                    }
+                    (_, true) => swiglu_config(f.gemv),
+                    (_, false) => f.gemv,
                 };
                 launch_gemv_fp8(
                     dev, cfg, fusion, &f.codes, &f.scales, x, norm, y, f.rows, f.cols,

@@ -7,7 +7,6 @@ use std::time::Instant;
 use entrollm_cuda::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
 use entrollm_cuda::bench_fp8::{fp8_mvm_configs, fp8_mvm_variants, Fp8Bench, Fp8Matrix, GemvForm};
 use entrollm_cuda::linear::gemv_config_for;
-use entrollm_cuda::ops::gemv::GemvConfig;
 use entrollm_cuda::selftest::run_fp8_selftest;
 
 /// Code entropy of the synthetic FP8 checkpoint (the seed's EntQuant 2.1-bit one); FP8_BITS
@@ -87,10 +86,10 @@ fn fp8_gpu_cold_timing() {
                     b.packed.bits_per_weight(),
                     b.packed.escape_fraction(),
                 );
-                for cfg in GemvConfig::CANDIDATES {
-                    for form in GemvForm::ALL {
+                for form in GemvForm::ALL {
+                    for &cfg in form.configs() {
                         let rel = b.check_gemv(cfg, form).expect("fp8 gemv check");
-                        if rel.is_nan() || rel >= 1e-5 {
+                        if rel.is_nan() || rel >= form.tolerance() {
                             println!("FAIL fp8 gemv {cfg} {form:?} {name}: rel_l2 {rel:e}");
                             failures += 1;
                             continue;
@@ -225,7 +224,8 @@ fn fp8_precompile_cubins() {
 }
 
 /// One launch of each FP8 GEMV form (on the codes as stored and palette-packed)
-/// with GEMV configuration FP8_PROFILE_CFG (`w4r4u2` form, default the dense FP8 choice) on the
+/// with GEMV configuration FP8_PROFILE_CFG (`w4r4u2` form, where the form has it; default the
+/// engine's choice) on the
 /// Llama-8B shapes named in DTANS_SHAPES (default: all), each checked against the reference: the
 /// program to run under `ncu`.
 #[test]
@@ -239,19 +239,20 @@ fn fp8_gpu_profile_launches() {
             continue;
         }
         let mut b = Fp8Bench::new(&dev, n, k, bits(), 77 + i as u64, None).expect("fp8 setup");
-        let cfg = cfg_env.as_deref().map_or_else(
-            || entrollm_cuda::ops::gemv_fp8::gemv_fp8_config_for(n, k),
-            |s| {
-                GemvConfig::CANDIDATES
-                    .into_iter()
-                    .find(|c| c.to_string() == s)
-                    .expect("FP8_PROFILE_CFG: one of GemvConfig::CANDIDATES")
-            },
-        );
         for form in GemvForm::ALL {
+            let cfg = cfg_env.as_deref().map_or_else(
+                || form.engine_config(n, k, dev.info().sm_count),
+                |s| {
+                    form.configs()
+                        .iter()
+                        .copied()
+                        .find(|c| c.to_string() == s)
+                        .unwrap_or_else(|| form.engine_config(n, k, dev.info().sm_count))
+                },
+            );
             let rel = b.check_gemv(cfg, form).expect("fp8 gemv check");
             println!("{name} {form:?} {cfg}: rel_l2 {rel:.1e}");
-            if rel.is_nan() || rel >= 1e-5 {
+            if rel.is_nan() || rel >= form.tolerance() {
                 failures += 1;
             }
         }

@@ -81,6 +81,18 @@ pub fn all_variants() -> Vec<KernelVariant> {
                 )
             }),
     );
+    // The palette GEMV's configurations, with the epilogues the FP8 forward pass uses.
+    for c in crate::ops::gemv_fp8::PAL4_CANDIDATES {
+        for (accumulate, swiglu) in [(false, false), (true, false), (false, true)] {
+            if swiglu && c.rows % 2 != 0 {
+                continue;
+            }
+            let f = gemv_fused_variant(c, GemvFusion { accumulate, swiglu });
+            if !v.contains(&f) && !GemvConfig::CANDIDATES.iter().any(|&d| d.variant() == f) {
+                v.push(f);
+            }
+        }
+    }
     for c in GemvConfig::CANDIDATES {
         let r = gemv_rope_variant(c).1;
         if !v.contains(&r) {
@@ -954,9 +966,45 @@ mod tests {
             .iter()
             .map(|&c| gemv_rope_variant(c).0)
             .collect();
+        let all = all_variants();
+        // The palette GEMV's configurations add the variants the BF16 candidates do not have.
+        let palette: Vec<_> = crate::ops::gemv_fp8::PAL4_CANDIDATES
+            .iter()
+            .flat_map(|&c| {
+                let fused =
+                    |accumulate, swiglu| gemv_fused_variant(c, GemvFusion { accumulate, swiglu });
+                let mut v = vec![fused(false, false), fused(true, false)];
+                if c.rows % 2 == 0 {
+                    v.push(fused(false, true));
+                }
+                v
+            })
+            .collect();
+        assert!(palette.iter().all(|v| all.contains(v)));
+        let distinct: std::collections::HashSet<_> = all.iter().collect();
+        assert_eq!(distinct.len(), all.len(), "no variant twice");
+        let extra = palette
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .into_iter()
+            .filter(|v| !GemvConfig::CANDIDATES.iter().any(|c| c.variant() == **v))
+            .filter(|v| {
+                !GemvConfig::CANDIDATES.iter().any(|&c| {
+                    gemv_accum_variant(c) == **v
+                        || (c.rows % 2 == 0
+                            && gemv_fused_variant(
+                                c,
+                                GemvFusion {
+                                    accumulate: false,
+                                    swiglu: true,
+                                },
+                            ) == **v)
+                })
+            })
+            .count();
         assert_eq!(
-            all_variants().len(),
-            1 + 2 + GemvConfig::CANDIDATES.len() + even + rope.len() + 5
+            all.len(),
+            1 + 2 + GemvConfig::CANDIDATES.len() + even + rope.len() + 5 + extra
         );
         assert_eq!(decode_attn_config(128, 32, 8).unwrap().chunk, 64);
     }

@@ -7,13 +7,14 @@
 //!
 //! The codes travel in one of two forms ([`Fp8Codes`]): as stored (`gemv_fp8`), or palette-packed
 //! (codec `palette::Palette4`, `gemv_pal4`: 4-bit indices into 16 codes plus escapes, half the
-//! bytes, for low-entropy checkpoints). Same products, same epilogues, same references: the packed
-//! form decodes to the same codes.
+//! bytes, for low-entropy checkpoints; the products on the tensor cores, with x in two BF16
+//! halves). Same epilogues, same references: the packed form decodes to the same codes.
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use entrollm_codec::palette::Palette4;
+use entrollm_codec::palette::{Palette4, BLOCK_COLS, TILE_ROWS};
 use entrollm_codec::payload::fp8_e4m3_to_f32;
 use entrollm_model::weights::{DenseFp8, RowScaled};
 use entrollm_model::Linear;
@@ -37,8 +38,8 @@ pub enum Fp8Codes {
     Palette(GpuPal4),
 }
 
-/// A palette-packed FP8 matrix on the device (codec [`Palette4`]): indices [rows, cols / 2], the
-/// 16 palette codes, escape offsets [rows + 1] and escapes (never empty: one unused entry when
+/// A palette-packed FP8 matrix on the device (codec [`Palette4`]): indices (tiles of 16 rows ×
+/// cols / 2 bytes), the 16 palette codes, escape offsets [rows + 1] and escapes (never empty: one unused entry when
 /// there are none).
 pub struct GpuPal4 {
     pub idx: CudaSlice<u8>,
@@ -95,7 +96,7 @@ impl Fp8Codes {
             }
             Fp8Codes::Palette(p) => {
                 check_gemv_pal4_shape(rows, cols)?;
-                check_len(op, "indices", &p.idx, rows * cols / 2)?;
+                check_len(op, "indices", &p.idx, pal4_index_bytes(rows, cols))?;
                 check_len(op, "palette", &p.palette, 16)?;
                 check_len(op, "escape offsets", &p.esc_ptr, rows + 1)?;
                 check_len(op, "escapes", &p.esc, p.escapes.max(1))
@@ -104,9 +105,35 @@ impl Fp8Codes {
     }
 }
 
-/// Checks a palette-packed GEMV shape: k a multiple of 32 (16-byte aligned rows of 4-bit indices).
+/// Checks a palette-packed GEMV shape: k a multiple of 64 (whole column blocks of the tiles), and
+/// x small enough to sit in shared memory beside the lookup table in every configuration (k ≤ 40 640).
 pub fn check_gemv_pal4_shape(n: usize, k: usize) -> Result<()> {
-    check_chunked_shape("gemv_pal4", n, k, 32)
+    check_chunked_shape("gemv_pal4", n, k, BLOCK_COLS)?;
+    if PAL4_CANDIDATES
+        .iter()
+        .any(|&c| pal4_shared_bytes(c, k).is_none())
+    {
+        return Err(GpuError::invalid(
+            "gemv_pal4",
+            format!("k = {k}: x does not fit in shared memory beside the lookup table"),
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes of a palette-packed matrix's indices: rows rounded up to whole 16-row tiles.
+pub fn pal4_index_bytes(rows: usize, cols: usize) -> usize {
+    rows.div_ceil(TILE_ROWS) * TILE_ROWS * cols / 2
+}
+
+/// Dynamic shared memory of `gemv_pal4` in configuration `cfg` (kernels/gemv.cu, PAL4_BASE): the
+/// pair table (256 entries × 256 bytes), the warps' and groups' sums and x's two BF16 halves; None
+/// past the 227 KiB a block may have.
+fn pal4_shared_bytes(cfg: GemvConfig, k: usize) -> Option<usize> {
+    let (warps, groups) = (cfg.warps as usize, cfg.rows as usize);
+    let sums = ((2 * (warps + groups) * TILE_ROWS + warps) * 4).next_multiple_of(16);
+    let bytes = 256 * 256 + sums + 4 * k;
+    (bytes <= 227 * 1024).then_some(bytes)
 }
 
 /// The launch configuration for an FP8 shape. A 16-byte chunk holds 16 weights (8 for BF16), so
@@ -125,14 +152,42 @@ pub fn gemv_fp8_config_for(rows: usize, cols: usize) -> GemvConfig {
     }
 }
 
-/// The launch configuration of palette-packed matrices: 32 weights a 16-byte chunk, so a row of
-/// 4096 is four chunks a lane; eight warps of two rows (the best of the candidates on four of the
-/// five Llama-8B shapes and within 2 % on the fifth, bench/RESULTS.md).
-pub const PAL4_GEMV: GemvConfig = GemvConfig {
-    warps: 8,
-    rows: 2,
-    unroll: 4,
-};
+/// The palette launch for `rows` rows on a GPU of `sms` SMs: the fewest tile groups a block (at
+/// most 8) that need at most one block an SM. Each block fills its lookup table and x's halves
+/// first, so fewer blocks on a short matrix do less of that; long ones keep 8 groups (2 warps a
+/// tile). The best of the candidates on each Llama-8B shape (H200, bench/RESULTS.md); at least two
+/// groups with SwiGLU (row pairs).
+pub fn pal4_config_for(rows: usize, sms: u32, swiglu: bool) -> GemvConfig {
+    let tiles = rows.div_ceil(TILE_ROWS);
+    let groups = [1, 2, 4, 8]
+        .into_iter()
+        .find(|&g| tiles.div_ceil(g) <= sms as usize)
+        .unwrap_or(8)
+        .max(if swiglu { 2 } else { 1 });
+    pal4(groups as u32, 2)
+}
+
+/// A launch configuration of palette-packed matrices: 16 warps a (persistent) block, in `rows`
+/// groups that each work on a 16-row tile at a time, each warp with `unroll` column blocks of
+/// 16 × 64 weights in flight.
+const fn pal4(rows: u32, unroll: u32) -> GemvConfig {
+    GemvConfig {
+        warps: 16,
+        rows,
+        unroll,
+    }
+}
+
+/// The palette GEMV's configurations the timing sweep and the selftest cover (compiled with every
+/// epilogue they allow: `ops::forward::all_variants`).
+pub const PAL4_CANDIDATES: [GemvConfig; 6] = [
+    pal4(4, 2),
+    pal4(1, 2),
+    pal4(2, 2),
+    pal4(8, 2),
+    pal4(16, 2),
+    pal4(4, 4),
+];
 
 /// `y = diag(s) · W · rmsnorm(x; g, eps)` (when `norm` is given, else `diag(s) · W x`) with
 /// `fusion`'s epilogue; W FP8 E4M3 [n, k] (k % 16 == 0; palette-packed: k % 32 == 0), s f32 [n],
@@ -156,6 +211,12 @@ pub fn launch_gemv_fp8(
     check_len(OP, "x", x, k)?;
     check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
     check_fusion(OP, cfg, fusion, n)?;
+    if matches!(w, Fp8Codes::Palette(_)) && (cfg.rows > 16 || cfg.warps % cfg.rows != 0) {
+        return Err(GpuError::invalid(
+            OP,
+            format!("{cfg}: the palette GEMV needs warps a multiple of its groups (rows, ≤ 16)"),
+        ));
+    }
     let variant = gemv_fused_variant(cfg, fusion);
     let mut launch = cfg.launch(n);
     let (n_i, k_i) = (n as i32, k as i32);
@@ -168,11 +229,25 @@ pub fn launch_gemv_fp8(
     let what = || format!("launching {kernel} {cfg} {fusion:?} [{n}, {k}]");
     let f = dev.function(&variant, kernel)?;
     if let Fp8Codes::Palette(_) = w {
-        // Persistent blocks (each builds a 32 KB lookup table first): as many as fit at once.
+        // Persistent blocks over the 16-row tiles (each builds a 64 KiB lookup table first): as
+        // many as fit at once.
+        let shared = pal4_shared_bytes(cfg, k).ok_or_else(|| {
+            GpuError::invalid(
+                OP,
+                format!("{cfg}: k = {k} does not fit in shared memory beside the table"),
+            )
+        })?;
+        f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )
+        .while_(|| format!("allowing {shared} bytes of shared memory for {kernel}"))?;
         let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(cfg.warps * 32, 0, None)
+            .occupancy_max_active_blocks_per_multiprocessor(cfg.warps * 32, shared, None)
             .while_(|| format!("querying the occupancy of {kernel} {cfg}"))?;
-        launch.grid_dim.0 = launch.grid_dim.0.min(per_sm.max(1) * dev.info().sm_count);
+        let blocks = n.div_ceil(TILE_ROWS).div_ceil(cfg.rows as usize) as u32;
+        launch.grid_dim.0 = blocks.min(per_sm.max(1) * dev.info().sm_count);
+        launch.shared_mem_bytes = shared as u32;
     }
     let mut b = dev.stream().launch_builder(&f);
     match w {
@@ -232,19 +307,20 @@ pub fn launch_fp8_rows_to_bf16(
         }
         Fp8Codes::Palette(p) => {
             let f = dev.function(&variant, "pal4_rows_to_bf16")?;
-            let (n8, cols8) = ((rows * cols / 8) as i64, (cols / 8) as i32);
+            let words = (pal4_index_bytes(rows, cols) / 4) as i64;
+            let (r_i, c_i) = (rows as i32, cols as i32);
             let mut b = dev.stream().launch_builder(&f);
             b.arg(&p.idx)
                 .arg(&p.palette)
                 .arg(scales)
                 .arg(&mut *out)
-                .arg(&n8)
-                .arg(&cols8);
+                .arg(&words)
+                .arg(&r_i)
+                .arg(&c_i);
             // SAFETY: as above.
-            unsafe { b.launch(grid(n8 as usize)) }.while_(|| what("pal4_rows_to_bf16"))?;
+            unsafe { b.launch(grid(words as usize)) }.while_(|| what("pal4_rows_to_bf16"))?;
             if p.escapes > 0 {
                 let f = dev.function(&variant, "pal4_escapes_to_bf16")?;
-                let (r_i, c_i) = (rows as i32, cols as i32);
                 let mut b = dev.stream().launch_builder(&f);
                 b.arg(&p.esc_ptr)
                     .arg(&p.esc)
@@ -309,6 +385,40 @@ mod tests {
         let y = gemv_fp8_ref(&w, &[0.5, 2.0], &x, 2, 8).unwrap();
         assert!(gemv_fp8_ref(&w, &[0.5, 2.0], &x[..7], 2, 8).is_err());
         assert_eq!(y, vec![0.5 * 4.0, 2.0 * 4.0]);
+    }
+
+    #[test]
+    fn pal4_shared_memory_rule() {
+        // 16 warps in 4 groups: 2624 bytes of sums; two blocks an SM at k = 4096, Llama-70B's
+        // 28 672 fits.
+        assert_eq!(
+            pal4_shared_bytes(pal4(4, 2), 4096),
+            Some(65_536 + 2624 + 16_384)
+        );
+        assert!(2 * pal4_shared_bytes(pal4(16, 2), 4096).unwrap() <= 227 * 1024);
+        assert!(check_gemv_pal4_shape(8192, 28_672).is_ok());
+        assert!(check_gemv_pal4_shape(8192, 40_640).is_ok());
+        assert!(check_gemv_pal4_shape(8192, 40_704).is_err());
+        assert!(check_gemv_pal4_shape(64, 4128).is_err(), "k % 64");
+        assert_eq!(pal4_index_bytes(17, 128), 32 * 64);
+    }
+
+    #[test]
+    fn pal4_configs_fill_the_gpu() {
+        // Llama-8B on 132 SMs, as measured best: qkv 4 groups, o and down 2, gate_up and lm_head 8.
+        assert_eq!(pal4_config_for(6144, 132, false).rows, 4);
+        assert_eq!(pal4_config_for(4096, 132, false).rows, 2);
+        assert_eq!(pal4_config_for(1024, 132, false).rows, 1);
+        assert_eq!(pal4_config_for(1024, 132, true).rows, 2);
+        assert_eq!(pal4_config_for(28_672, 132, true).rows, 8);
+        assert_eq!(pal4_config_for(128_256, 132, false).rows, 8);
+        for rows in [1, 16, 1000, 28_672, 1 << 20] {
+            for swiglu in [false, true] {
+                let c = pal4_config_for(rows, 132, swiglu);
+                assert!(PAL4_CANDIDATES.contains(&c), "{c}");
+                assert!(!swiglu || c.rows % 2 == 0);
+            }
+        }
     }
 
     #[test]
