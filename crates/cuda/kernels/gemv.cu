@@ -420,7 +420,8 @@ gemv_fp8_norm(const unsigned char* __restrict__ w, const float* __restrict__ s,
 #define PAL4_BASE 1024u
 #define PAL4_TAB_STRIDE 256
 #define PAL4_TAB_BYTES (256 * PAL4_TAB_STRIDE)
-#define PAL4_SUMS_BYTES ((2 * (GEMV_WARPS + GEMV_ROWS) * PAL4_TILE_ROWS + GEMV_WARPS) * 4)
+#define PAL4_PAIR_ROWS (2 * PAL4_TILE_ROWS)  // a group works on two tiles at once: one B, two As
+#define PAL4_SUMS_BYTES ((2 * (GEMV_WARPS + GEMV_ROWS) * PAL4_PAIR_ROWS + GEMV_WARPS) * 4)
 #define PAL4_SUMS_ALIGNED ((PAL4_SUMS_BYTES + 15) / 16 * 16)
 extern __shared__ __align__(16) unsigned char pal4_smem[];
 
@@ -495,15 +496,20 @@ __device__ __forceinline__ float pal4_fill_x(const float* __restrict__ x, const 
     return ss;
 }
 
-// This lane's index words of GEMV_UNROLL column blocks kb, kb + S, ... of a group of S warps (p:
-// block kb's, valid: the tile exists). Blocks past the end load `safe` instead (any valid
-// address; never multiplied): unconditional loads, so the compiler keeps no old values around.
+// This lane's index words of GEMV_UNROLL column blocks kb, kb + S, ... of the two tiles of a pair
+// (p: the first tile's block kb; the second's is a tile further, `tile_words` on), for a group of
+// S warps; `valid`: the pair exists, `second`: its second tile does. Blocks past the end load
+// `safe` instead (any valid address; never multiplied): unconditional loads, so the compiler keeps
+// no old values around.
 template <int S>
-__device__ __forceinline__ void pal4_load(uint4 (&v)[GEMV_UNROLL], const uint4* p, bool valid, int kb, int nkb,
-                                          const uint4* safe) {
+__device__ __forceinline__ void pal4_load(uint4 (&v)[GEMV_UNROLL][2], const uint4* p, size_t tile_words, bool valid,
+                                          bool second, int kb, int nkb, const uint4* safe) {
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u)
-        v[u] = ld_stream_u4(valid && kb + u * S < nkb ? p + u * S * 32 : safe);
+    for (int u = 0; u < GEMV_UNROLL; ++u) {
+        const bool ok = valid && kb + u * S < nkb;
+        v[u][0] = ld_stream_u4(ok ? p + u * S * 32 : safe);
+        v[u][1] = ld_stream_u4(ok && second ? p + tile_words + u * S * 32 : safe);
+    }
 }
 
 // The table entry at offset `off` (PAL4_BASE folded into the load).
@@ -524,26 +530,33 @@ __device__ __forceinline__ void pal4_mma(u32 word, u32 b0, u32 b1, u32 lane4, fl
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// A column block (four K steps; two accumulator sets so consecutive products do not wait on each
-// other). xb: the shared address of this lane's B words of the block.
-__device__ __forceinline__ void pal4_block(uint4 w, u32 xb, u32 lane4, float (&acc)[2][4]) {
+// A column block of both tiles of a pair (four K steps, each B fragment used twice; two
+// accumulator sets a tile so consecutive products do not wait on each other). xb: the shared
+// address of this lane's B words of the block.
+__device__ __forceinline__ void pal4_block(const uint4 (&w)[2], u32 xb, u32 lane4, float (&acc)[2][2][4]) {
     const uint4 b01 = lds_u4(xb), b23 = lds_u4(xb + 16);
-    pal4_mma(w.x, b01.x, b01.y, lane4, acc[0]);
-    pal4_mma(w.y, b01.z, b01.w, lane4, acc[1]);
-    pal4_mma(w.z, b23.x, b23.y, lane4, acc[0]);
-    pal4_mma(w.w, b23.z, b23.w, lane4, acc[1]);
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+        pal4_mma(w[t].x, b01.x, b01.y, lane4, acc[t][0]);
+        pal4_mma(w[t].y, b01.z, b01.w, lane4, acc[t][1]);
+    }
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+        pal4_mma(w[t].z, b23.x, b23.y, lane4, acc[t][0]);
+        pal4_mma(w[t].w, b23.z, b23.w, lane4, acc[t][1]);
+    }
 }
 
 // y = diag(s) · W · x' with x' = x, or rmsnorm(x; g, eps) (NORM), and the GEMV_ACCUM / GEMV_SWIGLU
-// epilogue. The block's warps form GEMV_ROWS groups, each working on its own tile at a time (its
-// warps splitting the column blocks, then adding their sums at the group's barrier): as many
-// groups as there are tiles to go round, as few warps a tile as that leaves, so that a warp's
-// share of a tile — its column blocks between two barriers — is long.
+// epilogue. The block's warps form GEMV_ROWS groups, each working on its own pair of tiles (32
+// rows) at a time, its warps splitting the column blocks, then adding their sums at the group's
+// barrier; as few warps a pair as keep the GPU busy, so that a warp's share — its column blocks
+// between two barriers — is long (ops/gemv_fp8.rs: pal4_config_for).
 #define PAL4_GROUPS GEMV_ROWS
 #define PAL4_GROUP_WARPS (GEMV_WARPS / PAL4_GROUPS)
-// The palette kernels exist in the variants whose warps split into whole groups of at most 16
-// (ops/gemv_fp8.rs launches no other).
-#if GEMV_WARPS % PAL4_GROUPS == 0 && PAL4_GROUPS <= 16
+// The palette kernels exist in the variants whose warps split into whole groups of at most 15
+// (named barriers 1..15; ops/gemv_fp8.rs launches no other).
+#if GEMV_WARPS % PAL4_GROUPS == 0 && PAL4_GROUPS <= 15
 
 // Waits for the group's warps (named barrier 1 + group; a one-warp group needs none).
 __device__ __forceinline__ void pal4_group_sync(int group) {
@@ -557,14 +570,14 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, co
                                                const float* __restrict__ rs, const float* __restrict__ x,
                                                const float* __restrict__ g, float* __restrict__ y, int n, int k,
                                                float eps) {
-    constexpr int S = PAL4_GROUP_WARPS;
+    constexpr int S = PAL4_GROUP_WARPS, R = PAL4_PAIR_ROWS;
     unsigned char* sums = pal4_smem + PAL4_TAB_BYTES;
-    float(*red)[GEMV_WARPS][PAL4_TILE_ROWS] = (float(*)[GEMV_WARPS][PAL4_TILE_ROWS])sums;  // [2]: double-buffered
-    float(*esc_red)[PAL4_GROUPS][PAL4_TILE_ROWS] =
-        (float(*)[PAL4_GROUPS][PAL4_TILE_ROWS])(sums + 2 * GEMV_WARPS * PAL4_TILE_ROWS * 4);
-    float* ss_red = (float*)(sums + 2 * (GEMV_WARPS + PAL4_GROUPS) * PAL4_TILE_ROWS * 4);
+    float(*red)[GEMV_WARPS][R] = (float(*)[GEMV_WARPS][R])sums;  // [2]: double-buffered
+    float(*esc_red)[PAL4_GROUPS][R] = (float(*)[PAL4_GROUPS][R])(sums + 2 * GEMV_WARPS * R * 4);
+    float* ss_red = (float*)(sums + 2 * (GEMV_WARPS + PAL4_GROUPS) * R * 4);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = warp / S, wi = warp % S;
     const int nkb = k / PAL4_BLOCK_COLS, ntiles = (n + PAL4_TILE_ROWS - 1) / PAL4_TILE_ROWS;
+    const int npairs = (ntiles + 1) / 2;
     const u32 x_hi = PAL4_BASE + PAL4_TAB_BYTES + PAL4_SUMS_ALIGNED, x_lo = x_hi + 2u * k;
     u32 dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -573,15 +586,18 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, co
     // This lane's B column is lane / 4: the low half for lanes 4-7, the high one elsewhere.
     const u32 xq = ((lane >> 2) == 1 ? x_lo : x_hi) + 32u * (lane & 3);
     pal4_fill_table(pal);
-    int tile = blockIdx.x * PAL4_GROUPS + group;
-    const int tile_step = gridDim.x * PAL4_GROUPS;
-    // p: this warp's next column block; p_tile: its first one of the current tile.
-    const uint4* p_tile = idx + ((size_t)tile * nkb + wi) * 32 + lane;
-    const size_t tile_stride = (size_t)tile_step * nkb * 32;
-    const uint4* p = p_tile;
+    int pair = blockIdx.x * PAL4_GROUPS + group;
+    const int pair_step = gridDim.x * PAL4_GROUPS;
+    // p: this warp's next column block (of the pair's first tile); p_pair: its first one of the
+    // current pair.
+    const size_t tile_words = (size_t)nkb * 32;
+    const uint4* p_pair = idx + 2 * (size_t)pair * tile_words + wi * 32 + lane;
+    const size_t pair_stride = 2 * (size_t)pair_step * tile_words;
+    const uint4* p = p_pair;
     const uint4* safe = idx + lane;
-    uint4 next[GEMV_UNROLL];
-    pal4_load<S>(next, p, tile < ntiles, wi, nkb, safe);  // weights are immutable: before pdl_wait
+    uint4 next[GEMV_UNROLL][2];
+    // Weights are immutable: loaded before pdl_wait.
+    pal4_load<S>(next, p, tile_words, pair < npairs, 2 * pair + 1 < ntiles, wi, nkb, safe);
     pdl_wait();
     pdl_trigger();
     float ss = pal4_fill_x<NORM>(x, g, k, x_hi, x_lo);
@@ -597,50 +613,54 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, co
         for (int w = 0; w < GEMV_WARPS; ++w) t += ss_red[w];
         scale = rsqrtf(t / (float)k + eps);
     }
-    const int er = lane & (PAL4_TILE_ROWS - 1);  // the group's first warp: the tile row of the epilogue
-    for (int buf = 0; tile < ntiles; tile += tile_step, buf ^= 1) {
+    for (int buf = 0; pair < npairs; pair += pair_step, buf ^= 1) {
         // What the epilogue reads besides the sums, prefetched now so that its latency hides
         // behind the products (without holding registers through them).
-        const int row0 = tile * PAL4_TILE_ROWS;
-        if (wi < PAL4_TILE_ROWS && row0 + wi < n) prefetch_l1(esc_ptr + row0 + wi);
+        const int row0 = pair * R;
+        if (wi < R && row0 + wi < n) prefetch_l1(esc_ptr + row0 + wi);
         if (wi == 0) {
-            prefetch_l1(rs + min(row0 + er, n - 1));
-            if (GEMV_ACCUM && row0 + er < n) prefetch_l2(y + row0 + er);
+            prefetch_l1(rs + min(row0 + lane, n - 1));
+            if (GEMV_ACCUM && row0 + lane < n) prefetch_l2(y + row0 + lane);
         }
-        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-        // Whole batches followed by another of this tile (no bounds checks but the next batch's
-        // own), then the tile's last batch (the next one: the group's next tile's first).
+        float acc[2][2][4] = {};
+        // Whole batches followed by another of this pair (no bounds checks but the next batch's
+        // own), then the pair's last batch (the next one: the group's next pair's first).
         int kb = wi;
+        const bool second = 2 * pair + 1 < ntiles;
         for (; kb + S * GEMV_UNROLL < nkb; kb += S * GEMV_UNROLL) {
-            uint4 cur[GEMV_UNROLL];
+            uint4 cur[GEMV_UNROLL][2];
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) cur[u] = next[u];
+            for (int u = 0; u < GEMV_UNROLL; ++u) cur[u][0] = next[u][0], cur[u][1] = next[u][1];
             p += S * GEMV_UNROLL * 32;
-            pal4_load<S>(next, p, true, kb + S * GEMV_UNROLL, nkb, safe);
+            pal4_load<S>(next, p, tile_words, true, second, kb + S * GEMV_UNROLL, nkb, safe);
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; ++u) pal4_block(cur[u], xq + 128u * (kb + u * S), lane4, acc);
         }
         {
-            uint4 cur[GEMV_UNROLL];
+            uint4 cur[GEMV_UNROLL][2];
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) cur[u] = next[u];
-            p_tile += tile_stride;
-            p = p_tile;
-            pal4_load<S>(next, p, tile + tile_step < ntiles, wi, nkb, safe);
+            for (int u = 0; u < GEMV_UNROLL; ++u) cur[u][0] = next[u][0], cur[u][1] = next[u][1];
+            p_pair += pair_stride;
+            p = p_pair;
+            const int pair2 = pair + pair_step;
+            pal4_load<S>(next, p, tile_words, pair2 < npairs, 2 * pair2 + 1 < ntiles, wi, nkb, safe);
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; ++u) {
                 const int b = kb + u * S;
                 if (b < nkb) pal4_block(cur[u], xq + 128u * b, lane4, acc);
             }
         }
-        // Columns 0 (hi) and 1 (lo) of rows lane / 4 and lane / 4 + 8 are in lanes 4i: c0, c1 and
-        // c2, c3.
+        // Columns 0 (hi) and 1 (lo) of rows lane / 4 and lane / 4 + 8 of each tile are in lanes
+        // 4i: c0, c1 and c2, c3.
         if ((lane & 3) == 0) {
-            red[buf][warp][lane >> 2] = (acc[0][0] + acc[1][0]) + (acc[0][1] + acc[1][1]);
-            red[buf][warp][(lane >> 2) + 8] = (acc[0][2] + acc[1][2]) + (acc[0][3] + acc[1][3]);
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                red[buf][warp][16 * t + (lane >> 2)] = (acc[t][0][0] + acc[t][1][0]) + (acc[t][0][1] + acc[t][1][1]);
+                red[buf][warp][16 * t + (lane >> 2) + 8] = (acc[t][0][2] + acc[t][1][2]) + (acc[t][0][3] + acc[t][1][3]);
+            }
         }
         // Escaped weights were multiplied as zeros: their values, a row a warp.
-        for (int r = wi; r < PAL4_TILE_ROWS; r += S) {
+        for (int r = wi; r < R; r += S) {
             const int row = row0 + r;
             u32 e_begin = 0, e_end = 0;  // (none past the last row)
             if (row < n) {
@@ -660,17 +680,17 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, co
             if (lane == 0) esc_red[buf][group][r] = e;
         }
         pal4_group_sync(group);
-        if (wi == 0) {
-            const int row = row0 + er;
-            float sum = esc_red[buf][group][er];
+        if (wi == 0) {  // the pair's 32 rows, a lane each
+            const int row = row0 + lane;
+            float sum = esc_red[buf][group][lane];
 #pragma unroll
-            for (int w = 0; w < S; ++w) sum += red[buf][group * S + w][er];
+            for (int w = 0; w < S; ++w) sum += red[buf][group * S + w][lane];
             const float v = sum * scale * __ldg(rs + min(row, n - 1));
 #if GEMV_SWIGLU
             const float up = __shfl_down_sync(0xffffffffu, v, 1);
-            if (lane < PAL4_TILE_ROWS && (er & 1) == 0 && row + 1 < n) y[row >> 1] = v / (1.0f + expf(-v)) * up;
+            if ((lane & 1) == 0 && row + 1 < n) y[row >> 1] = v / (1.0f + expf(-v)) * up;
 #else
-            if (lane < PAL4_TILE_ROWS && row < n) y[row] = GEMV_ACCUM ? __ldcg(y + row) + v : v;
+            if (row < n) y[row] = GEMV_ACCUM ? __ldcg(y + row) + v : v;
 #endif
         }
     }
@@ -678,11 +698,11 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, co
 
 // Palette-packed FP8: idx the tiles (Palette4::indices), pal the 16 codes, esc_ptr u32 [n + 1] and
 // esc u32 the escapes (col | code << 24), s f32 [n] row scales; k % 64 == 0. Dynamic shared
-// memory PAL4_TAB_BYTES + PAL4_SUMS_ALIGNED + 4 k; grid at most the tiles, at most what fits at
-// once.
-// Two blocks an SM of up to 16 warps where shared memory allows (k ≤ 12 288 at 16 warps): with two
-// column blocks in flight a warp, registers capped to fit (more would spill).
-#define PAL4_MIN_BLOCKS (GEMV_UNROLL <= 2 ? 2 : 1)
+// memory PAL4_TAB_BYTES + PAL4_SUMS_ALIGNED + 4 k; grid at most the tile pairs over the groups,
+// at most what fits at once. With one column block of a pair in flight a warp and no epilogue,
+// registers are capped for two blocks an SM (where shared memory allows: k up to about 12 000);
+// more would spill.
+#define PAL4_MIN_BLOCKS (GEMV_UNROLL == 1 && !GEMV_ACCUM && !GEMV_SWIGLU ? 2 : 1)
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, PAL4_MIN_BLOCKS)
 gemv_pal4(const uint4* __restrict__ idx, const unsigned char* __restrict__ pal, const u32* __restrict__ esc_ptr,
           const u32* __restrict__ esc, const float* __restrict__ s, const float* __restrict__ x,

@@ -215,11 +215,14 @@ impl GemvForm {
     }
 
     /// The launch configuration the engine gives an [n, k] matrix in this form on a GPU of `sms`
-    /// SMs.
-    pub fn engine_config(self, n: usize, k: usize, sms: u32) -> GemvConfig {
+    /// SMs, with or without the SwiGLU epilogue.
+    pub fn engine_config(self, n: usize, k: usize, sms: u32, swiglu: bool) -> GemvConfig {
         match self {
+            GemvForm::Dense if swiglu => {
+                crate::linear::swiglu_config(crate::ops::gemv_fp8::gemv_fp8_config_for(n, k))
+            }
             GemvForm::Dense => crate::ops::gemv_fp8::gemv_fp8_config_for(n, k),
-            GemvForm::Palette => crate::ops::gemv_fp8::pal4_config_for(n, sms, false),
+            GemvForm::Palette => crate::ops::gemv_fp8::pal4_config_for(n, sms, swiglu),
         }
     }
 }
@@ -432,5 +435,23 @@ mod tests {
         assert_eq!(m.scales[BASE_ROWS + 5], m.scales[5]);
         assert_eq!(m.codes()[BASE_ROWS * 32..], m.codes()[..64 * 32]);
         assert_eq!(m.coded(None).unwrap().rows, BASE_ROWS + 64);
+    }
+
+    #[test]
+    fn engine_configs_allow_their_fusions() {
+        use crate::ops::forward::{check_fusion, GemvFusion};
+        for form in GemvForm::ALL {
+            for n in [64, 4096, 6144, 28_672, 128_256] {
+                for swiglu in [false, true] {
+                    let cfg = form.engine_config(n, 4096, 132, swiglu);
+                    let fusion = GemvFusion {
+                        accumulate: false,
+                        swiglu,
+                    };
+                    assert!(check_fusion("test", cfg, fusion, n).is_ok(), "{form:?} {cfg}");
+                    assert!(form.configs().contains(&cfg) || form == GemvForm::Dense);
+                }
+            }
+        }
     }
 }

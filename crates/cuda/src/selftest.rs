@@ -690,8 +690,8 @@ impl Fp8Form {
         self.gemv().configs()
     }
 
-    fn engine_config(self, n: usize, k: usize, sms: u32) -> GemvConfig {
-        self.gemv().engine_config(n, k, sms)
+    fn engine_config(self, n: usize, k: usize, sms: u32, swiglu: bool) -> GemvConfig {
+        self.gemv().engine_config(n, k, sms, swiglu)
     }
 
     /// Columns of a case: the palette form needs multiples of 64.
@@ -733,7 +733,8 @@ fn fp8_cases(c: &mut Checker) -> Result<()> {
             (28_672, 4096, true, swiglu),
         ] {
             let sms = c.dev.info().sm_count;
-            c.gemv_fp8(form, form.engine_config(n, k, sms), fusion, norm, n, k)?;
+            let cfg = form.engine_config(n, k, sms, fusion.swiglu);
+            c.gemv_fp8(form, cfg, fusion, norm, n, k)?;
         }
         for &cfg in form.configs() {
             c.gemv_fp8(form, cfg, accum, false, 77, form.cols(1040))?;
@@ -756,7 +757,7 @@ fn fp8_cases(c: &mut Checker) -> Result<()> {
     // launches it: Llama-70B's down projection and a ragged one.
     let form = Fp8Form::Palette { escape_pct: 2 };
     for &(n, k) in &[(40, 28_672), (33, 16_000)] {
-        let cfg = form.engine_config(n, k, c.dev.info().sm_count);
+        let cfg = form.engine_config(n, k, c.dev.info().sm_count, false);
         c.gemv_fp8(form, cfg, accum, false, n, k)?;
         c.gemv_fp8(form, cfg, plain, true, n, k)?;
     }

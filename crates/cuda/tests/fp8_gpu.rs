@@ -241,13 +241,13 @@ fn fp8_gpu_profile_launches() {
         let mut b = Fp8Bench::new(&dev, n, k, bits(), 77 + i as u64, None).expect("fp8 setup");
         for form in GemvForm::ALL {
             let cfg = cfg_env.as_deref().map_or_else(
-                || form.engine_config(n, k, dev.info().sm_count),
+                || form.engine_config(n, k, dev.info().sm_count, false),
                 |s| {
                     form.configs()
                         .iter()
                         .copied()
                         .find(|c| c.to_string() == s)
-                        .unwrap_or_else(|| form.engine_config(n, k, dev.info().sm_count))
+                        .unwrap_or_else(|| form.engine_config(n, k, dev.info().sm_count, false))
                 },
             );
             let rel = b.check_gemv(cfg, form).expect("fp8 gemv check");

@@ -106,7 +106,7 @@ impl Fp8Codes {
 }
 
 /// Checks a palette-packed GEMV shape: k a multiple of 64 (whole column blocks of the tiles), and
-/// x small enough to sit in shared memory beside the lookup table in every configuration (k ≤ 40 640).
+/// x small enough to sit in shared memory beside the lookup table in every configuration (k ≤ 40 128).
 pub fn check_gemv_pal4_shape(n: usize, k: usize) -> Result<()> {
     check_chunked_shape("gemv_pal4", n, k, BLOCK_COLS)?;
     if PAL4_CANDIDATES
@@ -131,7 +131,7 @@ pub fn pal4_index_bytes(rows: usize, cols: usize) -> usize {
 /// past the 227 KiB a block may have.
 fn pal4_shared_bytes(cfg: GemvConfig, k: usize) -> Option<usize> {
     let (warps, groups) = (cfg.warps as usize, cfg.rows as usize);
-    let sums = ((2 * (warps + groups) * TILE_ROWS + warps) * 4).next_multiple_of(16);
+    let sums = ((2 * (warps + groups) * 2 * TILE_ROWS + warps) * 4).next_multiple_of(16);
     let bytes = 256 * 256 + sums + 4 * k;
     (bytes <= 227 * 1024).then_some(bytes)
 }
@@ -152,24 +152,29 @@ pub fn gemv_fp8_config_for(rows: usize, cols: usize) -> GemvConfig {
     }
 }
 
-/// The palette launch for `rows` rows on a GPU of `sms` SMs: the fewest tile groups a block (at
-/// most 8) that need at most one block an SM. Each block fills its lookup table and x's halves
-/// first, so fewer blocks on a short matrix do less of that; long ones keep 8 groups (2 warps a
-/// tile). The best of the candidates on each Llama-8B shape (H200, bench/RESULTS.md); at least two
-/// groups with SwiGLU (row pairs).
+/// The palette launch for `rows` rows on a GPU of `sms` SMs: the fewest tile-pair groups a block
+/// (at most 8) that need at most one block an SM — each block fills its lookup table and x's
+/// halves first, so fewer blocks on a short matrix do less of that — with two column blocks in
+/// flight a warp; where even 8 groups need more blocks than SMs, one column block (registers for
+/// two blocks an SM). At least two groups with SwiGLU (row pairs).
 pub fn pal4_config_for(rows: usize, sms: u32, swiglu: bool) -> GemvConfig {
-    let tiles = rows.div_ceil(TILE_ROWS);
+    let pairs = rows.div_ceil(2 * TILE_ROWS);
     let groups = [1, 2, 4, 8]
         .into_iter()
-        .find(|&g| tiles.div_ceil(g) <= sms as usize)
+        .find(|&g| pairs.div_ceil(g) <= sms as usize)
         .unwrap_or(8)
         .max(if swiglu { 2 } else { 1 });
-    pal4(groups as u32, 2)
+    let unroll = if pairs.div_ceil(groups) > sms as usize && !swiglu {
+        1
+    } else {
+        2
+    };
+    pal4(groups as u32, unroll)
 }
 
 /// A launch configuration of palette-packed matrices: 16 warps a (persistent) block, in `rows`
-/// groups that each work on a 16-row tile at a time, each warp with `unroll` column blocks of
-/// 16 × 64 weights in flight.
+/// groups that each work on a pair of 16-row tiles at a time, each warp with `unroll` column
+/// blocks of both tiles (2 × 16 × 64 weights) in flight.
 const fn pal4(rows: u32, unroll: u32) -> GemvConfig {
     GemvConfig {
         warps: 16,
@@ -181,12 +186,12 @@ const fn pal4(rows: u32, unroll: u32) -> GemvConfig {
 /// The palette GEMV's configurations the timing sweep and the selftest cover (compiled with every
 /// epilogue they allow: `ops::forward::all_variants`).
 pub const PAL4_CANDIDATES: [GemvConfig; 6] = [
-    pal4(4, 2),
     pal4(1, 2),
     pal4(2, 2),
+    pal4(4, 2),
     pal4(8, 2),
-    pal4(16, 2),
-    pal4(4, 4),
+    pal4(8, 1),
+    pal4(2, 1),
 ];
 
 /// `y = diag(s) · W · rmsnorm(x; g, eps)` (when `norm` is given, else `diag(s) · W x`) with
@@ -211,10 +216,10 @@ pub fn launch_gemv_fp8(
     check_len(OP, "x", x, k)?;
     check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
     check_fusion(OP, cfg, fusion, n)?;
-    if matches!(w, Fp8Codes::Palette(_)) && (cfg.rows > 16 || cfg.warps % cfg.rows != 0) {
+    if matches!(w, Fp8Codes::Palette(_)) && (cfg.rows > 15 || cfg.warps % cfg.rows != 0) {
         return Err(GpuError::invalid(
             OP,
-            format!("{cfg}: the palette GEMV needs warps a multiple of its groups (rows, ≤ 16)"),
+            format!("{cfg}: the palette GEMV needs warps a multiple of its groups (rows, ≤ 15)"),
         ));
     }
     let variant = gemv_fused_variant(cfg, fusion);
@@ -245,7 +250,8 @@ pub fn launch_gemv_fp8(
         let per_sm = f
             .occupancy_max_active_blocks_per_multiprocessor(cfg.warps * 32, shared, None)
             .while_(|| format!("querying the occupancy of {kernel} {cfg}"))?;
-        let blocks = n.div_ceil(TILE_ROWS).div_ceil(cfg.rows as usize) as u32;
+        let pairs = n.div_ceil(2 * TILE_ROWS);
+        let blocks = pairs.div_ceil(cfg.rows as usize) as u32;
         launch.grid_dim.0 = blocks.min(per_sm.max(1) * dev.info().sm_count);
         launch.shared_mem_bytes = shared as u32;
     }
@@ -389,27 +395,29 @@ mod tests {
 
     #[test]
     fn pal4_shared_memory_rule() {
-        // 16 warps in 4 groups: 2624 bytes of sums; two blocks an SM at k = 4096, Llama-70B's
+        // 16 warps in 4 groups: 5184 bytes of sums; two blocks an SM at k = 4096, Llama-70B's
         // 28 672 fits.
         assert_eq!(
-            pal4_shared_bytes(pal4(4, 2), 4096),
-            Some(65_536 + 2624 + 16_384)
+            pal4_shared_bytes(pal4(4, 1), 4096),
+            Some(65_536 + 5184 + 16_384)
         );
-        assert!(2 * pal4_shared_bytes(pal4(16, 2), 4096).unwrap() <= 227 * 1024);
+        assert!(2 * pal4_shared_bytes(pal4(8, 1), 4096).unwrap() <= 227 * 1024);
         assert!(check_gemv_pal4_shape(8192, 28_672).is_ok());
-        assert!(check_gemv_pal4_shape(8192, 40_640).is_ok());
-        assert!(check_gemv_pal4_shape(8192, 40_704).is_err());
+        assert!(check_gemv_pal4_shape(8192, 40_128).is_ok());
+        assert!(check_gemv_pal4_shape(8192, 40_192).is_err());
         assert!(check_gemv_pal4_shape(64, 4128).is_err(), "k % 64");
         assert_eq!(pal4_index_bytes(17, 128), 32 * 64);
     }
 
     #[test]
     fn pal4_configs_fill_the_gpu() {
-        // Llama-8B on 132 SMs, as measured best: qkv 4 groups, o and down 2, gate_up and lm_head 8.
-        assert_eq!(pal4_config_for(6144, 132, false).rows, 4);
-        assert_eq!(pal4_config_for(4096, 132, false).rows, 2);
-        assert_eq!(pal4_config_for(1024, 132, false).rows, 1);
-        assert_eq!(pal4_config_for(1024, 132, true).rows, 2);
+        // Llama-8B on 132 SMs: qkv 2 groups, o and down 1 (2 with SwiGLU), gate_up and lm_head 8;
+        // lm_head with one column block in flight (two blocks an SM).
+        assert_eq!(pal4_config_for(128_256, 132, false).unroll, 1);
+        assert_eq!(pal4_config_for(28_672, 132, true).unroll, 2);
+        assert_eq!(pal4_config_for(6144, 132, false).rows, 2);
+        assert_eq!(pal4_config_for(4096, 132, false).rows, 1);
+        assert_eq!(pal4_config_for(4096, 132, true).rows, 2);
         assert_eq!(pal4_config_for(28_672, 132, true).rows, 8);
         assert_eq!(pal4_config_for(128_256, 132, false).rows, 8);
         for rows in [1, 16, 1000, 28_672, 1 << 20] {
