@@ -448,7 +448,10 @@ mod tests {
                         accumulate: false,
                         swiglu,
                     };
-                    assert!(check_fusion("test", cfg, fusion, n).is_ok(), "{form:?} {cfg}");
+                    assert!(
+                        check_fusion("test", cfg, fusion, n).is_ok(),
+                        "{form:?} {cfg}"
+                    );
                     assert!(form.configs().contains(&cfg) || form == GemvForm::Dense);
                 }
             }
