@@ -464,7 +464,8 @@ pub struct MemoryUse {
 pub struct DecodeOptions {
     /// Attention in one launch (last block merges) instead of partial + combine.
     pub fused_attention: bool,
-    /// RMSNorm inside the following GEMV instead of its own kernel.
+    /// RMSNorm inside the following GEMV instead of its own kernel (palette-packed FP8 matrices
+    /// always do so unless `split_norm`: `GpuLinear::norm_in_gemv`).
     pub fused_norm: bool,
     /// Programmatic dependent launch: each kernel of the graph is launched while the previous one
     /// finishes. On by default (environment `ENTROLLM_DECODE_PDL=off` turns it off): with every
@@ -1032,7 +1033,7 @@ impl GpuEngine {
                 launch_gemv_rope(dev, w.gemv, &w.w, &d.h, w.cols, prenorm, shape, bias, t)?;
             } else {
                 // RMSNorm inside the q/k/v GEMV or as its own kernel, then RoPE + KV append.
-                if opts.fused_norm {
+                if opts.fused_norm || (layer.qkv.norm_in_gemv() && !opts.split_norm) {
                     let norm = Some((&layer.attn_norm, eps));
                     layer.qkv.matvec_fused(dev, &d.x, norm, plain, &mut d.qkv)?;
                 } else {
@@ -1112,7 +1113,7 @@ impl GpuEngine {
                         dev, cfg, swiglu, &g.w, &d.h, ss, &mut d.act, g.rows, g.cols,
                     )?;
                 }
-                _ if opts.fused_norm => {
+                _ if opts.fused_norm || (layer.gate_up.norm_in_gemv() && !opts.split_norm) => {
                     let norm = Some((&layer.mlp_norm, eps));
                     layer
                         .gate_up

@@ -353,6 +353,14 @@ impl GpuLinear {
         }
     }
 
+    /// Whether the decode step normalises x inside this matrix's GEMV (RMSNorm fused) rather than
+    /// in a kernel of its own: for palette-packed FP8, whose blocks stage x in shared memory anyway
+    /// (H200, synthetic Llama-3.1-8B FP8 at 2.1 bits: 412 against 381 tok/s; the dense FP8 GEMV,
+    /// whose warps would each re-read x, 275 against 315 — bench/RESULTS.md).
+    pub fn norm_in_gemv(&self) -> bool {
+        matches!(self, GpuLinear::Fp8(f) if matches!(f.codes, Fp8Codes::Palette(_)))
+    }
+
     /// Bytes of device memory the matrix occupies (and reads per batch-1 product).
     pub fn stored_bytes(&self) -> usize {
         match self {
