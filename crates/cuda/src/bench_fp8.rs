@@ -217,13 +217,7 @@ impl GemvForm {
     /// The launch configuration the engine gives an [n, k] matrix in this form on a GPU of `sms`
     /// SMs, with or without the SwiGLU epilogue.
     pub fn engine_config(self, n: usize, k: usize, sms: u32, swiglu: bool) -> GemvConfig {
-        match self {
-            GemvForm::Dense if swiglu => {
-                crate::linear::swiglu_config(crate::ops::gemv_fp8::gemv_fp8_config_for(n, k))
-            }
-            GemvForm::Dense => crate::ops::gemv_fp8::gemv_fp8_config_for(n, k),
-            GemvForm::Palette => crate::ops::gemv_fp8::pal4_config_for(n, sms, swiglu),
-        }
+        crate::linear::fp8_gemv_config(self == GemvForm::Palette, n, k, sms, swiglu)
     }
 }
 

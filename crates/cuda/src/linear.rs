@@ -257,6 +257,22 @@ pub fn swiglu_config(cfg: GemvConfig) -> GemvConfig {
     }
 }
 
+/// The GEMV configuration of an FP8 matrix [rows, cols] on a GPU of `sms` SMs, codes as stored or
+/// palette-packed, with or without the SwiGLU epilogue.
+pub fn fp8_gemv_config(
+    palette: bool,
+    rows: usize,
+    cols: usize,
+    sms: u32,
+    swiglu: bool,
+) -> GemvConfig {
+    match (palette, swiglu) {
+        (true, _) => pal4_config_for(rows, sms, swiglu),
+        (false, true) => swiglu_config(gemv_fp8_config_for(rows, cols)),
+        (false, false) => gemv_fp8_config_for(rows, cols),
+    }
+}
+
 impl GpuLinear {
     /// Uploads a row-major BF16 matrix.
     pub fn dense_from_host(
@@ -323,10 +339,8 @@ impl GpuLinear {
             Some(p) => Fp8Codes::Palette(GpuPal4::upload(dev, &p)?),
             None => Fp8Codes::Dense(s.clone_htod(codes).while_(what)?),
         };
-        let gemv = match codes {
-            Fp8Codes::Dense(_) => gemv_fp8_config_for(rows, cols),
-            Fp8Codes::Palette(_) => pal4_config_for(rows, dev.info().sm_count, false),
-        };
+        let palette = matches!(codes, Fp8Codes::Palette(_));
+        let gemv = fp8_gemv_config(palette, rows, cols, dev.info().sm_count, false);
         Ok(GpuLinear::Fp8(Box::new(Fp8Linear {
             rows,
             cols,
@@ -415,12 +429,11 @@ impl GpuLinear {
             }
             GpuLinear::Dtans(c) => c.matvec_fused(dev, x, norm, fusion, y),
             GpuLinear::Fp8(f) => {
-                let cfg = match (&f.codes, fusion.swiglu) {
-                    (Fp8Codes::Palette(_), true) => {
-                        pal4_config_for(f.rows, dev.info().sm_count, true)
-                    }
-                    (_, true) => swiglu_config(f.gemv),
-                    (_, false) => f.gemv,
+                let cfg = if fusion.swiglu {
+                    let palette = matches!(f.codes, Fp8Codes::Palette(_));
+                    fp8_gemv_config(palette, f.rows, f.cols, dev.info().sm_count, true)
+                } else {
+                    f.gemv
                 };
                 launch_gemv_fp8(
                     dev, cfg, fusion, &f.codes, &f.scales, x, norm, y, f.rows, f.cols,
