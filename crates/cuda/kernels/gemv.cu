@@ -405,12 +405,13 @@ gemv_fp8_norm(const unsigned char* __restrict__ w, const float* __restrict__ s,
 // value): the looked-up word is the A register as it stands, so a pair costs one byte_perm (the
 // byte · 256 + the lane's copy: the address) and one conflict-free lookup — no conversion and no
 // FMA; the tensor core does the products. x goes in as two BF16 halves, x = hi + lo to within
-// 2^-17 |x| (below the f32 sums' own rounding), B columns 0 and 1 (lanes 0-3 and 4-7); the other
-// columns repeat hi and are ignored. (The CUDA-core version, a lookup and a conversion and an FMA
-// a weight, was issue-bound at 1.03× the dense FP8 GEMV: bench/RESULTS.md.)
-// A block is persistent over row tiles; its warps split a tile's column blocks (GEMV_UNROLL of
-// them in flight each, the next batch — of the next tile at the end of one — loaded before the
-// current one is multiplied) and add their partial sums in shared memory in a fixed order.
+// 2^-18 |x|, B columns 0 and 1 (lanes 0-3 and 4-7); the other columns repeat hi and are ignored.
+// (The CUDA-core version, a lookup and a conversion and an FMA a weight, was issue-bound at 1.03×
+// the dense FP8 GEMV: bench/RESULTS.md.)
+// A block is persistent; its warps form groups, each on a pair of tiles at a time (gemv_pal4_body),
+// with GEMV_UNROLL column blocks in flight a warp, the next batch — of the next pair at the end of
+// one — loaded before the current one is multiplied; partial sums are added in shared memory in a
+// fixed order.
 // Shared memory (dynamic only): the pair table (256 entries × 256 bytes: 32 lane copies of 4,
 // padded so that an entry's offset is the pair byte shifted by a whole byte), the warps' sums,
 // then x's two BF16 halves (2 k bytes each); ops/gemv_fp8.rs (pal4_shared_bytes) sizes it. The
@@ -452,15 +453,17 @@ __device__ __forceinline__ void pal4_fill_table(const unsigned char* __restrict_
     }
 }
 
-// Writes x (NORM: x ∘ g) as BF16 halves in B-fragment order: for column block b and quad position
-// q (lane % 4), 8 words of each half at word 32 b + 8 q of the half: K step s's two registers at
-// 2 s and 2 s + 1 (columns 16 s + 2 q, +1 and 16 s + 8 + 2 q, +1). Four columns a thread and step
-// (two pairs: quad positions q and q + 1). Returns this thread's Σ x² (NORM).
+// (lo, hi) rounded to BF16 (nearest even), lo in the low half.
 __device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) {
     u32 r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+
+// Writes x (NORM: x ∘ g) as BF16 halves in B-fragment order: for column block b and quad position
+// q (lane % 4), 8 words of each half at word 32 b + 8 q of the half: K step s's two registers at
+// 2 s and 2 s + 1 (columns 16 s + 2 q, +1 and 16 s + 8 + 2 q, +1). Four columns a thread and step
+// (two pairs: quad positions q and q + 1). Returns this thread's Σ x² (NORM).
 template <bool NORM>
 __device__ __forceinline__ float pal4_fill_x(const float* __restrict__ x, const float* __restrict__ g, int k,
                                              u32 x_hi, u32 x_lo) {

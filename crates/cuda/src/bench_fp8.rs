@@ -188,7 +188,8 @@ pub enum GemvForm {
 impl GemvForm {
     pub const ALL: [GemvForm; 2] = [GemvForm::Dense, GemvForm::Palette];
 
-    fn name(self) -> &'static str {
+    /// The kernel of this form's GEMV.
+    pub fn name(self) -> &'static str {
         match self {
             GemvForm::Dense => "gemv_fp8",
             GemvForm::Palette => "gemv_pal4",

@@ -666,10 +666,7 @@ enum Fp8Form {
 
 impl Fp8Form {
     fn kernel(self) -> &'static str {
-        match self {
-            Fp8Form::Dense => "gemv_fp8",
-            Fp8Form::Palette { .. } => "gemv_pal4",
-        }
+        self.gemv().name()
     }
 
     fn label(self) -> String {

@@ -39,8 +39,8 @@ pub enum Fp8Codes {
 }
 
 /// A palette-packed FP8 matrix on the device (codec [`Palette4`]): indices (tiles of 16 rows ×
-/// cols / 2 bytes), the 16 palette codes, escape offsets [rows + 1] and escapes (never empty: one unused entry when
-/// there are none).
+/// cols / 2 bytes), the 16 palette codes, escape offsets [rows + 1] and escapes (never empty: one
+/// unused entry when there are none).
 pub struct GpuPal4 {
     pub idx: CudaSlice<u8>,
     pub palette: CudaSlice<u8>,
@@ -195,7 +195,7 @@ pub const PAL4_CANDIDATES: [GemvConfig; 6] = [
 ];
 
 /// `y = diag(s) · W · rmsnorm(x; g, eps)` (when `norm` is given, else `diag(s) · W x`) with
-/// `fusion`'s epilogue; W FP8 E4M3 [n, k] (k % 16 == 0; palette-packed: k % 32 == 0), s f32 [n],
+/// `fusion`'s epilogue; W FP8 E4M3 [n, k] (k % 16 == 0; palette-packed: k % 64 == 0), s f32 [n],
 /// x f32 [k], y f32 [n] (n/2 with swiglu).
 #[allow(clippy::too_many_arguments)]
 pub fn launch_gemv_fp8(
