@@ -669,7 +669,7 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, co
             if (e_begin < e_end) {
                 for (u32 i = e_begin + lane; i < e_end; i += 32) {
                     const u32 v = __ldg(esc + i), c = v & 0xffffffu;
-                    float xc = __ldca(x + c);
+                    float xc = __ldcg(x + c);  // written by the previous kernel (PDL: not via L1)
                     if (NORM) xc *= __ldg(g + c);
                     e = fmaf(e4m3_to_f32(v >> 24), xc, e);
                 }

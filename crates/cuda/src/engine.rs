@@ -526,6 +526,10 @@ const PDL_KERNELS: &[&str] = &[
     "gemv_bf16_rope",
     "gemv_bf16_prenorm",
     "gemv_bf16_accum_norm",
+    // Not the dense FP8 GEMVs (gemv_fp8*): they measured slower launched early (269.7 against
+    // 316.0 tok/s on the 8B FP8 shape, bench/RESULTS.md).
+    "gemv_pal4",
+    "gemv_pal4_norm",
     "rope_append_f32q",
     "rope_append_bf16q",
     "attn_decode_partial",

@@ -1338,6 +1338,14 @@ pub fn run_engine_selftest(
     // weight rounded to BF16, the CPU engine by the exact FP8 value times its scale (measured on
     // the H200: 2.9e-2 prefill, 2.5e-2 decode).
     let w8 = fp8_weights(small_model(seed ^ 0xF8)?, 448.0)?;
+    compare_pdl(
+        dev,
+        "small qwen2-like, FP8 E4M3 + row scales",
+        || Ok(GpuModel::upload_served(dev, &w8, Fp8Serving::Dense)?.0),
+        &prompt[..300],
+        16,
+        &mut cases,
+    )?;
     fp8_served_case(
         dev,
         "small qwen2-like, FP8 E4M3 + row scales",
@@ -1350,6 +1358,14 @@ pub fn run_engine_selftest(
     // zero and the subnormals), served palette-packed (every FP8 matrix whose columns are a
     // multiple of 64; escapes included).
     let wp = fp8_weights(small_model(seed ^ 0xF9)?, 1.0 / 32.0)?;
+    compare_pdl(
+        dev,
+        "small qwen2-like, low-entropy FP8, palette-packed",
+        || Ok(GpuModel::upload_served(dev, &wp, Fp8Serving::Palette)?.0),
+        &prompt[..300],
+        16,
+        &mut cases,
+    )?;
     fp8_served_case(
         dev,
         "small qwen2-like, low-entropy FP8, palette-packed",

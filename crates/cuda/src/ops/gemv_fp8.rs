@@ -156,7 +156,11 @@ pub fn gemv_fp8_config_for(rows: usize, cols: usize) -> GemvConfig {
 /// (at most 8) that need at most one block an SM — each block fills its lookup table and x's
 /// halves first, so fewer blocks on a short matrix do less of that — with two column blocks in
 /// flight a warp; where even 8 groups need more blocks than SMs, one column block (registers for
-/// two blocks an SM). At least two groups with SwiGLU (row pairs).
+/// two blocks an SM). At least two groups with SwiGLU (row pairs). Short launches stay at one
+/// block an SM on purpose: in the decode graph (programmatic dependent launch) a launch starts
+/// while its predecessor's blocks finish, and blocks that could sit two to an SM pile onto the SMs
+/// that free first — with one column block in flight everywhere (64 registers, two blocks an SM)
+/// the 8B FP8 decode measured 357 against 425 tok/s (bench/RESULTS.md, session 7).
 pub fn pal4_config_for(rows: usize, sms: u32, swiglu: bool) -> GemvConfig {
     let pairs = rows.div_ceil(2 * TILE_ROWS);
     let groups = [1, 2, 4, 8]

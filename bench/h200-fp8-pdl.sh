@@ -1,0 +1,32 @@
+#!/bin/bash
+# Palette-packed FP8 decode under programmatic dependent launch (session 7): `selftest --gpu` (with
+# the FP8 PDL-vs-plain decode cases), the per-launch table of the Llama-3.1-8B shapes at 2.1 bits
+# (every palette configuration, dense FP8 beside it), then a synthetic Llama-3.1-8B FP8 checkpoint
+# at 2.1 bits benchmarked end to end, `--fp8 dense` and `--fp8 palette`, in the variants BENCHES
+# lists (tag:form:ENV%value,...).
+#   bash bench/h200-fp8-prefetch.sh DIR   DIR: entrollm.xz, fp8_gpu.xz, cache.tar.xz. Outputs in $OUT.
+D=${1:-.dev/final14}; W=/tmp/f8p; mkdir -p $W
+unxz() { python3 -c 'import lzma,sys;open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' $1 $2; chmod +x $2; }
+unxz $D/entrollm.xz $W/entrollm; unxz $D/fp8_gpu.xz $W/fp8_gpu
+rm -rf $W/ec && mkdir -p $W/ec && tar xJf $D/cache.tar.xz -C $W/ec --strip-components=1
+export ENTROLLM_CACHE=$W/ec LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+lib=$(find /usr/local/cuda/lib64 $(python3 -c 'import site;print(" ".join(site.getsitepackages()))' 2>/dev/null) -name 'libnvrtc.so.13*' -not -name '*builtins*' 2>/dev/null | head -1)
+[ -n "$lib" ] && { mkdir -p $W/nvrtc; ln -sf $lib $W/nvrtc/libnvrtc.so; export LD_LIBRARY_PATH=$W/nvrtc:$(dirname $lib):$LD_LIBRARY_PATH; }
+B=$W/entrollm; T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/log; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $OUT/log
+if [ -z "${SKIP_SELFTEST:-}" ]; then
+  el "== selftest --gpu"; timeout 240 $B selftest --gpu > $OUT/selftest.log 2>&1; el "rc $?"
+  grep -E "passed|failed|FAIL|pdl_vs_plain|palette-packed" $OUT/selftest.log | grep -vE "^  ok +gemv" | tail -16 | tee -a $OUT/log
+fi
+el "== per-launch timing (FP8 2.1 bits)"; FP8_CODINGS=none timeout 200 $W/fp8_gpu --ignored --nocapture --test-threads=1 --exact fp8_gpu_cold_timing > $OUT/timing.log 2>&1; el "rc $?"
+grep -E "^\||32 decoder|FAIL|panicked" $OUT/timing.log | tee -a $OUT/log
+el "== synth FP8 8B, 2.1 bits"; rm -rf $W/m8; timeout 200 $B synth --shape llama-3.1-8b --dtype fp8-e4m3 --entropy 2.1 -o $W/m8 > $OUT/synth.log 2>&1; el "rc $?"; tail -1 $OUT/synth.log | tee -a $OUT/log
+bench() {  # tag, --fp8 form, env assignments (a-b,c-d for a=b c=d)
+  el "== bench FP8 8B $1: --fp8 $2 ${3:-}"; env $(echo "${3:-}" | tr ',' ' ' | tr '%' '=') timeout 120 $B bench $W/m8 --fp8 $2 --json > $OUT/b8_$1.json 2> $OUT/b8_$1.err; el "rc $?"
+  { grep -oE '"decode_tok_s": [0-9.]+|"tokens_consistent": [a-z]+|"weights": [0-9]+|"palette_matrices": [0-9]+' $OUT/b8_$1.json; tr -d ' \n' < $OUT/b8_$1.json | grep -oE '"first_tokens":\[[0-9,]+\]|"decode_step":"[^"]*"'; } | tr '\n' ' ' | tee -a $OUT/log; echo | tee -a $OUT/log
+}
+for v in ${BENCHES:-dense:dense: palette:palette: palette_nopdl:palette:ENTROLLM_DECODE_PDL%off}; do
+  IFS=: read -r tag form envs <<< "$v"; bench $tag $form "$envs"
+done
+el done
+cd $OUT && tar czf raw.tgz --exclude=log --exclude=raw.tgz * && find . -type f ! -name log ! -name raw.tgz -delete
