@@ -38,7 +38,9 @@ __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
 #ifndef GEMV_SWIGLU
 #define GEMV_SWIGLU 0
 #endif
-static_assert(!GEMV_SWIGLU || GEMV_ROWS % 2 == 0, "GEMV_SWIGLU needs an even GEMV_ROWS");
+// The row-per-warp kernels (BF16, FP8) exist where SwiGLU's row pairs lie within a warp; the
+// palette kernels (GEMV_ROWS: groups of warps on tile pairs) with any group count.
+#define GEMV_DENSE (!GEMV_SWIGLU || GEMV_ROWS % 2 == 0)
 // ROPE = the q/k/v projection of a decode step with RoPE and the KV-cache append in its epilogue
 // (one kernel fewer per layer): a warp's rows are rotation pairs (i, i + half) or (2i, 2i + 1) of a
 // q or k head, or two consecutive v rows, and lane 0 writes the rotated q (f32) and the k and v rows
@@ -320,6 +322,7 @@ __device__ __forceinline__ void gemv_body(const void* __restrict__ w, const floa
 }
 
 #if !GEMV_ROPE
+#if GEMV_DENSE
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int n, int k) {
     gemv_body<false, false, false>(w, x, y, n, k, GemvFuse{});
@@ -359,6 +362,7 @@ gemv_bf16_accum_norm(const bf16_t* __restrict__ w, const float* __restrict__ x, 
     gemv_body<false, false, true>(w, x, y, n, k, f);
 }
 #endif
+#endif  // GEMV_DENSE
 #else
 // The q/k/v GEMV with RoPE and the KV append (n = q_dim + 2 kv_dim rows); ss: null, or the input
 // arrives as x ∘ g with ss[0] = Σ x² (as for gemv_bf16_prenorm).
@@ -377,6 +381,7 @@ gemv_bf16_rope(const bf16_t* __restrict__ w, const float* __restrict__ x, int n,
 #endif
 
 #if !GEMV_ROPE
+#if GEMV_DENSE
 // s: f32 [n] row scales.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_fp8(const unsigned char* __restrict__ w, const float* __restrict__ s, const float* __restrict__ x,
@@ -397,6 +402,7 @@ gemv_fp8_norm(const unsigned char* __restrict__ w, const float* __restrict__ s,
     f.eps = eps;
     gemv_body<true, false, false, WFMT_FP8>(w, x, y, n, k, f);
 }
+#endif  // GEMV_DENSE
 
 // Palette-packed FP8 on the tensor cores (gemv_pal4*; codec palette::Palette4: an FP8 matrix as
 // 4-bit indices into 16 codes plus per-row escapes, in tiles of 16 rows × blocks of 64 columns
@@ -443,11 +449,19 @@ __device__ __forceinline__ void sts_u4(u32 a, uint4 v) {
     asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
 }
 
-// Fills the table from the 16 codes (global memory): entry b holds codes b & 15 (low half) and
-// b >> 4, 32 times.
-__device__ __forceinline__ void pal4_fill_table(const unsigned char* __restrict__ pal) {
+// Code i (0..15) of the palette as a kernel argument (four little-endian words).
+__device__ __forceinline__ unsigned char pal4_code(uint4 pal, int i) {
+    const u32 w = i < 8 ? (i < 4 ? pal.x : pal.y) : (i < 12 ? pal.z : pal.w);
+    return (unsigned char)(w >> (8 * (i & 3)));
+}
+
+// Fills the table from the 16 codes: entry b holds codes b & 15 (low half) and b >> 4, 32 times.
+// The codes come as a kernel argument, not from global memory: the fill, and the x staging after
+// it, do not wait for a memory round trip.
+__device__ __forceinline__ void pal4_fill_table(uint4 pal) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) {
-        const u32 v = (u32)f32_to_bf16(e4m3_to_f32(pal[b & 15])) | (u32)f32_to_bf16(e4m3_to_f32(pal[b >> 4])) << 16;
+        const u32 v = (u32)f32_to_bf16(e4m3_to_f32(pal4_code(pal, b & 15))) |
+                      (u32)f32_to_bf16(e4m3_to_f32(pal4_code(pal, b >> 4))) << 16;
 #pragma unroll
         for (int c = 0; c < 8; ++c) sts_u4(PAL4_BASE + b * PAL4_TAB_STRIDE + 16 * c, make_uint4(v, v, v, v));
     }
@@ -563,7 +577,7 @@ __device__ __forceinline__ void pal4_group_sync(int group) {
 }
 
 template <bool NORM>
-__device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, const unsigned char* __restrict__ pal,
+__device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, uint4 pal,
                                                const u32* __restrict__ esc_ptr, const u32* __restrict__ esc,
                                                const float* __restrict__ rs, const float* __restrict__ x,
                                                const float* __restrict__ g, float* __restrict__ y, int n, int k,
@@ -583,6 +597,9 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, co
     const u32 lane4 = 4u * lane;
     // This lane's B column is lane / 4: the low half for lanes 4-7, the high one elsewhere.
     const u32 xq = ((lane >> 2) == 1 ? x_lo : x_hi) + 32u * (lane & 3);
+    // RMSNorm's weights (immutable) into L1 now, so that staging x after pdl_wait waits for x alone.
+    if (NORM)
+        for (int i = 32 * threadIdx.x; i < k; i += 32 * blockDim.x) prefetch_l1(g + i);
     pal4_fill_table(pal);
     int pair = blockIdx.x * PAL4_GROUPS + group;
     const int pair_step = gridDim.x * PAL4_GROUPS;
@@ -616,9 +633,11 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, co
         // behind the products (without holding registers through them).
         const int row0 = pair * R;
         if (wi < R && row0 + wi < n) prefetch_l1(esc_ptr + row0 + wi);
+        // The residual (GEMV_ACCUM) is loaded outright: the add at the end does not wait for it.
+        float y_in = 0.0f;
         if (wi == 0) {
             prefetch_l1(rs + min(row0 + lane, n - 1));
-            if (GEMV_ACCUM && row0 + lane < n) prefetch_l2(y + row0 + lane);
+            if (GEMV_ACCUM && row0 + lane < n) y_in = __ldcg(y + row0 + lane);
         }
         float acc[2][2][4] = {};
         // Whole batches followed by another of this pair (no bounds checks but the next batch's
@@ -688,13 +707,13 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, co
             const float up = __shfl_down_sync(0xffffffffu, v, 1);
             if ((lane & 1) == 0 && row + 1 < n) y[row >> 1] = v / (1.0f + expf(-v)) * up;
 #else
-            if (row < n) y[row] = GEMV_ACCUM ? __ldcg(y + row) + v : v;
+            if (row < n) y[row] = GEMV_ACCUM ? y_in + v : v;
 #endif
         }
     }
 }
 
-// Palette-packed FP8: idx the tiles (Palette4::indices), pal the 16 codes, esc_ptr u32 [n + 1] and
+// Palette-packed FP8: idx the tiles (Palette4::indices), pal the 16 codes (by value), esc_ptr u32 [n + 1] and
 // esc u32 the escapes (col | code << 24), s f32 [n] row scales; k % 64 == 0. Dynamic shared
 // memory PAL4_TAB_BYTES + PAL4_SUMS_ALIGNED + 4 k; grid at most the tile pairs over the groups,
 // at most what fits at once. With one column block of a pair in flight a warp and no epilogue,
@@ -702,7 +721,7 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, co
 // more would spill.
 #define PAL4_MIN_BLOCKS (GEMV_UNROLL == 1 && !GEMV_ACCUM && !GEMV_SWIGLU ? 2 : 1)
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, PAL4_MIN_BLOCKS)
-gemv_pal4(const uint4* __restrict__ idx, const unsigned char* __restrict__ pal, const u32* __restrict__ esc_ptr,
+gemv_pal4(const uint4* __restrict__ idx, uint4 pal, const u32* __restrict__ esc_ptr,
           const u32* __restrict__ esc, const float* __restrict__ s, const float* __restrict__ x,
           float* __restrict__ y, int n, int k) {
     gemv_pal4_body<false>(idx, pal, esc_ptr, esc, s, x, nullptr, y, n, k, 0.0f);
@@ -710,7 +729,7 @@ gemv_pal4(const uint4* __restrict__ idx, const unsigned char* __restrict__ pal, 
 
 // y = diag(s) · W · rmsnorm(x; g, eps) (g f32 [k]), W palette-packed.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, PAL4_MIN_BLOCKS)
-gemv_pal4_norm(const uint4* __restrict__ idx, const unsigned char* __restrict__ pal,
+gemv_pal4_norm(const uint4* __restrict__ idx, uint4 pal,
                const u32* __restrict__ esc_ptr, const u32* __restrict__ esc, const float* __restrict__ s,
                const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ y, int n,
                int k, float eps) {

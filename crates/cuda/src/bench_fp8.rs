@@ -434,7 +434,7 @@ mod tests {
 
     #[test]
     fn engine_configs_allow_their_fusions() {
-        use crate::ops::forward::{check_fusion, GemvFusion};
+        use crate::ops::forward::{check_fusion, check_swiglu_rows, GemvFusion};
         for form in GemvForm::ALL {
             for n in [64, 4096, 6144, 28_672, 128_256] {
                 for swiglu in [false, true] {
@@ -443,10 +443,11 @@ mod tests {
                         accumulate: false,
                         swiglu,
                     };
-                    assert!(
-                        check_fusion("test", cfg, fusion, n).is_ok(),
-                        "{form:?} {cfg}"
-                    );
+                    let ok = match form {
+                        GemvForm::Dense => check_fusion("test", cfg, fusion, n),
+                        GemvForm::Palette => check_swiglu_rows("test", fusion, n),
+                    };
+                    assert!(ok.is_ok(), "{form:?} {cfg}");
                     assert!(form.configs().contains(&cfg) || form == GemvForm::Dense);
                 }
             }

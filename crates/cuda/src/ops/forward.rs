@@ -84,9 +84,6 @@ pub fn all_variants() -> Vec<KernelVariant> {
     // The palette GEMV's configurations, with the epilogues the FP8 forward pass uses.
     for c in crate::ops::gemv_fp8::PAL4_CANDIDATES {
         for (accumulate, swiglu) in [(false, false), (true, false), (false, true)] {
-            if swiglu && c.rows % 2 != 0 {
-                continue;
-            }
             let f = gemv_fused_variant(c, GemvFusion { accumulate, swiglu });
             if !v.contains(&f) && !GemvConfig::CANDIDATES.iter().any(|&d| d.variant() == f) {
                 v.push(f);
@@ -636,12 +633,22 @@ pub(crate) fn check_fusion(
     fusion: GemvFusion,
     n: usize,
 ) -> Result<()> {
-    if fusion.swiglu && (cfg.rows % 2 != 0 || n % 2 != 0 || fusion.accumulate) {
+    if fusion.swiglu && cfg.rows % 2 != 0 {
         return Err(GpuError::invalid(
             op,
-            format!(
-                "swiglu needs an even row count and rows per warp, no accumulate ({cfg}, n {n})"
-            ),
+            format!("swiglu needs an even number of rows per warp ({cfg})"),
+        ));
+    }
+    check_swiglu_rows(op, fusion, n)
+}
+
+/// The checks of [`check_fusion`] that do not depend on how warps hold rows (the palette GEMV's
+/// warps work on tile pairs, whose rows pair up in any configuration).
+pub(crate) fn check_swiglu_rows(op: &'static str, fusion: GemvFusion, n: usize) -> Result<()> {
+    if fusion.swiglu && (n % 2 != 0 || fusion.accumulate) {
+        return Err(GpuError::invalid(
+            op,
+            format!("swiglu needs an even row count and no accumulate (n {n})"),
         ));
     }
     Ok(())
@@ -973,11 +980,7 @@ mod tests {
             .flat_map(|&c| {
                 let fused =
                     |accumulate, swiglu| gemv_fused_variant(c, GemvFusion { accumulate, swiglu });
-                let mut v = vec![fused(false, false), fused(true, false)];
-                if c.rows % 2 == 0 {
-                    v.push(fused(false, true));
-                }
-                v
+                vec![fused(false, false), fused(true, false), fused(false, true)]
             })
             .collect();
         assert!(palette.iter().all(|v| all.contains(v)));

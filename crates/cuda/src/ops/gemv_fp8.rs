@@ -13,14 +13,14 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use entrollm_codec::palette::{Palette4, BLOCK_COLS, TILE_ROWS};
 use entrollm_codec::payload::fp8_e4m3_to_f32;
 use entrollm_model::weights::{DenseFp8, RowScaled};
 use entrollm_model::Linear;
 
 use super::check_len;
-use super::forward::{check_fusion, gemv_fused_variant, GemvFusion};
+use super::forward::{check_fusion, check_swiglu_rows, gemv_fused_variant, GemvFusion};
 use super::gemv::{check_chunked_shape, GemvConfig};
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
@@ -43,11 +43,35 @@ pub enum Fp8Codes {
 /// unused entry when there are none).
 pub struct GpuPal4 {
     pub idx: CudaSlice<u8>,
+    /// The codes in device memory (the prefill copy's kernel reads them there) and as the GEMV
+    /// takes them, by value.
     pub palette: CudaSlice<u8>,
+    pub codes: Pal4Codes,
     pub esc_ptr: CudaSlice<u32>,
     pub esc: CudaSlice<u32>,
     /// Escaped weights.
     pub escapes: usize,
+}
+
+/// The 16 palette codes as a kernel argument: four little-endian words (the kernel's `uint4`).
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug)]
+pub struct Pal4Codes([u32; 4]);
+
+// SAFETY: plain data with the size and alignment of the kernel's `uint4` parameter.
+unsafe impl DeviceRepr for Pal4Codes {}
+
+impl Pal4Codes {
+    pub fn new(codes: &[u8; 16]) -> Self {
+        Pal4Codes(std::array::from_fn(|i| {
+            u32::from_le_bytes([
+                codes[4 * i],
+                codes[4 * i + 1],
+                codes[4 * i + 2],
+                codes[4 * i + 3],
+            ])
+        }))
+    }
 }
 
 impl GpuPal4 {
@@ -69,6 +93,7 @@ impl GpuPal4 {
         Ok(GpuPal4 {
             idx: s.clone_htod(p.indices()).while_(what)?,
             palette: s.clone_htod(&p.palette()[..]).while_(what)?,
+            codes: Pal4Codes::new(p.palette()),
             esc_ptr: s.clone_htod(p.row_ptr()).while_(what)?,
             esc: s.clone_htod(esc).while_(what)?,
             escapes: p.escapes().len(),
@@ -153,27 +178,30 @@ pub fn gemv_fp8_config_for(rows: usize, cols: usize) -> GemvConfig {
 }
 
 /// The palette launch for `rows` rows on a GPU of `sms` SMs: the fewest tile-pair groups a block
-/// (at most 8) that need at most one block an SM — each block fills its lookup table and x's
-/// halves first, so fewer blocks on a short matrix do less of that — with two column blocks in
-/// flight a warp; where even 8 groups need more blocks than SMs, one column block (registers for
-/// two blocks an SM). At least two groups with SwiGLU (row pairs). Short launches stay at one
-/// block an SM on purpose: in the decode graph (programmatic dependent launch) a launch starts
-/// while its predecessor's blocks finish, and blocks that could sit two to an SM pile onto the SMs
-/// that free first — with one column block in flight everywhere (64 registers, two blocks an SM)
-/// the 8B FP8 decode measured 357 against 425 tok/s (bench/RESULTS.md, session 7).
+/// (1, 2, 4, 7 or 8) that need at most one block an SM — each block fills its lookup table and x's
+/// halves first, so fewer blocks on a short matrix do less of that; 7 groups (of two warps: 14 a
+/// block) where 8 would leave SMs idle (the Llama-8B gate/up projection: 896 pairs on 128 SMs
+/// instead of 112) — with two column blocks in flight a warp; where even 8 groups need more blocks
+/// than SMs, one column block (registers for two blocks an SM). Short launches stay at one block an
+/// SM on purpose: in the decode graph (programmatic dependent launch) a launch starts while its
+/// predecessor's blocks finish, and blocks that could sit two to an SM pile onto the SMs that free
+/// first — with one column block in flight everywhere (64 registers, two blocks an SM) the 8B FP8
+/// decode measured 357 against 425 tok/s (bench/RESULTS.md, session 7).
 pub fn pal4_config_for(rows: usize, sms: u32, swiglu: bool) -> GemvConfig {
     let pairs = rows.div_ceil(2 * TILE_ROWS);
-    let groups = [1, 2, 4, 8]
+    let groups = [1, 2, 4, 7, 8]
         .into_iter()
         .find(|&g| pairs.div_ceil(g) <= sms as usize)
-        .unwrap_or(8)
-        .max(if swiglu { 2 } else { 1 });
+        .unwrap_or(8);
     let unroll = if pairs.div_ceil(groups) > sms as usize && !swiglu {
         1
     } else {
         2
     };
-    pal4(groups as u32, unroll)
+    match groups {
+        7 => PAL4_W14R7,
+        g => pal4(g as u32, unroll),
+    }
 }
 
 /// A launch configuration of palette-packed matrices: 16 warps a (persistent) block, in `rows`
@@ -187,15 +215,23 @@ const fn pal4(rows: u32, unroll: u32) -> GemvConfig {
     }
 }
 
+/// Seven groups of two warps, two column blocks in flight.
+const PAL4_W14R7: GemvConfig = GemvConfig {
+    warps: 14,
+    rows: 7,
+    unroll: 2,
+};
+
 /// The palette GEMV's configurations the timing sweep and the selftest cover (compiled with every
 /// epilogue they allow: `ops::forward::all_variants`).
-pub const PAL4_CANDIDATES: [GemvConfig; 6] = [
+pub const PAL4_CANDIDATES: [GemvConfig; 7] = [
     pal4(1, 2),
     pal4(2, 2),
     pal4(4, 2),
     pal4(8, 2),
     pal4(8, 1),
     pal4(2, 1),
+    PAL4_W14R7,
 ];
 
 /// `y = diag(s) · W · rmsnorm(x; g, eps)` (when `norm` is given, else `diag(s) · W x`) with
@@ -219,7 +255,10 @@ pub fn launch_gemv_fp8(
     check_len(OP, "scales", scales, n)?;
     check_len(OP, "x", x, k)?;
     check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
-    check_fusion(OP, cfg, fusion, n)?;
+    match w {
+        Fp8Codes::Dense(_) => check_fusion(OP, cfg, fusion, n)?,
+        Fp8Codes::Palette(_) => check_swiglu_rows(OP, fusion, n)?,
+    }
     if matches!(w, Fp8Codes::Palette(_)) && (cfg.rows > 15 || cfg.warps % cfg.rows != 0) {
         return Err(GpuError::invalid(
             OP,
@@ -262,7 +301,7 @@ pub fn launch_gemv_fp8(
     let mut b = dev.stream().launch_builder(&f);
     match w {
         Fp8Codes::Dense(w) => b.arg(w),
-        Fp8Codes::Palette(p) => b.arg(&p.idx).arg(&p.palette).arg(&p.esc_ptr).arg(&p.esc),
+        Fp8Codes::Palette(p) => b.arg(&p.idx).arg(&p.codes).arg(&p.esc_ptr).arg(&p.esc),
     };
     b.arg(scales).arg(x);
     if let Some((g, _)) = &norm {
@@ -414,21 +453,30 @@ mod tests {
     }
 
     #[test]
+    fn palette_codes_pack_little_endian() {
+        let codes: [u8; 16] = std::array::from_fn(|i| i as u8 * 17);
+        let p = Pal4Codes::new(&codes);
+        assert_eq!(p.0[0], 0x3322_1100);
+        assert_eq!(p.0[3], 0xffee_ddcc);
+        assert_eq!(std::mem::size_of::<Pal4Codes>(), 16);
+        assert_eq!(std::mem::align_of::<Pal4Codes>(), 16);
+    }
+
+    #[test]
     fn pal4_configs_fill_the_gpu() {
-        // Llama-8B on 132 SMs: qkv 2 groups, o and down 1 (2 with SwiGLU), gate_up and lm_head 8;
-        // lm_head with one column block in flight (two blocks an SM).
+        // Llama-8B on 132 SMs: qkv 2 groups, o and down 1, gate_up 7 (128 blocks), lm_head 8 with
+        // one column block in flight (two blocks an SM).
         assert_eq!(pal4_config_for(128_256, 132, false).unroll, 1);
         assert_eq!(pal4_config_for(28_672, 132, true).unroll, 2);
         assert_eq!(pal4_config_for(6144, 132, false).rows, 2);
         assert_eq!(pal4_config_for(4096, 132, false).rows, 1);
-        assert_eq!(pal4_config_for(4096, 132, true).rows, 2);
-        assert_eq!(pal4_config_for(28_672, 132, true).rows, 8);
+        assert_eq!(pal4_config_for(4096, 132, true).rows, 1);
+        assert_eq!(pal4_config_for(28_672, 132, true), PAL4_W14R7);
         assert_eq!(pal4_config_for(128_256, 132, false).rows, 8);
         for rows in [1, 16, 1000, 28_672, 1 << 20] {
             for swiglu in [false, true] {
                 let c = pal4_config_for(rows, 132, swiglu);
                 assert!(PAL4_CANDIDATES.contains(&c), "{c}");
-                assert!(!swiglu || c.rows % 2 == 0);
             }
         }
     }
