@@ -433,7 +433,6 @@ gemv_fp8_norm(const unsigned char* __restrict__ w, const float* __restrict__ s,
 extern __shared__ __align__(16) unsigned char pal4_smem[];
 
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
@@ -713,10 +712,10 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, ui
     }
 }
 
-// Palette-packed FP8: idx the tiles (Palette4::indices), pal the 16 codes (by value), esc_ptr u32 [n + 1] and
-// esc u32 the escapes (col | code << 24), s f32 [n] row scales; k % 64 == 0. Dynamic shared
-// memory PAL4_TAB_BYTES + PAL4_SUMS_ALIGNED + 4 k; grid at most the tile pairs over the groups,
-// at most what fits at once. With one column block of a pair in flight a warp and no epilogue,
+// Palette-packed FP8: idx the tiles (Palette4::indices), pal the 16 codes (by value), esc_ptr
+// u32 [n + 1] and esc u32 the escapes (col | code << 24), s f32 [n] row scales; k % 64 == 0.
+// Dynamic shared memory PAL4_TAB_BYTES + PAL4_SUMS_ALIGNED + 4 k; grid at most the tile pairs over
+// the groups, at most what fits at once. With one column block of a pair in flight a warp and no epilogue,
 // registers are capped for two blocks an SM (where shared memory allows: k up to about 12 000);
 // more would spill.
 #define PAL4_MIN_BLOCKS (GEMV_UNROLL == 1 && !GEMV_ACCUM && !GEMV_SWIGLU ? 2 : 1)

@@ -186,7 +186,7 @@ pub fn gemv_fp8_config_for(rows: usize, cols: usize) -> GemvConfig {
 /// SM on purpose: in the decode graph (programmatic dependent launch) a launch starts while its
 /// predecessor's blocks finish, and blocks that could sit two to an SM pile onto the SMs that free
 /// first — with one column block in flight everywhere (64 registers, two blocks an SM) the 8B FP8
-/// decode measured 357 against 425 tok/s (bench/RESULTS.md, session 7).
+/// decode measured 357 tok/s under PDL and 414 without (bench/RESULTS.md, session 7).
 pub fn pal4_config_for(rows: usize, sms: u32, swiglu: bool) -> GemvConfig {
     let pairs = rows.div_ceil(2 * TILE_ROWS);
     let groups = [1, 2, 4, 7, 8]
