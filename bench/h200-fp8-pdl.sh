@@ -14,7 +14,10 @@ lib=$(find /usr/local/cuda/lib64 $(python3 -c 'import site;print(" ".join(site.g
 [ -n "$lib" ] && { mkdir -p $W/nvrtc; ln -sf $lib $W/nvrtc/libnvrtc.so; export LD_LIBRARY_PATH=$W/nvrtc:$(dirname $lib):$LD_LIBRARY_PATH; }
 B=$W/entrollm; T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/log; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $OUT/log
-if [ -z "${SKIP_SELFTEST:-}" ]; then
+if [ -n "${FP8_ONLY:-}" ]; then  # the FP8 kernel cases only (fp8_gpu_selftest), not the whole selftest
+  el "== fp8_gpu_selftest"; timeout 120 $W/fp8_gpu --ignored --nocapture --exact fp8_gpu_selftest > $OUT/selftest.log 2>&1; el "rc $?"
+  grep -E "passed|failed|FAIL|test result" $OUT/selftest.log | tail -6 | tee -a $OUT/log
+elif [ -z "${SKIP_SELFTEST:-}" ]; then
   el "== selftest --gpu"; timeout 240 $B selftest --gpu > $OUT/selftest.log 2>&1; el "rc $?"
   grep -E "passed|failed|FAIL|pdl_vs_plain|palette-packed" $OUT/selftest.log | grep -vE "^  ok +gemv" | tail -16 | tee -a $OUT/log
 fi
