@@ -3,7 +3,7 @@
 # the FP8 PDL-vs-plain decode cases), the per-launch table of the Llama-3.1-8B shapes at 2.1 bits
 # (every palette configuration, dense FP8 beside it), then a synthetic Llama-3.1-8B FP8 checkpoint
 # at 2.1 bits benchmarked end to end, `--fp8 dense` and `--fp8 palette`, in the variants BENCHES
-# lists (tag:form:ENV%value,...).
+# lists (tag:form:ENV%value,...[:old], old: the build in $OLD).
 #   bash bench/h200-fp8-prefetch.sh DIR   DIR: entrollm.xz, fp8_gpu.xz, cache.tar.xz. Outputs in $OUT.
 D=${1:-.dev/final14}; W=/tmp/f8p; mkdir -p $W
 unxz() { python3 -c 'import lzma,sys;open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' $1 $2; chmod +x $2; }
@@ -12,6 +12,9 @@ rm -rf $W/ec && mkdir -p $W/ec && tar xJf $D/cache.tar.xz -C $W/ec --strip-compo
 export ENTROLLM_CACHE=$W/ec LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 lib=$(find /usr/local/cuda/lib64 $(python3 -c 'import site;print(" ".join(site.getsitepackages()))' 2>/dev/null) -name 'libnvrtc.so.13*' -not -name '*builtins*' 2>/dev/null | head -1)
 [ -n "$lib" ] && { mkdir -p $W/nvrtc; ln -sf $lib $W/nvrtc/libnvrtc.so; export LD_LIBRARY_PATH=$W/nvrtc:$(dirname $lib):$LD_LIBRARY_PATH; }
+if [ -n "${OLD:-}" ]; then  # another build (its own kernel cache) for benches tagged :old
+  mkdir -p $W/old/ec && unxz $OLD/entrollm.xz $W/old/entrollm && tar xJf $OLD/cache.tar.xz -C $W/old/ec --strip-components=1
+fi
 B=$W/entrollm; T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/log; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $OUT/log
 if [ -n "${FP8_ONLY:-}" ]; then  # the FP8 kernel cases only (fp8_gpu_selftest), not the whole selftest
@@ -24,12 +27,13 @@ fi
 el "== per-launch timing (FP8 2.1 bits)"; FP8_CODINGS=none timeout 200 $W/fp8_gpu --ignored --nocapture --test-threads=1 --exact fp8_gpu_cold_timing > $OUT/timing.log 2>&1; el "rc $?"
 grep -E "^\||32 decoder|FAIL|panicked" $OUT/timing.log | tee -a $OUT/log
 el "== synth FP8 8B, 2.1 bits"; rm -rf $W/m8; timeout 200 $B synth --shape llama-3.1-8b --dtype fp8-e4m3 --entropy 2.1 -o $W/m8 > $OUT/synth.log 2>&1; el "rc $?"; tail -1 $OUT/synth.log | tee -a $OUT/log
-bench() {  # tag, --fp8 form, env assignments (a-b,c-d for a=b c=d)
-  el "== bench FP8 8B $1: --fp8 $2 ${3:-}"; env $(echo "${3:-}" | tr ',' ' ' | tr '%' '=') timeout 120 $B bench $W/m8 --fp8 $2 --json > $OUT/b8_$1.json 2> $OUT/b8_$1.err; el "rc $?"
+bench() {  # tag, --fp8 form, env assignments (a%b,c%d for a=b c=d), "old": OLD's build
+  local b=$B c=$ENTROLLM_CACHE; [ "${4:-}" = old ] && b=$W/old/entrollm c=$W/old/ec
+  el "== bench FP8 8B $1: --fp8 $2 ${3:-} ${4:-}"; env ENTROLLM_CACHE=$c $(echo "${3:-}" | tr ',' ' ' | tr '%' '=') timeout 120 $b bench $W/m8 --fp8 $2 --json > $OUT/b8_$1.json 2> $OUT/b8_$1.err; el "rc $?"
   { grep -oE '"decode_tok_s": [0-9.]+|"tokens_consistent": [a-z]+|"weights": [0-9]+|"palette_matrices": [0-9]+' $OUT/b8_$1.json; tr -d ' \n' < $OUT/b8_$1.json | grep -oE '"first_tokens":\[[0-9,]+\]|"decode_step":"[^"]*"'; } | tr '\n' ' ' | tee -a $OUT/log; echo | tee -a $OUT/log
 }
 for v in ${BENCHES:-dense:dense: palette:palette: palette_nopdl:palette:ENTROLLM_DECODE_PDL%off}; do
-  IFS=: read -r tag form envs <<< "$v"; bench $tag $form "$envs"
+  IFS=: read -r tag form envs build <<< "$v"; bench $tag $form "$envs" "$build"
 done
 el done
 cd $OUT && tar czf raw.tgz --exclude=log --exclude=raw.tgz * && find . -type f ! -name log ! -name raw.tgz -delete

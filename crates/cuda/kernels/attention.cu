@@ -55,20 +55,49 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
                                                   const int* __restrict__ seq_len_ptr, float* part_acc,
                                                   float* part_ml, int n_kv_heads, int max_chunks, int max_seq,
                                                   float scale, float* __restrict__ out, int* counters) {
-    pdl_wait();
-    pdl_trigger();
     __shared__ float s_m[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_l[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_acc[ATTN_WARPS][ATTN_GROUP][HEAD_DIM];
+    // The length only finish_step (the previous decode step's end) changes: read before pdl_wait.
     const int seq_len = min(seq_len_ptr[0], max_seq);
     const int chunk = blockIdx.x, kvh = blockIdx.y;
     const int start = chunk * ATTN_CHUNK;
     if (start >= seq_len) return;
     const int end = min(start + ATTN_CHUNK, seq_len);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-
+    const size_t row_stride = (size_t)n_kv_heads * HEAD_DIM;
     float qr[ATTN_GROUP][EPL], m[ATTN_GROUP], l[ATTN_GROUP], acc[ATTN_GROUP][EPL];
     const float qscale = scale * LOG2E_F;
+#if ATTN_PRELOAD
+    // Every K/V row of the warp's positions is loaded before the first score: one memory round
+    // trip per warp instead of one per position. Rows before the newest were written by earlier
+    // steps and are loaded before pdl_wait; the newest (seq_len - 1: this step's append, by the
+    // previous kernel) after it.
+    constexpr int PER_WARP = ATTN_CHUNK / ATTN_WARPS;
+    static_assert(ATTN_CHUNK % ATTN_WARPS == 0 && PER_WARP <= 8, "ATTN_PRELOAD: at most 8 positions per warp");
+    float kpre[PER_WARP][EPL], vpre[PER_WARP][EPL];
+#pragma unroll
+    for (int i = 0; i < PER_WARP; ++i) {
+        const int t = min(start + warp + i * ATTN_WARPS, end - 1);
+        if (t == seq_len - 1) continue;
+        const size_t off = t * row_stride + (size_t)kvh * HEAD_DIM + lane * EPL;
+        load_head_slice(k_cache + off, kpre[i]);
+        load_head_slice(v_cache + off, vpre[i]);
+    }
+    pdl_wait();
+    pdl_trigger();
+#pragma unroll
+    for (int i = 0; i < PER_WARP; ++i) {
+        const int t = min(start + warp + i * ATTN_WARPS, end - 1);
+        if (t != seq_len - 1) continue;
+        const size_t off = t * row_stride + (size_t)kvh * HEAD_DIM + lane * EPL;
+        load_head_slice(k_cache + off, kpre[i]);
+        load_head_slice(v_cache + off, vpre[i]);
+    }
+#else
+    pdl_wait();
+    pdl_trigger();
+#endif
 #pragma unroll
     for (int g = 0; g < ATTN_GROUP; ++g) {
         const float* qh = q + (size_t)(kvh * ATTN_GROUP + g) * HEAD_DIM + lane * EPL;
@@ -77,32 +106,40 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
         m[g] = -F32_INF;
         l[g] = 0.0f;
     }
-    const size_t row_stride = (size_t)n_kv_heads * HEAD_DIM;
 #if ATTN_PRELOAD
-    // Every K/V row of the warp's positions is loaded before the first score: one memory round
-    // trip per warp instead of one per position.
-    constexpr int PER_WARP = ATTN_CHUNK / ATTN_WARPS;
-    static_assert(ATTN_CHUNK % ATTN_WARPS == 0 && PER_WARP <= 8, "ATTN_PRELOAD: at most 8 positions per warp");
-    float kpre[PER_WARP][EPL], vpre[PER_WARP][EPL];
+    // All the warp's scores first (independent reductions, interleaved), then one softmax pass:
+    // no chain of dependent reductions and rescales a position.
+    float sc[PER_WARP][ATTN_GROUP];
 #pragma unroll
     for (int i = 0; i < PER_WARP; ++i) {
-        const int t = min(start + warp + i * ATTN_WARPS, end - 1);
-        const size_t off = t * row_stride + (size_t)kvh * HEAD_DIM + lane * EPL;
-        load_head_slice(k_cache + off, kpre[i]);
-        load_head_slice(v_cache + off, vpre[i]);
+        const bool valid = start + warp + i * ATTN_WARPS < end;
+#pragma unroll
+        for (int g = 0; g < ATTN_GROUP; ++g) {
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) s = fmaf(qr[g][e], kpre[i][e], s);
+            s = warp_sum(s);
+            sc[i][g] = valid ? s : -F32_INF;
+            m[g] = fmaxf(m[g], sc[i][g]);
+        }
     }
 #pragma unroll
-    for (int i = 0; i < PER_WARP; ++i) {
-        if (start + warp + i * ATTN_WARPS >= end) break;
-        const float* kv = kpre[i];
-        const float* vv = vpre[i];
+    for (int g = 0; g < ATTN_GROUP; ++g) {
+        if (m[g] == -F32_INF) continue;  // a warp with no position: weight 0 in the merge
+#pragma unroll
+        for (int i = 0; i < PER_WARP; ++i) {
+            const float p = exp2f(sc[i][g] - m[g]);  // 0 for the positions past the end
+            l[g] += p;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[g][e] = fmaf(p, vpre[i][e], acc[g][e]);
+        }
+    }
 #else
     for (int t = start + warp; t < end; t += ATTN_WARPS) {
         const size_t off = t * row_stride + (size_t)kvh * HEAD_DIM + lane * EPL;
         float kv[EPL], vv[EPL];
         load_head_slice(k_cache + off, kv);
         load_head_slice(v_cache + off, vv);
-#endif
 #pragma unroll
         for (int g = 0; g < ATTN_GROUP; ++g) {
             float s = 0.0f;
@@ -118,6 +155,7 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
             m[g] = m_new;
         }
     }
+#endif
 #pragma unroll
     for (int g = 0; g < ATTN_GROUP; ++g) {
         if (lane == 0) { s_m[warp][g] = m[g]; s_l[warp][g] = l[g]; }
@@ -220,9 +258,12 @@ extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_ac
     const int seq_len = min(seq_len_ptr[0], max_seq);
     const int n_chunks = seq_len <= 0 ? 0 : (seq_len + ATTN_CHUNK - 1) / ATTN_CHUNK;
     const float* ml = part_ml + (size_t)qh * max_chunks * 2;
+    // Unrolled so that a stretch of chunks' loads are in flight together.
     float mx = -F32_INF;
+#pragma unroll 8
     for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, __ldcg(ml + 2 * c));
     float a = 0.0f, lsum = 0.0f;
+#pragma unroll 8
     for (int c = 0; c < n_chunks; ++c) {
         const float f = exp2f(__ldcg(ml + 2 * c) - mx);
         a = fmaf(f, __ldcg(part_acc + ((size_t)qh * max_chunks + c) * HEAD_DIM + d), a);

@@ -60,8 +60,8 @@ __device__ __forceinline__ void rope_append_impl(const float* __restrict__ qkv, 
                                                  const int* __restrict__ pos_ptr,
                                                  const float* __restrict__ cos_sin, int n_q_heads,
                                                  int n_kv_heads, int head_dim, int interleaved, int max_seq) {
-    pdl_wait();
-    pdl_trigger();
+    // The position only finish_step (the previous decode step's end) changes, and the table is
+    // immutable: the first item's angle is read before pdl_wait.
     const int t = blockIdx.x;
     const int pos = pos_ptr[0] + t;
     const int tab = min(max(pos, 0), max_seq - 1);  // the host keeps pos < max_seq
@@ -72,7 +72,12 @@ __device__ __forceinline__ void rope_append_impl(const float* __restrict__ qkv, 
     const bool store_kv = pos >= 0 && pos < max_seq;
     const int rot_pairs = (n_q_heads + n_kv_heads) * half;
     const int items = rot_pairs + kv_dim;
-    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < items; j += gridDim.y * blockDim.x) {
+    const int j0 = blockIdx.y * blockDim.x + threadIdx.x;
+    const float2* cs_row = (const float2*)cos_sin + (size_t)tab * half;
+    const float2 cs0 = j0 < rot_pairs ? cs_row[j0 % half] : make_float2(0.0f, 0.0f);
+    pdl_wait();
+    pdl_trigger();
+    for (int j = j0; j < items; j += gridDim.y * blockDim.x) {
         if (j < rot_pairs) {
             const int head = j / half, i = j - head * half;
             const int a = interleaved ? 2 * i : i;
@@ -81,7 +86,7 @@ __device__ __forceinline__ void rope_append_impl(const float* __restrict__ qkv, 
             float x0 = __ldcg(row + base + a), x1 = __ldcg(row + base + b);
             if (has_bias) { x0 += bias[base + a]; x1 += bias[base + b]; }
             // The CPU engine's arithmetic: f32 cos/sin of the f64 angle, f32 rotation, no FMA.
-            const float2 cs = ((const float2*)cos_sin)[(size_t)tab * half + i];
+            const float2 cs = j == j0 ? cs0 : cs_row[i];
             const float y0 = __fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y));
             const float y1 = __fadd_rn(__fmul_rn(x0, cs.y), __fmul_rn(x1, cs.x));
             if (head < n_q_heads) {

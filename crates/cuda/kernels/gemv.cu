@@ -443,6 +443,11 @@ __device__ __forceinline__ uint4 lds_u4(u32 a) {
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
     return v;
 }
+__device__ __forceinline__ u32 lds_u32(u32 a) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+    return v;
+}
 __device__ __forceinline__ void sts_u32(u32 a, u32 v) { asm volatile("st.shared.u32 [%0], %1;" ::"r"(a), "r"(v)); }
 __device__ __forceinline__ void sts_u4(u32 a, uint4 v) {
     asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
@@ -473,6 +478,19 @@ __device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) {
     return r;
 }
 
+// The byte offset, in each BF16 half of the staged x, of the word holding column c (even: the low
+// half; odd: the high one) — the B-fragment order pal4_fill_x describes.
+__device__ __forceinline__ u32 pal4_x_word(u32 c) {
+    const u32 w = c & (PAL4_BLOCK_COLS - 1);
+    return 4u * ((c / PAL4_BLOCK_COLS) * 32 + ((w >> 1) & 3) * 8 + 2 * (w >> 4) + ((w >> 3) & 1));
+}
+
+// Column c of the staged x (NORM: of x ∘ g), hi + lo: what the products use.
+__device__ __forceinline__ float pal4_x_at(u32 x_hi, u32 x_lo, u32 c) {
+    const u32 at = pal4_x_word(c), h = lds_u32(x_hi + at), l = lds_u32(x_lo + at);
+    return (c & 1) ? bf16_hi(h) + bf16_hi(l) : bf16_lo(h) + bf16_lo(l);
+}
+
 // Writes x (NORM: x ∘ g) as BF16 halves in B-fragment order: for column block b and quad position
 // q (lane % 4), 8 words of each half at word 32 b + 8 q of the half: K step s's two registers at
 // 2 s and 2 s + 1 (columns 16 s + 2 q, +1 and 16 s + 8 + 2 q, +1). Four columns a thread and step
@@ -497,8 +515,7 @@ __device__ __forceinline__ float pal4_fill_x(const float* __restrict__ x, const 
         const u32 h0 = bf16x2_rn(v.x, v.y), h1 = bf16x2_rn(v.z, v.w);
         const u32 l0 = bf16x2_rn(v.x - bf16_lo(h0), v.y - bf16_hi(h0));
         const u32 l1 = bf16x2_rn(v.z - bf16_lo(h1), v.w - bf16_hi(h1));
-        const int c = 4 * p, w = c & (PAL4_BLOCK_COLS - 1);
-        const u32 at = 4u * ((c / PAL4_BLOCK_COLS) * 32 + ((w >> 1) & 3) * 8 + 2 * (w >> 4) + ((w >> 3) & 1));
+        const u32 at = pal4_x_word(4 * p);
         sts_u32(x_hi + at, h0);
         sts_u32(x_hi + at + 32, h1);
         sts_u32(x_lo + at, l0);
@@ -610,11 +627,20 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, ui
     const uint4* p = p_pair;
     const uint4* safe = idx + lane;
     uint4 next[GEMV_UNROLL][2];
-    // Weights are immutable: loaded before pdl_wait.
+    // Weights are immutable: the first batch loaded and the first pair's escape range requested
+    // before pdl_wait (the range is used after x is staged). (Prefetching further batches into L2
+    // here measured slower: bench/RESULTS.md, session 8.)
     pal4_load<S>(next, p, tile_words, pair < npairs, 2 * pair + 1 < ntiles, wi, nkb, safe);
+    u32 esc_begin = 0, esc_end = 0;
+    if (pair < npairs && wi == 0) {
+        esc_begin = __ldg(esc_ptr + pair * R);
+        esc_end = __ldg(esc_ptr + min(pair * R + R, n));
+    }
     pdl_wait();
     pdl_trigger();
     float ss = pal4_fill_x<NORM>(x, g, k, x_hi, x_lo);
+    // The first pair's escapes into L1 (a 128-byte line a lane), read in its epilogue.
+    for (u32 i = (esc_begin & ~31u) + 32u * lane; i < esc_end; i += 32u * 32u) prefetch_l1(esc + i);
     if (NORM) {
         ss = warp_sum(ss);
         if (lane == 0) ss_red[warp] = ss;
@@ -675,7 +701,8 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, ui
                 red[buf][warp][16 * t + (lane >> 2) + 8] = (acc[t][0][2] + acc[t][1][2]) + (acc[t][0][3] + acc[t][1][3]);
             }
         }
-        // Escaped weights were multiplied as zeros: their values, a row a warp.
+        // Escaped weights were multiplied as zeros: their values, a row a warp (times x as the
+        // products see it: its staged halves).
         for (int r = wi; r < R; r += S) {
             const int row = row0 + r;
             u32 e_begin = 0, e_end = 0;  // (none past the last row)
@@ -686,10 +713,8 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, ui
             float e = 0.0f;
             if (e_begin < e_end) {
                 for (u32 i = e_begin + lane; i < e_end; i += 32) {
-                    const u32 v = __ldg(esc + i), c = v & 0xffffffu;
-                    float xc = __ldcg(x + c);  // written by the previous kernel (PDL: not via L1)
-                    if (NORM) xc *= __ldg(g + c);
-                    e = fmaf(e4m3_to_f32(v >> 24), xc, e);
+                    const u32 v = __ldg(esc + i);
+                    e = fmaf(e4m3_to_f32(v >> 24), pal4_x_at(x_hi, x_lo, v & 0xffffffu), e);
                 }
                 e = warp_sum(e);
             }
