@@ -26,7 +26,8 @@ elif [ -z "${SKIP_SELFTEST:-}" ]; then
 fi
 el "== per-launch timing (FP8 2.1 bits)"; FP8_CODINGS=none timeout 200 $W/fp8_gpu --ignored --nocapture --test-threads=1 --exact fp8_gpu_cold_timing > $OUT/timing.log 2>&1; el "rc $?"
 grep -E "^\||32 decoder|FAIL|panicked" $OUT/timing.log | tee -a $OUT/log
-el "== synth FP8 8B, 2.1 bits"; rm -rf $W/m8; timeout 200 $B synth --shape llama-3.1-8b --dtype fp8-e4m3 --entropy 2.1 -o $W/m8 > $OUT/synth.log 2>&1; el "rc $?"; tail -1 $OUT/synth.log | tee -a $OUT/log
+if [ -n "${REUSE_MODEL:-}" ] && [ -f $W/m8/config.json ]; then el "== synth FP8 8B: reusing $W/m8 (a warm machine)"
+else el "== synth FP8 8B, 2.1 bits"; rm -rf $W/m8; timeout 200 $B synth --shape llama-3.1-8b --dtype fp8-e4m3 --entropy 2.1 -o $W/m8 > $OUT/synth.log 2>&1; el "rc $?"; tail -1 $OUT/synth.log | tee -a $OUT/log; fi
 bench() {  # tag, --fp8 form, env assignments (a%b,c%d for a=b c=d), "old": OLD's build
   local b=$B c=$ENTROLLM_CACHE; [ "${4:-}" = old ] && b=$W/old/entrollm c=$W/old/ec
   el "== bench FP8 8B $1: --fp8 $2 ${3:-} ${4:-}"; env ENTROLLM_CACHE=$c $(echo "${3:-}" | tr ',' ' ' | tr '%' '=') timeout 120 $b bench $W/m8 --fp8 $2 --json > $OUT/b8_$1.json 2> $OUT/b8_$1.err; el "rc $?"
