@@ -380,6 +380,12 @@ gemv_bf16_rope(const bf16_t* __restrict__ w, const float* __restrict__ x, int n,
 }
 #endif
 
+// Code i (0..15) of the palette as a kernel argument (four little-endian words).
+__device__ __forceinline__ unsigned char pal4_code(uint4 pal, int i) {
+    const u32 w = i < 8 ? (i < 4 ? pal.x : pal.y) : (i < 12 ? pal.z : pal.w);
+    return (unsigned char)(w >> (8 * (i & 3)));
+}
+
 #if !GEMV_ROPE
 #if GEMV_DENSE
 // s: f32 [n] row scales.
@@ -451,12 +457,6 @@ __device__ __forceinline__ u32 lds_u32(u32 a) {
 __device__ __forceinline__ void sts_u32(u32 a, u32 v) { asm volatile("st.shared.u32 [%0], %1;" ::"r"(a), "r"(v)); }
 __device__ __forceinline__ void sts_u4(u32 a, uint4 v) {
     asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
-}
-
-// Code i (0..15) of the palette as a kernel argument (four little-endian words).
-__device__ __forceinline__ unsigned char pal4_code(uint4 pal, int i) {
-    const u32 w = i < 8 ? (i < 4 ? pal.x : pal.y) : (i < 12 ? pal.z : pal.w);
-    return (unsigned char)(w >> (8 * (i & 3)));
 }
 
 // Fills the table from the 16 codes: entry b holds codes b & 15 (low half) and b >> 4, 32 times.
@@ -781,11 +781,10 @@ extern "C" __global__ void fp8_rows_to_bf16(const unsigned char* __restrict__ w,
 // indices (one K step of one lane: four pairs) a thread, grid-strided over the tiles; then
 // pal4_escapes_to_bf16 overwrites the escaped weights. rows: the matrix's (the tiles' padding rows
 // are skipped); cols % 64 == 0.
-extern "C" __global__ void pal4_rows_to_bf16(const u32* __restrict__ idx, const unsigned char* __restrict__ pal,
-                                             const float* __restrict__ s, bf16_t* __restrict__ out,
-                                             long long words, int rows, int cols) {
+extern "C" __global__ void pal4_rows_to_bf16(const u32* __restrict__ idx, uint4 pal, const float* __restrict__ s,
+                                             bf16_t* __restrict__ out, long long words, int rows, int cols) {
     __shared__ float val[16];
-    if (threadIdx.x < 16) val[threadIdx.x] = e4m3_to_f32(pal[threadIdx.x]);
+    if (threadIdx.x < 16) val[threadIdx.x] = e4m3_to_f32(pal4_code(pal, threadIdx.x));
     __syncthreads();
     const int nkb = cols / PAL4_BLOCK_COLS;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < words;

@@ -39,13 +39,10 @@ pub enum Fp8Codes {
 }
 
 /// A palette-packed FP8 matrix on the device (codec [`Palette4`]): indices (tiles of 16 rows ×
-/// cols / 2 bytes), the 16 palette codes, escape offsets [rows + 1] and escapes (never empty: one
-/// unused entry when there are none).
+/// cols / 2 bytes), the 16 palette codes (kernel arguments, not device memory), escape offsets
+/// [rows + 1] and escapes (never empty: one unused entry when there are none).
 pub struct GpuPal4 {
     pub idx: CudaSlice<u8>,
-    /// The codes in device memory (the prefill copy's kernel reads them there) and as the GEMV
-    /// takes them, by value.
-    pub palette: CudaSlice<u8>,
     pub codes: Pal4Codes,
     pub esc_ptr: CudaSlice<u32>,
     pub esc: CudaSlice<u32>,
@@ -92,7 +89,6 @@ impl GpuPal4 {
         };
         Ok(GpuPal4 {
             idx: s.clone_htod(p.indices()).while_(what)?,
-            palette: s.clone_htod(&p.palette()[..]).while_(what)?,
             codes: Pal4Codes::new(p.palette()),
             esc_ptr: s.clone_htod(p.row_ptr()).while_(what)?,
             esc: s.clone_htod(esc).while_(what)?,
@@ -102,13 +98,12 @@ impl GpuPal4 {
 }
 
 impl Fp8Codes {
-    /// Bytes of device memory the codes occupy (and a batch-1 product reads).
+    /// Bytes the codes occupy (and a batch-1 product reads): device memory, and the palette's 16
+    /// codes.
     pub fn stored_bytes(&self) -> usize {
         match self {
             Fp8Codes::Dense(w) => w.len(),
-            Fp8Codes::Palette(p) => {
-                p.idx.len() + p.palette.len() + 4 * (p.esc_ptr.len() + p.escapes)
-            }
+            Fp8Codes::Palette(p) => p.idx.len() + 16 + 4 * (p.esc_ptr.len() + p.escapes),
         }
     }
 
@@ -122,7 +117,6 @@ impl Fp8Codes {
             Fp8Codes::Palette(p) => {
                 check_gemv_pal4_shape(rows, cols)?;
                 check_len(op, "indices", &p.idx, pal4_index_bytes(rows, cols))?;
-                check_len(op, "palette", &p.palette, 16)?;
                 check_len(op, "escape offsets", &p.esc_ptr, rows + 1)?;
                 check_len(op, "escapes", &p.esc, p.escapes.max(1))
             }
@@ -360,7 +354,7 @@ pub fn launch_fp8_rows_to_bf16(
             let (r_i, c_i) = (rows as i32, cols as i32);
             let mut b = dev.stream().launch_builder(&f);
             b.arg(&p.idx)
-                .arg(&p.palette)
+                .arg(&p.codes)
                 .arg(scales)
                 .arg(&mut *out)
                 .arg(&words)
