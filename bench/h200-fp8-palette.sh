@@ -6,15 +6,8 @@
 # end with its matrices as stored (--fp8 dense) and palette-packed (--fp8 palette), beside the
 # BF16 decode of the same shape.
 #   bash bench/h200-fp8-palette.sh DIR   DIR: entrollm.xz, fp8_gpu.xz, cache.tar.xz. Outputs in $OUT.
-D=${1:-.dev/final9}; W=/tmp/f8p; mkdir -p $W
-unxz() { python3 -c 'import lzma,sys;open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' $1 $2; chmod +x $2; }
-unxz $D/entrollm.xz $W/entrollm; unxz $D/fp8_gpu.xz $W/fp8_gpu
-rm -rf $W/ec && mkdir -p $W/ec && tar xJf $D/cache.tar.xz -C $W/ec --strip-components=1
-export ENTROLLM_CACHE=$W/ec LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-lib=$(find /usr/local/cuda/lib64 $(python3 -c 'import site;print(" ".join(site.getsitepackages()))' 2>/dev/null) -name 'libnvrtc.so.13*' -not -name '*builtins*' 2>/dev/null | head -1)
-[ -n "$lib" ] && { mkdir -p $W/nvrtc; ln -sf $lib $W/nvrtc/libnvrtc.so; export LD_LIBRARY_PATH=$W/nvrtc:$(dirname $lib):$LD_LIBRARY_PATH; }
-B=$W/entrollm; T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/log; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $OUT/log
+D=${1:-.dev/final9}; W=/tmp/f8p
+. "$(dirname "$0")/h200-setup.sh"
 if [ -n "${FP8_ONLY:-}" ]; then  # the FP8 kernel cases only (fp8_gpu_selftest), not the whole selftest
   el "== fp8_gpu_selftest"; timeout 120 $W/fp8_gpu --ignored --nocapture --exact fp8_gpu_selftest > $OUT/selftest.log 2>&1; el "rc $?"
 else

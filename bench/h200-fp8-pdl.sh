@@ -4,19 +4,12 @@
 # (every palette configuration, dense FP8 beside it), then a synthetic Llama-3.1-8B FP8 checkpoint
 # at 2.1 bits benchmarked end to end, `--fp8 dense` and `--fp8 palette`, in the variants BENCHES
 # lists (tag:form:ENV%value,...[:old], old: the build in $OLD).
-#   bash bench/h200-fp8-prefetch.sh DIR   DIR: entrollm.xz, fp8_gpu.xz, cache.tar.xz. Outputs in $OUT.
-D=${1:-.dev/final14}; W=/tmp/f8p; mkdir -p $W
-unxz() { python3 -c 'import lzma,sys;open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' $1 $2; chmod +x $2; }
-unxz $D/entrollm.xz $W/entrollm; unxz $D/fp8_gpu.xz $W/fp8_gpu
-rm -rf $W/ec && mkdir -p $W/ec && tar xJf $D/cache.tar.xz -C $W/ec --strip-components=1
-export ENTROLLM_CACHE=$W/ec LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-lib=$(find /usr/local/cuda/lib64 $(python3 -c 'import site;print(" ".join(site.getsitepackages()))' 2>/dev/null) -name 'libnvrtc.so.13*' -not -name '*builtins*' 2>/dev/null | head -1)
-[ -n "$lib" ] && { mkdir -p $W/nvrtc; ln -sf $lib $W/nvrtc/libnvrtc.so; export LD_LIBRARY_PATH=$W/nvrtc:$(dirname $lib):$LD_LIBRARY_PATH; }
+#   bash bench/h200-fp8-pdl.sh DIR   DIR: entrollm.xz, fp8_gpu.xz, cache.tar.xz. Outputs in $OUT.
+D=${1:-.dev/final14}; W=/tmp/f8p
+. "$(dirname "$0")/h200-setup.sh"
 if [ -n "${OLD:-}" ]; then  # another build (its own kernel cache) for benches tagged :old
   mkdir -p $W/old/ec && unxz $OLD/entrollm.xz $W/old/entrollm && tar xJf $OLD/cache.tar.xz -C $W/old/ec --strip-components=1
 fi
-B=$W/entrollm; T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/log; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $OUT/log
 if [ -n "${FP8_ONLY:-}" ]; then  # the FP8 kernel cases only (fp8_gpu_selftest), not the whole selftest
   el "== fp8_gpu_selftest"; timeout 120 $W/fp8_gpu --ignored --nocapture --exact fp8_gpu_selftest > $OUT/selftest.log 2>&1; el "rc $?"
   grep -E "passed|failed|FAIL|test result" $OUT/selftest.log | tail -6 | tee -a $OUT/log

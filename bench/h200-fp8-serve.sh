@@ -4,13 +4,8 @@
 # scales, compressed-tensors style) written to disk and benchmarked (`bench MODEL`), beside the
 # same shape's BF16 decode (`bench --synth`).
 #   bash bench/h200-fp8-serve.sh DIR   DIR: entrollm.xz, cache.tar.xz (NVRTC 13.0 cubins). Outputs in $OUT.
-D=${1:-.dev/final8}; W=/tmp/f8s; mkdir -p $W
-python3 -c 'import lzma,sys;open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' $D/entrollm.xz $W/entrollm; chmod +x $W/entrollm
-rm -rf $W/ec && mkdir -p $W/ec && tar xJf $D/cache.tar.xz -C $W/ec --strip-components=1
-export ENTROLLM_CACHE=$W/ec LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-lib=$(find /usr/local/cuda/lib64 $(python3 -c 'import site;print(" ".join(site.getsitepackages()))' 2>/dev/null) -name 'libnvrtc.so.13*' -not -name '*builtins*' 2>/dev/null | head -1)
-[ -n "$lib" ] && { mkdir -p $W/nvrtc; ln -sf $lib $W/nvrtc/libnvrtc.so; export LD_LIBRARY_PATH=$W/nvrtc:$(dirname $lib):$LD_LIBRARY_PATH; }
-B=$W/entrollm; T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/log; }
+D=${1:-.dev/final8}; W=/tmp/f8s
+. "$(dirname "$0")/h200-setup.sh"
 el "== selftest --gpu"; timeout 200 $B selftest --gpu > $OUT/selftest.log 2>&1; el "rc $?"
 grep -E "passed|failed|FAIL|fp8_served|FP8 E4M3|fp8_rows" $OUT/selftest.log | tail -14 | tee -a $OUT/log
 el "== synth FP8 8B"; rm -rf $W/m8; timeout 150 $B synth --shape llama-3.1-8b --dtype fp8-e4m3 -o $W/m8 > $OUT/synth.log 2>&1; el "rc $?"; tail -1 $OUT/synth.log | tee -a $OUT/log

@@ -4,14 +4,8 @@
 # (gpu__time_duration, clocks and caches as they are), then the same benchmark with the attention
 # chunking of ENTROLLM_DECODE_CHUNK in CHUNKS beside the default.
 #   bash bench/h200-fp8-step-profile.sh DIR   DIR: entrollm.xz, cache.tar.xz. Outputs in $OUT.
-D=${1:-.dev/final16}; W=/tmp/f8p; mkdir -p $W
-unxz() { python3 -c 'import lzma,sys;open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' $1 $2; chmod +x $2; }
-unxz $D/entrollm.xz $W/entrollm
-rm -rf $W/ec && mkdir -p $W/ec && tar xJf $D/cache.tar.xz -C $W/ec --strip-components=1
-export ENTROLLM_CACHE=$W/ec LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-lib=$(find /usr/local/cuda/lib64 $(python3 -c 'import site;print(" ".join(site.getsitepackages()))' 2>/dev/null) -name 'libnvrtc.so.13*' -not -name '*builtins*' 2>/dev/null | head -1)
-[ -n "$lib" ] && { mkdir -p $W/nvrtc; ln -sf $lib $W/nvrtc/libnvrtc.so; export LD_LIBRARY_PATH=$W/nvrtc:$(dirname $lib):$LD_LIBRARY_PATH; }
-B=$W/entrollm; T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/log; }
+D=${1:-.dev/final16}; W=/tmp/f8p
+. "$(dirname "$0")/h200-setup.sh"
 [ -d $W/m8 ] || { el "== synth FP8 8B, 2.1 bits"; timeout 200 $B synth --shape llama-3.1-8b --dtype fp8-e4m3 --entropy 2.1 -o $W/m8 > $OUT/synth.log 2>&1; el "rc $?"; }
 el "== ncu: decode graph kernel nodes"
 timeout 300 ncu --clock-control none --cache-control none --graph-profiling node \
