@@ -56,8 +56,10 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
 
 // Programmatic dependent launch (sm_90+). The decode graph's kernel-to-kernel edges are
 // programmatic (engine.rs), so a kernel may start while its predecessor still runs: it must call
-// pdl_wait() before touching anything an earlier kernel writes or reads (only immutable data, the
-// weights, may be read before it), and calls pdl_trigger() after it so its own successor can start
+// pdl_wait() before touching anything an earlier kernel of the step writes or reads (read before
+// it: the weights, and what only earlier steps wrote — a step's graph launch starts after the
+// previous one has ended: the cached K/V rows but the newest, the position and length, which only
+// finish_step advances), and calls pdl_trigger() after it so its own successor can start
 // (after the wait, so at most one kernel ahead is resident and waiting). Data an earlier kernel
 // wrote is never read with ld.global.nc (__ldg, or what the compiler makes of a const __restrict__
 // load): nc loads assume the data read-only for the kernel's lifetime, which PDL breaks (the
