@@ -880,8 +880,10 @@ fn model_err(e: entrollm_model::ModelError) -> GpuError {
 }
 
 /// An FP8 checkpoint served as `form` (`Dense`: in FP8 where the columns are a multiple of 16;
-/// `Palette`: palette-packed where they are a multiple of 64) against the CPU engine: first how
-/// many layer/head matrices the upload kept so, then the logits ([`compare_logits`], tolerance 5e-2).
+/// `Palette`: palette-packed where they are a multiple of 64): its decode graph with and without
+/// programmatic edges ([`compare_pdl`], the prompt's first 300 tokens, 16 steps), then against the
+/// CPU engine: how many layer/head matrices the upload kept so, and the logits
+/// ([`compare_logits`], tolerance 5e-2).
 fn fp8_served_case(
     dev: &Arc<GpuDevice>,
     label: &str,
@@ -890,6 +892,14 @@ fn fp8_served_case(
     prompt: &[u32],
     cases: &mut Vec<CaseResult>,
 ) -> Result<()> {
+    compare_pdl(
+        dev,
+        label,
+        || Ok(GpuModel::upload_served(dev, &w, form)?.0),
+        &prompt[..300],
+        16,
+        cases,
+    )?;
     let served = GpuModel::upload_served(dev, &w, form)?.0;
     let (kernel, got, multiple) = match form {
         Fp8Serving::Palette => (
@@ -1338,14 +1348,6 @@ pub fn run_engine_selftest(
     // weight rounded to BF16, the CPU engine by the exact FP8 value times its scale (measured on
     // the H200: 2.9e-2 prefill, 2.5e-2 decode).
     let w8 = fp8_weights(small_model(seed ^ 0xF8)?, 448.0)?;
-    compare_pdl(
-        dev,
-        "small qwen2-like, FP8 E4M3 + row scales",
-        || Ok(GpuModel::upload_served(dev, &w8, Fp8Serving::Dense)?.0),
-        &prompt[..300],
-        16,
-        &mut cases,
-    )?;
     fp8_served_case(
         dev,
         "small qwen2-like, FP8 E4M3 + row scales",
@@ -1358,14 +1360,6 @@ pub fn run_engine_selftest(
     // zero and the subnormals), served palette-packed (every FP8 matrix whose columns are a
     // multiple of 64; escapes included).
     let wp = fp8_weights(small_model(seed ^ 0xF9)?, 1.0 / 32.0)?;
-    compare_pdl(
-        dev,
-        "small qwen2-like, low-entropy FP8, palette-packed",
-        || Ok(GpuModel::upload_served(dev, &wp, Fp8Serving::Palette)?.0),
-        &prompt[..300],
-        16,
-        &mut cases,
-    )?;
     fp8_served_case(
         dev,
         "small qwen2-like, low-entropy FP8, palette-packed",
