@@ -98,6 +98,36 @@ fn kv_bytes(c: &ModelConfig, tokens: usize) -> usize {
     2 * c.num_layers * tokens * c.kv_dim() * 2
 }
 
+/// Diagnostic builds (`ENTROLLM_TRACE=FILE`): three decode steps after 64 generated tokens, each
+/// replayed alone with its kernels' pdl_wait records (common.cuh) written to FILE as CSV.
+fn write_trace(e: &mut GpuEngine, dev: &GpuDevice, prompt: &[u32]) -> Result<()> {
+    let path = std::env::var("ENTROLLM_TRACE").unwrap_or_default();
+    e.reset();
+    let toks = e.generate_greedy(prompt, 64)?;
+    let mut tok = *toks.last().context("no token generated")?;
+    let mut csv = String::from("step,arrived_ns,released_ns,sm,bx,by,gx,gy,threads\n");
+    for step in 0..3 {
+        dev.trace_reset()?;
+        tok = e.step_greedy(tok)?;
+        for r in dev.trace_records()? {
+            csv += &format!(
+                "{step},{},{},{},{},{},{},{},{}\n",
+                r.arrived_ns,
+                r.released_ns,
+                r.sm,
+                r.block.0,
+                r.block.1,
+                r.grid.0,
+                r.grid.1,
+                r.threads
+            );
+        }
+    }
+    std::fs::write(&path, csv).with_context(|| format!("writing the trace to {path}"))?;
+    eprintln!("bench: decode-step trace written to {path}");
+    Ok(())
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -241,6 +271,9 @@ pub fn run(a: Args) -> Result<()> {
         let t = Instant::now();
         e.prefill_greedy(&prompt)?;
         tpre.push(t.elapsed().as_secs_f64());
+    }
+    if dev.tracing() {
+        write_trace(&mut e, &dev, &prompt)?;
     }
     let (m64, m128, mpre) = (median(&mut t64), median(&mut t128), median(&mut tpre));
     let step_s = (m128 - m64) / 64.0;

@@ -60,16 +60,48 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
 // it: the weights, and what only earlier steps wrote — a step's graph launch starts after the
 // previous one has ended: the cached K/V rows but the newest, the position and length, which only
 // finish_step advances), and calls pdl_trigger() after it so its own successor can start
-// (after the wait, so at most one kernel ahead is resident and waiting). Data an earlier kernel
+// (after the wait, so at most one kernel ahead is resident and waiting; short kernels followed by
+// a long prologue — RoPE before the attention, the attention's combine — trigger first). Data an earlier kernel
 // wrote is never read with ld.global.nc (__ldg, or what the compiler makes of a const __restrict__
 // load): nc loads assume the data read-only for the kernel's lifetime, which PDL breaks (the
 // writer may still run when this kernel starts). Such reads use __ldcg (L2; also where a line may
 // sit in this SM's L1 from a kernel still running when this one launched: the residual after an
 // accumulating GEMV) or __ldca (the GEMVs' input vectors, reused from L1). Both are no-ops when the launch has no programmatic dependency
 // (prefill, selftests) and below sm_90.
+#ifdef ENTROLLM_TRACE
+// Diagnostic builds (ENTROLLM_TRACE set: device.rs): thread 0 of every block records when it
+// reached pdl_wait and when the wait returned (%globaltimer, ns), with its SM and launch shape, so
+// that a decode step's timeline — which kernel waits on which, and for how long — can be read off
+// one replay of the graph. trace_buf[0] counts the records; record i is trace_buf[4 + 4i ..].
+__device__ unsigned long long* trace_buf;
+__device__ unsigned long long trace_cap;
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#endif
 __device__ __forceinline__ void pdl_wait() {
+#ifdef ENTROLLM_TRACE
+    const unsigned long long t0 = global_ns();
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#ifdef ENTROLLM_TRACE
+    if (threadIdx.x == 0 && threadIdx.y == 0 && trace_buf) {
+        const unsigned long long t1 = global_ns();
+        const unsigned long long i = atomicAdd(trace_buf, 1ull);
+        if (i < trace_cap) {
+            u32 smid;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+            unsigned long long* r = trace_buf + 4 + 4 * i;
+            r[0] = t0;
+            r[1] = t1;
+            r[2] = (unsigned long long)smid | (unsigned long long)blockIdx.x << 16 | (unsigned long long)blockIdx.y << 40;
+            r[3] = (unsigned long long)gridDim.x | (unsigned long long)gridDim.y << 24 | (unsigned long long)blockDim.x << 48;
+        }
+    }
 #endif
 }
 __device__ __forceinline__ void pdl_trigger() {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 
 use crate::error::{DriverContext, GpuError, Result};
@@ -62,6 +62,23 @@ pub struct GpuDevice {
     modules: Mutex<HashMap<KernelVariant, Arc<CudaModule>>>,
     /// Looked-up functions, so launches (also inside graph capture) make no driver lookups.
     functions: Mutex<HashMap<(KernelVariant, String), CudaFunction>>,
+    /// Diagnostic builds only (`ENTROLLM_TRACE` set): the kernels' pdl_wait records (common.cuh).
+    trace: Option<Mutex<CudaSlice<u64>>>,
+}
+
+/// Records the trace buffer holds (32 bytes each).
+pub const TRACE_CAPACITY: usize = 1 << 20;
+
+/// One block's record in a traced build: when its thread 0 reached `pdl_wait` and when the wait
+/// returned (the GPU's global timer, ns), its SM, block and launch shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceRecord {
+    pub arrived_ns: u64,
+    pub released_ns: u64,
+    pub sm: u32,
+    pub block: (u32, u32),
+    pub grid: (u32, u32),
+    pub threads: u32,
 }
 
 impl std::fmt::Debug for GpuDevice {
@@ -113,6 +130,14 @@ impl GpuDevice {
             l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, "L2 size")? as u64,
             total_memory_bytes: total as u64,
         };
+        let trace = match std::env::var_os("ENTROLLM_TRACE") {
+            Some(v) if !v.is_empty() => Some(Mutex::new(
+                stream
+                    .alloc_zeros::<u64>(4 + 4 * TRACE_CAPACITY)
+                    .while_(|| "allocating the trace buffer".into())?,
+            )),
+            _ => None,
+        };
         Ok(GpuDevice {
             ctx,
             stream,
@@ -120,7 +145,49 @@ impl GpuDevice {
             cache_dir,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            trace,
         })
+    }
+
+    /// Whether kernels are built with the pdl_wait trace (`ENTROLLM_TRACE` set when opened).
+    pub fn tracing(&self) -> bool {
+        self.trace.is_some()
+    }
+
+    /// Empties the trace buffer (traced builds; otherwise nothing).
+    pub fn trace_reset(&self) -> Result<()> {
+        if let Some(t) = self.trace.as_ref() {
+            let mut t = t.lock().unwrap_or_else(|p| p.into_inner());
+            self.stream
+                .memset_zeros(&mut *t)
+                .while_(|| "clearing the trace buffer".into())?;
+        }
+        Ok(())
+    }
+
+    /// The records since the last [`Self::trace_reset`], in the order blocks wrote them (traced
+    /// builds; otherwise none).
+    pub fn trace_records(&self) -> Result<Vec<TraceRecord>> {
+        let Some(t) = self.trace.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let t = t.lock().unwrap_or_else(|p| p.into_inner());
+        let raw = self
+            .stream
+            .clone_dtoh(&*t)
+            .while_(|| "reading the trace buffer".into())?;
+        let n = (raw[0] as usize).min(TRACE_CAPACITY);
+        Ok(raw[4..4 + 4 * n]
+            .chunks_exact(4)
+            .map(|r| TraceRecord {
+                arrived_ns: r[0],
+                released_ns: r[1],
+                sm: (r[2] & 0xffff) as u32,
+                block: (((r[2] >> 16) & 0xff_ffff) as u32, (r[2] >> 40) as u32),
+                grid: ((r[3] & 0xff_ffff) as u32, ((r[3] >> 24) & 0xff_ffff) as u32),
+                threads: (r[3] >> 48) as u32,
+            })
+            .collect())
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -144,6 +211,15 @@ impl GpuDevice {
 
     /// Kernel `function` of `variant`, compiling (or reading the cubin cache) on first use.
     pub fn function(&self, variant: &KernelVariant, function: &str) -> Result<CudaFunction> {
+        let traced;
+        let variant = if self.trace.is_some() {
+            let mut v = variant.clone();
+            v.defines.push(("ENTROLLM_TRACE", 1));
+            traced = v;
+            &traced
+        } else {
+            variant
+        };
         let key = (variant.clone(), function.to_string());
         if let Some(f) = self
             .functions
@@ -164,6 +240,10 @@ impl GpuDevice {
                         .ctx
                         .load_module(Ptx::from_binary(cubin))
                         .while_(|| format!("loading the cubin of {}", variant.source.name))?;
+                    if let Some(t) = self.trace.as_ref() {
+                        let t = t.lock().unwrap_or_else(|p| p.into_inner());
+                        self.point_module_at_trace(&m, &t)?;
+                    }
                     modules.insert(variant.clone(), m.clone());
                     m
                 }
@@ -177,6 +257,25 @@ impl GpuDevice {
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, f.clone());
         Ok(f)
+    }
+}
+
+impl GpuDevice {
+    /// Sets a traced module's `trace_buf` and `trace_cap` (common.cuh) to the device's buffer.
+    fn point_module_at_trace(&self, m: &Arc<CudaModule>, t: &CudaSlice<u64>) -> Result<()> {
+        let (ptr, _sync) = t.device_ptr(&self.stream);
+        for (name, value) in [("trace_buf", ptr), ("trace_cap", TRACE_CAPACITY as u64)] {
+            let mut g = m
+                .get_global(name, &self.stream)
+                .while_(|| format!("looking up the traced module's {name}"))?;
+            // SAFETY: both globals are 8-byte integers (common.cuh).
+            let mut g64 = unsafe { g.transmute_mut::<u64>(1) }
+                .ok_or_else(|| GpuError::invalid("trace", "the trace globals are not 8 bytes"))?;
+            self.stream
+                .memcpy_htod(&[value], &mut g64)
+                .while_(|| format!("setting the traced module's {name}"))?;
+        }
+        Ok(())
     }
 }
 

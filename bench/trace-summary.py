@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Summarises a decode-step trace (`ENTROLLM_TRACE=FILE entrollm bench ...`, a diagnostic build:
+thread 0 of every block records when it reached pdl_wait and when the wait returned).
+
+Kernel launches are told apart by their launch shape (grid, threads) and by time: the blocks of one
+launch are released together, launches of the same shape lie microseconds apart. For each launch in
+step order it prints when its first block was released (the previous launch had ended), the time to
+the next launch's release (this launch's critical path after its wait, plus the hand-over), and how
+many of its blocks arrived at the wait only after the release began (their prologue — table fill,
+first loads — was on the critical path). Then the same figures per position in the layer, averaged
+over the layers.
+
+    python3 bench/trace-summary.py FILE [STEP] [--layer-period N]
+"""
+import csv
+import sys
+from collections import defaultdict
+
+
+def launches(rows, gap_ns=4000):
+    by_shape = defaultdict(list)
+    for r in rows:
+        by_shape[(r["gx"], r["gy"], r["threads"])].append(r)
+    out = []
+    for shape, rs in by_shape.items():
+        rs.sort(key=lambda r: r["released_ns"])
+        cur = [rs[0]]
+        for r in rs[1:]:
+            if r["released_ns"] - cur[-1]["released_ns"] > gap_ns or any(
+                (c["bx"], c["by"]) == (r["bx"], r["by"]) for c in cur
+            ):
+                out.append((shape, cur))
+                cur = [r]
+            else:
+                cur.append(r)
+        out.append((shape, cur))
+    out.sort(key=lambda x: min(r["released_ns"] for r in x[1]))
+    return out
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    period = None
+    if "--layer-period" in sys.argv:
+        period = int(sys.argv[sys.argv.index("--layer-period") + 1])
+        args = [a for a in args if a != str(period)]
+    path = args[0]
+    step = int(args[1]) if len(args) > 1 else 1
+    rows = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            r = {k: int(v) for k, v in r.items()}
+            if r["step"] == step:
+                rows.append(r)
+    ls = launches(rows)
+    t0 = min(r["released_ns"] for _, rs in ls for r in rs)
+    table = []
+    for i, (shape, rs) in enumerate(ls):
+        rel = min(r["released_ns"] for r in rs)
+        rel_max = max(r["released_ns"] for r in rs)
+        arr_min = min(r["arrived_ns"] for r in rs)
+        late = sum(1 for r in rs if r["arrived_ns"] > rel + 200)
+        nxt = min(r["released_ns"] for r in ls[i + 1][1]) if i + 1 < len(ls) else None
+        table.append((shape, len(rs), rel - t0, rel_max - rel, rel - arr_min, late, (nxt - rel) if nxt else None))
+    print(f"step {step}: {len(ls)} launches, {len(rows)} blocks, "
+          f"{(max(r['released_ns'] for r in rows) - t0) / 1e3:.1f} us from the first release to the last")
+    print("  #  grid        thr  blocks  release_us  spread_us  early_us  late  to_next_us")
+    for i, (shape, n, rel, spread, early, late, nxt) in enumerate(table):
+        print(f"{i:3d}  {shape[0]:5d}x{shape[1]:<4d} {shape[2]:4d}  {n:6d}  {rel / 1e3:10.2f}  {spread / 1e3:9.2f}  "
+              f"{early / 1e3:8.2f}  {late:4d}  {'' if nxt is None else f'{nxt / 1e3:10.2f}'}")
+    if period:
+        print(f"per position in a layer of {period} launches (mean over whole layers; "
+              "the first launches before the layers are skipped by --layer-offset-free matching):")
+        # Find the first index where the shape sequence starts repeating with this period.
+        shapes = [t[0] for t in table]
+        start = next(s for s in range(len(shapes)) if all(
+            shapes[s + j] == shapes[s + j + period] for j in range(period) if s + j + period < len(shapes)))
+        acc = defaultdict(list)
+        for i in range(start, len(table) - period, 1):
+            if (i - start) // period >= 1 and shapes[i] != shapes[start + (i - start) % period]:
+                break
+            acc[(i - start) % period].append(table[i])
+        for j in range(period):
+            t = acc[j]
+            if not t:
+                continue
+            mean = lambda k: sum(x[k] for x in t if x[k] is not None) / len(t) / 1e3
+            print(f"  pos {j}: {t[0][0]} x{len(t)}  to_next {mean(6):6.2f} us  early {mean(4):6.2f} us  "
+                  f"late blocks {sum(x[5] for x in t) / len(t):5.1f} of {t[0][1]}")
+
+
+if __name__ == "__main__":
+    main()
