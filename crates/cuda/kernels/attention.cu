@@ -252,8 +252,10 @@ extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_ac
                                                const float* __restrict__ part_ml,
                                                const int* __restrict__ seq_len_ptr,
                                                float* __restrict__ out, int max_chunks, int max_seq) {
-    pdl_wait();
+    // Triggered before the wait: the projection that follows fills its table and loads its first
+    // weights before its own wait, more than this short kernel's work would cover.
     pdl_trigger();
+    pdl_wait();
     const int qh = blockIdx.x, d = threadIdx.x;
     const int seq_len = min(seq_len_ptr[0], max_seq);
     const int n_chunks = seq_len <= 0 ? 0 : (seq_len + ATTN_CHUNK - 1) / ATTN_CHUNK;

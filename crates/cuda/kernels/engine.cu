@@ -75,8 +75,10 @@ __device__ __forceinline__ void rope_append_impl(const float* __restrict__ qkv, 
     const int j0 = blockIdx.y * blockDim.x + threadIdx.x;
     const float2* cs_row = (const float2*)cos_sin + (size_t)tab * half;
     const float2 cs0 = j0 < rot_pairs ? cs_row[j0 % half] : make_float2(0.0f, 0.0f);
-    pdl_wait();
+    // Triggered before the wait: the attention that follows loads its cached K/V rows before its
+    // own wait, which this short kernel's work alone would not cover (trace: bench/RESULTS.md).
     pdl_trigger();
+    pdl_wait();
     for (int j = j0; j < items; j += gridDim.y * blockDim.x) {
         if (j < rot_pairs) {
             const int head = j / half, i = j - head * half;
