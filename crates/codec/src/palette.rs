@@ -227,6 +227,150 @@ impl Palette4 {
     }
 }
 
+/// Escape entries of [`PaletteBf16`] hold the column in 16 bits.
+pub const BF16_MAX_COLS: usize = 1 << 16;
+
+/// A BF16 matrix, losslessly, in the palette layout: each value's high byte (the sign and seven
+/// exponent bits) as a 4-bit index into its 16 most frequent high bytes ([`Palette4`] of the high
+/// bytes, zero among them) and its low byte (the last exponent bit and the mantissa) as stored, in
+/// the same fragment order — 12 bits a weight where a trained matrix's high bytes fit 16 values
+/// (they carry about 2.7 bits: the exponents of a bell-shaped distribution, and the sign). A
+/// weight whose high byte escapes is stored as index zero-slot with low byte 0 (a product over the
+/// stored form sees +0) and listed with its whole value.
+///
+/// Low bytes: per block, thread `t`'s 32 bytes at `32 t`; byte `2 j` and `2 j + 1` are the low
+/// bytes of the pair at index byte `j` of the thread ([`pair_at`]`(16 t + j)`, even column first):
+/// one 16-byte load a K-step pair of the GPU's `gemv_pal4` (PAL4_BF16). Escapes of row `r` are
+/// `escapes[row_ptr[r]..row_ptr[r + 1]]`, each `col | bits << 16`, columns ascending.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PaletteBf16 {
+    high: Palette4,
+    low: Vec<u8>,
+    escapes: Vec<u32>,
+}
+
+impl PaletteBf16 {
+    /// Packs `values` (BF16 bit patterns, row-major [rows, cols]; cols a multiple of 64 below
+    /// 2^16).
+    pub fn encode(values: &[u16], rows: usize, cols: usize) -> Result<Self> {
+        if cols >= BF16_MAX_COLS {
+            return Err(CodecError::Shape(format!(
+                "BF16 palette packing needs fewer than {BF16_MAX_COLS} columns, got {cols}"
+            )));
+        }
+        if values.len() != rows * cols {
+            return Err(CodecError::Shape(format!(
+                "[{rows}, {cols}] needs {} values, got {}",
+                rows * cols,
+                values.len()
+            )));
+        }
+        let high_bytes: Vec<u8> = values.par_iter().map(|&v| (v >> 8) as u8).collect();
+        let high = Palette4::encode(&high_bytes, rows, cols, 0)?;
+        let pairs: Vec<(usize, usize)> = (0..BLOCK_BYTES).map(pair_at).collect();
+        let tile_low = TILE_ROWS * cols;
+        let mut low = vec![0u8; rows.div_ceil(TILE_ROWS) * tile_low];
+        low.par_chunks_mut(tile_low)
+            .enumerate()
+            .for_each(|(t, out)| {
+                for (b, block) in out.chunks_exact_mut(2 * BLOCK_BYTES).enumerate() {
+                    for (j, &(r, c)) in pairs.iter().enumerate() {
+                        let row = t * TILE_ROWS + r;
+                        if row >= rows {
+                            continue;
+                        }
+                        let at = row * cols + b * BLOCK_COLS + c;
+                        block[2 * j] = values[at] as u8;
+                        block[2 * j + 1] = values[at + 1] as u8;
+                    }
+                }
+            });
+        // Escaped weights: low byte 0 in the stored form, the whole value in the list.
+        let mut escapes = Vec::with_capacity(high.escapes().len());
+        for r in 0..rows {
+            for &e in &high.escapes()[high.row_ptr()[r] as usize..high.row_ptr()[r + 1] as usize] {
+                let col = (e & 0xFF_FFFF) as usize;
+                let (t, b, c) = (r / TILE_ROWS, col / BLOCK_COLS, col % BLOCK_COLS);
+                let j = pairs
+                    .iter()
+                    .position(|&p| p == (r % TILE_ROWS, c & !1))
+                    .expect("every (row, even column) of a block has a byte");
+                low[t * tile_low + b * 2 * BLOCK_BYTES + 2 * j + (c & 1)] = 0;
+                escapes.push(col as u32 | (values[r * cols + col] as u32) << 16);
+            }
+        }
+        Ok(PaletteBf16 { high, low, escapes })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.high.rows()
+    }
+
+    pub fn cols(&self) -> usize {
+        self.high.cols()
+    }
+
+    /// The 16 high bytes (slot 0: 0x00, the zero slot escapes are stored as).
+    pub fn palette(&self) -> &[u8; SLOTS] {
+        self.high.palette()
+    }
+
+    /// High-byte indices, as [`Palette4::indices`].
+    pub fn indices(&self) -> &[u8] {
+        self.high.indices()
+    }
+
+    /// Low bytes in fragment order (type documentation): rows rounded up to 16, times cols.
+    pub fn low(&self) -> &[u8] {
+        &self.low
+    }
+
+    /// `rows + 1` offsets into [`Self::escapes`].
+    pub fn row_ptr(&self) -> &[u32] {
+        self.high.row_ptr()
+    }
+
+    /// Escape entries, `col | bits << 16`, by row, columns ascending.
+    pub fn escapes(&self) -> &[u32] {
+        &self.escapes
+    }
+
+    /// Bytes of the packed form: indices, low bytes, palette, row offsets and escapes.
+    pub fn stored_bytes(&self) -> usize {
+        self.high.stored_bytes() + self.low.len()
+    }
+
+    /// Bits a weight of the packed form.
+    pub fn bits_per_weight(&self) -> f64 {
+        8.0 * self.stored_bytes() as f64 / (self.rows() * self.cols()) as f64
+    }
+
+    /// All values, row-major, bit for bit the ones packed.
+    pub fn decode(&self) -> Vec<u16> {
+        let (rows, cols) = (self.rows(), self.cols());
+        let high = self.high.decode();
+        let pairs: Vec<(usize, usize)> = (0..BLOCK_BYTES).map(pair_at).collect();
+        let tile_low = TILE_ROWS * cols;
+        let mut out: Vec<u16> = high.iter().map(|&h| (h as u16) << 8).collect();
+        for r in 0..rows {
+            let tile = &self.low[r / TILE_ROWS * tile_low..][..tile_low];
+            for (b, block) in tile.chunks_exact(2 * BLOCK_BYTES).enumerate() {
+                for (j, &(tr, c)) in pairs.iter().enumerate() {
+                    if tr == r % TILE_ROWS {
+                        let at = r * cols + b * BLOCK_COLS + c;
+                        out[at] |= block[2 * j] as u16;
+                        out[at + 1] |= block[2 * j + 1] as u16;
+                    }
+                }
+            }
+            for &e in &self.escapes[self.row_ptr()[r] as usize..self.row_ptr()[r + 1] as usize] {
+                out[r * cols + (e & 0xFFFF) as usize] = (e >> 16) as u16;
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,6 +499,72 @@ mod tests {
         assert_eq!(e.decode(), codes);
         // Two rows fill a 16-row tile: the other rows are zero-slot padding.
         assert_eq!(e.indices().len(), TILE_ROWS * 64 / 2);
+    }
+
+    /// BF16 bit patterns of a bell-shaped matrix with a spread of row scales: high bytes over
+    /// about 16 values, a few beyond.
+    fn bell_bf16(rows: usize, cols: usize, seed: u64) -> Vec<u16> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut unit = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        (0..rows * cols)
+            .map(|i| {
+                let row_scale = 0.02 * (1.0 + (i / cols % 7) as f64 * 0.1);
+                // Box–Muller: one normal a value.
+                let z = (-2.0 * unit().ln()).sqrt() * (std::f64::consts::TAU * unit()).cos();
+                let v = (row_scale * z) as f32;
+                (v.to_bits() >> 16) as u16
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bf16_round_trips_bit_exact() {
+        for (rows, cols, seed) in [
+            (1, 64, 1),
+            (17, 128, 2),
+            (40, 1088, 3),
+            (3, 4096, 4),
+            (64, 2048, 5),
+        ] {
+            let v = bell_bf16(rows, cols, seed);
+            let p = PaletteBf16::encode(&v, rows, cols).unwrap();
+            assert_eq!(p.decode(), v, "[{rows}, {cols}]");
+            assert_eq!(p.low().len(), rows.div_ceil(TILE_ROWS) * TILE_ROWS * cols);
+            if rows % TILE_ROWS == 0 {
+                // Whole tiles: 12 bits and the few escapes.
+                assert!(p.bits_per_weight() < 12.1, "{}", p.bits_per_weight());
+            }
+        }
+        // Every high byte different: most weights escape, still exact.
+        let all: Vec<u16> = (0..64 * 64u32).map(|i| (i * 0x9E37) as u16).collect();
+        let p = PaletteBf16::encode(&all, 64, 64).unwrap();
+        assert!(p.escapes().len() > 64 * 64 / 2);
+        assert_eq!(p.decode(), all);
+        // The stored form of an escaped weight is +0: index zero-slot (high byte 0), low byte 0.
+        for r in 0..64 {
+            for &e in &p.escapes()[p.row_ptr()[r] as usize..p.row_ptr()[r + 1] as usize] {
+                let c = (e & 0xFFFF) as usize;
+                let j = (0..BLOCK_BYTES)
+                    .find(|&j| pair_at(j) == (r % TILE_ROWS, (c % BLOCK_COLS) & !1))
+                    .unwrap();
+                let at =
+                    (r / TILE_ROWS * 64 / BLOCK_COLS + c / BLOCK_COLS) * 2 * BLOCK_BYTES + 2 * j;
+                assert_eq!(p.low()[at + (c & 1)], 0);
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_bad_shapes_are_errors() {
+        assert!(PaletteBf16::encode(&[0; 64], 1, 32).is_err());
+        assert!(PaletteBf16::encode(&[0; 63], 1, 64).is_err());
+        let e = PaletteBf16::encode(&vec![0; 1 << 16], 1, 1 << 16).unwrap_err();
+        assert!(e.to_string().contains("columns"), "{e}");
     }
 
     #[test]

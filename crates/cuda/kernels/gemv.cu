@@ -430,6 +430,13 @@ gemv_fp8_norm(const unsigned char* __restrict__ w, const float* __restrict__ s,
 // dynamic region of a kernel without static shared memory starts right after the 1 KiB sm_90
 // reserves (PAL4_BASE, checked at run time), so the table's address is a constant the lookups
 // fold into their load: a lookup is one byte_perm and one load.
+// PAL4_BF16: the palette holds the high bytes of BF16 values (sign, seven exponent bits) and the
+// low bytes come as stored, in a parallel stream (codec palette::PaletteBf16, lossless): a table
+// entry is a pair's high bytes in place, one more byte_perm merges the pair's low bytes — the A
+// register. No row scales; escapes carry whole BF16 values.
+#ifndef PAL4_BF16
+#define PAL4_BF16 0
+#endif
 #define PAL4_BASE 1024u
 #define PAL4_TAB_STRIDE 256
 #define PAL4_TAB_BYTES (256 * PAL4_TAB_STRIDE)
@@ -464,8 +471,12 @@ __device__ __forceinline__ void sts_u4(u32 a, uint4 v) {
 // it, do not wait for a memory round trip.
 __device__ __forceinline__ void pal4_fill_table(uint4 pal) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+#if PAL4_BF16
+        const u32 v = (u32)pal4_code(pal, b & 15) << 8 | (u32)pal4_code(pal, b >> 4) << 24;
+#else
         const u32 v = (u32)f32_to_bf16(e4m3_to_f32(pal4_code(pal, b & 15))) |
                       (u32)f32_to_bf16(e4m3_to_f32(pal4_code(pal, b >> 4))) << 16;
+#endif
 #pragma unroll
         for (int c = 0; c < 8; ++c) sts_u4(PAL4_BASE + b * PAL4_TAB_STRIDE + 16 * c, make_uint4(v, v, v, v));
     }
@@ -529,14 +540,34 @@ __device__ __forceinline__ float pal4_fill_x(const float* __restrict__ x, const 
 // S warps; `valid`: the pair exists, `second`: its second tile does. Blocks past the end load
 // `safe` instead (any valid address; never multiplied): unconditional loads, so the compiler keeps
 // no old values around.
+// PAL4_BF16: also the lane's low bytes (lo: the stream's base; idx: the indices' base, so that
+// p's offset locates them: two 16-byte words a lane and block, where the indices have one).
+#if PAL4_BF16
+#define PAL4_LO 2
+#else
+#define PAL4_LO 1  // (unused)
+#endif
 template <int S>
-__device__ __forceinline__ void pal4_load(uint4 (&v)[GEMV_UNROLL][2], const uint4* p, size_t tile_words, bool valid,
-                                          bool second, int kb, int nkb, const uint4* safe) {
+__device__ __forceinline__ void pal4_load(uint4 (&v)[GEMV_UNROLL][2], uint4 (&vl)[GEMV_UNROLL][2][PAL4_LO],
+                                          const uint4* idx, const uint4* lo, const uint4* p, size_t tile_words,
+                                          bool valid, bool second, int kb, int nkb, const uint4* safe) {
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; ++u) {
         const bool ok = valid && kb + u * S < nkb;
-        v[u][0] = ld_stream_u4(ok ? p + u * S * 32 : safe);
-        v[u][1] = ld_stream_u4(ok && second ? p + tile_words + u * S * 32 : safe);
+        const uint4* p0 = ok ? p + u * S * 32 : safe;
+        const uint4* p1 = ok && second ? p + tile_words + u * S * 32 : safe;
+        v[u][0] = ld_stream_u4(p0);
+        v[u][1] = ld_stream_u4(p1);
+#if PAL4_BF16
+        // Low bytes of the block: at twice the index word's offset (two words a lane where the
+        // indices have one).
+        const uint4* l0 = lo + 2 * (p0 - idx);
+        const uint4* l1 = lo + 2 * (p1 - idx);
+        vl[u][0][0] = ld_stream_u4(l0);
+        vl[u][0][1] = ld_stream_u4(l0 + 1);
+        vl[u][1][0] = ld_stream_u4(l1);
+        vl[u][1][1] = ld_stream_u4(l1 + 1);
+#endif
     }
 }
 
@@ -549,9 +580,17 @@ __device__ __forceinline__ u32 pal4_entry(u32 off) {
 
 // One K step: c += A(word) · B(b0, b1). The pair of byte j of word sits at table offset
 // byte_perm(word, lane4, 0x55j4) = 256 · byte + 4 · lane (lane4 = 4 lane).
-__device__ __forceinline__ void pal4_mma(u32 word, u32 b0, u32 b1, u32 lane4, float (&c)[4]) {
-    const u32 a0 = pal4_entry(__byte_perm(word, lane4, 0x5504)), a1 = pal4_entry(__byte_perm(word, lane4, 0x5514));
-    const u32 a2 = pal4_entry(__byte_perm(word, lane4, 0x5524)), a3 = pal4_entry(__byte_perm(word, lane4, 0x5534));
+// PAL4_BF16: lo0, lo1 the four pairs' low bytes (pair i at bytes 2 i % 4, + 1 of word i / 2),
+// merged into bytes 0 and 2 of each looked-up entry.
+__device__ __forceinline__ void pal4_mma(u32 word, u32 lo0, u32 lo1, u32 b0, u32 b1, u32 lane4, float (&c)[4]) {
+    u32 a0 = pal4_entry(__byte_perm(word, lane4, 0x5504)), a1 = pal4_entry(__byte_perm(word, lane4, 0x5514));
+    u32 a2 = pal4_entry(__byte_perm(word, lane4, 0x5524)), a3 = pal4_entry(__byte_perm(word, lane4, 0x5534));
+#if PAL4_BF16
+    a0 = __byte_perm(a0, lo0, 0x3514);
+    a1 = __byte_perm(a1, lo0, 0x3716);
+    a2 = __byte_perm(a2, lo1, 0x3514);
+    a3 = __byte_perm(a3, lo1, 0x3716);
+#endif
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -561,17 +600,19 @@ __device__ __forceinline__ void pal4_mma(u32 word, u32 b0, u32 b1, u32 lane4, fl
 // A column block of both tiles of a pair (four K steps, each B fragment used twice; two
 // accumulator sets a tile so consecutive products do not wait on each other). xb: the shared
 // address of this lane's B words of the block.
-__device__ __forceinline__ void pal4_block(const uint4 (&w)[2], u32 xb, u32 lane4, float (&acc)[2][2][4]) {
+// PAL4_BF16: wl the tiles' low bytes (K step s: words 2 s, 2 s + 1 of the lane's eight).
+__device__ __forceinline__ void pal4_block(const uint4 (&w)[2], const uint4 (&wl)[2][PAL4_LO], u32 xb, u32 lane4,
+                                           float (&acc)[2][2][4]) {
     const uint4 b01 = lds_u4(xb), b23 = lds_u4(xb + 16);
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
-        pal4_mma(w[t].x, b01.x, b01.y, lane4, acc[t][0]);
-        pal4_mma(w[t].y, b01.z, b01.w, lane4, acc[t][1]);
+        pal4_mma(w[t].x, wl[t][0].x, wl[t][0].y, b01.x, b01.y, lane4, acc[t][0]);
+        pal4_mma(w[t].y, wl[t][0].z, wl[t][0].w, b01.z, b01.w, lane4, acc[t][1]);
     }
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
-        pal4_mma(w[t].z, b23.x, b23.y, lane4, acc[t][0]);
-        pal4_mma(w[t].w, b23.z, b23.w, lane4, acc[t][1]);
+        pal4_mma(w[t].z, wl[t][PAL4_LO - 1].x, wl[t][PAL4_LO - 1].y, b23.x, b23.y, lane4, acc[t][0]);
+        pal4_mma(w[t].w, wl[t][PAL4_LO - 1].z, wl[t][PAL4_LO - 1].w, b23.z, b23.w, lane4, acc[t][1]);
     }
 }
 
@@ -595,6 +636,7 @@ __device__ __forceinline__ void pal4_group_sync(int group) {
 template <bool NORM>
 __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, uint4 pal,
                                                const u32* __restrict__ esc_ptr, const u32* __restrict__ esc,
+                                               const uint4* __restrict__ lo,
                                                const float* __restrict__ rs, const float* __restrict__ x,
                                                const float* __restrict__ g, float* __restrict__ y, int n, int k,
                                                float eps) {
@@ -626,11 +668,11 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, ui
     const size_t pair_stride = 2 * (size_t)pair_step * tile_words;
     const uint4* p = p_pair;
     const uint4* safe = idx + lane;
-    uint4 next[GEMV_UNROLL][2];
+    uint4 next[GEMV_UNROLL][2], next_lo[GEMV_UNROLL][2][PAL4_LO];
     // Weights are immutable: the first batch loaded and the first pair's escape range requested
     // before pdl_wait (the range is used after x is staged). (Prefetching further batches into L2
     // here measured slower: bench/RESULTS.md, session 8.)
-    pal4_load<S>(next, p, tile_words, pair < npairs, 2 * pair + 1 < ntiles, wi, nkb, safe);
+    pal4_load<S>(next, next_lo, idx, lo, p, tile_words, pair < npairs, 2 * pair + 1 < ntiles, wi, nkb, safe);
     u32 esc_begin = 0, esc_end = 0;
     if (pair < npairs && wi == 0) {
         esc_begin = __ldg(esc_ptr + pair * R);
@@ -661,7 +703,7 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, ui
         // The residual (GEMV_ACCUM) is loaded outright: the add at the end does not wait for it.
         float y_in = 0.0f;
         if (wi == 0) {
-            prefetch_l1(rs + min(row0 + lane, n - 1));
+            if (!PAL4_BF16) prefetch_l1(rs + min(row0 + lane, n - 1));
             if (GEMV_ACCUM && row0 + lane < n) y_in = __ldcg(y + row0 + lane);
         }
         float acc[2][2][4] = {};
@@ -670,26 +712,36 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, ui
         int kb = wi;
         const bool second = 2 * pair + 1 < ntiles;
         for (; kb + S * GEMV_UNROLL < nkb; kb += S * GEMV_UNROLL) {
-            uint4 cur[GEMV_UNROLL][2];
+            uint4 cur[GEMV_UNROLL][2], cur_lo[GEMV_UNROLL][2][PAL4_LO];
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) cur[u][0] = next[u][0], cur[u][1] = next[u][1];
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                cur[u][0] = next[u][0], cur[u][1] = next[u][1];
+                if (PAL4_BF16)
+#pragma unroll
+                    for (int i = 0; i < PAL4_LO; ++i) cur_lo[u][0][i] = next_lo[u][0][i], cur_lo[u][1][i] = next_lo[u][1][i];
+            }
             p += S * GEMV_UNROLL * 32;
-            pal4_load<S>(next, p, tile_words, true, second, kb + S * GEMV_UNROLL, nkb, safe);
+            pal4_load<S>(next, next_lo, idx, lo, p, tile_words, true, second, kb + S * GEMV_UNROLL, nkb, safe);
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) pal4_block(cur[u], xq + 128u * (kb + u * S), lane4, acc);
+            for (int u = 0; u < GEMV_UNROLL; ++u) pal4_block(cur[u], cur_lo[u], xq + 128u * (kb + u * S), lane4, acc);
         }
         {
-            uint4 cur[GEMV_UNROLL][2];
+            uint4 cur[GEMV_UNROLL][2], cur_lo[GEMV_UNROLL][2][PAL4_LO];
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) cur[u][0] = next[u][0], cur[u][1] = next[u][1];
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                cur[u][0] = next[u][0], cur[u][1] = next[u][1];
+                if (PAL4_BF16)
+#pragma unroll
+                    for (int i = 0; i < PAL4_LO; ++i) cur_lo[u][0][i] = next_lo[u][0][i], cur_lo[u][1][i] = next_lo[u][1][i];
+            }
             p_pair += pair_stride;
             p = p_pair;
             const int pair2 = pair + pair_step;
-            pal4_load<S>(next, p, tile_words, pair2 < npairs, 2 * pair2 + 1 < ntiles, wi, nkb, safe);
+            pal4_load<S>(next, next_lo, idx, lo, p, tile_words, pair2 < npairs, 2 * pair2 + 1 < ntiles, wi, nkb, safe);
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; ++u) {
                 const int b = kb + u * S;
-                if (b < nkb) pal4_block(cur[u], xq + 128u * b, lane4, acc);
+                if (b < nkb) pal4_block(cur[u], cur_lo[u], xq + 128u * b, lane4, acc);
             }
         }
         // Columns 0 (hi) and 1 (lo) of rows lane / 4 and lane / 4 + 8 of each tile are in lanes
@@ -714,7 +766,11 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, ui
             if (e_begin < e_end) {
                 for (u32 i = e_begin + lane; i < e_end; i += 32) {
                     const u32 v = __ldg(esc + i);
+#if PAL4_BF16
+                    e = fmaf(bf16_to_f32((bf16_t)(v >> 16)), pal4_x_at(x_hi, x_lo, v & 0xffffu), e);
+#else
                     e = fmaf(e4m3_to_f32(v >> 24), pal4_x_at(x_hi, x_lo, v & 0xffffffu), e);
+#endif
                 }
                 e = warp_sum(e);
             }
@@ -726,7 +782,7 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, ui
             float sum = esc_red[buf][group][lane];
 #pragma unroll
             for (int w = 0; w < S; ++w) sum += red[buf][group * S + w][lane];
-            const float v = sum * scale * __ldg(rs + min(row, n - 1));
+            const float v = sum * scale * (PAL4_BF16 ? 1.0f : __ldg(rs + min(row, n - 1)));
 #if GEMV_SWIGLU
             const float up = __shfl_down_sync(0xffffffffu, v, 1);
             if ((lane & 1) == 0 && row + 1 < n) y[row >> 1] = v / (1.0f + expf(-v)) * up;
@@ -743,12 +799,13 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, ui
 // the groups, at most what fits at once. With one column block of a pair in flight a warp and no epilogue,
 // registers are capped for two blocks an SM (where shared memory allows: k up to about 12 000);
 // more would spill.
-#define PAL4_MIN_BLOCKS (GEMV_UNROLL == 1 && !GEMV_ACCUM && !GEMV_SWIGLU ? 2 : 1)
+#define PAL4_MIN_BLOCKS (GEMV_UNROLL == 1 && !GEMV_ACCUM && !GEMV_SWIGLU && !PAL4_BF16 ? 2 : 1)
+#if !PAL4_BF16
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, PAL4_MIN_BLOCKS)
 gemv_pal4(const uint4* __restrict__ idx, uint4 pal, const u32* __restrict__ esc_ptr,
           const u32* __restrict__ esc, const float* __restrict__ s, const float* __restrict__ x,
           float* __restrict__ y, int n, int k) {
-    gemv_pal4_body<false>(idx, pal, esc_ptr, esc, s, x, nullptr, y, n, k, 0.0f);
+    gemv_pal4_body<false>(idx, pal, esc_ptr, esc, nullptr, s, x, nullptr, y, n, k, 0.0f);
 }
 
 // y = diag(s) · W · rmsnorm(x; g, eps) (g f32 [k]), W palette-packed.
@@ -757,8 +814,25 @@ gemv_pal4_norm(const uint4* __restrict__ idx, uint4 pal,
                const u32* __restrict__ esc_ptr, const u32* __restrict__ esc, const float* __restrict__ s,
                const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ y, int n,
                int k, float eps) {
-    gemv_pal4_body<true>(idx, pal, esc_ptr, esc, s, x, g, y, n, k, eps);
+    gemv_pal4_body<true>(idx, pal, esc_ptr, esc, nullptr, s, x, g, y, n, k, eps);
 }
+#else
+// BF16 palette-packed (PaletteBf16): lo the low bytes; escapes col | bits << 16; no row scales.
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, PAL4_MIN_BLOCKS)
+gemv_pal4_bf16(const uint4* __restrict__ idx, uint4 pal, const u32* __restrict__ esc_ptr,
+               const u32* __restrict__ esc, const uint4* __restrict__ lo, const float* __restrict__ x,
+               float* __restrict__ y, int n, int k) {
+    gemv_pal4_body<false>(idx, pal, esc_ptr, esc, lo, nullptr, x, nullptr, y, n, k, 0.0f);
+}
+
+// y = W · rmsnorm(x; g, eps), W BF16 palette-packed.
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, PAL4_MIN_BLOCKS)
+gemv_pal4_bf16_norm(const uint4* __restrict__ idx, uint4 pal, const u32* __restrict__ esc_ptr,
+                    const u32* __restrict__ esc, const uint4* __restrict__ lo, const float* __restrict__ x,
+                    const float* __restrict__ g, float* __restrict__ y, int n, int k, float eps) {
+    gemv_pal4_body<true>(idx, pal, esc_ptr, esc, lo, nullptr, x, g, y, n, k, eps);
+}
+#endif
 #endif  // whole groups
 #endif  // !GEMV_ROPE: the FP8 and palette GEMVs have no RoPE epilogue
 

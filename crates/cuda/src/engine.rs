@@ -107,7 +107,7 @@ pub(crate) fn check_supported(c: &ModelConfig) -> Result<()> {
 }
 
 /// A matrix's rows as BF16 bits (lossless for BF16 matrices; other formats are rounded).
-fn host_bf16(m: &dyn Linear) -> Vec<u16> {
+pub(crate) fn host_bf16(m: &dyn Linear) -> Vec<u16> {
     let cols = m.cols();
     let mut out = vec![0u16; m.rows() * cols];
     out.par_chunks_mut(cols).enumerate().for_each_init(
@@ -530,6 +530,8 @@ const PDL_KERNELS: &[&str] = &[
     // 316.0 tok/s on the 8B FP8 shape, bench/RESULTS.md).
     "gemv_pal4",
     "gemv_pal4_norm",
+    "gemv_pal4_bf16",
+    "gemv_pal4_bf16_norm",
     "rope_append_f32q",
     "rope_append_bf16q",
     "attn_decode_partial",

@@ -354,7 +354,7 @@ impl GpuModel {
                 s.weights += c.rows() * c.cols();
                 s.bytes += c.parts.iter().map(|t| t.stored_bytes).sum::<usize>();
             }
-            GpuLinear::Dense(_) | GpuLinear::Fp8(_) => {
+            GpuLinear::Dense(_) | GpuLinear::Fp8(_) | GpuLinear::PalBf16(_) => {
                 s.dense_matrices += 1;
                 s.dense_weights += m.rows() * m.cols();
                 s.dense_bytes += m.stored_bytes();
@@ -577,7 +577,7 @@ fn build(
 fn stored_device_bytes(m: &GpuLinear) -> usize {
     match m {
         GpuLinear::Dtans(c) => c.parts.iter().map(|t| t.device_bytes()).sum(),
-        GpuLinear::Dense(_) | GpuLinear::Fp8(_) => m.stored_bytes(),
+        GpuLinear::Dense(_) | GpuLinear::Fp8(_) | GpuLinear::PalBf16(_) => m.stored_bytes(),
     }
 }
 
@@ -599,9 +599,9 @@ fn dup(dev: &GpuDevice, m: &GpuLinear) -> Result<GpuLinear> {
                 .while_(|| format!("copying a [{}, {}] BF16 matrix", d.rows, d.cols))?;
             Ok(GpuLinear::dense(w, d.rows, d.cols))
         }
-        GpuLinear::Fp8(_) => Err(GpuError::invalid(
+        GpuLinear::Fp8(_) | GpuLinear::PalBf16(_) => Err(GpuError::invalid(
             "layer copy",
-            "FP8 matrices are uploaded per layer, not copied",
+            "FP8 and palette-packed matrices are uploaded per layer, not copied",
         )),
     }
 }
@@ -1236,6 +1236,27 @@ fn fp8_parts(
     GpuLinear::fp8_from_host(dev, rows, cols, &codes, &scales, form, Arc::clone(scratch)).map(Some)
 }
 
+/// An FP8 checkpoint's BF16 LM head, palette-packed losslessly when its FP8 matrices are served
+/// palette-packed (`fp8` auto or palette; MINE codes the LM head as well, in BF16) and the head
+/// packs small enough ([`GpuLinear::pal_bf16_from_host`]); None otherwise.
+fn pal_bf16_head(
+    dev: &GpuDevice,
+    w: &entrollm_model::weights::ModelWeights,
+    fp8: Fp8Serving,
+) -> Result<Option<GpuLinear>> {
+    let head = &*w.lm_head;
+    let fp8_checkpoint = w.layers.iter().any(|l| l.q.fp8_e4m3().is_some());
+    if fp8 == Fp8Serving::Dense
+        || !fp8_checkpoint
+        || head.fp8_e4m3().is_some()
+        || head.dtans().is_some()
+    {
+        return Ok(None);
+    }
+    let bits = crate::engine::host_bf16(head);
+    GpuLinear::pal_bf16_from_host(dev, head.rows(), head.cols(), &bits)
+}
+
 /// Uploads a coded matrix made of `parts` (row-stacked; `halves`: gate/up), or None when any part
 /// is not kept coded or the parts cannot share a launch (then the caller uploads it dense).
 fn coded_parts(
@@ -1553,7 +1574,10 @@ fn serve(
     let lm_head = if Arc::ptr_eq(&w.embed, &w.lm_head) {
         None
     } else {
-        Some(serve(&[&*w.lm_head], false, Launch::LmHead, "lm_head")?)
+        match pal_bf16_head(dev, w, fp8)? {
+            Some(l) => Some(l),
+            None => Some(serve(&[&*w.lm_head], false, Launch::LmHead, "lm_head")?),
+        }
     };
     let mut layers = Vec::with_capacity(w.layers.len());
     for (i, l) in w.layers.iter().enumerate() {

@@ -826,7 +826,9 @@ fn small_model(seed: u64) -> Result<ModelWeights> {
 /// `w` with every matrix but the embedding stored as an FP8 checkpoint holds it: E4M3 codes with
 /// per-row scales, the row's largest magnitude mapped to `top` (448: the format's range; small
 /// values push most codes to the few near zero, as in a low-entropy checkpoint).
-fn fp8_weights(w: ModelWeights, top: f32) -> Result<ModelWeights> {
+/// `w` with its layer matrices (and, with `head`, its LM head) as FP8 E4M3 with row scales whose
+/// row maxima map to `top`.
+fn fp8_weights(w: ModelWeights, top: f32, head: bool) -> Result<ModelWeights> {
     use entrollm_codec::payload::f32_to_fp8_e4m3;
     use entrollm_model::weights::{DenseFp8, RowScaled};
     let fp8 = |m: &Arc<dyn Linear>| -> Result<Arc<dyn Linear>> {
@@ -867,7 +869,7 @@ fn fp8_weights(w: ModelWeights, top: f32) -> Result<ModelWeights> {
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(ModelWeights {
-        lm_head: fp8(&w.lm_head)?,
+        lm_head: if head { fp8(&w.lm_head)? } else { w.lm_head },
         embed: w.embed,
         final_norm: w.final_norm,
         layers,
@@ -901,6 +903,17 @@ fn fp8_served_case(
         cases,
     )?;
     let served = GpuModel::upload_served(dev, &w, form)?.0;
+    // A BF16 head beside palette-packed layers is palette-packed too (its columns allowing).
+    let head_bf16 = w.lm_head.fp8_e4m3().is_none();
+    if head_bf16 && form == Fp8Serving::Palette {
+        let packed = matches!(served.lm_head, Some(crate::linear::GpuLinear::PalBf16(_)));
+        cases.push(CaseResult {
+            kernel: "lm_head_palette_bf16".into(),
+            shape: format!("{label}: BF16 LM head palette-packed: {packed}"),
+            rel_l2: if packed { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
+    }
     let (kernel, got, multiple) = match form {
         Fp8Serving::Palette => (
             "fp8_palette_matrices",
@@ -911,7 +924,7 @@ fn fp8_served_case(
     };
     drop(served);
     let fits = |m: &Arc<dyn Linear>| usize::from(m.cols() % multiple == 0);
-    let expected = fits(&w.lm_head)
+    let expected = if head_bf16 { 0 } else { fits(&w.lm_head) }
         + w.layers
             .iter()
             .map(|l| fits(&l.q) + fits(&l.o) + fits(&l.gate) + fits(&l.down))
@@ -1347,7 +1360,7 @@ pub fn run_engine_selftest(
     // Tolerance as for SmolLM2: besides the BF16 activations, prefill multiplies by each scaled
     // weight rounded to BF16, the CPU engine by the exact FP8 value times its scale (measured on
     // the H200: 2.9e-2 prefill, 2.5e-2 decode).
-    let w8 = fp8_weights(small_model(seed ^ 0xF8)?, 448.0)?;
+    let w8 = fp8_weights(small_model(seed ^ 0xF8)?, 448.0, true)?;
     fp8_served_case(
         dev,
         "small qwen2-like, FP8 E4M3 + row scales",
@@ -1359,11 +1372,22 @@ pub fn run_engine_selftest(
     // The same architecture as a low-entropy FP8 checkpoint (row maxima at 2^-5: most codes are
     // zero and the subnormals), served palette-packed (every FP8 matrix whose columns are a
     // multiple of 64; escapes included).
-    let wp = fp8_weights(small_model(seed ^ 0xF9)?, 1.0 / 32.0)?;
+    let wp = fp8_weights(small_model(seed ^ 0xF9)?, 1.0 / 32.0, true)?;
     fp8_served_case(
         dev,
         "small qwen2-like, low-entropy FP8, palette-packed",
         wp,
+        Fp8Serving::Palette,
+        &prompt,
+        &mut cases,
+    )?;
+    // Its layers so with the LM head kept BF16, as FP8 checkpoints keep it: the head is served
+    // palette-packed losslessly (`gemv_pal4_bf16`, the norm fused) beside the palette layers.
+    let wh = fp8_weights(small_model(seed ^ 0xFA)?, 1.0 / 32.0, false)?;
+    fp8_served_case(
+        dev,
+        "small qwen2-like, low-entropy FP8 + BF16 head, palette-packed",
+        wh,
         Fp8Serving::Palette,
         &prompt,
         &mut cases,

@@ -10,12 +10,16 @@
 //! SwiGLU into the caller's buffer), so the step still captures into one CUDA graph with no
 //! allocation. Prefill dequantises the matrix into the scratch's BF16 workspace (one matrix, the
 //! largest of the layers) and runs the same cuBLASLt GEMM as the dense path.
+//!
+//! [`GpuLinear::PalBf16`]: a BF16 matrix palette-packed losslessly ([`GpuPalBf16`], 12 bits a
+//! weight): an FP8 checkpoint's LM head when its FP8 matrices are palette-packed. Batch-1
+//! products only (the LM head's: decode, and the last prompt token's logits).
 
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
 use entrollm_codec::dtans::Coding;
-use entrollm_codec::palette::Palette4;
+use entrollm_codec::palette::{Palette4, PaletteBf16};
 use entrollm_codec::Payload;
 
 use crate::bench_coded::tuned_launches;
@@ -35,7 +39,7 @@ use crate::ops::forward::{
 use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
 use crate::ops::gemv_fp8::{
     check_gemv_fp8_shape, check_gemv_pal4_shape, gemv_fp8_config_for, launch_fp8_rows_to_bf16,
-    launch_gemv_fp8, pal4_config_for, Fp8Codes, GpuPal4,
+    launch_gemv_fp8, launch_gemv_pal_bf16, pal4_config_for, Fp8Codes, GpuPal4, GpuPalBf16,
 };
 
 /// A row-major BF16 matrix [rows, cols] in device memory and the GEMV configuration of its shape.
@@ -182,7 +186,12 @@ pub enum GpuLinear {
     Dense(DenseBf16),
     Dtans(Box<DtansLinear>),
     Fp8(Box<Fp8Linear>),
+    PalBf16(Box<GpuPalBf16>),
 }
+
+/// [`GpuLinear::pal_bf16_from_host`] packs a BF16 matrix when the packed form is at most this
+/// fraction of its bytes (12 bits a weight is 0.75; each escape adds 4 bytes).
+pub const PAL_BF16_MAX_RATIO: f64 = 0.8;
 
 /// A launch configuration of the dtANS kernels for a coded matrix: the tuned one when the shape
 /// and coding are in the measured Llama-8B table, else the first of 8/4 warps × unroll 8/4/2 the
@@ -351,11 +360,36 @@ impl GpuLinear {
         })))
     }
 
+    /// A BF16 matrix (row-major bits) palette-packed losslessly, or None where its shape does
+    /// not pack (columns not a multiple of 64, or 2^16 or more) or the packed form is larger than
+    /// [`PAL_BF16_MAX_RATIO`] of the dense one (high bytes spread over many values).
+    pub fn pal_bf16_from_host(
+        dev: &GpuDevice,
+        rows: usize,
+        cols: usize,
+        bits: &[u16],
+    ) -> Result<Option<Self>> {
+        if check_gemv_pal4_shape(rows, cols).is_err() || bits.len() != rows * cols {
+            return Ok(None);
+        }
+        let p = match PaletteBf16::encode(bits, rows, cols) {
+            Ok(p) => p,
+            Err(_) => return Ok(None),
+        };
+        if p.stored_bytes() as f64 > PAL_BF16_MAX_RATIO * (2 * bits.len()) as f64 {
+            return Ok(None);
+        }
+        Ok(Some(GpuLinear::PalBf16(Box::new(GpuPalBf16::upload(
+            dev, &p,
+        )?))))
+    }
+
     pub fn rows(&self) -> usize {
         match self {
             GpuLinear::Dense(d) => d.rows,
             GpuLinear::Dtans(c) => c.rows(),
             GpuLinear::Fp8(f) => f.rows,
+            GpuLinear::PalBf16(p) => p.rows,
         }
     }
 
@@ -364,6 +398,7 @@ impl GpuLinear {
             GpuLinear::Dense(d) => d.cols,
             GpuLinear::Dtans(c) => c.cols(),
             GpuLinear::Fp8(f) => f.cols,
+            GpuLinear::PalBf16(p) => p.cols,
         }
     }
 
@@ -372,7 +407,11 @@ impl GpuLinear {
     /// (H200, synthetic Llama-3.1-8B FP8 at 2.1 bits: 412 against 381 tok/s; the dense FP8 GEMV,
     /// whose warps would each re-read x, 275 against 315 — bench/RESULTS.md).
     pub fn norm_in_gemv(&self) -> bool {
-        matches!(self, GpuLinear::Fp8(f) if matches!(f.codes, Fp8Codes::Palette(_)))
+        match self {
+            GpuLinear::Fp8(f) => matches!(f.codes, Fp8Codes::Palette(_)),
+            GpuLinear::PalBf16(_) => true,
+            _ => false,
+        }
     }
 
     /// Bytes of device memory the matrix occupies (and reads per batch-1 product).
@@ -381,6 +420,7 @@ impl GpuLinear {
             GpuLinear::Dense(d) => d.rows * d.cols * 2,
             GpuLinear::Dtans(c) => c.parts.iter().map(|t| t.stored_bytes).sum(),
             GpuLinear::Fp8(f) => f.codes.stored_bytes() + 4 * f.rows,
+            GpuLinear::PalBf16(p) => p.stored_bytes(),
         }
     }
 
@@ -397,7 +437,7 @@ impl GpuLinear {
                 launch_gemv_accum(dev, d.gemv, &d.w, x, y, d.rows, d.cols)
             }
             GpuLinear::Dense(d) => launch_gemv(dev, d.gemv, &d.w, x, y, d.rows, d.cols),
-            GpuLinear::Dtans(_) | GpuLinear::Fp8(_) => {
+            GpuLinear::Dtans(_) | GpuLinear::Fp8(_) | GpuLinear::PalBf16(_) => {
                 let fusion = GemvFusion {
                     accumulate,
                     swiglu: false,
@@ -438,6 +478,15 @@ impl GpuLinear {
                 launch_gemv_fp8(
                     dev, cfg, fusion, &f.codes, &f.scales, x, norm, y, f.rows, f.cols,
                 )
+            }
+            GpuLinear::PalBf16(p) => {
+                if fusion.accumulate || fusion.swiglu {
+                    return Err(GpuError::invalid(
+                        "gemv_pal4_bf16",
+                        "BF16 palette-packed matrices have no residual-add or SwiGLU epilogue",
+                    ));
+                }
+                launch_gemv_pal_bf16(dev, p.gemv, p, x, norm, y)
             }
         }
     }
@@ -486,6 +535,14 @@ impl GpuLinear {
                 launch_fp8_rows_to_bf16(dev, &f.codes, &f.scales, &mut s.w, f.rows, f.cols)?;
                 gemm.matmul(&s.w, x, y, m, f.rows, f.cols, accumulate)
             }
+            GpuLinear::PalBf16(p) => Err(GpuError::invalid(
+                "palette-packed BF16 matmul",
+                format!(
+                    "a [{}, {}] BF16 palette-packed matrix serves batch-1 products only (the LM \
+                     head's)",
+                    p.rows, p.cols
+                ),
+            )),
         }
     }
 

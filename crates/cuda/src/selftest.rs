@@ -10,7 +10,7 @@ use std::fmt;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, DeviceRepr};
-use entrollm_codec::palette::Palette4;
+use entrollm_codec::palette::{Palette4, PaletteBf16};
 
 use crate::bench_fp8::GemvForm;
 use crate::device::GpuDevice;
@@ -24,7 +24,8 @@ use crate::ops::f32_to_bf16;
 use crate::ops::forward::{rmsnorm_f32w_ref, swiglu_interleaved_ref, GemvFusion};
 use crate::ops::gemv::{gemv_ref, launch_gemv, GemvConfig};
 use crate::ops::gemv_fp8::{
-    fp8_rows_to_bf16_ref, gemv_fp8_ref, launch_fp8_rows_to_bf16, launch_gemv_fp8, Fp8Codes, GpuPal4,
+    fp8_rows_to_bf16_ref, gemv_fp8_ref, launch_fp8_rows_to_bf16, launch_gemv_fp8,
+    launch_gemv_pal_bf16, pal_bf16_config_for, Fp8Codes, GpuPal4, GpuPalBf16, PAL_BF16_CANDIDATES,
 };
 use crate::ops::rope::{launch_rope, rope_ref, RopeLayout, RopeShape};
 
@@ -439,6 +440,63 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// The BF16 palette GEMV (a lossless [`PaletteBf16`] of N(0, 0.02) weights; `spread`: high
+    /// bytes over 128 values instead, most weights escaping), optionally with RMSNorm of x, against
+    /// the dense BF16 product of the same values.
+    fn gemv_pal_bf16(
+        &mut self,
+        cfg: GemvConfig,
+        n: usize,
+        k: usize,
+        norm: bool,
+        spread: bool,
+    ) -> Result<()> {
+        let w: Vec<u16> = if spread {
+            (0..n * k)
+                .map(|_| self.rng.next_u64() as u16 & 0xBFFF)
+                .collect()
+        } else {
+            self.rng.bf16s(n * k, 0.02)
+        };
+        let p = PaletteBf16::encode(&w, n, k)
+            .map_err(|e| GpuError::invalid("palette selftest", e.to_string()))?;
+        let w_d = GpuPalBf16::upload(self.dev, &p)?;
+        let x = self.rng.normals(k, 1.0);
+        let g: Vec<f32> = (0..k).map(|_| 1.0 + 0.1 * self.rng.normal()).collect();
+        let (x_d, g_d) = (upload(self.dev, &x)?, upload(self.dev, &g)?);
+        let mut y = poisoned(self.dev, n)?;
+        let eps = 1e-5;
+        launch_gemv_pal_bf16(
+            self.dev,
+            cfg,
+            &w_d,
+            &x_d,
+            norm.then_some((&g_d, eps)),
+            &mut y,
+        )?;
+        let got = download(self.dev, &y)?;
+        let xin = if norm {
+            rmsnorm_f32w_ref(&x, &g, eps)
+        } else {
+            x
+        };
+        let want = gemv_ref(&w, &xin, n, k);
+        let label = format!(
+            "{cfg} [{n}, {k}]{}{} ({} escapes)",
+            if norm { " norm" } else { "" },
+            if spread { " spread" } else { "" },
+            p.escapes().len()
+        );
+        self.record(
+            "gemv_pal4_bf16",
+            label,
+            &got[..n],
+            &want,
+            GemvForm::Palette.tolerance(),
+        );
+        Ok(())
+    }
+
     /// FP8 → BF16 materialisation with row scales (codes dense or palette-packed), bit for bit
     /// against the CPU reference on the codes.
     fn fp8_rows_to_bf16(&mut self, form: Fp8Form, rows: usize, cols: usize) -> Result<()> {
@@ -758,6 +816,24 @@ fn fp8_cases(c: &mut Checker) -> Result<()> {
         c.gemv_fp8(form, cfg, accum, false, n, k)?;
         c.gemv_fp8(form, cfg, plain, true, n, k)?;
     }
+    // The BF16 palette GEMV (an FP8 checkpoint's LM head): every configuration on ragged shapes,
+    // with and without the norm, one with most weights escaping, and the Llama-8B LM head as the
+    // engine launches it.
+    for cfg in PAL_BF16_CANDIDATES {
+        for &(n, k) in &[(1, 64), (37, 576), (129, 4160), (1000, 2048)] {
+            c.gemv_pal_bf16(cfg, n, k, false, false)?;
+        }
+        c.gemv_pal_bf16(cfg, 33, 1024, true, false)?;
+    }
+    c.gemv_pal_bf16(PAL_BF16_CANDIDATES[0], 37, 576, true, true)?;
+    let (n, k) = (128_256, 4096);
+    c.gemv_pal_bf16(
+        pal_bf16_config_for(n, c.dev.info().sm_count),
+        n,
+        k,
+        true,
+        false,
+    )?;
     Ok(())
 }
 

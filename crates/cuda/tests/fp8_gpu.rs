@@ -139,6 +139,24 @@ fn fp8_gpu_cold_timing() {
             entropy.0, entropy.1, bf16.median_us, d.kernel, d.median_us, p.kernel, p.median_us,
             entropy.2, entropy.3, d.median_us / p.median_us
         );
+        if name == "lm_head" {
+            // An FP8 checkpoint's LM head is BF16: dense, and palette-packed losslessly (what
+            // `--fp8 palette` serves it as).
+            let mut b = GemvBench::new(&dev, n, k, 1000 + i as u64).expect("bf16 setup");
+            let (t, rel) = b.time_pal_bf16().expect("bf16 palette timing");
+            if rel.is_nan() || rel >= 5e-5 {
+                println!("FAIL {} {name}: rel_l2 {rel:e}", t.kernel);
+                failures += 1;
+            }
+            println!(
+                "{name:<8} BF16 lm_head: dense {:.2} us, {} {:.2} us (x{:.3}, rel_l2 {rel:.1e}, {} copies)",
+                bf16.median_us,
+                t.kernel,
+                t.median_us,
+                bf16.median_us / t.median_us,
+                t.copies
+            );
+        }
         if name != "lm_head" {
             layer[0] += 32.0 * bf16.median_us;
             layer[1] += 32.0 * d.median_us;

@@ -90,6 +90,12 @@ pub fn all_variants() -> Vec<KernelVariant> {
             }
         }
     }
+    // The BF16 palette GEMV (an FP8 checkpoint's LM head).
+    v.extend(
+        crate::ops::gemv_fp8::PAL_BF16_CANDIDATES
+            .iter()
+            .map(|&c| crate::ops::gemv_fp8::pal_bf16_variant(c)),
+    );
     for c in GemvConfig::CANDIDATES {
         let r = gemv_rope_variant(c).1;
         if !v.contains(&r) {

@@ -9,12 +9,17 @@
 //! (codec `palette::Palette4`, `gemv_pal4`: 4-bit indices into 16 codes plus escapes, half the
 //! bytes, for low-entropy checkpoints; the products on the tensor cores, with x in two BF16
 //! halves). Same epilogues, same references: the packed form decodes to the same codes.
+//!
+//! The palette kernel also takes BF16 matrices losslessly ([`GpuPalBf16`], codec [`PaletteBf16`]:
+//! the high bytes as 4-bit indices, the low bytes as stored, 12 bits a weight; `gemv_pal4_bf16`,
+//! PAL4_BF16): what an FP8 checkpoint's BF16 LM head is served as when its FP8 matrices are
+//! palette-packed. CPU reference: the dense BF16 product of the decoded values.
 
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
-use entrollm_codec::palette::{Palette4, BLOCK_COLS, TILE_ROWS};
+use entrollm_codec::palette::{Palette4, PaletteBf16, BLOCK_COLS, TILE_ROWS};
 use entrollm_codec::payload::fp8_e4m3_to_f32;
 use entrollm_model::weights::{DenseFp8, RowScaled};
 use entrollm_model::Linear;
@@ -24,6 +29,7 @@ use super::forward::{check_fusion, check_swiglu_rows, gemv_fused_variant, GemvFu
 use super::gemv::{check_chunked_shape, GemvConfig};
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
+use crate::jit::KernelVariant;
 
 /// Checks a dense FP8 GEMV shape: k a multiple of 16 (16-byte aligned rows of one-byte weights).
 pub fn check_gemv_fp8_shape(n: usize, k: usize) -> Result<()> {
@@ -94,6 +100,52 @@ impl GpuPal4 {
             esc: s.clone_htod(esc).while_(what)?,
             escapes: p.escapes().len(),
         })
+    }
+}
+
+/// A BF16 matrix palette-packed losslessly on the device (codec [`PaletteBf16`]): high-byte
+/// indices in the FP8 palette layout, the 16 high bytes (kernel argument), escape offsets and
+/// escapes (never empty), and the low bytes.
+pub struct GpuPalBf16 {
+    pub rows: usize,
+    pub cols: usize,
+    pub idx: CudaSlice<u8>,
+    pub codes: Pal4Codes,
+    pub esc_ptr: CudaSlice<u32>,
+    pub esc: CudaSlice<u32>,
+    pub lo: CudaSlice<u8>,
+    /// Escaped weights.
+    pub escapes: usize,
+    pub gemv: GemvConfig,
+}
+
+impl GpuPalBf16 {
+    pub fn upload(dev: &GpuDevice, p: &PaletteBf16) -> Result<Self> {
+        let (rows, cols) = (p.rows(), p.cols());
+        check_gemv_pal4_shape(rows, cols)?;
+        let s = dev.stream();
+        let what = || format!("uploading a [{rows}, {cols}] palette-packed BF16 matrix");
+        let esc: &[u32] = if p.escapes().is_empty() {
+            &[0]
+        } else {
+            p.escapes()
+        };
+        Ok(GpuPalBf16 {
+            rows,
+            cols,
+            idx: s.clone_htod(p.indices()).while_(what)?,
+            codes: Pal4Codes::new(p.palette()),
+            esc_ptr: s.clone_htod(p.row_ptr()).while_(what)?,
+            esc: s.clone_htod(esc).while_(what)?,
+            lo: s.clone_htod(p.low()).while_(what)?,
+            escapes: p.escapes().len(),
+            gemv: pal_bf16_config_for(rows, dev.info().sm_count),
+        })
+    }
+
+    /// Bytes a batch-1 product reads: indices, low bytes, palette, escape offsets and escapes.
+    pub fn stored_bytes(&self) -> usize {
+        self.idx.len() + self.lo.len() + 16 + 4 * (self.esc_ptr.len() + self.escapes)
     }
 }
 
@@ -216,6 +268,35 @@ const PAL4_W14R7: GemvConfig = GemvConfig {
     unroll: 2,
 };
 
+/// The launch for a BF16 palette-packed matrix: [`pal4_config_for`]'s groups with one column
+/// block in flight a warp (the low bytes triple what a block holds in registers).
+pub fn pal_bf16_config_for(rows: usize, sms: u32) -> GemvConfig {
+    GemvConfig {
+        unroll: 1,
+        ..pal4_config_for(rows, sms, false)
+    }
+}
+
+/// Every configuration [`pal_bf16_config_for`] gives (compiled by CI, covered by the selftest).
+pub const PAL_BF16_CANDIDATES: [GemvConfig; 5] = [
+    pal4(1, 1),
+    pal4(2, 1),
+    pal4(4, 1),
+    GemvConfig {
+        warps: 14,
+        rows: 7,
+        unroll: 1,
+    },
+    pal4(8, 1),
+];
+
+/// The module of `gemv_pal4_bf16` in configuration `cfg`.
+pub fn pal_bf16_variant(cfg: GemvConfig) -> KernelVariant {
+    let mut v = gemv_fused_variant(cfg, GemvFusion::default());
+    v.defines.push(("PAL4_BF16", 1));
+    v
+}
+
 /// The palette GEMV's configurations the timing sweep and the selftest cover (compiled with every
 /// epilogue they allow: `ops::forward::all_variants`).
 pub const PAL4_CANDIDATES: [GemvConfig; 7] = [
@@ -271,26 +352,7 @@ pub fn launch_gemv_fp8(
     let what = || format!("launching {kernel} {cfg} {fusion:?} [{n}, {k}]");
     let f = dev.function(&variant, kernel)?;
     if let Fp8Codes::Palette(_) = w {
-        // Persistent blocks over the 16-row tiles (each builds a 64 KiB lookup table first): as
-        // many as fit at once.
-        let shared = pal4_shared_bytes(cfg, k).ok_or_else(|| {
-            GpuError::invalid(
-                OP,
-                format!("{cfg}: k = {k} does not fit in shared memory beside the table"),
-            )
-        })?;
-        f.set_attribute(
-            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            shared as i32,
-        )
-        .while_(|| format!("allowing {shared} bytes of shared memory for {kernel}"))?;
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(cfg.warps * 32, shared, None)
-            .while_(|| format!("querying the occupancy of {kernel} {cfg}"))?;
-        let pairs = n.div_ceil(2 * TILE_ROWS);
-        let blocks = pairs.div_ceil(cfg.rows as usize) as u32;
-        launch.grid_dim.0 = blocks.min(per_sm.max(1) * dev.info().sm_count);
-        launch.shared_mem_bytes = shared as u32;
+        launch = pal4_launch(dev, &f, kernel, cfg, n, k)?;
     }
     let mut b = dev.stream().launch_builder(&f);
     match w {
@@ -309,6 +371,96 @@ pub fn launch_gemv_fp8(
     }
     // SAFETY: argument types and counts match the kernel chosen above; sizes were checked.
     unsafe { b.launch(launch) }.while_(what)?;
+    Ok(())
+}
+
+/// The launch of a palette kernel `f` (`gemv_pal4*`): persistent blocks over the 16-row tiles
+/// (each builds a 64 KiB lookup table first), as many as fit at once, with the shared memory
+/// [`pal4_shared_bytes`] gives.
+fn pal4_launch(
+    dev: &GpuDevice,
+    f: &cudarc::driver::CudaFunction,
+    kernel: &str,
+    cfg: GemvConfig,
+    n: usize,
+    k: usize,
+) -> Result<cudarc::driver::LaunchConfig> {
+    let shared = pal4_shared_bytes(cfg, k).ok_or_else(|| {
+        GpuError::invalid(
+            "gemv_pal4",
+            format!("{cfg}: k = {k} does not fit in shared memory beside the table"),
+        )
+    })?;
+    f.set_attribute(
+        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        shared as i32,
+    )
+    .while_(|| format!("allowing {shared} bytes of shared memory for {kernel}"))?;
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(cfg.warps * 32, shared, None)
+        .while_(|| format!("querying the occupancy of {kernel} {cfg}"))?;
+    let pairs = n.div_ceil(2 * TILE_ROWS);
+    let blocks = pairs.div_ceil(cfg.rows as usize) as u32;
+    let mut launch = cfg.launch(n);
+    launch.grid_dim.0 = blocks.min(per_sm.max(1) * dev.info().sm_count);
+    launch.shared_mem_bytes = shared as u32;
+    Ok(launch)
+}
+
+/// `y = W · rmsnorm(x; g, eps)` (when `norm` is given, else `W x`), W a BF16 palette-packed
+/// [`GpuPalBf16`] [n, k], x f32 [k], y f32 [n]; in configuration `cfg` (one of
+/// [`PAL_BF16_CANDIDATES`]; the matrix's own is `w.gemv`).
+pub fn launch_gemv_pal_bf16(
+    dev: &GpuDevice,
+    cfg: GemvConfig,
+    w: &GpuPalBf16,
+    x: &CudaSlice<f32>,
+    norm: Option<(&CudaSlice<f32>, f32)>,
+    y: &mut CudaSlice<f32>,
+) -> Result<()> {
+    const OP: &str = "gemv_pal4_bf16";
+    let (n, k) = (w.rows, w.cols);
+    check_gemv_pal4_shape(n, k)?;
+    check_len(OP, "indices", &w.idx, pal4_index_bytes(n, k))?;
+    check_len(OP, "low bytes", &w.lo, 2 * pal4_index_bytes(n, k))?;
+    check_len(OP, "escape offsets", &w.esc_ptr, n + 1)?;
+    check_len(OP, "escapes", &w.esc, w.escapes.max(1))?;
+    check_len(OP, "x", x, k)?;
+    check_len(OP, "y", y, n)?;
+    if cfg.unroll != 1 || cfg.rows > 15 || cfg.warps % cfg.rows != 0 {
+        return Err(GpuError::invalid(
+            OP,
+            format!(
+                "{cfg}: the BF16 palette GEMV needs one column block in flight and whole groups"
+            ),
+        ));
+    }
+    let kernel = if norm.is_some() {
+        "gemv_pal4_bf16_norm"
+    } else {
+        "gemv_pal4_bf16"
+    };
+    let f = dev.function(&pal_bf16_variant(cfg), kernel)?;
+    let launch = pal4_launch(dev, &f, kernel, cfg, n, k)?;
+    let (n_i, k_i) = (n as i32, k as i32);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(&w.idx)
+        .arg(&w.codes)
+        .arg(&w.esc_ptr)
+        .arg(&w.esc)
+        .arg(&w.lo)
+        .arg(x);
+    if let Some((g, _)) = &norm {
+        check_len(OP, "norm weight", g, k)?;
+        b.arg(*g);
+    }
+    b.arg(y).arg(&n_i).arg(&k_i);
+    let eps = norm.map(|(_, eps)| eps);
+    if let Some(eps) = &eps {
+        b.arg(eps);
+    }
+    // SAFETY: argument types and counts match the kernel chosen above; sizes were checked.
+    unsafe { b.launch(launch) }.while_(|| format!("launching {kernel} {cfg} [{n}, {k}]"))?;
     Ok(())
 }
 
@@ -473,6 +625,16 @@ mod tests {
                 assert!(PAL4_CANDIDATES.contains(&c), "{c}");
             }
         }
+    }
+
+    #[test]
+    fn pal_bf16_configs_are_compiled_candidates() {
+        for rows in [1, 16, 4096, 28_672, 128_256, 1 << 20] {
+            let c = pal_bf16_config_for(rows, 132);
+            assert!(PAL_BF16_CANDIDATES.contains(&c), "{c}");
+            assert_eq!(c.unroll, 1);
+        }
+        assert_eq!(pal_bf16_config_for(128_256, 132).rows, 8);
     }
 
     #[test]
