@@ -11,6 +11,10 @@ first loads — was on the critical path). Then the same figures per position in
 over the layers.
 
     python3 bench/trace-summary.py FILE [STEP] [--layer-period N]
+
+(STEP: 0, 1 or 2, default 1; --layer-period N: also the means per position in a layer of N
+launches — 7 for the palette-packed FP8 decode step. A launch of more blocks than fit at once is
+released in waves and may be counted as several launches.)
 """
 import csv
 import sys
@@ -69,25 +73,25 @@ def main():
         print(f"{i:3d}  {shape[0]:5d}x{shape[1]:<4d} {shape[2]:4d}  {n:6d}  {rel / 1e3:10.2f}  {spread / 1e3:9.2f}  "
               f"{early / 1e3:8.2f}  {late:4d}  {'' if nxt is None else f'{nxt / 1e3:10.2f}'}")
     if period:
-        print(f"per position in a layer of {period} launches (mean over whole layers; "
-              "the first launches before the layers are skipped by --layer-offset-free matching):")
-        # Find the first index where the shape sequence starts repeating with this period.
+        # The layers: from the first launch where the launch shapes repeat with this period.
         shapes = [t[0] for t in table]
-        start = next(s for s in range(len(shapes)) if all(
-            shapes[s + j] == shapes[s + j + period] for j in range(period) if s + j + period < len(shapes)))
-        acc = defaultdict(list)
-        for i in range(start, len(table) - period, 1):
-            if (i - start) // period >= 1 and shapes[i] != shapes[start + (i - start) % period]:
-                break
-            acc[(i - start) % period].append(table[i])
+        start = next((i for i in range(len(shapes) - 2 * period)
+                      if shapes[i:i + period] == shapes[i + period:i + 2 * period]), None)
+        if start is None:
+            print(f"no run of launches repeats with period {period}")
+            return
+        layers = []
+        i = start
+        while i + period <= len(table) and shapes[i:i + period] == shapes[start:start + period]:
+            layers.append(table[i:i + period])
+            i += period
+        print(f"per position in a layer ({len(layers)} layers of {period} launches from launch {start}; means):")
         for j in range(period):
-            t = acc[j]
-            if not t:
-                continue
-            mean = lambda k: sum(x[k] for x in t if x[k] is not None) / len(t) / 1e3
-            print(f"  pos {j}: {t[0][0]} x{len(t)}  to_next {mean(6):6.2f} us  early {mean(4):6.2f} us  "
-                  f"late blocks {sum(x[5] for x in t) / len(t):5.1f} of {t[0][1]}")
-
+            col = [layer[j] for layer in layers]
+            mean = lambda k: sum(x[k] for x in col if x[k] is not None) / len(col) / 1e3
+            shape = col[0][0]
+            print(f"  {j}: {shape[0]}x{shape[1]}/{shape[2]}  to_next {mean(6):6.2f} us  early {mean(4):6.2f} us  "
+                  f"late blocks {sum(x[5] for x in col) / len(col):5.1f} of {col[0][1]}")
 
 if __name__ == "__main__":
     main()
