@@ -1,5 +1,6 @@
 //! Palette packing: a matrix of one-byte codes (an FP8 checkpoint's weights) as 4-bit indices into
-//! a palette of at most 16 codes, with the codes outside the palette in a per-row escape list.
+//! a palette of at most 16 codes, with the codes outside the palette in a per-row escape list; and
+//! ([`PaletteBf16`]) a BF16 matrix, losslessly, as its high bytes so packed beside its low bytes.
 //!
 //! Not an entropy coder — 4 bits a weight plus 32 an escape, against the ≈ 2.1 bits of entropy of a
 //! low-entropy FP8 checkpoint that dtANS reaches — but its decode is one table lookup per pair of

@@ -69,6 +69,29 @@ pub struct GpuDevice {
 /// Records the trace buffer holds (32 bytes each).
 pub const TRACE_CAPACITY: usize = 1 << 20;
 
+impl TraceRecord {
+    /// The records of a trace buffer as common.cuh's `pdl_wait` writes it: word 0 the count, then
+    /// four words a record (arrival, release, SM | block x << 16 | block y << 40, grid x | grid y
+    /// << 24 | threads << 48). Counts past the buffer (records dropped) are capped.
+    pub fn parse(raw: &[u64]) -> Vec<TraceRecord> {
+        let Some(&count) = raw.first() else {
+            return Vec::new();
+        };
+        let n = (count as usize).min(raw.len().saturating_sub(4) / 4);
+        raw[4..4 + 4 * n]
+            .chunks_exact(4)
+            .map(|r| TraceRecord {
+                arrived_ns: r[0],
+                released_ns: r[1],
+                sm: (r[2] & 0xffff) as u32,
+                block: (((r[2] >> 16) & 0xff_ffff) as u32, (r[2] >> 40) as u32),
+                grid: ((r[3] & 0xff_ffff) as u32, ((r[3] >> 24) & 0xff_ffff) as u32),
+                threads: (r[3] >> 48) as u32,
+            })
+            .collect()
+    }
+}
+
 /// One block's record in a traced build: when its thread 0 reached `pdl_wait` and when the wait
 /// returned (the GPU's global timer, ns), its SM, block and launch shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,18 +199,7 @@ impl GpuDevice {
             .stream
             .clone_dtoh(&*t)
             .while_(|| "reading the trace buffer".into())?;
-        let n = (raw[0] as usize).min(TRACE_CAPACITY);
-        Ok(raw[4..4 + 4 * n]
-            .chunks_exact(4)
-            .map(|r| TraceRecord {
-                arrived_ns: r[0],
-                released_ns: r[1],
-                sm: (r[2] & 0xffff) as u32,
-                block: (((r[2] >> 16) & 0xff_ffff) as u32, (r[2] >> 40) as u32),
-                grid: ((r[3] & 0xff_ffff) as u32, ((r[3] >> 24) & 0xff_ffff) as u32),
-                threads: (r[3] >> 48) as u32,
-            })
-            .collect())
+        Ok(TraceRecord::parse(&raw))
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -282,6 +294,37 @@ impl GpuDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trace_records_unpack_as_written() {
+        let rec = |sm: u64, bx: u64, by: u64, gx: u64, gy: u64, t: u64| {
+            [
+                100 + bx,
+                200 + bx,
+                sm | bx << 16 | by << 40,
+                gx | gy << 24 | t << 48,
+            ]
+        };
+        let mut raw = vec![2u64, 0, 0, 0];
+        raw.extend(rec(131, 16031, 0, 16032, 1, 128));
+        raw.extend(rec(7, 3, 7, 10, 8, 256));
+        raw.extend(rec(1, 1, 1, 1, 1, 1)); // past the count: not a record
+        let r = TraceRecord::parse(&raw);
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            (r[0].sm, r[0].block, r[0].grid, r[0].threads),
+            (131, (16031, 0), (16032, 1), 128)
+        );
+        assert_eq!((r[1].arrived_ns, r[1].released_ns), (103, 203));
+        assert_eq!(
+            (r[1].block, r[1].grid, r[1].threads),
+            ((3, 7), (10, 8), 256)
+        );
+        // A count past the buffer (records dropped on the device) reads what is there.
+        raw[0] = 1000;
+        assert_eq!(TraceRecord::parse(&raw).len(), 3);
+        assert!(TraceRecord::parse(&[]).is_empty());
+    }
 
     #[test]
     fn no_driver_is_a_clear_error_not_a_panic() {

@@ -1011,9 +1011,15 @@ mod tests {
                 })
             })
             .count();
+        // The BF16 palette GEMV: one module a configuration.
+        let pal_bf16 = crate::ops::gemv_fp8::PAL_BF16_CANDIDATES
+            .iter()
+            .map(|&c| crate::ops::gemv_fp8::pal_bf16_variant(c))
+            .collect::<std::collections::HashSet<_>>();
+        assert!(pal_bf16.iter().all(|v| all.contains(v)));
         assert_eq!(
             all.len(),
-            1 + 2 + GemvConfig::CANDIDATES.len() + even + rope.len() + 5 + extra
+            1 + 2 + GemvConfig::CANDIDATES.len() + even + rope.len() + 5 + extra + pal_bf16.len()
         );
         assert_eq!(decode_attn_config(128, 32, 8).unwrap().chunk, 64);
     }
