@@ -249,7 +249,11 @@ pub fn run(a: Args) -> Result<()> {
     }
     let bytes_per_token = model.bytes_per_token();
     let coded = model.coded_summary();
-    let fp8 = (model.fp8_matrices(), model.fp8_palette_matrices());
+    let fp8 = (
+        model.fp8_matrices(),
+        model.fp8_palette_matrices(),
+        model.lm_head_palette_bf16(),
+    );
     let mut e = GpuEngine::new(Arc::clone(&dev), model, max_seq)
         .with_context(|| format!("building the engine for {max_seq} tokens"))?;
     let prompt = random_tokens(a.prompt_len, c.vocab_size, a.seed);
@@ -370,6 +374,7 @@ pub fn run(a: Args) -> Result<()> {
             "fp8": {
                 "matrices": fp8.0,
                 "palette_matrices": fp8.1,
+                "lm_head_palette_bf16": fp8.2,
             },
             "long_prefill": a.long_prefill,
             "long_prefill_s": long.map(|l| l.0),

@@ -129,8 +129,9 @@ pub fn load_plan(coding: &str, file: Option<&Path>) -> Result<CodingPlan> {
 /// Uploads `weights` to the GPU: dtANS-coded matrices (a container opened fused) are served coded;
 /// with `code`, every other layer/head matrix that is BF16 is coded on the GPU at load and served
 /// coded too (a progress bar follows the layers; one summary line on stderr: load time and memory,
-/// coded against dense). An FP8 checkpoint's matrices stay FP8, kept as `fp8` says (a line on
-/// stderr says how many are palette-packed).
+/// coded against dense). An FP8 checkpoint's matrices stay FP8, kept as `fp8` says, and without
+/// `code` its BF16 LM head may be palette-packed losslessly (a line on stderr says how many are
+/// palette-packed, and whether the head is).
 pub fn upload_gpu(
     dev: &Arc<GpuDevice>,
     weights: &ModelWeights,
@@ -140,9 +141,14 @@ pub fn upload_gpu(
     let report_fp8 = |m: &GpuModel| {
         if m.fp8_matrices() > 0 {
             eprintln!(
-                "fp8: {} layer/head launches served in FP8, {} of them palette-packed (--fp8 {})",
+                "fp8: {} layer/head launches served in FP8, {} of them palette-packed{} (--fp8 {})",
                 m.fp8_matrices(),
                 m.fp8_palette_matrices(),
+                if m.lm_head_palette_bf16() {
+                    "; the BF16 LM head palette-packed, lossless"
+                } else {
+                    ""
+                },
                 fp8
             );
         }

@@ -232,8 +232,8 @@ impl Palette4 {
 pub const BF16_MAX_COLS: usize = 1 << 16;
 
 /// A BF16 matrix, losslessly, in the palette layout: each value's high byte (the sign and seven
-/// exponent bits) as a 4-bit index into its 16 most frequent high bytes ([`Palette4`] of the high
-/// bytes, zero among them) and its low byte (the last exponent bit and the mantissa) as stored, in
+/// exponent bits) as a 4-bit index into 0x00 and its 15 most frequent high bytes ([`Palette4`] of
+/// the high bytes) and its low byte (the last exponent bit and the mantissa) as stored, in
 /// the same fragment order — 12 bits a weight where a trained matrix's high bytes fit 16 values
 /// (they carry about 2.7 bits: the exponents of a bell-shaped distribution, and the sign). A
 /// weight whose high byte escapes is stored as index zero-slot with low byte 0 (a product over the
@@ -269,6 +269,11 @@ impl PaletteBf16 {
         let high_bytes: Vec<u8> = values.par_iter().map(|&v| (v >> 8) as u8).collect();
         let high = Palette4::encode(&high_bytes, rows, cols, 0)?;
         let pairs: Vec<(usize, usize)> = (0..BLOCK_BYTES).map(pair_at).collect();
+        // The byte of each (row in the tile, even column / 2) of a block: pair_at inverted.
+        let mut byte_of = [[0usize; BLOCK_COLS / 2]; TILE_ROWS];
+        for (j, &(r, c)) in pairs.iter().enumerate() {
+            byte_of[r][c / 2] = j;
+        }
         let tile_low = TILE_ROWS * cols;
         let mut low = vec![0u8; rows.div_ceil(TILE_ROWS) * tile_low];
         low.par_chunks_mut(tile_low)
@@ -292,10 +297,7 @@ impl PaletteBf16 {
             for &e in &high.escapes()[high.row_ptr()[r] as usize..high.row_ptr()[r + 1] as usize] {
                 let col = (e & 0xFF_FFFF) as usize;
                 let (t, b, c) = (r / TILE_ROWS, col / BLOCK_COLS, col % BLOCK_COLS);
-                let j = pairs
-                    .iter()
-                    .position(|&p| p == (r % TILE_ROWS, c & !1))
-                    .expect("every (row, even column) of a block has a byte");
+                let j = byte_of[r % TILE_ROWS][c / 2];
                 low[t * tile_low + b * 2 * BLOCK_BYTES + 2 * j + (c & 1)] = 0;
                 escapes.push(col as u32 | (values[r * cols + col] as u32) << 16);
             }

@@ -74,7 +74,7 @@ impl TraceRecord {
     /// four words a record (arrival, release, SM | block x << 16 | block y << 40, grid x | grid y
     /// << 24 | threads << 48). Counts past the buffer (records dropped) are capped.
     pub fn parse(raw: &[u64]) -> Vec<TraceRecord> {
-        let Some(&count) = raw.first() else {
+        let Some(&count) = raw.first().filter(|_| raw.len() >= 4) else {
             return Vec::new();
         };
         let n = (count as usize).min(raw.len().saturating_sub(4) / 4);
@@ -324,6 +324,7 @@ mod tests {
         raw[0] = 1000;
         assert_eq!(TraceRecord::parse(&raw).len(), 3);
         assert!(TraceRecord::parse(&[]).is_empty());
+        assert!(TraceRecord::parse(&[5, 0]).is_empty());
     }
 
     #[test]

@@ -330,6 +330,11 @@ impl GpuModel {
         self.count_matrices(|m| matches!(m, GpuLinear::Fp8(_)))
     }
 
+    /// Whether the LM head is a BF16 matrix palette-packed losslessly (an FP8 checkpoint's).
+    pub fn lm_head_palette_bf16(&self) -> bool {
+        matches!(self.lm_head, Some(GpuLinear::PalBf16(_)))
+    }
+
     /// How many of the FP8 matrices are palette-packed.
     pub fn fp8_palette_matrices(&self) -> usize {
         self.count_matrices(
@@ -1236,9 +1241,9 @@ fn fp8_parts(
     GpuLinear::fp8_from_host(dev, rows, cols, &codes, &scales, form, Arc::clone(scratch)).map(Some)
 }
 
-/// An FP8 checkpoint's BF16 LM head, palette-packed losslessly when its FP8 matrices are served
-/// palette-packed (`fp8` auto or palette; MINE codes the LM head as well, in BF16) and the head
-/// packs small enough ([`GpuLinear::pal_bf16_from_host`]); None otherwise.
+/// An FP8 checkpoint's BF16 LM head, palette-packed losslessly when `fp8` allows packing (auto or
+/// palette; MINE codes the LM head as well, in BF16) and the head packs small enough
+/// ([`GpuLinear::pal_bf16_from_host`]); None otherwise.
 fn pal_bf16_head(
     dev: &GpuDevice,
     w: &entrollm_model::weights::ModelWeights,
@@ -1574,7 +1579,12 @@ fn serve(
     let lm_head = if Arc::ptr_eq(&w.embed, &w.lm_head) {
         None
     } else {
-        match pal_bf16_head(dev, w, fp8)? {
+        // (Coding at load codes a BF16 head with the plan, as every other BF16 launch.)
+        let packed = match code {
+            None => pal_bf16_head(dev, w, fp8)?,
+            Some(_) => None,
+        };
+        match packed {
             Some(l) => Some(l),
             None => Some(serve(&[&*w.lm_head], false, Launch::LmHead, "lm_head")?),
         }
