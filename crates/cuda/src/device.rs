@@ -202,6 +202,23 @@ impl GpuDevice {
         Ok(TraceRecord::parse(&raw))
     }
 
+    /// Sets a traced module's `trace_buf` and `trace_cap` (common.cuh) to the device's buffer.
+    fn point_module_at_trace(&self, m: &Arc<CudaModule>, t: &CudaSlice<u64>) -> Result<()> {
+        let (ptr, _sync) = t.device_ptr(&self.stream);
+        for (name, value) in [("trace_buf", ptr), ("trace_cap", TRACE_CAPACITY as u64)] {
+            let mut g = m
+                .get_global(name, &self.stream)
+                .while_(|| format!("looking up the traced module's {name}"))?;
+            // SAFETY: both globals are 8-byte integers (common.cuh).
+            let mut g64 = unsafe { g.transmute_mut::<u64>(1) }
+                .ok_or_else(|| GpuError::invalid("trace", "the trace globals are not 8 bytes"))?;
+            self.stream
+                .memcpy_htod(&[value], &mut g64)
+                .while_(|| format!("setting the traced module's {name}"))?;
+        }
+        Ok(())
+    }
+
     pub fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -269,25 +286,6 @@ impl GpuDevice {
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, f.clone());
         Ok(f)
-    }
-}
-
-impl GpuDevice {
-    /// Sets a traced module's `trace_buf` and `trace_cap` (common.cuh) to the device's buffer.
-    fn point_module_at_trace(&self, m: &Arc<CudaModule>, t: &CudaSlice<u64>) -> Result<()> {
-        let (ptr, _sync) = t.device_ptr(&self.stream);
-        for (name, value) in [("trace_buf", ptr), ("trace_cap", TRACE_CAPACITY as u64)] {
-            let mut g = m
-                .get_global(name, &self.stream)
-                .while_(|| format!("looking up the traced module's {name}"))?;
-            // SAFETY: both globals are 8-byte integers (common.cuh).
-            let mut g64 = unsafe { g.transmute_mut::<u64>(1) }
-                .ok_or_else(|| GpuError::invalid("trace", "the trace globals are not 8 bytes"))?;
-            self.stream
-                .memcpy_htod(&[value], &mut g64)
-                .while_(|| format!("setting the traced module's {name}"))?;
-        }
-        Ok(())
     }
 }
 
