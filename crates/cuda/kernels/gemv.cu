@@ -408,6 +408,33 @@ gemv_fp8_norm(const unsigned char* __restrict__ w, const float* __restrict__ s,
     f.eps = eps;
     gemv_body<true, false, false, WFMT_FP8>(w, x, y, n, k, f);
 }
+
+// y = rsqrt(ss[0] / k + eps) · diag(s) · W h, with h = x ∘ g and ss[0] = Σ x² from the producing
+// GEMV (as gemv_bf16_prenorm).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_fp8_prenorm(const unsigned char* __restrict__ w, const float* __restrict__ s, const float* __restrict__ h,
+                 const unsigned long long* ss, float* __restrict__ y, int n, int k, float eps) {
+    GemvFuse f{};
+    f.row_scale = s;
+    f.ss_in = ss;
+    f.eps = eps;
+    gemv_body<false, true, false, WFMT_FP8>(w, h, y, n, k, f);
+}
+
+#if GEMV_ACCUM && !GEMV_SWIGLU
+// y += diag(s) · W x, then the next RMSNorm's input (as gemv_bf16_accum_norm).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_fp8_accum_norm(const unsigned char* __restrict__ w, const float* __restrict__ s, const float* __restrict__ x,
+                    float* __restrict__ y, int n, int k, const float* g_next, float* h_out,
+                    unsigned long long* ss_out) {
+    GemvFuse f{};
+    f.row_scale = s;
+    f.g_next = g_next;
+    f.h_out = h_out;
+    f.ss_out = ss_out;
+    gemv_body<false, false, true, WFMT_FP8>(w, x, y, n, k, f);
+}
+#endif
 #endif  // GEMV_DENSE
 
 // Palette-packed FP8 on the tensor cores (gemv_pal4*; codec palette::Palette4: an FP8 matrix as

@@ -999,12 +999,13 @@ impl GpuEngine {
             swiglu: true,
         };
         let opts = self.opts;
-        let dense = GpuLinear::as_dense;
-        // RoPE and the KV append run in the dense q/k/v GEMV's epilogue (or as their own kernel).
+        let chainable = GpuLinear::chainable;
+        // RoPE and the KV append run in the dense BF16 q/k/v GEMV's epilogue (or as their own
+        // kernel).
         let rope_fused = !opts.split_rope && !opts.fused_norm;
-        let rope_gemv = |l: &GpuLayer| l.qkv.as_dense().filter(|_| rope_fused).is_some();
-        // A dense accumulating GEMV leaves the next RMSNorm's input (x ∘ g and Σx²) for a dense
-        // consumer, so that norm needs no kernel of its own; `chained`: d.h and d.ss hold it.
+        // A dense accumulating GEMV (BF16, or FP8 codes as stored) leaves the next RMSNorm's input
+        // (x ∘ g and Σx²) for a dense consumer, so that norm needs no kernel of its own; `chained`:
+        // d.h and d.norm_acc hold it.
         let chain = !opts.split_norm && !opts.fused_norm;
         let mut chained = false;
         let layers = &self.model.layers;
@@ -1038,8 +1039,13 @@ impl GpuEngine {
                 let bias = layer.qkv_bias.as_ref();
                 launch_gemv_rope(dev, w.gemv, &w.w, &d.h, w.cols, prenorm, shape, bias, t)?;
             } else {
-                // RMSNorm inside the q/k/v GEMV or as its own kernel, then RoPE + KV append.
-                if opts.fused_norm || (layer.qkv.norm_in_gemv() && !opts.split_norm) {
+                // RMSNorm chained, inside the q/k/v GEMV or as its own kernel, then RoPE + KV
+                // append.
+                if let (Some(q), Some(ss)) = (chainable(&layer.qkv), prenorm) {
+                    launch_gemv_prenorm(
+                        dev, q.gemv, plain, q.w, &d.h, ss, &mut d.qkv, q.rows, q.cols,
+                    )?;
+                } else if opts.fused_norm || (layer.qkv.norm_in_gemv() && !opts.split_norm) {
                     let norm = Some((&layer.attn_norm, eps));
                     layer.qkv.matvec_fused(dev, &d.x, norm, plain, &mut d.qkv)?;
                 } else {
@@ -1086,7 +1092,7 @@ impl GpuEngine {
                 scale,
             )?;
             // o (+ residual), leaving the MLP norm's input when gate/up can take it.
-            chained = match (dense(&layer.o), dense(&layer.gate_up)) {
+            chained = match (chainable(&layer.o), chainable(&layer.gate_up)) {
                 (Some(o), Some(_)) if chain => {
                     let next = NextNorm {
                         g: &layer.mlp_norm,
@@ -1095,7 +1101,7 @@ impl GpuEngine {
                         slot: 2 * l,
                     };
                     launch_gemv_accum_norm(
-                        dev, o.gemv, &o.w, &d.attn, &mut d.x, o.rows, o.cols, next,
+                        dev, o.gemv, o.w, &d.attn, &mut d.x, o.rows, o.cols, next,
                     )?;
                     true
                 }
@@ -1107,7 +1113,7 @@ impl GpuEngine {
                 }
             };
             // RMSNorm and SwiGLU inside the gate/up GEMV (or the norm as its own kernel).
-            match dense(&layer.gate_up) {
+            match chainable(&layer.gate_up) {
                 Some(g) if chained => {
                     let cfg = swiglu_config(g.gemv);
                     let ss = ChainedNorm {
@@ -1116,7 +1122,7 @@ impl GpuEngine {
                         eps,
                     };
                     launch_gemv_prenorm(
-                        dev, cfg, swiglu, &g.w, &d.h, ss, &mut d.act, g.rows, g.cols,
+                        dev, cfg, swiglu, g.w, &d.h, ss, &mut d.act, g.rows, g.cols,
                     )?;
                 }
                 _ if opts.fused_norm || (layer.gate_up.norm_in_gemv() && !opts.split_norm) => {
@@ -1142,15 +1148,12 @@ impl GpuEngine {
             }
             // down (+ residual), leaving the next layer's attention norm input (or the final
             // norm's) when its consumer is dense.
-            let (next_g, consumer_dense) = match layers.get(l + 1) {
-                Some(n) => (&n.attn_norm, rope_gemv(n)),
-                None => (
-                    &self.model.final_norm,
-                    dense(self.model.lm_head()).is_some(),
-                ),
+            let (next_g, consumer) = match layers.get(l + 1) {
+                Some(n) => (&n.attn_norm, &n.qkv),
+                None => (&self.model.final_norm, self.model.lm_head()),
             };
-            chained = match dense(&layer.down) {
-                Some(dn) if chain && consumer_dense => {
+            chained = match chainable(&layer.down) {
+                Some(dn) if chain && chainable(consumer).is_some() => {
                     let next = NextNorm {
                         g: next_g,
                         h: &mut d.h,
@@ -1158,7 +1161,7 @@ impl GpuEngine {
                         slot: 2 * l + 1,
                     };
                     launch_gemv_accum_norm(
-                        dev, dn.gemv, &dn.w, &d.act, &mut d.x, dn.rows, dn.cols, next,
+                        dev, dn.gemv, dn.w, &d.act, &mut d.x, dn.rows, dn.cols, next,
                     )?;
                     true
                 }
@@ -1170,7 +1173,7 @@ impl GpuEngine {
                 }
             };
         }
-        match dense(self.model.lm_head()) {
+        match chainable(self.model.lm_head()) {
             Some(w) if chained => {
                 let ss = ChainedNorm {
                     acc: &d.norm_acc,
@@ -1181,7 +1184,7 @@ impl GpuEngine {
                     dev,
                     w.gemv,
                     plain,
-                    &w.w,
+                    w.w,
                     &d.h,
                     ss,
                     &mut d.logits,

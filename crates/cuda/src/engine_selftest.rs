@@ -34,6 +34,7 @@ use crate::ops::attention::{
 };
 use crate::ops::forward::*;
 use crate::ops::gemv::{gemv_ref, GemvConfig};
+use crate::ops::gemv_fp8::gemv_fp8_ref;
 use crate::ops::rope::RopeLayout;
 use crate::ops::{bf16_to_f32, f32_to_bf16};
 use crate::selftest::{download, rel_l2, upload, CaseResult, Rng, SelftestReport};
@@ -58,6 +59,37 @@ fn poisoned16(dev: &GpuDevice, n: usize) -> Result<CudaSlice<u16>> {
 
 fn poisoned32(dev: &GpuDevice, n: usize) -> Result<CudaSlice<f32>> {
     upload(dev, &vec![f32::NAN; n.max(1)])
+}
+
+/// A chained-norm case's matrix on the host: BF16, or FP8 codes with row scales.
+enum HostDense {
+    Bf16(Vec<u16>),
+    Fp8(Vec<u8>, Vec<f32>),
+}
+
+impl HostDense {
+    /// The CPU reference `W x` for [n, k].
+    fn matvec(&self, x: &[f32], n: usize, k: usize) -> Result<Vec<f32>> {
+        match self {
+            HostDense::Bf16(w) => Ok(gemv_ref(w, x, n, k)),
+            HostDense::Fp8(codes, scales) => gemv_fp8_ref(codes, scales, x, n, k),
+        }
+    }
+}
+
+/// The same matrix on the device.
+enum DevDense {
+    Bf16(CudaSlice<u16>),
+    Fp8(CudaSlice<u8>, CudaSlice<f32>),
+}
+
+impl DevDense {
+    fn weights(&self) -> DenseWeights<'_> {
+        match self {
+            DevDense::Bf16(w) => DenseWeights::Bf16(w),
+            DevDense::Fp8(codes, scales) => DenseWeights::Fp8 { codes, scales },
+        }
+    }
 }
 
 impl Checker<'_> {
@@ -207,21 +239,35 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// A random [n, k] matrix for the chained-norm cases — BF16, or FP8 codes with row scales —
+    /// on the host and the device.
+    fn dense_matrix(&mut self, fp8: bool, n: usize, k: usize) -> Result<(HostDense, DevDense)> {
+        Ok(if fp8 {
+            let codes = self.rng.fp8s(n * k);
+            let scales: Vec<f32> = (0..n)
+                .map(|_| 1e-3 * (0.5 + self.rng.unit() as f32))
+                .collect();
+            let dev = DevDense::Fp8(upload(self.dev, &codes)?, upload(self.dev, &scales)?);
+            (HostDense::Fp8(codes, scales), dev)
+        } else {
+            let w = self.rng.bf16s(n * k, 0.02);
+            let dev = DevDense::Bf16(upload(self.dev, &w)?);
+            (HostDense::Bf16(w), dev)
+        })
+    }
+
     /// The RMSNorm chained through the GEMVs: an accumulating GEMV leaves the next norm's input
     /// (h = y ∘ g, Σy²; launched twice: the last-block counter must come back to zero), and the
-    /// consuming GEMV (plain or SwiGLU) scales by the norm; against the CPU references.
-    fn gemv_norm_chain(&mut self, cfg: GemvConfig, n: usize, k: usize) -> Result<()> {
+    /// consuming GEMV (plain or SwiGLU) scales by the norm; against the CPU references. `fp8`:
+    /// both matrices FP8 codes as stored (`gemv_fp8_accum_norm`, `gemv_fp8_prenorm`).
+    fn gemv_norm_chain(&mut self, cfg: GemvConfig, n: usize, k: usize, fp8: bool) -> Result<()> {
         let eps = 1e-5;
         // Producer: y [k] += W1 [k, n] a, then h = y ∘ g.
-        let w1 = self.rng.bf16s(k * n, 0.02);
+        let (w1, w1_d) = self.dense_matrix(fp8, k, n)?;
         let a = self.rng.normals(n, 3.0);
         let y0 = self.rng.normals(k, 1.0);
         let g: Vec<f32> = (0..k).map(|_| 1.0 + 0.1 * self.rng.normal()).collect();
-        let (w1_d, a_d, g_d) = (
-            upload(self.dev, &w1)?,
-            upload(self.dev, &a)?,
-            upload(self.dev, &g)?,
-        );
+        let (a_d, g_d) = (upload(self.dev, &a)?, upload(self.dev, &g)?);
         let mut y = upload(self.dev, &y0)?;
         let mut h = poisoned32(self.dev, k)?;
         let mut acc = upload(self.dev, &[u64::MAX, 0, u64::MAX])?; // slot 1, neighbours untouched
@@ -237,14 +283,14 @@ impl Checker<'_> {
                 acc: &mut acc,
                 slot: 1,
             };
-            launch_gemv_accum_norm(self.dev, cfg, &w1_d, &a_d, &mut y, k, n, next)?;
+            launch_gemv_accum_norm(self.dev, cfg, w1_d.weights(), &a_d, &mut y, k, n, next)?;
             ss_runs.push(download(self.dev, &acc)?);
         }
-        let mut want_y = gemv_ref(&w1, &a, k, n);
+        let mut want_y = w1.matvec(&a, k, n)?;
         want_y.iter_mut().zip(&y0).for_each(|(v, b)| *v += b);
         let want_h: Vec<f32> = want_y.iter().zip(&g).map(|(v, g)| v * g).collect();
         let want_ss = want_y.iter().map(|&v| v as f64 * v as f64).sum::<f64>() as f32;
-        let desc = format!("{cfg} [{k}, {n}]");
+        let desc = format!("{cfg} [{k}, {n}]{}", if fp8 { " fp8" } else { "" });
         let got_y = download(self.dev, &y)?;
         let got_h = download(self.dev, &h)?;
         self.record("gemv_accum_norm_y", desc.clone(), &got_y, &want_y, 1e-5);
@@ -267,9 +313,8 @@ impl Checker<'_> {
         self.record("gemv_accum_norm_deterministic", desc, &[c], &[0.0], 0.0);
         // Consumers of (h, ss): W2 [m, k] · rmsnorm(y; g), plain and SwiGLU pairs.
         let m = 2 * n;
-        let w2 = self.rng.bf16s(m * k, 0.02);
-        let w2_d = upload(self.dev, &w2)?;
-        let want = gemv_ref(&w2, &rmsnorm_f32w_ref(&want_y, &g, eps), m, k);
+        let (w2, w2_d) = self.dense_matrix(fp8, m, k)?;
+        let want = w2.matvec(&rmsnorm_f32w_ref(&want_y, &g, eps), m, k)?;
         for fusion in [
             GemvFusion::default(),
             GemvFusion {
@@ -289,14 +334,16 @@ impl Checker<'_> {
                 slot: 1,
                 eps,
             };
-            launch_gemv_prenorm(self.dev, cfg, fusion, &w2_d, &h, norm, &mut out, m, k)?;
+            let w = w2_d.weights();
+            launch_gemv_prenorm(self.dev, cfg, fusion, w, &h, norm, &mut out, m, k)?;
             let want = if fusion.swiglu {
                 swiglu_interleaved_ref(&want)
             } else {
                 want.clone()
             };
             let got = download(self.dev, &out)?;
-            let desc = format!("{cfg} [{m}, {k}] {fusion:?}");
+            let fp8 = if fp8 { " fp8" } else { "" };
+            let desc = format!("{cfg} [{m}, {k}] {fusion:?}{fp8}");
             self.record("gemv_prenorm", desc, &got, &want, 1e-5);
         }
         Ok(())
@@ -1253,7 +1300,10 @@ pub fn run_engine_selftest(
     }
     for (i, &cfg) in GemvConfig::CANDIDATES.iter().enumerate() {
         let (n, k) = [(8, 16), (576, 1536), (4096, 14336), (520, 264)][i % 4];
-        c.gemv_norm_chain(cfg, n, k)?;
+        c.gemv_norm_chain(cfg, n, k, false)?;
+        // FP8 rows are 16-byte chunks of 16 weights: both matrices need k and n multiples of 16.
+        let (n, k) = [(16, 32), (576, 1536), (4096, 14336), (528, 272)][i % 4];
+        c.gemv_norm_chain(cfg, n, k, true)?;
     }
     for layout in [RopeLayout::Neox, RopeLayout::Interleaved] {
         for (i, &cfg) in GemvConfig::CANDIDATES.iter().enumerate() {

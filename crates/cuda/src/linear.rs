@@ -34,7 +34,7 @@ use crate::ops::dtans::{
 };
 use crate::ops::elementwise::{launch_residual_add, launch_swiglu, launch_swiglu_pairs};
 use crate::ops::forward::{
-    launch_gemv_accum, launch_gemv_fused, launch_rmsnorm_f32w, GemvFusion, NormOut,
+    launch_gemv_accum, launch_gemv_fused, launch_rmsnorm_f32w, DenseWeights, GemvFusion, NormOut,
 };
 use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
 use crate::ops::gemv_fp8::{
@@ -113,6 +113,16 @@ pub struct Fp8Linear {
     pub scales: CudaSlice<f32>,
     pub gemv: GemvConfig,
     scratch: SharedScratch,
+}
+
+/// A dense matrix (BF16, or FP8 codes as stored) with its GEMV configuration: what the decode step
+/// chains RMSNorms through.
+#[derive(Clone, Copy)]
+pub struct ChainLinear<'a> {
+    pub w: DenseWeights<'a>,
+    pub gemv: GemvConfig,
+    pub rows: usize,
+    pub cols: usize,
 }
 
 /// How an FP8 checkpoint's matrices are kept on the device.
@@ -550,6 +560,32 @@ impl GpuLinear {
     pub fn as_dense(&self) -> Option<&DenseBf16> {
         match self {
             GpuLinear::Dense(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The matrix as the chained-norm GEMVs take it (`launch_gemv_prenorm`,
+    /// `launch_gemv_accum_norm`): dense BF16, or FP8 codes as stored.
+    pub fn chainable(&self) -> Option<ChainLinear<'_>> {
+        match self {
+            GpuLinear::Dense(d) => Some(ChainLinear {
+                w: DenseWeights::Bf16(&d.w),
+                gemv: d.gemv,
+                rows: d.rows,
+                cols: d.cols,
+            }),
+            GpuLinear::Fp8(f) => match &f.codes {
+                Fp8Codes::Dense(codes) => Some(ChainLinear {
+                    w: DenseWeights::Fp8 {
+                        codes,
+                        scales: &f.scales,
+                    },
+                    gemv: f.gemv,
+                    rows: f.rows,
+                    cols: f.cols,
+                }),
+                Fp8Codes::Palette(_) => None,
+            },
             _ => None,
         }
     }

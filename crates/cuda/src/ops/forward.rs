@@ -790,15 +790,59 @@ pub fn launch_gemv_rope(
     Ok(())
 }
 
+/// A dense matrix as the chained-norm GEMVs read it: BF16, or FP8 E4M3 codes as stored with
+/// per-row scales (the same kernel body, `WFMT_FP8`).
+#[derive(Clone, Copy)]
+pub enum DenseWeights<'a> {
+    Bf16(&'a CudaSlice<u16>),
+    Fp8 {
+        codes: &'a CudaSlice<u8>,
+        scales: &'a CudaSlice<f32>,
+    },
+}
+
+impl DenseWeights<'_> {
+    /// Checks an [n, k] product over these weights.
+    fn check(&self, op: &'static str, n: usize, k: usize) -> Result<()> {
+        match self {
+            DenseWeights::Bf16(w) => {
+                check_gemv_shape(n, k)?;
+                check_len(op, "w", w, n * k)
+            }
+            DenseWeights::Fp8 { codes, scales } => {
+                super::gemv::check_chunked_shape(op, n, k, 16)?;
+                check_len(op, "w", codes, n * k)?;
+                check_len(op, "scales", scales, n)
+            }
+        }
+    }
+
+    /// The kernel `gemv_{bf16,fp8}_{suffix}`.
+    fn kernel(&self, suffix: &str) -> String {
+        match self {
+            DenseWeights::Bf16(_) => format!("gemv_bf16_{suffix}"),
+            DenseWeights::Fp8 { .. } => format!("gemv_fp8_{suffix}"),
+        }
+    }
+
+    /// Pushes the weights' kernel arguments (codes and scales for FP8).
+    fn push<'b>(&'b self, b: &mut cudarc::driver::LaunchArgs<'b>) {
+        match self {
+            DenseWeights::Bf16(w) => b.arg(*w),
+            DenseWeights::Fp8 { codes, scales } => b.arg(*codes).arg(*scales),
+        };
+    }
+}
+
 /// `y = rsqrt(Σx² / k + eps) · W h` (`fusion`: plain or SwiGLU pairs), where h = x ∘ g is an
 /// RMSNorm's input times its weight and `norm` holds Σx², as [`launch_gemv_accum_norm`] leaves
-/// them: the RMSNorm without a kernel of its own. Reference: [`launch_gemv_fused`]'s with norm.
+/// them: the RMSNorm without a kernel of its own. References: the GEMV's over `rmsnorm_f32w_ref`.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_gemv_prenorm(
     dev: &GpuDevice,
     cfg: GemvConfig,
     fusion: GemvFusion,
-    w: &CudaSlice<u16>,
+    w: DenseWeights<'_>,
     h: &CudaSlice<f32>,
     norm: ChainedNorm<'_>,
     y: &mut CudaSlice<f32>,
@@ -806,8 +850,7 @@ pub fn launch_gemv_prenorm(
     k: usize,
 ) -> Result<()> {
     const OP: &str = "gemv_prenorm";
-    check_gemv_shape(n, k)?;
-    check_len(OP, "w", w, n * k)?;
+    w.check(OP, n, k)?;
     check_len(OP, "h", h, k)?;
     let (ss, eps) = norm.view(OP)?;
     check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
@@ -818,10 +861,15 @@ pub fn launch_gemv_prenorm(
         ));
     }
     check_fusion(OP, cfg, fusion, n)?;
-    let f = dev.function(&gemv_fused_variant(cfg, fusion), "gemv_bf16_prenorm")?;
-    let launch_cfg = cfg.launch(n);
+    let kernel = w.kernel("prenorm");
+    let f = dev.function(&gemv_fused_variant(cfg, fusion), &kernel)?;
     let (n_i, k_i) = (n as i32, k as i32);
-    launch_kernel!(dev, f, launch_cfg, OP, [w, h, &ss, y, &n_i, &k_i, &eps])
+    let mut b = dev.stream().launch_builder(&f);
+    w.push(&mut b);
+    b.arg(h).arg(&ss).arg(y).arg(&n_i).arg(&k_i).arg(&eps);
+    // SAFETY: the argument list matches gemv_{bf16,fp8}_prenorm; sizes were checked above.
+    unsafe { b.launch(cfg.launch(n)) }.while_(|| format!("launching {kernel} {cfg} [{n}, {k}]"))?;
+    Ok(())
 }
 
 /// Fixed-point unit of the chained sums of squares (`SS_ONE` of kernels/gemv.cu): Σx² is added as
@@ -861,7 +909,7 @@ pub struct NextNorm<'a> {
 pub fn launch_gemv_accum_norm(
     dev: &GpuDevice,
     cfg: GemvConfig,
-    w: &CudaSlice<u16>,
+    w: DenseWeights<'_>,
     x: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
     n: usize,
@@ -869,24 +917,23 @@ pub fn launch_gemv_accum_norm(
     next: NextNorm<'_>,
 ) -> Result<()> {
     const OP: &str = "gemv_accum_norm";
-    check_gemv_shape(n, k)?;
-    check_len(OP, "w", w, n * k)?;
+    w.check(OP, n, k)?;
     check_len(OP, "x", x, k)?;
     check_len(OP, "y", y, n)?;
     check_len(OP, "g", next.g, n)?;
     check_len(OP, "h", next.h, n)?;
     check_len(OP, "ss accumulators", next.acc, next.slot + 1)?;
     let mut ss = next.acc.slice_mut(next.slot..next.slot + 1);
-    let f = dev.function(&gemv_accum_variant(cfg), "gemv_bf16_accum_norm")?;
-    let launch_cfg = cfg.launch(n);
+    let kernel = w.kernel("accum_norm");
+    let f = dev.function(&gemv_accum_variant(cfg), &kernel)?;
     let (n_i, k_i) = (n as i32, k as i32);
-    launch_kernel!(
-        dev,
-        f,
-        launch_cfg,
-        OP,
-        [w, x, y, &n_i, &k_i, next.g, next.h, &mut ss]
-    )
+    let mut b = dev.stream().launch_builder(&f);
+    w.push(&mut b);
+    b.arg(x).arg(y).arg(&n_i).arg(&k_i);
+    b.arg(next.g).arg(next.h).arg(&mut ss);
+    // SAFETY: the argument list matches gemv_{bf16,fp8}_accum_norm; sizes were checked above.
+    unsafe { b.launch(cfg.launch(n)) }.while_(|| format!("launching {kernel} {cfg} [{n}, {k}]"))?;
+    Ok(())
 }
 
 /// `y[..n] += W x` (W BF16 [n, k] row-major); reference: `y + gemv_ref(W, x)`.
