@@ -283,7 +283,7 @@ __device__ __forceinline__ void gemv_rows(const void* __restrict__ w, const floa
 #if GEMV_ROPE
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r += 2) {
-        const float s0 = warp_sum(acc[r]) * scale * rs[r], s1 = warp_sum(acc[r + 1]) * scale * rs[r + 1];
+        const float s0 = warp_sum(acc[r]) * scale, s1 = warp_sum(acc[r + 1]) * scale;
         if (lane == 0 && row0 + r + 1 < n) rope_store(f.rope, at[r / 2], ri[r], ri[r + 1], s0, s1);
     }
 #elif GEMV_SWIGLU
@@ -377,21 +377,6 @@ gemv_bf16_rope(const bf16_t* __restrict__ w, const float* __restrict__ x, int n,
     f.rope = RopeArgs{bias, q_out, k_cache, v_cache, pos, cos_sin, n_q_heads, n_kv_heads, head_dim, interleaved, max_seq};
     if (ss) gemv_body<false, true, false>(w, x, nullptr, n, k, f);
     else gemv_body<false, false, false>(w, x, nullptr, n, k, f);
-}
-
-// The same with FP8 E4M3 weights and per-row scales s (as gemv_fp8).
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_fp8_rope(const unsigned char* __restrict__ w, const float* __restrict__ s, const float* __restrict__ x, int n,
-              int k, const unsigned long long* ss, float eps, const float* bias, float* q_out, bf16_t* k_cache,
-              bf16_t* v_cache, const int* pos, const float* cos_sin, int n_q_heads, int n_kv_heads, int head_dim,
-              int interleaved, int max_seq) {
-    GemvFuse f{};
-    f.row_scale = s;
-    f.ss_in = ss;
-    f.eps = eps;
-    f.rope = RopeArgs{bias, q_out, k_cache, v_cache, pos, cos_sin, n_q_heads, n_kv_heads, head_dim, interleaved, max_seq};
-    if (ss) gemv_body<false, true, false, WFMT_FP8>(w, x, nullptr, n, k, f);
-    else gemv_body<false, false, false, WFMT_FP8>(w, x, nullptr, n, k, f);
 }
 #endif
 

@@ -1000,7 +1000,8 @@ impl GpuEngine {
         };
         let opts = self.opts;
         let chainable = GpuLinear::chainable;
-        // RoPE and the KV append run in the dense q/k/v GEMV's epilogue (or as their own kernel).
+        // RoPE and the KV append run in the dense BF16 q/k/v GEMV's epilogue (or as their own
+        // kernel).
         let rope_fused = !opts.split_rope && !opts.fused_norm;
         // A dense accumulating GEMV (BF16, or FP8 codes as stored) leaves the next RMSNorm's input
         // (x ∘ g and Σx²) for a dense consumer, so that norm needs no kernel of its own; `chained`:
@@ -1015,7 +1016,7 @@ impl GpuEngine {
                 slot: (2 * l).saturating_sub(1),
                 eps,
             });
-            if let Some(w) = chainable(&layer.qkv).filter(|_| rope_fused) {
+            if let Some(w) = layer.qkv.as_dense().filter(|_| rope_fused) {
                 if !chained {
                     launch_rmsnorm_f32w(
                         dev,
@@ -1036,7 +1037,7 @@ impl GpuEngine {
                     max_seq: self.max_seq,
                 };
                 let bias = layer.qkv_bias.as_ref();
-                launch_gemv_rope(dev, w.gemv, w.w, &d.h, w.cols, prenorm, shape, bias, t)?;
+                launch_gemv_rope(dev, w.gemv, &w.w, &d.h, w.cols, prenorm, shape, bias, t)?;
             } else {
                 // RMSNorm chained, inside the q/k/v GEMV or as its own kernel, then RoPE + KV
                 // append.

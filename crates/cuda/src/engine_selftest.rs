@@ -34,7 +34,7 @@ use crate::ops::attention::{
 };
 use crate::ops::forward::*;
 use crate::ops::gemv::{gemv_ref, GemvConfig};
-use crate::ops::gemv_fp8::{gemv_fp8_ref, launch_gemv_fp8, Fp8Codes};
+use crate::ops::gemv_fp8::gemv_fp8_ref;
 use crate::ops::rope::RopeLayout;
 use crate::ops::{bf16_to_f32, f32_to_bf16};
 use crate::selftest::{download, rel_l2, upload, CaseResult, Rng, SelftestReport};
@@ -77,23 +77,17 @@ impl HostDense {
     }
 }
 
-/// The same matrix on the device (FP8: the codes as stored).
+/// The same matrix on the device.
 enum DevDense {
     Bf16(CudaSlice<u16>),
-    Fp8(Fp8Codes, CudaSlice<f32>),
+    Fp8(CudaSlice<u8>, CudaSlice<f32>),
 }
 
 impl DevDense {
-    fn weights(&self) -> Result<DenseWeights<'_>> {
+    fn weights(&self) -> DenseWeights<'_> {
         match self {
-            DevDense::Bf16(w) => Ok(DenseWeights::Bf16(w)),
-            DevDense::Fp8(Fp8Codes::Dense(codes), scales) => {
-                Ok(DenseWeights::Fp8 { codes, scales })
-            }
-            DevDense::Fp8(Fp8Codes::Palette(_), _) => Err(GpuError::invalid(
-                "selftest",
-                "a chained-norm case needs FP8 codes as stored",
-            )),
+            DevDense::Bf16(w) => DenseWeights::Bf16(w),
+            DevDense::Fp8(codes, scales) => DenseWeights::Fp8 { codes, scales },
         }
     }
 }
@@ -253,10 +247,7 @@ impl Checker<'_> {
             let scales: Vec<f32> = (0..n)
                 .map(|_| 1e-3 * (0.5 + self.rng.unit() as f32))
                 .collect();
-            let dev = DevDense::Fp8(
-                Fp8Codes::Dense(upload(self.dev, &codes)?),
-                upload(self.dev, &scales)?,
-            );
+            let dev = DevDense::Fp8(upload(self.dev, &codes)?, upload(self.dev, &scales)?);
             (HostDense::Fp8(codes, scales), dev)
         } else {
             let w = self.rng.bf16s(n * k, 0.02);
@@ -292,7 +283,7 @@ impl Checker<'_> {
                 acc: &mut acc,
                 slot: 1,
             };
-            launch_gemv_accum_norm(self.dev, cfg, w1_d.weights()?, &a_d, &mut y, k, n, next)?;
+            launch_gemv_accum_norm(self.dev, cfg, w1_d.weights(), &a_d, &mut y, k, n, next)?;
             ss_runs.push(download(self.dev, &acc)?);
         }
         let mut want_y = w1.matvec(&a, k, n)?;
@@ -343,7 +334,7 @@ impl Checker<'_> {
                 slot: 1,
                 eps,
             };
-            let w = w2_d.weights()?;
+            let w = w2_d.weights();
             launch_gemv_prenorm(self.dev, cfg, fusion, w, &h, norm, &mut out, m, k)?;
             let want = if fusion.swiglu {
                 swiglu_interleaved_ref(&want)
@@ -488,7 +479,6 @@ impl Checker<'_> {
         layout: RopeLayout,
         bias: bool,
         start: usize,
-        fp8: bool,
     ) -> Result<()> {
         let s = QkvShape {
             n_q_heads: nq,
@@ -497,13 +487,13 @@ impl Checker<'_> {
             layout,
         };
         let (n, max_seq) = (s.width(), start + 4);
-        let (w, w_d) = self.dense_matrix(fp8, n, k)?;
+        let w = self.rng.bf16s(n * k, 0.02);
         let x = self.rng.normals(k, 3.0);
         let b = bias.then(|| self.rng.normals(n, 0.5));
         let inv_freq: Vec<f64> = (0..hd / 2)
             .map(|i| 500000f64.powf(-(2.0 * i as f64) / hd as f64))
             .collect();
-        let x_d = upload(self.dev, &x)?;
+        let (w_d, x_d) = (upload(self.dev, &w)?, upload(self.dev, &x)?);
         let b_d = match &b {
             Some(b) => Some(upload(self.dev, b)?),
             None => None,
@@ -525,19 +515,20 @@ impl Checker<'_> {
                     cos_sin: &f_d,
                     max_seq,
                 };
-                let w = w_d.weights()?;
-                launch_gemv_rope(self.dev, cfg, w, &x_d, k, None, s, b_d.as_ref(), t)?;
+                launch_gemv_rope(self.dev, cfg, &w_d, &x_d, k, None, s, b_d.as_ref(), t)?;
             } else {
                 let mut qkv = poisoned32(self.dev, n)?;
-                let plain = GemvFusion::default();
-                match &w_d {
-                    DevDense::Bf16(w) => {
-                        launch_gemv_fused(self.dev, cfg, plain, w, &x_d, None, &mut qkv, n, k)?
-                    }
-                    DevDense::Fp8(codes, scales) => launch_gemv_fp8(
-                        self.dev, cfg, plain, codes, scales, &x_d, None, &mut qkv, n, k,
-                    )?,
-                }
+                launch_gemv_fused(
+                    self.dev,
+                    cfg,
+                    GemvFusion::default(),
+                    &w_d,
+                    &x_d,
+                    None,
+                    &mut qkv,
+                    n,
+                    k,
+                )?;
                 launch_rope_append(
                     self.dev,
                     s,
@@ -559,11 +550,10 @@ impl Checker<'_> {
                 widen(&download(self.dev, &vc)?[row]),
             ));
         }
-        let qkv_ref = w.matvec(&x, n, k)?;
+        let qkv_ref = gemv_ref(&w, &x, n, k);
         let (want_q, want_k, want_v) =
             rope_append_ref(s, &qkv_ref, b.as_deref(), start as i32, &inv_freq);
-        let fp8 = if fp8 { " fp8" } else { "" };
-        let desc = format!("{cfg} h {nq}/{nkv}x{hd} k {k} {layout:?} bias {bias} pos {start}{fp8}");
+        let desc = format!("{cfg} h {nq}/{nkv}x{hd} k {k} {layout:?} bias {bias} pos {start}");
         let (f, p) = (&out[0], &out[1]);
         let same = |a: &[f32], b: &[f32]| {
             a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()) && a.len() == b.len()
@@ -1322,19 +1312,7 @@ pub fn run_engine_selftest(
                 (4, 2, 64, 264, true, 3),
                 (32, 8, 128, 4096, false, 1000),
             ][i % 4];
-            c.gemv_rope(cfg, nq, nkv, hd, k, layout, bias, start, false)?;
-            // FP8 rows: k a multiple of 16.
-            c.gemv_rope(
-                cfg,
-                nq,
-                nkv,
-                hd,
-                k.next_multiple_of(16),
-                layout,
-                bias,
-                start,
-                true,
-            )?;
+            c.gemv_rope(cfg, nq, nkv, hd, k, layout, bias, start)?;
         }
     }
     for &(n, start, nq, nkv, hd, qs) in &[

@@ -725,15 +725,15 @@ pub struct RopeTargets<'a> {
     pub max_seq: usize,
 }
 
-/// One decode token's q/k/v projection `W x` (+ `bias`; W [q_dim + 2 kv_dim, k], BF16 or FP8 with
-/// row scales) with RoPE and the KV append fused: the same bits as the plain GEMV
-/// ([`launch_gemv_fused`], `launch_gemv_fp8`) into a q/k/v row followed by [`launch_rope_append`]. With `prenorm`, x is an RMSNorm's input times its weight and the
+/// One decode token's q/k/v projection `W x` (+ `bias`; W BF16 [q_dim + 2 kv_dim, k]) with RoPE
+/// and the KV append fused: the same bits as [`launch_gemv_fused`] into a q/k/v row followed by
+/// [`launch_rope_append`]. With `prenorm`, x is an RMSNorm's input times its weight and the
 /// accumulator the sum of its unweighted squares, as [`launch_gemv_accum_norm`] leaves them.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_gemv_rope(
     dev: &GpuDevice,
     cfg: GemvConfig,
-    w: DenseWeights<'_>,
+    w: &CudaSlice<u16>,
     x: &CudaSlice<f32>,
     k: usize,
     prenorm: Option<ChainedNorm<'_>>,
@@ -746,7 +746,8 @@ pub fn launch_gemv_rope(
         return Err(GpuError::invalid(OP, format!("shape {s:?}")));
     }
     let n = s.width();
-    w.check(OP, n, k)?;
+    check_gemv_shape(n, k)?;
+    check_len(OP, "w", w, n * k)?;
     check_len(OP, "x", x, k)?;
     let prenorm = prenorm.map(|p| p.view(OP)).transpose()?;
     if let Some(b) = bias {
@@ -759,8 +760,7 @@ pub fn launch_gemv_rope(
     check_len(OP, "cos_sin", t.cos_sin, t.max_seq * s.head_dim)?;
     as_i32(OP, "cache elements", t.max_seq * s.kv_dim())?;
     let (cfg, variant) = gemv_rope_variant(cfg);
-    let kernel = w.kernel("rope");
-    let f = dev.function(&variant, &kernel)?;
+    let f = dev.function(&variant, "gemv_bf16_rope")?;
     let launch_cfg = cfg.launch(n);
     let null = 0u64; // no bias: a null pointer
     let (n_i, k_i) = (n as i32, k as i32);
@@ -769,8 +769,7 @@ pub fn launch_gemv_rope(
     let max_i = t.max_seq as i32;
     let eps = prenorm.as_ref().map_or(0.0f32, |p| p.1);
     let mut b = dev.stream().launch_builder(&f);
-    w.push(&mut b);
-    b.arg(x).arg(&n_i).arg(&k_i);
+    b.arg(w).arg(x).arg(&n_i).arg(&k_i);
     match &prenorm {
         Some((ss, _)) => b.arg(ss),
         None => b.arg(&null),
@@ -786,8 +785,8 @@ pub fn launch_gemv_rope(
         .arg(t.pos)
         .arg(t.cos_sin);
     b.arg(&nq).arg(&nkv).arg(&hd).arg(&inter).arg(&max_i);
-    // SAFETY: the argument list matches gemv_{bf16,fp8}_rope's signature; sizes were checked above.
-    unsafe { b.launch(launch_cfg) }.while_(|| format!("launching {kernel} {cfg} [{n}, {k}]"))?;
+    // SAFETY: the argument list matches gemv_bf16_rope's signature; sizes were checked above.
+    unsafe { b.launch(launch_cfg) }.while_(|| format!("launching {OP} {cfg} [{n}, {k}]"))?;
     Ok(())
 }
 
