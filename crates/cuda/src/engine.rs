@@ -473,6 +473,9 @@ pub struct DecodeOptions {
     /// on the small model and the 8B shape, and it measured 227.3 against 223.5 tok/s
     /// (bench/RESULTS.md, final call of 2026-11-29).
     pub pdl: bool,
+    /// Programmatic edges into the dense FP8 GEMVs too (`ENTROLLM_DECODE_PDL=all`; a comparison
+    /// run: see [`PDL_KERNELS`]).
+    pub pdl_dense_fp8: bool,
     /// RoPE and the KV append as their own kernel instead of the q/k/v GEMV's epilogue (dense
     /// q/k/v only; environment `ENTROLLM_DECODE_ROPE=split`).
     pub split_rope: bool,
@@ -489,6 +492,7 @@ impl DecodeOptions {
             fused_attention: fused("ENTROLLM_DECODE_ATTN"),
             fused_norm: fused("ENTROLLM_DECODE_NORM"),
             pdl: std::env::var("ENTROLLM_DECODE_PDL").as_deref() != Ok("off"),
+            pdl_dense_fp8: std::env::var("ENTROLLM_DECODE_PDL").as_deref() == Ok("all"),
             split_rope: std::env::var("ENTROLLM_DECODE_ROPE").as_deref() == Ok("split"),
             split_norm: std::env::var("ENTROLLM_DECODE_NORM").as_deref() == Ok("split"),
         }
@@ -510,7 +514,11 @@ impl std::fmt::Display for DecodeOptions {
                 "chained"
             },
             w(!self.split_rope),
-            if self.pdl { "on" } else { "off" }
+            match (self.pdl, self.pdl_dense_fp8) {
+                (false, _) => "off",
+                (true, false) => "on",
+                (true, true) => "on, dense FP8 GEMVs too",
+            }
         )
     }
 }
@@ -526,8 +534,8 @@ const PDL_KERNELS: &[&str] = &[
     "gemv_bf16_rope",
     "gemv_bf16_prenorm",
     "gemv_bf16_accum_norm",
-    // Not the dense FP8 GEMVs (gemv_fp8*): they measured slower launched early (269.7 against
-    // 316.0 tok/s on the 8B FP8 shape, bench/RESULTS.md).
+    // Not the dense FP8 GEMVs (PDL_DENSE_FP8_KERNELS): they measured slower launched early (269.7
+    // against 316.0 tok/s on the 8B FP8 shape, bench/RESULTS.md).
     "gemv_pal4",
     "gemv_pal4_norm",
     "gemv_pal4_bf16",
@@ -540,6 +548,15 @@ const PDL_KERNELS: &[&str] = &[
     "argmax_partial",
     "argmax_final",
     "finish_step",
+];
+
+/// The dense FP8 GEMVs: they call `pdl_wait()` as the BF16 ones do, but are left out of
+/// [`PDL_KERNELS`] (measured slower launched early), except with `DecodeOptions::pdl_dense_fp8`.
+const PDL_DENSE_FP8_KERNELS: &[&str] = &[
+    "gemv_fp8",
+    "gemv_fp8_norm",
+    "gemv_fp8_prenorm",
+    "gemv_fp8_accum_norm",
 ];
 
 /// A captured decode step. With programmatic dependent launch, every kernel-to-kernel edge into a
@@ -556,17 +573,18 @@ struct DecodeGraph {
 }
 
 impl DecodeGraph {
-    fn new(graph: CudaGraph, stream: &Arc<CudaStream>, pdl: bool) -> Result<Self> {
+    fn new(graph: CudaGraph, stream: &Arc<CudaStream>, opts: DecodeOptions) -> Result<Self> {
         let mut g = DecodeGraph {
             graph,
             pdl_exec: None,
             stream: Arc::clone(stream),
             programmatic_edges: 0,
         };
-        if pdl {
+        if opts.pdl {
             let cu_graph = g.graph.cu_graph();
+            let fp8 = opts.pdl_dense_fp8;
             // SAFETY: the graph is owned by `g.graph`, alive, and used by this thread alone.
-            g.programmatic_edges = unsafe { make_edges_programmatic(cu_graph) }?;
+            g.programmatic_edges = unsafe { make_edges_programmatic(cu_graph, fp8) }?;
             let mut exec: sys::CUgraphExec = std::ptr::null_mut();
             // SAFETY: as above; `exec` receives a new instance that Drop destroys.
             unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, cu_graph, 0) }
@@ -640,8 +658,9 @@ unsafe fn kernel_name(node: sys::CUgraphNode) -> Result<Option<String>> {
     ))
 }
 
-/// Turns every plain kernel → [`PDL_KERNELS`]-kernel edge of `graph` programmatic; returns how many.
-unsafe fn make_edges_programmatic(graph: sys::CUgraph) -> Result<usize> {
+/// Turns every plain kernel → [`PDL_KERNELS`]-kernel edge of `graph` programmatic (and into
+/// [`PDL_DENSE_FP8_KERNELS`] with `dense_fp8`); returns how many.
+unsafe fn make_edges_programmatic(graph: sys::CUgraph, dense_fp8: bool) -> Result<usize> {
     let what = || "reading the decode graph's edges".to_string();
     let mut n = 0usize;
     let null = std::ptr::null_mut();
@@ -667,7 +686,9 @@ unsafe fn make_edges_programmatic(graph: sys::CUgraph) -> Result<usize> {
             continue;
         }
         match kernel_name(to[i])? {
-            Some(name) if PDL_KERNELS.contains(&name.as_str()) => {}
+            Some(name)
+                if PDL_KERNELS.contains(&name.as_str())
+                    || (dense_fp8 && PDL_DENSE_FP8_KERNELS.contains(&name.as_str())) => {}
             _ => continue,
         }
         let mut e = data[i];
@@ -1245,7 +1266,7 @@ impl GpuEngine {
             body?;
             let graph =
                 graph.ok_or_else(|| GpuError::invalid("decode", "the captured graph is empty"))?;
-            let graph = DecodeGraph::new(graph, &stream, self.opts.pdl)?;
+            let graph = DecodeGraph::new(graph, &stream, self.opts)?;
             graph.upload()?;
             self.pdl_edges = graph.programmatic_edges;
             self.graphs[i] = Some(graph);
