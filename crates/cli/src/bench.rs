@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use entrollm_codec::dtans::Coding;
 use entrollm_cuda::engine_coded::{check_load_plan, free_memory, tuned_plan, Encoder};
-use entrollm_cuda::linear::Fp8Serving;
+use entrollm_cuda::linear::{Fp8Serving, Serving};
 use entrollm_cuda::{GpuDevice, GpuEngine, GpuModel};
 use entrollm_model::coding_plan::CodingPlan;
 use entrollm_model::load::open_weights;
@@ -78,6 +78,15 @@ pub struct Args {
     /// --help`).
     #[arg(long, default_value = "auto", value_parser = crate::generate::parse_fp8)]
     fp8: Fp8Serving,
+    /// With a MODEL path: how its BF16 matrices are kept, `dense` or `palette` (packed losslessly,
+    /// 12 bits a weight; see `run --help`). Not with --code-at-load.
+    #[arg(
+        long,
+        default_value = "dense",
+        value_parser = crate::generate::parse_bf16,
+        conflicts_with = "code_at_load"
+    )]
+    bf16: bool,
 }
 
 /// The coding plan of `--coding` / `--coding-file` (neither: the tuned table for `c`).
@@ -201,7 +210,11 @@ pub fn run(a: Args) -> Result<()> {
             if let Some(plan) = &code {
                 check_load_plan(&w.config, plan)?;
             }
-            let (m, r) = crate::generate::upload_gpu(&dev, &w, code.as_ref(), a.fp8)?;
+            let serving = Serving {
+                fp8: a.fp8,
+                bf16_palette: a.bf16,
+            };
+            let (m, r) = crate::generate::upload_gpu(&dev, &w, code.as_ref(), serving)?;
             let s = m.coded_summary();
             let how = match r {
                 Some(r) => format!(
@@ -254,6 +267,7 @@ pub fn run(a: Args) -> Result<()> {
         model.fp8_palette_matrices(),
         model.lm_head_palette_bf16(),
     );
+    let bf16_palette = model.bf16_palette_matrices();
     let mut e = GpuEngine::new(Arc::clone(&dev), model, max_seq)
         .with_context(|| format!("building the engine for {max_seq} tokens"))?;
     let prompt = random_tokens(a.prompt_len, c.vocab_size, a.seed);
@@ -376,6 +390,7 @@ pub fn run(a: Args) -> Result<()> {
                 "palette_matrices": fp8.1,
                 "lm_head_palette_bf16": fp8.2,
             },
+            "bf16_palette_matrices": bf16_palette,
             "long_prefill": a.long_prefill,
             "long_prefill_s": long.map(|l| l.0),
             "long_decode_tok_s": long.map(|l| 1.0 / l.1),

@@ -6,7 +6,7 @@ use crate::progress;
 use anyhow::Result;
 use entrollm_codec::dtans::Coding;
 use entrollm_cuda::engine_coded::{Encoder, LoadReport};
-use entrollm_cuda::linear::Fp8Serving;
+use entrollm_cuda::linear::{Fp8Serving, Serving};
 use entrollm_cuda::{GpuDevice, GpuEngine, GpuModel};
 use entrollm_model::chat::{ChatMessage, ChatTemplate};
 use entrollm_model::coding_plan::CodingPlan;
@@ -49,21 +49,21 @@ pub enum Backend {
 
 impl Backend {
     /// Builds the engine for `weights` on `device` with a context of `ctx` tokens; with `code`, the
-    /// GPU codes the dense BF16 matrices at load with that plan; FP8 matrices are kept as `fp8`
+    /// GPU codes the dense BF16 matrices at load with that plan; matrices are kept as `serving`
     /// says (see [`upload_gpu`]).
     pub fn new(
         weights: ModelWeights,
         ctx: usize,
         device: DeviceArg,
         code: Option<&CodingPlan>,
-        fp8: Fp8Serving,
+        serving: Serving,
     ) -> Result<Self> {
         if device != DeviceArg::Cpu {
             let gpu = GpuDevice::open(0)
                 .map_err(anyhow::Error::from)
                 .and_then(|dev| {
                     let dev = Arc::new(dev);
-                    let (model, _) = upload_gpu(&dev, &weights, code, fp8)?;
+                    let (model, _) = upload_gpu(&dev, &weights, code, serving)?;
                     Ok(GpuEngine::new(dev, model, ctx)?)
                 });
             match gpu {
@@ -129,15 +129,17 @@ pub fn load_plan(coding: &str, file: Option<&Path>) -> Result<CodingPlan> {
 /// Uploads `weights` to the GPU: dtANS-coded matrices (a container opened fused) are served coded;
 /// with `code`, every other layer/head matrix that is BF16 is coded on the GPU at load and served
 /// coded too (a progress bar follows the layers; one summary line on stderr: load time and memory,
-/// coded against dense). An FP8 checkpoint's matrices stay FP8, kept as `fp8` says, and without
-/// `code` its BF16 LM head may be palette-packed losslessly (a line on stderr says how many are
-/// palette-packed, and whether the head is).
+/// coded against dense). An FP8 checkpoint's matrices stay FP8, kept as `serving.fp8` says, and
+/// without `code` its BF16 LM head may be palette-packed losslessly (a line on stderr says how many
+/// are palette-packed, and whether the head is); without `code`, `serving.bf16_palette` packs BF16
+/// matrices losslessly (a line on stderr says how many).
 pub fn upload_gpu(
     dev: &Arc<GpuDevice>,
     weights: &ModelWeights,
     code: Option<&CodingPlan>,
-    fp8: Fp8Serving,
+    serving: Serving,
 ) -> Result<(GpuModel, Option<LoadReport>)> {
+    let fp8 = serving.fp8;
     let report_fp8 = |m: &GpuModel| {
         if m.fp8_matrices() > 0 {
             eprintln!(
@@ -154,8 +156,16 @@ pub fn upload_gpu(
         }
     };
     let Some(plan) = code else {
-        let model = GpuModel::upload_served(dev, weights, fp8)?.0;
+        let model = GpuModel::upload_served(dev, weights, serving)?.0;
         report_fp8(&model);
+        if serving.bf16_palette {
+            eprintln!(
+                "bf16: {} layer/head launches palette-packed losslessly (--bf16 palette; 12 bits a \
+                 weight), device weights {:.3} GB",
+                model.bf16_palette_matrices(),
+                model.weight_bytes() as f64 / 1e9
+            );
+        }
         return Ok((model, None));
     };
     let t = Instant::now();
@@ -301,6 +311,31 @@ pub struct ModelArgs {
     /// columns are a multiple of 32).
     #[arg(long, default_value = "auto", value_parser = parse_fp8)]
     fp8: Fp8Serving,
+    /// GPU, BF16 matrices: `dense` (as stored) or `palette` (packed losslessly: each value's high
+    /// byte as a 4-bit index into 16, its low byte as stored, escapes listed — 12 bits a weight —
+    /// wherever the columns are a multiple of 64 and that takes at most 0.8 of the bytes; the
+    /// products decode it on the tensor cores). Not with --code-at-load.
+    #[arg(long, default_value = "dense", value_parser = parse_bf16, conflicts_with = "code_at_load")]
+    bf16: bool,
+}
+
+impl ModelArgs {
+    /// How the GPU keeps the matrices (`--fp8`, `--bf16`).
+    fn serving(&self) -> Serving {
+        Serving {
+            fp8: self.fp8,
+            bf16_palette: self.bf16,
+        }
+    }
+}
+
+/// `--bf16 dense|palette`: whether BF16 matrices are palette-packed.
+pub fn parse_bf16(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "dense" => Ok(false),
+        "palette" => Ok(true),
+        _ => Err(format!("`{s}`: expected dense or palette")),
+    }
 }
 
 /// `--fp8 auto|dense|palette`.
@@ -352,7 +387,7 @@ fn open(a: &ModelArgs) -> Result<Session> {
         ..SamplingParams::greedy()
     };
     Ok(Session {
-        engine: Backend::new(weights, ctx, device, code.as_ref(), a.fp8)?,
+        engine: Backend::new(weights, ctx, device, code.as_ref(), a.serving())?,
         tokenizer,
         sampler: Sampler::new(params)?,
         max_tokens: a.max_tokens,
@@ -523,7 +558,7 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     if a.max_tokens > 0 {
         tokens.truncate(a.max_tokens);
     }
-    let p = match Backend::new(weights, a.window, device, None, Fp8Serving::Auto)? {
+    let p = match Backend::new(weights, a.window, device, None, Serving::default())? {
         Backend::Cpu(mut engine) => {
             entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?
         }

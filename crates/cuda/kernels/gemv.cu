@@ -906,6 +906,42 @@ extern "C" __global__ void pal4_rows_to_bf16(const u32* __restrict__ idx, uint4 
     }
 }
 
+// out = W (BF16 bits) from the BF16 palette form (codec PaletteBf16: high bytes by index, low bytes
+// as stored, lo: lane t's 32 bytes at 32 t of each 1 KiB block, so the two low-byte words of index
+// word i are lo[2 i], lo[2 i + 1]), in pal4_rows_to_bf16's order; then pal4_bf16_escapes_to_bf16
+// writes the escaped values.
+extern "C" __global__ void pal4_bf16_rows_to_bf16(const u32* __restrict__ idx, uint4 pal, const u32* __restrict__ lo,
+                                                  bf16_t* __restrict__ out, long long words, int rows, int cols) {
+    __shared__ u32 high[16];
+    if (threadIdx.x < 16) high[threadIdx.x] = (u32)pal4_code(pal, threadIdx.x) << 8;
+    __syncthreads();
+    const int nkb = cols / PAL4_BLOCK_COLS;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < words;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long blk = i >> 7, tile = blk / nkb;
+        const int b = (int)(blk - tile * nkb), t = (int)(i >> 2) & 31, st = (int)i & 3;
+        const u32 w = idx[i], l01 = lo[2 * i], l23 = lo[2 * i + 1];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const long long row = tile * PAL4_TILE_ROWS + (t >> 2) + 8 * (j & 1);
+            if (row >= rows) continue;
+            const int col = b * PAL4_BLOCK_COLS + 16 * st + 8 * (j >> 1) + 2 * (t & 3);
+            const u32 p = w >> (8 * j), l = ((j >> 1) ? l23 : l01) >> (16 * (j & 1));
+            *(u32*)(out + row * cols + col) = (high[p & 15] | (l & 0xff)) | (high[(p >> 4) & 15] | (l >> 8 & 0xff)) << 16;
+        }
+    }
+}
+
+// The escaped values of pal4_bf16_rows_to_bf16's output (col | bits << 16), one row a thread.
+extern "C" __global__ void pal4_bf16_escapes_to_bf16(const u32* __restrict__ esc_ptr, const u32* __restrict__ esc,
+                                                     bf16_t* __restrict__ out, int rows, int cols) {
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x)
+        for (u32 e = esc_ptr[r]; e < esc_ptr[r + 1]; ++e) {
+            const u32 v = esc[e];
+            out[(size_t)r * cols + (v & 0xffffu)] = (bf16_t)(v >> 16);
+        }
+}
+
 // The escaped weights of pal4_rows_to_bf16's output, one row a thread.
 extern "C" __global__ void pal4_escapes_to_bf16(const u32* __restrict__ esc_ptr, const u32* __restrict__ esc,
                                                 const float* __restrict__ s, bf16_t* __restrict__ out,

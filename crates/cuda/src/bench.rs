@@ -215,6 +215,7 @@ impl<'a> GemvBench<'a> {
     /// timed cold (its own copies over twice the L2). Returns the timing (bandwidth: dense-BF16
     /// bytes, as the dense rows) and the error.
     pub fn time_pal_bf16(&mut self) -> Result<(GemvTiming, f64)> {
+        use crate::ops::forward::GemvFusion;
         use crate::ops::gemv_fp8::{launch_gemv_pal_bf16, pal_bf16_config_for, GpuPalBf16};
         let (dev, n, k) = (self.dev, self.n, self.k);
         let bits = random_weight_bits(n * k, self.seed);
@@ -226,13 +227,13 @@ impl<'a> GemvBench<'a> {
             .collect::<Result<Vec<_>>>()?;
         let cfg = pal_bf16_config_for(n, dev.info().sm_count);
         let (x, y) = (&self.x_f32, &mut self.y_f32);
-        launch_gemv_pal_bf16(dev, cfg, &ws[0], x, None, y)?;
+        launch_gemv_pal_bf16(dev, cfg, GemvFusion::default(), &ws[0], x, None, y)?;
         let s = dev.stream();
         let got = s.clone_dtoh(&*y).while_(|| "downloading y".into())?;
         let xh = s.clone_dtoh(x).while_(|| "downloading x".into())?;
         let rel = rel_l2(&got, &gemv_ref(&bits, &xh, n, k));
         let t = time_cold(dev, copies, p.stored_bytes(), |c| {
-            launch_gemv_pal_bf16(dev, cfg, &ws[c], x, None, y)
+            launch_gemv_pal_bf16(dev, cfg, GemvFusion::default(), &ws[c], x, None, y)
         })?;
         let mut timing = self.timing(
             format!("palette bf16 {cfg} ({:.2} b/w)", p.bits_per_weight()),

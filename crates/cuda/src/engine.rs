@@ -123,13 +123,19 @@ pub(crate) fn host_bf16(m: &dyn Linear) -> Vec<u16> {
 }
 
 pub(crate) fn stacked(dev: &GpuDevice, parts: &[&dyn Linear]) -> Result<GpuLinear> {
+    let (rows, cols, bits) = stacked_bits(parts);
+    GpuLinear::dense_from_host(dev, rows, cols, &bits)
+}
+
+/// `parts` row-stacked as BF16 bits: (rows, cols, bits).
+pub(crate) fn stacked_bits(parts: &[&dyn Linear]) -> (usize, usize, Vec<u16>) {
     let cols = parts[0].cols();
     let rows: usize = parts.iter().map(|p| p.rows()).sum();
     let mut bits = Vec::with_capacity(rows * cols);
     for p in parts {
         bits.extend(host_bf16(*p));
     }
-    GpuLinear::dense_from_host(dev, rows, cols, &bits)
+    (rows, cols, bits)
 }
 
 /// gate and up stacked row-interleaved (g0, u0, g1, u1, ...), so the decode GEMV computes a pair
@@ -139,6 +145,12 @@ pub(crate) fn interleaved(
     gate: &dyn Linear,
     up: &dyn Linear,
 ) -> Result<GpuLinear> {
+    let (rows, cols, bits) = interleaved_bits(gate, up);
+    GpuLinear::dense_from_host(dev, rows, cols, &bits)
+}
+
+/// [`interleaved`]'s rows as BF16 bits: (rows, cols, bits).
+pub(crate) fn interleaved_bits(gate: &dyn Linear, up: &dyn Linear) -> (usize, usize, Vec<u16>) {
     let cols = gate.cols();
     let (g, u) = (host_bf16(gate), host_bf16(up));
     let mut bits = Vec::with_capacity(g.len() * 2);
@@ -146,7 +158,7 @@ pub(crate) fn interleaved(
         bits.extend_from_slice(gr);
         bits.extend_from_slice(ur);
     }
-    GpuLinear::dense_from_host(dev, 2 * gate.rows(), cols, &bits)
+    (2 * gate.rows(), cols, bits)
 }
 
 pub(crate) fn upload_f32(dev: &GpuDevice, v: &[f32]) -> Result<CudaSlice<f32>> {

@@ -27,7 +27,7 @@ use crate::coded::{check_supported as check_coding, GpuDtans};
 use crate::device::GpuDevice;
 use crate::engine::{GpuLayer, GpuModel};
 use crate::error::{DriverContext, GpuError, Result};
-use crate::linear::{DtansScratch, Fp8Serving, GpuLinear, SharedScratch};
+use crate::linear::{DtansScratch, Fp8Serving, GpuLinear, Serving, SharedScratch};
 use crate::ops::forward::{launch_synth_fill, SynthOut};
 use crate::ops::gemv_fp8::Fp8Codes;
 
@@ -332,7 +332,13 @@ impl GpuModel {
 
     /// Whether the LM head is a BF16 matrix palette-packed losslessly (an FP8 checkpoint's).
     pub fn lm_head_palette_bf16(&self) -> bool {
-        matches!(self.lm_head, Some(GpuLinear::PalBf16(_)))
+        matches!(self.lm_head, Some(GpuLinear::PalBf16(..)))
+    }
+
+    /// How many layer/head matrices are BF16 palette-packed (`Serving::bf16_palette`; the LM head
+    /// of an FP8 checkpoint's palette form).
+    pub fn bf16_palette_matrices(&self) -> usize {
+        self.count_matrices(|m| matches!(m, GpuLinear::PalBf16(..)))
     }
 
     /// How many of the FP8 matrices are palette-packed.
@@ -359,7 +365,7 @@ impl GpuModel {
                 s.weights += c.rows() * c.cols();
                 s.bytes += c.parts.iter().map(|t| t.stored_bytes).sum::<usize>();
             }
-            GpuLinear::Dense(_) | GpuLinear::Fp8(_) | GpuLinear::PalBf16(_) => {
+            GpuLinear::Dense(_) | GpuLinear::Fp8(_) | GpuLinear::PalBf16(..) => {
                 s.dense_matrices += 1;
                 s.dense_weights += m.rows() * m.cols();
                 s.dense_bytes += m.stored_bytes();
@@ -582,7 +588,7 @@ fn build(
 fn stored_device_bytes(m: &GpuLinear) -> usize {
     match m {
         GpuLinear::Dtans(c) => c.parts.iter().map(|t| t.device_bytes()).sum(),
-        GpuLinear::Dense(_) | GpuLinear::Fp8(_) | GpuLinear::PalBf16(_) => m.stored_bytes(),
+        GpuLinear::Dense(_) | GpuLinear::Fp8(_) | GpuLinear::PalBf16(..) => m.stored_bytes(),
     }
 }
 
@@ -604,7 +610,7 @@ fn dup(dev: &GpuDevice, m: &GpuLinear) -> Result<GpuLinear> {
                 .while_(|| format!("copying a [{}, {}] BF16 matrix", d.rows, d.cols))?;
             Ok(GpuLinear::dense(w, d.rows, d.cols))
         }
-        GpuLinear::Fp8(_) | GpuLinear::PalBf16(_) => Err(GpuError::invalid(
+        GpuLinear::Fp8(_) | GpuLinear::PalBf16(..) => Err(GpuError::invalid(
             "layer copy",
             "FP8 and palette-packed matrices are uploaded per layer, not copied",
         )),
@@ -793,7 +799,7 @@ pub fn coded_e2e_selftest(
     // by `upload_served`, against the same weights uploaded dense (decoded on the host).
     let w = served_weights(&c, seed, &tuned_plan(&c))?;
     let dense_w = run(GpuModel::upload(dev, &w)?)?;
-    let (served, n) = GpuModel::upload_served(dev, &w, Fp8Serving::Auto)?;
+    let (served, n) = GpuModel::upload_served(dev, &w, Serving::default())?;
     let s = served.coded_summary();
     let shape = format!(
         "served: {n} coded launches, {:.3} bits/weight",
@@ -1241,25 +1247,46 @@ fn fp8_parts(
     GpuLinear::fp8_from_host(dev, rows, cols, &codes, &scales, form, Arc::clone(scratch)).map(Some)
 }
 
-/// An FP8 checkpoint's BF16 LM head, palette-packed losslessly when `fp8` allows packing (auto or
-/// palette; MINE codes the LM head as well, in BF16) and the head packs small enough
-/// ([`GpuLinear::pal_bf16_from_host`]); None otherwise.
+/// The BF16 LM head palette-packed losslessly — an FP8 checkpoint's when `fp8` allows packing
+/// (auto or palette; MINE codes the LM head as well, in BF16), any checkpoint's with
+/// `bf16_palette` — when it packs small enough ([`GpuLinear::pal_bf16_from_host`]); None otherwise.
 fn pal_bf16_head(
     dev: &GpuDevice,
     w: &entrollm_model::weights::ModelWeights,
-    fp8: Fp8Serving,
+    serving: Serving,
+    scratch: &SharedScratch,
 ) -> Result<Option<GpuLinear>> {
     let head = &*w.lm_head;
     let fp8_checkpoint = w.layers.iter().any(|l| l.q.fp8_e4m3().is_some());
-    if fp8 == Fp8Serving::Dense
-        || !fp8_checkpoint
-        || head.fp8_e4m3().is_some()
-        || head.dtans().is_some()
-    {
+    let wanted = serving.bf16_palette || (fp8_checkpoint && serving.fp8 != Fp8Serving::Dense);
+    if !wanted || head.fp8_e4m3().is_some() || head.dtans().is_some() {
         return Ok(None);
     }
     let bits = crate::engine::host_bf16(head);
-    GpuLinear::pal_bf16_from_host(dev, head.rows(), head.cols(), &bits)
+    GpuLinear::pal_bf16_from_host(dev, head.rows(), head.cols(), &bits, Arc::clone(scratch))
+}
+
+/// A BF16 matrix made of `parts` (row-stacked; `halves`: gate/up interleaved) palette-packed
+/// losslessly, or None when a part is not plain BF16 or the matrix does not pack (then the caller
+/// uploads it dense).
+fn pal_bf16_parts(
+    dev: &GpuDevice,
+    parts: &[&dyn entrollm_model::weights::Linear],
+    halves: bool,
+    scratch: &SharedScratch,
+) -> Result<Option<GpuLinear>> {
+    use crate::engine::{interleaved_bits, stacked_bits};
+    if parts
+        .iter()
+        .any(|p| p.fp8_e4m3().is_some() || p.dtans().is_some())
+    {
+        return Ok(None);
+    }
+    let (rows, cols, bits) = match parts {
+        [g, u] if halves => interleaved_bits(*g, *u),
+        _ => stacked_bits(parts),
+    };
+    GpuLinear::pal_bf16_from_host(dev, rows, cols, &bits, Arc::clone(scratch))
 }
 
 /// Uploads a coded matrix made of `parts` (row-stacked; `halves`: gate/up), or None when any part
@@ -1485,13 +1512,14 @@ impl GpuModel {
     /// that are not coded (or whose parts cannot share a launch) are uploaded dense as
     /// [`GpuModel::upload`] does, and so is the embedding (a lookup reads one row). Returns the
     /// model and how many layer/head matrices are coded.
-    /// FP8 checkpoints' matrices stay FP8, kept as `fp8` says.
+    /// FP8 checkpoints' matrices stay FP8, kept as `serving.fp8` says; BF16 ones are palette-packed
+    /// with `serving.bf16_palette`.
     pub fn upload_served(
         dev: &GpuDevice,
         w: &entrollm_model::weights::ModelWeights,
-        fp8: Fp8Serving,
+        serving: Serving,
     ) -> Result<(Self, usize)> {
-        let (m, r) = serve(dev, w, None, fp8, &mut |_, _| {})?;
+        let (m, r) = serve(dev, w, None, serving, &mut |_, _| {})?;
         Ok((m, r.served))
     }
 
@@ -1512,7 +1540,7 @@ impl GpuModel {
     ) -> Result<(Self, LoadReport)> {
         crate::engine::check_supported(&w.config)?;
         check_load_plan(&w.config, plan)?;
-        serve(dev, w, Some((plan, encoder)), fp8, progress)
+        serve(dev, w, Some((plan, encoder)), fp8.into(), progress)
     }
 }
 
@@ -1521,7 +1549,7 @@ fn serve(
     dev: &GpuDevice,
     w: &entrollm_model::weights::ModelWeights,
     code: Option<(&CodingPlan, Encoder)>,
-    fp8: Fp8Serving,
+    serving: Serving,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<(GpuModel, LoadReport)> {
     use crate::engine::{interleaved, stacked, upload_f32};
@@ -1549,7 +1577,7 @@ fn serve(
             r.served += 1;
             return Ok(l);
         }
-        if let Some(l) = fp8_parts(dev, parts, halves, fp8, &scratch)? {
+        if let Some(l) = fp8_parts(dev, parts, halves, serving.fp8, &scratch)? {
             r.fp8 += 1;
             if code.is_some() {
                 r.dense_notes.push(format!(
@@ -1570,6 +1598,11 @@ fn serve(
                     .push(format!("{what}: not BF16, served dense (BF16-rounded)")),
             }
         }
+        if serving.bf16_palette && code.is_none() {
+            if let Some(l) = pal_bf16_parts(dev, parts, halves, &scratch)? {
+                return Ok(l);
+            }
+        }
         match parts {
             [g, u] if halves => interleaved(dev, *g, *u),
             _ => stacked(dev, parts),
@@ -1581,7 +1614,7 @@ fn serve(
     } else {
         // (Coding at load codes a BF16 head with the plan, as every other BF16 launch.)
         let packed = match code {
-            None => pal_bf16_head(dev, w, fp8)?,
+            None => pal_bf16_head(dev, w, serving, &scratch)?,
             Some(_) => None,
         };
         match packed {

@@ -28,7 +28,7 @@ use crate::device::GpuDevice;
 use crate::engine::{bf16_rounded, synth_seeds, DecodeOptions, GpuEngine, GpuModel};
 use crate::error::{GpuError, Result};
 use crate::gemm::{gemm_ref, Gemm};
-use crate::linear::Fp8Serving;
+use crate::linear::{Fp8Serving, Serving};
 use crate::ops::attention::{
     attention_ref, launch_attention_decode, launch_attention_decode_fused, AttnScratch, KvShape,
 };
@@ -943,16 +943,16 @@ fn fp8_served_case(
     compare_pdl(
         dev,
         label,
-        || Ok(GpuModel::upload_served(dev, &w, form)?.0),
+        || Ok(GpuModel::upload_served(dev, &w, form.into())?.0),
         &prompt[..300],
         16,
         cases,
     )?;
-    let served = GpuModel::upload_served(dev, &w, form)?.0;
+    let served = GpuModel::upload_served(dev, &w, form.into())?.0;
     // A BF16 head beside palette-packed layers is palette-packed too (its columns allowing).
     let head_bf16 = w.lm_head.fp8_e4m3().is_none();
     if head_bf16 && form == Fp8Serving::Palette {
-        let packed = matches!(served.lm_head, Some(crate::linear::GpuLinear::PalBf16(_)));
+        let packed = matches!(served.lm_head, Some(crate::linear::GpuLinear::PalBf16(..)));
         cases.push(CaseResult {
             kernel: "lm_head_palette_bf16".into(),
             shape: format!("{label}: BF16 LM head palette-packed: {packed}"),
@@ -985,7 +985,56 @@ fn fp8_served_case(
         },
         tolerance: 0.0,
     });
-    compare_logits(dev, label, w, Some(form), prompt, 4, 5e-2, cases)
+    compare_logits(dev, label, w, Some(form.into()), prompt, 4, 5e-2, cases)
+}
+
+/// A BF16 checkpoint served with its matrices palette-packed losslessly (`Serving::bf16_palette`:
+/// every layer/head matrix whose columns are a multiple of 64, q/k/v stacked and gate/up
+/// interleaved as packed; the residual-add and SwiGLU epilogues, prefill's copy to BF16): PDL vs
+/// plain ([`compare_pdl`]), how many matrices are packed, and against the CPU engine (as the dense
+/// BF16 case: the form is lossless).
+fn bf16_palette_case(
+    dev: &Arc<GpuDevice>,
+    label: &str,
+    w: ModelWeights,
+    prompt: &[u32],
+    tol: f64,
+    cases: &mut Vec<CaseResult>,
+) -> Result<()> {
+    let serving = Serving {
+        fp8: Fp8Serving::Auto,
+        bf16_palette: true,
+    };
+    compare_pdl(
+        dev,
+        label,
+        || Ok(GpuModel::upload_served(dev, &w, serving)?.0),
+        &prompt[..300],
+        16,
+        cases,
+    )?;
+    let got = GpuModel::upload_served(dev, &w, serving)?
+        .0
+        .bf16_palette_matrices();
+    let fits =
+        |m: &Arc<dyn Linear>| usize::from(m.cols() % entrollm_codec::palette::BLOCK_COLS == 0);
+    let tied = Arc::ptr_eq(&w.embed, &w.lm_head);
+    let expected = if tied { 0 } else { fits(&w.lm_head) }
+        + w.layers
+            .iter()
+            .map(|l| fits(&l.q) + fits(&l.o) + fits(&l.gate) + fits(&l.down))
+            .sum::<usize>();
+    cases.push(CaseResult {
+        kernel: "bf16_palette_matrices".into(),
+        shape: format!("{label}: {got} layer/head matrices packed, {expected} expected"),
+        rel_l2: if got == expected && expected > 0 {
+            0.0
+        } else {
+            f64::INFINITY
+        },
+        tolerance: 0.0,
+    });
+    compare_logits(dev, label, w, Some(serving), prompt, 4, tol, cases)
 }
 
 /// GPU vs CPU on one model: prefill logits of `prompt`, then logits after each of `steps` decode
@@ -997,7 +1046,7 @@ fn compare_logits(
     dev: &Arc<GpuDevice>,
     label: &str,
     w: ModelWeights,
-    served: Option<Fp8Serving>,
+    served: Option<Serving>,
     prompt: &[u32],
     steps: usize,
     tol: f64,
@@ -1005,7 +1054,7 @@ fn compare_logits(
 ) -> Result<()> {
     let max_seq = prompt.len() + steps + 1;
     let gm = match served {
-        Some(fp8) => GpuModel::upload_served(dev, &w, fp8)?.0,
+        Some(serving) => GpuModel::upload_served(dev, &w, serving)?.0,
         None => GpuModel::upload(dev, &w)?,
     };
     let mut ge = GpuEngine::new(Arc::clone(dev), gm, max_seq)?;
@@ -1400,6 +1449,15 @@ pub fn run_engine_selftest(
         None,
         &prompt,
         4,
+        3e-2,
+        &mut cases,
+    )?;
+    // The same model with its BF16 matrices palette-packed losslessly (`--bf16 palette`).
+    bf16_palette_case(
+        dev,
+        "small qwen2-like, BF16 palette-packed",
+        small_model(seed)?,
+        &prompt,
         3e-2,
         &mut cases,
     )?;

@@ -39,7 +39,8 @@ use crate::ops::forward::{
 use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
 use crate::ops::gemv_fp8::{
     check_gemv_fp8_shape, check_gemv_pal4_shape, gemv_fp8_config_for, launch_fp8_rows_to_bf16,
-    launch_gemv_fp8, launch_gemv_pal_bf16, pal4_config_for, Fp8Codes, GpuPal4, GpuPalBf16,
+    launch_gemv_fp8, launch_gemv_pal_bf16, launch_pal_bf16_rows_to_bf16, pal4_config_for, Fp8Codes,
+    GpuPal4, GpuPalBf16,
 };
 
 /// A row-major BF16 matrix [rows, cols] in device memory and the GEMV configuration of its shape.
@@ -125,6 +126,24 @@ pub struct ChainLinear<'a> {
     pub cols: usize,
 }
 
+/// How a checkpoint's matrices are kept on the device: FP8 ones as `fp8` says; BF16 ones as stored,
+/// or with `bf16_palette` palette-packed losslessly ([`GpuLinear::pal_bf16_from_host`]: 12 bits a
+/// weight) wherever that packs, the untied LM head too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Serving {
+    pub fp8: Fp8Serving,
+    pub bf16_palette: bool,
+}
+
+impl From<Fp8Serving> for Serving {
+    fn from(fp8: Fp8Serving) -> Self {
+        Serving {
+            fp8,
+            bf16_palette: false,
+        }
+    }
+}
+
 /// How an FP8 checkpoint's matrices are kept on the device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Fp8Serving {
@@ -196,7 +215,8 @@ pub enum GpuLinear {
     Dense(DenseBf16),
     Dtans(Box<DtansLinear>),
     Fp8(Box<Fp8Linear>),
-    PalBf16(Box<GpuPalBf16>),
+    /// A BF16 matrix palette-packed losslessly, and the workspace its prefill copy to BF16 uses.
+    PalBf16(Box<GpuPalBf16>, SharedScratch),
 }
 
 /// [`GpuLinear::pal_bf16_from_host`] packs a BF16 matrix when the packed form is at most this
@@ -378,6 +398,7 @@ impl GpuLinear {
         rows: usize,
         cols: usize,
         bits: &[u16],
+        scratch: SharedScratch,
     ) -> Result<Option<Self>> {
         if check_gemv_pal4_shape(rows, cols).is_err() || bits.len() != rows * cols {
             return Ok(None);
@@ -389,9 +410,10 @@ impl GpuLinear {
         if p.stored_bytes() as f64 > PAL_BF16_MAX_RATIO * (2 * bits.len()) as f64 {
             return Ok(None);
         }
-        Ok(Some(GpuLinear::PalBf16(Box::new(GpuPalBf16::upload(
-            dev, &p,
-        )?))))
+        Ok(Some(GpuLinear::PalBf16(
+            Box::new(GpuPalBf16::upload(dev, &p)?),
+            scratch,
+        )))
     }
 
     pub fn rows(&self) -> usize {
@@ -399,7 +421,7 @@ impl GpuLinear {
             GpuLinear::Dense(d) => d.rows,
             GpuLinear::Dtans(c) => c.rows(),
             GpuLinear::Fp8(f) => f.rows,
-            GpuLinear::PalBf16(p) => p.rows,
+            GpuLinear::PalBf16(p, _) => p.rows,
         }
     }
 
@@ -408,7 +430,7 @@ impl GpuLinear {
             GpuLinear::Dense(d) => d.cols,
             GpuLinear::Dtans(c) => c.cols(),
             GpuLinear::Fp8(f) => f.cols,
-            GpuLinear::PalBf16(p) => p.cols,
+            GpuLinear::PalBf16(p, _) => p.cols,
         }
     }
 
@@ -419,7 +441,7 @@ impl GpuLinear {
     pub fn norm_in_gemv(&self) -> bool {
         match self {
             GpuLinear::Fp8(f) => matches!(f.codes, Fp8Codes::Palette(_)),
-            GpuLinear::PalBf16(_) => true,
+            GpuLinear::PalBf16(..) => true,
             _ => false,
         }
     }
@@ -430,7 +452,7 @@ impl GpuLinear {
             GpuLinear::Dense(d) => d.rows * d.cols * 2,
             GpuLinear::Dtans(c) => c.parts.iter().map(|t| t.stored_bytes).sum(),
             GpuLinear::Fp8(f) => f.codes.stored_bytes() + 4 * f.rows,
-            GpuLinear::PalBf16(p) => p.stored_bytes(),
+            GpuLinear::PalBf16(p, _) => p.stored_bytes(),
         }
     }
 
@@ -447,7 +469,7 @@ impl GpuLinear {
                 launch_gemv_accum(dev, d.gemv, &d.w, x, y, d.rows, d.cols)
             }
             GpuLinear::Dense(d) => launch_gemv(dev, d.gemv, &d.w, x, y, d.rows, d.cols),
-            GpuLinear::Dtans(_) | GpuLinear::Fp8(_) | GpuLinear::PalBf16(_) => {
+            GpuLinear::Dtans(_) | GpuLinear::Fp8(_) | GpuLinear::PalBf16(..) => {
                 let fusion = GemvFusion {
                     accumulate,
                     swiglu: false,
@@ -489,15 +511,7 @@ impl GpuLinear {
                     dev, cfg, fusion, &f.codes, &f.scales, x, norm, y, f.rows, f.cols,
                 )
             }
-            GpuLinear::PalBf16(p) => {
-                if fusion.accumulate || fusion.swiglu {
-                    return Err(GpuError::invalid(
-                        "gemv_pal4_bf16",
-                        "BF16 palette-packed matrices have no residual-add or SwiGLU epilogue",
-                    ));
-                }
-                launch_gemv_pal_bf16(dev, p.gemv, p, x, norm, y)
-            }
+            GpuLinear::PalBf16(p, _) => launch_gemv_pal_bf16(dev, p.gemv, fusion, p, x, norm, y),
         }
     }
 
@@ -545,14 +559,11 @@ impl GpuLinear {
                 launch_fp8_rows_to_bf16(dev, &f.codes, &f.scales, &mut s.w, f.rows, f.cols)?;
                 gemm.matmul(&s.w, x, y, m, f.rows, f.cols, accumulate)
             }
-            GpuLinear::PalBf16(p) => Err(GpuError::invalid(
-                "palette-packed BF16 matmul",
-                format!(
-                    "a [{}, {}] BF16 palette-packed matrix serves batch-1 products only (the LM \
-                     head's)",
-                    p.rows, p.cols
-                ),
-            )),
+            GpuLinear::PalBf16(p, scratch) => {
+                let mut s = scratch.lock().unwrap_or_else(|e| e.into_inner());
+                launch_pal_bf16_rows_to_bf16(dev, p, &mut s.w)?;
+                gemm.matmul(&s.w, x, y, m, p.rows, p.cols, accumulate)
+            }
         }
     }
 

@@ -25,7 +25,8 @@ use crate::ops::forward::{rmsnorm_f32w_ref, swiglu_interleaved_ref, GemvFusion};
 use crate::ops::gemv::{gemv_ref, launch_gemv, GemvConfig};
 use crate::ops::gemv_fp8::{
     fp8_rows_to_bf16_ref, gemv_fp8_ref, launch_fp8_rows_to_bf16, launch_gemv_fp8,
-    launch_gemv_pal_bf16, pal_bf16_config_for, Fp8Codes, GpuPal4, GpuPalBf16, PAL_BF16_CANDIDATES,
+    launch_gemv_pal_bf16, launch_pal_bf16_rows_to_bf16, pal_bf16_config_for, Fp8Codes, GpuPal4,
+    GpuPalBf16, PAL_BF16_CANDIDATES,
 };
 use crate::ops::rope::{launch_rope, rope_ref, RopeLayout, RopeShape};
 
@@ -440,17 +441,14 @@ impl Checker<'_> {
         Ok(())
     }
 
-    /// The BF16 palette GEMV (a lossless [`PaletteBf16`] of N(0, 0.02) weights; `spread`: high
-    /// bytes over 128 values instead, most weights escaping), optionally with RMSNorm of x, against
-    /// the dense BF16 product of the same values.
-    fn gemv_pal_bf16(
+    /// A random BF16 matrix packed losslessly ([`PaletteBf16`]) on the host and the device:
+    /// N(0, 0.02) weights, or (`spread`) high bytes over 128 values, most weights escaping.
+    fn pal_bf16_matrix(
         &mut self,
-        cfg: GemvConfig,
         n: usize,
         k: usize,
-        norm: bool,
         spread: bool,
-    ) -> Result<()> {
+    ) -> Result<(Vec<u16>, PaletteBf16, GpuPalBf16)> {
         let w: Vec<u16> = if spread {
             (0..n * k)
                 .map(|_| self.rng.next_u64() as u16 & 0xBFFF)
@@ -461,39 +459,82 @@ impl Checker<'_> {
         let p = PaletteBf16::encode(&w, n, k)
             .map_err(|e| GpuError::invalid("palette selftest", e.to_string()))?;
         let w_d = GpuPalBf16::upload(self.dev, &p)?;
+        Ok((w, p, w_d))
+    }
+
+    /// The BF16 palette GEMV ([`Self::pal_bf16_matrix`]), optionally with RMSNorm of x, with
+    /// `fusion`'s epilogue, against the dense BF16 product of the same values.
+    fn gemv_pal_bf16(
+        &mut self,
+        cfg: GemvConfig,
+        fusion: GemvFusion,
+        n: usize,
+        k: usize,
+        norm: bool,
+        spread: bool,
+    ) -> Result<()> {
+        let (w, p, w_d) = self.pal_bf16_matrix(n, k, spread)?;
         let x = self.rng.normals(k, 1.0);
         let g: Vec<f32> = (0..k).map(|_| 1.0 + 0.1 * self.rng.normal()).collect();
+        let y0 = self.rng.normals(n, 1.0);
         let (x_d, g_d) = (upload(self.dev, &x)?, upload(self.dev, &g)?);
-        let mut y = poisoned(self.dev, n)?;
+        let out_n = if fusion.swiglu { n / 2 } else { n };
+        let mut y = if fusion.accumulate {
+            upload(self.dev, &y0)?
+        } else {
+            poisoned(self.dev, out_n)?
+        };
         let eps = 1e-5;
-        launch_gemv_pal_bf16(
-            self.dev,
-            cfg,
-            &w_d,
-            &x_d,
-            norm.then_some((&g_d, eps)),
-            &mut y,
-        )?;
+        let norm_arg = norm.then_some((&g_d, eps));
+        launch_gemv_pal_bf16(self.dev, cfg, fusion, &w_d, &x_d, norm_arg, &mut y)?;
         let got = download(self.dev, &y)?;
         let xin = if norm {
             rmsnorm_f32w_ref(&x, &g, eps)
         } else {
             x
         };
-        let want = gemv_ref(&w, &xin, n, k);
+        let mut want = gemv_ref(&w, &xin, n, k);
+        if fusion.accumulate {
+            want.iter_mut().zip(&y0).for_each(|(w, a)| *w += a);
+        }
+        if fusion.swiglu {
+            want = swiglu_interleaved_ref(&want);
+        }
         let label = format!(
-            "{cfg} [{n}, {k}]{}{} ({} escapes)",
+            "{cfg} [{n}, {k}]{}{}{}{} ({} escapes)",
             if norm { " norm" } else { "" },
+            if fusion.accumulate { " +=" } else { "" },
+            if fusion.swiglu { " swiglu" } else { "" },
             if spread { " spread" } else { "" },
             p.escapes().len()
         );
         self.record(
             "gemv_pal4_bf16",
             label,
-            &got[..n],
+            &got[..out_n],
             &want,
             GemvForm::Palette.tolerance(),
         );
+        Ok(())
+    }
+
+    /// The BF16 palette form materialised for prefill, bit for bit against the values packed.
+    fn pal_bf16_rows_to_bf16(&mut self, rows: usize, cols: usize, spread: bool) -> Result<()> {
+        let (w, p, w_d) = self.pal_bf16_matrix(rows, cols, spread)?;
+        let mut out = upload(self.dev, &vec![0x7fc0u16; rows * cols])?;
+        launch_pal_bf16_rows_to_bf16(self.dev, &w_d, &mut out)?;
+        let got = download(self.dev, &out)?;
+        let differ = got.iter().zip(&w).filter(|(g, w)| g != w).count();
+        self.cases.push(CaseResult {
+            kernel: "pal4_bf16_rows_to_bf16".into(),
+            shape: format!(
+                "[{rows}, {cols}]{} ({} escapes): {differ} elements differ",
+                if spread { " spread" } else { "" },
+                p.escapes().len()
+            ),
+            rel_l2: if differ == 0 { 0.0 } else { f64::INFINITY },
+            tolerance: 0.0,
+        });
         Ok(())
     }
 
@@ -819,16 +860,34 @@ fn fp8_cases(c: &mut Checker) -> Result<()> {
     // The BF16 palette GEMV (an FP8 checkpoint's LM head): every configuration on ragged shapes,
     // with and without the norm, one with most weights escaping, and the Llama-8B LM head as the
     // engine launches it.
+    // (A BF16 checkpoint served with `--bf16 palette` adds the residual-add and SwiGLU epilogues.)
+    let swiglu = GemvFusion {
+        accumulate: false,
+        swiglu: true,
+    };
     for cfg in PAL_BF16_CANDIDATES {
         for &(n, k) in &[(1, 64), (37, 576), (129, 4160), (1000, 2048)] {
-            c.gemv_pal_bf16(cfg, n, k, false, false)?;
+            c.gemv_pal_bf16(cfg, plain, n, k, false, false)?;
         }
-        c.gemv_pal_bf16(cfg, 33, 1024, true, false)?;
+        c.gemv_pal_bf16(cfg, plain, 33, 1024, true, false)?;
+        c.gemv_pal_bf16(cfg, accum, 37, 576, false, false)?;
+        c.gemv_pal_bf16(cfg, swiglu, 130, 1024, true, false)?;
     }
-    c.gemv_pal_bf16(PAL_BF16_CANDIDATES[0], 37, 576, true, true)?;
+    c.gemv_pal_bf16(PAL_BF16_CANDIDATES[0], plain, 37, 576, true, true)?;
+    c.gemv_pal_bf16(PAL_BF16_CANDIDATES[1], accum, 38, 576, false, true)?;
+    for &(rows, cols, spread) in &[
+        (1, 64, false),
+        (37, 576, false),
+        (300, 4160, false),
+        (37, 576, true),
+        (4096, 4096, false),
+    ] {
+        c.pal_bf16_rows_to_bf16(rows, cols, spread)?;
+    }
     let (n, k) = (128_256, 4096);
     c.gemv_pal_bf16(
         pal_bf16_config_for(n, c.dev.info().sm_count),
+        plain,
         n,
         k,
         true,

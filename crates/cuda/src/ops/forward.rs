@@ -90,12 +90,13 @@ pub fn all_variants() -> Vec<KernelVariant> {
             }
         }
     }
-    // The BF16 palette GEMV (an FP8 checkpoint's LM head).
-    v.extend(
-        crate::ops::gemv_fp8::PAL_BF16_CANDIDATES
-            .iter()
-            .map(|&c| crate::ops::gemv_fp8::pal_bf16_variant(c)),
-    );
+    // The BF16 palette GEMV (an FP8 checkpoint's LM head; a BF16 checkpoint's matrices with
+    // `--bf16 palette`), with the epilogues of the forward pass.
+    for c in crate::ops::gemv_fp8::PAL_BF16_CANDIDATES {
+        for fusion in pal_bf16_fusions() {
+            v.push(crate::ops::gemv_fp8::pal_bf16_variant(c, fusion));
+        }
+    }
     for c in GemvConfig::CANDIDATES {
         let r = gemv_rope_variant(c).1;
         if !v.contains(&r) {
@@ -611,6 +612,12 @@ pub fn prefill_attention_ref(
     out
 }
 
+/// The epilogues the BF16 palette GEMV is compiled with: plain, residual add, SwiGLU.
+pub(crate) fn pal_bf16_fusions() -> [GemvFusion; 3] {
+    [(false, false), (true, false), (false, true)]
+        .map(|(accumulate, swiglu)| GemvFusion { accumulate, swiglu })
+}
+
 /// What a fused GEMV does besides `y = W x`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct GemvFusion {
@@ -1058,10 +1065,10 @@ mod tests {
                 })
             })
             .count();
-        // The BF16 palette GEMV: one module a configuration.
+        // The BF16 palette GEMV: a module a configuration and epilogue.
         let pal_bf16 = crate::ops::gemv_fp8::PAL_BF16_CANDIDATES
             .iter()
-            .map(|&c| crate::ops::gemv_fp8::pal_bf16_variant(c))
+            .flat_map(|&c| pal_bf16_fusions().map(|f| crate::ops::gemv_fp8::pal_bf16_variant(c, f)))
             .collect::<std::collections::HashSet<_>>();
         assert!(pal_bf16.iter().all(|v| all.contains(v)));
         assert_eq!(

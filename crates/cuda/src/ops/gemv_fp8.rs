@@ -290,9 +290,9 @@ pub const PAL_BF16_CANDIDATES: [GemvConfig; 5] = [
     pal4(8, 1),
 ];
 
-/// The module of `gemv_pal4_bf16` in configuration `cfg`.
-pub fn pal_bf16_variant(cfg: GemvConfig) -> KernelVariant {
-    let mut v = gemv_fused_variant(cfg, GemvFusion::default());
+/// The module of `gemv_pal4_bf16` in configuration `cfg` with `fusion`'s epilogue.
+pub fn pal_bf16_variant(cfg: GemvConfig, fusion: GemvFusion) -> KernelVariant {
+    let mut v = gemv_fused_variant(cfg, fusion);
     v.defines.push(("PAL4_BF16", 1));
     v
 }
@@ -407,12 +407,13 @@ fn pal4_launch(
     Ok(launch)
 }
 
-/// `y = W · rmsnorm(x; g, eps)` (when `norm` is given, else `W x`), W a BF16 palette-packed
-/// [`GpuPalBf16`] [n, k], x f32 [k], y f32 [n]; in configuration `cfg` (one of
-/// [`PAL_BF16_CANDIDATES`]; the matrix's own is `w.gemv`).
+/// `y = W · rmsnorm(x; g, eps)` (when `norm` is given, else `W x`) with `fusion`'s epilogue, W a
+/// BF16 palette-packed [`GpuPalBf16`] [n, k], x f32 [k], y f32 [n] (n/2 with swiglu); in
+/// configuration `cfg` (one of [`PAL_BF16_CANDIDATES`]; the matrix's own is `w.gemv`).
 pub fn launch_gemv_pal_bf16(
     dev: &GpuDevice,
     cfg: GemvConfig,
+    fusion: GemvFusion,
     w: &GpuPalBf16,
     x: &CudaSlice<f32>,
     norm: Option<(&CudaSlice<f32>, f32)>,
@@ -426,7 +427,8 @@ pub fn launch_gemv_pal_bf16(
     check_len(OP, "escape offsets", &w.esc_ptr, n + 1)?;
     check_len(OP, "escapes", &w.esc, w.escapes.max(1))?;
     check_len(OP, "x", x, k)?;
-    check_len(OP, "y", y, n)?;
+    check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
+    check_swiglu_rows(OP, fusion, n)?;
     if cfg.unroll != 1 || cfg.rows > 15 || cfg.warps % cfg.rows != 0 {
         return Err(GpuError::invalid(
             OP,
@@ -440,7 +442,7 @@ pub fn launch_gemv_pal_bf16(
     } else {
         "gemv_pal4_bf16"
     };
-    let f = dev.function(&pal_bf16_variant(cfg), kernel)?;
+    let f = dev.function(&pal_bf16_variant(cfg, fusion), kernel)?;
     let launch = pal4_launch(dev, &f, kernel, cfg, n, k)?;
     let (n_i, k_i) = (n as i32, k as i32);
     let mut b = dev.stream().launch_builder(&f);
@@ -461,6 +463,57 @@ pub fn launch_gemv_pal_bf16(
     }
     // SAFETY: argument types and counts match the kernel chosen above; sizes were checked.
     unsafe { b.launch(launch) }.while_(|| format!("launching {kernel} {cfg} [{n}, {k}]"))?;
+    Ok(())
+}
+
+/// `out = W`: a BF16 palette-packed matrix's values (BF16 bits, [rows, cols], bit for bit the
+/// codec's `PaletteBf16::decode`), materialised for the prefill GEMM.
+pub fn launch_pal_bf16_rows_to_bf16(
+    dev: &GpuDevice,
+    w: &GpuPalBf16,
+    out: &mut CudaSlice<u16>,
+) -> Result<()> {
+    const OP: &str = "pal4_bf16_rows_to_bf16";
+    let (rows, cols) = (w.rows, w.cols);
+    check_len(OP, "indices", &w.idx, pal4_index_bytes(rows, cols))?;
+    check_len(OP, "low bytes", &w.lo, 2 * pal4_index_bytes(rows, cols))?;
+    if out.len() < rows * cols {
+        return Err(GpuError::invalid(
+            OP,
+            format!("output holds {} elements, needs {}", out.len(), rows * cols),
+        ));
+    }
+    let variant = gemv_fused_variant(GemvConfig::CANDIDATES[0], GemvFusion::default());
+    let grid = |units: usize| cudarc::driver::LaunchConfig {
+        grid_dim: (units.div_ceil(256).min(132 * 16) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let what = |k: &str| format!("launching {k} [{rows}, {cols}]");
+    let words = (pal4_index_bytes(rows, cols) / 4) as i64;
+    let (r_i, c_i) = (rows as i32, cols as i32);
+    let f = dev.function(&variant, OP)?;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(&w.idx)
+        .arg(&w.codes)
+        .arg(&w.lo)
+        .arg(&mut *out)
+        .arg(&words)
+        .arg(&r_i)
+        .arg(&c_i);
+    // SAFETY: argument types and counts match the kernel; sizes were checked above.
+    unsafe { b.launch(grid(words as usize)) }.while_(|| what(OP))?;
+    if w.escapes > 0 {
+        let f = dev.function(&variant, "pal4_bf16_escapes_to_bf16")?;
+        let mut b = dev.stream().launch_builder(&f);
+        b.arg(&w.esc_ptr)
+            .arg(&w.esc)
+            .arg(&mut *out)
+            .arg(&r_i)
+            .arg(&c_i);
+        // SAFETY: as above.
+        unsafe { b.launch(grid(rows)) }.while_(|| what("pal4_bf16_escapes_to_bf16"))?;
+    }
     Ok(())
 }
 
