@@ -84,6 +84,7 @@ pub struct Args {
         long,
         default_value = "dense",
         value_parser = crate::generate::parse_bf16,
+        action = clap::ArgAction::Set,
         conflicts_with = "code_at_load"
     )]
     bf16: bool,

@@ -315,7 +315,7 @@ pub struct ModelArgs {
     /// byte as a 4-bit index into 16, its low byte as stored, escapes listed — 12 bits a weight —
     /// wherever the columns are a multiple of 64 and that takes at most 0.8 of the bytes; the
     /// products decode it on the tensor cores). Not with --code-at-load.
-    #[arg(long, default_value = "dense", value_parser = parse_bf16, conflicts_with = "code_at_load")]
+    #[arg(long, default_value = "dense", value_parser = parse_bf16, action = clap::ArgAction::Set, conflicts_with = "code_at_load")]
     bf16: bool,
 }
 
