@@ -330,7 +330,8 @@ impl GpuModel {
         self.count_matrices(|m| matches!(m, GpuLinear::Fp8(_)))
     }
 
-    /// Whether the LM head is a BF16 matrix palette-packed losslessly (an FP8 checkpoint's).
+    /// Whether the LM head is a BF16 matrix palette-packed losslessly (an FP8 checkpoint's, or any
+    /// with `Serving::bf16_palette`).
     pub fn lm_head_palette_bf16(&self) -> bool {
         matches!(self.lm_head, Some(GpuLinear::PalBf16(..)))
     }
