@@ -466,6 +466,32 @@ pub fn launch_gemv_pal_bf16(
     Ok(())
 }
 
+/// What the copies of a matrix to BF16 for prefill share: the output's size checked, their module,
+/// and the launch of a grid-stride loop over `units` (enough blocks to fill any GPU, no more).
+fn bf16_copy_launch(
+    op: &'static str,
+    out: &CudaSlice<u16>,
+    rows: usize,
+    cols: usize,
+) -> Result<(
+    KernelVariant,
+    impl Fn(usize) -> cudarc::driver::LaunchConfig,
+)> {
+    if out.len() < rows * cols {
+        return Err(GpuError::invalid(
+            op,
+            format!("output holds {} elements, needs {}", out.len(), rows * cols),
+        ));
+    }
+    let variant = gemv_fused_variant(GemvConfig::CANDIDATES[0], GemvFusion::default());
+    let grid = |units: usize| cudarc::driver::LaunchConfig {
+        grid_dim: (units.div_ceil(256).min(132 * 16) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Ok((variant, grid))
+}
+
 /// `out = W`: a BF16 palette-packed matrix's values (BF16 bits, [rows, cols], bit for bit the
 /// codec's `PaletteBf16::decode`), materialised for the prefill GEMM.
 pub fn launch_pal_bf16_rows_to_bf16(
@@ -477,18 +503,7 @@ pub fn launch_pal_bf16_rows_to_bf16(
     let (rows, cols) = (w.rows, w.cols);
     check_len(OP, "indices", &w.idx, pal4_index_bytes(rows, cols))?;
     check_len(OP, "low bytes", &w.lo, 2 * pal4_index_bytes(rows, cols))?;
-    if out.len() < rows * cols {
-        return Err(GpuError::invalid(
-            OP,
-            format!("output holds {} elements, needs {}", out.len(), rows * cols),
-        ));
-    }
-    let variant = gemv_fused_variant(GemvConfig::CANDIDATES[0], GemvFusion::default());
-    let grid = |units: usize| cudarc::driver::LaunchConfig {
-        grid_dim: (units.div_ceil(256).min(132 * 16) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let (variant, grid) = bf16_copy_launch(OP, out, rows, cols)?;
     let what = |k: &str| format!("launching {k} [{rows}, {cols}]");
     let words = (pal4_index_bytes(rows, cols) / 4) as i64;
     let (r_i, c_i) = (rows as i32, cols as i32);
@@ -530,19 +545,7 @@ pub fn launch_fp8_rows_to_bf16(
     const OP: &str = "fp8_rows_to_bf16";
     w.check(OP, rows, cols)?;
     check_len(OP, "scales", scales, rows)?;
-    if out.len() < rows * cols {
-        return Err(GpuError::invalid(
-            OP,
-            format!("output holds {} elements, needs {}", out.len(), rows * cols),
-        ));
-    }
-    let variant = gemv_fused_variant(GemvConfig::CANDIDATES[0], GemvFusion::default());
-    // Grid-stride loops: enough blocks to fill any GPU, no more.
-    let grid = |units: usize| cudarc::driver::LaunchConfig {
-        grid_dim: (units.div_ceil(256).min(132 * 16) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let (variant, grid) = bf16_copy_launch(OP, out, rows, cols)?;
     let what = |k: &str| format!("launching {k} [{rows}, {cols}]");
     match w {
         Fp8Codes::Dense(w) => {
