@@ -84,8 +84,7 @@ pub struct Args {
         long,
         default_value = "dense",
         value_parser = crate::generate::parse_bf16,
-        action = clap::ArgAction::Set,
-        conflicts_with = "code_at_load"
+        action = clap::ArgAction::Set
     )]
     bf16: bool,
 }
@@ -163,6 +162,10 @@ pub fn run(a: Args) -> Result<()> {
             "--code-at-load codes a MODEL checkpoint at load (for --synth, --coded --encode gpu \
              codes the synthetic layer on the GPU)"
         );
+    }
+    crate::generate::check_bf16_palette(a.bf16, a.code_at_load.is_some())?;
+    if a.bf16 && a.model.is_none() {
+        bail!("--bf16 palette packs a MODEL checkpoint at load (--synth builds dense BF16)");
     }
     // A bad coding fails before any work.
     let code = a

@@ -315,7 +315,7 @@ pub struct ModelArgs {
     /// byte as a 4-bit index into 16, its low byte as stored, escapes listed — 12 bits a weight —
     /// wherever the columns are a multiple of 64 and that takes at most 0.8 of the bytes; the
     /// products decode it on the tensor cores). Not with --code-at-load.
-    #[arg(long, default_value = "dense", value_parser = parse_bf16, action = clap::ArgAction::Set, conflicts_with = "code_at_load")]
+    #[arg(long, default_value = "dense", value_parser = parse_bf16, action = clap::ArgAction::Set)]
     bf16: bool,
 }
 
@@ -327,6 +327,16 @@ impl ModelArgs {
             bf16_palette: self.bf16,
         }
     }
+}
+
+/// `--bf16 palette` and `--code-at-load` both say how BF16 matrices are kept: one at a time.
+pub fn check_bf16_palette(bf16_palette: bool, code_at_load: bool) -> Result<()> {
+    if bf16_palette && code_at_load {
+        anyhow::bail!(
+            "--bf16 palette and --code-at-load both choose how BF16 matrices are kept: use one"
+        );
+    }
+    Ok(())
 }
 
 /// `--bf16 dense|palette`: whether BF16 matrices are palette-packed.
@@ -361,6 +371,7 @@ struct Session {
 
 fn open(a: &ModelArgs) -> Result<Session> {
     let device = DeviceArg::parse(&a.device)?;
+    check_bf16_palette(a.bf16, a.code_at_load.is_some())?;
     // The plan first: a bad coding fails before the checkpoint is read.
     let code = match &a.code_at_load {
         Some(_) if device == DeviceArg::Cpu => {

@@ -601,3 +601,37 @@ fn gguf_of_every_block_type_round_trips() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn bf16_palette_conflicts_are_clear_errors() {
+    // Checked before any GPU or checkpoint work, so these fail the same on any machine.
+    let err = fails(&["bench", "--synth", "tiny", "--bf16", "palette"]);
+    assert!(
+        err.contains("--bf16 palette packs a MODEL checkpoint"),
+        "{err}"
+    );
+    let err = fails(&[
+        "bench",
+        "no-such-model",
+        "--bf16",
+        "palette",
+        "--code-at-load",
+        "auto",
+    ]);
+    assert!(err.contains("--bf16 palette and --code-at-load"), "{err}");
+    let err = fails(&[
+        "run",
+        "no-such-model",
+        "-p",
+        "hi",
+        "--bf16",
+        "palette",
+        "--code-at-load",
+        "auto",
+    ]);
+    assert!(err.contains("--bf16 palette and --code-at-load"), "{err}");
+    // A value that is neither form is clap's usage error (exit code 2), naming the choices.
+    let out = entrollm(&["bench", "--synth", "tiny", "--bf16", "packed"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected dense or palette"));
+}

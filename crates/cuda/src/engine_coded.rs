@@ -1248,19 +1248,22 @@ fn fp8_parts(
     GpuLinear::fp8_from_host(dev, rows, cols, &codes, &scales, form, Arc::clone(scratch)).map(Some)
 }
 
-/// The BF16 LM head palette-packed losslessly — an FP8 checkpoint's when `fp8` allows packing
-/// (auto or palette; MINE codes the LM head as well, in BF16), any checkpoint's with
-/// `bf16_palette` — when it packs small enough ([`GpuLinear::pal_bf16_from_host`]); None otherwise.
+/// An FP8 checkpoint's BF16 LM head, palette-packed losslessly when `fp8` allows packing (auto or
+/// palette; MINE codes the LM head as well, in BF16) and the head packs small enough
+/// ([`GpuLinear::pal_bf16_from_host`]); None otherwise.
 fn pal_bf16_head(
     dev: &GpuDevice,
     w: &entrollm_model::weights::ModelWeights,
-    serving: Serving,
+    fp8: Fp8Serving,
     scratch: &SharedScratch,
 ) -> Result<Option<GpuLinear>> {
     let head = &*w.lm_head;
     let fp8_checkpoint = w.layers.iter().any(|l| l.q.fp8_e4m3().is_some());
-    let wanted = serving.bf16_palette || (fp8_checkpoint && serving.fp8 != Fp8Serving::Dense);
-    if !wanted || head.fp8_e4m3().is_some() || head.dtans().is_some() {
+    if fp8 == Fp8Serving::Dense
+        || !fp8_checkpoint
+        || head.fp8_e4m3().is_some()
+        || head.dtans().is_some()
+    {
         return Ok(None);
     }
     let bits = crate::engine::host_bf16(head);
@@ -1341,6 +1344,8 @@ pub struct LoadReport {
     pub served: usize,
     /// Launches an FP8 checkpoint holds as FP8 E4M3 (with row scales), served as FP8.
     pub fp8: usize,
+    /// BF16 launches palette-packed losslessly (`Serving::bf16_palette`).
+    pub bf16_palette: usize,
     /// Launches served dense when coding at load, each with why.
     pub dense_notes: Vec<String>,
     /// Host: gathering each matrix's BF16 bits, the coder's choice (auto) and the plan.
@@ -1601,6 +1606,7 @@ fn serve(
         }
         if serving.bf16_palette && code.is_none() {
             if let Some(l) = pal_bf16_parts(dev, parts, halves, &scratch)? {
+                r.bf16_palette += 1;
                 return Ok(l);
             }
         }
@@ -1613,10 +1619,11 @@ fn serve(
     let lm_head = if Arc::ptr_eq(&w.embed, &w.lm_head) {
         None
     } else {
-        // (Coding at load codes a BF16 head with the plan, as every other BF16 launch.)
+        // (Coding at load codes a BF16 head with the plan, as every other BF16 launch; with
+        // `bf16_palette` the launch below packs it, as every other BF16 launch.)
         let packed = match code {
-            None => pal_bf16_head(dev, w, serving, &scratch)?,
-            Some(_) => None,
+            None if !serving.bf16_palette => pal_bf16_head(dev, w, serving.fp8, &scratch)?,
+            _ => None,
         };
         match packed {
             Some(l) => Some(l),
@@ -1650,7 +1657,8 @@ fn serve(
         r.dense_notes
             .push("lm_head: tied to the embedding, served dense with it".into());
     }
-    let any_coded = r.served + r.coded_at_load + r.fp8 > 0;
+    // (The shared workspace serves prefill's copies to BF16: coded models prefill in longer chunks.)
+    let any_coded = r.served + r.coded_at_load + r.fp8 + r.bf16_palette > 0;
     let m = GpuModel {
         config: c.clone(),
         embed,
