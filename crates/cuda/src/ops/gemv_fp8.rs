@@ -360,17 +360,30 @@ pub fn launch_gemv_fp8(
         Fp8Codes::Palette(p) => b.arg(&p.idx).arg(&p.codes).arg(&p.esc_ptr).arg(&p.esc),
     };
     b.arg(scales).arg(x);
-    if let Some((g, _)) = &norm {
-        check_len(OP, "norm weight", g, k)?;
-        b.arg(*g);
-    }
-    b.arg(y).arg(&n_i).arg(&k_i);
-    let eps = norm.map(|(_, eps)| eps);
-    if let Some(eps) = &eps {
-        b.arg(eps);
-    }
+    push_norm_y(OP, &mut b, &norm, y, &n_i, &k_i)?;
     // SAFETY: argument types and counts match the kernel chosen above; sizes were checked.
     unsafe { b.launch(launch) }.while_(what)?;
+    Ok(())
+}
+
+/// The palette and FP8 GEMVs' arguments after x: the norm weight (with `norm`), y, n, k, then eps
+/// (with `norm`); the norm weight's length checked against k.
+fn push_norm_y<'a>(
+    op: &'static str,
+    b: &mut cudarc::driver::LaunchArgs<'a>,
+    norm: &'a Option<(&'a CudaSlice<f32>, f32)>,
+    y: &'a mut CudaSlice<f32>,
+    n: &'a i32,
+    k: &'a i32,
+) -> Result<()> {
+    if let Some((g, _)) = norm {
+        check_len(op, "norm weight", *g, *k as usize)?;
+        b.arg(*g);
+    }
+    b.arg(y).arg(n).arg(k);
+    if let Some((_, eps)) = norm {
+        b.arg(eps);
+    }
     Ok(())
 }
 
@@ -452,15 +465,7 @@ pub fn launch_gemv_pal_bf16(
         .arg(&w.esc)
         .arg(&w.lo)
         .arg(x);
-    if let Some((g, _)) = &norm {
-        check_len(OP, "norm weight", g, k)?;
-        b.arg(*g);
-    }
-    b.arg(y).arg(&n_i).arg(&k_i);
-    let eps = norm.map(|(_, eps)| eps);
-    if let Some(eps) = &eps {
-        b.arg(eps);
-    }
+    push_norm_y(OP, &mut b, &norm, y, &n_i, &k_i)?;
     // SAFETY: argument types and counts match the kernel chosen above; sizes were checked.
     unsafe { b.launch(launch) }.while_(|| format!("launching {kernel} {cfg} [{n}, {k}]"))?;
     Ok(())
