@@ -564,9 +564,11 @@ __device__ __forceinline__ float pal4_fill_x(const float* __restrict__ x, const 
 
 // This lane's index words of GEMV_UNROLL column blocks kb, kb + S, ... of the two tiles of a pair
 // (p: the first tile's block kb; the second's is a tile further, `tile_words` on), for a group of
-// S warps; `valid`: the pair exists, `second`: its second tile does. Blocks past the end load
-// `safe` instead (any valid address; never multiplied): unconditional loads, so the compiler keeps
-// no old values around.
+// S warps; `valid`: the pair exists, `second`: its second tile does. Blocks past the end of a pair
+// load `safe` instead (any valid address; never multiplied): unconditional loads, so the compiler
+// keeps no old values around. No pair (the group's last one was the current): no loads at all —
+// a warp retires only when its loads have landed, so a batch loaded for nothing would add a
+// memory round trip to the end of every block (measured: bench/RESULTS.md, session 11).
 // PAL4_BF16: also the lane's low bytes (lo: the stream's base; idx: the indices' base, so that
 // p's offset locates them: two 16-byte words a lane and block, where the indices have one).
 #if PAL4_BF16
@@ -578,6 +580,18 @@ template <int S>
 __device__ __forceinline__ void pal4_load(uint4 (&v)[GEMV_UNROLL][2], uint4 (&vl)[GEMV_UNROLL][2][PAL4_LO],
                                           const uint4* idx, const uint4* lo, const uint4* p, size_t tile_words,
                                           bool valid, bool second, int kb, int nkb, const uint4* safe) {
+    if (!valid) {
+        const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u)
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                v[u][t] = z;
+#pragma unroll
+                for (int i = 0; i < PAL4_LO; ++i) vl[u][t][i] = z;
+            }
+        return;
+    }
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; ++u) {
         const bool ok = valid && kb + u * S < nkb;
@@ -726,7 +740,10 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, ui
         // What the epilogue reads besides the sums, prefetched now so that its latency hides
         // behind the products (without holding registers through them).
         const int row0 = pair * R;
-        if (wi < R && row0 + wi < n) prefetch_l1(esc_ptr + row0 + wi);
+        // The pair's escape offsets, a row a lane (row0 + lane and the next row's), loaded now so
+        // that the epilogue reads them from registers.
+        const u32 lane_esc_begin = __ldg(esc_ptr + min(row0 + lane, n));
+        const u32 lane_esc_end = __ldg(esc_ptr + min(row0 + lane + 1, n));
         // The residual (GEMV_ACCUM) is loaded outright: the add at the end does not wait for it.
         float y_in = 0.0f;
         if (wi == 0) {
@@ -783,12 +800,9 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, ui
         // Escaped weights were multiplied as zeros: their values, a row a warp (times x as the
         // products see it: its staged halves).
         for (int r = wi; r < R; r += S) {
-            const int row = row0 + r;
-            u32 e_begin = 0, e_end = 0;  // (none past the last row)
-            if (row < n) {
-                e_begin = __ldg(esc_ptr + row);
-                e_end = __ldg(esc_ptr + row + 1);
-            }
+            // (Rows past the last: begin = end = esc_ptr[n], none.)
+            const u32 e_begin = __shfl_sync(0xffffffffu, lane_esc_begin, r);
+            const u32 e_end = __shfl_sync(0xffffffffu, lane_esc_end, r);
             float e = 0.0f;
             if (e_begin < e_end) {
                 for (u32 i = e_begin + lane; i < e_end; i += 32) {
