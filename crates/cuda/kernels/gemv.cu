@@ -567,8 +567,9 @@ __device__ __forceinline__ float pal4_fill_x(const float* __restrict__ x, const 
 // S warps; `valid`: the pair exists, `second`: its second tile does. Blocks past the end of a pair
 // load `safe` instead (any valid address; never multiplied): unconditional loads, so the compiler
 // keeps no old values around. No pair (the group's last one was the current): no loads at all —
-// a warp retires only when its loads have landed, so a batch loaded for nothing would add a
-// memory round trip to the end of every block (measured: bench/RESULTS.md, session 11).
+// a batch loaded for nothing kept every block waiting on a memory round trip at its end (with this
+// and the escape offsets held in registers, the 8B FP8 decode went from 475.8 to 522.5 tok/s:
+// bench/RESULTS.md, session 11).
 // PAL4_BF16: also the lane's low bytes (lo: the stream's base; idx: the indices' base, so that
 // p's offset locates them: two 16-byte words a lane and block, where the indices have one).
 #if PAL4_BF16
@@ -594,7 +595,7 @@ __device__ __forceinline__ void pal4_load(uint4 (&v)[GEMV_UNROLL][2], uint4 (&vl
     }
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; ++u) {
-        const bool ok = valid && kb + u * S < nkb;
+        const bool ok = kb + u * S < nkb;
         const uint4* p0 = ok ? p + u * S * 32 : safe;
         const uint4* p1 = ok && second ? p + tile_words + u * S * 32 : safe;
         v[u][0] = ld_stream_u4(p0);
@@ -737,11 +738,10 @@ __device__ __forceinline__ void gemv_pal4_body(const uint4* __restrict__ idx, ui
         scale = rsqrtf(t / (float)k + eps);
     }
     for (int buf = 0; pair < npairs; pair += pair_step, buf ^= 1) {
-        // What the epilogue reads besides the sums, prefetched now so that its latency hides
-        // behind the products (without holding registers through them).
+        // What the epilogue reads besides the sums, requested now so that its latency hides
+        // behind the products: the pair's escape offsets, a row a lane (row0 + lane's and the
+        // next row's: the epilogue shuffles them from here), the row scales into L1.
         const int row0 = pair * R;
-        // The pair's escape offsets, a row a lane (row0 + lane and the next row's), loaded now so
-        // that the epilogue reads them from registers.
         const u32 lane_esc_begin = __ldg(esc_ptr + min(row0 + lane, n));
         const u32 lane_esc_end = __ldg(esc_ptr + min(row0 + lane + 1, n));
         // The residual (GEMV_ACCUM) is loaded outright: the add at the end does not wait for it.
