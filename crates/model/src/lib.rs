@@ -6,6 +6,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod eval;
+pub mod forms;
 pub mod gguf;
 pub mod load;
 pub mod sampler;

@@ -9,9 +9,7 @@ use crate::weights::{
     build_model, Bf16, DenseElement, DenseFp8, HostTensor, Linear, ModelWeights, RowScaled,
     TensorSource, F16,
 };
-use entrollm_codec::dtans::DtansTensor;
-use entrollm_codec::matvec::Dequant;
-use entrollm_format::coded::{Coded, GgmlCoded};
+use entrollm_format::coded::Coded;
 use entrollm_format::{Checkpoint, ContainerReader, Dtype, StoredData};
 use std::path::Path;
 use std::sync::Arc;
@@ -154,91 +152,7 @@ impl TensorSource for SafetensorsSource {
     }
 }
 
-/// Per-group dequantisation of an integer-coded matrix (GGUF blocks): see [`Dequant::Groups`].
-pub struct GroupScales {
-    pub group: usize,
-    pub scales: Vec<f32>,
-    pub mins: Option<Vec<f32>>,
-    pub offset: f32,
-    pub signed: bool,
-}
-
-/// A dtANS-coded matrix used as it is stored: every product goes through the codec's fused
-/// decode-matvec (the matrix is never materialised), with GGUF block scales applied per group.
-pub struct CodedLinear {
-    t: DtansTensor,
-    groups: Option<GroupScales>,
-}
-
-impl CodedLinear {
-    pub fn new(t: DtansTensor, groups: Option<GroupScales>) -> Result<Self> {
-        let l = CodedLinear { t, groups };
-        l.dequant()
-            .check(l.t.rows, l.t.cols)
-            .map_err(|e| ModelError::Unsupported(e.to_string()))?;
-        Ok(l)
-    }
-
-    /// The matrix of a GGUF tensor of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks.
-    pub fn from_ggml(g: GgmlCoded) -> Result<Self> {
-        let (scales, mins) = g.scales_f32();
-        let groups = GroupScales {
-            group: entrollm_format::ggml_blocks::QK,
-            scales,
-            mins,
-            offset: g.block.offset() as f32,
-            signed: g.block.signed(),
-        };
-        Self::new(g.codes, Some(groups))
-    }
-
-    fn dequant(&self) -> Dequant<'_> {
-        match &self.groups {
-            None => Dequant::None,
-            Some(g) => Dequant::Groups {
-                group: g.group,
-                scales: &g.scales,
-                mins: g.mins.as_deref(),
-                offset: g.offset,
-                signed: g.signed,
-            },
-        }
-    }
-}
-
-impl Linear for CodedLinear {
-    fn dtans(&self) -> Option<(&DtansTensor, Dequant<'_>)> {
-        Some((&self.t, self.dequant()))
-    }
-    fn rows(&self) -> usize {
-        self.t.rows
-    }
-    fn cols(&self) -> usize {
-        self.t.cols
-    }
-    fn matvec(&self, x: &[f32], y: &mut [f32]) {
-        // The tensor decoded to its checksum when it was loaded and decoding is deterministic,
-        // so it cannot fail here.
-        self.t
-            .matvec(x, y, &self.dequant())
-            .expect("a coded matrix verified at load decodes");
-    }
-    fn row(&self, r: usize, out: &mut [f32]) {
-        self.t
-            .row_f32(r, out)
-            .expect("a coded matrix verified at load decodes");
-        let (d, p, cols) = (self.dequant(), self.t.payload, self.t.cols);
-        for (c, v) in out.iter_mut().enumerate() {
-            *v = d.apply(p, r, c, cols, *v);
-        }
-    }
-    fn stored_bytes(&self) -> usize {
-        self.t.stored_bytes()
-            + self.groups.as_ref().map_or(0, |g| {
-                4 * (g.scales.len() + g.mins.as_ref().map_or(0, Vec::len))
-            })
-    }
-}
+pub use crate::forms::dtans::{CodedLinear, GroupScales};
 
 /// An entrollm container. Coded tensors are decoded once at load and checked against their
 /// checksums; with `fused`, dtANS-coded matrices then stay coded and run through the fused

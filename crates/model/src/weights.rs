@@ -3,6 +3,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::forms::{FormId, Source};
 use kernels::TILE_ROWS;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -25,6 +26,18 @@ pub trait Linear: Send + Sync {
     fn row(&self, r: usize, out: &mut [f32]);
     /// Bytes this matrix occupies in memory.
     fn stored_bytes(&self) -> usize;
+    /// The weight form it is stored in, and the variant ([`crate::forms`]).
+    fn form(&self) -> FormId;
+    /// The exact values it holds (the form's CPU decode), without any wrapper's row scales or
+    /// row order.
+    fn source(&self) -> Result<Source>;
+    /// The same matrix with its values in another form: `make` turns the values into the new
+    /// inner matrix; wrappers (row scales, row order) wrap it again.
+    fn reform(&self, make: &dyn Fn(&Source) -> Result<Arc<dyn Linear>>) -> Result<Arc<dyn Linear>> {
+        make(&self.source()?)
+    }
+    /// The matrix as `Any`, for engines that upload a form's own arrays (the GPU engine).
+    fn as_any(&self) -> &dyn std::any::Any;
     /// The dtANS-coded tensor and its dequantisation, when the matrix is kept coded (a GPU engine
     /// then uploads the coded arrays instead of decoding them).
     fn dtans(
@@ -104,6 +117,8 @@ pub trait DenseElement: sealed::Sealed + Send + Sync + 'static {
     fn as_fp8_slice(_s: &[Self::Stored]) -> Option<&[u8]> {
         None
     }
+    /// The elements as the forms' exact [`Values`](crate::forms::Values).
+    fn to_values(s: &[Self::Stored]) -> crate::forms::Values;
 }
 
 /// The bit layout of a stored element.
@@ -168,6 +183,9 @@ impl DenseElement for Fp8E4m3 {
     fn as_fp8_slice(s: &[u8]) -> Option<&[u8]> {
         Some(s)
     }
+    fn to_values(s: &[u8]) -> crate::forms::Values {
+        crate::forms::Values::Fp8(s.to_vec())
+    }
 }
 
 impl DenseElement for F32 {
@@ -181,6 +199,9 @@ impl DenseElement for F32 {
     fn as_f32_slice(s: &[f32]) -> Option<&[f32]> {
         Some(s)
     }
+    fn to_values(s: &[f32]) -> crate::forms::Values {
+        crate::forms::Values::F32(s.to_vec())
+    }
 }
 
 impl DenseElement for Bf16 {
@@ -190,6 +211,9 @@ impl DenseElement for Bf16 {
     #[inline(always)]
     fn to_f32(s: u16) -> f32 {
         f32::from_bits((s as u32) << 16)
+    }
+    fn to_values(s: &[u16]) -> crate::forms::Values {
+        crate::forms::Values::Bf16(s.to_vec())
     }
 }
 
@@ -216,6 +240,9 @@ impl DenseElement for F16 {
             rebased
         };
         f32::from_bits(magnitude | ((h & 0x8000) << 16))
+    }
+    fn to_values(s: &[u16]) -> crate::forms::Values {
+        crate::forms::Values::F16(s.to_vec())
     }
 }
 
@@ -283,6 +310,23 @@ impl Linear for RowScaled {
     }
     fn stored_bytes(&self) -> usize {
         self.inner.stored_bytes() + 4 * self.scales.len()
+    }
+    fn form(&self) -> FormId {
+        self.inner.form()
+    }
+    fn source(&self) -> Result<Source> {
+        self.inner.source()
+    }
+    fn reform(&self, make: &dyn Fn(&Source) -> Result<Arc<dyn Linear>>) -> Result<Arc<dyn Linear>> {
+        let inner = self.inner.reform(make)?;
+        Ok(Arc::new(RowScaled::new(
+            "row-scaled",
+            inner,
+            self.scales.clone(),
+        )?))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
     fn fp8_e4m3(&self) -> Option<(&[u8], Option<&[f32]>)> {
         match self.inner.fp8_e4m3() {
@@ -394,6 +438,18 @@ impl<E: DenseElement> Linear for Dense<E> {
 
     fn stored_bytes(&self) -> usize {
         self.data.len() * std::mem::size_of::<E::Stored>()
+    }
+    fn form(&self) -> FormId {
+        FormId {
+            form: "dense",
+            variant: E::to_values(&[]).kind().to_string(),
+        }
+    }
+    fn source(&self) -> Result<Source> {
+        Source::new(self.rows, self.cols, E::to_values(&self.data))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn fp8_e4m3(&self) -> Option<(&[u8], Option<&[f32]>)> {

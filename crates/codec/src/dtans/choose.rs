@@ -221,6 +221,27 @@ fn choose_among(
     codes: &[u8],
     candidates: &[Coding],
 ) -> Result<(Coding, f64)> {
+    predict_many(payload, rows, cols, codes, candidates)?
+        .into_iter()
+        .fold(None, |best: Option<(Coding, f64)>, c| match best {
+            Some(b) if b.1 <= c.1 => Some(b),
+            _ => Some(c),
+        })
+        .ok_or_else(|| {
+            CodecError::Unsupported(format!("no dtANS coding fits this {payload:?} tensor"))
+        })
+}
+
+/// The predicted stored bytes of each of `candidates` that can code this tensor (in their order;
+/// codings whose table cannot be built are left out), from histograms shared by all of them: the
+/// tuner's size estimate of every variant it considers.
+pub fn predict_many(
+    payload: Payload,
+    rows: usize,
+    cols: usize,
+    codes: &[u8],
+    candidates: &[Coding],
+) -> Result<Vec<(Coding, f64)>> {
     let cb = payload.code_bits();
     let needs = |k: usize| candidates.iter().any(|c| c.mode.values_per_symbol() == k);
     let th = TupleHistograms {
@@ -228,8 +249,9 @@ fn choose_among(
         pairs: (needs(2) && 2 * cb <= 16).then(|| tuple_counts(codes, cols, 2, cb)),
         quads: (needs(4) && 4 * cb <= 16).then(|| tuple_counts(codes, cols, 4, cb)),
     };
-    let mut best: Option<(Coding, f64)> = None;
+    let mut out = Vec::with_capacity(candidates.len());
     for &coding in candidates {
+        coding.validate(payload)?;
         let k = coding.mode.values_per_symbol();
         let raw_hist = match coding.mode {
             Mode::Single => None,
@@ -267,14 +289,12 @@ fn choose_among(
         let Ok(table) = SymbolTable::build(&keys, coding.log2_m) else {
             continue;
         };
-        let bytes = predict_bytes(&g, &table, coding.log2_m, &keys, escapes);
-        if best.as_ref().is_none_or(|b| bytes < b.1) {
-            best = Some((coding, bytes));
-        }
+        out.push((
+            coding,
+            predict_bytes(&g, &table, coding.log2_m, &keys, escapes),
+        ));
     }
-    best.ok_or_else(|| {
-        CodecError::Unsupported(format!("no dtANS coding fits this {payload:?} tensor"))
-    })
+    Ok(out)
 }
 
 /// The widest slice width that divides `cols` (fewest per-lane overheads), else the widest that

@@ -24,7 +24,9 @@ mod decode;
 mod encode;
 mod table;
 
-pub use choose::{choose_coding, choose_coding_and_width, default_slice_width, predict_bytes};
+pub use choose::{
+    choose_coding, choose_coding_and_width, default_slice_width, predict_bytes, predict_many,
+};
 pub use encode::EncodePlan;
 pub use table::{SymbolTable, MAX_SLOTS};
 

@@ -585,6 +585,24 @@ impl Linear for RowPermuted {
     fn stored_bytes(&self) -> usize {
         self.inner.stored_bytes() + self.src.len() * std::mem::size_of::<usize>()
     }
+    fn form(&self) -> crate::forms::FormId {
+        self.inner.form()
+    }
+    fn source(&self) -> Result<crate::forms::Source> {
+        self.inner.source()
+    }
+    fn reform(
+        &self,
+        make: &dyn Fn(&crate::forms::Source) -> Result<Arc<dyn Linear>>,
+    ) -> Result<Arc<dyn Linear>> {
+        Ok(Arc::new(RowPermuted {
+            inner: self.inner.reform(make)?,
+            src: self.src.clone(),
+        }))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 #[cfg(test)]

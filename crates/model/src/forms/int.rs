@@ -1,0 +1,212 @@
+//! `int`: integer codes with their group scales, uncoded (GGUF's Q4_0/Q4_1/Q5_x/Q8_0 codes as
+//! the blocks hold them; 4-bit codes two to a byte). The product dequantises a group at a time:
+//! `Σ s·(q − o)·x + m·Σx` over each group.
+
+use super::{Candidate, DeviceKind, Form, GroupScales, Source, Values};
+use crate::error::{ModelError, Result};
+use crate::weights::Linear;
+use entrollm_codec::Payload;
+use rayon::prelude::*;
+use std::sync::Arc;
+
+pub struct IntForm;
+pub static INT: IntForm = IntForm;
+
+/// An integer matrix with group scales, codes packed two to a byte when they have ≤ 4 bits.
+pub struct IntLinear {
+    rows: usize,
+    cols: usize,
+    payload: Payload,
+    packed: Vec<u8>,
+    groups: GroupScales,
+}
+
+impl IntLinear {
+    fn nibbles(&self) -> bool {
+        self.payload.code_bits() <= 4
+    }
+
+    fn code(&self, i: usize) -> u8 {
+        match self.nibbles() {
+            true => (self.packed[i / 2] >> (4 * (i % 2))) & 0xF,
+            false => self.packed[i],
+        }
+    }
+
+    /// Row `r` dequantised into `out`.
+    fn row_values(&self, r: usize, out: &mut [f32]) {
+        let d = self.groups.dequant();
+        for (c, o) in out.iter_mut().enumerate() {
+            let q = self.code(r * self.cols + c) as f32;
+            *o = d.apply(self.payload, r, c, self.cols, q);
+        }
+    }
+}
+
+impl Linear for IntLinear {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        assert_eq!((x.len(), y.len()), (self.cols, self.rows), "matvec shapes");
+        y.par_chunks_mut(16).enumerate().for_each(|(chunk, ys)| {
+            let mut w = vec![0f32; self.cols];
+            for (i, y) in ys.iter_mut().enumerate() {
+                self.row_values(chunk * 16 + i, &mut w);
+                *y = w.iter().zip(x).map(|(w, x)| w * x).sum();
+            }
+        });
+    }
+    fn row(&self, r: usize, out: &mut [f32]) {
+        self.row_values(r, out);
+    }
+    fn stored_bytes(&self) -> usize {
+        self.packed.len() + self.groups.bytes()
+    }
+    fn form(&self) -> super::FormId {
+        super::FormId {
+            form: "int",
+            variant: String::new(),
+        }
+    }
+    fn source(&self) -> Result<Source> {
+        let codes = (0..self.rows * self.cols).map(|i| self.code(i)).collect();
+        Source::new(
+            self.rows,
+            self.cols,
+            Values::Int {
+                payload: self.payload,
+                codes,
+                groups: self.groups.clone(),
+            },
+        )
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+fn packed_bytes(src: &Source, payload: Payload) -> usize {
+    match payload.code_bits() <= 4 {
+        true => src.weights().div_ceil(2),
+        false => src.weights(),
+    }
+}
+
+impl Form for IntForm {
+    fn name(&self) -> &'static str {
+        "int"
+    }
+    fn describe(&self) -> &'static str {
+        "integer codes with group scales, uncoded (GGUF legacy blocks)"
+    }
+    fn accepts(&self, src: &Source) -> bool {
+        matches!(src.values, Values::Int { .. })
+    }
+    fn variants(&self, src: &Source) -> Result<Vec<Candidate>> {
+        let Values::Int {
+            payload, groups, ..
+        } = &src.values
+        else {
+            return Ok(Vec::new());
+        };
+        Ok(vec![Candidate {
+            variant: String::new(),
+            predicted_bytes: (packed_bytes(src, *payload) + groups.bytes()) as f64,
+        }])
+    }
+    fn predict(&self, src: &Source, variant: &str) -> Result<f64> {
+        check_variant(variant)?;
+        self.variants(src)?
+            .first()
+            .map(|c| c.predicted_bytes)
+            .ok_or_else(|| ModelError::Unsupported("int holds integer matrices only".into()))
+    }
+    fn encode(&self, src: &Source, variant: &str) -> Result<Arc<dyn Linear>> {
+        check_variant(variant)?;
+        let Values::Int {
+            payload,
+            codes,
+            groups,
+        } = &src.values
+        else {
+            return Err(ModelError::Unsupported(format!(
+                "int holds integer matrices only, not {}",
+                src.values.kind()
+            )));
+        };
+        groups
+            .dequant()
+            .check(src.rows, src.cols)
+            .map_err(|e| ModelError::Unsupported(e.to_string()))?;
+        let packed = match payload.code_bits() <= 4 {
+            true => codes
+                .chunks(2)
+                .map(|p| p[0] | p.get(1).map_or(0, |h| h << 4))
+                .collect(),
+            false => codes.clone(),
+        };
+        Ok(Arc::new(IntLinear {
+            rows: src.rows,
+            cols: src.cols,
+            payload: *payload,
+            packed,
+            groups: groups.clone(),
+        }))
+    }
+    fn default_cost_us(&self, device: DeviceKind, weights: usize, bytes: f64) -> f64 {
+        super::stream_cost_us(device, bytes)
+            + match device {
+                DeviceKind::Cpu => weights as f64 * 2.0e-3,
+                DeviceKind::Cuda => 0.0,
+            }
+    }
+}
+
+fn check_variant(variant: &str) -> Result<()> {
+    match variant.is_empty() {
+        true => Ok(()),
+        false => Err(ModelError::Config(format!(
+            "int has no variants (got '{variant}')"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::super::*;
+
+    #[test]
+    fn odd_shapes_round_trip_and_multiply() {
+        let mut rng = Rng::new(11);
+        for (bits, rows, cols, signed) in [
+            (4u8, 3usize, 33usize, false),
+            (5, 17, 64, true),
+            (8, 5, 40, true),
+        ] {
+            let groups_per_row = cols.div_ceil(32);
+            let codes: Vec<u8> = (0..rows * cols)
+                .map(|_| (rng.next() % (1u64 << bits)) as u8)
+                .collect();
+            let groups = GroupScales {
+                group: 32,
+                scales: (0..rows * groups_per_row)
+                    .map(|_| rng.normal() * 0.01)
+                    .collect(),
+                mins: (!signed).then(|| (0..rows * groups_per_row).map(|_| rng.normal()).collect()),
+                offset: if signed { 0.0 } else { 8.0 },
+                signed,
+            };
+            let values = Values::Int {
+                payload: Payload::Int(bits),
+                codes,
+                groups,
+            };
+            check_all_forms(&Source::new(rows, cols, values).unwrap(), &mut rng);
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The launches of a model's forward pass (what a form is chosen for) and a model re-formed by a
+//! choice per launch.
+
+use super::{by_name, reform};
+use crate::coding_plan::Launch;
+use crate::error::{ModelError, Result};
+use crate::weights::{layer_tensor_name, LayerWeights, Linear, ModelWeights};
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// One launch of the forward pass: the matrices that share an input (q/k/v, gate/up) or one
+/// matrix (o, down, the LM head, the embedding table).
+#[derive(Clone)]
+pub struct LaunchInstance {
+    /// `layers.3.qkv`, `lm_head`, `embed`.
+    pub id: String,
+    pub launch: Launch,
+    /// HF names of its matrices; a tied LM head also names the embedding.
+    pub tensors: Vec<String>,
+    pub matrices: Vec<Arc<dyn Linear>>,
+}
+
+impl LaunchInstance {
+    /// Launches with equal keys have the same shapes and source kinds: timed once.
+    pub fn shape_key(&self) -> Result<String> {
+        let mut key = self.launch.name().to_string();
+        for m in &self.matrices {
+            key += &format!(":{}x{}", m.rows(), m.cols());
+        }
+        let kind = self.matrices[0].source()?.values.kind();
+        Ok(format!("{key}:{kind}"))
+    }
+
+    pub fn stored_bytes(&self) -> usize {
+        self.matrices.iter().map(|m| m.stored_bytes()).sum()
+    }
+}
+
+/// Every launch of `w`, in forward order (embedding, per layer q/k/v, o, gate/up, down, LM head).
+/// A tied LM head is one launch with the embedding (one matrix, stored once).
+pub fn launches(w: &ModelWeights) -> Vec<LaunchInstance> {
+    let tied = Arc::ptr_eq(&w.embed, &w.lm_head);
+    let mut out = Vec::new();
+    let one = |id: &str, launch, names: &[&str], m: &[&Arc<dyn Linear>]| LaunchInstance {
+        id: id.to_string(),
+        launch,
+        tensors: names.iter().map(|s| s.to_string()).collect(),
+        matrices: m.iter().map(|m| Arc::clone(m)).collect(),
+    };
+    if !tied {
+        out.push(one(
+            "embed",
+            Launch::Embed,
+            &["model.embed_tokens.weight"],
+            &[&w.embed],
+        ));
+    }
+    for (i, l) in w.layers.iter().enumerate() {
+        let n = |s: &str| layer_tensor_name(i, s);
+        let (q, k, v) = (
+            n("self_attn.q_proj.weight"),
+            n("self_attn.k_proj.weight"),
+            n("self_attn.v_proj.weight"),
+        );
+        out.push(one(
+            &format!("layers.{i}.qkv"),
+            Launch::Qkv,
+            &[&q, &k, &v],
+            &[&l.q, &l.k, &l.v],
+        ));
+        out.push(one(
+            &format!("layers.{i}.o"),
+            Launch::O,
+            &[&n("self_attn.o_proj.weight")],
+            &[&l.o],
+        ));
+        let (g, u) = (n("mlp.gate_proj.weight"), n("mlp.up_proj.weight"));
+        out.push(one(
+            &format!("layers.{i}.gate_up"),
+            Launch::GateUp,
+            &[&g, &u],
+            &[&l.gate, &l.up],
+        ));
+        out.push(one(
+            &format!("layers.{i}.down"),
+            Launch::Down,
+            &[&n("mlp.down_proj.weight")],
+            &[&l.down],
+        ));
+    }
+    let head_names: &[&str] = match tied {
+        true => &["lm_head.weight", "model.embed_tokens.weight"],
+        false => &["lm_head.weight"],
+    };
+    out.push(one("lm_head", Launch::LmHead, head_names, &[&w.lm_head]));
+    out
+}
+
+/// A form and variant for one launch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchForm {
+    pub form: String,
+    pub variant: String,
+}
+
+/// `w` with each launch named in `choices` (by launch id) re-formed; launches not named keep
+/// their form. Matrices are re-formed in parallel; `progress(done, total)` after each.
+pub fn apply(
+    w: &ModelWeights,
+    choices: &BTreeMap<String, LaunchForm>,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<ModelWeights> {
+    let all = launches(w);
+    for id in choices.keys() {
+        if !all.iter().any(|l| &l.id == id) {
+            return Err(ModelError::Config(format!(
+                "the plan names launch '{id}', which this model does not have \
+                 (a plan made for another model?)"
+            )));
+        }
+    }
+    let jobs: Vec<(&LaunchInstance, usize, &LaunchForm)> = all
+        .iter()
+        .filter_map(|l| choices.get(&l.id).map(|c| (l, c)))
+        .flat_map(|(l, c)| (0..l.matrices.len()).map(move |i| (l, i, c)))
+        .collect();
+    let total = jobs.len();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let formed: Vec<((String, usize), Arc<dyn Linear>)> = jobs
+        .par_iter()
+        .map(|&(l, i, c)| {
+            let form = by_name(&c.form)?;
+            let m = reform(&l.matrices[i], form, &c.variant).map_err(|e| {
+                ModelError::tensor(&l.tensors[i], format!("as {} {}: {e}", c.form, c.variant))
+            })?;
+            progress(
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
+                total,
+            );
+            Ok(((l.id.clone(), i), m))
+        })
+        .collect::<Result<_>>()?;
+    let formed: BTreeMap<(String, usize), Arc<dyn Linear>> = formed.into_iter().collect();
+    let get = |id: &str, i: usize, old: &Arc<dyn Linear>| {
+        formed
+            .get(&(id.to_string(), i))
+            .map_or_else(|| Arc::clone(old), Arc::clone)
+    };
+    let tied = Arc::ptr_eq(&w.embed, &w.lm_head);
+    let lm_head = get("lm_head", 0, &w.lm_head);
+    let embed = match tied {
+        true => Arc::clone(&lm_head),
+        false => get("embed", 0, &w.embed),
+    };
+    let layers = w
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let (qkv, o, gu, dn) = (
+                format!("layers.{i}.qkv"),
+                format!("layers.{i}.o"),
+                format!("layers.{i}.gate_up"),
+                format!("layers.{i}.down"),
+            );
+            LayerWeights {
+                attn_norm: l.attn_norm.clone(),
+                q: get(&qkv, 0, &l.q),
+                k: get(&qkv, 1, &l.k),
+                v: get(&qkv, 2, &l.v),
+                o: get(&o, 0, &l.o),
+                q_bias: l.q_bias.clone(),
+                k_bias: l.k_bias.clone(),
+                v_bias: l.v_bias.clone(),
+                mlp_norm: l.mlp_norm.clone(),
+                gate: get(&gu, 0, &l.gate),
+                up: get(&gu, 1, &l.up),
+                down: get(&dn, 0, &l.down),
+            }
+        })
+        .collect();
+    let out = ModelWeights {
+        config: w.config.clone(),
+        embed,
+        layers,
+        final_norm: w.final_norm.clone(),
+        lm_head,
+    };
+    out.validate()?;
+    Ok(out)
+}

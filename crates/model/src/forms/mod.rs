@@ -1,0 +1,298 @@
+//! Weight forms: how one matrix is stored and multiplied on the CPU.
+//!
+//! A *form* is one module here that says everything about itself: which sources it can hold
+//! exactly ([`Form::accepts`]), the variants worth timing with their predicted sizes
+//! ([`Form::variants`], pruned by predicted size), its exact encoding ([`Form::encode`]: a
+//! [`Linear`] whose `matvec` is the form's CPU reference product and whose `source` is its CPU
+//! decode), and its default cost model ([`Form::default_cost_us`], for plans made without a tune
+//! file). The engines, `compress`, `inspect` and the tuner ask [`all`] / [`by_name`]; adding a
+//! form is one module plus its line in [`all`] (docs/forms.md).
+
+pub mod dense;
+pub mod df11;
+pub mod dtans;
+pub mod int;
+pub mod layout;
+
+use crate::error::{ModelError, Result};
+use crate::weights::Linear;
+use entrollm_codec::Payload;
+use std::sync::Arc;
+
+pub use dtans::GroupScales;
+
+/// The exact values a matrix holds, in their own representation (row-major `rows × cols`).
+/// Wrappers (FP8 row scales, llama.cpp's Q/K row order) stay outside: see [`Linear::reform`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Values {
+    F32(Vec<f32>),
+    /// bfloat16 bit patterns.
+    Bf16(Vec<u16>),
+    /// IEEE half bit patterns.
+    F16(Vec<u16>),
+    /// FP8 E4M3 bytes.
+    Fp8(Vec<u8>),
+    /// Integer codes (one per byte) with per-group scales: GGUF's legacy blocks.
+    Int {
+        payload: Payload,
+        codes: Vec<u8>,
+        groups: GroupScales,
+    },
+}
+
+impl Values {
+    /// The name used in messages and variant strings.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Values::F32(_) => "f32",
+            Values::Bf16(_) => "bf16",
+            Values::F16(_) => "f16",
+            Values::Fp8(_) => "fp8",
+            Values::Int { .. } => "int",
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Values::F32(v) => v.len(),
+            Values::Bf16(v) | Values::F16(v) => v.len(),
+            Values::Fp8(v) => v.len(),
+            Values::Int { codes, .. } => codes.len(),
+        }
+    }
+}
+
+/// A matrix's exact content, as every form encodes from it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Source {
+    pub rows: usize,
+    pub cols: usize,
+    pub values: Values,
+}
+
+impl Source {
+    pub fn new(rows: usize, cols: usize, values: Values) -> Result<Source> {
+        if rows == 0 || cols == 0 || rows.checked_mul(cols) != Some(values.len()) {
+            return Err(ModelError::Unsupported(format!(
+                "a {rows}×{cols} {} matrix cannot hold {} values",
+                values.kind(),
+                values.len()
+            )));
+        }
+        Ok(Source { rows, cols, values })
+    }
+
+    pub fn weights(&self) -> usize {
+        self.rows * self.cols
+    }
+}
+
+/// Which form a matrix is in, and with which variant (the tunable parameters, as text).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FormId {
+    pub form: &'static str,
+    pub variant: String,
+}
+
+impl std::fmt::Display for FormId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.variant.is_empty() {
+            true => write!(f, "{}", self.form),
+            false => write!(f, "{}:{}", self.form, self.variant),
+        }
+    }
+}
+
+/// A variant a form offers for a matrix, with its predicted stored bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub variant: String,
+    pub predicted_bytes: f64,
+}
+
+/// Where a planner runs the matrix (the default cost model differs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+}
+
+/// One weight form. Implementations are stateless; [`all`] lists them.
+pub trait Form: Send + Sync {
+    /// Stable name, used in tune and plan files and containers.
+    fn name(&self) -> &'static str;
+    /// One line for `--help` and docs.
+    fn describe(&self) -> &'static str;
+    /// Whether this form holds `src` exactly.
+    fn accepts(&self, src: &Source) -> bool;
+    /// The variants worth timing for `src`, each with its predicted stored bytes, pruned by the
+    /// form's own rules (a variant predicted no smaller than `src` as it is stored is dropped).
+    /// Empty when the form does not accept `src`.
+    fn variants(&self, src: &Source) -> Result<Vec<Candidate>>;
+    /// The predicted stored bytes of `src` in `variant` (for other matrices of a launch whose
+    /// variants were chosen on its first one).
+    fn predict(&self, src: &Source, variant: &str) -> Result<f64>;
+    /// `src` in this form, exactly.
+    fn encode(&self, src: &Source, variant: &str) -> Result<Arc<dyn Linear>>;
+    /// Default latency model, µs of one batch-1 product: streaming `bytes` plus the form's decode
+    /// work per weight (docs/forms.md gives the constants and where they come from).
+    fn default_cost_us(&self, device: DeviceKind, weights: usize, bytes: f64) -> f64;
+}
+
+/// Every form, in the order the tuner lists them.
+pub fn all() -> &'static [&'static dyn Form] {
+    static ALL: [&dyn Form; 4] = [&dense::DENSE, &int::INT, &dtans::DTANS, &df11::DF11];
+    &ALL
+}
+
+/// The form named `name`, or an error listing the names.
+pub fn by_name(name: &str) -> Result<&'static dyn Form> {
+    all()
+        .iter()
+        .copied()
+        .find(|f| f.name() == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = all().iter().map(|f| f.name()).collect();
+            ModelError::Config(format!(
+                "unknown weight form '{name}' (forms: {})",
+                names.join(", ")
+            ))
+        })
+}
+
+/// Bytes per µs a CPU core pair streams a matrix at in the default cost model, and per-weight
+/// decode work, ns: rough figures of the 2-core development machine (docs/forms.md).
+pub(crate) fn stream_cost_us(device: DeviceKind, bytes: f64) -> f64 {
+    let bytes_per_us = match device {
+        DeviceKind::Cpu => 8.0e3,
+        DeviceKind::Cuda => 3.0e6,
+    };
+    bytes / bytes_per_us
+}
+
+/// `make(src)`, checked to give back a matrix of the same shape.
+pub fn encode_checked(form: &dyn Form, src: &Source, variant: &str) -> Result<Arc<dyn Linear>> {
+    if !form.accepts(src) {
+        return Err(ModelError::Unsupported(format!(
+            "form {} cannot hold a {} matrix exactly",
+            form.name(),
+            src.values.kind()
+        )));
+    }
+    let m = form.encode(src, variant)?;
+    if (m.rows(), m.cols()) != (src.rows, src.cols) {
+        return Err(ModelError::Unsupported(format!(
+            "form {} gave a {}×{} matrix for a {}×{} one (a form bug)",
+            form.name(),
+            m.rows(),
+            m.cols(),
+            src.rows,
+            src.cols
+        )));
+    }
+    Ok(m)
+}
+
+/// `m` in `form`/`variant`, keeping its wrappers (row scales, row order).
+pub fn reform(m: &Arc<dyn Linear>, form: &dyn Form, variant: &str) -> Result<Arc<dyn Linear>> {
+    if m.form().form == form.name() && m.form().variant == variant {
+        return Ok(Arc::clone(m));
+    }
+    m.reform(&|src| encode_checked(form, src, variant))
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Random sources of every kind, for the forms' round-trip tests.
+    use super::*;
+
+    pub struct Rng(u64);
+    impl Rng {
+        pub fn new(seed: u64) -> Self {
+            Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+        }
+        pub fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        /// Roughly normal, σ = 1.
+        pub fn normal(&mut self) -> f32 {
+            (0..4)
+                .map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32)
+                .sum::<f32>()
+                * 1.7
+                - 3.4
+        }
+    }
+
+    pub fn bf16_source(rng: &mut Rng, rows: usize, cols: usize, sigma: f32) -> Source {
+        let v = (0..rows * cols)
+            .map(|_| half::bf16::from_f32(rng.normal() * sigma).to_bits())
+            .collect();
+        Source::new(rows, cols, Values::Bf16(v)).unwrap()
+    }
+
+    /// y = W·x in f64 from the exact values, the truth every form's product is checked against.
+    pub fn reference_matvec(m: &dyn Linear, x: &[f32]) -> Vec<f64> {
+        let mut row = vec![0f32; m.cols()];
+        (0..m.rows())
+            .map(|r| {
+                m.row(r, &mut row);
+                row.iter().zip(x).map(|(&w, &x)| w as f64 * x as f64).sum()
+            })
+            .collect()
+    }
+
+    /// Every form that accepts `src`: the first variants it offers round-trip exactly, multiply
+    /// as the reference does, and are the size predicted.
+    pub fn check_all_forms(src: &Source, rng: &mut Rng) {
+        for form in all().iter().filter(|f| f.accepts(src)) {
+            for c in form.variants(src).unwrap().iter().take(4) {
+                let exact = check_variant(*form, src, &c.variant, rng);
+                assert!(
+                    (c.predicted_bytes - exact).abs() <= 0.05 * exact + 256.0,
+                    "{} {}: predicted {} vs {exact}",
+                    form.name(),
+                    c.variant,
+                    c.predicted_bytes
+                );
+            }
+        }
+    }
+
+    /// `src` in `form`/`variant`: exact round trip, product within f32 rounding of the f64
+    /// reference; returns the stored bytes.
+    pub fn check_variant(form: &dyn Form, src: &Source, variant: &str, rng: &mut Rng) -> f64 {
+        let x: Vec<f32> = (0..src.cols).map(|_| rng.normal()).collect();
+        let m = encode_checked(form, src, variant).unwrap();
+        let id = m.form();
+        assert_eq!((id.form, id.variant.as_str()), (form.name(), variant));
+        let back = m.source().unwrap();
+        if back.values.kind() == src.values.kind() {
+            assert!(back == *src, "{} {variant}: not the source", form.name());
+        } else {
+            // Widened (dense f32): the same numbers, bit for bit.
+            let bits =
+                |s: &Source| -> Vec<u32> { dense::to_f32(s).iter().map(|v| v.to_bits()).collect() };
+            assert!(
+                bits(&back) == bits(src),
+                "{} {variant}: values differ",
+                form.name()
+            );
+        }
+        let want = reference_matvec(&*m, &x);
+        let mut y = vec![0f32; src.rows];
+        m.matvec(&x, &mut y);
+        let scale = want.iter().map(|v| v.abs()).fold(1e-3, f64::max);
+        for (r, (&y, &w)) in y.iter().zip(&want).enumerate() {
+            assert!(
+                (y as f64 - w).abs() <= 1e-4 * scale,
+                "{} {variant} row {r}: {y} vs {w}",
+                form.name()
+            );
+        }
+        m.stored_bytes() as f64
+    }
+}
