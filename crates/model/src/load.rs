@@ -231,9 +231,70 @@ pub fn open_weights(path: &Path, fused: bool) -> Result<ModelWeights> {
     Ok(open(path, fused, false)?.0)
 }
 
+/// How matrices are kept at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Coded matrices of a container stay coded (see [`ContainerSource`]).
+    pub fused: bool,
+    /// A GGUF's legacy-block matrices (Q4_0, Q4_1, Q5_x, Q8_0) are kept as their integer codes
+    /// (form `int`) instead of dequantised to f32: what the form planner re-forms from.
+    pub keep_quantised: bool,
+}
+
+/// [`open_model`] with every load option.
+pub fn open_model_with(path: &Path, opts: LoadOptions) -> Result<(ModelWeights, Tokenizer)> {
+    let (w, t) = open_with(path, opts, true)?;
+    let t = t.ok_or_else(|| ModelError::format(path, "no tokenizer"))?;
+    Ok((w, t))
+}
+
+/// [`open_weights`] with every load option.
+pub fn open_weights_with(path: &Path, opts: LoadOptions) -> Result<ModelWeights> {
+    Ok(open_with(path, opts, false)?.0)
+}
+
 fn open(path: &Path, fused: bool, tokenizer: bool) -> Result<(ModelWeights, Option<Tokenizer>)> {
+    let opts = LoadOptions {
+        fused,
+        keep_quantised: false,
+    };
+    open_with(path, opts, tokenizer)
+}
+
+/// The legacy-block matrices of a GGUF as `int` matrices, by GGUF name.
+fn quantised_linears(
+    file: &crate::gguf::GgufFile,
+) -> Result<std::collections::HashMap<String, Arc<dyn Linear>>> {
+    use crate::forms::Form;
+    let mut out = std::collections::HashMap::new();
+    for info in file.tensors() {
+        let shape = info.hf_shape();
+        if shape.len() != 2 || info.ggml_type.block_type().is_none() {
+            continue;
+        }
+        let q = crate::gguf::unpack_codes(&info.name, info.ggml_type, file.tensor_data(info))?;
+        let src = crate::forms::int::from_blocks(shape[0], shape[1], &q)
+            .map_err(|e| ModelError::tensor(&info.name, e.to_string()))?;
+        let m = crate::forms::int::INT
+            .encode(&src, "")
+            .map_err(|e| ModelError::tensor(&info.name, e.to_string()))?;
+        out.insert(info.name.clone(), m);
+    }
+    Ok(out)
+}
+
+fn open_with(
+    path: &Path,
+    opts: LoadOptions,
+    tokenizer: bool,
+) -> Result<(ModelWeights, Option<Tokenizer>)> {
+    let fused = opts.fused;
     if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
-        let source = GgufSource::open(path)?;
+        let mut source = GgufSource::open(path)?;
+        if opts.keep_quantised {
+            let linears = quantised_linears(source.file())?;
+            source = source.with_linears(linears);
+        }
         let t = tokenizer
             .then(|| Tokenizer::from_gguf(source.file()))
             .transpose()?;

@@ -12,6 +12,36 @@ use std::sync::Arc;
 pub struct IntForm;
 pub static INT: IntForm = IntForm;
 
+/// The integer values of a GGUF tensor of legacy blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): codes and
+/// the blocks' scales as they are.
+pub fn from_blocks(
+    rows: usize,
+    cols: usize,
+    q: &entrollm_format::ggml_blocks::QuantCodes,
+) -> Result<Source> {
+    let f = |v: &[u16]| -> Vec<f32> {
+        v.iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect()
+    };
+    let groups = GroupScales {
+        group: entrollm_format::ggml_blocks::QK,
+        scales: f(&q.d),
+        mins: q.m.as_deref().map(f),
+        offset: q.block.offset() as f32,
+        signed: q.block.signed(),
+    };
+    Source::new(
+        rows,
+        cols,
+        Values::Int {
+            payload: Payload::Int(q.block.bits() as u8),
+            codes: q.codes.clone(),
+            groups,
+        },
+    )
+}
+
 /// An integer matrix with group scales, codes packed two to a byte when they have ≤ 4 bits.
 pub struct IntLinear {
     rows: usize,
@@ -50,13 +80,34 @@ impl Linear for IntLinear {
     fn cols(&self) -> usize {
         self.cols
     }
+    /// Per group: `s·(Σ q·x − o·Σx) + m·Σx`, so a weight costs one multiply-add.
     fn matvec(&self, x: &[f32], y: &mut [f32]) {
         assert_eq!((x.len(), y.len()), (self.cols, self.rows), "matvec shapes");
+        let g = &self.groups;
+        let per_row = self.cols.div_ceil(g.group);
+        let bits = self.payload.code_bits();
+        let wrap = (1u32 << bits) as f32;
+        let half = (1u32 << (bits - 1)) as f32;
         y.par_chunks_mut(16).enumerate().for_each(|(chunk, ys)| {
-            let mut w = vec![0f32; self.cols];
+            let mut q = vec![0f32; g.group];
             for (i, y) in ys.iter_mut().enumerate() {
-                self.row_values(chunk * 16 + i, &mut w);
-                *y = w.iter().zip(x).map(|(w, x)| w * x).sum();
+                let r = chunk * 16 + i;
+                let mut acc = 0f32;
+                for gi in 0..per_row {
+                    let c0 = gi * g.group;
+                    let n = g.group.min(self.cols - c0);
+                    for (j, q) in q.iter_mut().enumerate().take(n) {
+                        let v = self.code(r * self.cols + c0 + j) as f32;
+                        *q = if g.signed && v >= half { v - wrap } else { v };
+                    }
+                    let xs = &x[c0..c0 + n];
+                    let dot: f32 = q[..n].iter().zip(xs).map(|(q, x)| q * x).sum();
+                    let sum: f32 = xs.iter().sum();
+                    let k = r * per_row + gi;
+                    acc += g.scales[k] * (dot - g.offset * sum)
+                        + g.mins.as_ref().map_or(0.0, |m| m[k] * sum);
+                }
+                *y = acc;
             }
         });
     }
