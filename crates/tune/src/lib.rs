@@ -15,6 +15,10 @@ pub mod plot;
 
 pub use budget::Budget;
 pub use error::TuneError;
+pub use file::{
+    plan, Certificate, CostModel, DeviceId, DeviceKind, LaunchTune, ModelId, PlanChoice, PlanFile,
+    Point, TuneFile,
+};
 pub use knapsack::{solve, Item, Solution};
 
 /// The entrollm version that tune and plan files are stamped with and checked against.
