@@ -2,6 +2,8 @@
 //! engine (`--device cuda`) or the CPU reference engine (`--device cpu`); `auto` takes the GPU when
 //! one is usable and says on stderr why not otherwise.
 
+use crate::budget::BudgetArgs;
+use entrollm_tune::tuner::LaunchTimer;
 use crate::progress;
 use anyhow::Result;
 use entrollm_codec::dtans::Coding;
@@ -10,7 +12,7 @@ use entrollm_cuda::linear::{Fp8Serving, Serving};
 use entrollm_cuda::{GpuDevice, GpuEngine, GpuModel};
 use entrollm_model::chat::{ChatMessage, ChatTemplate};
 use entrollm_model::coding_plan::CodingPlan;
-use entrollm_model::load::open_model;
+use entrollm_model::load::{open_model_with, LoadOptions};
 use entrollm_model::sampler::{Sampler, SamplingParams, StopReason};
 use entrollm_model::tokenizer::Tokenizer;
 use entrollm_model::{Engine, ModelWeights};
@@ -317,6 +319,8 @@ pub struct ModelArgs {
     /// products decode it on the tensor cores). Not with --code-at-load.
     #[arg(long, default_value = "dense", value_parser = parse_bf16, action = clap::ArgAction::Set)]
     bf16: bool,
+    #[command(flatten)]
+    budget: BudgetArgs,
 }
 
 impl ModelArgs {
@@ -353,6 +357,67 @@ pub fn parse_fp8(s: &str) -> std::result::Result<Fp8Serving, String> {
     s.parse()
 }
 
+/// Bytes the CPU engine takes beside its weights for a context of `ctx` tokens: the f32 KV cache
+/// and the step's buffers (logits, activations).
+fn cpu_reserved(c: &entrollm_model::ModelConfig, ctx: usize) -> u64 {
+    let kv = 2 * c.num_layers * ctx * c.kv_dim() * 4;
+    let buffers = 4 * (2 * c.vocab_size + 8 * (c.hidden_size + c.intermediate_size + c.q_dim()));
+    (kv + buffers) as u64
+}
+
+/// `weights` with the forms `--budget`/`--plan`/`--tune` choose (unchanged without them); the
+/// plan is made for where the model will run.
+pub fn planned(
+    b: &BudgetArgs,
+    weights: ModelWeights,
+    path: &Path,
+    device: DeviceArg,
+    ctx: usize,
+) -> Result<ModelWeights> {
+    if !b.is_set() {
+        return Ok(weights);
+    }
+    let gpu = match device {
+        DeviceArg::Cpu => None,
+        _ => GpuDevice::open(0).ok(),
+    };
+    if device == DeviceArg::Cuda && gpu.is_none() {
+        anyhow::bail!("--device cuda: no usable GPU to plan for");
+    }
+    let (kind, id, reserved) = match &gpu {
+        None => (
+            entrollm_tune::DeviceKind::Cpu,
+            entrollm_tune::tuner::CpuTimer::new(rayon::current_num_threads()).device(),
+            cpu_reserved(&weights.config, ctx),
+        ),
+        Some(dev) => (
+            entrollm_tune::DeviceKind::Cuda,
+            entrollm_cuda::tune::device_id(dev),
+            entrollm_cuda::tune::reserved_bytes(&weights.config, ctx),
+        ),
+    };
+    let free = || -> Result<u64> {
+        match &gpu {
+            None => crate::budget::free_ram(),
+            Some(dev) => Ok(entrollm_cuda::engine_coded::free_memory(dev)?.0 as u64),
+        }
+    };
+    let plan = crate::budget::plan(b, &weights, path, kind, &id, reserved, free)?;
+    let out = crate::budget::apply(&weights, &plan)?;
+    let total = out.stored_bytes() as u64 + reserved;
+    eprintln!(
+        "budget: model {:.3} GB + KV cache and workspace {:.3} GB = {:.3} GB{}",
+        out.stored_bytes() as f64 / 1e9,
+        reserved as f64 / 1e9,
+        total as f64 / 1e9,
+        match &b.budget {
+            Some(budget) => format!(" (--budget {budget})"),
+            None => String::new(),
+        }
+    );
+    Ok(out)
+}
+
 #[derive(clap::Args)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -383,13 +448,25 @@ fn open(a: &ModelArgs) -> Result<Session> {
         }
         None => None,
     };
-    let (weights, tokenizer) = open_model(&a.model, !a.decode_at_load)?;
+    if a.budget.is_set() && (code.is_some() || a.bf16) {
+        anyhow::bail!(
+            "--budget/--plan/--tune choose every launch's form: not with --code-at-load or --bf16 palette"
+        );
+    }
+    let (weights, tokenizer) = open_model_with(
+        &a.model,
+        LoadOptions {
+            fused: !a.decode_at_load,
+            keep_quantised: a.budget.is_set(),
+        },
+    )?;
     if let Some(plan) = &code {
         entrollm_cuda::engine_coded::check_load_plan(&weights.config, plan)?;
     }
     let ctx = a
         .context
         .unwrap_or(weights.config.max_position_embeddings.min(4096));
+    let weights = planned(&a.budget, weights, &a.model, device, ctx)?;
     let params = SamplingParams {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -505,6 +582,8 @@ pub struct PplArgs {
     /// Where to run: auto (the GPU if usable, else the CPU), cpu or cuda.
     #[arg(long, default_value = "auto")]
     device: String,
+    #[command(flatten)]
+    budget: BudgetArgs,
 }
 
 fn log_sum_exp(logits: &[f32]) -> f64 {
@@ -564,7 +643,14 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     let device = DeviceArg::parse(&a.device)?;
     let text = std::fs::read_to_string(&a.file)
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
-    let (weights, tokenizer) = open_model(&a.model, false)?;
+    let (weights, tokenizer) = open_model_with(
+        &a.model,
+        LoadOptions {
+            fused: a.budget.is_set(),
+            keep_quantised: a.budget.is_set(),
+        },
+    )?;
+    let weights = planned(&a.budget, weights, &a.model, device, a.window)?;
     let mut tokens = tokenizer.encode(&text, true)?;
     if a.max_tokens > 0 {
         tokens.truncate(a.max_tokens);

@@ -1,6 +1,7 @@
 //! `entrollm`: compress LLM checkpoints close to their entropy and run them.
 
 mod bench;
+mod budget;
 mod compress;
 mod decompress;
 mod generate;
@@ -8,6 +9,7 @@ mod inspect;
 mod progress;
 mod selftest;
 mod synth;
+mod tune;
 
 use clap::{Parser, Subcommand};
 
@@ -46,6 +48,10 @@ enum Command {
     Bench(bench::Args),
     /// Check every GPU kernel and the GPU forward pass against the CPU (`--gpu`).
     Selftest(selftest::Args),
+    /// Measure every launch's weight forms on this device: size–latency fronts in a tune file.
+    Tune(tune::TuneArgs),
+    /// Choose a form per launch from a tune file under a memory budget.
+    Plan(tune::PlanArgs),
 }
 
 #[derive(Subcommand)]
@@ -82,6 +88,8 @@ fn main() {
         Command::Eval(Eval::Ppl(a)) => generate::ppl(a),
         Command::Bench(a) => bench::run(a),
         Command::Selftest(a) => selftest::run(a),
+        Command::Tune(a) => tune::run_tune(a),
+        Command::Plan(a) => tune::run_plan(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -1206,7 +1206,7 @@ mod coding_sizes {
 /// Uploads `parts` (row-stacked; `halves`: gate and up, interleaved row by row as the dense path
 /// stores them) as one FP8 matrix when every part is FP8 E4M3 (row scales, or 1) with the same
 /// columns, a multiple of 16; else None (the caller uploads it otherwise).
-fn fp8_parts(
+pub(crate) fn fp8_parts(
     dev: &GpuDevice,
     parts: &[&dyn entrollm_model::weights::Linear],
     halves: bool,
@@ -1295,7 +1295,7 @@ fn pal_bf16_parts(
 
 /// Uploads a coded matrix made of `parts` (row-stacked; `halves`: gate/up), or None when any part
 /// is not kept coded or the parts cannot share a launch (then the caller uploads it dense).
-fn coded_parts(
+pub(crate) fn coded_parts(
     dev: &GpuDevice,
     parts: &[&dyn entrollm_model::weights::Linear],
     halves: bool,

@@ -19,6 +19,7 @@ pub mod jit;
 pub mod linear;
 pub mod ops;
 pub mod selftest;
+pub mod tune;
 
 pub use device::{DeviceInfo, GpuDevice};
 pub use engine::{DecodeOptions, GpuEngine, GpuModel, MemoryUse};

@@ -47,4 +47,7 @@ pub enum TuneError {
     Plan(String),
     #[error("plot {}: {why}", path.display())]
     Plot { path: PathBuf, why: String },
+    /// Tuning or re-forming a model failed (the message names the launch and form).
+    #[error("{0}")]
+    Tune(String),
 }

@@ -1,17 +1,20 @@
 //! The budget planner: which form each launch of the forward pass is stored in.
 //!
-//! The tuner (elsewhere) measures each launch's forms and keeps their size–latency points in a
-//! [`TuneFile`]; this crate turns those points and a memory [`Budget`] into a [`PlanFile`] by a
-//! multiple-choice knapsack ([`knapsack::solve`]), certified by its LP-relaxation bound, and draws
-//! the fronts ([`plot::plot`]). Everything here is pure CPU and knows nothing of the forms
-//! themselves: a form is a name, a variant, a size and a latency.
+//! The tuner ([`tuner`]) asks the weight forms (`entrollm_model::forms`) for each launch's
+//! variants, times them on the device and keeps their size–latency points in a [`TuneFile`]; the
+//! planner turns those points and a memory [`Budget`] into a [`PlanFile`] by a multiple-choice
+//! knapsack ([`knapsack::solve`]), certified by its LP-relaxation bound, draws the fronts
+//! ([`plot::plot`]) and re-forms a model by a plan ([`planner`]). The knapsack, files and plots
+//! know nothing of the forms themselves: a form is a name, a variant, a size and a latency.
 
 pub mod budget;
 mod error;
 pub mod file;
 pub mod front;
 pub mod knapsack;
+pub mod planner;
 pub mod plot;
+pub mod tuner;
 
 pub use budget::Budget;
 pub use error::TuneError;

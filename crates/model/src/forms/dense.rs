@@ -53,6 +53,9 @@ impl Form for DenseForm {
     fn describe(&self) -> &'static str {
         "values as stored (bf16, f16, fp8, f32), or widened to f32"
     }
+    fn runs_on(&self, _device: DeviceKind) -> bool {
+        true
+    }
     fn accepts(&self, _src: &Source) -> bool {
         true
     }

@@ -83,6 +83,9 @@ impl Form for Df11Form {
     fn describe(&self) -> &'static str {
         "DFloat11 layout: Huffman-coded BF16 exponents"
     }
+    fn runs_on(&self, device: DeviceKind) -> bool {
+        device == DeviceKind::Cpu
+    }
     fn accepts(&self, src: &Source) -> bool {
         matches!(src.values, Values::Bf16(_))
     }

@@ -203,6 +203,9 @@ impl Form for DtansForm {
     fn describe(&self) -> &'static str {
         "dtANS-LLM entropy coding of the codes (BF16/FP16 exponents, FP8, integers), fused decode-matvec"
     }
+    fn runs_on(&self, _device: DeviceKind) -> bool {
+        true
+    }
     fn accepts(&self, src: &Source) -> bool {
         !matches!(src.values, Values::F32(_))
     }

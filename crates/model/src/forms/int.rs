@@ -154,6 +154,9 @@ impl Form for IntForm {
     fn describe(&self) -> &'static str {
         "integer codes with group scales, uncoded (GGUF legacy blocks)"
     }
+    fn runs_on(&self, device: DeviceKind) -> bool {
+        device == DeviceKind::Cpu
+    }
     fn accepts(&self, src: &Source) -> bool {
         matches!(src.values, Values::Int { .. })
     }

@@ -125,6 +125,8 @@ pub trait Form: Send + Sync {
     fn describe(&self) -> &'static str;
     /// Whether this form holds `src` exactly.
     fn accepts(&self, src: &Source) -> bool;
+    /// Whether the engine on `device` has kernels for this form.
+    fn runs_on(&self, device: DeviceKind) -> bool;
     /// The variants worth timing for `src`, each with its predicted stored bytes, pruned by the
     /// form's own rules (a variant predicted no smaller than `src` as it is stored is dropped).
     /// Empty when the form does not accept `src`.

@@ -1,0 +1,201 @@
+//! `--budget SIZE`, `--tune TUNE.json`, `--plan PLAN.json` on run/chat/eval/bench/compress: the
+//! forms of a model's launches chosen to fit a memory budget (tune crate's planner).
+
+use crate::progress;
+use anyhow::{bail, Context, Result};
+use entrollm_tune::DeviceKind;
+use entrollm_model::ModelWeights;
+use entrollm_tune::budget::Budget;
+use entrollm_tune::file::{PlanFile, TuneFile};
+use entrollm_tune::planner;
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct BudgetArgs {
+    /// Memory for the model: `12GB`, `11.5GiB`, `500MB`, or `80%` of free memory (device memory
+    /// on the GPU, RAM on the CPU). The KV cache for the context and the workspace are reserved
+    /// first; each launch then gets the fastest form whose bytes fit (lossless forms only).
+    #[arg(long, value_name = "SIZE")]
+    pub budget: Option<Budget>,
+    /// Latencies measured by `entrollm tune` for this model and device (default: the forms'
+    /// predicted sizes and the default cost model, docs/forms.md).
+    #[arg(long, value_name = "TUNE.json")]
+    pub tune: Option<PathBuf>,
+    /// Use a tune file made on another device or entrollm version.
+    #[arg(long)]
+    pub force_tune: bool,
+    /// Serve the forms this plan (from `entrollm plan -o`) chooses, instead of planning.
+    #[arg(long, value_name = "PLAN.json", conflicts_with_all = ["budget", "tune"])]
+    pub plan: Option<PathBuf>,
+}
+
+impl BudgetArgs {
+    pub fn is_set(&self) -> bool {
+        self.budget.is_some() || self.plan.is_some() || self.tune.is_some()
+    }
+}
+
+/// Free memory the `%` form of `--budget` is a share of: RAM on the CPU (MemAvailable).
+pub fn free_ram() -> Result<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+    let kb: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("/proc/meminfo has no MemAvailable")?;
+    Ok(kb * 1024)
+}
+
+/// Reads a tune file and checks it against this device.
+pub fn read_tune(
+    path: &Path,
+    device: &entrollm_tune::file::DeviceId,
+    force: bool,
+) -> Result<TuneFile> {
+    let t = TuneFile::read(path)?;
+    let diffs = t
+        .check_device(device, force)
+        .with_context(|| format!("{}", path.display()))?;
+    for d in diffs {
+        eprintln!(
+            "warning: {}: made on another device: {d} (--force-tune)",
+            path.display()
+        );
+    }
+    Ok(t)
+}
+
+/// The plan for `w` under `args` on `device`: `reserved` bytes (KV cache, workspace) come off the
+/// budget first. Prints the plan's summary on stderr.
+pub fn plan(
+    args: &BudgetArgs,
+    w: &ModelWeights,
+    model_path: &Path,
+    device: DeviceKind,
+    device_id: &entrollm_tune::file::DeviceId,
+    reserved: u64,
+    free: impl FnOnce() -> Result<u64>,
+) -> Result<PlanFile> {
+    let id = planner::model_id(w, &model_path.display().to_string())?;
+    if let Some(p) = &args.plan {
+        let plan = PlanFile::read(p)?;
+        if plan.model.fingerprint != id.fingerprint {
+            bail!(
+                "{}: the plan was made for another model ({}); make one for this model with \
+                 `entrollm plan`",
+                p.display(),
+                plan.model.path
+            );
+        }
+        return Ok(plan);
+    }
+    let tune = match &args.tune {
+        Some(t) => Some(read_tune(t, device_id, args.force_tune)?),
+        None => None,
+    };
+    let measured = tune.is_some();
+    let tune = planner::tune_for(w, id, tune, device)?;
+    let fixed = planner::fixed_bytes(w);
+    let budget = match &args.budget {
+        None => None,
+        Some(b) => {
+            let total = b.resolve(free()?);
+            let off = reserved + fixed;
+            if total <= off {
+                bail!(
+                    "--budget {b} ({:.3} GB) does not cover the KV cache and workspace ({:.3} GB) \
+                     and the model's norms and biases ({:.3} GB); use a shorter --ctx-size or a \
+                     larger budget",
+                    total as f64 / 1e9,
+                    reserved as f64 / 1e9,
+                    fixed as f64 / 1e9
+                );
+            }
+            Some(total - off)
+        }
+    };
+    let plan = entrollm_tune::file::plan(&tune, budget, reserved + fixed).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}{}",
+            match &args.budget {
+                Some(b) => format!(
+                    " (--budget {b}: KV cache and workspace {:.3} GB and norms {:.3} GB come first)",
+                    reserved as f64 / 1e9,
+                    fixed as f64 / 1e9
+                ),
+                None => String::new(),
+            }
+        )
+    })?;
+    let mut plan = plan;
+    if !measured {
+        plan.cost_model = entrollm_tune::CostModel::Default;
+        eprintln!(
+            "plan: no --tune file, so latencies come from the default cost model (docs/forms.md); \
+             `entrollm tune` measures them"
+        );
+    }
+    print_summary(&plan, &mut std::io::stderr())?;
+    Ok(plan)
+}
+
+/// `w` re-formed by `plan`, with a progress bar.
+pub fn apply(w: &ModelWeights, plan: &PlanFile) -> Result<ModelWeights> {
+    let bar = progress::steps(plan.choices.len() as u64, "re-form");
+    let out = planner::apply_plan(w, plan, &|done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64)
+    })?;
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+/// The plan's choices grouped by launch kind and form, and its totals.
+pub fn print_summary(plan: &PlanFile, out: &mut dyn std::io::Write) -> Result<()> {
+    use std::collections::BTreeMap;
+    let mut groups: BTreeMap<(String, String, String), (usize, u64, f64)> = BTreeMap::new();
+    for c in &plan.choices {
+        let g = groups
+            .entry((c.launch.clone(), c.form.clone(), c.variant.clone()))
+            .or_default();
+        g.0 += 1;
+        g.1 += c.bytes;
+        g.2 += c.latency_us;
+    }
+    writeln!(
+        out,
+        "{:<8} {:<6} {:<16} {:>6} {:>12} {:>10}",
+        "launch", "form", "variant", "count", "MB", "µs each"
+    )?;
+    for ((launch, form, variant), (n, bytes, us)) in &groups {
+        writeln!(
+            out,
+            "{launch:<8} {form:<6} {:<16} {n:>6} {:>12.3} {:>10.1}",
+            if variant.is_empty() { "-" } else { variant },
+            *bytes as f64 / 1e6,
+            us / *n as f64
+        )?;
+    }
+    let cert = plan.certificate.as_ref().map_or(String::new(), |c| {
+        format!(
+            "; certificate: LP bound {:.1} µs, gap {:.3} %, grid {} B",
+            c.lp_bound_us,
+            100.0 * c.gap,
+            c.grid_bytes
+        )
+    });
+    writeln!(
+        out,
+        "plan: weights {:.3} GB of launches{}, predicted {:.1} tok/s ({:.1} µs a step, {} cost model){cert}",
+        plan.total_bytes as f64 / 1e9,
+        plan.budget_bytes
+            .map_or(String::new(), |b| format!(" (budget for them {:.3} GB)", b as f64 / 1e9)),
+        plan.predicted_tok_s,
+        plan.predicted_step_us,
+        match plan.cost_model {
+            entrollm_tune::CostModel::Measured => "measured",
+            entrollm_tune::CostModel::Default => "default",
+        },
+    )?;
+    Ok(())
+}

@@ -1,0 +1,142 @@
+//! `entrollm tune` (size–latency fronts per launch, measured) and `entrollm plan` (a budget
+//! turned into a choice per launch).
+
+use crate::budget::print_summary;
+use crate::progress;
+use anyhow::{bail, Context, Result};
+use entrollm_model::load::open_weights;
+use entrollm_tune::budget::Budget;
+use entrollm_tune::file::{DeviceId, PlanFile, TuneFile};
+use entrollm_tune::tuner::{tune, CpuTimer, LaunchTimer, Progress, TuneOptions};
+use entrollm_tune::{plan, planner};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct TuneArgs {
+    /// A .gguf file, an entrollm container or a Hugging Face checkpoint directory.
+    model: PathBuf,
+    /// Where to time: cpu, or cuda (the GPU).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// The tune file to write; if it exists and was made for this model and device, the launches
+    /// it already holds are not measured again.
+    #[arg(short, long, default_value = "tune.json")]
+    output: PathBuf,
+    /// Resume from a tune file made on another device or entrollm version.
+    #[arg(long)]
+    force_tune: bool,
+    /// Time at most this many variants of each form per launch shape (the smallest predicted).
+    #[arg(long, default_value_t = 12)]
+    max_variants: usize,
+}
+
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    /// A tune file from `entrollm tune`.
+    tune: PathBuf,
+    /// Bytes the launches' weights may take: `12GB`, `11.5GiB`, `500MB` (the KV cache is not in a
+    /// tune file: `run --budget` reserves it first). Without it, the fastest plan.
+    #[arg(long, value_name = "SIZE")]
+    budget: Option<Budget>,
+    /// Draw each launch's front and the model's size–speed front (.svg or .png).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// Write the plan (for `compress --plan` and `run --plan`).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+}
+
+fn timer(device: &str) -> Result<Box<dyn LaunchTimer>> {
+    match device {
+        "cpu" => Ok(Box::new(CpuTimer::new(rayon::current_num_threads()))),
+        "cuda" => Ok(Box::new(entrollm_cuda::tune::GpuTimer::open(0)?)),
+        d => bail!("--device {d}: expected cpu or cuda"),
+    }
+}
+
+pub fn run_tune(a: TuneArgs) -> Result<()> {
+    let timer = timer(&a.device)?;
+    let device: DeviceId = timer.device();
+    let w = open_weights(&a.model, true)?;
+    let id = planner::model_id(&w, &a.model.display().to_string())?;
+    let resume = match a.output.exists() {
+        false => None,
+        true => {
+            let t = TuneFile::read(&a.output)?;
+            for d in t
+                .check_device(&device, a.force_tune)
+                .with_context(|| format!("{} (resuming)", a.output.display()))?
+            {
+                eprintln!("warning: resuming a tune file of another device: {d}");
+            }
+            if t.model.fingerprint != id.fingerprint {
+                bail!(
+                    "{} holds the tune of another model ({}); choose another -o",
+                    a.output.display(),
+                    t.model.path
+                );
+            }
+            eprintln!("tune: resuming {}", a.output.display());
+            Some(t)
+        }
+    };
+    let opts = TuneOptions {
+        max_variants_per_form: a.max_variants,
+        ..TuneOptions::default()
+    };
+    let bar = progress::steps(0, "tune");
+    let t0 = std::time::Instant::now();
+    let mut reused = 0;
+    let tf = tune(&w, id, resume.as_ref(), &*timer, &opts, &mut |p| match p {
+        Progress::Timing { done, total, what } => {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+            bar.set_message(what.to_string());
+        }
+        Progress::Reused { .. } => reused += 1,
+    })?;
+    bar.finish_and_clear();
+    tf.write(&a.output)?;
+    let shapes: std::collections::BTreeSet<&str> =
+        tf.launches.iter().map(|l| l.shape_key.as_str()).collect();
+    let points: usize = tf.launches.iter().map(|l| l.points.len()).sum();
+    let front: usize = tf
+        .launches
+        .iter()
+        .map(|l| l.points.iter().filter(|p| p.pareto).count())
+        .sum();
+    eprintln!(
+        "tune: {} launches of {} shapes ({} reused from the file), {points} points, {front} on \
+         their fronts, in {:.1} s on {}; wrote {}",
+        tf.launches.len(),
+        shapes.len(),
+        reused,
+        t0.elapsed().as_secs_f64(),
+        device.name,
+        a.output.display()
+    );
+    Ok(())
+}
+
+pub fn run_plan(a: PlanArgs) -> Result<()> {
+    let tf = TuneFile::read(&a.tune)?;
+    let budget = a.budget.as_ref().map(|b| match b {
+        Budget::Percent(_) => Err(anyhow::anyhow!(
+            "--budget {b}: a share of free memory needs a device; give a size (12GB) or use \
+             `run --budget {b}`"
+        )),
+        b => Ok(b.resolve(0)),
+    });
+    let budget = budget.transpose()?;
+    let p: PlanFile = plan(&tf, budget, 0)?;
+    print_summary(&p, &mut std::io::stdout())?;
+    if let Some(o) = &a.output {
+        p.write(o)?;
+        eprintln!("plan: wrote {}", o.display());
+    }
+    if let Some(f) = &a.plot {
+        entrollm_tune::plot::plot(&tf, Some(&p), f)?;
+        eprintln!("plan: drew {}", f.display());
+    }
+    Ok(())
+}

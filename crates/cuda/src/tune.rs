@@ -1,0 +1,190 @@
+//! The GPU side of `entrollm tune` and `--budget`: the device's identity for tune files, the
+//! memory the engine takes beside its weights, and a [`LaunchTimer`] that times each launch's
+//! forms with the cold-cache protocol (weight copies covering 2× L2, CUDA-graph replays, median
+//! of 5 bursts of ≥ 400 µs: [`crate::bench`]).
+
+use crate::bench::time_cold;
+use crate::device::GpuDevice;
+use crate::engine::{interleaved, stacked};
+use crate::engine_coded::{coded_parts, fp8_parts};
+use crate::error::DriverContext;
+use crate::linear::{DtansScratch, Fp8Serving, GpuLinear, SharedScratch};
+use entrollm_model::weights::Linear;
+use entrollm_model::ModelConfig;
+use entrollm_tune::tuner::{LaunchTimer, TimedLaunch};
+use entrollm_tune::{DeviceId, DeviceKind, TuneError};
+use std::sync::{Arc, Mutex};
+
+fn tune_err(e: impl std::fmt::Display) -> TuneError {
+    TuneError::Tune(format!("GPU: {e}"))
+}
+
+/// The CUDA driver's version, `major.minor`.
+fn driver_version() -> Option<String> {
+    let mut v: std::ffi::c_int = 0;
+    // SAFETY: a plain query into a local; the library is loaded (a device was opened).
+    let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS)
+        .then(|| format!("{}.{}", v / 1000, v % 1000 / 10))
+}
+
+/// What a tune file made on `dev` is tied to: GPU name, SM count, driver.
+pub fn device_id(dev: &GpuDevice) -> DeviceId {
+    DeviceId {
+        kind: DeviceKind::Cuda,
+        name: dev.info().name.clone(),
+        threads: None,
+        sm_count: Some(dev.info().sm_count),
+        driver: driver_version(),
+    }
+}
+
+/// Bytes the GPU engine takes beside its weights for a context of `ctx` tokens, reserved before a
+/// budget is spent on weights: the BF16 KV cache, and a workspace bound (decode buffers, attention
+/// partials, prefill activations and cuBLAS workspace for the engine's prefill chunks, the
+/// coded-matrix scratch). The engine's `memory()` reports what it took.
+pub fn reserved_bytes(c: &ModelConfig, ctx: usize) -> u64 {
+    let kv = 2 * c.num_layers * ctx * c.kv_dim() * 2;
+    let chunk = ctx.min(8192);
+    let prefill =
+        chunk * (2 * c.hidden_size + c.q_dim() + 2 * c.kv_dim() + 2 * c.intermediate_size) * 4;
+    let scratch = 2 * c.intermediate_size * c.hidden_size * 2;
+    let fixed = 256 << 20;
+    (kv + prefill + scratch + fixed) as u64
+}
+
+/// Times a launch's forms on one GPU.
+pub struct GpuTimer {
+    dev: Arc<GpuDevice>,
+    scratch: SharedScratch,
+}
+
+impl GpuTimer {
+    pub fn open(ordinal: usize) -> Result<Self, TuneError> {
+        let dev = Arc::new(GpuDevice::open(ordinal).map_err(tune_err)?);
+        // Room for the largest launch of a 70B model; prefill is not timed (no dequant workspace).
+        let scratch = DtansScratch::new(&dev, 1 << 18, 1 << 16, 0).map_err(tune_err)?;
+        Ok(GpuTimer {
+            dev,
+            scratch: Arc::new(Mutex::new(scratch)),
+        })
+    }
+
+    /// The launch as the engine uploads it: coded parts as one multi-matrix launch, FP8 codes as
+    /// stored, dense matrices stacked (gate/up interleaved) in BF16; `None` when these forms have
+    /// no GPU kernel (the tuner leaves the point out).
+    fn upload(&self, parts: &[Arc<dyn Linear>], halves: bool) -> crate::Result<Option<GpuLinear>> {
+        let refs: Vec<&dyn Linear> = parts.iter().map(|p| &**p).collect();
+        if let Some(l) = coded_parts(&self.dev, &refs, halves, &self.scratch)? {
+            return Ok(Some(l));
+        }
+        if let Some(l) = fp8_parts(&self.dev, &refs, halves, Fp8Serving::Dense, &self.scratch)? {
+            return Ok(Some(l));
+        }
+        // Only BF16 uploads exactly as BF16.
+        if refs
+            .iter()
+            .any(|p| p.form().form != "dense" || p.form().variant != "bf16")
+        {
+            return Ok(None);
+        }
+        Ok(Some(match &refs[..] {
+            [g, u] if halves => interleaved(&self.dev, *g, *u)?,
+            _ => stacked(&self.dev, &refs)?,
+        }))
+    }
+}
+
+impl LaunchTimer for GpuTimer {
+    fn device(&self) -> DeviceId {
+        device_id(&self.dev)
+    }
+
+    fn protocol(&self) -> String {
+        format!(
+            "cuda: weight copies covering 2x L2 ({} MiB), CUDA-graph replays, median of 5 bursts \
+             of >= 400 us; the batch-1 product as the decode step launches it",
+            self.dev.info().l2_bytes >> 20
+        )
+    }
+
+    fn time(
+        &self,
+        launch: &TimedLaunch,
+        make: &dyn Fn() -> Result<Vec<Arc<dyn Linear>>, TuneError>,
+    ) -> Result<Option<f64>, TuneError> {
+        let parts = make()?;
+        // The decode step gathers embeddings from a dense BF16 table only; a tied head is that
+        // table.
+        if launch.gather {
+            let p = &parts[0];
+            if p.form().form != "dense" || p.form().variant != "bf16" {
+                return Ok(None);
+            }
+        }
+        if !launch.products {
+            // A row gather of one token: negligible beside the products; timed as one launch of
+            // the embedding kernel would be, which the step overhead already holds.
+            return Ok(Some(2.0));
+        }
+        let halves = parts.len() == 2 && parts[0].rows() == parts[1].rows() && !launch.gather;
+        let Some(first) = self.upload(&parts, halves).map_err(tune_err)? else {
+            return Ok(None);
+        };
+        let bytes = first.stored_bytes().max(1);
+        let copies = (2 * self.dev.info().l2_bytes as usize) / bytes + 1;
+        let mut linears = vec![first];
+        for _ in 1..copies {
+            match self.upload(&parts, halves).map_err(tune_err)? {
+                Some(l) => linears.push(l),
+                None => return Ok(None),
+            }
+        }
+        let (rows, cols) = (linears[0].rows(), linears[0].cols());
+        let s = self.dev.stream();
+        let x = s
+            .clone_htod(&vec![0.01f32; cols])
+            .while_(|| "uploading the timing input".into())
+            .map_err(tune_err)?;
+        let mut y = s
+            .alloc_zeros::<f32>(rows)
+            .while_(|| "allocating the timing output".into())
+            .map_err(tune_err)?;
+        let (us, _) = time_cold(&self.dev, copies, bytes, |c| {
+            linears[c].matvec(&self.dev, &x, &mut y, false)
+        })
+        .map_err(tune_err)?;
+        Ok(Some(us))
+    }
+
+    /// A decode step of the GPU engine on `w` as it is (CUDA graph, greedy), less its launches'
+    /// tuned latencies in their current forms.
+    fn step_overhead_us(
+        &self,
+        w: &entrollm_model::ModelWeights,
+        launches: &[entrollm_tune::LaunchTune],
+    ) -> Result<Option<f64>, TuneError> {
+        let Some(weights_us) = entrollm_tune::tuner::current_forms_us(w, launches) else {
+            return Ok(None);
+        };
+        let run = || -> crate::Result<f64> {
+            let (model, _) =
+                crate::GpuModel::upload_served(&self.dev, w, crate::linear::Serving::default())?;
+            let mut e = crate::GpuEngine::new(Arc::clone(&self.dev), model, 128)?;
+            let prompt: Vec<u32> = (1..9).collect();
+            let mut tok = e.prefill_greedy(&prompt)?;
+            let mut times = Vec::with_capacity(48);
+            for i in 0..56 {
+                let t0 = std::time::Instant::now();
+                tok = e.step_greedy(tok)?;
+                if i >= 8 {
+                    times.push(t0.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            times.sort_by(f64::total_cmp);
+            Ok(times[times.len() / 2])
+        };
+        let step = run().map_err(tune_err)?;
+        Ok(Some((step - weights_us).max(0.0)))
+    }
+}
