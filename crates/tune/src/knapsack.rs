@@ -45,12 +45,12 @@ pub struct Solution {
 /// grid is refined down to exact bytes whenever the table fits.
 pub const MAX_CELLS: u64 = 30_000_000;
 
-/// The rounding may cost at most this share of the budget.
-const GRID_SHARE: u64 = 1000;
+/// The rounding may cost at most 1 / GRID_SHARE of the budget.
+pub(crate) const GRID_SHARE: u64 = 1000;
 
 /// Pick one item per group with the least total cost whose total bytes fit `budget`.
 pub fn solve(groups: &[Vec<Item>], budget: u64) -> Result<Solution, TuneError> {
-    solve_with(groups, budget, MAX_CELLS)
+    solve_with(groups, budget, MAX_CELLS, GRID_SHARE)
 }
 
 /// Per group, its Pareto choices (original indices, bytes ascending, cost strictly descending).
@@ -105,6 +105,7 @@ pub(crate) fn solve_with(
     groups: &[Vec<Item>],
     budget: u64,
     max_cells: u64,
+    grid_share: u64,
 ) -> Result<Solution, TuneError> {
     let fronts = fronts(groups)?;
     let min = min_total(groups, &fronts);
@@ -164,7 +165,7 @@ pub(crate) fn solve_with(
     let multi: Vec<usize> = (0..groups.len()).filter(|&g| fronts[g].len() > 1).collect();
     let spare = budget - min as u64;
     let cells_per_step: u64 = multi.iter().map(|&g| fronts[g].len() as u64).sum();
-    let unit_max = (budget / (GRID_SHARE * multi.len() as u64)).max(1);
+    let unit_max = (budget / (grid_share * multi.len() as u64)).max(1);
     let unit_fit = ((cells_per_step as u128 * spare as u128).div_ceil(max_cells.max(1) as u128))
         .min(u64::MAX as u128) as u64;
     let unit = unit_fit.clamp(1, unit_max);
@@ -497,7 +498,7 @@ mod tests {
                 .map(|g| g.iter().map(|i| i.bytes).max().unwrap())
                 .sum();
             let budget = lo + rng.below(hi - lo + 1);
-            let s = solve_with(&groups, budget, 64).unwrap();
+            let s = solve_with(&groups, budget, 64, GRID_SHARE).unwrap();
             check_picks(&groups, budget, &s);
             let best = brute(&groups, budget).unwrap().0;
             assert!(s.cost >= best, "case {case}");
