@@ -489,6 +489,8 @@ impl Session {
         let mut decoder = self.tokenizer.stream_decoder();
         let mut out = std::io::stdout().lock();
         let mut failed = None;
+        let t0 = Instant::now();
+        let (mut first, mut last) = (None, None);
         let (tokens, _stop) = generate(
             &mut self.engine,
             &mut self.sampler,
@@ -496,6 +498,9 @@ impl Session {
             self.max_tokens,
             &stops,
             |id| {
+                let now = Instant::now();
+                first.get_or_insert(now);
+                last = Some(now);
                 if stops.contains(&id) {
                     return ControlFlow::Continue(());
                 }
@@ -520,6 +525,19 @@ impl Session {
             out.write_all(rest.as_bytes())?;
         }
         writeln!(out)?;
+        if let (Some(first), Some(last)) = (first, last) {
+            let decode_s = (last - first).as_secs_f64();
+            eprintln!(
+                "timing: prompt {} tokens in {:.0} ms; {} tokens generated{}",
+                prompt.len(),
+                (first - t0).as_secs_f64() * 1e3,
+                tokens.len(),
+                match tokens.len() > 1 && decode_s > 0.0 {
+                    true => format!(", decode {:.1} tok/s", (tokens.len() - 1) as f64 / decode_s),
+                    false => String::new(),
+                }
+            );
+        }
         Ok(tokens)
     }
 }
