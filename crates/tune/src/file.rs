@@ -246,9 +246,17 @@ fn read_json<T: DeserializeOwned>(path: &Path, format: &str, what: &str) -> Resu
     serde_json::from_value(value).map_err(|e| file_err(path, format!("malformed {what}: {e}")))
 }
 
-/// Write `value` as pretty JSON to a temporary file beside `path`, then rename it over `path`,
-/// so readers see the old file or the new one, never half of one.
+/// Write `value` as pretty JSON to `path` atomically.
 fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), TuneError> {
+    let mut json = serde_json::to_vec_pretty(value)
+        .map_err(|e| file_err(path, format!("cannot serialise: {e}")))?;
+    json.push(b'\n');
+    write_atomic(path, &json)
+}
+
+/// Write `bytes` to a temporary file beside `path`, then rename it over `path`, so readers see the
+/// old file or the new one, never half of one.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TuneError> {
     let name = path
         .file_name()
         .ok_or_else(|| file_err(path, "not a file name to write"))?;
@@ -261,12 +269,9 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), TuneError> {
         name.to_string_lossy(),
         std::process::id()
     ));
-    let mut json = serde_json::to_vec_pretty(value)
-        .map_err(|e| file_err(path, format!("cannot serialise: {e}")))?;
-    json.push(b'\n');
     let result = (|| {
         let mut f = fs::File::create(&tmp)?;
-        f.write_all(&json)?;
+        f.write_all(bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, path)
     })();

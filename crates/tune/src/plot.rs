@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::file::{CostModel, LaunchTune, PlanFile, TuneFile};
+use crate::file::{write_atomic, CostModel, LaunchTune, PlanFile, TuneFile};
 use crate::knapsack::{self, Item};
 use crate::TuneError;
 
@@ -61,17 +61,36 @@ pub fn plot(tune: &TuneFile, plan: Option<&PlanFile>, path: &Path) -> Result<(),
     let rows = panels.div_ceil(cols);
     let size = (PANEL.0 * cols as u32, PANEL.1 * rows as u32 + 40);
     let front = model_front(tune);
-    match ext.as_deref() {
+    let bytes = match ext.as_deref() {
         Some("svg") => {
-            let root = SVGBackend::new(path, size).into_drawing_area();
-            draw(root, tune, plan, &shapes, &front, (rows, cols)).map_err(err)
+            let mut svg = String::new();
+            {
+                let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+                draw(root, tune, plan, &shapes, &front, (rows, cols)).map_err(err)?;
+            }
+            svg.into_bytes()
         }
         Some("png") => {
-            let root = BitMapBackend::new(path, size).into_drawing_area();
-            draw(root, tune, plan, &shapes, &front, (rows, cols)).map_err(err)
+            let mut rgb = vec![0u8; size.0 as usize * size.1 as usize * 3];
+            {
+                let root = BitMapBackend::with_buffer(&mut rgb, size).into_drawing_area();
+                draw(root, tune, plan, &shapes, &front, (rows, cols)).map_err(err)?;
+            }
+            encode_png(&rgb, size).map_err(|e| err(format!("PNG encoding: {e}")))?
         }
-        _ => Err(err("give the plot a .svg or .png name".into())),
-    }
+        _ => return Err(err("give the plot a .svg or .png name".into())),
+    };
+    write_atomic(path, &bytes)
+}
+
+fn encode_png(rgb: &[u8], (w, h): (u32, u32)) -> Result<Vec<u8>, png::EncodingError> {
+    let mut out = Vec::new();
+    let mut enc = png::Encoder::new(&mut out, w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    enc.set_compression(png::Compression::Default);
+    enc.write_header()?.write_image_data(rgb)?;
+    Ok(out)
 }
 
 /// Launches grouped by shape key, in the order the shapes first appear.
