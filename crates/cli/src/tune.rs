@@ -4,7 +4,7 @@
 use crate::budget::print_summary;
 use crate::progress;
 use anyhow::{bail, Context, Result};
-use entrollm_model::load::open_weights;
+use entrollm_model::load::{open_weights_with, LoadOptions};
 use entrollm_tune::budget::Budget;
 use entrollm_tune::file::{DeviceId, PlanFile, TuneFile};
 use entrollm_tune::tuner::{tune, CpuTimer, LaunchTimer, Progress, TuneOptions};
@@ -57,7 +57,14 @@ fn timer(device: &str) -> Result<Box<dyn LaunchTimer>> {
 pub fn run_tune(a: TuneArgs) -> Result<()> {
     let timer = timer(&a.device)?;
     let device: DeviceId = timer.device();
-    let w = open_weights(&a.model, true)?;
+    // As `--budget` loads it: coded matrices as stored, GGUF blocks as their integer codes.
+    let w = open_weights_with(
+        &a.model,
+        LoadOptions {
+            fused: true,
+            keep_quantised: true,
+        },
+    )?;
     let id = planner::model_id(&w, &a.model.display().to_string())?;
     let resume = match a.output.exists() {
         false => None,

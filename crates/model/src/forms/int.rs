@@ -63,6 +63,24 @@ impl IntLinear {
         }
     }
 
+    /// Row `r`'s codes as f32 (unsigned) into `out`.
+    fn unpack_row(&self, r: usize, out: &mut [f32]) {
+        let base = r * self.cols;
+        match self.nibbles() {
+            true => {
+                for (c, o) in out.iter_mut().enumerate() {
+                    let i = base + c;
+                    *o = ((self.packed[i / 2] >> (4 * (i % 2))) & 0xF) as f32;
+                }
+            }
+            false => {
+                for (o, &b) in out.iter_mut().zip(&self.packed[base..base + self.cols]) {
+                    *o = b as f32;
+                }
+            }
+        }
+    }
+
     /// Row `r` dequantised into `out`.
     fn row_values(&self, r: usize, out: &mut [f32]) {
         let d = self.groups.dequant();
@@ -80,36 +98,38 @@ impl Linear for IntLinear {
     fn cols(&self) -> usize {
         self.cols
     }
-    /// Per group: `s·(Σ q·x − o·Σx) + m·Σx`, so a weight costs one multiply-add.
+    /// Per group: `s·(Σ q·x − o·Σx) + m·Σx`, with each group's `Σx` computed once for all rows,
+    /// so a weight costs one multiply-add (eight independent sums, which vectorise).
     fn matvec(&self, x: &[f32], y: &mut [f32]) {
         assert_eq!((x.len(), y.len()), (self.cols, self.rows), "matvec shapes");
         let g = &self.groups;
         let per_row = self.cols.div_ceil(g.group);
+        let xsum: Vec<f32> = x.chunks(g.group).map(|c| c.iter().sum()).collect();
         let bits = self.payload.code_bits();
-        let wrap = (1u32 << bits) as f32;
-        let half = (1u32 << (bits - 1)) as f32;
-        y.par_chunks_mut(16).enumerate().for_each(|(chunk, ys)| {
-            let mut q = vec![0f32; g.group];
-            for (i, y) in ys.iter_mut().enumerate() {
-                let r = chunk * 16 + i;
-                let mut acc = 0f32;
-                for gi in 0..per_row {
-                    let c0 = gi * g.group;
-                    let n = g.group.min(self.cols - c0);
-                    for (j, q) in q.iter_mut().enumerate().take(n) {
-                        let v = self.code(r * self.cols + c0 + j) as f32;
-                        *q = if g.signed && v >= half { v - wrap } else { v };
+        let (wrap, half) = ((1u32 << bits) as f32, (1u32 << (bits - 1)) as f32);
+        let rows_per_task = ((1 << 15) / self.cols).max(1);
+        y.par_chunks_mut(rows_per_task)
+            .enumerate()
+            .for_each(|(chunk, ys)| {
+                let mut q = vec![0f32; self.cols];
+                for (i, y) in ys.iter_mut().enumerate() {
+                    let r = chunk * rows_per_task + i;
+                    self.unpack_row(r, &mut q);
+                    if g.signed {
+                        q.iter_mut().for_each(|v| *v -= if *v >= half { wrap } else { 0.0 });
                     }
-                    let xs = &x[c0..c0 + n];
-                    let dot: f32 = q[..n].iter().zip(xs).map(|(q, x)| q * x).sum();
-                    let sum: f32 = xs.iter().sum();
-                    let k = r * per_row + gi;
-                    acc += g.scales[k] * (dot - g.offset * sum)
-                        + g.mins.as_ref().map_or(0.0, |m| m[k] * sum);
+                    let mut acc = 0f32;
+                    for gi in 0..per_row {
+                        let c0 = gi * g.group;
+                        let n = g.group.min(self.cols - c0);
+                        let dot = dot8(&q[c0..c0 + n], &x[c0..c0 + n]);
+                        let k = r * per_row + gi;
+                        acc += g.scales[k] * (dot - g.offset * xsum[gi])
+                            + g.mins.as_ref().map_or(0.0, |m| m[k] * xsum[gi]);
+                    }
+                    *y = acc;
                 }
-                *y = acc;
-            }
-        });
+            });
     }
     fn row(&self, r: usize, out: &mut [f32]) {
         self.row_values(r, out);
@@ -138,6 +158,24 @@ impl Linear for IntLinear {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+}
+
+/// Σ a·b in eight interleaved partial sums (a fixed order, so results do not depend on tiling).
+fn dot8(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(a, b)| a * b)
+        .sum();
+    for (a, b) in ac.zip(bc) {
+        for k in 0..8 {
+            acc[k] += a[k] * b[k];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 fn packed_bytes(src: &Source, payload: Payload) -> usize {
