@@ -1101,7 +1101,7 @@ fn compare_pdl(
     cases: &mut Vec<CaseResult>,
 ) -> Result<()> {
     let max_seq = prompt.len() + steps + 1;
-    let base = DecodeOptions::from_env();
+    let base = DecodeOptions::default();
     let mut engines = Vec::new();
     for pdl in [true, false] {
         let gm = model()?;

@@ -18,6 +18,7 @@ pub mod gemm;
 pub mod jit;
 pub mod linear;
 pub mod ops;
+pub mod plan;
 pub mod selftest;
 pub mod tune;
 
