@@ -53,7 +53,7 @@ pub struct Args {
     #[arg(long)]
     coded: bool,
     /// Coding of every coded matrix: `auto` (the coder chooses) or MODE:LOG2M:SC[:T]
-    /// (default: the tuned table, `bench_coded::bf16_coding_for`).
+    /// (default: the tuned table, `tuned::bf16_coding_for`).
     #[arg(long)]
     coding: Option<String>,
     /// Coding per launch (JSON: qkv, o, gate_up, down, lm_head, default); --coding (with --coded)

@@ -22,7 +22,6 @@ use entrollm_codec::dtans::Coding;
 use entrollm_codec::palette::{Palette4, PaletteBf16};
 use entrollm_codec::Payload;
 
-use crate::bench_coded::tuned_launches;
 use crate::coded::GpuDtans;
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
@@ -43,6 +42,7 @@ use crate::ops::gemv_fp8::{
     GpuPal4, GpuPalBf16,
 };
 use crate::plan::{Form, LinearDesc};
+use crate::tuned::tuned_launches;
 
 /// A row-major BF16 matrix [rows, cols] in device memory and the GEMV configuration of its shape.
 pub struct DenseBf16 {
