@@ -9,7 +9,7 @@
 //! cache for N tokens; `--long-prefill N` then times decode after an N-token prefill.
 //! `MODEL --code-at-load CODING` codes a BF16 checkpoint's matrices on the GPU at load.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -53,7 +53,7 @@ pub struct Args {
     #[arg(long)]
     coded: bool,
     /// Coding of every coded matrix: `auto` (the coder chooses) or MODE:LOG2M:SC[:T]
-    /// (default: the tuned table, `bench_coded::bf16_coding_for`).
+    /// (default: the tuned table, `tuned::bf16_coding_for`).
     #[arg(long)]
     coding: Option<String>,
     /// Coding per launch (JSON: qkv, o, gate_up, down, lm_head, default); --coding (with --coded)
@@ -87,6 +87,13 @@ pub struct Args {
         action = clap::ArgAction::Set
     )]
     bf16: bool,
+    #[command(flatten)]
+    decode: crate::generate::DecodeArgs,
+    /// Diagnostics: build every kernel with a trace in `pdl_wait` and write three decode steps'
+    /// records to FILE as CSV (default: the environment's `ENTROLLM_TRACE`). The traced build's
+    /// timings are not the engine's.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 /// The coding plan of `--coding` / `--coding-file` (neither: the tuned table for `c`).
@@ -107,10 +114,9 @@ fn kv_bytes(c: &ModelConfig, tokens: usize) -> usize {
     2 * c.num_layers * tokens * c.kv_dim() * 2
 }
 
-/// Diagnostic builds (`ENTROLLM_TRACE=FILE`): three decode steps after 64 generated tokens, each
-/// replayed alone with its kernels' pdl_wait records (common.cuh) written to FILE as CSV.
-fn write_trace(e: &mut GpuEngine, dev: &GpuDevice, prompt: &[u32]) -> Result<()> {
-    let path = std::env::var("ENTROLLM_TRACE").unwrap_or_default();
+/// Diagnostic builds (`--trace FILE`): three decode steps after 64 generated tokens, each
+/// replayed alone with its kernels' pdl_wait records (common.cuh) written to `path` as CSV.
+fn write_trace(e: &mut GpuEngine, dev: &GpuDevice, prompt: &[u32], path: &Path) -> Result<()> {
     e.reset();
     let toks = e.generate_greedy(prompt, 64)?;
     let mut tok = *toks.last().context("no token generated")?;
@@ -132,8 +138,9 @@ fn write_trace(e: &mut GpuEngine, dev: &GpuDevice, prompt: &[u32]) -> Result<()>
             );
         }
     }
-    std::fs::write(&path, csv).with_context(|| format!("writing the trace to {path}"))?;
-    eprintln!("bench: decode-step trace written to {path}");
+    std::fs::write(path, csv)
+        .with_context(|| format!("writing the trace to {}", path.display()))?;
+    eprintln!("bench: decode-step trace written to {}", path.display());
     Ok(())
 }
 
@@ -173,7 +180,17 @@ pub fn run(a: Args) -> Result<()> {
         .as_deref()
         .map(|c| crate::generate::load_plan(c, a.coding_file.as_deref()))
         .transpose()?;
-    let dev = Arc::new(GpuDevice::open(0).context("bench needs a CUDA GPU")?);
+    let decode = a.decode.options()?;
+    let trace = a.trace.clone().or_else(|| {
+        std::env::var_os("ENTROLLM_TRACE")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
+    let dev = match &trace {
+        Some(_) => GpuDevice::open_traced(0),
+        None => GpuDevice::open(0),
+    };
+    let dev = Arc::new(dev.context("bench needs a CUDA GPU")?);
     let t_load = Instant::now();
     let (model, source) = match (&a.synth, &a.model) {
         (Some(name), None) if a.coded => {
@@ -272,7 +289,7 @@ pub fn run(a: Args) -> Result<()> {
         model.lm_head_palette_bf16(),
     );
     let bf16_palette = model.bf16_palette_matrices();
-    let mut e = GpuEngine::new(Arc::clone(&dev), model, max_seq)
+    let mut e = GpuEngine::with_options(Arc::clone(&dev), model, max_seq, decode)
         .with_context(|| format!("building the engine for {max_seq} tokens"))?;
     let prompt = random_tokens(a.prompt_len, c.vocab_size, a.seed);
 
@@ -294,8 +311,8 @@ pub fn run(a: Args) -> Result<()> {
         e.prefill_greedy(&prompt)?;
         tpre.push(t.elapsed().as_secs_f64());
     }
-    if dev.tracing() {
-        write_trace(&mut e, &dev, &prompt)?;
+    if let Some(path) = &trace {
+        write_trace(&mut e, &dev, &prompt, path)?;
     }
     let (m64, m128, mpre) = (median(&mut t64), median(&mut t128), median(&mut tpre));
     let step_s = (m128 - m64) / 64.0;

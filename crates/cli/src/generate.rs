@@ -9,7 +9,7 @@ use anyhow::Result;
 use entrollm_codec::dtans::Coding;
 use entrollm_cuda::engine_coded::{Encoder, LoadReport};
 use entrollm_cuda::linear::{Fp8Serving, Serving};
-use entrollm_cuda::{GpuDevice, GpuEngine, GpuModel};
+use entrollm_cuda::{DecodeOptions, GpuDevice, GpuEngine, GpuModel};
 use entrollm_model::chat::{ChatMessage, ChatTemplate};
 use entrollm_model::coding_plan::CodingPlan;
 use entrollm_model::load::{open_model_with, LoadOptions};
@@ -52,13 +52,14 @@ pub enum Backend {
 impl Backend {
     /// Builds the engine for `weights` on `device` with a context of `ctx` tokens; with `code`, the
     /// GPU codes the dense BF16 matrices at load with that plan; matrices are kept as `serving`
-    /// says (see [`upload_gpu`]).
+    /// says (see [`upload_gpu`]); the GPU decode step is put together as `decode` says.
     pub fn new(
         weights: ModelWeights,
         ctx: usize,
         device: DeviceArg,
         code: Option<&CodingPlan>,
         serving: Serving,
+        decode: DecodeOptions,
     ) -> Result<Self> {
         if device != DeviceArg::Cpu {
             let gpu = GpuDevice::open(0)
@@ -66,7 +67,7 @@ impl Backend {
                 .and_then(|dev| {
                     let dev = Arc::new(dev);
                     let (model, _) = upload_gpu(&dev, &weights, code, serving)?;
-                    Ok(GpuEngine::new(dev, model, ctx)?)
+                    Ok(GpuEngine::with_options(dev, model, ctx, decode)?)
                 });
             match gpu {
                 Ok(e) => return Ok(Backend::Gpu(Box::new(e))),
@@ -321,6 +322,86 @@ pub struct ModelArgs {
     bf16: bool,
     #[command(flatten)]
     budget: BudgetArgs,
+    #[command(flatten)]
+    decode: DecodeArgs,
+}
+
+/// How the GPU decode step is put together: comparison runs (the defaults are the fastest
+/// measured, bench/RESULTS.md). A flag not given falls back to its environment variable
+/// (`ENTROLLM_DECODE_ATTN`, `_NORM`, `_ROPE`, `_PDL`, `_CHUNK`: the benchmark scripts set them).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct DecodeArgs {
+    /// GPU decode: attention as `split` (partial + combine) or `fused` (one launch whose last
+    /// block merges).
+    #[arg(long, value_name = "split|fused")]
+    decode_attention: Option<String>,
+    /// GPU decode: RMSNorm `chained` through the GEMVs (each residual GEMV leaves the next norm's
+    /// input, the next dense GEMV scales by it), `split` (a kernel of its own) or `fused`
+    /// (recomputed inside each following GEMV).
+    #[arg(long, value_name = "chained|split|fused")]
+    decode_norm: Option<String>,
+    /// GPU decode: RoPE and the KV-cache append `fused` into the dense q/k/v GEMV's epilogue or
+    /// `split` (a kernel of their own).
+    #[arg(long, value_name = "fused|split")]
+    decode_rope: Option<String>,
+    /// GPU decode: programmatic dependent launch `on`, `off` (plain graph edges) or `all` (into
+    /// the dense FP8 GEMVs too).
+    #[arg(long, value_name = "on|off|all")]
+    decode_pdl: Option<String>,
+    /// GPU decode: attention chunking, positions per block × warps (e.g. 64x8).
+    #[arg(long, value_name = "POSITIONSxWARPS")]
+    decode_chunk: Option<String>,
+}
+
+impl DecodeArgs {
+    /// The options the flags (else the environment variables) give; a bad value names its flag
+    /// or variable and the values it takes.
+    pub fn options(&self) -> Result<DecodeOptions> {
+        let mut o = DecodeOptions::default();
+        for (knob, flag, var, value) in [
+            (
+                "attention",
+                "--decode-attention",
+                "ENTROLLM_DECODE_ATTN",
+                &self.decode_attention,
+            ),
+            (
+                "norm",
+                "--decode-norm",
+                "ENTROLLM_DECODE_NORM",
+                &self.decode_norm,
+            ),
+            (
+                "rope",
+                "--decode-rope",
+                "ENTROLLM_DECODE_ROPE",
+                &self.decode_rope,
+            ),
+            (
+                "pdl",
+                "--decode-pdl",
+                "ENTROLLM_DECODE_PDL",
+                &self.decode_pdl,
+            ),
+            (
+                "chunk",
+                "--decode-chunk",
+                "ENTROLLM_DECODE_CHUNK",
+                &self.decode_chunk,
+            ),
+        ] {
+            let (v, from) = match value {
+                Some(v) => (v.clone(), flag),
+                None => match std::env::var(var) {
+                    Ok(v) if !v.is_empty() => (v, var),
+                    _ => continue,
+                },
+            };
+            o.set(knob, &v)
+                .map_err(|e| anyhow::anyhow!("{from}: {e}"))?;
+        }
+        Ok(o)
+    }
 }
 
 impl ModelArgs {
@@ -436,6 +517,7 @@ struct Session {
 
 fn open(a: &ModelArgs) -> Result<Session> {
     let device = DeviceArg::parse(&a.device)?;
+    let decode = a.decode.options()?;
     check_bf16_palette(a.bf16, a.code_at_load.is_some())?;
     // The plan first: a bad coding fails before the checkpoint is read.
     let code = match &a.code_at_load {
@@ -475,7 +557,7 @@ fn open(a: &ModelArgs) -> Result<Session> {
         ..SamplingParams::greedy()
     };
     Ok(Session {
-        engine: Backend::new(weights, ctx, device, code.as_ref(), a.serving())?,
+        engine: Backend::new(weights, ctx, device, code.as_ref(), a.serving(), decode)?,
         tokenizer,
         sampler: Sampler::new(params)?,
         max_tokens: a.max_tokens,
@@ -602,6 +684,8 @@ pub struct PplArgs {
     device: String,
     #[command(flatten)]
     budget: BudgetArgs,
+    #[command(flatten)]
+    decode: DecodeArgs,
 }
 
 fn log_sum_exp(logits: &[f32]) -> f64 {
@@ -659,6 +743,7 @@ fn gpu_perplexity(
 /// `entrollm eval ppl`: perplexity of a text file, HF-style sliding window.
 pub fn ppl(a: PplArgs) -> Result<()> {
     let device = DeviceArg::parse(&a.device)?;
+    let decode = a.decode.options()?;
     let text = std::fs::read_to_string(&a.file)
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
     let (weights, tokenizer) = open_model_with(
@@ -673,7 +758,7 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     if a.max_tokens > 0 {
         tokens.truncate(a.max_tokens);
     }
-    let p = match Backend::new(weights, a.window, device, None, Serving::default())? {
+    let p = match Backend::new(weights, a.window, device, None, Serving::default(), decode)? {
         Backend::Cpu(mut engine) => {
             entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?
         }

@@ -1,9 +1,9 @@
 //! `entrollm selftest --gpu`: every GPU kernel against its CPU reference on fresh random inputs,
 //! then the forward pass end to end (a small synthetic model and SmolLM2-135M, GPU vs CPU), the
-//! dtANS-LLM kernels (`ops::dtans::selftest`: decode/dequant bit-exact, mvm against the CPU), and
+//! dtANS-LLM kernels (`dtans_selftest::selftest`: decode/dequant bit-exact, mvm against the CPU), and
 //! the coded forward pass against the dense one on the same weights (`coded_e2e_selftest`, code at
 //! load included), and
-//! the GPU encoder byte for byte against the CPU encoder (`ops::dtans_encode::selftest`).
+//! the GPU encoder byte for byte against the CPU encoder (`dtans_selftest::encode_selftest`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -55,14 +55,14 @@ pub fn run(a: Args) -> Result<()> {
             failed = true;
         }
     }
-    match entrollm_cuda::engine_coded::coded_e2e_selftest(&dev, a.seed) {
+    match entrollm_cuda::engine_selftest::coded_e2e_selftest(&dev, a.seed) {
         Ok(r) => println!("{r}"),
         Err(e) => {
             println!("{e}");
             failed = true;
         }
     }
-    match entrollm_cuda::ops::dtans::selftest(&dev, a.seed) {
+    match entrollm_cuda::dtans_selftest::selftest(&dev, a.seed) {
         Ok(r) => {
             let failed_cases = r.failures().count();
             println!(
@@ -76,7 +76,7 @@ pub fn run(a: Args) -> Result<()> {
             failed = true;
         }
     }
-    match entrollm_cuda::ops::dtans_encode::selftest(&dev, a.seed) {
+    match entrollm_cuda::dtans_selftest::encode_selftest(&dev, a.seed) {
         Ok(r) => println!(
             "dtANS GPU encoder: {} cases byte-identical to the CPU encoder",
             r.cases.len()

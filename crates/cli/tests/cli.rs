@@ -635,3 +635,30 @@ fn bf16_palette_conflicts_are_clear_errors() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected dense or palette"));
 }
+
+/// The GPU decode options are parsed before any work, from the flags or (the benchmark scripts)
+/// the environment; a bad value names where it came from and the values it takes.
+#[test]
+fn bad_decode_options_name_the_flag_or_variable() {
+    let err = fails(&["bench", "--synth", "tiny", "--decode-norm", "merged"]);
+    assert!(
+        err.contains("--decode-norm: decode norm `merged`: expected chained|split|fused"),
+        "{err}"
+    );
+    let err = fails(&["run", "nowhere.gguf", "-p", "hi", "--decode-chunk", "64"]);
+    assert!(
+        err.contains("--decode-chunk: decode chunk `64`: expected POSITIONSxWARPS"),
+        "{err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_entrollm"))
+        .args(["bench", "--synth", "tiny"])
+        .env("ENTROLLM_DECODE_PDL", "maybe")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("ENTROLLM_DECODE_PDL: decode pdl `maybe`: expected on|off|all"),
+        "{err}"
+    );
+}

@@ -12,8 +12,9 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
+use crate::mem::upload;
 use crate::ops::gemv::{check_gemv_shape, gemv_ref, launch_gemv, GemvConfig};
-use crate::selftest::{rel_l2, upload, Rng};
+use crate::selftest::{rel_l2, Rng};
 
 /// Llama-3.1-8B batch-1 launch shapes (name, n, k).
 pub const LLAMA8B_GEMV_SHAPES: [(&str, usize, usize); 5] = [

@@ -17,9 +17,12 @@ use rayon::prelude::*;
 use crate::bench::time_cold;
 use crate::coded::GpuDtans;
 use crate::device::GpuDevice;
+use crate::dtans_selftest::builtin_variants;
 use crate::error::{DriverContext, GpuError, Result};
-use crate::ops::dtans::{launch_dequant, launch_mvm, DtansConfig};
-use crate::selftest::{download, rel_l2, upload, Rng};
+use crate::jit::KernelVariant;
+use crate::mem::{download, upload};
+use crate::ops::dtans::{launch_dequant, launch_mvm, DtansConfig, DtansKind, DtansOut};
+use crate::selftest::{rel_l2, Rng};
 
 /// Rows coded for real; larger matrices repeat these bands.
 pub const BASE_ROWS: usize = 2048;
@@ -228,90 +231,6 @@ impl<'a> CodedBench<'a> {
     }
 }
 
-/// The fastest launch measured per Llama launch shape on an H200 (bench/RESULTS.md): for
-/// Llama-3.1-8B the fastest lossless BF16 Pair coding (2026-11-29) with its launch re-measured on
-/// 2026-11-30 (16-byte table entries, `fast`), then for Llama-3.1-8B and Llama-3.3-70B the compact
-/// plan's Single codings (bench/plans/single-m8.json) with theirs (`dtans_gpu_plan_sweep`,
-/// 2026-11-30: 16-byte `fast` entries on the 8B's q/k/v and o, 4-byte entries elsewhere, mostly in
-/// blocks of 28–32 warps, one block per SM): (name, rows, cols, coding, config, µs).
-/// The Pair entry of a shape comes first ([`bf16_coding_for`] takes the first).
-pub fn tuned_launches() -> [(&'static str, usize, usize, Coding, DtansConfig, f64); 15] {
-    let pair = |sc| Coding {
-        mode: Mode::Pair,
-        log2_m: 8,
-        sc,
-        t: Some(16),
-    };
-    let single = |sc| Coding {
-        mode: Mode::Single,
-        log2_m: 8,
-        sc,
-        t: None,
-    };
-    let cfg = |warps, unroll, entry| DtansConfig {
-        warps,
-        min_warps: 0,
-        rep: 0,
-        unroll,
-        fast: entry == 16,
-        entry,
-    };
-    [
-        ("qkv", 6144, 4096, pair(256), cfg(8, 4, 16), 22.93),
-        ("o", 4096, 4096, pair(256), cfg(16, 0, 16), 17.11),
-        ("gate_up", 28_672, 4096, pair(2048), cfg(16, 0, 16), 71.36),
-        ("down", 4096, 14_336, pair(1024), cfg(16, 0, 16), 40.46),
-        ("lm_head", 128_256, 4096, pair(512), cfg(8, 4, 16), 266.50),
-        ("qkv", 6144, 4096, single(512), cfg(14, 8, 16), 31.43),
-        ("o", 4096, 4096, single(512), cfg(8, 0, 16), 25.97),
-        ("gate_up", 28_672, 4096, single(1024), cfg(28, 8, 4), 87.13),
-        ("down", 4096, 14_336, single(512), cfg(32, 8, 4), 54.23),
-        (
-            "lm_head",
-            128_256,
-            4096,
-            single(2048),
-            cfg(32, 8, 4),
-            352.32,
-        ),
-        ("qkv", 10_240, 8192, single(512), cfg(14, 8, 4), 77.30),
-        ("o", 8192, 8192, single(512), cfg(32, 8, 4), 55.19),
-        ("gate_up", 57_344, 8192, single(1024), cfg(28, 8, 4), 326.75),
-        ("down", 8192, 28_672, single(512), cfg(16, 8, 4), 174.27),
-        (
-            "lm_head",
-            128_256,
-            8192,
-            single(2048),
-            cfg(32, 8, 4),
-            699.52,
-        ),
-    ]
-}
-
-/// A lossless BF16 Pair coding and launch for an `n × k` matrix: the tuned one for the Llama-8B
-/// shapes, else by tile count (narrow slices when there are few row bands, so that every SM gets
-/// enough warps).
-pub fn bf16_coding_for(n: usize, k: usize) -> (Coding, DtansConfig) {
-    if let Some(t) = tuned_launches().into_iter().find(|t| t.1 == n && t.2 == k) {
-        return (t.3, t.4);
-    }
-    let bands = n.div_ceil(32);
-    let sc = [2048u32, 1024, 512, 256]
-        .into_iter()
-        .find(|&sc| bands * k.div_ceil(sc as usize) >= 8 * 1024)
-        .unwrap_or(256);
-    (
-        Coding {
-            mode: Mode::Pair,
-            log2_m: 8,
-            sc,
-            t: Some(16),
-        },
-        DtansConfig::warps(8),
-    )
-}
-
 /// Slice widths the timing compares.
 pub const BENCH_SLICE_WIDTHS: [u32; 4] = [256, 512, 1024, 2048];
 
@@ -333,6 +252,100 @@ pub fn bench_codings(sc: u32) -> Vec<Coding> {
         sc,
         t: None,
     });
+    v
+}
+
+/// Every variant the timing sweep (`tests/dtans_gpu.rs`) launches: the built-in ones, and each
+/// bench coding with each fitting [`bench_configs`] entry.
+pub fn sweep_variants() -> Vec<KernelVariant> {
+    let mut v = builtin_variants();
+    for kind in bench_kinds() {
+        let cfgs = bench_configs()
+            .into_iter()
+            .filter(|c| c.fits(&kind))
+            .map(|c| (c, DtansOut::Mvm))
+            .chain([4, 8].map(|w| (DtansConfig::warps(w), DtansOut::Dequant)));
+        for (cfg, out) in cfgs {
+            let var = kind.variant(cfg, out);
+            if !v.contains(&var) {
+                v.push(var);
+            }
+        }
+    }
+    v
+}
+
+/// Launch configurations the timing sweeps (unroll 4 only where the coding allows it).
+pub fn bench_configs() -> Vec<DtansConfig> {
+    let mut v = Vec::new();
+    for fast in [false, true] {
+        for (warps, min_warps, unroll) in [
+            (4, 0, 0),
+            (8, 0, 0),
+            (16, 0, 0),
+            (8, 24, 0),
+            (8, 0, 4),
+            (16, 0, 4),
+        ] {
+            v.push(DtansConfig {
+                warps,
+                min_warps,
+                rep: 0,
+                unroll,
+                fast,
+                entry: 16,
+            });
+        }
+    }
+    v
+}
+
+/// The BF16 codings the timing sweeps (`bench_coded::bench_codings`).
+pub fn bench_kinds() -> Vec<DtansKind> {
+    BENCH_SLICE_WIDTHS
+        .into_iter()
+        .flat_map(bench_codings)
+        .map(|c| DtansKind::of(Payload::Bf16, &c, 4096, None))
+        .collect()
+}
+
+/// The entry-size comparison of `dtans_gpu_entry_timing` for a launch whose engine configuration
+/// is `base` (its warps, unroll and copies): 16-byte entries (plain and `fast`), the small entries (4 bytes, Pair also 8; Single
+/// also 4 bytes in 16 copies) and the default entries with 4, 8 and 16 warps.
+pub fn entry_timing_configs(kind: &DtansKind, base: DtansConfig) -> Vec<DtansConfig> {
+    let base = DtansConfig {
+        fast: false,
+        entry: 0,
+        ..base
+    };
+    let mut v = vec![
+        DtansConfig { entry: 16, ..base },
+        DtansConfig {
+            entry: 16,
+            fast: true,
+            ..base
+        },
+        DtansConfig { entry: 4, ..base },
+    ];
+    if kind.k == 2 {
+        v.push(DtansConfig { entry: 8, ..base });
+    } else {
+        v.push(DtansConfig {
+            entry: 4,
+            rep: 16,
+            ..base
+        });
+    }
+    for warps in [4, 8, 16] {
+        if warps != base.warps {
+            v.push(DtansConfig {
+                warps,
+                entry: 0,
+                ..base
+            });
+        }
+    }
+    v.retain(|c| c.fits(kind));
     v
 }
 

@@ -25,11 +25,12 @@ use crate::coded::GpuDtans;
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::jit::KernelVariant;
+use crate::mem::{download, upload};
 use crate::ops::dtans::{launch_mvm, DtansConfig, DtansKind, DtansOut, MAX_SHARED_BYTES};
 use crate::ops::forward::GemvFusion;
 use crate::ops::gemv::GemvConfig;
 use crate::ops::gemv_fp8::{gemv_fp8_ref, launch_gemv_fp8, Fp8Codes, GpuPal4};
-use crate::selftest::{download, rel_l2, upload, Rng};
+use crate::selftest::{rel_l2, GemvForm, Rng};
 
 fn codec_err(e: entrollm_codec::CodecError) -> GpuError {
     GpuError::invalid("fp8 bench", e.to_string())
@@ -176,50 +177,6 @@ pub fn fp8_mvm_variants(t: &DtansTensor) -> Vec<KernelVariant> {
         .into_iter()
         .map(|c| kind.variant(c, DtansOut::Mvm))
         .collect()
-}
-
-/// Which FP8 GEMV a timing runs: on the codes as stored, or palette-packed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GemvForm {
-    Dense,
-    Palette,
-}
-
-impl GemvForm {
-    pub const ALL: [GemvForm; 2] = [GemvForm::Dense, GemvForm::Palette];
-
-    /// The kernel of this form's GEMV.
-    pub fn name(self) -> &'static str {
-        match self {
-            GemvForm::Dense => "gemv_fp8",
-            GemvForm::Palette => "gemv_pal4",
-        }
-    }
-
-    /// Relative L2 error allowed against the f32 reference: the dense GEMV sums exact products in
-    /// f32; the palette GEMV's x enters the tensor cores as two BF16 halves, exact to 2^-18 of
-    /// each |x|, which a short or cancelling sum can magnify past 1e-5 (measured: 1.7e-5 on one
-    /// output of 64 terms; 2.5e-6 on the Llama shapes).
-    pub fn tolerance(self) -> f64 {
-        match self {
-            GemvForm::Dense => 1e-5,
-            GemvForm::Palette => 5e-5,
-        }
-    }
-
-    /// The launch configurations of this form's GEMV (sweeps, selftests).
-    pub fn configs(self) -> &'static [GemvConfig] {
-        match self {
-            GemvForm::Dense => &GemvConfig::CANDIDATES,
-            GemvForm::Palette => &crate::ops::gemv_fp8::PAL4_CANDIDATES,
-        }
-    }
-
-    /// The launch configuration the engine gives an [n, k] matrix in this form on a GPU of `sms`
-    /// SMs, with or without the SwiGLU epilogue.
-    pub fn engine_config(self, n: usize, k: usize, sms: u32, swiglu: bool) -> GemvConfig {
-        crate::linear::fp8_gemv_config(self == GemvForm::Palette, n, k, sms, swiglu)
-    }
 }
 
 /// A timed launch.

@@ -8,7 +8,7 @@ use entrollm_codec::Payload;
 
 use crate::device::GpuDevice;
 use crate::error::{GpuError, Result};
-use crate::selftest::upload;
+use crate::mem::upload;
 
 const OP: &str = "dtans upload";
 

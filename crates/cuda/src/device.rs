@@ -62,7 +62,8 @@ pub struct GpuDevice {
     modules: Mutex<HashMap<KernelVariant, Arc<CudaModule>>>,
     /// Looked-up functions, so launches (also inside graph capture) make no driver lookups.
     functions: Mutex<HashMap<(KernelVariant, String), CudaFunction>>,
-    /// Diagnostic builds only (`ENTROLLM_TRACE` set): the kernels' pdl_wait records (common.cuh).
+    /// Diagnostic builds only ([`GpuDevice::open_traced`]): the kernels' pdl_wait records
+    /// (common.cuh).
     trace: Option<Mutex<CudaSlice<u64>>>,
 }
 
@@ -118,8 +119,19 @@ impl GpuDevice {
         Self::open_with_cache(ordinal, default_cache_dir())
     }
 
+    /// Opens GPU `ordinal` for a diagnostic run: every kernel is built with a trace in `pdl_wait`
+    /// (each block's arrival at the wait and release from it), read by
+    /// [`GpuDevice::trace_records`]. The traced build's timings are not the engine's.
+    pub fn open_traced(ordinal: usize) -> Result<Self> {
+        Self::open_inner(ordinal, default_cache_dir(), true)
+    }
+
     /// Opens GPU `ordinal`; compiled kernels are cached in `cache_dir` (None: no disk cache).
     pub fn open_with_cache(ordinal: usize, cache_dir: Option<PathBuf>) -> Result<Self> {
+        Self::open_inner(ordinal, cache_dir, false)
+    }
+
+    fn open_inner(ordinal: usize, cache_dir: Option<PathBuf>, traced: bool) -> Result<Self> {
         let count = device_count()?;
         if ordinal >= count {
             return Err(GpuError::NoDevice(format!(
@@ -153,13 +165,14 @@ impl GpuDevice {
             l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, "L2 size")? as u64,
             total_memory_bytes: total as u64,
         };
-        let trace = match std::env::var_os("ENTROLLM_TRACE") {
-            Some(v) if !v.is_empty() => Some(Mutex::new(
+        let trace = if traced {
+            Some(Mutex::new(
                 stream
                     .alloc_zeros::<u64>(4 + 4 * TRACE_CAPACITY)
                     .while_(|| "allocating the trace buffer".into())?,
-            )),
-            _ => None,
+            ))
+        } else {
+            None
         };
         Ok(GpuDevice {
             ctx,
@@ -172,7 +185,7 @@ impl GpuDevice {
         })
     }
 
-    /// Whether kernels are built with the pdl_wait trace (`ENTROLLM_TRACE` set when opened).
+    /// Whether kernels are built with the pdl_wait trace ([`GpuDevice::open_traced`]).
     pub fn tracing(&self) -> bool {
         self.trace.is_some()
     }

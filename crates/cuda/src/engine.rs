@@ -46,6 +46,11 @@ use crate::ops::attention::{
 use crate::ops::elementwise::{launch_embedding, launch_swiglu_halves_bf16};
 use crate::ops::forward::*;
 use crate::ops::rope::RopeLayout;
+pub use crate::plan::DecodeOptions;
+use crate::plan::{
+    check_nodes, decode_plan, programmatic_into, Buf, DecodePlan, LayerDesc, Mat, ModelDesc, Norm,
+    Step, MEMSET, PLAIN, SWIGLU,
+};
 
 /// Most prompt tokens one prefill pass processes; longer prompts run in chunks (each attends to
 /// the cache written by the earlier ones). Bounds the activation workspace.
@@ -380,6 +385,28 @@ impl GpuModel {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
+    /// What the decode step is made from (every launch's form, shape and configuration) on a
+    /// device of `sms` SMs: the input of [`crate::plan::decode_plan`].
+    pub fn desc(&self, sms: u32) -> ModelDesc {
+        ModelDesc {
+            config: self.config.clone(),
+            sms,
+            embed: self.embed.desc(),
+            lm_head: self.lm_head.as_ref().map(GpuLinear::desc),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| LayerDesc {
+                    qkv: l.qkv.desc(),
+                    qkv_bias: l.qkv_bias.is_some(),
+                    o: l.o.desc(),
+                    gate_up: l.gate_up.desc(),
+                    down: l.down.desc(),
+                })
+                .collect(),
+        }
+    }
+
     /// Device bytes of all weights (the embedding counted once when tied).
     pub fn weight_bytes(&self) -> usize {
         let norms = (2 * self.layers.len() + 1) * self.config.hidden_size * 4;
@@ -467,112 +494,8 @@ pub struct MemoryUse {
     pub workspace: usize,
 }
 
-/// How the decode step is put together. The default is the fastest measured on the H200
-/// (bench/RESULTS.md, 2026-11-29: 226.6 tok/s with both split against 209.2 with both fused on the
-/// 8B shape: the RMSNorm fused into the GEMVs costs more than the launch it saves; the one-launch
-/// attention is even with partial + combine). The fused forms stay selectable for comparison runs:
-/// environment `ENTROLLM_DECODE_ATTN=fused`, `ENTROLLM_DECODE_NORM=fused`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DecodeOptions {
-    /// Attention in one launch (last block merges) instead of partial + combine.
-    pub fused_attention: bool,
-    /// RMSNorm inside the following GEMV instead of its own kernel (palette-packed FP8 matrices
-    /// always do so unless `split_norm`: `GpuLinear::norm_in_gemv`).
-    pub fused_norm: bool,
-    /// Programmatic dependent launch: each kernel of the graph is launched while the previous one
-    /// finishes. On by default (environment `ENTROLLM_DECODE_PDL=off` turns it off): with every
-    /// read of a predecessor's output coherent, the selftest's PDL-vs-plain decode is bit-identical
-    /// on the small model and the 8B shape, and it measured 227.3 against 223.5 tok/s
-    /// (bench/RESULTS.md, final call of 2026-11-29).
-    pub pdl: bool,
-    /// Programmatic edges into the dense FP8 GEMVs too (`ENTROLLM_DECODE_PDL=all`; a comparison
-    /// run: see [`PDL_KERNELS`]).
-    pub pdl_dense_fp8: bool,
-    /// RoPE and the KV append as their own kernel instead of the q/k/v GEMV's epilogue (dense
-    /// q/k/v only; environment `ENTROLLM_DECODE_ROPE=split`).
-    pub split_rope: bool,
-    /// RMSNorm as its own kernel instead of chained through the GEMVs (the residual GEMV leaves
-    /// x ∘ g and Σx², the next dense GEMV scales by the norm; environment
-    /// `ENTROLLM_DECODE_NORM=split`).
-    pub split_norm: bool,
-}
-
-impl DecodeOptions {
-    pub fn from_env() -> Self {
-        let fused = |var: &str| std::env::var(var).is_ok_and(|v| v == "fused");
-        DecodeOptions {
-            fused_attention: fused("ENTROLLM_DECODE_ATTN"),
-            fused_norm: fused("ENTROLLM_DECODE_NORM"),
-            pdl: std::env::var("ENTROLLM_DECODE_PDL").as_deref() != Ok("off"),
-            pdl_dense_fp8: std::env::var("ENTROLLM_DECODE_PDL").as_deref() == Ok("all"),
-            split_rope: std::env::var("ENTROLLM_DECODE_ROPE").as_deref() == Ok("split"),
-            split_norm: std::env::var("ENTROLLM_DECODE_NORM").as_deref() == Ok("split"),
-        }
-    }
-}
-
-impl std::fmt::Display for DecodeOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let w = |b: bool| if b { "fused" } else { "split" };
-        write!(
-            f,
-            "attention {}, rmsnorm {}, rope {}, pdl {}",
-            w(self.fused_attention),
-            if self.fused_norm {
-                "fused"
-            } else if self.split_norm {
-                "split"
-            } else {
-                "chained"
-            },
-            w(!self.split_rope),
-            match (self.pdl, self.pdl_dense_fp8) {
-                (false, _) => "off",
-                (true, false) => "on",
-                (true, true) => "on, dense FP8 GEMVs too",
-            }
-        )
-    }
-}
-
-/// Kernels that call `pdl_wait()` before touching anything an earlier kernel wrote or reads
-/// (kernels/common.cuh): an edge into one of them may be programmatic.
-const PDL_KERNELS: &[&str] = &[
-    "embedding_gather",
-    "rmsnorm_f32w",
-    "rmsnorm_f32w_bf16out",
-    "gemv_bf16",
-    "gemv_bf16_norm",
-    "gemv_bf16_rope",
-    "gemv_bf16_prenorm",
-    "gemv_bf16_accum_norm",
-    // Not the dense FP8 GEMVs (PDL_DENSE_FP8_KERNELS): they measured slower launched early (269.7
-    // against 316.0 tok/s on the 8B FP8 shape, bench/RESULTS.md).
-    "gemv_pal4",
-    "gemv_pal4_norm",
-    "gemv_pal4_bf16",
-    "gemv_pal4_bf16_norm",
-    "rope_append_f32q",
-    "rope_append_bf16q",
-    "attn_decode_partial",
-    "attn_decode_fused",
-    "attn_decode_combine",
-    "argmax_partial",
-    "argmax_final",
-    "finish_step",
-];
-
-/// The dense FP8 GEMVs: they call `pdl_wait()` as the BF16 ones do, but are left out of
-/// [`PDL_KERNELS`] (measured slower launched early), except with `DecodeOptions::pdl_dense_fp8`.
-const PDL_DENSE_FP8_KERNELS: &[&str] = &[
-    "gemv_fp8",
-    "gemv_fp8_norm",
-    "gemv_fp8_prenorm",
-    "gemv_fp8_accum_norm",
-];
-
 /// A captured decode step. With programmatic dependent launch, every kernel-to-kernel edge into a
-/// [`PDL_KERNELS`] kernel is turned into a programmatic one (what a capture of launches with
+/// [`crate::plan::PDL_KERNELS`] kernel is turned into a programmatic one (what a capture of launches with
 /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` records) and the graph instantiated
 /// again: a kernel is launched once every block of its predecessor has passed `pdl_trigger()`, so
 /// its launch and its first weight loads overlap the predecessor's tail.
@@ -594,9 +517,8 @@ impl DecodeGraph {
         };
         if opts.pdl {
             let cu_graph = g.graph.cu_graph();
-            let fp8 = opts.pdl_dense_fp8;
             // SAFETY: the graph is owned by `g.graph`, alive, and used by this thread alone.
-            g.programmatic_edges = unsafe { make_edges_programmatic(cu_graph, fp8) }?;
+            g.programmatic_edges = unsafe { make_edges_programmatic(cu_graph, &opts) }?;
             let mut exec: sys::CUgraphExec = std::ptr::null_mut();
             // SAFETY: as above; `exec` receives a new instance that Drop destroys.
             unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, cu_graph, 0) }
@@ -670,9 +592,75 @@ unsafe fn kernel_name(node: sys::CUgraphNode) -> Result<Option<String>> {
     ))
 }
 
-/// Turns every plain kernel → [`PDL_KERNELS`]-kernel edge of `graph` programmatic (and into
-/// [`PDL_DENSE_FP8_KERNELS`] with `dense_fp8`); returns how many.
-unsafe fn make_edges_programmatic(graph: sys::CUgraph, dense_fp8: bool) -> Result<usize> {
+/// The nodes of a captured decode step in order: kernel names, `memset` for memsets, other node
+/// types by their type; an error unless the graph is one chain (what a capture on one stream is).
+unsafe fn graph_chain(graph: sys::CUgraph) -> Result<Vec<String>> {
+    let what = || "reading the decode graph's nodes".to_string();
+    let null = std::ptr::null_mut();
+    let mut n = 0usize;
+    sys::cuGraphGetNodes(graph, null, &mut n)
+        .result()
+        .while_(what)?;
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n)
+        .result()
+        .while_(what)?;
+    let mut e = 0usize;
+    sys::cuGraphGetEdges_v2(graph, null, null, std::ptr::null_mut(), &mut e)
+        .result()
+        .while_(what)?;
+    let mut from = vec![std::ptr::null_mut(); e];
+    let mut to = vec![std::ptr::null_mut(); e];
+    let mut data: Vec<sys::CUgraphEdgeData> = vec![std::mem::zeroed(); e];
+    sys::cuGraphGetEdges_v2(
+        graph,
+        from.as_mut_ptr(),
+        to.as_mut_ptr(),
+        data.as_mut_ptr(),
+        &mut e,
+    )
+    .result()
+    .while_(what)?;
+    let not_chain = || GpuError::invalid("decode", "the captured decode step is not one chain");
+    let mut next = std::collections::HashMap::new();
+    let mut has_pred = std::collections::HashSet::new();
+    for (&a, &b) in from.iter().zip(&to) {
+        if next.insert(a, b).is_some() || !has_pred.insert(b) {
+            return Err(not_chain());
+        }
+    }
+    let mut roots = nodes.iter().filter(|v| !has_pred.contains(*v));
+    let (Some(&root), None) = (roots.next(), roots.next()) else {
+        return Err(not_chain());
+    };
+    let mut out = Vec::with_capacity(n);
+    let mut node = Some(root);
+    while let Some(v) = node {
+        if out.len() == n {
+            return Err(not_chain());
+        }
+        let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        sys::cuGraphNodeGetType(v, &mut ty)
+            .result()
+            .while_(|| "reading a graph node's type".into())?;
+        out.push(match ty {
+            sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMSET => MEMSET.to_string(),
+            sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => {
+                kernel_name(v)?.unwrap_or_else(|| "(unnamed kernel)".into())
+            }
+            other => format!("{other:?}"),
+        });
+        node = next.get(&v).copied();
+    }
+    if out.len() != n {
+        return Err(not_chain());
+    }
+    Ok(out)
+}
+
+/// Turns every plain kernel → kernel edge of `graph` that [`programmatic_into`] allows under `opts`
+/// programmatic; returns how many.
+unsafe fn make_edges_programmatic(graph: sys::CUgraph, opts: &DecodeOptions) -> Result<usize> {
     let what = || "reading the decode graph's edges".to_string();
     let mut n = 0usize;
     let null = std::ptr::null_mut();
@@ -698,9 +686,7 @@ unsafe fn make_edges_programmatic(graph: sys::CUgraph, dense_fp8: bool) -> Resul
             continue;
         }
         match kernel_name(to[i])? {
-            Some(name)
-                if PDL_KERNELS.contains(&name.as_str())
-                    || (dense_fp8 && PDL_DENSE_FP8_KERNELS.contains(&name.as_str())) => {}
+            Some(name) if programmatic_into(&name, opts) => {}
             _ => continue,
         }
         let mut e = data[i];
@@ -715,6 +701,24 @@ unsafe fn make_edges_programmatic(graph: sys::CUgraph, dense_fp8: bool) -> Resul
         changed += 1;
     }
     Ok(changed)
+}
+
+/// The q/k/v row layout of `c` for the RoPE kernels.
+fn qkv_shape(c: &ModelConfig) -> QkvShape {
+    QkvShape {
+        n_q_heads: c.num_heads,
+        n_kv_heads: c.num_kv_heads,
+        head_dim: c.head_dim,
+        layout: match c.rope_style {
+            RopeStyle::Neox => RopeLayout::Neox,
+            RopeStyle::Interleaved => RopeLayout::Interleaved,
+        },
+    }
+}
+
+/// The attention scores' scale, 1/√head_dim.
+fn attn_scale(c: &ModelConfig) -> f32 {
+    1.0 / (c.head_dim as f32).sqrt()
 }
 
 /// Buffers of one decode step (batch 1).
@@ -777,7 +781,9 @@ pub struct GpuEngine {
     kv: Kv,
     d: DecodeBufs,
     prefill: PrefillBufs,
-    /// Captured decode steps: [greedy (argmax on device), logits only].
+    /// The decode steps: [greedy (argmax on device), logits only].
+    plans: [DecodePlan; 2],
+    /// Captured decode steps, as `plans`.
     graphs: [Option<DecodeGraph>; 2],
     opts: DecodeOptions,
     /// Kernel-to-kernel edges of the decode graph made programmatic (0: PDL off).
@@ -790,11 +796,10 @@ impl GpuEngine {
     /// An engine for sequences of up to `max_seq` tokens: allocates the BF16 KV cache and all
     /// buffers, then captures the decode step into two CUDA graphs (greedy and logits).
     pub fn new(dev: Arc<GpuDevice>, model: GpuModel, max_seq: usize) -> Result<Self> {
-        Self::with_options(dev, model, max_seq, DecodeOptions::from_env())
+        Self::with_options(dev, model, max_seq, DecodeOptions::default())
     }
 
-    /// [`GpuEngine::new`] with the decode step put together as `opts` says (not from the
-    /// environment).
+    /// [`GpuEngine::new`] with the decode step put together as `opts` says.
     pub fn with_options(
         dev: Arc<GpuDevice>,
         model: GpuModel,
@@ -827,26 +832,12 @@ impl GpuEngine {
         };
         let (h, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let width = qd + 2 * kvd;
-        let mut attn_cfg = decode_attn_config(c.head_dim, c.num_heads, c.num_kv_heads)?;
-        // Comparison runs: ENTROLLM_DECODE_CHUNK=<positions>x<warps>, e.g. 32x4.
-        if let Ok(v) = std::env::var("ENTROLLM_DECODE_CHUNK") {
-            let parsed = v
-                .split_once('x')
-                .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
-            match parsed {
-                Some((chunk, warps)) => {
-                    attn_cfg.chunk = chunk;
-                    attn_cfg.warps = warps;
-                    attn_cfg.validate()?;
-                }
-                None => {
-                    return Err(GpuError::invalid(
-                        "gpu engine",
-                        format!("ENTROLLM_DECODE_CHUNK={v}: expected <positions>x<warps>"),
-                    ))
-                }
-            }
-        }
+        let desc = model.desc(dev.info().sm_count);
+        let plans = [
+            decode_plan(&desc, &opts, true)?,
+            decode_plan(&desc, &opts, false)?,
+        ];
+        let attn_cfg = plans[0].attn;
         let mut kv = Kv {
             k: Vec::new(),
             v: Vec::new(),
@@ -908,6 +899,7 @@ impl GpuEngine {
             kv,
             d,
             prefill,
+            plans,
             graphs: [None, None],
             opts,
             pdl_edges: 0,
@@ -932,6 +924,11 @@ impl GpuEngine {
     /// How the captured decode step is put together.
     pub fn decode_options(&self) -> DecodeOptions {
         self.opts
+    }
+
+    /// The decode step (`greedy`: argmax on the device) as it was captured.
+    pub fn decode_plan(&self, greedy: bool) -> &DecodePlan {
+        &self.plans[usize::from(!greedy)]
     }
 
     /// The decode step's layout in words (options and attention chunking).
@@ -985,267 +982,195 @@ impl GpuEngine {
         }
     }
 
-    fn qkv_shape(&self) -> QkvShape {
-        let c = &self.model.config;
-        QkvShape {
-            n_q_heads: c.num_heads,
-            n_kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            layout: match c.rope_style {
-                RopeStyle::Neox => RopeLayout::Neox,
-                RopeStyle::Interleaved => RopeLayout::Interleaved,
-            },
-        }
-    }
-
-    fn scale(&self) -> f32 {
-        1.0 / (self.model.config.head_dim as f32).sqrt()
-    }
-
-    /// Enqueues one decode step (the token in `tok`, at position `pos`, cache length `len`).
+    /// Enqueues one decode step (the token in `tok`, at position `pos`, cache length `len`): the
+    /// steps of its plan ([`crate::plan::decode_plan`]), each with the launcher it names.
     fn decode_body(&mut self, greedy: bool) -> Result<()> {
-        let dev = &*self.dev;
-        let c = &self.model.config;
+        let GpuEngine {
+            dev,
+            model,
+            max_seq,
+            cos_sin,
+            kv,
+            d,
+            plans,
+            ..
+        } = self;
+        let dev = &**dev;
+        let max_seq = *max_seq;
+        let plan = &plans[usize::from(!greedy)];
+        let c = &model.config;
         let (h, vocab) = (c.hidden_size, c.vocab_size);
-        let shape = self.qkv_shape();
-        let scale = self.scale();
+        let shape = qkv_shape(c);
+        let scale = attn_scale(c);
         let kv_shape = KvShape {
             n_q_heads: c.num_heads,
             n_kv_heads: c.num_kv_heads,
-            max_seq: self.max_seq,
+            max_seq,
         };
-        let d = &mut self.d;
-        let table = self
-            .model
+        let eps = c.rms_norm_eps;
+        let table = model
             .embed
             .dense_weights()
             .ok_or_else(|| GpuError::invalid("decode", "the embedding must be dense BF16"))?;
-        launch_embedding(dev, table, &d.tok, &mut d.x, 1, vocab, h)?;
-        let eps = c.rms_norm_eps;
-        let plain = GemvFusion::default();
-        let residual = GemvFusion {
-            accumulate: true,
-            swiglu: false,
+        let layers = &model.layers;
+        let mat = |m: Mat| -> &GpuLinear {
+            match m {
+                Mat::Qkv(l) => &layers[l].qkv,
+                Mat::O(l) => &layers[l].o,
+                Mat::GateUp(l) => &layers[l].gate_up,
+                Mat::Down(l) => &layers[l].down,
+                Mat::LmHead => model.lm_head(),
+            }
         };
-        let swiglu = GemvFusion {
-            accumulate: false,
-            swiglu: true,
+        let norm_w = |n: Norm| -> &CudaSlice<f32> {
+            match n {
+                Norm::Attn(l) => &layers[l].attn_norm,
+                Norm::Mlp(l) => &layers[l].mlp_norm,
+                Norm::Final => &model.final_norm,
+            }
         };
-        let opts = self.opts;
-        let chainable = GpuLinear::chainable;
-        // RoPE and the KV append run in the dense BF16 q/k/v GEMV's epilogue (or as their own
-        // kernel).
-        let rope_fused = !opts.split_rope && !opts.fused_norm;
-        // A dense accumulating GEMV (BF16, or FP8 codes as stored) leaves the next RMSNorm's input
-        // (x ∘ g and Σx²) for a dense consumer, so that norm needs no kernel of its own; `chained`:
-        // d.h and d.norm_acc hold it.
-        let chain = !opts.split_norm && !opts.fused_norm;
-        let mut chained = false;
-        let layers = &self.model.layers;
-        for (l, layer) in layers.iter().enumerate() {
-            // Slots of d.norm_acc: 2l (o, for the MLP norm), 2l + 1 (down, for the next norm).
-            let prenorm = chained.then_some(ChainedNorm {
-                acc: &d.norm_acc,
-                slot: (2 * l).saturating_sub(1),
-                eps,
-            });
-            if let Some(w) = layer.qkv.as_dense().filter(|_| rope_fused) {
-                if !chained {
-                    launch_rmsnorm_f32w(
-                        dev,
-                        &d.x,
-                        &layer.attn_norm,
-                        NormOut::F32(&mut d.h),
-                        1,
-                        h,
-                        eps,
-                    )?;
+        // A step the model's matrix cannot take: the plan was made for another model.
+        let mismatch = |s: &Step| {
+            GpuError::invalid(
+                "decode",
+                format!("plan step {s:?} does not fit the model's matrices"),
+            )
+        };
+        let chain_of = |m: Mat, s: &Step| mat(m).chainable().ok_or_else(|| mismatch(s));
+        for s in &plan.steps {
+            match *s {
+                Step::Embedding => launch_embedding(dev, table, &d.tok, &mut d.x, 1, vocab, h)?,
+                Step::RmsNorm { norm } => {
+                    launch_rmsnorm_f32w(dev, &d.x, norm_w(norm), NormOut::F32(&mut d.h), 1, h, eps)?
                 }
-                let t = RopeTargets {
-                    q: &mut d.q,
-                    k_cache: &mut self.kv.k[l],
-                    v_cache: &mut self.kv.v[l],
-                    pos: &d.pos,
-                    cos_sin: &self.cos_sin,
-                    max_seq: self.max_seq,
-                };
-                let bias = layer.qkv_bias.as_ref();
-                launch_gemv_rope(dev, w.gemv, &w.w, &d.h, w.cols, prenorm, shape, bias, t)?;
-            } else {
-                // RMSNorm chained, inside the q/k/v GEMV or as its own kernel, then RoPE + KV
-                // append.
-                if let (Some(q), Some(ss)) = (chainable(&layer.qkv), prenorm) {
-                    launch_gemv_prenorm(
-                        dev, q.gemv, plain, q.w, &d.h, ss, &mut d.qkv, q.rows, q.cols,
-                    )?;
-                } else if opts.fused_norm || (layer.qkv.norm_in_gemv() && !opts.split_norm) {
-                    let norm = Some((&layer.attn_norm, eps));
-                    layer.qkv.matvec_fused(dev, &d.x, norm, plain, &mut d.qkv)?;
-                } else {
-                    launch_rmsnorm_f32w(
-                        dev,
-                        &d.x,
-                        &layer.attn_norm,
-                        NormOut::F32(&mut d.h),
-                        1,
-                        h,
+                Step::GemvRope { layer, prenorm, .. } => {
+                    let w = layers[layer].qkv.as_dense().ok_or_else(|| mismatch(s))?;
+                    let prenorm = prenorm.map(|slot| ChainedNorm {
+                        acc: &d.norm_acc,
+                        slot,
                         eps,
-                    )?;
-                    layer.qkv.matvec_fused(dev, &d.h, None, plain, &mut d.qkv)?;
+                    });
+                    let t = RopeTargets {
+                        q: &mut d.q,
+                        k_cache: &mut kv.k[layer],
+                        v_cache: &mut kv.v[layer],
+                        pos: &d.pos,
+                        cos_sin,
+                        max_seq,
+                    };
+                    let bias = layers[layer].qkv_bias.as_ref();
+                    launch_gemv_rope(dev, w.gemv, &w.w, &d.h, w.cols, prenorm, shape, bias, t)?;
                 }
-                launch_rope_append(
+                Step::RopeAppend { layer, .. } => launch_rope_append(
                     dev,
                     shape,
                     &d.qkv,
-                    layer.qkv_bias.as_ref(),
+                    layers[layer].qkv_bias.as_ref(),
                     QOut::F32(&mut d.q),
-                    &mut self.kv.k[l],
-                    &mut self.kv.v[l],
+                    &mut kv.k[layer],
+                    &mut kv.v[layer],
                     &d.pos,
-                    &self.cos_sin,
+                    cos_sin,
                     1,
-                    self.max_seq,
-                )?;
-            }
-            let attend = if opts.fused_attention {
-                launch_attention_decode_fused
-            } else {
-                launch_attention_decode
-            };
-            attend(
-                dev,
-                self.attn_cfg,
-                kv_shape,
-                &d.q,
-                &self.kv.k[l],
-                &self.kv.v[l],
-                &d.len,
-                &mut d.attn_scratch,
-                &mut d.attn,
-                scale,
-            )?;
-            // o (+ residual), leaving the MLP norm's input when gate/up can take it.
-            chained = match (chainable(&layer.o), chainable(&layer.gate_up)) {
-                (Some(o), Some(_)) if chain => {
-                    let next = NextNorm {
-                        g: &layer.mlp_norm,
-                        h: &mut d.h,
-                        acc: &mut d.norm_acc,
-                        slot: 2 * l,
+                    max_seq,
+                )?,
+                Step::Prenorm {
+                    mat: m,
+                    swiglu,
+                    slot,
+                    out,
+                } => {
+                    let w = chain_of(m, s)?;
+                    let (cfg, fusion) = if swiglu {
+                        (swiglu_config(w.gemv), SWIGLU)
+                    } else {
+                        (w.gemv, PLAIN)
                     };
-                    launch_gemv_accum_norm(
-                        dev, o.gemv, o.w, &d.attn, &mut d.x, o.rows, o.cols, next,
-                    )?;
-                    true
-                }
-                _ => {
-                    layer
-                        .o
-                        .matvec_fused(dev, &d.attn, None, residual, &mut d.x)?;
-                    false
-                }
-            };
-            // RMSNorm and SwiGLU inside the gate/up GEMV (or the norm as its own kernel).
-            match chainable(&layer.gate_up) {
-                Some(g) if chained => {
-                    let cfg = swiglu_config(g.gemv);
                     let ss = ChainedNorm {
                         acc: &d.norm_acc,
-                        slot: 2 * l,
+                        slot,
                         eps,
                     };
-                    launch_gemv_prenorm(
-                        dev, cfg, swiglu, g.w, &d.h, ss, &mut d.act, g.rows, g.cols,
-                    )?;
+                    let y = match out {
+                        Buf::Qkv => &mut d.qkv,
+                        Buf::Act => &mut d.act,
+                        Buf::Logits => &mut d.logits,
+                        _ => return Err(mismatch(s)),
+                    };
+                    launch_gemv_prenorm(dev, cfg, fusion, w.w, &d.h, ss, y, w.rows, w.cols)?;
                 }
-                _ if opts.fused_norm || (layer.gate_up.norm_in_gemv() && !opts.split_norm) => {
-                    let norm = Some((&layer.mlp_norm, eps));
-                    layer
-                        .gate_up
-                        .matvec_fused(dev, &d.x, norm, swiglu, &mut d.act)?;
-                }
-                _ => {
-                    launch_rmsnorm_f32w(
-                        dev,
-                        &d.x,
-                        &layer.mlp_norm,
-                        NormOut::F32(&mut d.h),
-                        1,
-                        h,
-                        eps,
-                    )?;
-                    layer
-                        .gate_up
-                        .matvec_fused(dev, &d.h, None, swiglu, &mut d.act)?;
-                }
-            }
-            // down (+ residual), leaving the next layer's attention norm input (or the final
-            // norm's) when its consumer is dense.
-            let (next_g, consumer) = match layers.get(l + 1) {
-                Some(n) => (&n.attn_norm, &n.qkv),
-                None => (&self.model.final_norm, self.model.lm_head()),
-            };
-            chained = match chainable(&layer.down) {
-                Some(dn) if chain && chainable(consumer).is_some() => {
+                Step::AccumNorm {
+                    mat: m,
+                    input,
+                    next,
+                    slot,
+                } => {
+                    let w = chain_of(m, s)?;
+                    let x = match input {
+                        Buf::Attn => &d.attn,
+                        Buf::Act => &d.act,
+                        _ => return Err(mismatch(s)),
+                    };
                     let next = NextNorm {
-                        g: next_g,
+                        g: norm_w(next),
                         h: &mut d.h,
                         acc: &mut d.norm_acc,
-                        slot: 2 * l + 1,
+                        slot,
                     };
-                    launch_gemv_accum_norm(
-                        dev, dn.gemv, dn.w, &d.act, &mut d.x, dn.rows, dn.cols, next,
+                    launch_gemv_accum_norm(dev, w.gemv, w.w, x, &mut d.x, w.rows, w.cols, next)?;
+                }
+                Step::Matvec {
+                    mat: m,
+                    input,
+                    norm,
+                    fusion,
+                    out,
+                } => {
+                    let (x, y) = match (input, out) {
+                        (Buf::X, Buf::Qkv) => (&d.x, &mut d.qkv),
+                        (Buf::H, Buf::Qkv) => (&d.h, &mut d.qkv),
+                        (Buf::Attn, Buf::X) => (&d.attn, &mut d.x),
+                        (Buf::X, Buf::Act) => (&d.x, &mut d.act),
+                        (Buf::H, Buf::Act) => (&d.h, &mut d.act),
+                        (Buf::Act, Buf::X) => (&d.act, &mut d.x),
+                        (Buf::X, Buf::Logits) => (&d.x, &mut d.logits),
+                        _ => return Err(mismatch(s)),
+                    };
+                    let norm = norm.map(|n| (norm_w(n), eps));
+                    mat(m).matvec_fused(dev, x, norm, fusion, y)?;
+                }
+                Step::Attention { layer, fused } => {
+                    let attend = if fused {
+                        launch_attention_decode_fused
+                    } else {
+                        launch_attention_decode
+                    };
+                    attend(
+                        dev,
+                        plan.attn,
+                        kv_shape,
+                        &d.q,
+                        &kv.k[layer],
+                        &kv.v[layer],
+                        &d.len,
+                        &mut d.attn_scratch,
+                        &mut d.attn,
+                        scale,
                     )?;
-                    true
                 }
-                _ => {
-                    layer
-                        .down
-                        .matvec_fused(dev, &d.act, None, residual, &mut d.x)?;
-                    false
-                }
-            };
-        }
-        match chainable(self.model.lm_head()) {
-            Some(w) if chained => {
-                let ss = ChainedNorm {
-                    acc: &d.norm_acc,
-                    slot: 2 * layers.len() - 1,
-                    eps,
-                };
-                launch_gemv_prenorm(
+                Step::Argmax => launch_argmax(dev, &d.logits, vocab, &mut d.argmax, &mut d.tok)?,
+                Step::Finish { greedy } => launch_finish_step(
                     dev,
-                    w.gemv,
-                    plain,
-                    w.w,
-                    &d.h,
-                    ss,
-                    &mut d.logits,
-                    w.rows,
-                    w.cols,
-                )?;
+                    &d.tok,
+                    &mut d.history,
+                    greedy,
+                    &mut d.pos,
+                    &mut d.len,
+                    &mut d.norm_acc,
+                )?,
             }
-            _ => self.model.lm_head().matvec_fused(
-                dev,
-                &d.x,
-                Some((&self.model.final_norm, eps)),
-                plain,
-                &mut d.logits,
-            )?,
         }
-        if greedy {
-            launch_argmax(dev, &d.logits, vocab, &mut d.argmax, &mut d.tok)?;
-        }
-        let zero = &mut d.norm_acc;
-        launch_finish_step(
-            dev,
-            &d.tok,
-            &mut d.history,
-            greedy,
-            &mut d.pos,
-            &mut d.len,
-            zero,
-        )
+        Ok(())
     }
 
     fn set_counters(&mut self, pos: usize) -> Result<()> {
@@ -1278,7 +1203,22 @@ impl GpuEngine {
             body?;
             let graph =
                 graph.ok_or_else(|| GpuError::invalid("decode", "the captured graph is empty"))?;
+            // What was captured is what the plan says, node for node.
+            // SAFETY: the graph is alive and used by this thread alone.
+            let nodes = unsafe { graph_chain(graph.cu_graph()) }?;
+            let plan = &self.plans[i];
+            check_nodes(plan, &nodes)?;
             let graph = DecodeGraph::new(graph, &stream, self.opts)?;
+            if graph.programmatic_edges != plan.programmatic_edges() {
+                return Err(GpuError::invalid(
+                    "decode",
+                    format!(
+                        "{} edges of the decode graph became programmatic, its plan has {}",
+                        graph.programmatic_edges,
+                        plan.programmatic_edges()
+                    ),
+                ));
+            }
             graph.upload()?;
             self.pdl_edges = graph.programmatic_edges;
             self.graphs[i] = Some(graph);
@@ -1319,8 +1259,8 @@ impl GpuEngine {
         let dev = &*dev;
         let c = self.model.config.clone();
         let (h, inter, vocab) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-        let shape = self.qkv_shape();
-        let scale = self.scale();
+        let shape = qkv_shape(&self.model.config);
+        let scale = attn_scale(&self.model.config);
         let eps = c.rms_norm_eps;
         let mut last_n = 0;
         for chunk in tokens.chunks(self.prefill.cap) {

@@ -22,7 +22,6 @@ use entrollm_model::coding_plan::{CodingPlan, Launch};
 use entrollm_model::synth::{fill_row, fill_tensor_16, tensors, SynthDtype, SynthTensor};
 use entrollm_model::ModelConfig;
 
-use crate::bench_coded::bf16_coding_for;
 use crate::coded::{check_supported as check_coding, GpuDtans};
 use crate::device::GpuDevice;
 use crate::engine::{GpuLayer, GpuModel};
@@ -30,10 +29,11 @@ use crate::error::{DriverContext, GpuError, Result};
 use crate::linear::{DtansScratch, Fp8Serving, GpuLinear, Serving, SharedScratch};
 use crate::ops::forward::{launch_synth_fill, SynthOut};
 use crate::ops::gemv_fp8::Fp8Codes;
+use crate::tuned::bf16_coding_for;
 
 const OP: &str = "synth_coded";
 
-/// The plan of the tuned BF16 codings: per launch the coding `bench_coded::bf16_coding_for` gives
+/// The plan of the tuned BF16 codings: per launch the coding `tuned::bf16_coding_for` gives
 /// its stacked shape (the measured fastest for the Llama-3.1-8B shapes).
 pub fn tuned_plan(c: &ModelConfig) -> CodingPlan {
     let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
@@ -704,176 +704,6 @@ fn synth_weights(
         final_norm: norm("model.norm.weight")?,
         lm_head,
     })
-}
-
-/// Tolerances of [`coded_e2e_selftest`] (relative L2 of the logits, coded vs dense, same weights).
-/// Prefill dequantises bit-exactly and runs the same GEMMs; only the LM head (a batch-1 product
-/// for the last token) runs the coded mvm instead of the GEMV: f32 sums in another order.
-pub const E2E_PREFILL_TOL: f64 = 1e-5;
-/// Decode steps replace the dense GEMV by the coded mvm: the same products in f32 summed in
-/// another order (per-slice partial sums added with atomics), through two layers.
-pub const E2E_STEP_TOL: f64 = 1e-4;
-
-/// End to end, coded against dense: the model of [`e2e_config`] (layer 0 in both layers) built
-/// with [`GpuModel::synth_coded`] (the tuned plan, then the coder's choice) and with
-/// [`GpuModel::synth_one_layer`] (the same weights dense). Logits after a prefill and after decode
-/// steps within [`E2E_PREFILL_TOL`] / [`E2E_STEP_TOL`], identical greedy tokens (32 after an
-/// 8-token prompt), no stream error flagged. Then a container's layout ([`served_weights`]: q/k/v
-/// and gate/up as separate coded tensors) served by [`GpuModel::upload_served`] (stacked q/k/v
-/// launch, gate/up as halves) against [`GpuModel::upload`] of the same weights, same tolerances.
-/// Then code at load ([`GpuModel::upload_coded`], tuned plan and auto) of the same weights dense:
-/// GPU-coded against host-coded (identical arrays, bit-identical logits and tokens) and against the
-/// dense model (same tolerances and tokens).
-pub fn coded_e2e_selftest(
-    dev: &Arc<GpuDevice>,
-    seed: u64,
-) -> Result<crate::selftest::SelftestReport> {
-    use crate::engine::GpuEngine;
-    use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
-    let c = e2e_config();
-    let mut rng = Rng::new(seed ^ 0xC0DE);
-    let prompt: Vec<u32> = (0..8)
-        .map(|_| rng.below(c.vocab_size as u64) as u32)
-        .collect();
-    let steps: Vec<u32> = (0..4)
-        .map(|_| rng.below(c.vocab_size as u64) as u32)
-        .collect();
-    // (prefill logits, logits of each step, greedy tokens, stream error flagged)
-    type Run = (Vec<f32>, Vec<Vec<f32>>, Vec<u32>, bool);
-    let run = |m: GpuModel| -> Result<Run> {
-        let mut e = GpuEngine::new(Arc::clone(dev), m, 256)?;
-        let pre = e.prefill(&prompt)?;
-        let mut st = Vec::new();
-        for &t in &steps {
-            st.push(e.step(t)?);
-        }
-        e.reset();
-        let toks = e.generate_greedy(&prompt, 32)?;
-        let err = e.model().coded_error(dev)?;
-        Ok((pre, st, toks, err))
-    };
-    // The three end-to-end cases of a run against its reference: prefill logits, decode-step
-    // logits, and the greedy tokens (equal, no stream error flagged, and `extra`).
-    let compare = |kind: &str, label: &str, shape: &str, got: &Run, want: &Run, extra: bool| {
-        let same = got.2 == want.2 && !got.3 && extra;
-        [
-            CaseResult {
-                kernel: format!("{kind} e2e prefill"),
-                shape: shape.to_string(),
-                rel_l2: rel_l2(&got.0, &want.0),
-                tolerance: E2E_PREFILL_TOL,
-            },
-            CaseResult {
-                kernel: format!("{kind} e2e decode"),
-                shape: shape.to_string(),
-                rel_l2: rel_l2(&got.1.concat(), &want.1.concat()),
-                tolerance: E2E_STEP_TOL,
-            },
-            CaseResult {
-                kernel: format!("{kind} e2e greedy"),
-                shape: format!(
-                    "{label}: 32 tokens {}{}",
-                    if got.2 == want.2 { "equal" } else { "DIFFER" },
-                    if got.3 { ", stream error flagged" } else { "" }
-                ),
-                rel_l2: if same { 0.0 } else { f64::INFINITY },
-                tolerance: 0.0,
-            },
-        ]
-    };
-    let dense = run(GpuModel::synth_one_layer(dev, &c, seed)?)?;
-    let mut cases = Vec::new();
-    for (label, plan) in [
-        ("tuned", tuned_plan(&c)),
-        ("auto", CodingPlan::uniform(None)),
-    ] {
-        let model = GpuModel::synth_coded(dev, &c, seed, &plan, Encoder::Gpu)?;
-        let s = model.coded_summary();
-        let shape = format!(
-            "{label}: {} coded matrices, {:.3} bits/weight",
-            s.matrices,
-            s.bits_per_weight()
-        );
-        cases.extend(compare("coded", label, &shape, &run(model)?, &dense, true));
-    }
-    // A container's layout: separate coded q/k/v (one stacked launch) and gate/up (halves), served
-    // by `upload_served`, against the same weights uploaded dense (decoded on the host).
-    let w = served_weights(&c, seed, &tuned_plan(&c))?;
-    let dense_w = run(GpuModel::upload(dev, &w)?)?;
-    let (served, n) = GpuModel::upload_served(dev, &w, Serving::default())?;
-    let s = served.coded_summary();
-    let shape = format!(
-        "served: {n} coded launches, {:.3} bits/weight",
-        s.bits_per_weight()
-    );
-    let all_launches = n == 4 * c.num_layers + 1;
-    cases.extend(compare(
-        "served",
-        "served",
-        &shape,
-        &run(served)?,
-        &dense_w,
-        all_launches,
-    ));
-    // Code at load: the same weights as a BF16 checkpoint gives them, coded on the GPU at load
-    // (`upload_coded`), against the host encoder's arrays of the same matrices uploaded as a
-    // container's are: identical arrays, hence identical logits; and against the dense model.
-    let bf16 = dense_weights(&c, seed)?;
-    let launches = 4 * c.num_layers + usize::from(!c.tie_word_embeddings);
-    for (label, plan) in [
-        ("tuned", tuned_plan(&c)),
-        ("auto", CodingPlan::uniform(None)),
-    ] {
-        let auto = Fp8Serving::Auto;
-        let (gm, gr) =
-            GpuModel::upload_coded(dev, &bf16, &plan, Encoder::Gpu, auto, &mut |_, _| {})?;
-        let (cm, cr) =
-            GpuModel::upload_coded(dev, &bf16, &plan, Encoder::Cpu, auto, &mut |_, _| {})?;
-        let diff = coded_arrays_differ(dev, &gm, &cm)?;
-        let s = gm.coded_summary();
-        let shape = format!(
-            "code at load {label}: {} of {launches} launches coded, {:.3} bits/weight",
-            gr.coded_at_load,
-            s.bits_per_weight()
-        );
-        let complete = gr.coded_at_load == launches && cr.coded_at_load == launches;
-        cases.push(CaseResult {
-            kernel: "code-at-load arrays".into(),
-            shape: format!(
-                "{shape}; GPU vs host encoder: {}",
-                diff.as_deref().unwrap_or("identical")
-            ),
-            rel_l2: if diff.is_none() && complete {
-                0.0
-            } else {
-                f64::INFINITY
-            },
-            tolerance: 0.0,
-        });
-        // Same arrays, so the same products up to the order of the mvm's f32 atomic adds across
-        // column slices (not deterministic): logits within f32 rounding, the same tokens.
-        let (g, h) = (run(gm)?, run(cm)?);
-        let same_tokens = g.2 == h.2 && !g.3 && !h.3;
-        let rel = rel_l2(&g.0, &h.0).max(rel_l2(&g.1.concat(), &h.1.concat()));
-        cases.push(CaseResult {
-            kernel: "code-at-load logits".into(),
-            shape: format!(
-                "{label}: GPU- vs host-coded prefill and steps; 32 tokens {}",
-                if same_tokens { "equal" } else { "DIFFER" }
-            ),
-            rel_l2: if same_tokens { rel } else { f64::INFINITY },
-            tolerance: 1e-6,
-        });
-        cases.extend(compare("code-at-load", label, &shape, &g, &dense_w, true));
-    }
-    let report = SelftestReport {
-        device: format!("{} ({})", dev.info().name, dev.info().arch()),
-        cases,
-    };
-    if report.failures().next().is_some() {
-        return Err(GpuError::Selftest(report.to_string()));
-    }
-    Ok(report)
 }
 
 /// A compact plan for the synthetic distribution (`bench/plans/single-m8.json`): Single mode,
@@ -1669,68 +1499,4 @@ fn serve(
     };
     dev.synchronize()?;
     Ok((m, r))
-}
-
-/// Where two models' coded matrices differ (coding, shape or any device array within its coded
-/// length), or None when every launch holds the same arrays.
-fn coded_arrays_differ(dev: &GpuDevice, a: &GpuModel, b: &GpuModel) -> Result<Option<String>> {
-    use crate::selftest::download;
-    use entrollm_codec::dtans::Geometry;
-    fn mats(m: &GpuModel) -> Vec<&GpuLinear> {
-        let mut v: Vec<&GpuLinear> = m.lm_head.iter().collect();
-        for l in &m.layers {
-            v.extend([&l.qkv, &l.o, &l.gate_up, &l.down]);
-        }
-        v
-    }
-    let (ma, mb) = (mats(a), mats(b));
-    if ma.len() != mb.len() {
-        return Ok(Some("different launch counts".into()));
-    }
-    for (i, (x, y)) in ma.into_iter().zip(mb).enumerate() {
-        let (x, y) = match (x, y) {
-            (GpuLinear::Dtans(x), GpuLinear::Dtans(y)) => (x, y),
-            (GpuLinear::Dense(_), GpuLinear::Dense(_)) => continue,
-            _ => return Ok(Some(format!("launch {i}: coded in one model only"))),
-        };
-        if x.parts.len() != y.parts.len() {
-            return Ok(Some(format!("launch {i}: part counts")));
-        }
-        for (p, q) in x.parts.iter().zip(&y.parts) {
-            if (p.coding, p.rows, p.cols, p.stream_len, p.stored_bytes)
-                != (q.coding, q.rows, q.cols, q.stream_len, q.stored_bytes)
-            {
-                return Ok(Some(format!(
-                    "launch {i}: {} {}×{} {} words vs {} {}×{} {} words",
-                    p.coding, p.rows, p.cols, p.stream_len, q.coding, q.rows, q.cols, q.stream_len
-                )));
-            }
-            let g = Geometry::new(p.payload, &p.coding, p.rows, p.cols)
-                .map_err(|e| GpuError::invalid(OP, e.to_string()))?;
-            let same_u32 = |u: &CudaSlice<u32>, v: &CudaSlice<u32>, n: usize| -> Result<bool> {
-                let (u, v) = (download(dev, u)?, download(dev, v)?);
-                Ok(u.len() >= n && v.len() >= n && u[..n] == v[..n])
-            };
-            let (ru, rv) = (download(dev, &p.raw)?, download(dev, &q.raw)?);
-            let n = g.raw_len();
-            for (name, same) in [
-                (
-                    "entries",
-                    same_u32(&p.entries, &q.entries, p.entries.len())?,
-                ),
-                ("tiles", same_u32(&p.tiles, &q.tiles, 2 * g.tiles())?),
-                ("stream", same_u32(&p.stream, &q.stream, p.stream_len)?),
-                (
-                    "companion",
-                    same_u32(&p.companion, &q.companion, g.companion_len())?,
-                ),
-                ("raw", ru.len() >= n && rv.len() >= n && ru[..n] == rv[..n]),
-            ] {
-                if !same {
-                    return Ok(Some(format!("launch {i}: {name} differ")));
-                }
-            }
-        }
-    }
-    Ok(None)
 }

@@ -258,30 +258,6 @@ pub fn cached_cubin(
     Ok(cubin)
 }
 
-/// Every kernel variant the runtime can launch with its built-in configurations; CI compiles all
-/// of them with NVRTC alone (`tools/nvrtc-check`).
-pub fn all_variants() -> Vec<KernelVariant> {
-    let mut v = vec![
-        crate::ops::elementwise::variant(),
-        crate::ops::rope::variant(),
-        crate::ops::argmax::variant(),
-    ];
-    v.extend(
-        crate::ops::gemv::GemvConfig::CANDIDATES
-            .iter()
-            .map(|c| c.variant()),
-    );
-    v.extend(
-        crate::ops::attention::AttnConfig::builtin()
-            .iter()
-            .map(|c| c.variant()),
-    );
-    v.extend(crate::ops::forward::all_variants());
-    v.extend(crate::ops::dtans::builtin_variants());
-    v.push(crate::ops::dtans_encode::variant());
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,18 +283,6 @@ mod tests {
         let opts = a.options("sm_90");
         assert!(opts.contains(&"--gpu-architecture=sm_90".to_string()));
         assert!(opts.contains(&"-DGEMV_WARPS=8".to_string()));
-    }
-
-    #[test]
-    fn kernels_include_no_headers() {
-        for v in all_variants() {
-            let text = v.program_text();
-            assert!(
-                !text.contains("#include"),
-                "{} includes a header",
-                v.source.name
-            );
-        }
     }
 
     #[test]

@@ -22,7 +22,6 @@ use entrollm_codec::dtans::Coding;
 use entrollm_codec::palette::{Palette4, PaletteBf16};
 use entrollm_codec::Payload;
 
-use crate::bench_coded::tuned_launches;
 use crate::coded::GpuDtans;
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
@@ -42,6 +41,8 @@ use crate::ops::gemv_fp8::{
     launch_gemv_fp8, launch_gemv_pal_bf16, launch_pal_bf16_rows_to_bf16, pal4_config_for, Fp8Codes,
     GpuPal4, GpuPalBf16,
 };
+use crate::plan::{Form, LinearDesc};
+use crate::tuned::tuned_launches;
 
 /// A row-major BF16 matrix [rows, cols] in device memory and the GEMV configuration of its shape.
 pub struct DenseBf16 {
@@ -434,16 +435,34 @@ impl GpuLinear {
         }
     }
 
-    /// Whether the decode step normalises x inside this matrix's GEMV (RMSNorm fused) rather than
-    /// in a kernel of its own: for palette-packed FP8, whose blocks stage x in shared memory anyway
-    /// (H200, synthetic Llama-3.1-8B FP8 at 2.1 bits: 412 against 381 tok/s; the dense FP8 GEMV,
-    /// whose warps would each re-read x, 275 against 315 — bench/RESULTS.md).
-    pub fn norm_in_gemv(&self) -> bool {
-        match self {
-            GpuLinear::Fp8(f) => matches!(f.codes, Fp8Codes::Palette(_)),
-            GpuLinear::PalBf16(..) => true,
-            _ => false,
+    /// What the decode step needs to know of the matrix: its form, shape and launch configuration
+    /// (plain data: `crate::plan`).
+    pub fn desc(&self) -> LinearDesc {
+        let form = match self {
+            GpuLinear::Dense(d) => Form::DenseBf16 { gemv: d.gemv },
+            GpuLinear::Fp8(f) => match f.codes {
+                Fp8Codes::Dense(_) => Form::DenseFp8 { gemv: f.gemv },
+                Fp8Codes::Palette(_) => Form::PaletteFp8 { gemv: f.gemv },
+            },
+            GpuLinear::PalBf16(p, _) => Form::PaletteBf16 { gemv: p.gemv },
+            GpuLinear::Dtans(c) => Form::Dtans {
+                payload: c.parts[0].payload,
+                coding: c.parts[0].coding,
+                mvm: c.mvm,
+                parts: c.parts.len(),
+                halves: c.halves,
+            },
+        };
+        LinearDesc {
+            form,
+            rows: self.rows(),
+            cols: self.cols(),
         }
+    }
+
+    /// Whether the decode step normalises x inside this matrix's GEMV ([`LinearDesc::norm_in_gemv`]).
+    pub fn norm_in_gemv(&self) -> bool {
+        self.desc().norm_in_gemv()
     }
 
     /// Bytes of device memory the matrix occupies (and reads per batch-1 product).

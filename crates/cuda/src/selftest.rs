@@ -9,12 +9,13 @@
 use std::fmt;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaSlice, DeviceRepr};
+use cudarc::driver::CudaSlice;
 use entrollm_codec::palette::{Palette4, PaletteBf16};
 
-use crate::bench_fp8::GemvForm;
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
+use crate::jit::KernelVariant;
+use crate::mem::{download, upload};
 use crate::ops::argmax::{argmax_ref, launch_argmax, ArgmaxScratch};
 use crate::ops::attention::{
     attention_ref, launch_attention_decode, launch_kv_append, AttnConfig, AttnScratch, KvShape,
@@ -102,6 +103,74 @@ impl Rng {
     }
 }
 
+/// Which FP8 GEMV a check or timing runs: on the codes as stored, or palette-packed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvForm {
+    Dense,
+    Palette,
+}
+
+impl GemvForm {
+    pub const ALL: [GemvForm; 2] = [GemvForm::Dense, GemvForm::Palette];
+
+    /// The kernel of this form's GEMV.
+    pub fn name(self) -> &'static str {
+        match self {
+            GemvForm::Dense => "gemv_fp8",
+            GemvForm::Palette => "gemv_pal4",
+        }
+    }
+
+    /// Relative L2 error allowed against the f32 reference: the dense GEMV sums exact products in
+    /// f32; the palette GEMV's x enters the tensor cores as two BF16 halves, exact to 2^-18 of
+    /// each |x|, which a short or cancelling sum can magnify past 1e-5 (measured: 1.7e-5 on one
+    /// output of 64 terms; 2.5e-6 on the Llama shapes).
+    pub fn tolerance(self) -> f64 {
+        match self {
+            GemvForm::Dense => 1e-5,
+            GemvForm::Palette => 5e-5,
+        }
+    }
+
+    /// The launch configurations of this form's GEMV (sweeps, selftests).
+    pub fn configs(self) -> &'static [GemvConfig] {
+        match self {
+            GemvForm::Dense => &GemvConfig::CANDIDATES,
+            GemvForm::Palette => &crate::ops::gemv_fp8::PAL4_CANDIDATES,
+        }
+    }
+
+    /// The launch configuration the engine gives an [n, k] matrix in this form on a GPU of `sms`
+    /// SMs, with or without the SwiGLU epilogue.
+    pub fn engine_config(self, n: usize, k: usize, sms: u32, swiglu: bool) -> GemvConfig {
+        crate::linear::fp8_gemv_config(self == GemvForm::Palette, n, k, sms, swiglu)
+    }
+}
+
+/// Every kernel variant the runtime and the selftests launch with their built-in configurations;
+/// CI compiles all of them with NVRTC alone (`tools/nvrtc-check`).
+pub fn all_variants() -> Vec<KernelVariant> {
+    let mut v = vec![
+        crate::ops::elementwise::variant(),
+        crate::ops::rope::variant(),
+        crate::ops::argmax::variant(),
+    ];
+    v.extend(
+        crate::ops::gemv::GemvConfig::CANDIDATES
+            .iter()
+            .map(|c| c.variant()),
+    );
+    v.extend(
+        crate::ops::attention::AttnConfig::builtin()
+            .iter()
+            .map(|c| c.variant()),
+    );
+    v.extend(crate::ops::forward::all_variants());
+    v.extend(crate::dtans_selftest::builtin_variants());
+    v.push(crate::ops::dtans_encode::variant());
+    v
+}
+
 /// One kernel on one shape.
 #[derive(Clone, Debug)]
 pub struct CaseResult {
@@ -179,21 +248,6 @@ pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
     } else {
         (num / den).sqrt()
     }
-}
-
-pub(crate) fn upload<T: DeviceRepr + Clone>(dev: &GpuDevice, data: &[T]) -> Result<CudaSlice<T>> {
-    dev.stream()
-        .clone_htod(data)
-        .while_(|| format!("uploading {} elements", data.len()))
-}
-
-pub(crate) fn download<T: DeviceRepr + Clone + Default>(
-    dev: &GpuDevice,
-    buf: &CudaSlice<T>,
-) -> Result<Vec<T>> {
-    dev.stream()
-        .clone_dtoh(buf)
-        .while_(|| format!("downloading {} elements", buf.len()))
 }
 
 fn poisoned(dev: &GpuDevice, n: usize) -> Result<CudaSlice<f32>> {
@@ -1005,6 +1059,18 @@ pub fn run_selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernels_include_no_headers() {
+        for v in all_variants() {
+            let text = v.program_text();
+            assert!(
+                !text.contains("#include"),
+                "{} includes a header",
+                v.source.name
+            );
+        }
+    }
 
     #[test]
     fn rel_l2_catches_nan_and_length() {

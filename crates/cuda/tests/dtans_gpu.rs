@@ -3,10 +3,9 @@
 //! (or the prebuilt test binary with the same arguments).
 
 use entrollm_cuda::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
-use entrollm_cuda::bench_coded::{bench_codings, CodedBench};
-use entrollm_cuda::ops::dtans::{
-    bench_configs, entry_timing_configs, selftest, DtansConfig, DtansKind,
-};
+use entrollm_cuda::bench_coded::{bench_codings, bench_configs, entry_timing_configs, CodedBench};
+use entrollm_cuda::dtans_selftest::selftest;
+use entrollm_cuda::ops::dtans::{DtansConfig, DtansKind};
 use entrollm_cuda::ops::gemv::GemvConfig;
 
 mod common;
@@ -180,7 +179,7 @@ fn entry_timing_launches() -> Vec<(usize, entrollm_codec::dtans::Coding, DtansCo
             .flatten()
             .or(plan.default)
             .expect("the plan codes every launch");
-        let (pair, pair_cfg) = entrollm_cuda::bench_coded::bf16_coding_for(n, k);
+        let (pair, pair_cfg) = entrollm_cuda::tuned::bf16_coding_for(n, k);
         let single_cfg = dtans_config_for(
             entrollm_codec::Payload::Bf16,
             &single,
@@ -278,7 +277,7 @@ fn dtans_gpu_entry_timing() {
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn dtans_precompile_entry_cubins() {
     use entrollm_cuda::ops::dtans::DtansOut;
-    let mut variants = entrollm_cuda::jit::all_variants();
+    let mut variants = entrollm_cuda::selftest::all_variants();
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
     for (_, coding, base) in entry_timing_launches() {
         let kind = entry_timing_kind(&coding, 4096);
@@ -318,7 +317,7 @@ fn dtans_gpu_dequant_timing() {
             .flatten()
             .or(plan.default)
             .expect("the plan codes every launch");
-        let pair = entrollm_cuda::bench_coded::bf16_coding_for(n, k).0;
+        let pair = entrollm_cuda::tuned::bf16_coding_for(n, k).0;
         for coding in [single, pair] {
             let cfg = dtans_config_for(
                 entrollm_codec::Payload::Bf16,
@@ -352,24 +351,24 @@ fn dtans_gpu_dequant_timing() {
 #[test]
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn dtans_precompile_cubins() {
-    let mut variants = entrollm_cuda::jit::all_variants();
-    variants.extend(entrollm_cuda::ops::dtans::sweep_variants());
+    let mut variants = entrollm_cuda::selftest::all_variants();
+    variants.extend(entrollm_cuda::bench_coded::sweep_variants());
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
     common::precompile(&variants);
 }
 
-/// Cubins of every runtime variant (`jit::all_variants`) and of the coded synthetic models'
+/// Cubins of every runtime variant (`selftest::all_variants`) and of the coded synthetic models'
 /// launches (`engine_coded::serve_variants`), for `ENTROLLM_CACHE`: a GPU run then skips the JIT.
 #[test]
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn serve_precompile_cubins() {
-    let mut variants = entrollm_cuda::jit::all_variants();
+    let mut variants = entrollm_cuda::selftest::all_variants();
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
     common::precompile(&variants);
 }
 
 /// GPU encoder against the CPU encoder, byte for byte, and the CPU decoder on its output
-/// (`ops::dtans_encode::selftest`); prints one line per coding group and any failure.
+/// (`dtans_selftest::encode_selftest`); prints one line per coding group and any failure.
 #[test]
 #[ignore = "needs a GPU"]
 fn dtans_encode_gpu_selftest() {
@@ -379,7 +378,7 @@ fn dtans_encode_gpu_selftest() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0xE2C0);
     let t = std::time::Instant::now();
-    match entrollm_cuda::ops::dtans_encode::selftest(&dev, seed) {
+    match entrollm_cuda::dtans_selftest::encode_selftest(&dev, seed) {
         Ok(r) => {
             let both = r
                 .cases
@@ -479,7 +478,7 @@ fn dtans_encode_gpu_timing() {
 }
 
 /// One launch each of our dense GEMV and the tuned Pair and Single mvm launches
-/// (`bench_coded::tuned_launches`) on the launch shapes named in DTANS_SHAPES (default: all), each
+/// (`tuned::tuned_launches`) on the launch shapes named in DTANS_SHAPES (default: all), each
 /// checked against its reference: the program to run under `ncu` (few launches, no timing loops).
 #[test]
 #[ignore = "needs a GPU"]
@@ -487,7 +486,7 @@ fn dtans_gpu_profile_launches() {
     let dev = open();
     let mut failures = 0usize;
     let mut dense_done = std::collections::HashSet::new();
-    let mut launches: Vec<_> = entrollm_cuda::bench_coded::tuned_launches().to_vec();
+    let mut launches: Vec<_> = entrollm_cuda::tuned::tuned_launches().to_vec();
     // DTANS_PROFILE="shape,pair|single,sc,warps,min_warps,unroll,entry;…": these launches instead.
     if let Ok(spec) = std::env::var("DTANS_PROFILE") {
         launches = spec
@@ -676,7 +675,7 @@ fn plan_sweep_configs() -> Vec<DtansConfig> {
 /// The compact plan's codings (bench/plans/single-m8.json) on the Llama-3.1-8B launches, or with
 /// DTANS_MODEL=70b on Llama-3.3-70B's, with each of `plan_sweep_configs`: checked against the
 /// codec's matvec, timed cold beside our dense GEMV; the fastest per launch at the end (the sweep
-/// behind the Single rows of `bench_coded::tuned_launches`).
+/// behind the Single rows of `tuned::tuned_launches`).
 #[test]
 #[ignore = "needs a GPU"]
 fn dtans_gpu_plan_sweep() {
@@ -743,14 +742,14 @@ fn dtans_gpu_plan_sweep() {
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn dtans_precompile_sweep_cubins() {
     use entrollm_cuda::ops::dtans::DtansOut;
-    let mut variants = entrollm_cuda::jit::all_variants();
+    let mut variants = entrollm_cuda::selftest::all_variants();
     for (coding, cfgs) in occupancy_sweep_launches() {
         let kind = entry_timing_kind(&coding, 4096);
         for cfg in cfgs {
             variants.push(kind.variant(cfg, DtansOut::Mvm));
         }
     }
-    for (_, _, k, coding, cfg, _) in entrollm_cuda::bench_coded::tuned_launches() {
+    for (_, _, k, coding, cfg, _) in entrollm_cuda::tuned::tuned_launches() {
         variants.push(entry_timing_kind(&coding, k).variant(cfg, DtansOut::Mvm));
     }
     for (_, coding, _) in entry_timing_launches() {

@@ -1,0 +1,1228 @@
+//! The decode step as data. [`decode_plan`] is a pure function from a [`ModelDesc`] (what each
+//! launch's matrix is: its form, shape and launch configuration — plain data, no device) and the
+//! [`DecodeOptions`] to a [`DecodePlan`]: the steps `GpuEngine::decode_body` executes, each
+//! expanded into the kernel launches it makes, with a stable text form (one line a launch) that CPU
+//! tests compare against golden files (`tests/plans/*.txt`). The engine checks every captured
+//! decode graph against its plan (kernel names in order, memsets, programmatic edges), so the text
+//! is what runs.
+//!
+//! Which kernels run: the embedding gather; per layer the attention norm (its own kernel, chained
+//! through the previous residual GEMV, or fused into the q/k/v GEMV), the q/k/v GEMV (dense BF16:
+//! RoPE and the KV append in its epilogue; else RoPE as its own kernel), attention (one launch or
+//! partial + combine), the o GEMV adding into the residual (leaving the MLP norm's input when
+//! gate/up can take it), the MLP norm, the gate/up GEMV with SwiGLU, the down GEMV (leaving the
+//! next norm's input for a dense consumer); the LM head with the final norm; argmax (greedy); the
+//! counter update.
+
+use std::fmt::Write as _;
+
+use entrollm_codec::dtans::Coding;
+use entrollm_codec::Payload;
+use entrollm_model::ModelConfig;
+
+use crate::error::{GpuError, Result};
+use crate::linear::{dtans_config_for, fp8_gemv_config, gemv_config_for, swiglu_config};
+use crate::ops::attention::AttnConfig;
+use crate::ops::dtans::{DtansConfig, DtansOut};
+use crate::ops::forward::{decode_attn_config, gemv_rope_variant, GemvFusion};
+use crate::ops::gemv::GemvConfig;
+use crate::ops::gemv_fp8::pal_bf16_config_for;
+
+/// How the decode step is put together. The default is the fastest measured on the H200
+/// (bench/RESULTS.md: the RMSNorm chained through the GEMVs, RoPE in the q/k/v GEMV's epilogue,
+/// attention as partial + combine, programmatic dependent launch on); the other forms stay
+/// selectable for comparison runs (`entrollm bench --decode-norm split` and the like, parsed by
+/// [`DecodeOptions::set`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Attention in one launch (last block merges) instead of partial + combine.
+    pub fused_attention: bool,
+    /// RMSNorm inside the following GEMV instead of its own kernel (palette-packed matrices always
+    /// do so unless `split_norm`: [`LinearDesc::norm_in_gemv`]).
+    pub fused_norm: bool,
+    /// Programmatic dependent launch: each kernel of the graph is launched while the previous one
+    /// finishes (edges into [`PDL_KERNELS`]). With every read of a predecessor's output coherent,
+    /// the selftest's PDL-vs-plain decode is bit-identical.
+    pub pdl: bool,
+    /// Programmatic edges into the dense FP8 GEMVs too (a comparison run: see [`PDL_KERNELS`]).
+    pub pdl_dense_fp8: bool,
+    /// RoPE and the KV append as their own kernel instead of the q/k/v GEMV's epilogue (dense
+    /// BF16 q/k/v only).
+    pub split_rope: bool,
+    /// RMSNorm as its own kernel instead of chained through the GEMVs (the residual GEMV leaves
+    /// x ∘ g and Σx², the next dense GEMV scales by the norm).
+    pub split_norm: bool,
+    /// Attention chunking (positions per block, warps per block) instead of
+    /// [`decode_attn_config`]'s.
+    pub attn_chunk: Option<(u32, u32)>,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        DecodeOptions {
+            fused_attention: false,
+            fused_norm: false,
+            pdl: true,
+            pdl_dense_fp8: false,
+            split_rope: false,
+            split_norm: false,
+            attn_chunk: None,
+        }
+    }
+}
+
+impl DecodeOptions {
+    /// The knobs [`DecodeOptions::set`] takes and their values, for help texts and errors.
+    pub const KNOBS: [(&'static str, &'static str); 5] = [
+        ("attention", "split|fused"),
+        ("norm", "chained|split|fused"),
+        ("rope", "fused|split"),
+        ("pdl", "on|off|all"),
+        ("chunk", "POSITIONSxWARPS"),
+    ];
+
+    /// Sets one knob from its command-line spelling: `attention` split|fused, `norm`
+    /// chained|split|fused, `rope` fused|split, `pdl` on|off|all (all: the dense FP8 GEMVs too),
+    /// `chunk` POSITIONSxWARPS (attention chunking, e.g. 32x4).
+    pub fn set(&mut self, knob: &str, value: &str) -> std::result::Result<(), String> {
+        let bad = || {
+            let want = Self::KNOBS
+                .iter()
+                .find(|k| k.0 == knob)
+                .map_or("?", |k| k.1);
+            format!("decode {knob} `{value}`: expected {want}")
+        };
+        match (knob, value) {
+            ("attention", "split") => self.fused_attention = false,
+            ("attention", "fused") => self.fused_attention = true,
+            ("norm", "chained") => (self.fused_norm, self.split_norm) = (false, false),
+            ("norm", "split") => (self.fused_norm, self.split_norm) = (false, true),
+            ("norm", "fused") => (self.fused_norm, self.split_norm) = (true, false),
+            ("rope", "fused") => self.split_rope = false,
+            ("rope", "split") => self.split_rope = true,
+            ("pdl", "on") => (self.pdl, self.pdl_dense_fp8) = (true, false),
+            ("pdl", "off") => (self.pdl, self.pdl_dense_fp8) = (false, false),
+            ("pdl", "all") => (self.pdl, self.pdl_dense_fp8) = (true, true),
+            ("chunk", v) => {
+                let (a, b) = v.split_once('x').ok_or_else(bad)?;
+                let chunk: u32 = a.parse().map_err(|_| bad())?;
+                let warps: u32 = b.parse().map_err(|_| bad())?;
+                self.attn_chunk = Some((chunk, warps));
+            }
+            ("attention" | "norm" | "rope" | "pdl", _) => return Err(bad()),
+            _ => return Err(format!("unknown decode option `{knob}`")),
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for DecodeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let w = |b: bool| if b { "fused" } else { "split" };
+        write!(
+            f,
+            "attention {}, rmsnorm {}, rope {}, pdl {}",
+            w(self.fused_attention),
+            if self.fused_norm {
+                "fused"
+            } else if self.split_norm {
+                "split"
+            } else {
+                "chained"
+            },
+            w(!self.split_rope),
+            match (self.pdl, self.pdl_dense_fp8) {
+                (false, _) => "off",
+                (true, false) => "on",
+                (true, true) => "on, dense FP8 GEMVs too",
+            }
+        )
+    }
+}
+
+/// Kernels that call `pdl_wait()` before touching anything an earlier kernel wrote or reads
+/// (kernels/common.cuh): an edge into one of them may be programmatic.
+pub const PDL_KERNELS: &[&str] = &[
+    "embedding_gather",
+    "rmsnorm_f32w",
+    "rmsnorm_f32w_bf16out",
+    "gemv_bf16",
+    "gemv_bf16_norm",
+    "gemv_bf16_rope",
+    "gemv_bf16_prenorm",
+    "gemv_bf16_accum_norm",
+    // Not the dense FP8 GEMVs (PDL_DENSE_FP8_KERNELS): they measured slower launched early (269.7
+    // against 316.0 tok/s on the 8B FP8 shape, bench/RESULTS.md).
+    "gemv_pal4",
+    "gemv_pal4_norm",
+    "gemv_pal4_bf16",
+    "gemv_pal4_bf16_norm",
+    "rope_append_f32q",
+    "rope_append_bf16q",
+    "attn_decode_partial",
+    "attn_decode_fused",
+    "attn_decode_combine",
+    "argmax_partial",
+    "argmax_final",
+    "finish_step",
+];
+
+/// The dense FP8 GEMVs: they call `pdl_wait()` as the BF16 ones do, but are left out of
+/// [`PDL_KERNELS`] (measured slower launched early), except with `DecodeOptions::pdl_dense_fp8`.
+pub const PDL_DENSE_FP8_KERNELS: &[&str] = &[
+    "gemv_fp8",
+    "gemv_fp8_norm",
+    "gemv_fp8_prenorm",
+    "gemv_fp8_accum_norm",
+];
+
+/// Whether a plain kernel → `kernel` edge of the decode graph is made programmatic under `opts`.
+pub fn programmatic_into(kernel: &str, opts: &DecodeOptions) -> bool {
+    opts.pdl
+        && (PDL_KERNELS.contains(&kernel)
+            || (opts.pdl_dense_fp8 && PDL_DENSE_FP8_KERNELS.contains(&kernel)))
+}
+
+/// How one launch's matrix is stored, with what decides its kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// Dense BF16 (`gemv_bf16*`).
+    DenseBf16 { gemv: GemvConfig },
+    /// FP8 E4M3 codes as stored with row scales (`gemv_fp8*`).
+    DenseFp8 { gemv: GemvConfig },
+    /// FP8 E4M3 codes palette-packed (`gemv_pal4*`).
+    PaletteFp8 { gemv: GemvConfig },
+    /// BF16 palette-packed losslessly (`gemv_pal4_bf16*`).
+    PaletteBf16 { gemv: GemvConfig },
+    /// dtANS-coded (`dtans_kernel`): row-stacked `parts` sharing payload and coding, gate/up as
+    /// `halves` [gate; up] or interleaved rows.
+    Dtans {
+        payload: Payload,
+        coding: Coding,
+        mvm: DtansConfig,
+        parts: usize,
+        halves: bool,
+    },
+}
+
+/// One launch's matrix as the decode step sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearDesc {
+    pub form: Form,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl LinearDesc {
+    /// A dense BF16 matrix with the GEMV configuration of its shape (`GpuLinear::dense`).
+    pub fn dense_bf16(rows: usize, cols: usize) -> Self {
+        let gemv = gemv_config_for(rows, cols);
+        LinearDesc {
+            form: Form::DenseBf16 { gemv },
+            rows,
+            cols,
+        }
+    }
+
+    /// An FP8 matrix with row scales, codes as stored or `palette`-packed, on a GPU of `sms` SMs
+    /// (`GpuLinear::fp8_from_host`).
+    pub fn fp8(rows: usize, cols: usize, palette: bool, sms: u32) -> Self {
+        let gemv = fp8_gemv_config(palette, rows, cols, sms, false);
+        let form = if palette {
+            Form::PaletteFp8 { gemv }
+        } else {
+            Form::DenseFp8 { gemv }
+        };
+        LinearDesc { form, rows, cols }
+    }
+
+    /// A BF16 matrix palette-packed losslessly on a GPU of `sms` SMs (`GpuPalBf16::upload`).
+    pub fn pal_bf16(rows: usize, cols: usize, sms: u32) -> Self {
+        LinearDesc {
+            form: Form::PaletteBf16 {
+                gemv: pal_bf16_config_for(rows, sms),
+            },
+            rows,
+            cols,
+        }
+    }
+
+    /// A dtANS-coded matrix of `parts` row-stacked tensors (no dequantisation groups) with the
+    /// launch `GpuLinear::coded_parts` gives it.
+    pub fn dtans(
+        payload: Payload,
+        coding: Coding,
+        rows: usize,
+        cols: usize,
+        parts: usize,
+        halves: bool,
+    ) -> Result<Self> {
+        let mvm = dtans_config_for(payload, &coding, rows, cols, None, DtansOut::Mvm)?;
+        Ok(LinearDesc {
+            form: Form::Dtans {
+                payload,
+                coding,
+                mvm,
+                parts,
+                halves,
+            },
+            rows,
+            cols,
+        })
+    }
+
+    /// The form's name in plans and reports.
+    pub fn form_name(&self) -> &'static str {
+        match self.form {
+            Form::DenseBf16 { .. } => "bf16",
+            Form::DenseFp8 { .. } => "fp8",
+            Form::PaletteFp8 { .. } => "fp8-palette",
+            Form::PaletteBf16 { .. } => "bf16-palette",
+            Form::Dtans { .. } => "dtans",
+        }
+    }
+
+    /// Dense BF16 (`GpuLinear::as_dense`): the q/k/v GEMV with RoPE in its epilogue takes it.
+    pub fn dense_bf16_weights(&self) -> bool {
+        matches!(self.form, Form::DenseBf16 { .. })
+    }
+
+    /// Whether the chained-norm GEMVs take it (`GpuLinear::chainable`): dense BF16, or FP8 codes
+    /// as stored.
+    pub fn chainable(&self) -> bool {
+        matches!(self.form, Form::DenseBf16 { .. } | Form::DenseFp8 { .. })
+    }
+
+    /// Whether the decode step normalises x inside this matrix's GEMV rather than in a kernel of
+    /// its own (`GpuLinear::norm_in_gemv`): the palette forms, whose blocks stage x in shared
+    /// memory anyway (H200, synthetic Llama-3.1-8B FP8 at 2.1 bits: 412 against 381 tok/s; the
+    /// dense FP8 GEMV, whose warps would each re-read x, 275 against 315 — bench/RESULTS.md).
+    pub fn norm_in_gemv(&self) -> bool {
+        matches!(
+            self.form,
+            Form::PaletteFp8 { .. } | Form::PaletteBf16 { .. }
+        )
+    }
+
+    /// The GEMV configuration of the batch-1 product (None for a coded matrix).
+    pub fn gemv(&self) -> Option<GemvConfig> {
+        match self.form {
+            Form::DenseBf16 { gemv }
+            | Form::DenseFp8 { gemv }
+            | Form::PaletteFp8 { gemv }
+            | Form::PaletteBf16 { gemv } => Some(gemv),
+            Form::Dtans { .. } => None,
+        }
+    }
+
+    /// `mat form RxC`, the common start of a launch line.
+    fn label(&self, mat: Mat) -> String {
+        format!("{mat} {} {}x{}", self.form_name(), self.rows, self.cols)
+    }
+}
+
+/// One decoder layer's launches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerDesc {
+    pub qkv: LinearDesc,
+    /// q/k/v biases (added in the RoPE epilogue or kernel).
+    pub qkv_bias: bool,
+    pub o: LinearDesc,
+    pub gate_up: LinearDesc,
+    pub down: LinearDesc,
+}
+
+/// What the decode step of a model is made from: plain data that `GpuModel::desc` gives and tests
+/// build by hand.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelDesc {
+    pub config: ModelConfig,
+    /// SMs of the device (the FP8 SwiGLU GEMV's launch depends on it).
+    pub sms: u32,
+    pub embed: LinearDesc,
+    /// None when tied to the embedding.
+    pub lm_head: Option<LinearDesc>,
+    pub layers: Vec<LayerDesc>,
+}
+
+impl ModelDesc {
+    /// Every launch of `config` as `form(launch, rows, cols)` says (the embedding dense BF16, the
+    /// LM head tied when the config ties it), no biases.
+    pub fn build(
+        config: &ModelConfig,
+        sms: u32,
+        mut form: impl FnMut(&'static str, usize, usize) -> Result<LinearDesc>,
+    ) -> Result<Self> {
+        let c = config;
+        let (h, q, kv, inter, vocab) = (
+            c.hidden_size,
+            c.q_dim(),
+            c.kv_dim(),
+            c.intermediate_size,
+            c.vocab_size,
+        );
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(form("lm_head", vocab, h)?)
+        };
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for _ in 0..c.num_layers {
+            layers.push(LayerDesc {
+                qkv: form("qkv", q + 2 * kv, h)?,
+                qkv_bias: false,
+                o: form("o", h, q)?,
+                gate_up: form("gate_up", 2 * inter, h)?,
+                down: form("down", h, inter)?,
+            });
+        }
+        Ok(ModelDesc {
+            config: c.clone(),
+            sms,
+            embed: LinearDesc::dense_bf16(vocab, h),
+            lm_head,
+            layers,
+        })
+    }
+
+    pub fn lm_head(&self) -> &LinearDesc {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    fn mat(&self, m: Mat) -> &LinearDesc {
+        match m {
+            Mat::Qkv(l) => &self.layers[l].qkv,
+            Mat::O(l) => &self.layers[l].o,
+            Mat::GateUp(l) => &self.layers[l].gate_up,
+            Mat::Down(l) => &self.layers[l].down,
+            Mat::LmHead => self.lm_head(),
+        }
+    }
+}
+
+/// A matrix of the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mat {
+    Qkv(usize),
+    O(usize),
+    GateUp(usize),
+    Down(usize),
+    LmHead,
+}
+
+impl std::fmt::Display for Mat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mat::Qkv(_) => "qkv",
+            Mat::O(_) => "o",
+            Mat::GateUp(_) => "gate_up",
+            Mat::Down(_) => "down",
+            Mat::LmHead => "lm_head",
+        })
+    }
+}
+
+/// An RMSNorm weight of the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Norm {
+    Attn(usize),
+    Mlp(usize),
+    Final,
+}
+
+impl std::fmt::Display for Norm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Norm::Attn(l) => write!(f, "L{l}.attn_norm"),
+            Norm::Mlp(l) => write!(f, "L{l}.mlp_norm"),
+            Norm::Final => f.write_str("final_norm"),
+        }
+    }
+}
+
+/// An activation buffer of the step (f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buf {
+    /// The residual stream.
+    X,
+    /// A normalised activation, or a chained norm's input times its weight.
+    H,
+    Qkv,
+    /// Attention output.
+    Attn,
+    /// SwiGLU output.
+    Act,
+    Logits,
+}
+
+impl std::fmt::Display for Buf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Buf::X => "x",
+            Buf::H => "h",
+            Buf::Qkv => "qkv",
+            Buf::Attn => "attn",
+            Buf::Act => "act",
+            Buf::Logits => "logits",
+        })
+    }
+}
+
+/// One call of the decode step's executor (`GpuEngine::decode_body`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// `x = embed[tok]`.
+    Embedding,
+    /// `h = rmsnorm(x; norm)`, its own kernel.
+    RmsNorm { norm: Norm },
+    /// The dense BF16 q/k/v GEMV over h with RoPE and the KV append in its epilogue; `prenorm`:
+    /// the chained norm's Σx² slot (h is then x ∘ g).
+    GemvRope {
+        layer: usize,
+        prenorm: Option<usize>,
+        bias: bool,
+    },
+    /// RoPE and the KV append over the qkv buffer.
+    RopeAppend { layer: usize, bias: bool },
+    /// A chained-norm GEMV (`launch_gemv_prenorm`) over h with slot `slot`'s Σx² into `out`.
+    Prenorm {
+        mat: Mat,
+        swiglu: bool,
+        slot: usize,
+        out: Buf,
+    },
+    /// `x += W input`, leaving `next`'s input in h and Σx² in slot `slot`
+    /// (`launch_gemv_accum_norm`).
+    AccumNorm {
+        mat: Mat,
+        input: Buf,
+        next: Norm,
+        slot: usize,
+    },
+    /// `GpuLinear::matvec_fused`: `out (+)= W · [rmsnorm](input)` with `fusion`'s epilogue.
+    Matvec {
+        mat: Mat,
+        input: Buf,
+        norm: Option<Norm>,
+        fusion: GemvFusion,
+        out: Buf,
+    },
+    /// Attention of layer `layer` (one launch when `fused`).
+    Attention { layer: usize, fused: bool },
+    /// Greedy argmax of the logits into the token.
+    Argmax,
+    /// Records the token (greedy), advances position and length, clears the norm slots.
+    Finish { greedy: bool },
+}
+
+/// One node of the captured graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// `embed`, `L<layer>`, `head` or `step`.
+    pub scope: String,
+    /// The kernel's name (what the graph's node launches), or `memset`.
+    pub kernel: &'static str,
+    /// Matrix, form, shape, configuration, buffers, fusions.
+    pub detail: String,
+    /// Whether the edge into it is made programmatic.
+    pub pdl: bool,
+}
+
+impl Launch {
+    pub fn is_kernel(&self) -> bool {
+        self.kernel != MEMSET
+    }
+}
+
+/// The name of a memset node in a plan.
+pub const MEMSET: &str = "memset";
+
+/// The decode step of one model under one set of options.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodePlan {
+    pub opts: DecodeOptions,
+    pub greedy: bool,
+    /// The attention launch configuration.
+    pub attn: AttnConfig,
+    pub steps: Vec<Step>,
+    /// Every node of the step in order.
+    pub launches: Vec<Launch>,
+}
+
+impl DecodePlan {
+    /// How many edges of the graph become programmatic.
+    pub fn programmatic_edges(&self) -> usize {
+        self.launches.iter().filter(|l| l.pdl).count()
+    }
+
+    /// The graph's nodes in order: kernel names, `memset` for memsets.
+    pub fn nodes(&self) -> Vec<&'static str> {
+        self.launches.iter().map(|l| l.kernel).collect()
+    }
+}
+
+impl std::fmt::Display for DecodePlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "# decode step ({}): {}; attention chunks of {} positions over {} warps",
+            if self.greedy { "greedy" } else { "logits" },
+            self.opts,
+            self.attn.chunk,
+            self.attn.warps
+        )?;
+        for l in &self.launches {
+            let mut line = format!("{:<5} {:<20} {}", l.scope, l.kernel, l.detail);
+            if l.pdl {
+                line.push_str(" pdl");
+            }
+            writeln!(f, "{}", line.trim_end())?;
+        }
+        write!(
+            f,
+            "# {} launches, {} programmatic edges",
+            self.launches.len(),
+            self.programmatic_edges()
+        )
+    }
+}
+
+/// The attention launch of the decode step: [`decode_attn_config`], with the chunking of
+/// `opts.attn_chunk` when given.
+pub fn decode_attention(c: &ModelConfig, opts: &DecodeOptions) -> Result<AttnConfig> {
+    let mut a = decode_attn_config(c.head_dim, c.num_heads, c.num_kv_heads)?;
+    if let Some((chunk, warps)) = opts.attn_chunk {
+        a.chunk = chunk;
+        a.warps = warps;
+        a.validate().map_err(|_| {
+            GpuError::invalid(
+                "decode",
+                format!(
+                    "attention chunks of {chunk} positions over {warps} warps: positions must \
+                     be positive, warps 1 to 16"
+                ),
+            )
+        })?;
+    }
+    Ok(a)
+}
+
+/// The decode step of `m` under `opts` (`greedy`: argmax on the device).
+pub fn decode_plan(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Result<DecodePlan> {
+    let attn = decode_attention(&m.config, opts)?;
+    let steps = decode_steps(m, opts, greedy);
+    let mut launches = Vec::new();
+    for s in &steps {
+        expand(m, attn, s, &mut launches);
+    }
+    let mut prev_kernel = false;
+    for l in &mut launches {
+        l.pdl = prev_kernel && l.is_kernel() && programmatic_into(l.kernel, opts);
+        prev_kernel = l.is_kernel();
+    }
+    Ok(DecodePlan {
+        opts: *opts,
+        greedy,
+        attn,
+        steps,
+        launches,
+    })
+}
+
+pub(crate) const PLAIN: GemvFusion = GemvFusion {
+    accumulate: false,
+    swiglu: false,
+};
+pub(crate) const RESIDUAL: GemvFusion = GemvFusion {
+    accumulate: true,
+    swiglu: false,
+};
+pub(crate) const SWIGLU: GemvFusion = GemvFusion {
+    accumulate: false,
+    swiglu: true,
+};
+
+/// The executor's calls, decided from each launch's form and the options.
+fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> {
+    let mut steps = vec![Step::Embedding];
+    // RoPE and the KV append run in the dense BF16 q/k/v GEMV's epilogue (or as their own kernel).
+    let rope_fused = !opts.split_rope && !opts.fused_norm;
+    // A dense accumulating GEMV (BF16, or FP8 codes as stored) leaves the next RMSNorm's input
+    // (x ∘ g and Σx²) for a dense consumer, so that norm needs no kernel of its own; `chained`:
+    // h and the norm slot hold it.
+    let chain = !opts.split_norm && !opts.fused_norm;
+    let norm_fused = |d: &LinearDesc| opts.fused_norm || (d.norm_in_gemv() && !opts.split_norm);
+    let mut chained = false;
+    let n_layers = m.layers.len();
+    for (l, layer) in m.layers.iter().enumerate() {
+        // Norm slots: 2l (o, for the MLP norm), 2l + 1 (down, for the next norm).
+        let prenorm = chained.then_some((2 * l).saturating_sub(1));
+        let bias = layer.qkv_bias;
+        if layer.qkv.dense_bf16_weights() && rope_fused {
+            if !chained {
+                steps.push(Step::RmsNorm {
+                    norm: Norm::Attn(l),
+                });
+            }
+            steps.push(Step::GemvRope {
+                layer: l,
+                prenorm,
+                bias,
+            });
+        } else {
+            // RMSNorm chained, inside the q/k/v GEMV or as its own kernel, then RoPE + KV append.
+            match prenorm {
+                Some(slot) if layer.qkv.chainable() => steps.push(Step::Prenorm {
+                    mat: Mat::Qkv(l),
+                    swiglu: false,
+                    slot,
+                    out: Buf::Qkv,
+                }),
+                _ if norm_fused(&layer.qkv) => steps.push(Step::Matvec {
+                    mat: Mat::Qkv(l),
+                    input: Buf::X,
+                    norm: Some(Norm::Attn(l)),
+                    fusion: PLAIN,
+                    out: Buf::Qkv,
+                }),
+                _ => {
+                    steps.push(Step::RmsNorm {
+                        norm: Norm::Attn(l),
+                    });
+                    steps.push(Step::Matvec {
+                        mat: Mat::Qkv(l),
+                        input: Buf::H,
+                        norm: None,
+                        fusion: PLAIN,
+                        out: Buf::Qkv,
+                    });
+                }
+            }
+            steps.push(Step::RopeAppend { layer: l, bias });
+        }
+        steps.push(Step::Attention {
+            layer: l,
+            fused: opts.fused_attention,
+        });
+        // o (+ residual), leaving the MLP norm's input when gate/up can take it.
+        chained = chain && layer.o.chainable() && layer.gate_up.chainable();
+        steps.push(if chained {
+            Step::AccumNorm {
+                mat: Mat::O(l),
+                input: Buf::Attn,
+                next: Norm::Mlp(l),
+                slot: 2 * l,
+            }
+        } else {
+            Step::Matvec {
+                mat: Mat::O(l),
+                input: Buf::Attn,
+                norm: None,
+                fusion: RESIDUAL,
+                out: Buf::X,
+            }
+        });
+        // RMSNorm and SwiGLU inside the gate/up GEMV (or the norm as its own kernel).
+        if layer.gate_up.chainable() && chained {
+            steps.push(Step::Prenorm {
+                mat: Mat::GateUp(l),
+                swiglu: true,
+                slot: 2 * l,
+                out: Buf::Act,
+            });
+        } else if norm_fused(&layer.gate_up) {
+            steps.push(Step::Matvec {
+                mat: Mat::GateUp(l),
+                input: Buf::X,
+                norm: Some(Norm::Mlp(l)),
+                fusion: SWIGLU,
+                out: Buf::Act,
+            });
+        } else {
+            steps.push(Step::RmsNorm { norm: Norm::Mlp(l) });
+            steps.push(Step::Matvec {
+                mat: Mat::GateUp(l),
+                input: Buf::H,
+                norm: None,
+                fusion: SWIGLU,
+                out: Buf::Act,
+            });
+        }
+        // down (+ residual), leaving the next layer's attention norm input (or the final norm's)
+        // when its consumer is dense.
+        let (next, consumer) = match m.layers.get(l + 1) {
+            Some(n) => (Norm::Attn(l + 1), &n.qkv),
+            None => (Norm::Final, m.lm_head()),
+        };
+        chained = layer.down.chainable() && chain && consumer.chainable();
+        steps.push(if chained {
+            Step::AccumNorm {
+                mat: Mat::Down(l),
+                input: Buf::Act,
+                next,
+                slot: 2 * l + 1,
+            }
+        } else {
+            Step::Matvec {
+                mat: Mat::Down(l),
+                input: Buf::Act,
+                norm: None,
+                fusion: RESIDUAL,
+                out: Buf::X,
+            }
+        });
+    }
+    steps.push(if m.lm_head().chainable() && chained {
+        Step::Prenorm {
+            mat: Mat::LmHead,
+            swiglu: false,
+            slot: 2 * n_layers - 1,
+            out: Buf::Logits,
+        }
+    } else {
+        Step::Matvec {
+            mat: Mat::LmHead,
+            input: Buf::X,
+            norm: Some(Norm::Final),
+            fusion: PLAIN,
+            out: Buf::Logits,
+        }
+    });
+    if greedy {
+        steps.push(Step::Argmax);
+    }
+    steps.push(Step::Finish { greedy });
+    steps
+}
+
+fn scope_of(s: &Step) -> String {
+    let layer = match *s {
+        Step::Embedding => return "embed".into(),
+        Step::Argmax | Step::Finish { .. } => return "step".into(),
+        Step::RmsNorm { norm } => match norm {
+            Norm::Attn(l) | Norm::Mlp(l) => Some(l),
+            Norm::Final => None,
+        },
+        Step::GemvRope { layer, .. }
+        | Step::RopeAppend { layer, .. }
+        | Step::Attention { layer, .. } => Some(layer),
+        Step::Prenorm { mat, .. } | Step::AccumNorm { mat, .. } | Step::Matvec { mat, .. } => {
+            match mat {
+                Mat::Qkv(l) | Mat::O(l) | Mat::GateUp(l) | Mat::Down(l) => Some(l),
+                Mat::LmHead => None,
+            }
+        }
+    };
+    layer.map_or_else(|| "head".into(), |l| format!("L{l}"))
+}
+
+fn epilogue(f: GemvFusion) -> &'static str {
+    match (f.accumulate, f.swiglu) {
+        (false, false) => "",
+        (true, false) => " epi=residual",
+        (false, true) => " epi=swiglu",
+        (true, true) => " epi=residual+swiglu",
+    }
+}
+
+/// The launches of step `s`, as its launcher makes them.
+fn expand(m: &ModelDesc, attn: AttnConfig, s: &Step, out: &mut Vec<Launch>) {
+    let scope = scope_of(s);
+    let mut push = |kernel: &'static str, detail: String| {
+        out.push(Launch {
+            scope: scope.clone(),
+            kernel,
+            detail,
+            pdl: false,
+        })
+    };
+    let bias = |b: bool| if b { " bias" } else { "" };
+    match *s {
+        Step::Embedding => push("embedding_gather", "tok->x".into()),
+        Step::RmsNorm { norm } => push("rmsnorm_f32w", format!("{norm} x->h")),
+        Step::GemvRope {
+            layer,
+            prenorm,
+            bias: b,
+        } => {
+            let d = &m.layers[layer].qkv;
+            let gemv = d.gemv().unwrap_or(GemvConfig::DEFAULT);
+            // The launcher's configuration: whole rotation pairs a warp.
+            let cfg = gemv_rope_variant(gemv).0;
+            let norm = match prenorm {
+                Some(slot) => format!(" norm=chained:{slot}"),
+                None => String::new(),
+            };
+            push(
+                "gemv_bf16_rope",
+                format!(
+                    "{} {cfg} h->q,kv{norm} epi=rope+kv{}",
+                    d.label(Mat::Qkv(layer)),
+                    bias(b)
+                ),
+            );
+        }
+        Step::RopeAppend { layer: _, bias: b } => {
+            push("rope_append_f32q", format!("qkv->q,kv{}", bias(b)))
+        }
+        Step::Prenorm {
+            mat,
+            swiglu,
+            slot,
+            out: o,
+        } => {
+            let d = m.mat(mat);
+            let gemv = d.gemv().unwrap_or(GemvConfig::DEFAULT);
+            let (cfg, fusion) = if swiglu {
+                (swiglu_config(gemv), SWIGLU)
+            } else {
+                (gemv, PLAIN)
+            };
+            let kernel = match d.form {
+                Form::DenseFp8 { .. } => "gemv_fp8_prenorm",
+                _ => "gemv_bf16_prenorm",
+            };
+            push(
+                kernel,
+                format!(
+                    "{} {cfg} h->{o} norm=chained:{slot}{}",
+                    d.label(mat),
+                    epilogue(fusion)
+                ),
+            );
+        }
+        Step::AccumNorm {
+            mat,
+            input,
+            next,
+            slot,
+        } => {
+            let d = m.mat(mat);
+            let cfg = d.gemv().unwrap_or(GemvConfig::DEFAULT);
+            let kernel = match d.form {
+                Form::DenseFp8 { .. } => "gemv_fp8_accum_norm",
+                _ => "gemv_bf16_accum_norm",
+            };
+            push(
+                kernel,
+                format!(
+                    "{} {cfg} {input}->x epi=residual next={next}:{slot}",
+                    d.label(mat)
+                ),
+            );
+        }
+        Step::Matvec {
+            mat,
+            input,
+            norm,
+            fusion,
+            out: o,
+        } => {
+            let d = m.mat(mat);
+            let label = d.label(mat);
+            let nf = match norm {
+                Some(n) => format!(" norm=fused:{n}"),
+                None => String::new(),
+            };
+            let epi = epilogue(fusion);
+            let mut gemv = |kernel: &'static str, cfg: GemvConfig| {
+                push(kernel, format!("{label} {cfg} {input}->{o}{nf}{epi}"))
+            };
+            match d.form {
+                Form::DenseBf16 { gemv: g } => {
+                    let cfg = if fusion.swiglu { swiglu_config(g) } else { g };
+                    gemv(
+                        if norm.is_some() {
+                            "gemv_bf16_norm"
+                        } else {
+                            "gemv_bf16"
+                        },
+                        cfg,
+                    );
+                }
+                Form::DenseFp8 { gemv: g } | Form::PaletteFp8 { gemv: g } => {
+                    let palette = matches!(d.form, Form::PaletteFp8 { .. });
+                    let cfg = if fusion.swiglu {
+                        fp8_gemv_config(palette, d.rows, d.cols, m.sms, true)
+                    } else {
+                        g
+                    };
+                    let kernel = match (palette, norm.is_some()) {
+                        (false, false) => "gemv_fp8",
+                        (false, true) => "gemv_fp8_norm",
+                        (true, false) => "gemv_pal4",
+                        (true, true) => "gemv_pal4_norm",
+                    };
+                    gemv(kernel, cfg);
+                }
+                Form::PaletteBf16 { gemv: g } => gemv(
+                    if norm.is_some() {
+                        "gemv_pal4_bf16_norm"
+                    } else {
+                        "gemv_pal4_bf16"
+                    },
+                    g,
+                ),
+                Form::Dtans {
+                    payload,
+                    coding,
+                    mvm,
+                    parts,
+                    halves,
+                } => {
+                    // DtansLinear::matvec_fused: the norm into the scratch input, the product
+                    // (into y itself when plain, else the scratch output), then the epilogue.
+                    let x = match norm {
+                        Some(n) => {
+                            push("rmsnorm_f32w", format!("{n} {input}->xn"));
+                            "xn".to_string()
+                        }
+                        None => input.to_string(),
+                    };
+                    let plain = !fusion.accumulate && !fusion.swiglu;
+                    let y = if plain { o.to_string() } else { "ys".into() };
+                    // More than one slice: the kernel adds its slices' sums into zeroed outputs.
+                    let slices = d.cols.div_ceil(coding.sc.max(1) as usize);
+                    if slices > 1 {
+                        push(MEMSET, format!("{y}[{}]", d.rows));
+                    }
+                    let payload = format!("{payload:?}").to_lowercase();
+                    push(
+                        "dtans_kernel",
+                        format!(
+                            "{label} {payload} {coding} {mvm} parts={parts}{} {x}->{y}",
+                            if halves { " halves" } else { "" }
+                        ),
+                    );
+                    if fusion.swiglu && halves {
+                        push("swiglu", format!("ys->{o}"));
+                    } else if fusion.swiglu {
+                        push("swiglu_pairs", format!("ys->{o}"));
+                    } else if fusion.accumulate {
+                        push("residual_add", format!("ys->{o}"));
+                    }
+                }
+            }
+        }
+        Step::Attention { fused: true, .. } => push(
+            "attn_decode_fused",
+            format!("q->attn chunk={} warps={}", attn.chunk, attn.warps),
+        ),
+        Step::Attention { fused: false, .. } => {
+            push(
+                "attn_decode_partial",
+                format!("q->partials chunk={} warps={}", attn.chunk, attn.warps),
+            );
+            push("attn_decode_combine", "partials->attn".into());
+        }
+        Step::Argmax => {
+            push("argmax_partial", "logits->partials".into());
+            push("argmax_final", "partials->tok".into());
+        }
+        Step::Finish { greedy } => push(
+            "finish_step",
+            if greedy {
+                "tok->history pos+1 len+1 norm_slots=0".into()
+            } else {
+                "pos+1 len+1 norm_slots=0".into()
+            },
+        ),
+    }
+}
+
+/// Checks the nodes of a captured decode step (kernel names in order, `memset` for memsets)
+/// against its plan; the error names the first node that differs.
+pub fn check_nodes(plan: &DecodePlan, nodes: &[String]) -> Result<()> {
+    let want = plan.nodes();
+    let first = want
+        .iter()
+        .zip(nodes)
+        .position(|(w, g)| w != g)
+        .or((want.len() != nodes.len()).then(|| want.len().min(nodes.len())));
+    match first {
+        None => Ok(()),
+        Some(i) => Err(GpuError::invalid(
+            "decode",
+            format!(
+                "the captured decode step ({} nodes) differs from its plan ({} launches) at node \
+                 {i}: captured `{}`, planned `{}`",
+                nodes.len(),
+                want.len(),
+                nodes.get(i).map_or("(none)", |s| s.as_str()),
+                plan.launches.get(i).map_or("(none)".into(), |l| format!(
+                    "{} {} {}",
+                    l.scope, l.kernel, l.detail
+                )),
+            ),
+        )),
+    }
+}
+
+/// Where two plan texts differ, line by line (`-` expected, `+` got), or None when they are equal.
+pub fn text_diff(want: &str, got: &str) -> Option<String> {
+    if want == got {
+        return None;
+    }
+    let (a, b): (Vec<&str>, Vec<&str>) = (want.lines().collect(), got.lines().collect());
+    // Longest common subsequence of lines, so that one inserted launch shows as one line.
+    let (n, k) = (a.len(), b.len());
+    let mut lcs = vec![vec![0u32; k + 1]; n + 1];
+    for i in (0..n).rev() {
+        for j in (0..k).rev() {
+            lcs[i][j] = if a[i] == b[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    let mut out = String::new();
+    let (mut i, mut j) = (0, 0);
+    while i < n || j < k {
+        if i < n && j < k && a[i] == b[j] {
+            i += 1;
+            j += 1;
+        } else if j < k && (i == n || lcs[i][j + 1] >= lcs[i + 1][j]) {
+            let _ = writeln!(out, "+{:>4}: {}", j + 1, b[j]);
+            j += 1;
+        } else {
+            let _ = writeln!(out, "-{:>4}: {}", i + 1, a[i]);
+            i += 1;
+        }
+    }
+    if out.is_empty() {
+        out.push_str("(the texts differ in line endings only)\n");
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use entrollm_codec::dtans::Mode;
+
+    #[test]
+    fn options_parse_every_knob_and_name_the_values() {
+        let mut o = DecodeOptions::default();
+        assert!(o.pdl && !o.pdl_dense_fp8 && !o.fused_norm && !o.split_norm);
+        o.set("norm", "split").unwrap();
+        assert!(o.split_norm && !o.fused_norm);
+        o.set("norm", "fused").unwrap();
+        assert!(o.fused_norm && !o.split_norm);
+        o.set("norm", "chained").unwrap();
+        assert!(!o.fused_norm && !o.split_norm);
+        o.set("pdl", "all").unwrap();
+        assert!(o.pdl && o.pdl_dense_fp8);
+        o.set("pdl", "off").unwrap();
+        assert!(!o.pdl && !o.pdl_dense_fp8);
+        o.set("attention", "fused").unwrap();
+        assert!(o.fused_attention);
+        o.set("rope", "split").unwrap();
+        assert!(o.split_rope);
+        o.set("chunk", "32x4").unwrap();
+        assert_eq!(o.attn_chunk, Some((32, 4)));
+        let e = o.set("norm", "merged").unwrap_err();
+        assert!(e.contains("chained|split|fused"), "{e}");
+        assert!(o
+            .set("chunk", "32")
+            .unwrap_err()
+            .contains("POSITIONSxWARPS"));
+        assert!(o.set("colour", "red").unwrap_err().contains("unknown"));
+    }
+
+    #[test]
+    fn forms_answer_the_capability_questions_as_the_linears_did() {
+        let coding = Coding {
+            mode: Mode::Pair,
+            log2_m: 8,
+            sc: 256,
+            t: Some(16),
+        };
+        // (desc, dense BF16, chainable, norm in GEMV): GpuLinear::as_dense, ::chainable and
+        // ::norm_in_gemv of each variant before the plan existed.
+        let cases = [
+            (LinearDesc::dense_bf16(512, 256), true, true, false),
+            (LinearDesc::fp8(512, 256, false, 132), false, true, false),
+            (LinearDesc::fp8(512, 256, true, 132), false, false, true),
+            (LinearDesc::pal_bf16(512, 256, 132), false, false, true),
+            (
+                LinearDesc::dtans(Payload::Bf16, coding, 512, 256, 1, false).unwrap(),
+                false,
+                false,
+                false,
+            ),
+        ];
+        for (d, dense, chain, norm) in cases {
+            assert_eq!(d.dense_bf16_weights(), dense, "{d:?}");
+            assert_eq!(d.chainable(), chain, "{d:?}");
+            assert_eq!(d.norm_in_gemv(), norm, "{d:?}");
+        }
+    }
+
+    #[test]
+    fn form_constructors_take_the_linears_configurations() {
+        use crate::ops::gemv_fp8::{gemv_fp8_config_for, pal4_config_for};
+        assert_eq!(
+            LinearDesc::dense_bf16(6144, 4096).gemv(),
+            Some(gemv_config_for(6144, 4096))
+        );
+        assert_eq!(
+            LinearDesc::fp8(6144, 4096, false, 132).gemv(),
+            Some(gemv_fp8_config_for(6144, 4096))
+        );
+        assert_eq!(
+            LinearDesc::fp8(6144, 4096, true, 132).gemv(),
+            Some(pal4_config_for(6144, 132, false))
+        );
+        assert_eq!(
+            LinearDesc::pal_bf16(128_256, 4096, 132).gemv(),
+            Some(pal_bf16_config_for(128_256, 132))
+        );
+    }
+
+    #[test]
+    fn diff_shows_the_inserted_line_only() {
+        let d = text_diff("a\nb\nc\n", "a\nb\nx\nc\n").unwrap();
+        assert_eq!(d, "+   3: x\n");
+        let d = text_diff("a\nb\n", "a\nc\n").unwrap();
+        assert!(d.contains("-   2: b") && d.contains("+   2: c"), "{d}");
+        assert!(text_diff("a", "a").is_none());
+    }
+
+    #[test]
+    fn captured_nodes_are_checked_against_the_plan() {
+        let mut c = entrollm_model::synth::SynthShape::Tiny.config();
+        c.hidden_size = 256;
+        c.num_heads = 4;
+        c.head_dim = 64;
+        let m = ModelDesc::build(&c, 132, |_, r, k| Ok(LinearDesc::dense_bf16(r, k))).unwrap();
+        let plan = decode_plan(&m, &DecodeOptions::default(), true).unwrap();
+        let nodes: Vec<String> = plan.nodes().iter().map(|s| s.to_string()).collect();
+        check_nodes(&plan, &nodes).unwrap();
+        let mut swapped = nodes.clone();
+        swapped[2] = "gemv_bf16".into();
+        let e = check_nodes(&plan, &swapped).unwrap_err().to_string();
+        assert!(
+            e.contains("at node 2: captured `gemv_bf16`, planned `L0 gemv_bf16_rope"),
+            "{e}"
+        );
+        let e = check_nodes(&plan, &nodes[..nodes.len() - 1])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("planned `step finish_step"), "{e}");
+        let mut longer = nodes.clone();
+        longer.push(MEMSET.into());
+        let e = check_nodes(&plan, &longer).unwrap_err().to_string();
+        assert!(e.contains("captured `memset`, planned `(none)`"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_attention_chunk_is_an_error_naming_it() {
+        let mut c = entrollm_model::synth::SynthShape::Tiny.config();
+        c.head_dim = 64;
+        let mut o = DecodeOptions::default();
+        o.set("chunk", "32x40").unwrap();
+        let e = decode_attention(&c, &o).unwrap_err().to_string();
+        assert!(e.contains("32 positions over 40 warps"), "{e}");
+    }
+}

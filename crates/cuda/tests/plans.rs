@@ -1,0 +1,240 @@
+//! The decode step each GPU model configuration gets (`plan::decode_plan`), on the CPU: the plan
+//! text of every form (dense BF16, FP8 as stored and palette-packed, BF16 palette-packed,
+//! dtANS-coded with the tuned codings, a container's mix) and every `DecodeOptions` toggle against
+//! the golden files in `tests/plans/`, which were written from the engine's decode step before it
+//! ran from a plan. The engine checks each captured graph against its plan on the device, so a
+//! change in which kernels run shows up here. An intended change: rerun with
+//! `ENTROLLM_BLESS_PLANS=1` to rewrite the files, and review their diff.
+
+use std::path::{Path, PathBuf};
+
+use entrollm_codec::dtans::Coding;
+use entrollm_codec::Payload;
+use entrollm_cuda::engine_coded::{e2e_config, tuned_plan};
+use entrollm_cuda::plan::{decode_plan, text_diff, DecodeOptions, LinearDesc, ModelDesc};
+use entrollm_model::coding_plan::{CodingPlan, Launch};
+use entrollm_model::synth::SynthShape;
+use entrollm_model::ModelConfig;
+
+/// SMs of the H200 (the palette and FP8 SwiGLU launches depend on it).
+const SMS: u32 = 132;
+
+fn golden(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/plans")
+        .join(format!("{name}.txt"))
+}
+
+/// Compares the plan of `m` under `opts` with `tests/plans/NAME.txt`, printing a diff.
+fn check(name: &str, m: &ModelDesc, opts: DecodeOptions, greedy: bool) {
+    let got = decode_plan(m, &opts, greedy).unwrap().to_string() + "\n";
+    let path = golden(name);
+    if std::env::var_os("ENTROLLM_BLESS_PLANS").is_some() {
+        std::fs::write(&path, &got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (ENTROLLM_BLESS_PLANS=1 writes it)", path.display()));
+    if let Some(d) = text_diff(&want, &got) {
+        panic!(
+            "the decode plan `{name}` differs from {} (- expected, + got); if intended, rerun \
+             with ENTROLLM_BLESS_PLANS=1 and review the diff:\n{d}",
+            path.display()
+        );
+    }
+}
+
+fn opts(knobs: &[(&str, &str)]) -> DecodeOptions {
+    let mut o = DecodeOptions::default();
+    for (k, v) in knobs {
+        o.set(k, v).unwrap();
+    }
+    o
+}
+
+fn llama8b(layers: usize) -> ModelConfig {
+    let mut c = SynthShape::Llama31_8B.config();
+    c.num_layers = layers;
+    c
+}
+
+fn dense(c: &ModelConfig) -> ModelDesc {
+    ModelDesc::build(c, SMS, |_, r, k| Ok(LinearDesc::dense_bf16(r, k))).unwrap()
+}
+
+/// An FP8 checkpoint served with its codes as stored (`palette` false) or palette-packed; its
+/// BF16 LM head dense, or palette-packed with the palette form (`pal_bf16_head`).
+fn fp8(c: &ModelConfig, palette: bool) -> ModelDesc {
+    ModelDesc::build(c, SMS, |launch, r, k| {
+        Ok(match (launch, palette) {
+            ("lm_head", false) => LinearDesc::dense_bf16(r, k),
+            ("lm_head", true) => LinearDesc::pal_bf16(r, k, SMS),
+            _ => LinearDesc::fp8(r, k, palette, SMS),
+        })
+    })
+    .unwrap()
+}
+
+/// Every launch dtANS-coded whole as `plan` says (`GpuModel::synth_coded`: one part a launch,
+/// gate/up rows interleaved).
+fn coded(c: &ModelConfig, plan: &CodingPlan) -> ModelDesc {
+    ModelDesc::build(c, SMS, |launch, r, k| {
+        let l = Launch::from_name(launch).unwrap();
+        let coding = plan.launches.get(&l).copied().flatten().or(plan.default);
+        LinearDesc::dtans(Payload::Bf16, coding.unwrap(), r, k, 1, false)
+    })
+    .unwrap()
+}
+
+#[test]
+fn dense_bf16() {
+    let d = dense(&llama8b(32));
+    check("dense-bf16-8b", &d, DecodeOptions::default(), true);
+    let e = dense(&e2e_config());
+    check("dense-bf16-e2e", &e, DecodeOptions::default(), true);
+    check("dense-bf16-e2e-logits", &e, DecodeOptions::default(), false);
+}
+
+#[test]
+fn dense_bf16_under_each_option() {
+    let e = dense(&e2e_config());
+    for (name, knobs) in [
+        (
+            "dense-bf16-e2e-fused-attention",
+            &[("attention", "fused")][..],
+        ),
+        ("dense-bf16-e2e-fused-norm", &[("norm", "fused")]),
+        ("dense-bf16-e2e-split-norm", &[("norm", "split")]),
+        ("dense-bf16-e2e-split-rope", &[("rope", "split")]),
+        ("dense-bf16-e2e-pdl-off", &[("pdl", "off")]),
+    ] {
+        check(name, &e, opts(knobs), true);
+    }
+    // Dense BF16 has no FP8 GEMV: `pdl all` is `pdl on`.
+    let all = decode_plan(&e, &opts(&[("pdl", "all")]), true).unwrap();
+    let on = decode_plan(&e, &DecodeOptions::default(), true).unwrap();
+    assert_eq!(all.launches, on.launches);
+}
+
+#[test]
+fn fp8_as_stored_and_palette_packed() {
+    let c = llama8b(3);
+    let d = fp8(&c, false);
+    check("fp8-dense-8b", &d, DecodeOptions::default(), true);
+    check("fp8-dense-8b-pdl-all", &d, opts(&[("pdl", "all")]), true);
+    let p = fp8(&c, true);
+    check("fp8-palette-8b", &p, DecodeOptions::default(), true);
+    check(
+        "fp8-palette-8b-split-norm",
+        &p,
+        opts(&[("norm", "split")]),
+        true,
+    );
+}
+
+#[test]
+fn bf16_palette_packed() {
+    let m = ModelDesc::build(&llama8b(3), SMS, |_, r, k| {
+        Ok(LinearDesc::pal_bf16(r, k, SMS))
+    })
+    .unwrap();
+    check("bf16-palette-8b", &m, DecodeOptions::default(), true);
+}
+
+#[test]
+fn dtans_tuned_codings() {
+    let c = llama8b(3);
+    check(
+        "dtans-tuned-pair-8b",
+        &coded(&c, &tuned_plan(&c)),
+        DecodeOptions::default(),
+        true,
+    );
+    let single = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/plans/single-m8.json");
+    let plan = CodingPlan::from_file(&single, None).unwrap();
+    check(
+        "dtans-tuned-single-8b",
+        &coded(&c, &plan),
+        DecodeOptions::default(),
+        true,
+    );
+}
+
+#[test]
+fn container_mix() {
+    let mut c = e2e_config();
+    c.tie_word_embeddings = true;
+    c.attention_bias = true;
+    let mut m = dense(&c);
+    let coding = |s: &str| Coding::parse(s).unwrap().unwrap();
+    let dtans = |s, r, k, parts, halves| {
+        LinearDesc::dtans(Payload::Bf16, coding(s), r, k, parts, halves).unwrap()
+    };
+    for l in &mut m.layers {
+        l.qkv_bias = true;
+    }
+    m.layers[0].qkv = dtans("pair:8:128:16", 512, 256, 3, false);
+    m.layers[0].gate_up = dtans("pair:8:256:16", 1040, 256, 2, true);
+    m.layers[1].down = dtans("single:8:512", 256, 520, 1, false);
+    assert!(m.lm_head.is_none());
+    check("container-mix-e2e", &m, DecodeOptions::default(), true);
+}
+
+/// Every kernel a plan names is a `__global__` function of the kernel sources (the names the
+/// launchers pass to `GpuDevice::function`).
+#[test]
+fn plans_name_real_kernels() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    let mut src = String::new();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "cu") {
+            src += &std::fs::read_to_string(p).unwrap();
+        }
+    }
+    let lines: Vec<&str> = src.lines().collect();
+    let defined = |name: &str| {
+        let call = format!("{name}(");
+        lines.iter().enumerate().any(|(i, l)| {
+            let starts = l.find(&call).is_some_and(|at| {
+                at == 0
+                    || !l.as_bytes()[at - 1].is_ascii_alphanumeric() && l.as_bytes()[at - 1] != b'_'
+            });
+            starts && (l.contains("__global__") || i > 0 && lines[i - 1].contains("__global__"))
+        })
+    };
+    let c = llama8b(2);
+    let models = [
+        dense(&c),
+        fp8(&c, false),
+        fp8(&c, true),
+        ModelDesc::build(&c, SMS, |_, r, k| Ok(LinearDesc::pal_bf16(r, k, SMS))).unwrap(),
+        coded(&c, &tuned_plan(&c)),
+    ];
+    let knobs: [&[(&str, &str)]; 5] = [
+        &[],
+        &[("attention", "fused")],
+        &[("norm", "fused")],
+        &[("norm", "split"), ("rope", "split")],
+        &[("pdl", "all")],
+    ];
+    let mut seen = std::collections::BTreeSet::new();
+    for m in &models {
+        for k in knobs {
+            for greedy in [true, false] {
+                for l in decode_plan(m, &opts(k), greedy).unwrap().launches {
+                    if l.is_kernel() {
+                        seen.insert(l.kernel);
+                    }
+                }
+            }
+        }
+    }
+    for k in &seen {
+        assert!(
+            defined(k),
+            "kernel `{k}` is not a __global__ function of kernels/*.cu"
+        );
+    }
+    assert!(seen.len() >= 25, "{seen:?}");
+}
