@@ -19,7 +19,7 @@ use entrollm_cuda::engine_coded::{check_load_plan, free_memory, tuned_plan, Enco
 use entrollm_cuda::linear::{Fp8Serving, Serving};
 use entrollm_cuda::{GpuDevice, GpuEngine, GpuModel};
 use entrollm_model::coding_plan::CodingPlan;
-use entrollm_model::load::open_weights;
+use entrollm_model::load::{open_weights_with, LoadOptions};
 use entrollm_model::synth::SynthShape;
 use entrollm_model::ModelConfig;
 
@@ -89,6 +89,10 @@ pub struct Args {
     bf16: bool,
     #[command(flatten)]
     decode: crate::generate::DecodeArgs,
+    /// With a MODEL path: the forms of its launches chosen to fit a memory budget (see `run
+    /// --help`); not with --code-at-load or --bf16 palette.
+    #[command(flatten)]
+    budget: crate::budget::BudgetArgs,
     /// Diagnostics: build every kernel with a trace in `pdl_wait` and write three decode steps'
     /// records to FILE as CSV (default: the environment's `ENTROLLM_TRACE`). The traced build's
     /// timings are not the engine's.
@@ -227,10 +231,31 @@ pub fn run(a: Args) -> Result<()> {
         (None, Some(path)) => {
             // A container's dtANS-coded matrices stay coded (checksums verified on the host
             // decode at load) and are served by the coded kernels.
-            let w = open_weights(path, true)?;
+            if a.budget.is_set() && (code.is_some() || a.bf16) {
+                bail!("--budget/--plan/--tune choose every launch's form: not with --code-at-load or --bf16 palette");
+            }
+            let w = open_weights_with(
+                path,
+                LoadOptions {
+                    fused: true,
+                    keep_quantised: a.budget.is_set(),
+                },
+            )?;
             if let Some(plan) = &code {
                 check_load_plan(&w.config, plan)?;
             }
+            let ctx = a.context.unwrap_or(
+                (a.prompt_len + 128)
+                    .max(a.prefill_len)
+                    .max(a.long_prefill + 64),
+            );
+            let w = crate::generate::planned(
+                &a.budget,
+                w,
+                path,
+                crate::generate::DeviceArg::Cuda,
+                ctx,
+            )?;
             let serving = Serving {
                 fp8: a.fp8,
                 bf16_palette: a.bf16,

@@ -3,11 +3,11 @@
 
 use crate::progress;
 use anyhow::{bail, Context, Result};
-use entrollm_tune::DeviceKind;
 use entrollm_model::ModelWeights;
 use entrollm_tune::budget::Budget;
 use entrollm_tune::file::{PlanFile, TuneFile};
 use entrollm_tune::planner;
+use entrollm_tune::DeviceKind;
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Clone, Debug, Default)]

@@ -79,8 +79,15 @@ fn tune_resume_and_plans_on_a_synthetic_model() {
         assert!(points.iter().any(|p| p["pareto"] == true));
     }
     // Layer 1 reuses layer 0's timings (same shapes), with its own sizes.
-    let l1 = launches.iter().find(|l| l["id"] == "layers.1.down").unwrap();
-    assert!(l1["points"].as_array().unwrap().iter().all(|p| p["timed_as"] == "layers.0.down"));
+    let l1 = launches
+        .iter()
+        .find(|l| l["id"] == "layers.1.down")
+        .unwrap();
+    assert!(l1["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["timed_as"] == "layers.0.down"));
 
     // Resumed: nothing is timed again, the launches are the same.
     let again = ok(&["tune", m, "--device", "cpu", "-o", ts]);
@@ -115,7 +122,17 @@ fn tune_resume_and_plans_on_a_synthetic_model() {
 
     // A tune file of another model is refused.
     let other = d.join("other");
-    ok(&["synth", "--shape", "tiny", "--dtype", "fp16", "--seed", "3", "-o", other.to_str().unwrap()]);
+    ok(&[
+        "synth",
+        "--shape",
+        "tiny",
+        "--dtype",
+        "fp16",
+        "--seed",
+        "3",
+        "-o",
+        other.to_str().unwrap(),
+    ]);
     let out = entrollm(&["tune", other.to_str().unwrap(), "--device", "cpu", "-o", ts]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("another model"));
@@ -140,7 +157,14 @@ fn smollm2_under_three_budgets_keeps_its_greedy_tokens() {
     };
     let g = gguf.to_str().unwrap();
     let base = [
-        "run", g, "--device", "cpu", "-p", "The capital of France is", "--max-tokens", "12",
+        "run",
+        g,
+        "--device",
+        "cpu",
+        "-p",
+        "The capital of France is",
+        "--max-tokens",
+        "12",
     ];
     let want = greedy(&base);
     let mut plans = Vec::new();
@@ -148,10 +172,26 @@ fn smollm2_under_three_budgets_keeps_its_greedy_tokens() {
         let mut args = base.to_vec();
         args.extend(["--budget", budget]);
         let out = ok(&args);
-        assert_eq!(String::from_utf8_lossy(&out.stdout), want, "--budget {budget}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            want,
+            "--budget {budget}"
+        );
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(err.contains("default cost model"), "{err}");
-        plans.push(err.lines().filter(|l| l.contains(" x ") || l.starts_with("qkv") || l.starts_with("o ") || l.starts_with("down") || l.starts_with("gate_up") || l.starts_with("lm_head")).map(str::to_string).collect::<Vec<_>>());
+        plans.push(
+            err.lines()
+                .filter(|l| {
+                    l.contains(" x ")
+                        || l.starts_with("qkv")
+                        || l.starts_with("o ")
+                        || l.starts_with("down")
+                        || l.starts_with("gate_up")
+                        || l.starts_with("lm_head")
+                })
+                .map(str::to_string)
+                .collect::<Vec<_>>(),
+        );
     }
     assert!(plans[0] != plans[1] && plans[1] != plans[2], "{plans:?}");
     let mut args = base.to_vec();

@@ -116,7 +116,8 @@ impl Linear for IntLinear {
                     let r = chunk * rows_per_task + i;
                     self.unpack_row(r, &mut q);
                     if g.signed {
-                        q.iter_mut().for_each(|v| *v -= if *v >= half { wrap } else { 0.0 });
+                        q.iter_mut()
+                            .for_each(|v| *v -= if *v >= half { wrap } else { 0.0 });
                     }
                     let mut acc = 0f32;
                     for gi in 0..per_row {
