@@ -89,12 +89,6 @@ pub fn plan(
         }
         return Ok(plan);
     }
-    let tune = match &args.tune {
-        Some(t) => Some(read_tune(t, device_id, args.force_tune)?),
-        None => None,
-    };
-    let measured = tune.is_some();
-    let tune = planner::tune_for(w, id, tune, device)?;
     let fixed = planner::fixed_bytes(w);
     let budget = match &args.budget {
         None => None,
@@ -111,9 +105,15 @@ pub fn plan(
                     fixed as f64 / 1e9
                 );
             }
-            Some(total - off)
+            Some(total)
         }
     };
+    let tune = match &args.tune {
+        Some(t) => Some(read_tune(t, device_id, args.force_tune)?),
+        None => None,
+    };
+    let measured = tune.is_some();
+    let tune = planner::tune_for(w, id, tune, device)?;
     let plan = entrollm_tune::file::plan(&tune, budget, reserved + fixed).map_err(|e| {
         anyhow::anyhow!(
             "{e}{}",
@@ -188,8 +188,11 @@ pub fn print_summary(plan: &PlanFile, out: &mut dyn std::io::Write) -> Result<()
         out,
         "plan: weights {:.3} GB of launches{}, predicted {:.1} tok/s ({:.1} µs a step, {} cost model){cert}",
         plan.total_bytes as f64 / 1e9,
-        plan.budget_bytes
-            .map_or(String::new(), |b| format!(" (budget for them {:.3} GB)", b as f64 / 1e9)),
+        plan.budget_bytes.map_or(String::new(), |b| format!(
+            " (budget {:.3} GB, of which {:.3} GB reserved first)",
+            b as f64 / 1e9,
+            plan.reserved_bytes as f64 / 1e9
+        )),
         plan.predicted_tok_s,
         plan.predicted_step_us,
         match plan.cost_model {

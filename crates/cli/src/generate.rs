@@ -607,6 +607,7 @@ impl Session {
             out.write_all(rest.as_bytes())?;
         }
         writeln!(out)?;
+        out.flush()?;
         if let (Some(first), Some(last)) = (first, last) {
             let decode_s = (last - first).as_secs_f64();
             eprintln!(

@@ -1,0 +1,51 @@
+#!/bin/bash
+# The GPU engine on the form seam (issue 24), one prepared run that builds nothing on the device:
+#   call 1 (PART=check): `selftest --gpu` of the refactored engine (decode step walked from its
+#     plan, graphs checked against it), then the regression set against the previous release binary
+#     in the same call: synthetic Llama-3.1-8B BF16 decode, coded prefill of 4096 tokens against
+#     dense, and the 2.1-bit FP8 checkpoint palette-packed against its codes as stored.
+#   call 2 (PART=tune): `entrollm tune --device cuda` on the 2.1-bit FP8 checkpoint and the BF16
+#     checkpoint, plans from those tune files, and the plans served and measured.
+#   PART=check|tune bash bench/h200-seam.sh DIR   DIR: entrollm.xz (this commit), entrollm-old.xz
+#   (the release before the seam). Outputs and the log in $OUT.
+D=${1:-.dev/seam}; W=/tmp/seam; mkdir -p $W
+unxz() { python3 -c 'import lzma,sys;open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' $1 $2; chmod +x $2; }
+unxz $D/entrollm.xz $W/entrollm; unxz $D/entrollm-old.xz $W/old
+export ENTROLLM_CACHE=$W/ec LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+lib=$(find /usr/local/cuda/lib64 $(python3 -c 'import site;print(" ".join(site.getsitepackages()))' 2>/dev/null) -name 'libnvrtc.so.13*' -not -name '*builtins*' 2>/dev/null | head -1)
+[ -n "$lib" ] && { mkdir -p $W/nvrtc; ln -sf $lib $W/nvrtc/libnvrtc.so; export LD_LIBRARY_PATH=$W/nvrtc:$(dirname $lib):$LD_LIBRARY_PATH; }
+B=$W/entrollm; O=$W/old; T0=$(date +%s); L=$OUT/log
+el() { echo "[+$(( $(date +%s) - T0 )) s] $*" | tee -a $L; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee -a $L
+keys='"decode_tok_s": [0-9.]+|"tokens_consistent": [a-z]+|"prefill_tok_s": [0-9.e+]+|"weights": [0-9]+|"palette_matrices": [0-9]+'
+b() { # tag, binary, args...: one bench run, its key figures on one line
+  local t=$1 bin=$2; shift 2
+  el "== bench $t: $*"; timeout ${BT:-150} $bin bench "$@" --json > $OUT/$t.json 2> $OUT/$t.err; el "rc $?"
+  { grep -oE "$keys" $OUT/$t.json; tr -d ' \n' < $OUT/$t.json | grep -oE '"first_tokens":\[[0-9,]+\]'; } | tr '\n' ' ' | tee -a $L; echo | tee -a $L
+  grep -iE "error|plan:|budget" $OUT/$t.err | head -12 | tee -a $L
+}
+fp8() { [ -d $W/m8 ] || { el "== synth FP8 8B 2.1 bits"; timeout 200 $B synth --shape llama-3.1-8b --dtype fp8-e4m3 --entropy 2.1 -o $W/m8 > $OUT/synth8.log 2>&1; el "rc $?"; }; }
+if [ "${PART:-check}" = check ]; then
+  el "== selftest --gpu (new)"; timeout ${ST:-300} $B selftest --gpu > $OUT/selftest.log 2>&1; el "rc $?"
+  grep -vE "^  ok " $OUT/selftest.log | tail -30 | tee -a $L
+  for v in new old; do bin=$B; [ $v = old ] && bin=$O
+    b bf16_$v $bin --synth llama-3.1-8b
+    b coded_prefill_$v $bin --synth llama-3.1-8b --coded --prefill-len 4096 --repeats 1
+  done
+  b dense_prefill_new $B --synth llama-3.1-8b --prefill-len 4096 --repeats 1
+  fp8
+  for v in new old; do bin=$B; [ $v = old ] && bin=$O
+    b fp8_dense_$v $bin $W/m8 --fp8 dense
+    b fp8_palette_$v $bin $W/m8 --fp8 palette
+  done
+else
+  fp8
+  el "== tune --device cuda FP8 8B"; timeout 300 $B tune $W/m8 --device cuda --max-variants ${MV:-3} -o $OUT/tune-fp8-8b.json > $OUT/tune_fp8.log 2>&1; el "rc $?"; tail -3 $OUT/tune_fp8.log | tee -a $L
+  $B plan $OUT/tune-fp8-8b.json -o $W/fast.json --plot $OUT/fronts-fp8-8b.svg 2>&1 | tail -12 | tee -a $L
+  b fp8_plan_fastest $B $W/m8 --fp8 dense --plan $W/fast.json
+  min=$(python3 -c "import json;t=json.load(open('$OUT/tune-fp8-8b.json'));print(sum(min(p['bytes'] for p in l['points']) for l in t['launches']))")
+  $B plan $OUT/tune-fp8-8b.json --budget $min -o $W/small.json 2>&1 | tail -12 | tee -a $L
+  b fp8_plan_smallest $B $W/m8 --fp8 dense --plan $W/small.json
+  b fp8_dense_ref $B $W/m8 --fp8 dense
+fi
+el done
