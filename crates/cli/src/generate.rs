@@ -3,7 +3,6 @@
 //! one is usable and says on stderr why not otherwise.
 
 use crate::budget::BudgetArgs;
-use entrollm_tune::tuner::LaunchTimer;
 use crate::progress;
 use anyhow::Result;
 use entrollm_codec::dtans::Coding;
@@ -16,6 +15,7 @@ use entrollm_model::load::{open_model_with, LoadOptions};
 use entrollm_model::sampler::{Sampler, SamplingParams, StopReason};
 use entrollm_model::tokenizer::Tokenizer;
 use entrollm_model::{Engine, ModelWeights};
+use entrollm_tune::tuner::LaunchTimer;
 use std::io::{BufRead, Write};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
