@@ -244,6 +244,9 @@ fn time_gather(m: &Arc<dyn Linear>, bursts: usize) -> f64 {
     per[per.len() / 2]
 }
 
+/// Timings per shape key: (form, variant) → (µs, id of the launch timed).
+type Timings = BTreeMap<String, BTreeMap<(String, String), (f64, String)>>;
+
 /// What the tuner reports as it goes.
 pub enum Progress<'a> {
     /// `done` of `total` variants timed; `what` is being timed now.
@@ -367,8 +370,7 @@ pub fn tune(
             .or_default()
             .push(i);
     }
-    // Timings per shape key: (form, variant) → (µs, id timed).
-    let mut timed: BTreeMap<String, BTreeMap<(String, String), (f64, String)>> = BTreeMap::new();
+    let mut timed: Timings = BTreeMap::new();
     if let Some(r) = resume {
         for l in &r.launches {
             let t = timed.entry(l.shape_key.clone()).or_default();
@@ -492,12 +494,7 @@ pub fn tune(
     Ok(tf)
 }
 
-fn has(
-    timed: &BTreeMap<String, BTreeMap<(String, String), (f64, String)>>,
-    key: &str,
-    form: &str,
-    variant: &str,
-) -> bool {
+fn has(timed: &Timings, key: &str, form: &str, variant: &str) -> bool {
     timed
         .get(key)
         .is_some_and(|t| t.contains_key(&(form.to_string(), variant.to_string())))

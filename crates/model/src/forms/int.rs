@@ -120,13 +120,13 @@ impl Linear for IntLinear {
                             .for_each(|v| *v -= if *v >= half { wrap } else { 0.0 });
                     }
                     let mut acc = 0f32;
-                    for gi in 0..per_row {
+                    for (gi, &xs) in xsum.iter().enumerate() {
                         let c0 = gi * g.group;
                         let n = g.group.min(self.cols - c0);
                         let dot = dot8(&q[c0..c0 + n], &x[c0..c0 + n]);
                         let k = r * per_row + gi;
-                        acc += g.scales[k] * (dot - g.offset * xsum[gi])
-                            + g.mins.as_ref().map_or(0.0, |m| m[k] * xsum[gi]);
+                        acc += g.scales[k] * (dot - g.offset * xs)
+                            + g.mins.as_ref().map_or(0.0, |m| m[k] * xs);
                     }
                     *y = acc;
                 }
