@@ -115,6 +115,40 @@ fn synth_compress_decompress_is_bit_exact() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// Coding in parallel does not change the container: one and two threads write the same bytes.
+#[test]
+fn compress_output_does_not_depend_on_the_thread_count() {
+    let d = tmp("threads");
+    let src = d.join("src");
+    ok(&[
+        "synth",
+        "--shape",
+        "tiny",
+        "--seed",
+        "6",
+        "-o",
+        src.to_str().unwrap(),
+        "--shard-size",
+        "1000000",
+    ]);
+    for threads in ["1", "2"] {
+        let c = d.join(format!("c{threads}"));
+        ok(&[
+            "--threads",
+            threads,
+            "compress",
+            src.to_str().unwrap(),
+            "-o",
+            c.to_str().unwrap(),
+            "--shard-size",
+            "3000000",
+        ]);
+    }
+    assert!(std::fs::read_dir(d.join("c1")).unwrap().count() > 3);
+    assert_same_dirs(&d.join("c1"), &d.join("c2"));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 #[test]
 fn damaged_containers_fail_naming_the_tensor() {
     let d = tmp("damage");

@@ -2,6 +2,7 @@
 
 pub mod chat;
 pub mod coding_plan;
+pub mod compress;
 pub mod config;
 pub mod engine;
 pub mod error;

@@ -66,6 +66,12 @@ impl<'a> SourceFile<'a> {
     /// The record of a safetensors file: the 8-byte length and header JSON as prefix, every
     /// tensor at its offset. Hashes the whole file.
     pub fn from_safetensors(name: &str, file: &'a SafetensorsFile) -> Self {
+        Self::from_safetensors_hashed(name, file, checksum(file.file_bytes()))
+    }
+
+    /// [`from_safetensors`](Self::from_safetensors) with the file's checksum `xxh3` computed by
+    /// the caller (e.g. while it codes the tensors).
+    pub fn from_safetensors_hashed(name: &str, file: &'a SafetensorsFile, xxh3: u64) -> Self {
         let start = file.data_start() as u64;
         let mut segments: Vec<SourceSegment> = Vec::with_capacity(file.len());
         let mut offset = start;
@@ -79,7 +85,7 @@ impl<'a> SourceFile<'a> {
         SourceFile {
             name: name.to_string(),
             size: file.file_len(),
-            xxh3: checksum(file.file_bytes()),
+            xxh3,
             prefix: file.prefix_bytes(),
             segments,
         }

@@ -1,0 +1,877 @@
+//! The coding pipeline behind `entrollm compress`: read a checkpoint (Hugging Face safetensors or
+//! GGUF), choose each matrix's coding, code it, check that it decodes to the source bytes, and
+//! write the container.
+//!
+//! Tensors are coded and checked on the rayon pool while the calling thread writes the container
+//! in source order, so the container is the same whatever the thread count. At most a window of
+//! tensors (twice the pool's threads, and [`CompressOptions::in_flight_bytes`] of source) is
+//! coded ahead of the one being written, which bounds the memory held by coded tensors waiting
+//! for the writer.
+
+use crate::coding_plan::CodingPlan;
+use crate::error::ModelError;
+use crate::gguf::{GgmlType, GgufFile, GgufTensorInfo};
+use entrollm_codec::df11::Df11Tensor;
+use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor};
+use entrollm_codec::histogram::{byte_histogram, entropy_bits};
+use entrollm_codec::{CodecError, Payload};
+use entrollm_format::coded::{payload_of, Coded, GgmlCoded};
+use entrollm_format::ggml_blocks::{unpack_codes, BlockType};
+use entrollm_format::{
+    checksum, Checkpoint, ContainerWriter, Dtype, FormatError, SafetensorsFile, SourceFile,
+    SourceSegment, TensorView, WriterOptions,
+};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+
+/// Which coder codes the matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Coder {
+    /// dtANS-LLM: every float dtype, and GGUF block codes.
+    Dtans,
+    /// The DFloat11 layout: BF16 only.
+    Df11,
+}
+
+impl Coder {
+    pub fn parse(s: &str) -> Result<Coder, String> {
+        match s {
+            "dtans" => Ok(Coder::Dtans),
+            "df11" => Ok(Coder::Df11),
+            c => Err(format!("unknown coder '{c}': use dtans or df11")),
+        }
+    }
+}
+
+/// How to compress a checkpoint.
+#[derive(Clone, Debug)]
+pub struct CompressOptions {
+    pub coder: Coder,
+    /// The dtANS coding of each tensor (`None`: the one predicted smallest).
+    pub plan: CodingPlan,
+    /// Tensors with fewer elements stay uncoded.
+    pub min_elements: usize,
+    /// Largest container shard, in bytes.
+    pub shard_size: u64,
+    /// Replace a destination that exists and is not empty.
+    pub overwrite: bool,
+    /// Source bytes of the tensors coded ahead of the writer at once (one tensor always is).
+    pub in_flight_bytes: u64,
+}
+
+impl Default for CompressOptions {
+    fn default() -> Self {
+        CompressOptions {
+            coder: Coder::Dtans,
+            plan: CodingPlan::uniform(None),
+            min_elements: 4096,
+            shard_size: entrollm_format::container::DEFAULT_SHARD_SIZE_LIMIT,
+            overwrite: false,
+            in_flight_bytes: 4 << 30,
+        }
+    }
+}
+
+/// Told how far the pipeline is, on the calling thread.
+pub trait Progress {
+    /// Before the first tensor: the source bytes of all tensors.
+    fn start(&mut self, _total_bytes: u64) {}
+    /// A tensor of `bytes` source bytes was written.
+    fn advance(&mut self, _bytes: u64) {}
+    /// Every tensor was written; the container is being finished.
+    fn finish(&mut self) {}
+}
+
+/// Reports nothing.
+pub struct NoProgress;
+impl Progress for NoProgress {}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceKind {
+    Safetensors,
+    Gguf,
+}
+
+/// What a compression did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    pub source: SourceKind,
+    /// Tensors stored coded.
+    pub coded_tensors: usize,
+    /// Their bytes in the source, and coded.
+    pub coded_source_bytes: u64,
+    pub coded_bytes: u64,
+    /// Their weights.
+    pub coded_weights: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CompressError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    #[error("coded form does not decode to the original bytes (a coder bug; nothing was written)")]
+    Mismatch,
+    /// Coding one tensor failed.
+    #[error("tensor '{name}': {error}")]
+    Tensor {
+        name: String,
+        error: Box<CompressError>,
+    },
+    /// The source or the options cannot be compressed as asked.
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl CompressError {
+    fn in_tensor(name: &str) -> impl FnOnce(CompressError) -> CompressError + '_ {
+        move |e| CompressError::Tensor {
+            name: name.to_string(),
+            error: Box::new(e),
+        }
+    }
+}
+
+pub type Result<T, E = CompressError> = std::result::Result<T, E>;
+
+/// How a matrix's bytes hold its weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceForm {
+    /// Floats of this payload (BF16, FP16, FP8), row-major.
+    Floats(Payload),
+    /// GGUF blocks carrying integer codes and per-block scales.
+    Blocks(BlockType),
+}
+
+/// A `rows × cols` matrix as the source stores it.
+#[derive(Clone, Copy, Debug)]
+pub struct Matrix<'a> {
+    pub form: SourceForm,
+    pub rows: usize,
+    pub cols: usize,
+    pub bytes: &'a [u8],
+}
+
+/// Codes one matrix with `coder` (dtANS with `coding`, or the coding predicted smallest when
+/// `None`) and checks that the coded form decodes to the matrix's bytes. Returns the coded form
+/// and its statistics, as the manifest records them.
+pub fn code_tensor(m: &Matrix<'_>, coder: Coder, coding: Option<Coding>) -> Result<(Coded, Value)> {
+    let (rows, cols) = (m.rows, m.cols);
+    let (coded, codes, side_bits, stats) = match (m.form, coder) {
+        (SourceForm::Floats(payload), Coder::Dtans) => {
+            let (codes, raw) = payload.symbolize(m.bytes)?;
+            let (d, stats) = code_dtans(payload, rows, cols, &codes, &raw, coding)?;
+            let side_bits = if payload.has_raw() { 8.0 } else { 0.0 };
+            (Coded::Dtans(d), codes, side_bits, stats)
+        }
+        (SourceForm::Floats(Payload::Bf16), Coder::Df11) => {
+            let (codes, _) = Payload::Bf16.symbolize(m.bytes)?;
+            let w: Vec<u16> = m
+                .bytes
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            (Coded::Df11(Df11Tensor::encode(&w)?), codes, 8.0, json!({}))
+        }
+        (SourceForm::Blocks(block), Coder::Dtans) => {
+            let q = unpack_codes(block, m.bytes).map_err(CompressError::Usage)?;
+            let payload = Payload::Int(block.bits() as u8);
+            let (d, stats) = code_dtans(payload, rows, cols, &q.codes, &[], coding)?;
+            let coded = Coded::Ggml(GgmlCoded {
+                block,
+                codes: d,
+                d: q.d,
+                m: q.m,
+            });
+            let side_bits = if block.has_m() { 1.0 } else { 0.5 };
+            (coded, q.codes, side_bits, stats)
+        }
+        (form, Coder::Df11) => {
+            return Err(CompressError::Usage(format!(
+                "df11 codes BF16 matrices, not {form:?}; use --coder dtans"
+            )))
+        }
+    };
+    if coded.decode()? != m.bytes {
+        return Err(CompressError::Mismatch);
+    }
+    let mut stats = stats;
+    let entropy = entropy_bits(&byte_histogram(&codes));
+    stats["entropy_bits"] = json!(entropy);
+    stats["entropy_bound_bpw"] = json!(entropy + side_bits);
+    stats["bits_per_weight"] = json!(coded.stored_bytes() as f64 * 8.0 / (rows * cols) as f64);
+    Ok((coded, stats))
+}
+
+/// dtANS-codes the symbols of a `rows × cols` payload with the given coding or the one predicted
+/// smallest.
+fn code_dtans(
+    payload: Payload,
+    rows: usize,
+    cols: usize,
+    codes: &[u8],
+    raw: &[u8],
+    coding: Option<Coding>,
+) -> Result<(DtansTensor, Value)> {
+    let (coding, predicted) = match coding {
+        Some(c) => (
+            c,
+            DtansTensor::predict_bytes(payload, rows, cols, codes, c)?,
+        ),
+        None => choose_coding_and_width(payload, rows, cols, codes)?,
+    };
+    let d = DtansTensor::encode(payload, rows, cols, codes, raw, coding)?;
+    let b = d.size_breakdown()?;
+    Ok((
+        d,
+        json!({ "predicted_bytes": predicted.round(), "breakdown": b }),
+    ))
+}
+
+/// Compresses the checkpoint `src` (a safetensors checkpoint directory or file, or a GGUF file)
+/// into a container at `dst`.
+pub fn compress(
+    src: &Path,
+    dst: &Path,
+    opts: &CompressOptions,
+    progress: &mut dyn Progress,
+) -> Result<Summary> {
+    if is_gguf(src) {
+        compress_gguf(src, dst, opts, progress)
+    } else {
+        compress_safetensors(src, dst, opts, progress)
+    }
+}
+
+fn writer(dst: &Path, opts: &CompressOptions) -> Result<ContainerWriter> {
+    Ok(ContainerWriter::create(
+        dst,
+        WriterOptions {
+            shard_size_limit: opts.shard_size,
+            overwrite: opts.overwrite,
+            ..WriterOptions::default()
+        },
+    )?)
+}
+
+/// A coded tensor ready for the writer: the coded form, its statistics and the checksum of the
+/// source bytes.
+type Ready = (Coded, Value, u64);
+
+fn add_coded(
+    w: &mut ContainerWriter,
+    name: &str,
+    dtype: Dtype,
+    shape: &[usize],
+    (coded, stats, sum): Ready,
+) -> Result<()> {
+    let arrays = coded.arrays();
+    let arrays = arrays
+        .iter()
+        .map(|(n, d, b)| (n.clone(), *d, &b[..]))
+        .collect();
+    w.add_coded(
+        name,
+        dtype,
+        shape,
+        coded.coder(),
+        coded.params(stats),
+        arrays,
+        sum,
+    )?;
+    Ok(())
+}
+
+fn compress_safetensors(
+    src: &Path,
+    dst: &Path,
+    opts: &CompressOptions,
+    progress: &mut dyn Progress,
+) -> Result<Summary> {
+    let ckpt = Checkpoint::open(src)?;
+    let shard_names: Vec<&str> = ckpt.files().map(|(n, _)| n).collect();
+    let mut w = writer(dst, opts)?;
+    if src.is_dir() {
+        for (path, name) in verbatim_files(src, &shard_names)? {
+            w.copy_file(&path, &name)?;
+        }
+    }
+    if opts.coder == Coder::Df11 && !ckpt.tensors().any(|t| t.dtype == Dtype::BF16) {
+        return Err(CompressError::Usage(format!(
+            "{}: df11 codes BF16 tensors and this checkpoint has none; use --coder dtans",
+            src.display()
+        )));
+    }
+    let tensors: Vec<TensorView<'_>> = ckpt.tensors().collect();
+    progress.start(tensors.iter().map(|t| t.bytes.len() as u64).sum());
+    let mut summary = Summary {
+        source: SourceKind::Safetensors,
+        coded_tensors: 0,
+        coded_source_bytes: 0,
+        coded_bytes: 0,
+        coded_weights: 0,
+    };
+    let code = |t: &TensorView<'_>| -> Result<Option<Ready>> {
+        let numel: usize = t.shape.iter().product();
+        let codable = payload_of(t.dtype)
+            .is_some_and(|_| opts.coder == Coder::Dtans || t.dtype == Dtype::BF16)
+            && t.shape.len() >= 2
+            && numel >= opts.min_elements;
+        let Some(payload) = payload_of(t.dtype).filter(|_| codable) else {
+            return Ok(None);
+        };
+        let rows = t.shape[0];
+        let m = Matrix {
+            form: SourceForm::Floats(payload),
+            rows,
+            cols: numel / rows,
+            bytes: t.bytes,
+        };
+        let (coded, stats) = code_tensor(&m, opts.coder, opts.plan.coding_for(t.name))
+            .map_err(CompressError::in_tensor(t.name))?;
+        Ok(Some((coded, stats, checksum(t.bytes))))
+    };
+    let limits = Window::of_pool(opts.in_flight_bytes);
+    let weight = |t: &TensorView<'_>| t.bytes.len() as u64;
+    let files: Vec<(&str, &SafetensorsFile)> = ckpt.files().collect();
+    let sums = std::thread::scope(|threads| -> Result<Vec<u64>> {
+        // Hashing the whole source once more is a single-threaded pass: it runs beside the
+        // coding rather than before it, and the source files are recorded after the tensors.
+        let hashing = threads.spawn(|| {
+            files
+                .iter()
+                .map(|(_, f)| checksum(f.file_bytes()))
+                .collect::<Vec<u64>>()
+        });
+        in_order(&tensors, weight, limits, code, |t, ready| {
+            match ready {
+                Some(ready) => {
+                    summary.coded_tensors += 1;
+                    summary.coded_source_bytes += t.bytes.len() as u64;
+                    summary.coded_bytes += ready.0.stored_bytes() as u64;
+                    summary.coded_weights += t.shape.iter().product::<usize>() as u64;
+                    add_coded(&mut w, t.name, t.dtype, t.shape, ready)?;
+                }
+                None => w.add_plain(t.name, t.dtype, t.shape, t.bytes)?,
+            }
+            progress.advance(t.bytes.len() as u64);
+            Ok(())
+        })?;
+        Ok(hashing
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    })?;
+    for ((name, file), sum) in files.iter().zip(sums) {
+        w.add_source_file(SourceFile::from_safetensors_hashed(name, file, sum))?;
+    }
+    progress.finish();
+    w.finish()?;
+    Ok(summary)
+}
+
+/// Files of the source directory that are not checkpoint shards: copied verbatim.
+fn verbatim_files(root: &Path, shards: &[&str]) -> Result<Vec<(PathBuf, String)>> {
+    let io = |e| ModelError::Io {
+        path: root.to_path_buf(),
+        error: e,
+    };
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root).map_err(io)? {
+        let e = e.map_err(io)?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if e.file_type().map_err(io)?.is_file()
+            && !shards.contains(&name.as_str())
+            && !name.starts_with('.')
+        {
+            out.push((e.path(), name));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Whether `path` is a file that starts with the GGUF magic.
+pub fn is_gguf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    path.is_file()
+        && std::fs::File::open(path)
+            .and_then(|mut f| f.read_exact(&mut magic))
+            .is_ok()
+        && &magic == b"GGUF"
+}
+
+/// How one GGUF tensor goes into the container.
+enum Storage {
+    /// Integer codes of a block type, dtANS-coded, scales beside.
+    Codes(BlockType),
+    /// An F16/BF16 matrix coded as floats.
+    Floats(Dtype),
+    /// Stored as it is, as this dtype and shape.
+    Plain(Dtype, Vec<usize>),
+}
+
+fn storage(info: &GgufTensorInfo, min_elements: usize) -> Storage {
+    let numel = info.n_elements() as usize;
+    let matrix = info.dims.len() >= 2 && numel >= min_elements;
+    match info.ggml_type {
+        t if matrix && t.block_type().is_some() => Storage::Codes(t.block_type().unwrap()),
+        GgmlType::F16 if matrix => Storage::Floats(Dtype::F16),
+        GgmlType::BF16 if matrix => Storage::Floats(Dtype::BF16),
+        GgmlType::F32 => Storage::Plain(Dtype::F32, info.hf_shape()),
+        GgmlType::F16 => Storage::Plain(Dtype::F16, info.hf_shape()),
+        GgmlType::BF16 => Storage::Plain(Dtype::BF16, info.hf_shape()),
+        _ => Storage::Plain(Dtype::U8, vec![info.n_bytes as usize]),
+    }
+}
+
+/// The first non-zero byte of the data section outside every tensor, if any: restoration writes
+/// zeros there.
+fn nonzero_padding(file: &GgufFile) -> Option<usize> {
+    let bytes = file.bytes();
+    let mut ranges: Vec<std::ops::Range<usize>> =
+        file.tensors().iter().map(|t| t.file_range()).collect();
+    ranges.sort_by_key(|r| r.start);
+    let mut at = file.data_offset() as usize;
+    for r in ranges
+        .iter()
+        .chain(std::iter::once(&(bytes.len()..bytes.len())))
+    {
+        if let Some(i) = bytes[at..r.start.max(at)].iter().position(|&b| b != 0) {
+            return Some(at + i);
+        }
+        at = at.max(r.end);
+    }
+    None
+}
+
+/// A GGUF tensor for the writer: coded (when coding shrinks it) as this dtype and shape, or stored
+/// plain as the other dtype and shape.
+enum GgufReady {
+    Coded(Box<Ready>, Dtype, Vec<usize>),
+    Plain(Dtype, Vec<usize>),
+}
+
+fn compress_gguf(
+    src: &Path,
+    dst: &Path,
+    opts: &CompressOptions,
+    progress: &mut dyn Progress,
+) -> Result<Summary> {
+    if opts.coder != Coder::Dtans {
+        return Err(CompressError::Usage(format!(
+            "{}: GGUF files are coded with dtans (df11 codes BF16 safetensors checkpoints)",
+            src.display()
+        )));
+    }
+    let file = GgufFile::open(src)?;
+    if let Some(at) = nonzero_padding(&file) {
+        return Err(CompressError::Usage(format!(
+            "{}: byte {at} lies outside every tensor and is not zero; such a file cannot be \
+             restored bit for bit",
+            src.display()
+        )));
+    }
+    let name = src
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| CompressError::Usage(format!("{}: not a file name", src.display())))?;
+    let bytes = file.bytes();
+    let data_offset = file.data_offset();
+    let mut w = writer(dst, opts)?;
+    w.add_source_file(SourceFile {
+        name,
+        size: bytes.len() as u64,
+        xxh3: checksum(bytes),
+        prefix: &bytes[..data_offset as usize],
+        segments: file
+            .tensors()
+            .iter()
+            .map(|t| SourceSegment {
+                tensor: t.name.clone(),
+                offset: data_offset + t.offset,
+            })
+            .collect(),
+    })?;
+    progress.start(file.tensors().iter().map(|t| t.n_bytes).sum());
+    let mut summary = Summary {
+        source: SourceKind::Gguf,
+        coded_tensors: 0,
+        coded_source_bytes: 0,
+        coded_bytes: 0,
+        coded_weights: 0,
+    };
+    let code = |info: &GgufTensorInfo| -> Result<GgufReady> {
+        let data = file.tensor_data(info);
+        let (rows, cols) = (info.n_rows(), info.row_len());
+        // What to store when there is nothing to code, or coding would not shrink the tensor
+        // (near-uniform codes), and the form to code.
+        let (plain_dtype, plain_shape, form, coded_dtype, coded_shape, source_bpw) =
+            match storage(info, opts.min_elements) {
+                Storage::Plain(dtype, shape) => return Ok(GgufReady::Plain(dtype, shape)),
+                Storage::Codes(block) => (
+                    Dtype::U8,
+                    vec![data.len()],
+                    SourceForm::Blocks(block),
+                    Dtype::U8,
+                    GgmlCoded::stored_shape(block, rows, cols),
+                    block.bits_per_weight(),
+                ),
+                Storage::Floats(dtype) => (
+                    dtype,
+                    info.hf_shape(),
+                    SourceForm::Floats(payload_of(dtype).expect("F16 and BF16 are codable")),
+                    dtype,
+                    vec![rows, cols],
+                    16.0,
+                ),
+            };
+        let m = Matrix {
+            form,
+            rows,
+            cols,
+            bytes: data,
+        };
+        let coding = opts.plan.coding_for(&info.name);
+        let (coded, mut stats) =
+            code_tensor(&m, Coder::Dtans, coding).map_err(CompressError::in_tensor(&info.name))?;
+        if coded.stored_bytes() >= data.len() {
+            return Ok(GgufReady::Plain(plain_dtype, plain_shape));
+        }
+        stats["source_bpw"] = json!(source_bpw);
+        Ok(GgufReady::Coded(
+            Box::new((coded, stats, checksum(data))),
+            coded_dtype,
+            coded_shape,
+        ))
+    };
+    let limits = Window::of_pool(opts.in_flight_bytes);
+    let weight = |info: &GgufTensorInfo| info.n_bytes;
+    in_order(file.tensors(), weight, limits, code, |info, ready| {
+        let data = file.tensor_data(info);
+        match ready {
+            GgufReady::Coded(ready, dtype, shape) => {
+                summary.coded_tensors += 1;
+                summary.coded_source_bytes += data.len() as u64;
+                summary.coded_bytes += ready.0.stored_bytes() as u64;
+                summary.coded_weights += info.n_elements();
+                add_coded(&mut w, &info.name, dtype, &shape, *ready)?;
+            }
+            GgufReady::Plain(dtype, shape) => w.add_plain(&info.name, dtype, &shape, data)?,
+        }
+        progress.advance(info.n_bytes);
+        Ok(())
+    })?;
+    progress.finish();
+    w.set_metadata("source_format", json!("gguf"));
+    w.finish()?;
+    Ok(summary)
+}
+
+/// How far [`in_order`] may work ahead of its consumer.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    /// Items started and not yet consumed.
+    items: usize,
+    /// Their summed weight (one item is always allowed, whatever its weight).
+    weight: u64,
+}
+
+impl Window {
+    /// Two items per thread of the current pool: each thread has one to work on and one queued
+    /// while the consumer writes.
+    fn of_pool(weight: u64) -> Window {
+        Window {
+            items: 2 * rayon::current_num_threads(),
+            weight,
+        }
+    }
+}
+
+/// What a job sends back: its index and its result, or the payload of its panic.
+type Done<R> = (usize, std::thread::Result<Result<R>>);
+
+/// Runs `work` on every item on the current rayon pool and hands each result to `consume` on the
+/// calling thread, in item order, keeping at most `window` items started and not consumed. Stops
+/// at the first error (of `work`, in item order, or of `consume`) and returns it once the items
+/// started have finished; a panic in `work` is resumed on the calling thread.
+fn in_order<T: Sync, R: Send>(
+    items: &[T],
+    weight: impl Fn(&T) -> u64,
+    window: Window,
+    work: impl Fn(&T) -> Result<R> + Sync,
+    mut consume: impl FnMut(&T, R) -> Result<()>,
+) -> Result<()> {
+    let stop = AtomicBool::new(false);
+    let (work, stop) = (&work, &stop);
+    rayon::in_place_scope(|scope| {
+        let (tx, rx) = mpsc::channel::<Done<R>>();
+        let mut ready: BTreeMap<usize, std::thread::Result<Result<R>>> = BTreeMap::new();
+        let (mut started, mut in_flight) = (0usize, 0u64);
+        let mut run = || -> Result<()> {
+            for next in 0..items.len() {
+                while started < items.len()
+                    && (started == next
+                        || (started - next < window.items
+                            && in_flight + weight(&items[started]) <= window.weight))
+                {
+                    let (i, tx) = (started, tx.clone());
+                    let item = &items[i];
+                    scope.spawn(move |_| {
+                        let r = if stop.load(Ordering::Relaxed) {
+                            Ok(Err(CompressError::Usage("stopped".into())))
+                        } else {
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(item)))
+                        };
+                        // A send fails only once the consumer has stopped at an error and
+                        // returned: nothing waits for this result then.
+                        let _ = tx.send((i, r));
+                    });
+                    in_flight += weight(item);
+                    started += 1;
+                }
+                let r = loop {
+                    if let Some(r) = ready.remove(&next) {
+                        break r;
+                    }
+                    let (i, r) = receive(&rx);
+                    ready.insert(i, r);
+                };
+                in_flight -= weight(&items[next]);
+                match r {
+                    Ok(r) => consume(&items[next], r?)?,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            Ok(())
+        };
+        let result = run();
+        if result.is_err() {
+            stop.store(true, Ordering::Relaxed);
+        }
+        result
+    })
+}
+
+/// The next finished job. On a thread of the pool (a caller inside `ThreadPool::install`), waiting
+/// runs the pool's queued work instead of blocking, so a pool of one thread cannot deadlock.
+fn receive<R>(rx: &mpsc::Receiver<Done<R>>) -> Done<R> {
+    if rayon::current_thread_index().is_none() {
+        return rx.recv().expect("every started job sends its result");
+    }
+    loop {
+        match rx.try_recv() {
+            Ok(d) => return d,
+            Err(mpsc::TryRecvError::Disconnected) => unreachable!("the sender is held"),
+            Err(mpsc::TryRecvError::Empty) => {
+                if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                    if let Ok(d) = rx.recv_timeout(std::time::Duration::from_millis(1)) {
+                        return d;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn pool(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+    }
+
+    /// Results arrive in item order, with never more than the window started and not consumed,
+    /// from outside a pool and from inside pools of one and several threads.
+    #[test]
+    fn in_order_consumes_in_order_within_the_window() {
+        let items: Vec<u64> = (0..200).map(|i| (i * 7919) % 13 + 1).collect();
+        for window in [
+            Window {
+                items: 1,
+                weight: u64::MAX,
+            },
+            Window {
+                items: 4,
+                weight: u64::MAX,
+            },
+            Window {
+                items: 64,
+                weight: 20,
+            },
+        ] {
+            let check = || {
+                let (started, consumed) = (AtomicUsize::new(0), AtomicUsize::new(0));
+                let weight = std::sync::atomic::AtomicU64::new(0);
+                let mut seen = Vec::new();
+                in_order(
+                    &items,
+                    |&w| w,
+                    window,
+                    |&w| {
+                        let s = started.fetch_add(1, Ordering::SeqCst) + 1;
+                        let ahead = s - consumed.load(Ordering::SeqCst);
+                        assert!(ahead <= window.items, "{ahead} items in flight");
+                        let held = weight.fetch_add(w, Ordering::SeqCst) + w;
+                        assert!(
+                            held <= window.weight || held == w,
+                            "weight {held} in flight"
+                        );
+                        // Uneven work, so that later items often finish first.
+                        std::thread::sleep(std::time::Duration::from_micros(w * 50));
+                        Ok(w * 2)
+                    },
+                    |&w, r| {
+                        assert_eq!(r, w * 2);
+                        seen.push(w);
+                        weight.fetch_sub(w, Ordering::SeqCst);
+                        consumed.fetch_add(1, Ordering::SeqCst);
+                        Ok(())
+                    },
+                )
+                .unwrap();
+                assert_eq!(seen, items);
+            };
+            check();
+            pool(1).install(check);
+            pool(3).install(check);
+        }
+    }
+
+    /// The first error in item order is returned, later items are not consumed, and a panicking
+    /// job's panic reaches the caller.
+    #[test]
+    fn in_order_stops_at_the_first_error_and_resumes_panics() {
+        let items: Vec<usize> = (0..100).collect();
+        let window = Window {
+            items: 8,
+            weight: u64::MAX,
+        };
+        let mut consumed = Vec::new();
+        let err = in_order(
+            &items,
+            |_| 1,
+            window,
+            |&i| match i {
+                17 | 40 => Err(CompressError::Usage(format!("item {i}"))),
+                _ => Ok(i),
+            },
+            |_, i| {
+                consumed.push(i);
+                Ok(())
+            },
+        )
+        .unwrap_err();
+        assert_eq!(err.to_string(), "item 17");
+        assert_eq!(consumed, (0..17).collect::<Vec<_>>());
+        let err = in_order(
+            &items,
+            |_| 1,
+            window,
+            |&i| Ok(i),
+            |_, i| match i {
+                5 => Err(CompressError::Usage("consumer".into())),
+                _ => Ok(()),
+            },
+        )
+        .unwrap_err();
+        assert_eq!(err.to_string(), "consumer");
+        let panic = std::panic::catch_unwind(|| {
+            in_order(
+                &items,
+                |_| 1,
+                window,
+                |&i| {
+                    assert!(i != 3, "job 3 fails");
+                    Ok(i)
+                },
+                |_, _| Ok(()),
+            )
+        })
+        .unwrap_err();
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned());
+        assert_eq!(message.as_deref(), Some("job 3 fails"));
+    }
+
+    /// A synthetic checkpoint compresses to byte-identical containers on one and two threads, and
+    /// every coded tensor decodes to its source.
+    #[test]
+    fn containers_do_not_depend_on_the_thread_count() {
+        use crate::synth::{fill_tensor_16, tensors, SynthDtype, SynthShape};
+        use entrollm_format::safetensors::write_safetensors;
+        let dir = std::env::temp_dir().join(format!("entrollm-compress-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let src = dir.join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        let synth = tensors(&SynthShape::Tiny.config());
+        let data: Vec<Vec<u8>> = synth
+            .iter()
+            .map(|t| {
+                let mut b = vec![0u8; 2 * t.numel()];
+                fill_tensor_16(t, 5, SynthDtype::Bf16, &mut b);
+                b
+            })
+            .collect();
+        let views: Vec<TensorView<'_>> = synth
+            .iter()
+            .zip(&data)
+            .map(|(t, b)| TensorView {
+                name: &t.name,
+                dtype: Dtype::BF16,
+                shape: &t.shape,
+                bytes: b,
+            })
+            .collect();
+        let half = views.len() / 2;
+        write_safetensors(&src.join("a.safetensors"), &views[..half], None).unwrap();
+        write_safetensors(&src.join("b.safetensors"), &views[half..], None).unwrap();
+        std::fs::write(src.join("config.json"), "{}").unwrap();
+        let opts = CompressOptions {
+            // A small byte window, so the window limits by bytes as well as by count.
+            in_flight_bytes: 1 << 18,
+            ..CompressOptions::default()
+        };
+        let mut sums = Vec::new();
+        for threads in [1, 2] {
+            let dst = dir.join(format!("c{threads}"));
+            let summary = pool(threads)
+                .install(|| compress(&src, &dst, &opts, &mut NoProgress))
+                .unwrap();
+            assert!(summary.coded_tensors >= 16, "{summary:?}");
+            assert!(
+                summary.coded_bytes < summary.coded_source_bytes,
+                "{summary:?}"
+            );
+            let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dst)
+                .unwrap()
+                .map(|e| {
+                    let e = e.unwrap();
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    (name, std::fs::read(e.path()).unwrap())
+                })
+                .collect();
+            files.sort();
+            sums.push(files);
+        }
+        assert_eq!(sums[0].len(), sums[1].len());
+        for (a, b) in sums[0].iter().zip(&sums[1]) {
+            assert_eq!(a.0, b.0);
+            assert!(a.1 == b.1, "{} differs between 1 and 2 threads", a.0);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
