@@ -4,6 +4,7 @@
 #     plan, graphs checked against it), then the regression set against the previous release binary
 #     in the same call: synthetic Llama-3.1-8B BF16 decode, coded prefill of 4096 tokens against
 #     dense, and the 2.1-bit FP8 checkpoint palette-packed against its codes as stored.
+#   call 3 (PART=bf16): the same for the BF16 checkpoint under a 13 GB budget for its launches.
 #   call 2 (PART=tune): `entrollm tune --device cuda` on the 2.1-bit FP8 checkpoint and the BF16
 #     checkpoint, plans from those tune files, and the plans served and measured.
 #   PART=check|tune bash bench/h200-seam.sh DIR   DIR: entrollm.xz (this commit), entrollm-old.xz
@@ -38,6 +39,12 @@ if [ "${PART:-check}" = check ]; then
     b fp8_dense_$v $bin $W/m8 --fp8 dense
     b fp8_palette_$v $bin $W/m8 --fp8 palette
   done
+elif [ "$PART" = bf16 ]; then
+  el "== synth BF16 8B"; timeout 240 $B synth --shape llama-3.1-8b -o $W/b8 > $OUT/synth16.log 2>&1; el "rc $?"
+  el "== tune --device cuda BF16 8B"; timeout 330 $B tune $W/b8 --device cuda --max-variants ${MV:-2} -o $OUT/tune-bf16-8b.json > $OUT/tune_bf16.log 2>&1; el "rc $?"; tail -3 $OUT/tune_bf16.log | tee -a $L
+  $B plan $OUT/tune-bf16-8b.json --budget ${BUDGET:-13GB} -o $W/b13.json --plot $OUT/fronts-bf16-8b.svg 2>&1 | tail -12 | tee -a $L
+  b bf16_plan_13gb $B $W/b8 --plan $W/b13.json
+  b bf16_dense_ref $B $W/b8
 else
   fp8
   el "== tune --device cuda FP8 8B"; timeout 300 $B tune $W/m8 --device cuda --max-variants ${MV:-3} -o $OUT/tune-fp8-8b.json > $OUT/tune_fp8.log 2>&1; el "rc $?"; tail -3 $OUT/tune_fp8.log | tee -a $L
