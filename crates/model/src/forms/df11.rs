@@ -125,12 +125,7 @@ impl Form for Df11Form {
 }
 
 fn check_variant(variant: &str) -> Result<()> {
-    match variant.is_empty() {
-        true => Ok(()),
-        false => Err(ModelError::Config(format!(
-            "df11 has no variants (got '{variant}')"
-        ))),
-    }
+    super::no_variants("df11", variant)
 }
 
 #[cfg(test)]

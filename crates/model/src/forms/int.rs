@@ -260,12 +260,7 @@ impl Form for IntForm {
 }
 
 fn check_variant(variant: &str) -> Result<()> {
-    match variant.is_empty() {
-        true => Ok(()),
-        false => Err(ModelError::Config(format!(
-            "int has no variants (got '{variant}')"
-        ))),
-    }
+    super::no_variants("int", variant)
 }
 
 #[cfg(test)]

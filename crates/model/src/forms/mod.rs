@@ -172,6 +172,16 @@ pub(crate) fn stream_cost_us(device: DeviceKind, bytes: f64) -> f64 {
     bytes / bytes_per_us
 }
 
+/// The check of a form without variants: only the empty variant names it.
+pub(crate) fn no_variants(form: &str, variant: &str) -> Result<()> {
+    match variant.is_empty() {
+        true => Ok(()),
+        false => Err(ModelError::Config(format!(
+            "{form} has no variants (got '{variant}')"
+        ))),
+    }
+}
+
 /// `make(src)`, checked to give back a matrix of the same shape.
 pub fn encode_checked(form: &dyn Form, src: &Source, variant: &str) -> Result<Arc<dyn Linear>> {
     if !form.accepts(src) {
