@@ -151,8 +151,8 @@ pub const PDL_KERNELS: &[&str] = &[
     "gemv_bf16_rope",
     "gemv_bf16_prenorm",
     "gemv_bf16_accum_norm",
-    // Not the dense FP8 GEMVs (PDL_DENSE_FP8_KERNELS): they measured slower launched early (269.7
-    // against 316.0 tok/s on the 8B FP8 shape, bench/RESULTS.md).
+    // Not the dense FP8 GEMVs (PDL_DENSE_FP8_KERNELS): they measured slower launched early
+    // (bench/RESULTS.md, session 10).
     "gemv_pal4",
     "gemv_pal4_norm",
     "gemv_pal4_bf16",
@@ -295,8 +295,8 @@ impl LinearDesc {
 
     /// Whether the decode step normalises x inside this matrix's GEMV rather than in a kernel of
     /// its own (`GpuLinear::norm_in_gemv`): the palette forms, whose blocks stage x in shared
-    /// memory anyway (H200, synthetic Llama-3.1-8B FP8 at 2.1 bits: 412 against 381 tok/s; the
-    /// dense FP8 GEMV, whose warps would each re-read x, 275 against 315 — bench/RESULTS.md).
+    /// memory anyway (faster there; the dense FP8 GEMV, whose warps would each re-read x, is
+    /// slower: bench/RESULTS.md).
     pub fn norm_in_gemv(&self) -> bool {
         matches!(
             self.form,

@@ -7,11 +7,9 @@ use entrollm_codec::dtans::{Coding, Mode};
 use crate::ops::dtans::DtansConfig;
 
 /// The fastest launch measured per Llama launch shape on an H200 (bench/RESULTS.md): for
-/// Llama-3.1-8B the fastest lossless BF16 Pair coding (2026-11-29) with its launch re-measured on
-/// 2026-11-30 (16-byte table entries, `fast`), then for Llama-3.1-8B and Llama-3.3-70B the compact
-/// plan's Single codings (bench/plans/single-m8.json) with theirs (`dtans_gpu_plan_sweep`,
-/// 2026-11-30: 16-byte `fast` entries on the 8B's q/k/v and o, 4-byte entries elsewhere, mostly in
-/// blocks of 28–32 warps, one block per SM): (name, rows, cols, coding, config, µs).
+/// Llama-3.1-8B the fastest lossless BF16 Pair coding with its launch config, then for
+/// Llama-3.1-8B and Llama-3.3-70B the compact plan's Single codings (bench/plans/single-m8.json)
+/// with theirs (`dtans_gpu_plan_sweep`): (name, rows, cols, coding, config, µs).
 /// The Pair entry of a shape comes first ([`bf16_coding_for`] takes the first).
 pub fn tuned_launches() -> [(&'static str, usize, usize, Coding, DtansConfig, f64); 15] {
     let pair = |sc| Coding {

@@ -31,6 +31,8 @@ pub trait Linear: Send + Sync {
     /// The exact values it holds (the form's CPU decode), without any wrapper's row scales or
     /// row order.
     fn source(&self) -> Result<Source>;
+    /// [`Values::kind`](crate::forms::Values::kind) of [`source`](Self::source), without decoding.
+    fn values_kind(&self) -> &'static str;
     /// The same matrix with its values in another form: `make` turns the values into the new
     /// inner matrix; wrappers (row scales, row order) wrap it again.
     fn reform(&self, make: &dyn Fn(&Source) -> Result<Arc<dyn Linear>>) -> Result<Arc<dyn Linear>> {
@@ -317,6 +319,9 @@ impl Linear for RowScaled {
     fn source(&self) -> Result<Source> {
         self.inner.source()
     }
+    fn values_kind(&self) -> &'static str {
+        self.inner.values_kind()
+    }
     fn reform(&self, make: &dyn Fn(&Source) -> Result<Arc<dyn Linear>>) -> Result<Arc<dyn Linear>> {
         let inner = self.inner.reform(make)?;
         Ok(Arc::new(RowScaled::new(
@@ -442,11 +447,14 @@ impl<E: DenseElement> Linear for Dense<E> {
     fn form(&self) -> FormId {
         FormId {
             form: "dense",
-            variant: E::to_values(&[]).kind().to_string(),
+            variant: self.values_kind().to_string(),
         }
     }
     fn source(&self) -> Result<Source> {
         Source::new(self.rows, self.cols, E::to_values(&self.data))
+    }
+    fn values_kind(&self) -> &'static str {
+        E::to_values(&[]).kind()
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

@@ -58,7 +58,7 @@ pub fn model_id(w: &ModelWeights, path: &str) -> Result<ModelId> {
     h.write(format!("{:?}", w.config).as_bytes());
     for l in launches(w) {
         h.write(l.id.as_bytes());
-        h.write(l.shape_key().map_err(crate::tuner::err)?.as_bytes());
+        h.write(l.shape_key().as_bytes());
     }
     Ok(ModelId {
         path: path.to_string(),

@@ -5,7 +5,7 @@ use crate::file::{DeviceId, DeviceKind, LaunchTune, ModelId, Point, TuneFile};
 use entrollm_model::coding_plan::Launch;
 use entrollm_model::engine::Engine;
 use entrollm_model::forms::layout::{launches, LaunchInstance};
-use entrollm_model::forms::{self, Form};
+use entrollm_model::forms::{self, Form, Source};
 use entrollm_model::weights::{Linear, ModelWeights};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -323,33 +323,43 @@ fn candidates(
     Ok(out)
 }
 
-/// Bytes of `inst` in `form`/`variant`: exact when it is its current form, else predicted per
-/// matrix.
-fn bytes_of(inst: &LaunchInstance, form: &dyn Form, variant: &str) -> Result<u64> {
-    let mut total = 0f64;
-    for m in &inst.matrices {
-        let id = m.form();
-        total += if id.form == form.name() && id.variant == variant {
-            m.stored_bytes() as f64
-        } else {
-            let src = m.source().map_err(err)?;
-            // Wrappers (row scales, row order) add their bytes beside the inner matrix.
-            let wrap = m.stored_bytes() as f64 - inner_bytes(m)?;
-            form.predict(&src, variant).map_err(err)? + wrap
-        };
-    }
-    Ok(total.round() as u64)
+/// A launch's matrices decoded once, for the size of each of its candidates.
+struct LaunchSources {
+    srcs: Vec<Source>,
+    /// Bytes each matrix's wrappers (row scales, row order) add beside its inner values.
+    wraps: Vec<f64>,
 }
 
-/// Bytes of the matrix's inner values in its current form.
-fn inner_bytes(m: &Arc<dyn Linear>) -> Result<f64> {
-    let id = m.form();
-    let src = m.source().map_err(err)?;
-    let form = forms::by_name(id.form).map_err(err)?;
-    Ok(form
-        .predict(&src, &id.variant)
-        .map_err(err)?
-        .min(m.stored_bytes() as f64))
+impl LaunchSources {
+    fn of(inst: &LaunchInstance) -> Result<Self> {
+        let mut srcs = Vec::with_capacity(inst.matrices.len());
+        let mut wraps = Vec::with_capacity(inst.matrices.len());
+        for m in &inst.matrices {
+            let id = m.form();
+            let src = m.source().map_err(err)?;
+            let form = forms::by_name(id.form).map_err(err)?;
+            let stored = m.stored_bytes() as f64;
+            let inner = form.predict(&src, &id.variant).map_err(err)?.min(stored);
+            wraps.push(stored - inner);
+            srcs.push(src);
+        }
+        Ok(LaunchSources { srcs, wraps })
+    }
+
+    /// Bytes of `inst` in `form`/`variant`: exact where a matrix is in that form already, else
+    /// predicted.
+    fn bytes(&self, inst: &LaunchInstance, form: &dyn Form, variant: &str) -> Result<u64> {
+        let mut total = 0f64;
+        for ((m, src), wrap) in inst.matrices.iter().zip(&self.srcs).zip(&self.wraps) {
+            let id = m.form();
+            total += if id.form == form.name() && id.variant == variant {
+                m.stored_bytes() as f64
+            } else {
+                form.predict(src, variant).map_err(err)? + wrap
+            };
+        }
+        Ok(total.round() as u64)
+    }
 }
 
 /// Tunes every launch of `w` on `timer`'s device. Launch shapes whose points `resume` already
@@ -365,10 +375,7 @@ pub fn tune(
     let all = launches(w);
     let mut by_shape: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (i, l) in all.iter().enumerate() {
-        by_shape
-            .entry(l.shape_key().map_err(err)?)
-            .or_default()
-            .push(i);
+        by_shape.entry(l.shape_key()).or_default().push(i);
     }
     let mut timed: Timings = BTreeMap::new();
     if let Some(r) = resume {
@@ -404,6 +411,7 @@ pub fn tune(
             progress(Progress::Reused { shape: key });
             continue;
         }
+        let sources = LaunchSources::of(rep)?;
         for p in cands {
             if has(&timed, key, p.form.name(), &p.variant) {
                 continue;
@@ -421,7 +429,7 @@ pub fn tune(
                     .collect()
             };
             let weights: usize = rep.matrices.iter().map(|m| m.rows() * m.cols()).sum();
-            let bytes = bytes_of(rep, p.form, &p.variant)? as f64;
+            let bytes = sources.bytes(rep, p.form, &p.variant)? as f64;
             let launch = TimedLaunch {
                 form: p.form,
                 weights,
@@ -448,14 +456,15 @@ pub fn tune(
     });
     let mut out = Vec::with_capacity(all.len());
     for l in &all {
-        let key = l.shape_key().map_err(err)?;
+        let key = l.shape_key();
         let t = &timed[&key];
+        let sources = LaunchSources::of(l)?;
         let mut points = Vec::new();
         for ((form, variant), (us, who)) in t {
             let f = forms::by_name(form).map_err(err)?;
             // A point resumed from another model's launch of this shape still needs this
             // launch's own size; a form that no longer accepts it is left out.
-            let Ok(bytes) = bytes_of(l, f, variant) else {
+            let Ok(bytes) = sources.bytes(l, f, variant) else {
                 continue;
             };
             points.push(Point {

@@ -56,6 +56,9 @@ impl Linear for Df11Linear {
             .map_err(|e| ModelError::Unsupported(format!("df11 decode: {e}")))?;
         Source::new(self.rows, self.cols, Values::Bf16(v))
     }
+    fn values_kind(&self) -> &'static str {
+        "bf16"
+    }
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

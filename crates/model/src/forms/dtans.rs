@@ -139,6 +139,14 @@ impl Linear for CodedLinear {
         };
         Source::new(self.t.rows, self.t.cols, values)
     }
+    fn values_kind(&self) -> &'static str {
+        match self.t.payload {
+            Payload::Bf16 => "bf16",
+            Payload::Fp16 => "f16",
+            Payload::Fp8E4m3 => "fp8",
+            _ => "int",
+        }
+    }
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

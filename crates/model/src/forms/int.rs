@@ -156,6 +156,9 @@ impl Linear for IntLinear {
             },
         )
     }
+    fn values_kind(&self) -> &'static str {
+        "int"
+    }
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

@@ -23,13 +23,12 @@ pub struct LaunchInstance {
 
 impl LaunchInstance {
     /// Launches with equal keys have the same shapes and source kinds: timed once.
-    pub fn shape_key(&self) -> Result<String> {
+    pub fn shape_key(&self) -> String {
         let mut key = self.launch.name().to_string();
         for m in &self.matrices {
             key += &format!(":{}x{}", m.rows(), m.cols());
         }
-        let kind = self.matrices[0].source()?.values.kind();
-        Ok(format!("{key}:{kind}"))
+        format!("{key}:{}", self.matrices[0].values_kind())
     }
 
     pub fn stored_bytes(&self) -> usize {

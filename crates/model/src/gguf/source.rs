@@ -591,6 +591,9 @@ impl Linear for RowPermuted {
     fn source(&self) -> Result<crate::forms::Source> {
         self.inner.source()
     }
+    fn values_kind(&self) -> &'static str {
+        self.inner.values_kind()
+    }
     fn reform(
         &self,
         make: &dyn Fn(&crate::forms::Source) -> Result<Arc<dyn Linear>>,
