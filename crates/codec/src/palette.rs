@@ -48,6 +48,29 @@ pub fn pair_at(j: usize) -> (usize, usize) {
     (t / 4 + 8 * (i & 1), 16 * s + 8 * (i >> 1) + 2 * (t % 4))
 }
 
+/// `zero` and the 15 most frequent other codes of `hist` (ties to the smaller code); unused slots
+/// repeat `zero`.
+fn palette_of(hist: &[u64; 256], zero: u8) -> [u8; SLOTS] {
+    let mut order: Vec<u8> = (0..=255u8)
+        .filter(|&c| c != zero && hist[c as usize] > 0)
+        .collect();
+    order.sort_by_key(|&c| (std::cmp::Reverse(hist[c as usize]), c));
+    let mut palette = [zero; SLOTS];
+    for (slot, &c) in palette[1..].iter_mut().zip(&order) {
+        *slot = c;
+    }
+    palette
+}
+
+/// The escapes of codes with histogram `hist` in their palette form: the codes outside it.
+fn escapes_of(hist: &[u64; 256], zero: u8) -> u64 {
+    let palette = palette_of(hist, zero);
+    (0..256)
+        .filter(|&c| !palette.contains(&(c as u8)))
+        .map(|c| hist[c])
+        .sum()
+}
+
 /// A matrix of one-byte codes in palette form (see the module documentation).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Palette4 {
@@ -80,14 +103,7 @@ impl Palette4 {
             )));
         }
         let hist = byte_histogram(codes);
-        let mut order: Vec<u8> = (0..=255u8)
-            .filter(|&c| c != zero && hist[c as usize] > 0)
-            .collect();
-        order.sort_by_key(|&c| (std::cmp::Reverse(hist[c as usize]), c));
-        let mut palette = [zero; SLOTS];
-        for (slot, &c) in palette[1..].iter_mut().zip(&order) {
-            *slot = c;
-        }
+        let palette = palette_of(&hist, zero);
         let zero_slot = 0u8;
         // Code → slot; codes outside the palette escape.
         let mut slot_of = [None; 256];
@@ -192,6 +208,15 @@ impl Palette4 {
     /// Bytes of the packed form: indices, palette, row offsets and escapes.
     pub fn stored_bytes(&self) -> usize {
         self.indices.len() + SLOTS + 4 * self.row_ptr.len() + 4 * self.escapes.len()
+    }
+
+    /// [`Self::stored_bytes`] of `rows × cols` codes whose byte histogram is `hist`, exactly,
+    /// without packing them.
+    pub fn predict_bytes(hist: &[u64; 256], rows: usize, cols: usize, zero: u8) -> usize {
+        rows.div_ceil(TILE_ROWS) * TILE_ROWS * cols / 2
+            + SLOTS
+            + 4 * (rows + 1)
+            + 4 * escapes_of(hist, zero) as usize
     }
 
     /// Bits a weight of the packed form.
@@ -348,26 +373,38 @@ impl PaletteBf16 {
         8.0 * self.stored_bytes() as f64 / (self.rows() * self.cols()) as f64
     }
 
+    /// [`Self::stored_bytes`] of a `rows × cols` BF16 matrix whose high bytes have histogram
+    /// `high`, exactly, without packing it.
+    pub fn predict_bytes(high: &[u64; 256], rows: usize, cols: usize) -> usize {
+        Palette4::predict_bytes(high, rows, cols, 0) + rows.div_ceil(TILE_ROWS) * TILE_ROWS * cols
+    }
+
     /// All values, row-major, bit for bit the ones packed.
     pub fn decode(&self) -> Vec<u16> {
-        let (rows, cols) = (self.rows(), self.cols());
-        let high = self.high.decode();
+        self.decode_rows(0..self.rows())
+    }
+
+    /// The values of rows `rows` (row-major), bit for bit the ones packed.
+    pub fn decode_rows(&self, rows: std::ops::Range<usize>) -> Vec<u16> {
+        let cols = self.cols();
+        let first = rows.start;
+        let high = self.high.decode_rows(rows.clone());
         let pairs: Vec<(usize, usize)> = (0..BLOCK_BYTES).map(pair_at).collect();
         let tile_low = TILE_ROWS * cols;
         let mut out: Vec<u16> = high.iter().map(|&h| (h as u16) << 8).collect();
-        for r in 0..rows {
+        for r in rows {
             let tile = &self.low[r / TILE_ROWS * tile_low..][..tile_low];
             for (b, block) in tile.chunks_exact(2 * BLOCK_BYTES).enumerate() {
                 for (j, &(tr, c)) in pairs.iter().enumerate() {
                     if tr == r % TILE_ROWS {
-                        let at = r * cols + b * BLOCK_COLS + c;
+                        let at = (r - first) * cols + b * BLOCK_COLS + c;
                         out[at] |= block[2 * j] as u16;
                         out[at + 1] |= block[2 * j + 1] as u16;
                     }
                 }
             }
             for &e in &self.escapes[self.row_ptr()[r] as usize..self.row_ptr()[r + 1] as usize] {
-                out[r * cols + (e & 0xFFFF) as usize] = (e >> 16) as u16;
+                out[(r - first) * cols + (e & 0xFFFF) as usize] = (e >> 16) as u16;
             }
         }
         out
@@ -414,6 +451,11 @@ mod tests {
             let codes = skewed(rows * cols, distinct, seed);
             let p = Palette4::encode(&codes, rows, cols, 0).unwrap();
             assert_eq!(p.decode(), codes, "[{rows}, {cols}] distinct {distinct}");
+            let hist = byte_histogram(&codes);
+            assert_eq!(
+                Palette4::predict_bytes(&hist, rows, cols, 0),
+                p.stored_bytes()
+            );
             assert_eq!(
                 p.decode_rows(1.min(rows - 1)..rows),
                 codes[1.min(rows - 1) * cols..]
@@ -537,6 +579,13 @@ mod tests {
             let v = bell_bf16(rows, cols, seed);
             let p = PaletteBf16::encode(&v, rows, cols).unwrap();
             assert_eq!(p.decode(), v, "[{rows}, {cols}]");
+            let from = rows / 3;
+            assert_eq!(p.decode_rows(from..rows), v[from * cols..]);
+            let high: Vec<u8> = v.iter().map(|&x| (x >> 8) as u8).collect();
+            assert_eq!(
+                PaletteBf16::predict_bytes(&byte_histogram(&high), rows, cols),
+                p.stored_bytes()
+            );
             assert_eq!(p.low().len(), rows.div_ceil(TILE_ROWS) * TILE_ROWS * cols);
             if rows % TILE_ROWS == 0 {
                 // Whole tiles: 12 bits and the few escapes.
@@ -548,6 +597,12 @@ mod tests {
         let p = PaletteBf16::encode(&all, 64, 64).unwrap();
         assert!(p.escapes().len() > 64 * 64 / 2);
         assert_eq!(p.decode(), all);
+        assert_eq!(p.decode_rows(17..40), all[17 * 64..40 * 64]);
+        let high: Vec<u8> = all.iter().map(|&x| (x >> 8) as u8).collect();
+        assert_eq!(
+            PaletteBf16::predict_bytes(&byte_histogram(&high), 64, 64),
+            p.stored_bytes()
+        );
         // The stored form of an escaped weight is +0: index zero-slot (high byte 0), low byte 0.
         for r in 0..64 {
             for &e in &p.escapes()[p.row_ptr()[r] as usize..p.row_ptr()[r + 1] as usize] {

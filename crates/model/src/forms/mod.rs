@@ -13,6 +13,7 @@ pub mod df11;
 pub mod dtans;
 pub mod int;
 pub mod layout;
+pub mod palette;
 
 use crate::error::{ModelError, Result};
 use crate::weights::Linear;
@@ -143,7 +144,14 @@ pub trait Form: Send + Sync {
 
 /// Every form, in the order the tuner lists them.
 pub fn all() -> &'static [&'static dyn Form] {
-    static ALL: [&dyn Form; 4] = [&dense::DENSE, &int::INT, &dtans::DTANS, &df11::DF11];
+    static ALL: [&dyn Form; 6] = [
+        &dense::DENSE,
+        &int::INT,
+        &dtans::DTANS,
+        &df11::DF11,
+        &palette::PAL_FP8,
+        &palette::PAL_BF16,
+    ];
     &ALL
 }
 
