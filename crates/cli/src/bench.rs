@@ -259,6 +259,7 @@ pub fn run(a: Args) -> Result<()> {
             let serving = Serving {
                 fp8: a.fp8,
                 bf16_palette: a.bf16,
+                ..Serving::default()
             };
             let (m, r) = crate::generate::upload_gpu(&dev, &w, code.as_ref(), serving)?;
             let s = m.coded_summary();

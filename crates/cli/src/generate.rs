@@ -410,6 +410,7 @@ impl ModelArgs {
         Serving {
             fp8: self.fp8,
             bf16_palette: self.bf16,
+            ..Serving::default()
         }
     }
 }

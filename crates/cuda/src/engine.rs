@@ -190,47 +190,11 @@ pub fn synth_seeds(name: &str, seed: u64) -> (u64, u64) {
 }
 
 impl GpuModel {
-    /// Uploads a model: matrices as BF16 (lossless for BF16 checkpoints, rounded otherwise), q/k/v
-    /// and gate/up stacked into one matrix each, norms and biases f32.
+    /// Uploads a model with every matrix as dense BF16 (decoded; lossless for BF16 values,
+    /// rounded otherwise), q/k/v and gate/up stacked into one matrix each, norms and biases f32:
+    /// [`GpuModel::upload_served`] with [`Serving::DECODED`](crate::linear::Serving::DECODED).
     pub fn upload(dev: &GpuDevice, w: &ModelWeights) -> Result<Self> {
-        let c = &w.config;
-        check_supported(c)?;
-        let embed = stacked(dev, &[&*w.embed])?;
-        let tied = Arc::ptr_eq(&w.embed, &w.lm_head);
-        let lm_head = if tied {
-            None
-        } else {
-            Some(stacked(dev, &[&*w.lm_head])?)
-        };
-        let mut layers = Vec::with_capacity(w.layers.len());
-        for l in &w.layers {
-            let qkv_bias = match (&l.q_bias, &l.k_bias, &l.v_bias) {
-                (None, None, None) => None,
-                (q, k, v) => {
-                    let mut b = q.clone().unwrap_or_else(|| vec![0.0; c.q_dim()]);
-                    b.extend(k.clone().unwrap_or_else(|| vec![0.0; c.kv_dim()]));
-                    b.extend(v.clone().unwrap_or_else(|| vec![0.0; c.kv_dim()]));
-                    Some(upload_f32(dev, &b)?)
-                }
-            };
-            layers.push(GpuLayer {
-                attn_norm: upload_f32(dev, &l.attn_norm)?,
-                qkv: stacked(dev, &[&*l.q, &*l.k, &*l.v])?,
-                qkv_bias,
-                o: stacked(dev, &[&*l.o])?,
-                mlp_norm: upload_f32(dev, &l.mlp_norm)?,
-                gate_up: interleaved(dev, &*l.gate, &*l.up)?,
-                down: stacked(dev, &[&*l.down])?,
-            });
-        }
-        Ok(GpuModel {
-            config: c.clone(),
-            embed,
-            lm_head,
-            layers,
-            final_norm: upload_f32(dev, &w.final_norm)?,
-            coded_scratch: None,
-        })
+        Ok(Self::upload_served(dev, w, crate::linear::Serving::DECODED)?.0)
     }
 
     /// Builds the synthetic model of `model::synth` for `config` directly in device memory (no host

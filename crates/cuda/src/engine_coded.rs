@@ -26,6 +26,7 @@ use crate::coded::{check_supported as check_coding, GpuDtans};
 use crate::device::GpuDevice;
 use crate::engine::{GpuLayer, GpuModel};
 use crate::error::{DriverContext, GpuError, Result};
+use crate::forms::{self, check_kernels, exact_bf16, Policy, Upload};
 use crate::linear::{DtansScratch, Fp8Serving, GpuLinear, Serving, SharedScratch};
 use crate::ops::forward::{launch_synth_fill, SynthOut};
 use crate::ops::gemv_fp8::Fp8Codes;
@@ -808,6 +809,15 @@ mod tests {
     use crate::ops::dtans::DtansOut;
     use entrollm_model::synth::SynthShape;
 
+    /// The coded tensor and its dequantisation when `m` is held dtANS-coded.
+    fn coded(
+        m: &dyn entrollm_model::weights::Linear,
+    ) -> Option<(&DtansTensor, entrollm_codec::matvec::Dequant<'_>)> {
+        m.as_any()
+            .downcast_ref::<entrollm_model::forms::dtans::CodedLinear>()
+            .map(|c| c.coded())
+    }
+
     #[test]
     fn tuned_plans_have_kernels_for_every_shape() {
         let compact = CodingPlan::from_json(COMPACT_PLAN_JSON, None).unwrap();
@@ -916,7 +926,7 @@ mod tests {
             (&d.layers[1].q, &s.layers[1].q),
             (&d.layers[0].up, &s.layers[0].up),
         ] {
-            assert!(a.dtans().is_none() && b.dtans().is_some());
+            assert!(coded(a.as_ref()).is_none() && coded(b.as_ref()).is_some());
             for r in [0, a.rows() - 1] {
                 assert_eq!(row(&**a, r), row(&**b, r));
             }
@@ -927,20 +937,23 @@ mod tests {
     fn served_weights_keep_every_matrix_coded() {
         let c = e2e_config();
         let w = served_weights(&c, 3, &tuned_plan(&c)).unwrap();
-        assert!(w.embed.dtans().is_none());
-        assert!(w.lm_head.dtans().is_some());
+        assert!(coded(w.embed.as_ref()).is_none());
+        assert!(coded(w.lm_head.as_ref()).is_some());
         for l in &w.layers {
             let qkv: Vec<_> = [&l.q, &l.k, &l.v]
                 .iter()
-                .map(|m| m.dtans().expect("coded").0.coding)
+                .map(|m| coded(m.as_ref()).expect("coded").0.coding)
                 .collect();
             assert!(
                 qkv.iter().all(|c| *c == qkv[0]),
                 "one launch needs one coding"
             );
-            let (g, u) = (l.gate.dtans().unwrap().0, l.up.dtans().unwrap().0);
+            let (g, u) = (
+                coded(l.gate.as_ref()).unwrap().0,
+                coded(l.up.as_ref()).unwrap().0,
+            );
             assert_eq!(g.coding, u.coding);
-            assert!(l.o.dtans().is_some() && l.down.dtans().is_some());
+            assert!(coded(l.o.as_ref()).is_some() && coded(l.down.as_ref()).is_some());
         }
     }
 
@@ -1033,137 +1046,6 @@ mod coding_sizes {
     }
 }
 
-/// Uploads `parts` (row-stacked; `halves`: gate and up, interleaved row by row as the dense path
-/// stores them) as one FP8 matrix when every part is FP8 E4M3 (row scales, or 1) with the same
-/// columns, a multiple of 16; else None (the caller uploads it otherwise).
-pub(crate) fn fp8_parts(
-    dev: &GpuDevice,
-    parts: &[&dyn entrollm_model::weights::Linear],
-    halves: bool,
-    form: Fp8Serving,
-    scratch: &SharedScratch,
-) -> Result<Option<GpuLinear>> {
-    let cols = parts[0].cols();
-    let mut views = Vec::with_capacity(parts.len());
-    for p in parts {
-        match p.fp8_e4m3() {
-            Some((codes, scales)) if p.cols() == cols && cols % 16 == 0 => {
-                let scales = scales.map_or_else(|| vec![1.0; p.rows()], <[f32]>::to_vec);
-                views.push((codes, scales, p.rows()));
-            }
-            _ => return Ok(None),
-        }
-    }
-    let rows: usize = views.iter().map(|v| v.2).sum();
-    let mut codes = Vec::with_capacity(rows * cols);
-    let mut scales = Vec::with_capacity(rows);
-    match &views[..] {
-        [g, u] if halves => {
-            if g.2 != u.2 {
-                return Ok(None);
-            }
-            for r in 0..g.2 {
-                codes.extend_from_slice(&g.0[r * cols..(r + 1) * cols]);
-                codes.extend_from_slice(&u.0[r * cols..(r + 1) * cols]);
-                scales.extend([g.1[r], u.1[r]]);
-            }
-        }
-        _ => {
-            for (c, s, _) in &views {
-                codes.extend_from_slice(c);
-                scales.extend_from_slice(s);
-            }
-        }
-    }
-    GpuLinear::fp8_from_host(dev, rows, cols, &codes, &scales, form, Arc::clone(scratch)).map(Some)
-}
-
-/// An FP8 checkpoint's BF16 LM head, palette-packed losslessly when `fp8` allows packing (auto or
-/// palette; MINE codes the LM head as well, in BF16) and the head packs small enough
-/// ([`GpuLinear::pal_bf16_from_host`]); None otherwise.
-fn pal_bf16_head(
-    dev: &GpuDevice,
-    w: &entrollm_model::weights::ModelWeights,
-    fp8: Fp8Serving,
-    scratch: &SharedScratch,
-) -> Result<Option<GpuLinear>> {
-    let head = &*w.lm_head;
-    let fp8_checkpoint = w.layers.iter().any(|l| l.q.fp8_e4m3().is_some());
-    if fp8 == Fp8Serving::Dense
-        || !fp8_checkpoint
-        || head.fp8_e4m3().is_some()
-        || head.dtans().is_some()
-    {
-        return Ok(None);
-    }
-    let bits = crate::engine::host_bf16(head);
-    GpuLinear::pal_bf16_from_host(dev, head.rows(), head.cols(), &bits, Arc::clone(scratch))
-}
-
-/// A BF16 matrix made of `parts` (row-stacked; `halves`: gate/up interleaved) palette-packed
-/// losslessly, or None when a part is not plain BF16 or the matrix does not pack (then the caller
-/// uploads it dense).
-fn pal_bf16_parts(
-    dev: &GpuDevice,
-    parts: &[&dyn entrollm_model::weights::Linear],
-    halves: bool,
-    scratch: &SharedScratch,
-) -> Result<Option<GpuLinear>> {
-    use crate::engine::{interleaved_bits, stacked_bits};
-    if parts
-        .iter()
-        .any(|p| p.fp8_e4m3().is_some() || p.dtans().is_some())
-    {
-        return Ok(None);
-    }
-    let (rows, cols, bits) = match parts {
-        [g, u] if halves => interleaved_bits(*g, *u),
-        _ => stacked_bits(parts),
-    };
-    GpuLinear::pal_bf16_from_host(dev, rows, cols, &bits, Arc::clone(scratch))
-}
-
-/// Uploads a coded matrix made of `parts` (row-stacked; `halves`: gate/up), or None when any part
-/// is not kept coded or the parts cannot share a launch (then the caller uploads it dense).
-pub(crate) fn coded_parts(
-    dev: &GpuDevice,
-    parts: &[&dyn entrollm_model::weights::Linear],
-    halves: bool,
-    scratch: &SharedScratch,
-) -> Result<Option<GpuLinear>> {
-    let mut coded = Vec::with_capacity(parts.len());
-    for p in parts {
-        match p.dtans() {
-            Some((t, dq)) => coded.push((t, dq)),
-            None => return Ok(None),
-        }
-    }
-    let (t0, _) = coded[0];
-    if coded.iter().any(|(t, _)| {
-        t.payload != t0.payload
-            || t.coding != t0.coding
-            || t.cols != t0.cols
-            || check_coding(t.payload, &t.coding).is_err()
-    }) {
-        return Ok(None);
-    }
-    let mut up = Vec::with_capacity(coded.len());
-    for (t, dq) in &coded {
-        match GpuDtans::upload(dev, t, dq) {
-            Ok(g) => up.push(g),
-            // A payload, coding or group layout the kernels do not take: served dense.
-            Err(GpuError::InvalidArgument { .. }) => return Ok(None),
-            Err(e) => return Err(e),
-        }
-    }
-    match GpuLinear::coded_parts(up, halves, Arc::clone(scratch)) {
-        Ok(l) => Ok(Some(l)),
-        // Parts whose groups differ, or a coding without a launch that fits: served dense.
-        Err(GpuError::InvalidArgument { .. }) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
 /// How [`GpuModel::upload_coded`] served a model's layer and head launches (stacked q/k/v, o,
 /// gate/up, down, LM head).
 #[derive(Clone, Debug, Default)]
@@ -1192,24 +1074,6 @@ fn launch_coding(plan: &CodingPlan, l: Launch) -> Option<Coding> {
     plan.launches.get(&l).copied().unwrap_or(plan.default)
 }
 
-/// Checks that the GPU kernels run `coding` on a [rows × cols] BF16 matrix (decode-matvec and
-/// prefill dequantisation); the error names `what` and the coding.
-fn check_kernels(what: &str, coding: &Coding, rows: usize, cols: usize) -> Result<()> {
-    use crate::linear::dtans_config_for;
-    use crate::ops::dtans::DtansOut;
-    let bad = |e: GpuError| {
-        GpuError::invalid(
-            "code at load",
-            format!("{what}: coding {coding} has no GPU kernel for {rows}×{cols} BF16: {e}"),
-        )
-    };
-    check_coding(Payload::Bf16, coding).map_err(bad)?;
-    for out in [DtansOut::Mvm, DtansOut::Dequant] {
-        dtans_config_for(Payload::Bf16, coding, rows, cols, None, out).map_err(bad)?;
-    }
-    Ok(())
-}
-
 /// Checks every coding `plan` names for the launches of `c` at their stacked shapes, before any
 /// work: a coding the kernels do not run fails here, naming the launch and the coding.
 pub fn check_load_plan(c: &ModelConfig, plan: &CodingPlan) -> Result<()> {
@@ -1226,118 +1090,6 @@ pub fn check_load_plan(c: &ModelConfig, plan: &CodingPlan) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The BF16 bits of `parts` row-stacked (`halves`: gate and up rows interleaved, as the engine
-/// serves them), or None when some value is not a BF16 number (an F16, F32 or quantised matrix:
-/// coding its BF16 rounding would not be lossless).
-fn exact_bf16(parts: &[&dyn entrollm_model::weights::Linear], halves: bool) -> Option<Vec<u16>> {
-    let cols = parts.first()?.cols();
-    if parts.iter().any(|p| p.cols() != cols)
-        || (halves && (parts.len() != 2 || parts[0].rows() != parts[1].rows()))
-    {
-        return None;
-    }
-    // (part, row) of each output row.
-    let src: Vec<(usize, usize)> = if halves {
-        (0..parts[0].rows())
-            .flat_map(|r| [(0, r), (1, r)])
-            .collect()
-    } else {
-        parts
-            .iter()
-            .enumerate()
-            .flat_map(|(i, p)| (0..p.rows()).map(move |r| (i, r)))
-            .collect()
-    };
-    let mut out = vec![0u16; src.len() * cols];
-    out.par_chunks_mut(cols)
-        .zip(src.par_iter())
-        .try_for_each_init(
-            || vec![0f32; cols],
-            |buf, (row, &(i, r))| {
-                parts[i].row(r, buf);
-                for (o, &v) in row.iter_mut().zip(buf.iter()) {
-                    let b = v.to_bits();
-                    if b & 0xFFFF != 0 {
-                        return Err(());
-                    }
-                    *o = (b >> 16) as u16;
-                }
-                Ok(())
-            },
-        )
-        .ok()?;
-    Some(out)
-}
-
-/// Codes one launch's matrix at load: the host plans from the BF16 bits it already holds, the
-/// matrix goes up and is coded on the device (the coded arrays never come down), or with
-/// [`Encoder::Cpu`] it is coded on the host and its arrays uploaded as a container's are. None
-/// when the matrix is not BF16.
-#[allow(clippy::too_many_arguments)]
-fn code_at_load(
-    dev: &GpuDevice,
-    parts: &[&dyn entrollm_model::weights::Linear],
-    halves: bool,
-    what: &str,
-    coding: Option<Coding>,
-    encoder: Encoder,
-    scratch: &SharedScratch,
-    r: &mut LoadReport,
-) -> Result<Option<GpuLinear>> {
-    use std::time::Instant;
-    let codec = |e: entrollm_codec::CodecError| GpuError::invalid(OP, format!("{what}: {e}"));
-    let t0 = Instant::now();
-    let Some(bits) = exact_bf16(parts, halves) else {
-        return Ok(None);
-    };
-    let cols = parts[0].cols();
-    let rows = bits.len() / cols;
-    let codes = crate::ops::dtans_encode::bf16_codes(&bits);
-    let coding = match coding {
-        Some(c) => c,
-        None => {
-            let c = choose_coding_and_width(Payload::Bf16, rows, cols, &codes)
-                .map_err(codec)?
-                .0;
-            check_kernels(&format!("{what} (the coder's choice)"), &c, rows, cols)?;
-            c
-        }
-    };
-    let plan = EncodePlan::new(Payload::Bf16, rows, cols, &codes, coding).map_err(codec)?;
-    r.plan_s += t0.elapsed().as_secs_f64();
-    let g = match encoder {
-        Encoder::Gpu => {
-            drop(codes);
-            let t1 = Instant::now();
-            let w = dev
-                .stream()
-                .clone_htod(&bits)
-                .while_(|| format!("uploading {what} ({rows}×{cols}) to code"))?;
-            drop(bits);
-            dev.synchronize()?;
-            r.upload_s += t1.elapsed().as_secs_f64();
-            let t2 = Instant::now();
-            let (g, _) = crate::ops::dtans_encode::encode_bf16_device(dev, &w, &plan)?;
-            drop(w);
-            r.encode_s += t2.elapsed().as_secs_f64();
-            g
-        }
-        Encoder::Cpu => {
-            let t2 = Instant::now();
-            let raw: Vec<u8> = bits
-                .par_iter()
-                .map(|&b| Payload::Bf16.split16(b).1)
-                .collect();
-            let t = DtansTensor::encode_planned(&plan, &codes, &raw).map_err(codec)?;
-            let g = GpuDtans::upload(dev, &t, &Dequant::None)?;
-            dev.synchronize()?;
-            r.encode_s += t2.elapsed().as_secs_f64();
-            g
-        }
-    };
-    Ok(Some(GpuLinear::coded(g, Arc::clone(scratch))?))
 }
 
 impl GpuModel {
@@ -1408,35 +1160,25 @@ fn serve(
         max_weights,
     )?));
     let mut r = LoadReport::default();
-    let mut serve = |parts: &[&dyn Linear], halves: bool, launch: Launch, what: &str| {
-        if let Some(l) = coded_parts(dev, parts, halves, &scratch)? {
-            r.served += 1;
-            return Ok(l);
-        }
-        if let Some(l) = fp8_parts(dev, parts, halves, serving.fp8, &scratch)? {
-            r.fp8 += 1;
-            if code.is_some() {
-                r.dense_notes.push(format!(
-                    "{what}: FP8, served as FP8 (code at load codes BF16)"
-                ));
-            }
-            return Ok(l);
-        }
-        if let Some((plan, encoder)) = code {
-            let coding = launch_coding(plan, launch);
-            match code_at_load(dev, parts, halves, what, coding, encoder, &scratch, &mut r)? {
-                Some(l) => {
-                    r.coded_at_load += 1;
-                    return Ok(l);
-                }
-                None => r
-                    .dense_notes
-                    .push(format!("{what}: not BF16, served dense (BF16-rounded)")),
-            }
-        }
-        if serving.bf16_palette && code.is_none() {
-            if let Some(l) = pal_bf16_parts(dev, parts, halves, &scratch)? {
-                r.bf16_palette += 1;
+    let policy = Policy {
+        fp8: serving.fp8,
+        // (Coding at load codes BF16 matrices; packing them as well is refused by the CLI.)
+        bf16_palette: serving.bf16_palette && code.is_none(),
+        code: None,
+    };
+    let mut serve = |parts: &[&dyn Linear], halves: bool, launch: Launch, what: &str, policy| {
+        let policy = Policy {
+            code: code.map(|(plan, encoder)| (launch_coding(plan, launch), encoder)),
+            ..policy
+        };
+        let up = Upload {
+            dev,
+            scratch: &scratch,
+            policy,
+            what,
+        };
+        if !serving.decoded {
+            if let Some(l) = forms::upload(&up, parts, halves, &mut r)? {
                 return Ok(l);
             }
         }
@@ -1449,16 +1191,21 @@ fn serve(
     let lm_head = if Arc::ptr_eq(&w.embed, &w.lm_head) {
         None
     } else {
-        // (Coding at load codes a BF16 head with the plan, as every other BF16 launch; with
-        // `bf16_palette` the launch below packs it, as every other BF16 launch.)
-        let packed = match code {
-            None if !serving.bf16_palette => pal_bf16_head(dev, w, serving.fp8, &scratch)?,
-            _ => None,
+        // An FP8 checkpoint's BF16 head is palette-packed beside its packed matrices (MINE codes
+        // the LM head as well, in BF16).
+        let fp8_checkpoint = w.layers.iter().any(|l| forms::is_fp8(&*l.q));
+        let head = Policy {
+            bf16_palette: policy.bf16_palette
+                || (code.is_none() && fp8_checkpoint && serving.fp8 != Fp8Serving::Dense),
+            ..policy
         };
-        match packed {
-            Some(l) => Some(l),
-            None => Some(serve(&[&*w.lm_head], false, Launch::LmHead, "lm_head")?),
-        }
+        Some(serve(
+            &[&*w.lm_head],
+            false,
+            Launch::LmHead,
+            "lm_head",
+            head,
+        )?)
     };
     let mut layers = Vec::with_capacity(w.layers.len());
     for (i, l) in w.layers.iter().enumerate() {
@@ -1474,12 +1221,24 @@ fn serve(
         let what = |s: &str| format!("layer {i} {s}");
         layers.push(GpuLayer {
             attn_norm: upload_f32(dev, &l.attn_norm)?,
-            qkv: serve(&[&*l.q, &*l.k, &*l.v], false, Launch::Qkv, &what("qkv"))?,
+            qkv: serve(
+                &[&*l.q, &*l.k, &*l.v],
+                false,
+                Launch::Qkv,
+                &what("qkv"),
+                policy,
+            )?,
             qkv_bias,
-            o: serve(&[&*l.o], false, Launch::O, &what("o"))?,
+            o: serve(&[&*l.o], false, Launch::O, &what("o"), policy)?,
             mlp_norm: upload_f32(dev, &l.mlp_norm)?,
-            gate_up: serve(&[&*l.gate, &*l.up], true, Launch::GateUp, &what("gate_up"))?,
-            down: serve(&[&*l.down], false, Launch::Down, &what("down"))?,
+            gate_up: serve(
+                &[&*l.gate, &*l.up],
+                true,
+                Launch::GateUp,
+                &what("gate_up"),
+                policy,
+            )?,
+            down: serve(&[&*l.down], false, Launch::Down, &what("down"), policy)?,
         });
         progress(i + 1, w.layers.len());
     }

@@ -951,7 +951,7 @@ fn fp8_served_case(
     )?;
     let served = GpuModel::upload_served(dev, &w, form.into())?.0;
     // A BF16 head beside palette-packed layers is palette-packed too (its columns allowing).
-    let head_bf16 = w.lm_head.fp8_e4m3().is_none();
+    let head_bf16 = !crate::forms::is_fp8(&*w.lm_head);
     if head_bf16 && form == Fp8Serving::Palette {
         let packed = matches!(served.lm_head, Some(crate::linear::GpuLinear::PalBf16(..)));
         cases.push(CaseResult {
@@ -1005,6 +1005,7 @@ fn bf16_palette_case(
     let serving = Serving {
         fp8: Fp8Serving::Auto,
         bf16_palette: true,
+        decoded: false,
     };
     compare_pdl(
         dev,

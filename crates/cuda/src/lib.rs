@@ -15,6 +15,7 @@ pub mod engine;
 pub mod engine_coded;
 pub mod engine_selftest;
 pub mod error;
+pub mod forms;
 pub mod gemm;
 pub mod jit;
 pub mod linear;

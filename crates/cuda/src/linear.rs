@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
 use entrollm_codec::dtans::Coding;
-use entrollm_codec::palette::{Palette4, PaletteBf16};
+use entrollm_codec::palette::PaletteBf16;
 use entrollm_codec::Payload;
 
 use crate::coded::GpuDtans;
@@ -134,13 +134,25 @@ pub struct ChainLinear<'a> {
 pub struct Serving {
     pub fp8: Fp8Serving,
     pub bf16_palette: bool,
+    /// Every matrix as dense BF16, whatever form it is held in (decoded; rounded where its values
+    /// are not BF16): the reference the selftests compare the forms against.
+    pub decoded: bool,
+}
+
+impl Serving {
+    /// [`Serving::decoded`].
+    pub const DECODED: Serving = Serving {
+        fp8: Fp8Serving::Dense,
+        bf16_palette: false,
+        decoded: true,
+    };
 }
 
 impl From<Fp8Serving> for Serving {
     fn from(fp8: Fp8Serving) -> Self {
         Serving {
             fp8,
-            bf16_palette: false,
+            ..Serving::default()
         }
     }
 }
@@ -191,24 +203,6 @@ impl std::fmt::Display for Fp8Serving {
             .map_or("?", |(_, n)| n);
         f.write_str(name)
     }
-}
-
-/// The palette form `form` keeps an FP8 matrix's row-major `codes` in, or None (as stored): never
-/// for `Dense` or columns not a multiple of 32; for `Auto` when the packed form is at most
-/// [`PALETTE_MAX_RATIO`] of the codes' bytes.
-pub fn fp8_palette(
-    codes: &[u8],
-    rows: usize,
-    cols: usize,
-    form: Fp8Serving,
-) -> Result<Option<Palette4>> {
-    if form == Fp8Serving::Dense || check_gemv_pal4_shape(rows, cols).is_err() {
-        return Ok(None);
-    }
-    let p = Palette4::encode(codes, rows, cols, 0)
-        .map_err(|e| GpuError::invalid("fp8 linear", format!("palette packing: {e}")))?;
-    let small = p.stored_bytes() as f64 <= PALETTE_MAX_RATIO * codes.len() as f64;
-    Ok((form == Fp8Serving::Palette || small).then_some(p))
 }
 
 /// One weight matrix W [rows (outputs), cols (inputs)] of the GPU forward pass.
@@ -374,7 +368,7 @@ impl GpuLinear {
         }
         let s = dev.stream();
         let what = || format!("uploading a [{rows}, {cols}] FP8 matrix");
-        let packed = fp8_palette(codes, rows, cols, form)?;
+        let packed = crate::forms::fp8_palette(codes, rows, cols, form)?;
         let codes = match packed {
             Some(p) => Fp8Codes::Palette(GpuPal4::upload(dev, &p)?),
             None => Fp8Codes::Dense(s.clone_htod(codes).while_(what)?),
@@ -392,14 +386,16 @@ impl GpuLinear {
     }
 
     /// A BF16 matrix (row-major bits) palette-packed losslessly, or None where its shape does
-    /// not pack (columns not a multiple of 64, or 2^16 or more) or the packed form is larger than
-    /// [`PAL_BF16_MAX_RATIO`] of the dense one (high bytes spread over many values).
+    /// not pack (columns not a multiple of 64, or 2^16 or more) or, unless `required`, the packed
+    /// form is larger than [`PAL_BF16_MAX_RATIO`] of the dense one (high bytes spread over many
+    /// values).
     pub fn pal_bf16_from_host(
         dev: &GpuDevice,
         rows: usize,
         cols: usize,
         bits: &[u16],
         scratch: SharedScratch,
+        required: bool,
     ) -> Result<Option<Self>> {
         if check_gemv_pal4_shape(rows, cols).is_err() || bits.len() != rows * cols {
             return Ok(None);
@@ -408,7 +404,7 @@ impl GpuLinear {
             Ok(p) => p,
             Err(_) => return Ok(None),
         };
-        if p.stored_bytes() as f64 > PAL_BF16_MAX_RATIO * (2 * bits.len()) as f64 {
+        if !required && p.stored_bytes() as f64 > PAL_BF16_MAX_RATIO * (2 * bits.len()) as f64 {
             return Ok(None);
         }
         Ok(Some(GpuLinear::PalBf16(
@@ -801,29 +797,5 @@ mod tests {
         assert_eq!(s(28_672, 4096), "w4r2u4");
         assert_eq!(s(4096, 14_336), "w4r1u8");
         assert_eq!(s(128_256, 4096), "w4r2u2");
-    }
-
-    #[test]
-    fn fp8_serving_packs_what_it_says() {
-        assert_eq!("auto".parse(), Ok(Fp8Serving::Auto));
-        assert_eq!("palette".parse(), Ok(Fp8Serving::Palette));
-        assert!("fp4"
-            .parse::<Fp8Serving>()
-            .unwrap_err()
-            .contains("auto, dense or palette"));
-        // Few codes: packed under auto and palette; every code: only when asked.
-        let few: Vec<u8> = (0..64 * 256)
-            .map(|i| [0u8, 0x01, 0x81, 0x02][i % 4])
-            .collect();
-        let all: Vec<u8> = (0..64 * 256).map(|i| (i * 7 % 256) as u8).collect();
-        let packs = |c: &[u8], cols, f| fp8_palette(c, c.len() / cols, cols, f).unwrap().is_some();
-        assert!(packs(&few, 256, Fp8Serving::Auto));
-        assert!(packs(&few, 256, Fp8Serving::Palette));
-        assert!(!packs(&few, 256, Fp8Serving::Dense));
-        assert!(!packs(&all, 256, Fp8Serving::Auto));
-        assert!(packs(&all, 256, Fp8Serving::Palette));
-        // Columns not a multiple of 32 stay as stored, whatever is asked.
-        assert!(!packs(&few[..48 * 272], 272, Fp8Serving::Palette));
-        assert!(!packs(&few[..48 * 272], 272, Fp8Serving::Auto));
     }
 }

@@ -5,11 +5,11 @@
 
 use crate::bench::time_cold;
 use crate::device::GpuDevice;
-use crate::engine::{interleaved, stacked};
-use crate::engine_coded::{coded_parts, fp8_parts};
+use crate::engine_coded::LoadReport;
 use crate::error::DriverContext;
-use crate::linear::{DtansScratch, Fp8Serving, GpuLinear, SharedScratch};
-use entrollm_model::weights::Linear;
+use crate::forms::{self, Policy, Upload};
+use crate::linear::{DtansScratch, GpuLinear, SharedScratch};
+use entrollm_model::weights::{Bf16, Dense, Linear};
 use entrollm_model::ModelConfig;
 use entrollm_tune::tuner::{LaunchTimer, TimedLaunch};
 use entrollm_tune::{DeviceId, DeviceKind, TuneError};
@@ -70,28 +70,17 @@ impl GpuTimer {
         })
     }
 
-    /// The launch as the engine uploads it: coded parts as one multi-matrix launch, FP8 codes as
-    /// stored, dense matrices stacked (gate/up interleaved) in BF16; `None` when these forms have
-    /// no GPU kernel (the tuner leaves the point out).
+    /// The launch as the engine uploads it, each form as it is held (`forms::Policy::AS_HELD`);
+    /// `None` when no GPU form holds it exactly (the tuner leaves the point out).
     fn upload(&self, parts: &[Arc<dyn Linear>], halves: bool) -> crate::Result<Option<GpuLinear>> {
         let refs: Vec<&dyn Linear> = parts.iter().map(|p| &**p).collect();
-        if let Some(l) = coded_parts(&self.dev, &refs, halves, &self.scratch)? {
-            return Ok(Some(l));
-        }
-        if let Some(l) = fp8_parts(&self.dev, &refs, halves, Fp8Serving::Dense, &self.scratch)? {
-            return Ok(Some(l));
-        }
-        // Only BF16 uploads exactly as BF16.
-        if refs
-            .iter()
-            .any(|p| p.form().form != "dense" || p.form().variant != "bf16")
-        {
-            return Ok(None);
-        }
-        Ok(Some(match &refs[..] {
-            [g, u] if halves => interleaved(&self.dev, *g, *u)?,
-            _ => stacked(&self.dev, &refs)?,
-        }))
+        let up = Upload {
+            dev: &self.dev,
+            scratch: &self.scratch,
+            policy: Policy::AS_HELD,
+            what: "tuned launch",
+        };
+        forms::upload(&up, &refs, halves, &mut LoadReport::default())
     }
 }
 
@@ -116,11 +105,8 @@ impl LaunchTimer for GpuTimer {
         let parts = make()?;
         // The decode step gathers embeddings from a dense BF16 table only; a tied head is that
         // table.
-        if launch.gather {
-            let p = &parts[0];
-            if p.form().form != "dense" || p.form().variant != "bf16" {
-                return Ok(None);
-            }
+        if launch.gather && !parts[0].as_any().is::<Dense<Bf16>>() {
+            return Ok(None);
         }
         if !launch.products {
             // A row gather of one token: negligible beside the products; timed as one launch of

@@ -40,21 +40,6 @@ pub trait Linear: Send + Sync {
     }
     /// The matrix as `Any`, for engines that upload a form's own arrays (the GPU engine).
     fn as_any(&self) -> &dyn std::any::Any;
-    /// The dtANS-coded tensor and its dequantisation, when the matrix is kept coded (a GPU engine
-    /// then uploads the coded arrays instead of decoding them).
-    fn dtans(
-        &self,
-    ) -> Option<(
-        &entrollm_codec::dtans::DtansTensor,
-        entrollm_codec::matvec::Dequant<'_>,
-    )> {
-        None
-    }
-    /// The FP8 E4M3 codes (row-major) and, if any, the per-row scales, when the matrix is stored
-    /// so (a GPU engine then keeps it in FP8).
-    fn fp8_e4m3(&self) -> Option<(&[u8], Option<&[f32]>)> {
-        None
-    }
 }
 
 pub struct LayerWeights {
@@ -113,10 +98,6 @@ pub trait DenseElement: sealed::Sealed + Send + Sync + 'static {
     fn to_f32(s: Self::Stored) -> f32;
     /// The elements themselves when they already are f32 (no conversion needed).
     fn as_f32_slice(_s: &[Self::Stored]) -> Option<&[f32]> {
-        None
-    }
-    /// The elements themselves when they are FP8 E4M3 bytes.
-    fn as_fp8_slice(_s: &[Self::Stored]) -> Option<&[u8]> {
         None
     }
     /// The elements as the forms' exact [`Values`](crate::forms::Values).
@@ -181,9 +162,6 @@ impl DenseElement for Fp8E4m3 {
     #[inline(always)]
     fn to_f32(s: u8) -> f32 {
         FP8_E4M3_TO_F32[s as usize]
-    }
-    fn as_fp8_slice(s: &[u8]) -> Option<&[u8]> {
-        Some(s)
     }
     fn to_values(s: &[u8]) -> crate::forms::Values {
         crate::forms::Values::Fp8(s.to_vec())
@@ -268,6 +246,12 @@ pub struct RowScaled {
 }
 
 impl RowScaled {
+    /// The matrix inside and the row scales, for an engine that keeps them apart (the GPU's FP8
+    /// GEMV applies the scales in its epilogue).
+    pub fn parts(&self) -> (&Arc<dyn Linear>, &[f32]) {
+        (&self.inner, &self.scales)
+    }
+
     pub fn new(name: &str, inner: Arc<dyn Linear>, scales: Vec<f32>) -> Result<Self> {
         if scales.len() != inner.rows() {
             return Err(ModelError::tensor(
@@ -332,12 +316,6 @@ impl Linear for RowScaled {
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
-    }
-    fn fp8_e4m3(&self) -> Option<(&[u8], Option<&[f32]>)> {
-        match self.inner.fp8_e4m3() {
-            Some((codes, None)) => Some((codes, Some(&self.scales))),
-            _ => None,
-        }
     }
 }
 
@@ -458,10 +436,6 @@ impl<E: DenseElement> Linear for Dense<E> {
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
-    }
-
-    fn fp8_e4m3(&self) -> Option<(&[u8], Option<&[f32]>)> {
-        E::as_fp8_slice(&self.data).map(|c| (c, None))
     }
 }
 
@@ -1104,15 +1078,19 @@ mod tests {
     fn fp8_matrices_expose_their_codes_and_scales() {
         let codes: Vec<u8> = (0..12u8).map(|i| i * 7).collect();
         let fp8: Arc<dyn Linear> = Arc::new(DenseFp8::new("w", 3, 4, codes.clone()).unwrap());
-        assert_eq!(fp8.fp8_e4m3(), Some((&codes[..], None)));
         let scales = vec![0.5, 2.0, 4.0];
         let m = RowScaled::new("w", fp8.clone(), scales.clone()).unwrap();
-        assert_eq!(m.fp8_e4m3(), Some((&codes[..], Some(&scales[..]))));
-        // Scaled twice, or not FP8 at all: no FP8 view.
-        let twice = RowScaled::new("w", Arc::new(m), scales).unwrap();
-        assert_eq!(twice.fp8_e4m3(), None);
-        let f32m = DenseF32::new("w", 3, 4, vec![0.0; 12]).unwrap();
-        assert_eq!(f32m.fp8_e4m3(), None);
+        let (inner, s) = m.parts();
+        assert_eq!(s, &scales[..]);
+        let d = inner.as_any().downcast_ref::<DenseFp8>().unwrap();
+        assert_eq!(d.data(), &codes[..]);
+        // Re-formed, the scales wrap the new inner matrix.
+        let f32m = m
+            .reform(&|src| crate::forms::encode_checked(&crate::forms::dense::DENSE, src, "f32"))
+            .unwrap();
+        let rs = f32m.as_any().downcast_ref::<RowScaled>().unwrap();
+        assert_eq!(rs.parts().1, &scales[..]);
+        assert!(rs.parts().0.as_any().downcast_ref::<DenseF32>().is_some());
     }
 
     #[test]

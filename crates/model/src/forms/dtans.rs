@@ -69,6 +69,12 @@ impl CodedLinear {
         Self::new(g.codes, Some(groups))
     }
 
+    /// The coded tensor and its dequantisation, for an engine that uploads the coded arrays (the
+    /// GPU's decode-matvec) instead of decoding them.
+    pub fn coded(&self) -> (&DtansTensor, Dequant<'_>) {
+        (&self.t, self.dequant())
+    }
+
     fn dequant(&self) -> Dequant<'_> {
         self.groups
             .as_ref()
@@ -77,9 +83,6 @@ impl CodedLinear {
 }
 
 impl Linear for CodedLinear {
-    fn dtans(&self) -> Option<(&DtansTensor, Dequant<'_>)> {
-        Some((&self.t, self.dequant()))
-    }
     fn rows(&self) -> usize {
         self.t.rows
     }

@@ -1,0 +1,245 @@
+//! dtANS-LLM coded matrices (model form `dtans`): batch-1 products by the fused decode-matvec
+//! (`kernels/dtans_mvm.cu`), prefill by dequantising into the shared workspace and the GEMM. A
+//! launch's coded parts that share payload, coding and columns run as one multi-matrix launch.
+//! [`HELD`] serves matrices a container holds coded; [`AT_LOAD`] codes BF16 matrices at load
+//! ([`Policy::code`](super::Policy)), on the device or the host.
+
+use super::{GpuForm, Upload};
+use crate::coded::{check_supported as check_coding, GpuDtans};
+use crate::device::GpuDevice;
+use crate::engine_coded::{Encoder, LoadReport};
+use crate::error::{DriverContext, GpuError, Result};
+use crate::linear::{GpuLinear, SharedScratch};
+use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor, EncodePlan};
+use entrollm_codec::matvec::Dequant;
+use entrollm_codec::Payload;
+use entrollm_model::forms::dtans::CodedLinear;
+use entrollm_model::weights::Linear;
+use rayon::prelude::*;
+use std::sync::Arc;
+
+const OP: &str = "code at load";
+
+/// Matrices held coded, served as they are.
+pub struct Held;
+pub static HELD: Held = Held;
+
+/// BF16 matrices coded at load.
+pub struct AtLoad;
+pub static AT_LOAD: AtLoad = AtLoad;
+
+impl GpuForm for Held {
+    fn name(&self) -> &'static str {
+        "dtans"
+    }
+
+    fn upload(
+        &self,
+        up: &Upload<'_>,
+        parts: &[&dyn Linear],
+        halves: bool,
+        report: &mut LoadReport,
+    ) -> Result<Option<GpuLinear>> {
+        let l = held(up.dev, parts, halves, up.scratch)?;
+        if l.is_some() {
+            report.served += 1;
+        }
+        Ok(l)
+    }
+}
+
+impl GpuForm for AtLoad {
+    fn name(&self) -> &'static str {
+        "dtans (coded at load)"
+    }
+
+    fn upload(
+        &self,
+        up: &Upload<'_>,
+        parts: &[&dyn Linear],
+        halves: bool,
+        report: &mut LoadReport,
+    ) -> Result<Option<GpuLinear>> {
+        let Some((coding, encoder)) = up.policy.code else {
+            return Ok(None);
+        };
+        let l = code_at_load(up, parts, halves, coding, encoder, report)?;
+        match &l {
+            Some(_) => report.coded_at_load += 1,
+            None => report.dense_notes.push(format!(
+                "{}: not BF16, served dense (BF16-rounded)",
+                up.what
+            )),
+        }
+        Ok(l)
+    }
+}
+
+/// A coded matrix made of `parts` (row-stacked; `halves`: gate/up), or None when any part is not
+/// held coded or the parts cannot share a launch.
+fn held(
+    dev: &GpuDevice,
+    parts: &[&dyn Linear],
+    halves: bool,
+    scratch: &SharedScratch,
+) -> Result<Option<GpuLinear>> {
+    let mut coded = Vec::with_capacity(parts.len());
+    for p in parts {
+        match p.as_any().downcast_ref::<CodedLinear>() {
+            Some(c) => coded.push(c.coded()),
+            None => return Ok(None),
+        }
+    }
+    let (t0, _) = coded[0];
+    if coded.iter().any(|(t, _)| {
+        t.payload != t0.payload
+            || t.coding != t0.coding
+            || t.cols != t0.cols
+            || check_coding(t.payload, &t.coding).is_err()
+    }) {
+        return Ok(None);
+    }
+    let mut up = Vec::with_capacity(coded.len());
+    for (t, dq) in &coded {
+        match GpuDtans::upload(dev, t, dq) {
+            Ok(g) => up.push(g),
+            // A payload, coding or group layout the kernels do not take.
+            Err(GpuError::InvalidArgument { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    match GpuLinear::coded_parts(up, halves, Arc::clone(scratch)) {
+        Ok(l) => Ok(Some(l)),
+        // Parts whose groups differ, or a coding without a launch that fits.
+        Err(GpuError::InvalidArgument { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Checks that the GPU kernels run `coding` on a [rows × cols] BF16 matrix (decode-matvec and
+/// prefill dequantisation); the error names `what` and the coding.
+pub fn check_kernels(what: &str, coding: &Coding, rows: usize, cols: usize) -> Result<()> {
+    use crate::linear::dtans_config_for;
+    use crate::ops::dtans::DtansOut;
+    let bad = |e: GpuError| {
+        GpuError::invalid(
+            "code at load",
+            format!("{what}: coding {coding} has no GPU kernel for {rows}×{cols} BF16: {e}"),
+        )
+    };
+    check_coding(Payload::Bf16, coding).map_err(bad)?;
+    for out in [DtansOut::Mvm, DtansOut::Dequant] {
+        dtans_config_for(Payload::Bf16, coding, rows, cols, None, out).map_err(bad)?;
+    }
+    Ok(())
+}
+
+/// The BF16 bits of `parts` row-stacked (`halves`: gate and up rows interleaved, as the engine
+/// serves them), or None when some value is not a BF16 number (an F16, F32 or quantised matrix:
+/// coding its BF16 rounding would not be lossless).
+pub(crate) fn exact_bf16(parts: &[&dyn Linear], halves: bool) -> Option<Vec<u16>> {
+    let cols = parts.first()?.cols();
+    if parts.iter().any(|p| p.cols() != cols)
+        || (halves && (parts.len() != 2 || parts[0].rows() != parts[1].rows()))
+    {
+        return None;
+    }
+    // (part, row) of each output row.
+    let src: Vec<(usize, usize)> = if halves {
+        (0..parts[0].rows())
+            .flat_map(|r| [(0, r), (1, r)])
+            .collect()
+    } else {
+        parts
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| (0..p.rows()).map(move |r| (i, r)))
+            .collect()
+    };
+    let mut out = vec![0u16; src.len() * cols];
+    out.par_chunks_mut(cols)
+        .zip(src.par_iter())
+        .try_for_each_init(
+            || vec![0f32; cols],
+            |buf, (row, &(i, r))| {
+                parts[i].row(r, buf);
+                for (o, &v) in row.iter_mut().zip(buf.iter()) {
+                    let b = v.to_bits();
+                    if b & 0xFFFF != 0 {
+                        return Err(());
+                    }
+                    *o = (b >> 16) as u16;
+                }
+                Ok(())
+            },
+        )
+        .ok()?;
+    Some(out)
+}
+
+/// Codes one launch's matrix at load: the host plans from the BF16 bits it already holds, the
+/// matrix goes up and is coded on the device (the coded arrays never come down), or with
+/// [`Encoder::Cpu`] it is coded on the host and its arrays uploaded as a container's are. None
+/// when the matrix is not BF16.
+fn code_at_load(
+    up: &Upload<'_>,
+    parts: &[&dyn Linear],
+    halves: bool,
+    coding: Option<Coding>,
+    encoder: Encoder,
+    r: &mut LoadReport,
+) -> Result<Option<GpuLinear>> {
+    let (dev, what, scratch) = (up.dev, up.what, up.scratch);
+    use std::time::Instant;
+    let codec = |e: entrollm_codec::CodecError| GpuError::invalid(OP, format!("{what}: {e}"));
+    let t0 = Instant::now();
+    let Some(bits) = exact_bf16(parts, halves) else {
+        return Ok(None);
+    };
+    let cols = parts[0].cols();
+    let rows = bits.len() / cols;
+    let codes = crate::ops::dtans_encode::bf16_codes(&bits);
+    let coding = match coding {
+        Some(c) => c,
+        None => {
+            let c = choose_coding_and_width(Payload::Bf16, rows, cols, &codes)
+                .map_err(codec)?
+                .0;
+            check_kernels(&format!("{what} (the coder's choice)"), &c, rows, cols)?;
+            c
+        }
+    };
+    let plan = EncodePlan::new(Payload::Bf16, rows, cols, &codes, coding).map_err(codec)?;
+    r.plan_s += t0.elapsed().as_secs_f64();
+    let g = match encoder {
+        Encoder::Gpu => {
+            drop(codes);
+            let t1 = Instant::now();
+            let w = dev
+                .stream()
+                .clone_htod(&bits)
+                .while_(|| format!("uploading {what} ({rows}×{cols}) to code"))?;
+            drop(bits);
+            dev.synchronize()?;
+            r.upload_s += t1.elapsed().as_secs_f64();
+            let t2 = Instant::now();
+            let (g, _) = crate::ops::dtans_encode::encode_bf16_device(dev, &w, &plan)?;
+            drop(w);
+            r.encode_s += t2.elapsed().as_secs_f64();
+            g
+        }
+        Encoder::Cpu => {
+            let t2 = Instant::now();
+            let raw: Vec<u8> = bits
+                .par_iter()
+                .map(|&b| Payload::Bf16.split16(b).1)
+                .collect();
+            let t = DtansTensor::encode_planned(&plan, &codes, &raw).map_err(codec)?;
+            let g = GpuDtans::upload(dev, &t, &Dequant::None)?;
+            dev.synchronize()?;
+            r.encode_s += t2.elapsed().as_secs_f64();
+            g
+        }
+    };
+    Ok(Some(GpuLinear::coded(g, Arc::clone(scratch))?))
+}
