@@ -4,9 +4,11 @@
 #     plan, graphs checked against it), then the regression set against the previous release binary
 #     in the same call: synthetic Llama-3.1-8B BF16 decode, coded prefill of 4096 tokens against
 #     dense, and the 2.1-bit FP8 checkpoint palette-packed against its codes as stored.
-#   call 3 (PART=bf16): the same for the BF16 checkpoint under a 13 GB budget for its launches.
-#   call 2 (PART=tune): `entrollm tune --device cuda` on the 2.1-bit FP8 checkpoint and the BF16
-#     checkpoint, plans from those tune files, and the plans served and measured.
+#   call 3 (PART=bf16): the same for the BF16 checkpoint under a 13 GB budget for its launches
+#     (PLANFILE=FILE: that plan instead, made from an earlier call's tune file; no tuning).
+#   call 2 (PART=tune): `entrollm tune --device cuda` on the 2.1-bit FP8 checkpoint (palette forms
+#     among the candidates), plans from the tune file (fastest, smallest, $MID), served and measured
+#     beside the checkpoint served dense and palette-packed at load.
 #   PART=check|tune bash bench/h200-seam.sh DIR   DIR: entrollm.xz (this commit), entrollm-old.xz
 #   (the release before the seam). Outputs and the log in $OUT.
 D=${1:-.dev/seam}; W=/tmp/seam; mkdir -p $W
@@ -41,8 +43,11 @@ if [ "${PART:-check}" = check ]; then
   done
 elif [ "$PART" = bf16 ]; then
   el "== synth BF16 8B"; timeout 240 $B synth --shape llama-3.1-8b -o $W/b8 > $OUT/synth16.log 2>&1; el "rc $?"
-  el "== tune --device cuda BF16 8B"; timeout 330 $B tune $W/b8 --device cuda --max-variants ${MV:-2} -o $OUT/tune-bf16-8b.json > $OUT/tune_bf16.log 2>&1; el "rc $?"; tail -3 $OUT/tune_bf16.log | tee -a $L
-  $B plan $OUT/tune-bf16-8b.json --budget ${BUDGET:-13GB} -o $W/b13.json --plot $OUT/fronts-bf16-8b.svg 2>&1 | tail -12 | tee -a $L
+  if [ -n "$PLANFILE" ]; then cp $PLANFILE $W/b13.json  # a plan made here from an earlier call's tune file
+  else
+    el "== tune --device cuda BF16 8B"; timeout 330 $B tune $W/b8 --device cuda --max-variants ${MV:-2} -o $OUT/tune-bf16-8b.json > $OUT/tune_bf16.log 2>&1; el "rc $?"; tail -3 $OUT/tune_bf16.log | tee -a $L
+    $B plan $OUT/tune-bf16-8b.json --budget ${BUDGET:-13GB} -o $W/b13.json --plot $OUT/fronts-bf16-8b.svg 2>&1 | tail -12 | tee -a $L
+  fi
   b bf16_plan_13gb $B $W/b8 --plan $W/b13.json
   b bf16_dense_ref $B $W/b8
 else
@@ -53,6 +58,9 @@ else
   min=$(python3 -c "import json;t=json.load(open('$OUT/tune-fp8-8b.json'));print(sum(min(p['bytes'] for p in l['points']) for l in t['launches']))")
   $B plan $OUT/tune-fp8-8b.json --budget $min -o $W/small.json 2>&1 | tail -12 | tee -a $L
   b fp8_plan_smallest $B $W/m8 --fp8 dense --plan $W/small.json
+  $B plan $OUT/tune-fp8-8b.json --budget ${MID:-6.5GB} -o $W/mid.json 2>&1 | tail -12 | tee -a $L
+  b fp8_plan_mid $B $W/m8 --fp8 dense --plan $W/mid.json
   b fp8_dense_ref $B $W/m8 --fp8 dense
+  b fp8_palette_ref $B $W/m8 --fp8 palette
 fi
 el done

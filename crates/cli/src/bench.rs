@@ -256,11 +256,14 @@ pub fn run(a: Args) -> Result<()> {
                 crate::generate::DeviceArg::Cuda,
                 ctx,
             )?;
-            let serving = Serving {
-                fp8: a.fp8,
-                bf16_palette: a.bf16,
-                ..Serving::default()
-            };
+            let serving = crate::generate::serving_under(
+                &a.budget,
+                Serving {
+                    fp8: a.fp8,
+                    bf16_palette: a.bf16,
+                    ..Serving::default()
+                },
+            )?;
             let (m, r) = crate::generate::upload_gpu(&dev, &w, code.as_ref(), serving)?;
             let s = m.coded_summary();
             let how = match r {

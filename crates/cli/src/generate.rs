@@ -415,6 +415,21 @@ impl ModelArgs {
     }
 }
 
+/// How the GPU keeps the matrices: as `asked` (`--fp8`, `--bf16`), or, under a plan (`--budget`,
+/// `--plan`), as the plan chose them on the host; asking for palette packing beside a plan is an
+/// error (both choose forms).
+pub fn serving_under(b: &BudgetArgs, asked: Serving) -> Result<Serving> {
+    if !b.is_set() {
+        return Ok(asked);
+    }
+    if asked.bf16_palette || asked.fp8 == Fp8Serving::Palette {
+        anyhow::bail!(
+            "--budget/--plan choose each launch's form (palette forms included): leave out              --bf16 palette and --fp8 palette"
+        );
+    }
+    Ok(Serving::AS_HELD)
+}
+
 /// `--bf16 palette` and `--code-at-load` both say how BF16 matrices are kept: one at a time.
 pub fn check_bf16_palette(bf16_palette: bool, code_at_load: bool) -> Result<()> {
     if bf16_palette && code_at_load {
@@ -558,7 +573,14 @@ fn open(a: &ModelArgs) -> Result<Session> {
         ..SamplingParams::greedy()
     };
     Ok(Session {
-        engine: Backend::new(weights, ctx, device, code.as_ref(), a.serving(), decode)?,
+        engine: Backend::new(
+            weights,
+            ctx,
+            device,
+            code.as_ref(),
+            serving_under(&a.budget, a.serving())?,
+            decode,
+        )?,
         tokenizer,
         sampler: Sampler::new(params)?,
         max_tokens: a.max_tokens,
@@ -760,7 +782,8 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     if a.max_tokens > 0 {
         tokens.truncate(a.max_tokens);
     }
-    let p = match Backend::new(weights, a.window, device, None, Serving::default(), decode)? {
+    let serving = serving_under(&a.budget, Serving::default())?;
+    let p = match Backend::new(weights, a.window, device, None, serving, decode)? {
         Backend::Cpu(mut engine) => {
             entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?
         }

@@ -227,19 +227,15 @@ impl Palette4 {
     /// The codes of rows `rows` (row-major), bit for bit the ones packed.
     pub fn decode_rows(&self, rows: std::ops::Range<usize>) -> Vec<u8> {
         let cols = self.cols;
-        let tile_bytes = TILE_ROWS * cols / 2;
         let mut out = vec![0u8; rows.len() * cols];
-        for (r, row) in rows.zip(out.chunks_mut(cols)) {
-            let tile = &self.indices[r / TILE_ROWS * tile_bytes..][..tile_bytes];
-            for (b, block) in tile.chunks_exact(BLOCK_BYTES).enumerate() {
-                for (j, &byte) in block.iter().enumerate() {
-                    let (tr, c) = pair_at(j);
-                    if tr == r % TILE_ROWS {
-                        row[b * BLOCK_COLS + c] = self.palette[(byte & 15) as usize];
-                        row[b * BLOCK_COLS + c + 1] = self.palette[(byte >> 4) as usize];
-                    }
-                }
-            }
+        for_tile_pairs(cols, rows.clone(), |r, at, j| {
+            let byte = self.indices[r / TILE_ROWS * TILE_ROWS * cols / 2 + j];
+            let o = (r - rows.start) * cols + at;
+            out[o] = self.palette[(byte & 15) as usize];
+            out[o + 1] = self.palette[(byte >> 4) as usize];
+        });
+        for r in rows.clone() {
+            let row = &mut out[(r - rows.start) * cols..][..cols];
             for &e in &self.escapes[self.row_ptr[r] as usize..self.row_ptr[r + 1] as usize] {
                 row[(e & 0xFF_FFFF) as usize] = (e >> 24) as u8;
             }
@@ -247,9 +243,38 @@ impl Palette4 {
         out
     }
 
-    /// All codes, row-major.
+    /// All codes, row-major (tiles decoded in parallel).
     pub fn decode(&self) -> Vec<u8> {
-        self.decode_rows(0..self.rows)
+        let (rows, cols) = (self.rows, self.cols);
+        let mut out = vec![0u8; rows * cols];
+        out.par_chunks_mut(TILE_ROWS * cols)
+            .enumerate()
+            .for_each(|(t, o)| {
+                let r0 = t * TILE_ROWS;
+                o.copy_from_slice(&self.decode_rows(r0..r0 + o.len() / cols));
+            });
+        out
+    }
+}
+
+/// Calls `f(row, col, j)` for each pair of weights of rows `rows` in a palette layout of `cols`
+/// columns: `col` the pair's even column, `j` its byte in the tile's blocks (block `col / 64`
+/// starts at byte `col / 64 · 512` of the tile). One pass over each tile the rows touch.
+fn for_tile_pairs(
+    cols: usize,
+    rows: std::ops::Range<usize>,
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    let pairs: Vec<(usize, usize)> = (0..BLOCK_BYTES).map(pair_at).collect();
+    for t in rows.start / TILE_ROWS..rows.end.div_ceil(TILE_ROWS) {
+        for b in 0..cols / BLOCK_COLS {
+            for (j, &(tr, c)) in pairs.iter().enumerate() {
+                let r = t * TILE_ROWS + tr;
+                if rows.contains(&r) {
+                    f(r, b * BLOCK_COLS + c, b * BLOCK_BYTES + j);
+                }
+            }
+        }
     }
 }
 
@@ -379,32 +404,34 @@ impl PaletteBf16 {
         Palette4::predict_bytes(high, rows, cols, 0) + rows.div_ceil(TILE_ROWS) * TILE_ROWS * cols
     }
 
-    /// All values, row-major, bit for bit the ones packed.
+    /// All values, row-major, bit for bit the ones packed (tiles decoded in parallel).
     pub fn decode(&self) -> Vec<u16> {
-        self.decode_rows(0..self.rows())
+        let cols = self.cols();
+        let mut out = vec![0u16; self.rows() * cols];
+        out.par_chunks_mut(TILE_ROWS * cols)
+            .enumerate()
+            .for_each(|(t, o)| {
+                let r0 = t * TILE_ROWS;
+                o.copy_from_slice(&self.decode_rows(r0..r0 + o.len() / cols));
+            });
+        out
     }
 
     /// The values of rows `rows` (row-major), bit for bit the ones packed.
     pub fn decode_rows(&self, rows: std::ops::Range<usize>) -> Vec<u16> {
         let cols = self.cols();
-        let first = rows.start;
         let high = self.high.decode_rows(rows.clone());
-        let pairs: Vec<(usize, usize)> = (0..BLOCK_BYTES).map(pair_at).collect();
-        let tile_low = TILE_ROWS * cols;
         let mut out: Vec<u16> = high.iter().map(|&h| (h as u16) << 8).collect();
-        for r in rows {
-            let tile = &self.low[r / TILE_ROWS * tile_low..][..tile_low];
-            for (b, block) in tile.chunks_exact(2 * BLOCK_BYTES).enumerate() {
-                for (j, &(tr, c)) in pairs.iter().enumerate() {
-                    if tr == r % TILE_ROWS {
-                        let at = (r - first) * cols + b * BLOCK_COLS + c;
-                        out[at] |= block[2 * j] as u16;
-                        out[at + 1] |= block[2 * j + 1] as u16;
-                    }
-                }
-            }
+        // Low bytes: two a pair, the tile's blocks twice the index bytes.
+        for_tile_pairs(cols, rows.clone(), |r, at, j| {
+            let low = &self.low[r / TILE_ROWS * TILE_ROWS * cols + 2 * j..];
+            let o = (r - rows.start) * cols + at;
+            out[o] |= low[0] as u16;
+            out[o + 1] |= low[1] as u16;
+        });
+        for r in rows.clone() {
             for &e in &self.escapes[self.row_ptr()[r] as usize..self.row_ptr()[r + 1] as usize] {
-                out[(r - first) * cols + (e & 0xFFFF) as usize] = (e >> 16) as u16;
+                out[(r - rows.start) * cols + (e & 0xFFFF) as usize] = (e >> 16) as u16;
             }
         }
         out

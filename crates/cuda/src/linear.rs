@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
 use entrollm_codec::dtans::Coding;
-use entrollm_codec::palette::PaletteBf16;
+use entrollm_codec::palette::{Palette4, PaletteBf16};
 use entrollm_codec::Payload;
 
 use crate::coded::GpuDtans;
@@ -140,6 +140,14 @@ pub struct Serving {
 }
 
 impl Serving {
+    /// Every matrix in the form it is held in (a plan's choice, made on the host): FP8 codes as
+    /// stored unless held palette-packed, nothing packed at load.
+    pub const AS_HELD: Serving = Serving {
+        fp8: Fp8Serving::Dense,
+        bf16_palette: false,
+        decoded: false,
+    };
+
     /// [`Serving::decoded`].
     pub const DECODED: Serving = Serving {
         fp8: Fp8Serving::Dense,
@@ -370,9 +378,40 @@ impl GpuLinear {
         let what = || format!("uploading a [{rows}, {cols}] FP8 matrix");
         let packed = crate::forms::fp8_palette(codes, rows, cols, form)?;
         let codes = match packed {
-            Some(p) => Fp8Codes::Palette(GpuPal4::upload(dev, &p)?),
+            Some(p) => return Self::fp8_packed(dev, &p, scales, scratch),
             None => Fp8Codes::Dense(s.clone_htod(codes).while_(what)?),
         };
+        Self::fp8_codes(dev, rows, cols, codes, scales, scratch)
+    }
+
+    /// Uploads palette-packed FP8 codes with their per-row scales (see [`Self::fp8_from_host`]).
+    pub fn fp8_packed(
+        dev: &GpuDevice,
+        p: &Palette4,
+        scales: &[f32],
+        scratch: SharedScratch,
+    ) -> Result<Self> {
+        check_gemv_pal4_shape(p.rows(), p.cols())?;
+        let codes = Fp8Codes::Palette(GpuPal4::upload(dev, p)?);
+        Self::fp8_codes(dev, p.rows(), p.cols(), codes, scales, scratch)
+    }
+
+    fn fp8_codes(
+        dev: &GpuDevice,
+        rows: usize,
+        cols: usize,
+        codes: Fp8Codes,
+        scales: &[f32],
+        scratch: SharedScratch,
+    ) -> Result<Self> {
+        if scales.len() != rows {
+            return Err(GpuError::invalid(
+                "fp8 linear",
+                format!("[{rows}, {cols}] needs {rows} scales, got {}", scales.len()),
+            ));
+        }
+        let s = dev.stream();
+        let what = || format!("uploading a [{rows}, {cols}] FP8 matrix's scales");
         let palette = matches!(codes, Fp8Codes::Palette(_));
         let gemv = fp8_gemv_config(palette, rows, cols, dev.info().sm_count, false);
         Ok(GpuLinear::Fp8(Box::new(Fp8Linear {
@@ -407,10 +446,20 @@ impl GpuLinear {
         if !required && p.stored_bytes() as f64 > PAL_BF16_MAX_RATIO * (2 * bits.len()) as f64 {
             return Ok(None);
         }
-        Ok(Some(GpuLinear::PalBf16(
-            Box::new(GpuPalBf16::upload(dev, &p)?),
+        Self::pal_bf16_packed(dev, &p, scratch).map(Some)
+    }
+
+    /// Uploads a palette-packed BF16 matrix.
+    pub fn pal_bf16_packed(
+        dev: &GpuDevice,
+        p: &PaletteBf16,
+        scratch: SharedScratch,
+    ) -> Result<Self> {
+        check_gemv_pal4_shape(p.rows(), p.cols())?;
+        Ok(GpuLinear::PalBf16(
+            Box::new(GpuPalBf16::upload(dev, p)?),
             scratch,
-        )))
+        ))
     }
 
     pub fn rows(&self) -> usize {

@@ -143,8 +143,9 @@ impl LaunchTimer for GpuTimer {
         Ok(Some(us))
     }
 
-    /// A decode step of the GPU engine on `w` as it is (CUDA graph, greedy), less its launches'
-    /// tuned latencies in their current forms.
+    /// A decode step of the GPU engine on `w` as it is held (CUDA graph, greedy; nothing packed
+    /// at load, so the step runs the forms the launches were timed in), less its launches' tuned
+    /// latencies in their current forms.
     fn step_overhead_us(
         &self,
         w: &entrollm_model::ModelWeights,
@@ -155,7 +156,7 @@ impl LaunchTimer for GpuTimer {
         };
         let run = || -> crate::Result<f64> {
             let (model, _) =
-                crate::GpuModel::upload_served(&self.dev, w, crate::linear::Serving::default())?;
+                crate::GpuModel::upload_served(&self.dev, w, crate::linear::Serving::AS_HELD)?;
             let mut e = crate::GpuEngine::new(Arc::clone(&self.dev), model, 128)?;
             let prompt: Vec<u32> = (1..9).collect();
             let mut tok = e.prefill_greedy(&prompt)?;

@@ -22,33 +22,37 @@ pub static FP8: Fp8Form = Fp8Form;
 /// A part's codes (row-major), its row scales (None: 1) and whether it is held palette-packed.
 type Fp8View<'a> = (Cow<'a, [u8]>, Option<&'a [f32]>, bool);
 
-/// [`Fp8View`] of `p`; None when it is not FP8.
-fn codes_of(p: &dyn Linear) -> Option<Fp8View<'_>> {
-    let (inner, scales) = match p.as_any().downcast_ref::<RowScaled>() {
+/// The matrix inside `p`'s row scales, and the scales (None: `p` has none).
+fn unscaled(p: &dyn Linear) -> (&dyn Linear, Option<&[f32]>) {
+    match p.as_any().downcast_ref::<RowScaled>() {
         Some(rs) => {
             let (inner, scales) = rs.parts();
             (&**inner, Some(scales))
         }
         None => (p, None),
-    };
+    }
+}
+
+/// `p`'s palette-packed FP8 codes and row scales, when it is held so.
+fn held_palette(p: &dyn Linear) -> Option<(&Palette4, Option<&[f32]>)> {
+    let (inner, scales) = unscaled(p);
+    let pal = inner.as_any().downcast_ref::<PalLinear>()?.fp8()?;
+    Some((pal, scales))
+}
+
+/// [`Fp8View`] of `p`; None when it is not FP8.
+fn codes_of(p: &dyn Linear) -> Option<Fp8View<'_>> {
+    let (inner, scales) = unscaled(p);
     if let Some(d) = inner.as_any().downcast_ref::<DenseFp8>() {
         return Some((d.data().into(), scales, false));
     }
-    let pal = inner.as_any().downcast_ref::<PalLinear>()?.fp8()?;
+    let (pal, _) = held_palette(p)?;
     Some((pal.decode().into(), scales, true))
 }
 
 /// Whether `p` holds FP8 codes (dense or palette-packed, with or without row scales).
 pub fn is_fp8(p: &dyn Linear) -> bool {
-    let inner = match p.as_any().downcast_ref::<RowScaled>() {
-        Some(rs) => &**rs.parts().0,
-        None => p,
-    };
-    inner.as_any().is::<DenseFp8>()
-        || inner
-            .as_any()
-            .downcast_ref::<PalLinear>()
-            .is_some_and(|m| m.fp8().is_some())
+    unscaled(p).0.as_any().is::<DenseFp8>() || held_palette(p).is_some()
 }
 
 /// The palette form `form` keeps an FP8 matrix's row-major `codes` in, or None (as stored): never
@@ -82,6 +86,15 @@ impl GpuForm for Fp8Form {
         halves: bool,
         report: &mut LoadReport,
     ) -> Result<Option<GpuLinear>> {
+        // One part held packed: its packing as it is.
+        if let [p] = parts {
+            if let Some((pal, scales)) = held_palette(*p) {
+                let scales = scales.map_or_else(|| vec![1.0; p.rows()], <[f32]>::to_vec);
+                report.fp8 += 1;
+                return GpuLinear::fp8_packed(up.dev, pal, &scales, Arc::clone(up.scratch))
+                    .map(Some);
+            }
+        }
         let cols = parts[0].cols();
         let mut views = Vec::with_capacity(parts.len());
         for p in parts {

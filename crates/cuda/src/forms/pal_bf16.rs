@@ -9,6 +9,7 @@ use crate::engine::host_bf16;
 use crate::engine_coded::LoadReport;
 use crate::error::Result;
 use crate::linear::GpuLinear;
+use entrollm_codec::palette::PaletteBf16;
 use entrollm_model::forms::palette::PalLinear;
 use entrollm_model::weights::Linear;
 use std::borrow::Cow;
@@ -29,6 +30,16 @@ impl GpuForm for PalBf16Form {
         halves: bool,
         report: &mut LoadReport,
     ) -> Result<Option<GpuLinear>> {
+        fn packed(p: &dyn Linear) -> Option<&PaletteBf16> {
+            p.as_any().downcast_ref::<PalLinear>()?.bf16()
+        }
+        // One part held packed: its packing as it is.
+        if let [p] = parts {
+            if let Some(pal) = packed(*p) {
+                report.bf16_palette += 1;
+                return GpuLinear::pal_bf16_packed(up.dev, pal, Arc::clone(up.scratch)).map(Some);
+            }
+        }
         fn held(p: &dyn Linear) -> Option<Cow<'_, [u16]>> {
             let pal = p.as_any().downcast_ref::<PalLinear>()?.bf16()?;
             Some(pal.decode().into())

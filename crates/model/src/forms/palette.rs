@@ -264,7 +264,11 @@ mod tests {
         let codes = (0..rows * cols)
             .map(|_| {
                 let v = (rng.next() >> 40) % distinct;
-                let v = if rng.next().is_multiple_of(4) { v } else { v % 6 };
+                let v = if rng.next().is_multiple_of(4) {
+                    v
+                } else {
+                    v % 6
+                };
                 (v * 37 % 126) as u8 | ((rng.next() & 1) as u8) << 7
             })
             .collect();
