@@ -1,4 +1,4 @@
-//! [`GpuModel`]s whose matrices are dtANS-LLM coded ([`GpuLinear::Dtans`]): the synthetic
+//! [`GpuModel`]s whose matrices are dtANS-LLM coded (`forms::dtans::DtansLinear`): the synthetic
 //! benchmark models of issue 5.
 //!
 //! [`GpuModel::synth_coded`] generates ONE decoder layer's BF16 matrices on the host
@@ -27,7 +27,10 @@ use crate::device::GpuDevice;
 use crate::engine::{GpuLayer, GpuModel};
 use crate::error::{DriverContext, GpuError, Result};
 use crate::forms::{self, check_kernels, exact_bf16, Policy, Upload};
-use crate::linear::{DtansScratch, Fp8Serving, GpuLinear, Serving, SharedScratch};
+use crate::linear::{
+    DtansLinear, DtansScratch, Fp8Linear, Fp8Serving, GpuLinear, PalBf16Linear, Serving,
+    SharedScratch,
+};
 use crate::ops::forward::{launch_synth_fill, SynthOut};
 use crate::ops::gemv_fp8::Fp8Codes;
 use crate::tuned::bf16_coding_for;
@@ -328,26 +331,29 @@ impl CodedSummary {
 impl GpuModel {
     /// How many of the layer and head matrices are kept in FP8 (an FP8 checkpoint served).
     pub fn fp8_matrices(&self) -> usize {
-        self.count_matrices(|m| matches!(m, GpuLinear::Fp8(_)))
+        self.count_matrices(|m| m.downcast::<Fp8Linear>().is_some())
     }
 
     /// Whether the LM head is a BF16 matrix palette-packed losslessly (an FP8 checkpoint's, or any
     /// with `Serving::bf16_palette`).
     pub fn lm_head_palette_bf16(&self) -> bool {
-        matches!(self.lm_head, Some(GpuLinear::PalBf16(..)))
+        self.lm_head
+            .as_ref()
+            .is_some_and(|m| m.downcast::<PalBf16Linear>().is_some())
     }
 
     /// How many layer/head matrices are BF16 palette-packed (`Serving::bf16_palette`; the LM head
     /// of an FP8 checkpoint's palette form).
     pub fn bf16_palette_matrices(&self) -> usize {
-        self.count_matrices(|m| matches!(m, GpuLinear::PalBf16(..)))
+        self.count_matrices(|m| m.downcast::<PalBf16Linear>().is_some())
     }
 
     /// How many of the FP8 matrices are palette-packed.
     pub fn fp8_palette_matrices(&self) -> usize {
-        self.count_matrices(
-            |m| matches!(m, GpuLinear::Fp8(f) if matches!(f.codes, Fp8Codes::Palette(_))),
-        )
+        self.count_matrices(|m| {
+            m.downcast::<Fp8Linear>()
+                .is_some_and(|f| matches!(f.codes, Fp8Codes::Palette(_)))
+        })
     }
 
     fn count_matrices(&self, pred: impl Fn(&GpuLinear) -> bool) -> usize {
@@ -361,13 +367,13 @@ impl GpuModel {
     /// The coded and dense matrices of the model (the embedding counted once when tied).
     pub fn coded_summary(&self) -> CodedSummary {
         let mut s = CodedSummary::default();
-        let mut add = |m: &GpuLinear| match m {
-            GpuLinear::Dtans(c) => {
+        let mut add = |m: &GpuLinear| match m.downcast::<DtansLinear>() {
+            Some(c) => {
                 s.matrices += 1;
                 s.weights += c.rows() * c.cols();
-                s.bytes += c.parts.iter().map(|t| t.stored_bytes).sum::<usize>();
+                s.bytes += m.stored_bytes();
             }
-            GpuLinear::Dense(_) | GpuLinear::Fp8(_) | GpuLinear::PalBf16(..) => {
+            None => {
                 s.dense_matrices += 1;
                 s.dense_weights += m.rows() * m.cols();
                 s.dense_bytes += m.stored_bytes();
@@ -532,7 +538,7 @@ fn build(
     };
     dev.synchronize()?;
     // Every other layer: a device copy of layer 0's arrays. Check the memory first.
-    let layer_bytes: usize = l0.iter().map(stored_device_bytes).sum();
+    let layer_bytes: usize = l0.iter().map(|m| m.device_bytes()).sum();
     let need = layer_bytes * c.num_layers.saturating_sub(1);
     let (free, total) = free_memory(dev)?;
     if need + (64 << 20) > free {
@@ -570,7 +576,12 @@ fn build(
         let [a, b, g, d] = &l0;
         rest.push(layer(
             l,
-            [dup(dev, a)?, dup(dev, b)?, dup(dev, g)?, dup(dev, d)?],
+            [
+                a.duplicate(dev)?,
+                b.duplicate(dev)?,
+                g.duplicate(dev)?,
+                d.duplicate(dev)?,
+            ],
         )?);
     }
     let mut layers = vec![layer(0, l0)?];
@@ -585,38 +596,6 @@ fn build(
         final_norm,
         coded_scratch: scratch,
     })
-}
-
-fn stored_device_bytes(m: &GpuLinear) -> usize {
-    match m {
-        GpuLinear::Dtans(c) => c.parts.iter().map(|t| t.device_bytes()).sum(),
-        GpuLinear::Dense(_) | GpuLinear::Fp8(_) | GpuLinear::PalBf16(..) => m.stored_bytes(),
-    }
-}
-
-/// A device copy of a layer matrix (coded: the arrays; dense: the weights).
-fn dup(dev: &GpuDevice, m: &GpuLinear) -> Result<GpuLinear> {
-    match m {
-        GpuLinear::Dtans(c) => {
-            let parts = c
-                .parts
-                .iter()
-                .map(|t| t.duplicate(dev))
-                .collect::<Result<Vec<_>>>()?;
-            Ok(GpuLinear::Dtans(Box::new(c.with_parts(parts))))
-        }
-        GpuLinear::Dense(d) => {
-            let w = dev
-                .stream()
-                .clone_dtod(&d.w)
-                .while_(|| format!("copying a [{}, {}] BF16 matrix", d.rows, d.cols))?;
-            Ok(GpuLinear::dense(w, d.rows, d.cols))
-        }
-        GpuLinear::Fp8(_) | GpuLinear::PalBf16(..) => Err(GpuError::invalid(
-            "layer copy",
-            "FP8 and palette-packed matrices are uploaded per layer, not copied",
-        )),
-    }
 }
 
 /// The small Llama-architecture model of the coded end-to-end check: head_dim 64, GQA 4/2, two

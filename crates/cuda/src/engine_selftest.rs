@@ -953,7 +953,7 @@ fn fp8_served_case(
     // A BF16 head beside palette-packed layers is palette-packed too (its columns allowing).
     let head_bf16 = !crate::forms::is_fp8(&*w.lm_head);
     if head_bf16 && form == Fp8Serving::Palette {
-        let packed = matches!(served.lm_head, Some(crate::linear::GpuLinear::PalBf16(..)));
+        let packed = served.lm_head_palette_bf16();
         cases.push(CaseResult {
             kernel: "lm_head_palette_bf16".into(),
             shape: format!("{label}: BF16 LM head palette-packed: {packed}"),
@@ -1714,9 +1714,10 @@ fn coded_arrays_differ(dev: &GpuDevice, a: &GpuModel, b: &GpuModel) -> Result<Op
         return Ok(Some("different launch counts".into()));
     }
     for (i, (x, y)) in ma.into_iter().zip(mb).enumerate() {
-        let (x, y) = match (x, y) {
-            (GpuLinear::Dtans(x), GpuLinear::Dtans(y)) => (x, y),
-            (GpuLinear::Dense(_), GpuLinear::Dense(_)) => continue,
+        use crate::linear::DtansLinear;
+        let (x, y) = match (x.downcast::<DtansLinear>(), y.downcast::<DtansLinear>()) {
+            (Some(x), Some(y)) => (x, y),
+            (None, None) => continue,
             _ => return Ok(Some(format!("launch {i}: coded in one model only"))),
         };
         if x.parts.len() != y.parts.len() {

@@ -1,56 +1,26 @@
-//! Weight matrices on the GPU. Every linear of the forward pass is a [`GpuLinear`]: batch-1
-//! products (decode) run a GEMV, batched products (prefill) a cuBLASLt GEMM. Variants are the
-//! storage formats; the dense BF16 one is here, entropy-coded variants add their own arm (their
-//! decode-matvec kernel for `matvec`, decode-then-GEMM for `matmul`).
-//!
-//! [`GpuLinear::Dtans`]: a dtANS-LLM coded matrix ([`GpuDtans`]). Batch 1 runs the fused
-//! decode-matvec (`ops::dtans::launch_mvm`); the decode step's fusions are small kernels around it
-//! on buffers preallocated in a [`DtansScratch`] shared by all coded matrices of a model (RMSNorm
-//! into a scratch input, the product into a scratch output, then residual add or interleaved
-//! SwiGLU into the caller's buffer), so the step still captures into one CUDA graph with no
-//! allocation. Prefill dequantises the matrix into the scratch's BF16 workspace (one matrix, the
-//! largest of the layers) and runs the same cuBLASLt GEMM as the dense path.
-//!
-//! [`GpuLinear::PalBf16`]: a BF16 matrix palette-packed losslessly ([`GpuPalBf16`], 12 bits a
-//! weight): an FP8 checkpoint's LM head when its FP8 matrices are palette-packed. Batch-1
-//! products only (the LM head's: decode, and the last prompt token's logits).
+//! Weight matrices on the GPU. Every linear of the forward pass is a [`GpuLinear`]: a device
+//! matrix of one of the GPU forms (`crate::forms`, one module each: dense BF16, FP8 as stored or
+//! palette-packed, BF16 palette-packed, dtANS-coded), behind the [`GpuMatrix`] trait. Batch-1
+//! products (decode) run the form's GEMV or decode-matvec with the decode step's fusions, batched
+//! products (prefill) a cuBLASLt GEMM. This module holds what the forms share: the trait, the
+//! coded matrices' scratch, the serving options and the launch configurations by shape.
 
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
 use entrollm_codec::dtans::Coding;
-use entrollm_codec::palette::{Palette4, PaletteBf16};
 use entrollm_codec::Payload;
 
-use crate::coded::GpuDtans;
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
 use crate::ops::dtans::MAX_SHARED_BYTES;
-use crate::ops::dtans::{
-    launch_dequant, launch_dequant_at, launch_mvm, launch_mvm_stacked, DtansConfig, DtansKind,
-    DtansOut,
-};
-use crate::ops::elementwise::{launch_residual_add, launch_swiglu, launch_swiglu_pairs};
-use crate::ops::forward::{
-    launch_gemv_accum, launch_gemv_fused, launch_rmsnorm_f32w, DenseWeights, GemvFusion, NormOut,
-};
-use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
-use crate::ops::gemv_fp8::{
-    check_gemv_fp8_shape, check_gemv_pal4_shape, gemv_fp8_config_for, launch_fp8_rows_to_bf16,
-    launch_gemv_fp8, launch_gemv_pal_bf16, launch_pal_bf16_rows_to_bf16, pal4_config_for, Fp8Codes,
-    GpuPal4, GpuPalBf16,
-};
-use crate::plan::{Form, LinearDesc};
+use crate::ops::dtans::{DtansConfig, DtansKind, DtansOut};
+use crate::ops::forward::{DenseWeights, GemvFusion};
+use crate::ops::gemv::GemvConfig;
+use crate::ops::gemv_fp8::{gemv_fp8_config_for, pal4_config_for};
+use crate::plan::LinearDesc;
 use crate::tuned::tuned_launches;
-
-/// A row-major BF16 matrix [rows, cols] in device memory and the GEMV configuration of its shape.
-pub struct DenseBf16 {
-    pub rows: usize,
-    pub cols: usize,
-    pub w: CudaSlice<u16>,
-    pub gemv: GemvConfig,
-}
 
 /// Device buffers the coded matrices of one model share (the stream serialises their use): the
 /// product before its epilogue, the normalised input, the BF16 dequantisation workspace of
@@ -89,33 +59,6 @@ impl DtansScratch {
 
 /// Scratch shared by the coded matrices of a model.
 pub type SharedScratch = Arc<Mutex<DtansScratch>>;
-
-/// A dtANS-LLM coded matrix (one tensor, or row-stacked parts that share a coding: q/k/v, gate and
-/// up of a container, run as one multi-matrix launch) and its launch configurations.
-pub struct DtansLinear {
-    /// The row blocks of the matrix, in order (one for a tensor coded whole).
-    pub parts: Vec<GpuDtans>,
-    /// (gate, up) stored as halves [gate; up] instead of interleaved rows (SwiGLU epilogue and
-    /// prefill read them so).
-    pub halves: bool,
-    /// Launch of the batch-1 decode-matvec.
-    pub mvm: DtansConfig,
-    /// Launch of the dequantisation (prefill).
-    pub dequant: DtansConfig,
-    scratch: SharedScratch,
-}
-
-/// An FP8 E4M3 matrix with per-row scales (an FP8 checkpoint's weights), its codes as stored or
-/// palette-packed: batch-1 products by the FP8 GEMV, prefill through a BF16 copy in the shared
-/// workspace and the GEMM.
-pub struct Fp8Linear {
-    pub rows: usize,
-    pub cols: usize,
-    pub codes: Fp8Codes,
-    pub scales: CudaSlice<f32>,
-    pub gemv: GemvConfig,
-    scratch: SharedScratch,
-}
 
 /// A dense matrix (BF16, or FP8 codes as stored) with its GEMV configuration: what the decode step
 /// chains RMSNorms through.
@@ -213,14 +156,187 @@ impl std::fmt::Display for Fp8Serving {
     }
 }
 
-/// One weight matrix W [rows (outputs), cols (inputs)] of the GPU forward pass.
-pub enum GpuLinear {
-    Dense(DenseBf16),
-    Dtans(Box<DtansLinear>),
-    Fp8(Box<Fp8Linear>),
-    /// A BF16 matrix palette-packed losslessly, and the workspace its prefill copy to BF16 uses.
-    PalBf16(Box<GpuPalBf16>, SharedScratch),
+/// One weight matrix W [rows (outputs), cols (inputs)] of the GPU forward pass, in one of the GPU
+/// forms (`crate::forms`: each module implements [`GpuMatrix`] for its device type).
+pub struct GpuLinear(Box<dyn GpuMatrix>);
+
+/// What a GPU form's device matrix does: its description for the decode plan, its size, and its
+/// products. Batch-1 products (decode) are the form's GEMV or decode-matvec with the decode step's
+/// fusions; batched products (prefill) a cuBLASLt GEMM, on the weights or on a BF16 copy.
+pub trait GpuMatrix: Send + Sync {
+    /// Form, shape and launch configuration (plain data: `crate::plan`).
+    fn desc(&self) -> LinearDesc;
+    /// Bytes of device memory the matrix occupies (and reads per batch-1 product).
+    fn stored_bytes(&self) -> usize;
+    /// Bytes of device memory allocated for it (its arrays' allocations may round up).
+    fn device_bytes(&self) -> usize {
+        self.stored_bytes()
+    }
+    /// `y = W x` (or `y += W x` with `accumulate`); x f32 [cols], y f32 [rows].
+    fn matvec(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let fusion = GemvFusion {
+            accumulate,
+            swiglu: false,
+        };
+        self.matvec_fused(dev, x, None, fusion, y)
+    }
+    /// Batch-1 product with the decode step's fusions: `norm` = (weight, eps) normalises x on the
+    /// fly (RMSNorm), `accumulate` adds into y (residual), `swiglu` treats the rows as (gate, up)
+    /// pairs and writes silu(gate)·up (rows / 2 outputs).
+    fn matvec_fused(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        norm: Option<(&CudaSlice<f32>, f32)>,
+        fusion: GemvFusion,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()>;
+    /// `Y = X Wᵀ` (or `Y += X Wᵀ`) for `m` BF16 input rows; Y f32 [m, rows].
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(
+        &self,
+        dev: &GpuDevice,
+        gemm: &Gemm,
+        x: &CudaSlice<u16>,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        accumulate: bool,
+    ) -> Result<()>;
+    /// The matrix, when it is stored dense BF16 (the q/k/v GEMV with RoPE in its epilogue, and
+    /// embedding lookups, take it).
+    fn as_dense(&self) -> Option<&DenseBf16> {
+        None
+    }
+    /// The matrix as the chained-norm GEMVs take it (`launch_gemv_prenorm`,
+    /// `launch_gemv_accum_norm`).
+    fn chainable(&self) -> Option<ChainLinear<'_>> {
+        None
+    }
+    /// Whether gate/up rows are stored as halves [gate; up] rather than interleaved: prefill then
+    /// applies SwiGLU to halves.
+    fn gate_up_halves(&self) -> bool {
+        false
+    }
+    /// A device copy (the synthetic builders copy layer 0's matrices into every layer).
+    fn duplicate(&self, _dev: &GpuDevice) -> Result<GpuLinear> {
+        Err(GpuError::invalid(
+            "layer copy",
+            format!(
+                "{} matrices are uploaded per layer, not copied",
+                self.desc().form_name()
+            ),
+        ))
+    }
+    fn as_any(&self) -> &dyn std::any::Any;
 }
+
+impl GpuLinear {
+    pub fn new(m: impl GpuMatrix + 'static) -> Self {
+        GpuLinear(Box::new(m))
+    }
+
+    /// The form's own device type, for code that knows it (its form module, selftests).
+    pub fn matrix(&self) -> &dyn GpuMatrix {
+        &*self.0
+    }
+
+    pub fn rows(&self) -> usize {
+        self.0.desc().rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.0.desc().cols
+    }
+
+    /// See [`GpuMatrix::desc`].
+    pub fn desc(&self) -> LinearDesc {
+        self.0.desc()
+    }
+
+    /// Whether the decode step normalises x inside this matrix's GEMV ([`LinearDesc::norm_in_gemv`]).
+    pub fn norm_in_gemv(&self) -> bool {
+        self.desc().norm_in_gemv()
+    }
+
+    pub fn stored_bytes(&self) -> usize {
+        self.0.stored_bytes()
+    }
+
+    pub fn device_bytes(&self) -> usize {
+        self.0.device_bytes()
+    }
+
+    pub fn matvec(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.0.matvec(dev, x, y, accumulate)
+    }
+
+    pub fn matvec_fused(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        norm: Option<(&CudaSlice<f32>, f32)>,
+        fusion: GemvFusion,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        self.0.matvec_fused(dev, x, norm, fusion, y)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(
+        &self,
+        dev: &GpuDevice,
+        gemm: &Gemm,
+        x: &CudaSlice<u16>,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.0.matmul(dev, gemm, x, y, m, accumulate)
+    }
+
+    pub fn as_dense(&self) -> Option<&DenseBf16> {
+        self.0.as_dense()
+    }
+
+    pub fn chainable(&self) -> Option<ChainLinear<'_>> {
+        self.0.chainable()
+    }
+
+    /// The dense BF16 weights, when the matrix is stored that way (embedding lookups).
+    pub fn dense_weights(&self) -> Option<&CudaSlice<u16>> {
+        self.0.as_dense().map(|d| &d.w)
+    }
+
+    pub fn gate_up_halves(&self) -> bool {
+        self.0.gate_up_halves()
+    }
+
+    pub fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear> {
+        self.0.duplicate(dev)
+    }
+
+    /// The matrix as its form's device type `T`, when it is one.
+    pub fn downcast<T: 'static>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref()
+    }
+}
+
+pub use crate::forms::bf16::DenseBf16;
+pub use crate::forms::dtans::DtansLinear;
+pub use crate::forms::fp8::Fp8Linear;
+pub use crate::forms::pal_bf16::PalBf16Linear;
 
 /// [`GpuLinear::pal_bf16_from_host`] packs a BF16 matrix when the packed form is at most this
 /// fraction of its bytes (12 bits a weight is 0.75; each escape adds 4 bytes).
@@ -312,525 +428,6 @@ pub fn fp8_gemv_config(
         (true, _) => pal4_config_for(rows, sms, swiglu),
         (false, true) => swiglu_config(gemv_fp8_config_for(rows, cols)),
         (false, false) => gemv_fp8_config_for(rows, cols),
-    }
-}
-
-impl GpuLinear {
-    /// Uploads a row-major BF16 matrix.
-    pub fn dense_from_host(
-        dev: &GpuDevice,
-        rows: usize,
-        cols: usize,
-        bits: &[u16],
-    ) -> Result<Self> {
-        check_gemv_shape(rows, cols)?;
-        if bits.len() != rows * cols {
-            return Err(GpuError::invalid(
-                "linear",
-                format!(
-                    "[{rows}, {cols}] needs {} elements, got {}",
-                    rows * cols,
-                    bits.len()
-                ),
-            ));
-        }
-        let w = dev
-            .stream()
-            .clone_htod(bits)
-            .while_(|| format!("uploading a [{rows}, {cols}] BF16 matrix"))?;
-        Ok(Self::dense(w, rows, cols))
-    }
-
-    /// Wraps a device buffer holding a row-major BF16 matrix.
-    pub fn dense(w: CudaSlice<u16>, rows: usize, cols: usize) -> Self {
-        GpuLinear::Dense(DenseBf16 {
-            rows,
-            cols,
-            w,
-            gemv: gemv_config_for(rows, cols),
-        })
-    }
-
-    /// Uploads an FP8 E4M3 matrix (row-major codes) with its per-row scales, kept as `form` says;
-    /// `scratch` must hold its rows, columns and, for prefill, its weights as BF16.
-    pub fn fp8_from_host(
-        dev: &GpuDevice,
-        rows: usize,
-        cols: usize,
-        codes: &[u8],
-        scales: &[f32],
-        form: Fp8Serving,
-        scratch: SharedScratch,
-    ) -> Result<Self> {
-        check_gemv_fp8_shape(rows, cols)?;
-        if codes.len() != rows * cols || scales.len() != rows {
-            return Err(GpuError::invalid(
-                "fp8 linear",
-                format!(
-                    "[{rows}, {cols}] needs {} codes and {rows} scales, got {} and {}",
-                    rows * cols,
-                    codes.len(),
-                    scales.len()
-                ),
-            ));
-        }
-        let s = dev.stream();
-        let what = || format!("uploading a [{rows}, {cols}] FP8 matrix");
-        let packed = crate::forms::fp8_palette(codes, rows, cols, form)?;
-        let codes = match packed {
-            Some(p) => return Self::fp8_packed(dev, &p, scales, scratch),
-            None => Fp8Codes::Dense(s.clone_htod(codes).while_(what)?),
-        };
-        Self::fp8_codes(dev, rows, cols, codes, scales, scratch)
-    }
-
-    /// Uploads palette-packed FP8 codes with their per-row scales (see [`Self::fp8_from_host`]).
-    pub fn fp8_packed(
-        dev: &GpuDevice,
-        p: &Palette4,
-        scales: &[f32],
-        scratch: SharedScratch,
-    ) -> Result<Self> {
-        check_gemv_pal4_shape(p.rows(), p.cols())?;
-        let codes = Fp8Codes::Palette(GpuPal4::upload(dev, p)?);
-        Self::fp8_codes(dev, p.rows(), p.cols(), codes, scales, scratch)
-    }
-
-    fn fp8_codes(
-        dev: &GpuDevice,
-        rows: usize,
-        cols: usize,
-        codes: Fp8Codes,
-        scales: &[f32],
-        scratch: SharedScratch,
-    ) -> Result<Self> {
-        if scales.len() != rows {
-            return Err(GpuError::invalid(
-                "fp8 linear",
-                format!("[{rows}, {cols}] needs {rows} scales, got {}", scales.len()),
-            ));
-        }
-        let s = dev.stream();
-        let what = || format!("uploading a [{rows}, {cols}] FP8 matrix's scales");
-        let palette = matches!(codes, Fp8Codes::Palette(_));
-        let gemv = fp8_gemv_config(palette, rows, cols, dev.info().sm_count, false);
-        Ok(GpuLinear::Fp8(Box::new(Fp8Linear {
-            rows,
-            cols,
-            codes,
-            gemv,
-            scales: s.clone_htod(scales).while_(what)?,
-            scratch,
-        })))
-    }
-
-    /// A BF16 matrix (row-major bits) palette-packed losslessly, or None where its shape does
-    /// not pack (columns not a multiple of 64, or 2^16 or more) or, unless `required`, the packed
-    /// form is larger than [`PAL_BF16_MAX_RATIO`] of the dense one (high bytes spread over many
-    /// values).
-    pub fn pal_bf16_from_host(
-        dev: &GpuDevice,
-        rows: usize,
-        cols: usize,
-        bits: &[u16],
-        scratch: SharedScratch,
-        required: bool,
-    ) -> Result<Option<Self>> {
-        if check_gemv_pal4_shape(rows, cols).is_err() || bits.len() != rows * cols {
-            return Ok(None);
-        }
-        let p = match PaletteBf16::encode(bits, rows, cols) {
-            Ok(p) => p,
-            Err(_) => return Ok(None),
-        };
-        if !required && p.stored_bytes() as f64 > PAL_BF16_MAX_RATIO * (2 * bits.len()) as f64 {
-            return Ok(None);
-        }
-        Self::pal_bf16_packed(dev, &p, scratch).map(Some)
-    }
-
-    /// Uploads a palette-packed BF16 matrix.
-    pub fn pal_bf16_packed(
-        dev: &GpuDevice,
-        p: &PaletteBf16,
-        scratch: SharedScratch,
-    ) -> Result<Self> {
-        check_gemv_pal4_shape(p.rows(), p.cols())?;
-        Ok(GpuLinear::PalBf16(
-            Box::new(GpuPalBf16::upload(dev, p)?),
-            scratch,
-        ))
-    }
-
-    pub fn rows(&self) -> usize {
-        match self {
-            GpuLinear::Dense(d) => d.rows,
-            GpuLinear::Dtans(c) => c.rows(),
-            GpuLinear::Fp8(f) => f.rows,
-            GpuLinear::PalBf16(p, _) => p.rows,
-        }
-    }
-
-    pub fn cols(&self) -> usize {
-        match self {
-            GpuLinear::Dense(d) => d.cols,
-            GpuLinear::Dtans(c) => c.cols(),
-            GpuLinear::Fp8(f) => f.cols,
-            GpuLinear::PalBf16(p, _) => p.cols,
-        }
-    }
-
-    /// What the decode step needs to know of the matrix: its form, shape and launch configuration
-    /// (plain data: `crate::plan`).
-    pub fn desc(&self) -> LinearDesc {
-        let form = match self {
-            GpuLinear::Dense(d) => Form::DenseBf16 { gemv: d.gemv },
-            GpuLinear::Fp8(f) => match f.codes {
-                Fp8Codes::Dense(_) => Form::DenseFp8 { gemv: f.gemv },
-                Fp8Codes::Palette(_) => Form::PaletteFp8 { gemv: f.gemv },
-            },
-            GpuLinear::PalBf16(p, _) => Form::PaletteBf16 { gemv: p.gemv },
-            GpuLinear::Dtans(c) => Form::Dtans {
-                payload: c.parts[0].payload,
-                coding: c.parts[0].coding,
-                mvm: c.mvm,
-                parts: c.parts.len(),
-                halves: c.halves,
-            },
-        };
-        LinearDesc {
-            form,
-            rows: self.rows(),
-            cols: self.cols(),
-        }
-    }
-
-    /// Whether the decode step normalises x inside this matrix's GEMV ([`LinearDesc::norm_in_gemv`]).
-    pub fn norm_in_gemv(&self) -> bool {
-        self.desc().norm_in_gemv()
-    }
-
-    /// Bytes of device memory the matrix occupies (and reads per batch-1 product).
-    pub fn stored_bytes(&self) -> usize {
-        match self {
-            GpuLinear::Dense(d) => d.rows * d.cols * 2,
-            GpuLinear::Dtans(c) => c.parts.iter().map(|t| t.stored_bytes).sum(),
-            GpuLinear::Fp8(f) => f.codes.stored_bytes() + 4 * f.rows,
-            GpuLinear::PalBf16(p, _) => p.stored_bytes(),
-        }
-    }
-
-    /// `y = W x` (or `y += W x` with `accumulate`); x f32 [cols], y f32 [rows].
-    pub fn matvec(
-        &self,
-        dev: &GpuDevice,
-        x: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        accumulate: bool,
-    ) -> Result<()> {
-        match self {
-            GpuLinear::Dense(d) if accumulate => {
-                launch_gemv_accum(dev, d.gemv, &d.w, x, y, d.rows, d.cols)
-            }
-            GpuLinear::Dense(d) => launch_gemv(dev, d.gemv, &d.w, x, y, d.rows, d.cols),
-            GpuLinear::Dtans(_) | GpuLinear::Fp8(_) | GpuLinear::PalBf16(..) => {
-                let fusion = GemvFusion {
-                    accumulate,
-                    swiglu: false,
-                };
-                self.matvec_fused(dev, x, None, fusion, y)
-            }
-        }
-    }
-
-    /// Batch-1 product with the decode step's fusions: `norm` = (weight, eps) normalises x on the
-    /// fly (RMSNorm), `accumulate` adds into y (residual), `swiglu` treats the rows as interleaved
-    /// (gate, up) pairs and writes silu(gate)·up (rows / 2 outputs).
-    pub fn matvec_fused(
-        &self,
-        dev: &GpuDevice,
-        x: &CudaSlice<f32>,
-        norm: Option<(&CudaSlice<f32>, f32)>,
-        fusion: GemvFusion,
-        y: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        match self {
-            GpuLinear::Dense(d) => {
-                let cfg = if fusion.swiglu {
-                    swiglu_config(d.gemv)
-                } else {
-                    d.gemv
-                };
-                launch_gemv_fused(dev, cfg, fusion, &d.w, x, norm, y, d.rows, d.cols)
-            }
-            GpuLinear::Dtans(c) => c.matvec_fused(dev, x, norm, fusion, y),
-            GpuLinear::Fp8(f) => {
-                let cfg = if fusion.swiglu {
-                    let palette = matches!(f.codes, Fp8Codes::Palette(_));
-                    fp8_gemv_config(palette, f.rows, f.cols, dev.info().sm_count, true)
-                } else {
-                    f.gemv
-                };
-                launch_gemv_fp8(
-                    dev, cfg, fusion, &f.codes, &f.scales, x, norm, y, f.rows, f.cols,
-                )
-            }
-            GpuLinear::PalBf16(p, _) => launch_gemv_pal_bf16(dev, p.gemv, fusion, p, x, norm, y),
-        }
-    }
-
-    /// `Y = X Wᵀ` (or `Y += X Wᵀ`) for `m` BF16 input rows; Y f32 [m, rows].
-    #[allow(clippy::too_many_arguments)]
-    pub fn matmul(
-        &self,
-        dev: &GpuDevice,
-        gemm: &Gemm,
-        x: &CudaSlice<u16>,
-        y: &mut CudaSlice<f32>,
-        m: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        match self {
-            GpuLinear::Dense(d) => gemm.matmul(&d.w, x, y, m, d.rows, d.cols, accumulate),
-            GpuLinear::Dtans(c) => {
-                let mut s = c.lock();
-                let s = &mut *s;
-                let (rows, cols) = (c.rows(), c.cols());
-                if s.w.len() < rows * cols {
-                    return Err(GpuError::invalid(
-                        "dtans matmul",
-                        format!(
-                            "the dequantisation workspace holds {} weights, a {rows}×{cols} \
-                             matrix needs {}",
-                            s.w.len(),
-                            rows * cols
-                        ),
-                    ));
-                }
-                if let [t] = &c.parts[..] {
-                    launch_dequant(dev, c.dequant, t, &mut s.w, Some(&mut s.err))?;
-                } else {
-                    let mut off = 0;
-                    for t in &c.parts {
-                        launch_dequant_at(dev, c.dequant, t, &mut s.w, off, Some(&mut s.err))?;
-                        off += t.rows * t.cols;
-                    }
-                }
-                gemm.matmul(&s.w, x, y, m, rows, cols, accumulate)
-            }
-            GpuLinear::Fp8(f) => {
-                let mut s = f.scratch.lock().unwrap_or_else(|e| e.into_inner());
-                launch_fp8_rows_to_bf16(dev, &f.codes, &f.scales, &mut s.w, f.rows, f.cols)?;
-                gemm.matmul(&s.w, x, y, m, f.rows, f.cols, accumulate)
-            }
-            GpuLinear::PalBf16(p, scratch) => {
-                let mut s = scratch.lock().unwrap_or_else(|e| e.into_inner());
-                launch_pal_bf16_rows_to_bf16(dev, p, &mut s.w)?;
-                gemm.matmul(&s.w, x, y, m, p.rows, p.cols, accumulate)
-            }
-        }
-    }
-
-    /// The matrix, when it is stored dense.
-    pub fn as_dense(&self) -> Option<&DenseBf16> {
-        match self {
-            GpuLinear::Dense(d) => Some(d),
-            _ => None,
-        }
-    }
-
-    /// The matrix as the chained-norm GEMVs take it (`launch_gemv_prenorm`,
-    /// `launch_gemv_accum_norm`): dense BF16, or FP8 codes as stored.
-    pub fn chainable(&self) -> Option<ChainLinear<'_>> {
-        match self {
-            GpuLinear::Dense(d) => Some(ChainLinear {
-                w: DenseWeights::Bf16(&d.w),
-                gemv: d.gemv,
-                rows: d.rows,
-                cols: d.cols,
-            }),
-            GpuLinear::Fp8(f) => match &f.codes {
-                Fp8Codes::Dense(codes) => Some(ChainLinear {
-                    w: DenseWeights::Fp8 {
-                        codes,
-                        scales: &f.scales,
-                    },
-                    gemv: f.gemv,
-                    rows: f.rows,
-                    cols: f.cols,
-                }),
-                Fp8Codes::Palette(_) => None,
-            },
-            _ => None,
-        }
-    }
-
-    /// The dense BF16 weights, when the matrix is stored that way (embedding lookups).
-    pub fn dense_weights(&self) -> Option<&CudaSlice<u16>> {
-        match self {
-            GpuLinear::Dense(d) => Some(&d.w),
-            _ => None,
-        }
-    }
-
-    /// The coded tensor, when the matrix is dtANS-coded.
-    pub fn dtans(&self) -> Option<&DtansLinear> {
-        match self {
-            GpuLinear::Dtans(c) => Some(c),
-            _ => None,
-        }
-    }
-
-    /// Wraps an uploaded coded matrix with launch configurations for its shape and coding; the
-    /// products use `scratch` (which must hold its rows, columns and, for prefill, its weights).
-    pub fn coded(t: GpuDtans, scratch: SharedScratch) -> Result<Self> {
-        Self::coded_parts(vec![t], false, scratch)
-    }
-
-    /// A matrix of row-stacked coded parts (q/k/v; gate and up with `halves`) that share payload,
-    /// coding, columns and groups, so that one launch serves them all.
-    pub fn coded_parts(parts: Vec<GpuDtans>, halves: bool, scratch: SharedScratch) -> Result<Self> {
-        let t = parts
-            .first()
-            .ok_or_else(|| GpuError::invalid("dtans linear", "no parts"))?;
-        let group = t.groups().map(|g| g.group);
-        let (p, c, k) = (t.payload, t.coding, t.cols);
-        let r: usize = parts.iter().map(|t| t.rows).sum();
-        for u in &parts[1..] {
-            if u.payload != p
-                || u.coding != c
-                || u.cols != k
-                || u.groups().map(|g| g.group) != group
-            {
-                return Err(GpuError::invalid(
-                    "dtans linear",
-                    format!(
-                        "stacked parts must share payload, coding, columns and groups: {p:?} {c} \
-                         ×{k} vs {:?} {} ×{}",
-                        u.payload, u.coding, u.cols
-                    ),
-                ));
-            }
-        }
-        if parts.len() > crate::ops::dtans::MAX_MATS || (halves && parts.len() != 2) {
-            return Err(GpuError::invalid(
-                "dtans linear",
-                format!("{} stacked parts (halves: {halves})", parts.len()),
-            ));
-        }
-        let mvm = dtans_config_for(p, &c, r, k, group, DtansOut::Mvm)?;
-        let dequant = dtans_config_for(p, &c, r, k, group, DtansOut::Dequant)?;
-        {
-            let s = scratch.lock().unwrap_or_else(|e| e.into_inner());
-            if s.y.len() < r || s.xn.len() < k {
-                return Err(GpuError::invalid(
-                    "dtans linear",
-                    format!(
-                        "scratch of {} outputs / {} inputs is too small for {r}×{k}",
-                        s.y.len(),
-                        s.xn.len()
-                    ),
-                ));
-            }
-        }
-        Ok(GpuLinear::Dtans(Box::new(DtansLinear {
-            parts,
-            halves,
-            mvm,
-            dequant,
-            scratch,
-        })))
-    }
-
-    /// Whether gate/up rows are stored as halves [gate; up] (a container's separate tensors)
-    /// rather than interleaved: prefill then applies SwiGLU to halves.
-    pub fn gate_up_halves(&self) -> bool {
-        matches!(self, GpuLinear::Dtans(c) if c.halves)
-    }
-}
-
-impl DtansLinear {
-    pub fn rows(&self) -> usize {
-        self.parts.iter().map(|t| t.rows).sum()
-    }
-
-    pub fn cols(&self) -> usize {
-        self.parts[0].cols
-    }
-
-    /// Other coded parts of the same shapes and coding with these launches and scratch.
-    pub fn with_parts(&self, parts: Vec<GpuDtans>) -> DtansLinear {
-        DtansLinear {
-            parts,
-            halves: self.halves,
-            mvm: self.mvm,
-            dequant: self.dequant,
-            scratch: Arc::clone(&self.scratch),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, DtansScratch> {
-        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn mvm_into(
-        &self,
-        dev: &GpuDevice,
-        x: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        err: &mut CudaSlice<u32>,
-    ) -> Result<()> {
-        if let [t] = &self.parts[..] {
-            launch_mvm(dev, self.mvm, &[t], x, &mut [y], Some(err))
-        } else {
-            let mats: Vec<&GpuDtans> = self.parts.iter().collect();
-            launch_mvm_stacked(dev, self.mvm, &mats, x, y, Some(err))
-        }
-    }
-
-    /// The batch-1 product with the engine's fusions (see [`GpuLinear::matvec_fused`]).
-    fn matvec_fused(
-        &self,
-        dev: &GpuDevice,
-        x: &CudaSlice<f32>,
-        norm: Option<(&CudaSlice<f32>, f32)>,
-        fusion: GemvFusion,
-        y: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        let (rows, cols) = (self.rows(), self.cols());
-        if fusion.swiglu && rows % 2 != 0 {
-            return Err(GpuError::invalid(
-                "dtans matvec",
-                format!("SwiGLU needs (gate, up) row pairs, the matrix has {rows} rows"),
-            ));
-        }
-        let mut guard = self.lock();
-        let DtansScratch { y: sy, xn, err, .. } = &mut *guard;
-        let input: &CudaSlice<f32> = match norm {
-            Some((w, eps)) => {
-                launch_rmsnorm_f32w(dev, x, w, NormOut::F32(xn), 1, cols, eps)?;
-                xn
-            }
-            None => x,
-        };
-        let plain = !fusion.accumulate && !fusion.swiglu;
-        if plain {
-            return self.mvm_into(dev, input, y, err);
-        }
-        if fusion.accumulate && fusion.swiglu {
-            return Err(GpuError::invalid(
-                "dtans matvec",
-                "accumulating a SwiGLU output is not supported",
-            ));
-        }
-        self.mvm_into(dev, input, sy, err)?;
-        if fusion.swiglu && self.halves {
-            launch_swiglu(dev, sy, y, 1, rows / 2)
-        } else if fusion.swiglu {
-            launch_swiglu_pairs(dev, sy, y, rows / 2)
-        } else {
-            launch_residual_add(dev, y, sy, rows)
-        }
     }
 }
 

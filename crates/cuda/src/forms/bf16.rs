@@ -2,9 +2,15 @@
 //! interleaved; the products are our GEMV (decode) and cuBLASLt (prefill).
 
 use super::{stack, GpuForm, Upload};
+use crate::device::GpuDevice;
 use crate::engine_coded::LoadReport;
-use crate::error::Result;
-use crate::linear::GpuLinear;
+use crate::error::{DriverContext, GpuError, Result};
+use crate::gemm::Gemm;
+use crate::linear::{gemv_config_for, swiglu_config, ChainLinear, GpuLinear, GpuMatrix};
+use crate::ops::forward::{launch_gemv_accum, launch_gemv_fused, DenseWeights, GemvFusion};
+use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
+use crate::plan::{Form, LinearDesc};
+use cudarc::driver::CudaSlice;
 use entrollm_model::weights::{Bf16, Dense, Linear};
 use std::borrow::Cow;
 
@@ -31,5 +37,130 @@ impl GpuForm for Bf16Form {
             return Ok(None);
         };
         GpuLinear::dense_from_host(up.dev, rows, cols, &bits).map(Some)
+    }
+}
+
+/// A row-major BF16 matrix [rows, cols] in device memory and the GEMV configuration of its shape.
+pub struct DenseBf16 {
+    pub rows: usize,
+    pub cols: usize,
+    pub w: CudaSlice<u16>,
+    pub gemv: GemvConfig,
+}
+
+impl GpuLinear {
+    /// Uploads a row-major BF16 matrix.
+    pub fn dense_from_host(
+        dev: &GpuDevice,
+        rows: usize,
+        cols: usize,
+        bits: &[u16],
+    ) -> Result<Self> {
+        check_gemv_shape(rows, cols)?;
+        if bits.len() != rows * cols {
+            return Err(GpuError::invalid(
+                "linear",
+                format!(
+                    "[{rows}, {cols}] needs {} elements, got {}",
+                    rows * cols,
+                    bits.len()
+                ),
+            ));
+        }
+        let w = dev
+            .stream()
+            .clone_htod(bits)
+            .while_(|| format!("uploading a [{rows}, {cols}] BF16 matrix"))?;
+        Ok(Self::dense(w, rows, cols))
+    }
+
+    /// Wraps a device buffer holding a row-major BF16 matrix.
+    pub fn dense(w: CudaSlice<u16>, rows: usize, cols: usize) -> Self {
+        GpuLinear::new(DenseBf16 {
+            rows,
+            cols,
+            w,
+            gemv: gemv_config_for(rows, cols),
+        })
+    }
+}
+
+impl GpuMatrix for DenseBf16 {
+    fn desc(&self) -> LinearDesc {
+        LinearDesc {
+            form: Form::DenseBf16 { gemv: self.gemv },
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+
+    fn stored_bytes(&self) -> usize {
+        self.rows * self.cols * 2
+    }
+
+    fn matvec(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (gemv, rows, cols) = (self.gemv, self.rows, self.cols);
+        match accumulate {
+            true => launch_gemv_accum(dev, gemv, &self.w, x, y, rows, cols),
+            false => launch_gemv(dev, gemv, &self.w, x, y, rows, cols),
+        }
+    }
+
+    fn matvec_fused(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        norm: Option<(&CudaSlice<f32>, f32)>,
+        fusion: GemvFusion,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let cfg = match fusion.swiglu {
+            true => swiglu_config(self.gemv),
+            false => self.gemv,
+        };
+        launch_gemv_fused(dev, cfg, fusion, &self.w, x, norm, y, self.rows, self.cols)
+    }
+
+    fn matmul(
+        &self,
+        _dev: &GpuDevice,
+        gemm: &Gemm,
+        x: &CudaSlice<u16>,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        gemm.matmul(&self.w, x, y, m, self.rows, self.cols, accumulate)
+    }
+
+    fn as_dense(&self) -> Option<&DenseBf16> {
+        Some(self)
+    }
+
+    fn chainable(&self) -> Option<ChainLinear<'_>> {
+        Some(ChainLinear {
+            w: DenseWeights::Bf16(&self.w),
+            gemv: self.gemv,
+            rows: self.rows,
+            cols: self.cols,
+        })
+    }
+
+    fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear> {
+        let w = dev
+            .stream()
+            .clone_dtod(&self.w)
+            .while_(|| format!("copying a [{}, {}] BF16 matrix", self.rows, self.cols))?;
+        Ok(GpuLinear::dense(w, self.rows, self.cols))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

@@ -9,7 +9,15 @@ use crate::coded::{check_supported as check_coding, GpuDtans};
 use crate::device::GpuDevice;
 use crate::engine_coded::{Encoder, LoadReport};
 use crate::error::{DriverContext, GpuError, Result};
-use crate::linear::{GpuLinear, SharedScratch};
+use crate::gemm::Gemm;
+use crate::linear::{dtans_config_for, DtansScratch, GpuLinear, GpuMatrix, SharedScratch};
+use crate::ops::dtans::{
+    launch_dequant, launch_dequant_at, launch_mvm, launch_mvm_stacked, DtansConfig, DtansOut,
+};
+use crate::ops::elementwise::{launch_residual_add, launch_swiglu, launch_swiglu_pairs};
+use crate::ops::forward::{launch_rmsnorm_f32w, GemvFusion, NormOut};
+use crate::plan::{Form, LinearDesc};
+use cudarc::driver::CudaSlice;
 use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor, EncodePlan};
 use entrollm_codec::matvec::Dequant;
 use entrollm_codec::Payload;
@@ -242,4 +250,259 @@ fn code_at_load(
         }
     };
     Ok(Some(GpuLinear::coded(g, Arc::clone(scratch))?))
+}
+
+/// A dtANS-LLM coded matrix (one tensor, or row-stacked parts that share a coding: q/k/v, gate and
+/// up of a container, run as one multi-matrix launch) and its launch configurations. Batch 1 runs
+/// the fused decode-matvec; the decode step's fusions are small kernels around it on buffers of the
+/// model's shared [`DtansScratch`] (RMSNorm into a scratch input, the product into a scratch output,
+/// then residual add or SwiGLU into the caller's buffer), so the step still captures into one CUDA
+/// graph with no allocation. Prefill dequantises the matrix into the scratch's BF16 workspace and
+/// runs the dense path's GEMM.
+pub struct DtansLinear {
+    /// The row blocks of the matrix, in order (one for a tensor coded whole).
+    pub parts: Vec<GpuDtans>,
+    /// (gate, up) stored as halves [gate; up] instead of interleaved rows (SwiGLU epilogue and
+    /// prefill read them so).
+    pub halves: bool,
+    /// Launch of the batch-1 decode-matvec.
+    pub mvm: DtansConfig,
+    /// Launch of the dequantisation (prefill).
+    pub dequant: DtansConfig,
+    scratch: SharedScratch,
+}
+
+impl GpuLinear {
+    /// Wraps an uploaded coded matrix with launch configurations for its shape and coding; the
+    /// products use `scratch` (which must hold its rows, columns and, for prefill, its weights).
+    pub fn coded(t: GpuDtans, scratch: SharedScratch) -> Result<Self> {
+        Self::coded_parts(vec![t], false, scratch)
+    }
+
+    /// A matrix of row-stacked coded parts (q/k/v; gate and up with `halves`) that share payload,
+    /// coding, columns and groups, so that one launch serves them all.
+    pub fn coded_parts(parts: Vec<GpuDtans>, halves: bool, scratch: SharedScratch) -> Result<Self> {
+        let t = parts
+            .first()
+            .ok_or_else(|| GpuError::invalid("dtans linear", "no parts"))?;
+        let group = t.groups().map(|g| g.group);
+        let (p, c, k) = (t.payload, t.coding, t.cols);
+        let r: usize = parts.iter().map(|t| t.rows).sum();
+        for u in &parts[1..] {
+            if u.payload != p
+                || u.coding != c
+                || u.cols != k
+                || u.groups().map(|g| g.group) != group
+            {
+                return Err(GpuError::invalid(
+                    "dtans linear",
+                    format!(
+                        "stacked parts must share payload, coding, columns and groups: {p:?} {c} \
+                         ×{k} vs {:?} {} ×{}",
+                        u.payload, u.coding, u.cols
+                    ),
+                ));
+            }
+        }
+        if parts.len() > crate::ops::dtans::MAX_MATS || (halves && parts.len() != 2) {
+            return Err(GpuError::invalid(
+                "dtans linear",
+                format!("{} stacked parts (halves: {halves})", parts.len()),
+            ));
+        }
+        let mvm = dtans_config_for(p, &c, r, k, group, DtansOut::Mvm)?;
+        let dequant = dtans_config_for(p, &c, r, k, group, DtansOut::Dequant)?;
+        {
+            let s = scratch.lock().unwrap_or_else(|e| e.into_inner());
+            if s.y.len() < r || s.xn.len() < k {
+                return Err(GpuError::invalid(
+                    "dtans linear",
+                    format!(
+                        "scratch of {} outputs / {} inputs is too small for {r}×{k}",
+                        s.y.len(),
+                        s.xn.len()
+                    ),
+                ));
+            }
+        }
+        Ok(GpuLinear::new(DtansLinear {
+            parts,
+            halves,
+            mvm,
+            dequant,
+            scratch,
+        }))
+    }
+}
+
+impl DtansLinear {
+    pub fn rows(&self) -> usize {
+        self.parts.iter().map(|t| t.rows).sum()
+    }
+
+    pub fn cols(&self) -> usize {
+        self.parts[0].cols
+    }
+
+    /// Other coded parts of the same shapes and coding with these launches and scratch.
+    pub fn with_parts(&self, parts: Vec<GpuDtans>) -> DtansLinear {
+        DtansLinear {
+            parts,
+            halves: self.halves,
+            mvm: self.mvm,
+            dequant: self.dequant,
+            scratch: Arc::clone(&self.scratch),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DtansScratch> {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mvm_into(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        err: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        if let [t] = &self.parts[..] {
+            launch_mvm(dev, self.mvm, &[t], x, &mut [y], Some(err))
+        } else {
+            let mats: Vec<&GpuDtans> = self.parts.iter().collect();
+            launch_mvm_stacked(dev, self.mvm, &mats, x, y, Some(err))
+        }
+    }
+
+    /// The batch-1 product with the engine's fusions (see [`GpuMatrix::matvec_fused`]).
+    fn fused(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        norm: Option<(&CudaSlice<f32>, f32)>,
+        fusion: GemvFusion,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (rows, cols) = (self.rows(), self.cols());
+        if fusion.swiglu && rows % 2 != 0 {
+            return Err(GpuError::invalid(
+                "dtans matvec",
+                format!("SwiGLU needs (gate, up) row pairs, the matrix has {rows} rows"),
+            ));
+        }
+        let mut guard = self.lock();
+        let DtansScratch { y: sy, xn, err, .. } = &mut *guard;
+        let input: &CudaSlice<f32> = match norm {
+            Some((w, eps)) => {
+                launch_rmsnorm_f32w(dev, x, w, NormOut::F32(xn), 1, cols, eps)?;
+                xn
+            }
+            None => x,
+        };
+        let plain = !fusion.accumulate && !fusion.swiglu;
+        if plain {
+            return self.mvm_into(dev, input, y, err);
+        }
+        if fusion.accumulate && fusion.swiglu {
+            return Err(GpuError::invalid(
+                "dtans matvec",
+                "accumulating a SwiGLU output is not supported",
+            ));
+        }
+        self.mvm_into(dev, input, sy, err)?;
+        if fusion.swiglu && self.halves {
+            launch_swiglu(dev, sy, y, 1, rows / 2)
+        } else if fusion.swiglu {
+            launch_swiglu_pairs(dev, sy, y, rows / 2)
+        } else {
+            launch_residual_add(dev, y, sy, rows)
+        }
+    }
+}
+
+impl GpuMatrix for DtansLinear {
+    fn desc(&self) -> LinearDesc {
+        LinearDesc {
+            form: Form::Dtans {
+                payload: self.parts[0].payload,
+                coding: self.parts[0].coding,
+                mvm: self.mvm,
+                parts: self.parts.len(),
+                halves: self.halves,
+            },
+            rows: self.rows(),
+            cols: self.cols(),
+        }
+    }
+
+    fn stored_bytes(&self) -> usize {
+        self.parts.iter().map(|t| t.stored_bytes).sum()
+    }
+
+    fn device_bytes(&self) -> usize {
+        self.parts.iter().map(|t| t.device_bytes()).sum()
+    }
+
+    fn matvec_fused(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        norm: Option<(&CudaSlice<f32>, f32)>,
+        fusion: GemvFusion,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        self.fused(dev, x, norm, fusion, y)
+    }
+
+    fn matmul(
+        &self,
+        dev: &GpuDevice,
+        gemm: &Gemm,
+        x: &CudaSlice<u16>,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let mut s = self.lock();
+        let s = &mut *s;
+        let (rows, cols) = (self.rows(), self.cols());
+        if s.w.len() < rows * cols {
+            return Err(GpuError::invalid(
+                "dtans matmul",
+                format!(
+                    "the dequantisation workspace holds {} weights, a {rows}×{cols} matrix \
+                     needs {}",
+                    s.w.len(),
+                    rows * cols
+                ),
+            ));
+        }
+        if let [t] = &self.parts[..] {
+            launch_dequant(dev, self.dequant, t, &mut s.w, Some(&mut s.err))?;
+        } else {
+            let mut off = 0;
+            for t in &self.parts {
+                launch_dequant_at(dev, self.dequant, t, &mut s.w, off, Some(&mut s.err))?;
+                off += t.rows * t.cols;
+            }
+        }
+        gemm.matmul(&s.w, x, y, m, rows, cols, accumulate)
+    }
+
+    fn gate_up_halves(&self) -> bool {
+        self.halves
+    }
+
+    fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear> {
+        let parts = self
+            .parts
+            .iter()
+            .map(|t| t.duplicate(dev))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(GpuLinear::new(self.with_parts(parts)))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

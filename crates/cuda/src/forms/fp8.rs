@@ -6,10 +6,22 @@
 //! [`Policy::fp8`](super::Policy) says.
 
 use super::{GpuForm, Upload};
+use crate::device::GpuDevice;
 use crate::engine_coded::LoadReport;
-use crate::error::{GpuError, Result};
-use crate::linear::{Fp8Serving, GpuLinear, PALETTE_MAX_RATIO};
-use crate::ops::gemv_fp8::check_gemv_pal4_shape;
+use crate::error::{DriverContext, GpuError, Result};
+use crate::gemm::Gemm;
+use crate::linear::{
+    fp8_gemv_config, ChainLinear, Fp8Serving, GpuLinear, GpuMatrix, SharedScratch,
+    PALETTE_MAX_RATIO,
+};
+use crate::ops::forward::{DenseWeights, GemvFusion};
+use crate::ops::gemv::GemvConfig;
+use crate::ops::gemv_fp8::{
+    check_gemv_fp8_shape, check_gemv_pal4_shape, launch_fp8_rows_to_bf16, launch_gemv_fp8,
+    Fp8Codes, GpuPal4,
+};
+use crate::plan::{Form, LinearDesc};
+use cudarc::driver::CudaSlice;
 use entrollm_codec::palette::Palette4;
 use entrollm_model::forms::palette::PalLinear;
 use entrollm_model::weights::{DenseFp8, Linear, RowScaled};
@@ -149,6 +161,179 @@ impl GpuForm for Fp8Form {
             Arc::clone(up.scratch),
         )
         .map(Some)
+    }
+}
+
+/// An FP8 E4M3 matrix with per-row scales (an FP8 checkpoint's weights), its codes as stored or
+/// palette-packed: batch-1 products by the FP8 GEMV, prefill through a BF16 copy in the shared
+/// workspace and the GEMM.
+pub struct Fp8Linear {
+    pub rows: usize,
+    pub cols: usize,
+    pub codes: Fp8Codes,
+    pub scales: CudaSlice<f32>,
+    pub gemv: GemvConfig,
+    scratch: SharedScratch,
+}
+
+impl Fp8Linear {
+    fn palette(&self) -> bool {
+        matches!(self.codes, Fp8Codes::Palette(_))
+    }
+}
+
+impl GpuLinear {
+    /// Uploads an FP8 E4M3 matrix (row-major codes) with its per-row scales, kept as `form` says;
+    /// `scratch` must hold its rows, columns and, for prefill, its weights as BF16.
+    pub fn fp8_from_host(
+        dev: &GpuDevice,
+        rows: usize,
+        cols: usize,
+        codes: &[u8],
+        scales: &[f32],
+        form: Fp8Serving,
+        scratch: SharedScratch,
+    ) -> Result<Self> {
+        check_gemv_fp8_shape(rows, cols)?;
+        if codes.len() != rows * cols || scales.len() != rows {
+            return Err(GpuError::invalid(
+                "fp8 linear",
+                format!(
+                    "[{rows}, {cols}] needs {} codes and {rows} scales, got {} and {}",
+                    rows * cols,
+                    codes.len(),
+                    scales.len()
+                ),
+            ));
+        }
+        let s = dev.stream();
+        let what = || format!("uploading a [{rows}, {cols}] FP8 matrix");
+        let packed = fp8_palette(codes, rows, cols, form)?;
+        let codes = match packed {
+            Some(p) => return Self::fp8_packed(dev, &p, scales, scratch),
+            None => Fp8Codes::Dense(s.clone_htod(codes).while_(what)?),
+        };
+        Self::fp8_codes(dev, rows, cols, codes, scales, scratch)
+    }
+
+    /// Uploads palette-packed FP8 codes with their per-row scales (see [`Self::fp8_from_host`]).
+    pub fn fp8_packed(
+        dev: &GpuDevice,
+        p: &Palette4,
+        scales: &[f32],
+        scratch: SharedScratch,
+    ) -> Result<Self> {
+        check_gemv_pal4_shape(p.rows(), p.cols())?;
+        let codes = Fp8Codes::Palette(GpuPal4::upload(dev, p)?);
+        Self::fp8_codes(dev, p.rows(), p.cols(), codes, scales, scratch)
+    }
+
+    fn fp8_codes(
+        dev: &GpuDevice,
+        rows: usize,
+        cols: usize,
+        codes: Fp8Codes,
+        scales: &[f32],
+        scratch: SharedScratch,
+    ) -> Result<Self> {
+        if scales.len() != rows {
+            return Err(GpuError::invalid(
+                "fp8 linear",
+                format!("[{rows}, {cols}] needs {rows} scales, got {}", scales.len()),
+            ));
+        }
+        let s = dev.stream();
+        let what = || format!("uploading a [{rows}, {cols}] FP8 matrix's scales");
+        let palette = matches!(codes, Fp8Codes::Palette(_));
+        let gemv = fp8_gemv_config(palette, rows, cols, dev.info().sm_count, false);
+        Ok(GpuLinear::new(Fp8Linear {
+            rows,
+            cols,
+            codes,
+            gemv,
+            scales: s.clone_htod(scales).while_(what)?,
+            scratch,
+        }))
+    }
+}
+
+impl GpuMatrix for Fp8Linear {
+    fn desc(&self) -> LinearDesc {
+        let gemv = self.gemv;
+        LinearDesc {
+            form: match self.palette() {
+                true => Form::PaletteFp8 { gemv },
+                false => Form::DenseFp8 { gemv },
+            },
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+
+    fn stored_bytes(&self) -> usize {
+        self.codes.stored_bytes() + 4 * self.rows
+    }
+
+    fn matvec_fused(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        norm: Option<(&CudaSlice<f32>, f32)>,
+        fusion: GemvFusion,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (rows, cols) = (self.rows, self.cols);
+        let cfg = match fusion.swiglu {
+            true => fp8_gemv_config(self.palette(), rows, cols, dev.info().sm_count, true),
+            false => self.gemv,
+        };
+        launch_gemv_fp8(
+            dev,
+            cfg,
+            fusion,
+            &self.codes,
+            &self.scales,
+            x,
+            norm,
+            y,
+            rows,
+            cols,
+        )
+    }
+
+    fn matmul(
+        &self,
+        dev: &GpuDevice,
+        gemm: &Gemm,
+        x: &CudaSlice<u16>,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (rows, cols) = (self.rows, self.cols);
+        let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        launch_fp8_rows_to_bf16(dev, &self.codes, &self.scales, &mut s.w, rows, cols)?;
+        gemm.matmul(&s.w, x, y, m, rows, cols, accumulate)
+    }
+
+    /// Codes as stored: the chained-norm FP8 GEMVs take them.
+    fn chainable(&self) -> Option<ChainLinear<'_>> {
+        match &self.codes {
+            Fp8Codes::Dense(codes) => Some(ChainLinear {
+                w: DenseWeights::Fp8 {
+                    codes,
+                    scales: &self.scales,
+                },
+                gemv: self.gemv,
+                rows: self.rows,
+                cols: self.cols,
+            }),
+            Fp8Codes::Palette(_) => None,
+        }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

@@ -9,10 +9,10 @@
 //! matrices held in another: FP8 codes palette-packed at load (`--fp8`), BF16 matrices
 //! palette-packed (`--bf16 palette`) or dtANS-coded at load (`--code-at-load`).
 
-mod bf16;
-mod dtans;
-mod fp8;
-mod pal_bf16;
+pub mod bf16;
+pub mod dtans;
+pub mod fp8;
+pub mod pal_bf16;
 
 pub use dtans::check_kernels;
 pub(crate) use dtans::exact_bf16;

@@ -5,10 +5,18 @@
 //! dense upload's), where that packs small enough.
 
 use super::{stack, GpuForm, Upload};
+use crate::device::GpuDevice;
 use crate::engine::host_bf16;
 use crate::engine_coded::LoadReport;
 use crate::error::Result;
-use crate::linear::GpuLinear;
+use crate::gemm::Gemm;
+use crate::linear::{GpuLinear, GpuMatrix, SharedScratch, PAL_BF16_MAX_RATIO};
+use crate::ops::forward::GemvFusion;
+use crate::ops::gemv_fp8::{
+    check_gemv_pal4_shape, launch_gemv_pal_bf16, launch_pal_bf16_rows_to_bf16, GpuPalBf16,
+};
+use crate::plan::{Form, LinearDesc};
+use cudarc::driver::CudaSlice;
 use entrollm_codec::palette::PaletteBf16;
 use entrollm_model::forms::palette::PalLinear;
 use entrollm_model::weights::Linear;
@@ -68,5 +76,94 @@ impl GpuForm for PalBf16Form {
             report.bf16_palette += 1;
         }
         Ok(l)
+    }
+}
+
+/// A BF16 matrix palette-packed on the device, and the workspace its prefill copy to BF16 uses.
+pub struct PalBf16Linear {
+    pub p: GpuPalBf16,
+    scratch: SharedScratch,
+}
+
+impl GpuLinear {
+    /// A BF16 matrix (row-major bits) palette-packed losslessly, or None where its shape does
+    /// not pack (columns not a multiple of 64, or 2^16 or more) or, unless `required`, the packed
+    /// form is larger than [`PAL_BF16_MAX_RATIO`] of the dense one (high bytes spread over many
+    /// values).
+    pub fn pal_bf16_from_host(
+        dev: &GpuDevice,
+        rows: usize,
+        cols: usize,
+        bits: &[u16],
+        scratch: SharedScratch,
+        required: bool,
+    ) -> Result<Option<Self>> {
+        if check_gemv_pal4_shape(rows, cols).is_err() || bits.len() != rows * cols {
+            return Ok(None);
+        }
+        let p = match PaletteBf16::encode(bits, rows, cols) {
+            Ok(p) => p,
+            Err(_) => return Ok(None),
+        };
+        if !required && p.stored_bytes() as f64 > PAL_BF16_MAX_RATIO * (2 * bits.len()) as f64 {
+            return Ok(None);
+        }
+        Self::pal_bf16_packed(dev, &p, scratch).map(Some)
+    }
+
+    /// Uploads a palette-packed BF16 matrix.
+    pub fn pal_bf16_packed(
+        dev: &GpuDevice,
+        p: &PaletteBf16,
+        scratch: SharedScratch,
+    ) -> Result<Self> {
+        check_gemv_pal4_shape(p.rows(), p.cols())?;
+        Ok(GpuLinear::new(PalBf16Linear {
+            p: GpuPalBf16::upload(dev, p)?,
+            scratch,
+        }))
+    }
+}
+
+impl GpuMatrix for PalBf16Linear {
+    fn desc(&self) -> LinearDesc {
+        LinearDesc {
+            form: Form::PaletteBf16 { gemv: self.p.gemv },
+            rows: self.p.rows,
+            cols: self.p.cols,
+        }
+    }
+
+    fn stored_bytes(&self) -> usize {
+        self.p.stored_bytes()
+    }
+
+    fn matvec_fused(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        norm: Option<(&CudaSlice<f32>, f32)>,
+        fusion: GemvFusion,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        launch_gemv_pal_bf16(dev, self.p.gemv, fusion, &self.p, x, norm, y)
+    }
+
+    fn matmul(
+        &self,
+        dev: &GpuDevice,
+        gemm: &Gemm,
+        x: &CudaSlice<u16>,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        launch_pal_bf16_rows_to_bf16(dev, &self.p, &mut s.w)?;
+        gemm.matmul(&s.w, x, y, m, self.p.rows, self.p.cols, accumulate)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
