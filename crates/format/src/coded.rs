@@ -295,6 +295,28 @@ impl Coded {
         }
     }
 
+    /// [`Self::decode`] and, for the dtANS coders, where the stored bytes go, from one pass over
+    /// the coded tiles.
+    pub fn decode_with_breakdown(
+        &self,
+    ) -> entrollm_codec::Result<(Vec<u8>, Option<entrollm_codec::dtans::SizeBreakdown>)> {
+        match self {
+            Coded::Dtans(t) => t.decode_with_breakdown().map(|(d, b)| (d, Some(b))),
+            Coded::Df11(_) => Ok((self.decode()?, None)),
+            Coded::Ggml(g) => {
+                let (codes, b) = g.codes.decode_with_breakdown()?;
+                let bytes = pack_codes(&QuantCodes {
+                    block: g.block,
+                    codes,
+                    d: g.d.clone(),
+                    m: g.m.clone(),
+                })
+                .map_err(entrollm_codec::CodecError::Corrupt)?;
+                Ok((bytes, Some(b)))
+            }
+        }
+    }
+
     pub fn stored_bytes(&self) -> usize {
         match self {
             Coded::Dtans(t) => t.stored_bytes(),

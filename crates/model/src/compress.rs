@@ -198,10 +198,14 @@ pub fn code_tensor(m: &Matrix<'_>, coder: Coder, coding: Option<Coding>) -> Resu
             )))
         }
     };
-    if coded.decode()? != m.bytes {
+    let (decoded, breakdown) = coded.decode_with_breakdown()?;
+    if decoded != m.bytes {
         return Err(CompressError::Mismatch);
     }
     let mut stats = stats;
+    if let Some(b) = breakdown {
+        stats["breakdown"] = json!(b);
+    }
     let entropy = entropy_bits(&byte_histogram(&codes));
     stats["entropy_bits"] = json!(entropy);
     stats["entropy_bound_bpw"] = json!(entropy + side_bits);
@@ -226,12 +230,9 @@ fn code_dtans(
         ),
         None => choose_coding_and_width(payload, rows, cols, codes)?,
     };
+    // (The size breakdown comes from the verifying decode.)
     let d = DtansTensor::encode(payload, rows, cols, codes, raw, coding)?;
-    let b = d.size_breakdown()?;
-    Ok((
-        d,
-        json!({ "predicted_bytes": predicted.round(), "breakdown": b }),
-    ))
+    Ok((d, json!({ "predicted_bytes": predicted.round() })))
 }
 
 /// Compresses the checkpoint `src` (a safetensors checkpoint directory or file, or a GGUF file)

@@ -255,6 +255,12 @@ impl DtansTensor {
     /// Decodes into the source element bytes (little-endian u16 for 16-bit floats, one byte per code
     /// otherwise), row-major.
     pub fn decode_into(&self, out: &mut [u8]) -> Result<()> {
+        self.decode_counting(out).map(|_| ())
+    }
+
+    /// [`Self::decode_into`], counting the stream's chunk headers, padding and escapes on the way
+    /// (what [`Self::size_breakdown`] decodes every tile for).
+    fn decode_counting(&self, out: &mut [u8]) -> Result<(usize, usize, usize)> {
         let dec = TileDecoder::new(self)?;
         let g = *dec.geometry();
         let eb = self.payload.element_bytes();
@@ -267,9 +273,13 @@ impl DtansTensor {
         }
         out.par_chunks_mut(LANES * g.cols * eb)
             .enumerate()
-            .try_for_each(|(band, rows)| {
+            .map(|(band, rows)| {
+                let mut counts = (0, 0, 0);
                 for slice in 0..g.slices {
                     let tile = dec.decode_tile(slice * g.bands + band)?;
+                    counts.0 += tile.chunks;
+                    counts.1 += tile.padding_words;
+                    counts.2 += tile.escapes.len();
                     let raw = &self.raw[if g.has_raw {
                         (slice * g.bands + band) * LANES * g.sc
                     } else {
@@ -301,8 +311,17 @@ impl DtansTensor {
                         rows[at..at + eb].copy_from_slice(&v.to_le_bytes()[..eb]);
                     }
                 }
-                Ok(())
+                Ok(counts)
             })
+            .try_reduce(|| (0, 0, 0), |a, b| Ok((a.0 + b.0, a.1 + b.1, a.2 + b.2)))
+    }
+
+    /// The decoded bytes ([`Self::decode`]) and where the stored bytes go
+    /// ([`Self::size_breakdown`]), from one pass over the tiles.
+    pub fn decode_with_breakdown(&self) -> Result<(Vec<u8>, SizeBreakdown)> {
+        let mut out = vec![0u8; self.rows * self.cols * self.payload.element_bytes()];
+        let (chunks, padding, escapes) = self.decode_counting(&mut out)?;
+        Ok((out, self.breakdown(chunks, padding, escapes)))
     }
 
     /// Row `row` as f32 values (decodes the tiles of its 32-row band; for embedding lookups).
@@ -353,6 +372,10 @@ impl DtansTensor {
         let (chunks, padding, escapes) = per_tile
             .iter()
             .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2));
+        Ok(self.breakdown(chunks, padding, escapes))
+    }
+
+    fn breakdown(&self, chunks: usize, padding: usize, escapes: usize) -> SizeBreakdown {
         let b = SizeBreakdown {
             ans_bytes: 4 * (self.stream.len() - chunks - padding - escapes),
             chunk_header_bytes: 4 * chunks,
@@ -365,7 +388,7 @@ impl DtansTensor {
             escapes,
         };
         debug_assert_eq!(b.total(), self.stored_bytes());
-        Ok(b)
+        b
     }
 
     pub fn decode(&self) -> Result<Vec<u8>> {

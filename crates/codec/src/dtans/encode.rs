@@ -247,27 +247,54 @@ pub(crate) fn tuple_histogram(
         return hist;
     }
     let size = 1usize << key_bits;
-    let mut hist = codes
-        .par_chunks(g.cols * 64)
-        .map(|rows| {
-            let mut h = vec![0u64; size];
-            for row in rows.chunks(g.cols) {
-                for p in 0..per_row {
-                    let mut key = 0usize;
-                    for j in 0..k {
-                        let col = p * k + j;
-                        let c = if col < g.cols {
-                            coded_as[row[col] as usize]
-                        } else {
-                            pad
-                        };
-                        key |= (c as usize) << (j as u32 * cb);
-                    }
-                    h[key] += 1;
-                }
-            }
-            h
+    let cols = g.cols;
+    // Tuples wholly inside a row, then the row's last tuple where padding completes it.
+    let inside = cols / k;
+    let key_of = |t: &[u8]| {
+        t.iter().enumerate().fold(0usize, |key, (j, &c)| {
+            key | (coded_as[c as usize] as usize) << (j as u32 * cb)
         })
+    };
+    // Blocks of about 2^22 codes, counted into one histogram per rayon split (not per block: a
+    // fresh 2^16-entry table per block cost as much as the counting).
+    let block_rows = ((1usize << 22) / cols).max(1);
+    let mut hist = codes
+        .par_chunks(cols * block_rows)
+        .fold(
+            || vec![0u64; size],
+            |mut h, rows| {
+                for row in rows.chunks(cols) {
+                    match k {
+                        2 => {
+                            for t in row[..2 * inside].chunks_exact(2) {
+                                let key = coded_as[t[0] as usize] as usize
+                                    | (coded_as[t[1] as usize] as usize) << cb;
+                                h[key] += 1;
+                            }
+                        }
+                        _ => {
+                            for t in row[..k * inside].chunks_exact(k) {
+                                h[key_of(t)] += 1;
+                            }
+                        }
+                    }
+                    for p in inside..per_row {
+                        let mut key = 0usize;
+                        for j in 0..k {
+                            let col = p * k + j;
+                            let c = if col < cols {
+                                coded_as[row[col] as usize]
+                            } else {
+                                pad
+                            };
+                            key |= (c as usize) << (j as u32 * cb);
+                        }
+                        h[key] += 1;
+                    }
+                }
+                h
+            },
+        )
         .reduce(
             || vec![0u64; size],
             |mut a, b| {

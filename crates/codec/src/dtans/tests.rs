@@ -552,3 +552,82 @@ fn plan_key_slots_follow_the_table() {
     )
     .is_err());
 }
+
+/// The tuple histogram (blocked, with a fast path for whole tuples) equals a plain count over the
+/// padded grid, padding included, on ragged shapes of every tuple width.
+#[test]
+fn tuple_histogram_counts_every_padded_tuple() {
+    use super::encode::{choose_values, tuple_histogram};
+    let mut r = Rng(11);
+    for (rows, cols) in [
+        (1, 3),
+        (5, 70),
+        (33, 129),
+        (64, 4096),
+        (40, 1000),
+        (2100, 2048),
+    ] {
+        for payload in [Payload::Bf16, Payload::Fp8E4m3, Payload::Int(4)] {
+            let alphabet = payload.alphabet() as u64;
+            let codes: Vec<u8> = (0..rows * cols)
+                .map(|_| (r.next() % alphabet.min(40)) as u8)
+                .collect();
+            for mode in [Mode::Pair, Mode::Quad] {
+                let k = mode.values_per_symbol();
+                if k as u32 * payload.code_bits() > 16 {
+                    continue;
+                }
+                let coding = Coding {
+                    mode,
+                    log2_m: 10,
+                    sc: default_slice_width(cols),
+                    t: Some(6),
+                };
+                let g = Geometry::new(payload, &coding, rows, cols).unwrap();
+                let hist = byte_histogram(&codes);
+                let (coded_as, _, pad) = choose_values(payload, &hist, coding.t);
+                let key_bits = coding.key_bits(payload);
+                let got = tuple_histogram(&g, payload, &codes, &hist, &coded_as, pad, key_bits);
+                let cb = payload.code_bits();
+                let mut want = vec![0u64; 1 << key_bits];
+                let padded = g.slices * g.sc;
+                for row in 0..g.bands * LANES {
+                    for p in 0..padded / k {
+                        let key = (0..k).fold(0usize, |key, j| {
+                            let col = p * k + j;
+                            let c = match row < rows && col < cols {
+                                true => coded_as[codes[row * cols + col] as usize],
+                                false => pad,
+                            };
+                            key | (c as usize) << (j as u32 * cb)
+                        });
+                        want[key] += 1;
+                    }
+                }
+                assert!(got == want, "{rows}×{cols} {payload:?} {mode:?}");
+            }
+        }
+    }
+}
+
+/// One pass gives the decode and the size breakdown that two passes give.
+#[test]
+fn decode_with_breakdown_is_decode_and_size_breakdown() {
+    for (rows, cols, coding) in [
+        (40, 300, "pair:10:128:32"),
+        (7, 4096, "single:8:512"),
+        (70, 640, "pair:12:128:64"),
+    ] {
+        let bytes = gaussian_bf16(rows * cols, 0.02, rows as u64);
+        let (codes, raw) = Payload::Bf16.symbolize(&bytes).unwrap();
+        let c = Coding::parse(coding).unwrap().unwrap();
+        let t = match DtansTensor::encode(Payload::Bf16, rows, cols, &codes, &raw, c) {
+            Ok(t) => t,
+            Err(e) if legit_refusal(&e) => continue,
+            Err(e) => panic!("{coding}: {e}"),
+        };
+        let (decoded, b) = t.decode_with_breakdown().unwrap();
+        assert_eq!(decoded, bytes);
+        assert_eq!(b, t.size_breakdown().unwrap());
+    }
+}
