@@ -250,58 +250,111 @@ pub(crate) fn tuple_histogram(
     let cols = g.cols;
     // Tuples wholly inside a row, then the row's last tuple where padding completes it.
     let inside = cols / k;
-    let key_of = |t: &[u8]| {
-        t.iter().enumerate().fold(0usize, |key, (j, &c)| {
-            key | (coded_as[c as usize] as usize) << (j as u32 * cb)
-        })
+    // The coded values that occur (and the padding value), numbered densely: tuples are counted
+    // in a table of n^k entries, which stays in L1 for the few values a trained matrix's codes
+    // take, then spread to their keys.
+    let mut dense = [u8::MAX; 256];
+    let mut values: Vec<u8> = Vec::new();
+    for v in (0..256)
+        .filter(|&c| code_hist[c] > 0)
+        .map(|c| coded_as[c])
+        .chain([pad])
+    {
+        if dense[v as usize] == u8::MAX && values.len() < 255 {
+            dense[v as usize] = values.len() as u8;
+            values.push(v);
+        }
+    }
+    let n = values.len();
+    let compact = values.len() < 255 && n.pow(k as u32) <= 1 << 11;
+    let (table, index_of) = match compact {
+        true => (n.pow(k as u32), {
+            let mut m = [0u16; 256];
+            for c in 0..256 {
+                m[c] = dense[coded_as[c] as usize].min(254) as u16;
+            }
+            m
+        }),
+        false => (size, {
+            let mut m = [0u16; 256];
+            for c in 0..256 {
+                m[c] = coded_as[c] as u16;
+            }
+            m
+        }),
     };
-    // Blocks of about 2^22 codes, counted into one histogram per rayon split (not per block: a
-    // fresh 2^16-entry table per block cost as much as the counting).
+    // A tuple's index in the counting table: base n (compact) or 2^cb digits.
+    let radix = if compact { n } else { 1 << cb };
+    let pad_digit = if compact {
+        dense[pad as usize] as usize
+    } else {
+        pad as usize
+    };
+    let index = |t: &[u8]| {
+        t.iter()
+            .rev()
+            .fold(0usize, |a, &c| a * radix + index_of[c as usize] as usize)
+    };
+    // Blocks of about 2^22 codes, each counted in u32 tables (four, taking tuples in turn, so
+    // that runs of one tuple do not wait on one counter), added into the split's u64 counts.
     let block_rows = ((1usize << 22) / cols).max(1);
-    let mut hist = codes
+    let counts = codes
         .par_chunks(cols * block_rows)
         .fold(
-            || vec![0u64; size],
+            || vec![0u64; table],
             |mut h, rows| {
+                // (The full key space counts straight into `h`: four copies would not fit a
+                // cache either.)
+                let mut sub = vec![[0u32; 4]; if compact { table } else { 0 }];
                 for row in rows.chunks(cols) {
-                    match k {
-                        2 => {
-                            for t in row[..2 * inside].chunks_exact(2) {
-                                let key = coded_as[t[0] as usize] as usize
-                                    | (coded_as[t[1] as usize] as usize) << cb;
-                                h[key] += 1;
-                            }
-                        }
-                        _ => {
-                            for t in row[..k * inside].chunks_exact(k) {
-                                h[key_of(t)] += 1;
-                            }
-                        }
+                    let whole = row[..k * inside].chunks_exact(k);
+                    match compact {
+                        true => whole
+                            .enumerate()
+                            .for_each(|(i, t)| sub[index(t)][i & 3] += 1),
+                        false => whole.for_each(|t| h[index(t)] += 1),
                     }
                     for p in inside..per_row {
                         let mut key = 0usize;
-                        for j in 0..k {
+                        for j in (0..k).rev() {
                             let col = p * k + j;
-                            let c = if col < cols {
-                                coded_as[row[col] as usize]
-                            } else {
-                                pad
+                            let d = match col < cols {
+                                true => index_of[row[col] as usize] as usize,
+                                false => pad_digit,
                             };
-                            key |= (c as usize) << (j as u32 * cb);
+                            key = key * radix + d;
                         }
                         h[key] += 1;
                     }
+                }
+                for (h, s) in h.iter_mut().zip(&sub) {
+                    *h += s.iter().map(|&x| x as u64).sum::<u64>();
                 }
                 h
             },
         )
         .reduce(
-            || vec![0u64; size],
+            || vec![0u64; table],
             |mut a, b| {
                 a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
                 a
             },
         );
+    let mut hist = match compact {
+        false => counts,
+        true => {
+            let mut hist = vec![0u64; size];
+            for (i, &c) in counts.iter().enumerate().filter(|(_, &c)| c > 0) {
+                let (mut rest, mut key) = (i, 0usize);
+                for j in 0..k {
+                    key |= (values[rest % n] as usize) << (j as u32 * cb);
+                    rest /= n;
+                }
+                hist[key] += c;
+            }
+            hist
+        }
+    };
     hist[pad_key] += ((g.bands * LANES - g.rows) * per_row) as u64;
     hist
 }
