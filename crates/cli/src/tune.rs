@@ -63,6 +63,8 @@ pub fn run_tune(a: TuneArgs) -> Result<()> {
         LoadOptions {
             fused: true,
             keep_quantised: true,
+            // As stored, so that a container and its source have the same fingerprint.
+            recorded_forms: false,
         },
     )?;
     let id = planner::model_id(&w, &a.model.display().to_string())?;
