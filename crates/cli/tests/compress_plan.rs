@@ -353,7 +353,8 @@ fn smollm2() -> Option<PathBuf> {
 
 /// SmolLM2's GGUF tuned on the CPU, planned between its smallest and dense sizes, compressed by
 /// the plan: the container's inspect shows the plan's forms per launch, `run` on it gives the
-/// GGUF's greedy tokens, `decompress` gives back the GGUF.
+/// GGUF's greedy tokens, `decompress` gives back the GGUF; tuning the container gives the same
+/// fingerprint and fronts with several points.
 #[test]
 fn compress_plan_on_smollm2() {
     let Some(gguf) = smollm2() else {
@@ -390,5 +391,23 @@ fn compress_plan_on_smollm2() {
     ok(&["decompress", s(&c), "-o", s(&back)]);
     assert_same_file(&back.join(gguf.file_name().unwrap()), &gguf);
 
+    // Tuning the container: the GGUF's fingerprint, fronts with several points.
+    let tc = d.join("tune-c.json");
+    ok(&["tune", s(&c), "--device", "cpu", "-o", s(&tc)]);
+    let tcv = json(&tc);
+    assert_eq!(
+        tcv["model"]["fingerprint"],
+        json(&tune)["model"]["fingerprint"]
+    );
+    assert!(tcv["step_overhead_us"].as_f64().unwrap() > 0.0);
+    for l in tcv["launches"].as_array().unwrap() {
+        let front = l["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["pareto"] == true)
+            .count();
+        assert!(front >= 2, "{}: {front} points on the front", l["id"]);
+    }
     std::fs::remove_dir_all(&d).unwrap();
 }

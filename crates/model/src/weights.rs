@@ -40,6 +40,11 @@ pub trait Linear: Send + Sync {
     }
     /// The matrix as `Any`, for engines that upload a form's own arrays (the GPU engine).
     fn as_any(&self) -> &dyn std::any::Any;
+    /// Bytes of [`stored_bytes`](Self::stored_bytes) that wrappers (row scales, row order) add
+    /// beside the inner form's own: they stay when the matrix is re-formed.
+    fn wrapper_bytes(&self) -> usize {
+        0
+    }
     /// The dtANS-coded tensor and its dequantisation, when the matrix is kept coded (a GPU engine
     /// then uploads the coded arrays instead of decoding them).
     fn dtans(
@@ -312,6 +317,9 @@ impl Linear for RowScaled {
     }
     fn stored_bytes(&self) -> usize {
         self.inner.stored_bytes() + 4 * self.scales.len()
+    }
+    fn wrapper_bytes(&self) -> usize {
+        self.inner.wrapper_bytes() + 4 * self.scales.len()
     }
     fn form(&self) -> FormId {
         self.inner.form()
