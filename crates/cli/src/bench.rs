@@ -239,6 +239,7 @@ pub fn run(a: Args) -> Result<()> {
                 LoadOptions {
                     fused: true,
                     keep_quantised: a.budget.is_set(),
+                    recorded_forms: !a.budget.is_set(),
                 },
             )?;
             if let Some(plan) = &code {

@@ -5,7 +5,7 @@ use crate::progress;
 use anyhow::{bail, Context, Result};
 use entrollm_model::ModelWeights;
 use entrollm_tune::budget::Budget;
-use entrollm_tune::file::{PlanFile, TuneFile};
+use entrollm_tune::file::{DeviceId, PlanFile, TuneFile};
 use entrollm_tune::planner;
 use entrollm_tune::DeviceKind;
 use std::path::{Path, PathBuf};
@@ -46,13 +46,39 @@ pub fn free_ram() -> Result<u64> {
     Ok(kb * 1024)
 }
 
-/// Reads a tune file and checks it against this device.
+/// Where a plan is made for.
+pub struct Target<'a> {
+    pub kind: DeviceKind,
+    /// The device at hand, which a tune file must have been made on; `None`: a device not at
+    /// hand (`compress --device cuda` on a machine without it), whose tune file is taken as the
+    /// device's and is then required.
+    pub device: Option<&'a DeviceId>,
+    /// Bytes reserved before the weights: KV cache and workspace.
+    pub reserved: u64,
+}
+
+/// Reads a tune file and checks it against this device (`None`: a device not at hand; only its
+/// kind is checked).
 pub fn read_tune(
     path: &Path,
-    device: &entrollm_tune::file::DeviceId,
+    device: Option<&DeviceId>,
+    kind: DeviceKind,
     force: bool,
 ) -> Result<TuneFile> {
     let t = TuneFile::read(path)?;
+    let Some(device) = device else {
+        if t.device.kind != kind && !force {
+            bail!(
+                "{}: a tune file of a {} device, and the plan is for {}; tune on that device \
+                 (`entrollm tune --device {}`) or pass --force-tune",
+                path.display(),
+                t.device.kind,
+                kind,
+                kind
+            );
+        }
+        return Ok(t);
+    };
     let diffs = t
         .check_device(device, force)
         .with_context(|| format!("{}", path.display()))?;
@@ -65,26 +91,29 @@ pub fn read_tune(
     Ok(t)
 }
 
-/// The plan for `w` under `args` on `device`: `reserved` bytes (KV cache, workspace) come off the
-/// budget first. Prints the plan's summary on stderr.
+/// The plan for `w` under `args` on `target`: its `reserved` bytes (KV cache, workspace) come off
+/// the budget first. Prints the plan's summary on stderr.
 pub fn plan(
     args: &BudgetArgs,
     w: &ModelWeights,
     model_path: &Path,
-    device: DeviceKind,
-    device_id: &entrollm_tune::file::DeviceId,
-    reserved: u64,
+    target: &Target,
     free: impl FnOnce() -> Result<u64>,
 ) -> Result<PlanFile> {
+    let (device, reserved) = (target.kind, target.reserved);
     let id = planner::model_id(w, &model_path.display().to_string())?;
     if let Some(p) = &args.plan {
         let plan = PlanFile::read(p)?;
         if plan.model.fingerprint != id.fingerprint {
             bail!(
-                "{}: the plan was made for another model ({}); make one for this model with \
-                 `entrollm plan`",
+                "{}: the plan was made for another model ({}, fingerprint {}), not for {} \
+                 (fingerprint {}); make one for this model with `entrollm tune` and \
+                 `entrollm plan`, or use `--budget`",
                 p.display(),
-                plan.model.path
+                plan.model.path,
+                plan.model.fingerprint,
+                model_path.display(),
+                id.fingerprint
             );
         }
         return Ok(plan);
@@ -93,7 +122,11 @@ pub fn plan(
     let budget = match &args.budget {
         None => None,
         Some(b) => {
-            let total = b.resolve(free()?);
+            // Free memory only for a share of it (a size needs no device).
+            let total = match b {
+                Budget::Percent(_) => b.resolve(free()?),
+                _ => b.resolve(0),
+            };
             let off = reserved + fixed;
             if total <= off {
                 bail!(
@@ -109,7 +142,11 @@ pub fn plan(
         }
     };
     let tune = match &args.tune {
-        Some(t) => Some(read_tune(t, device_id, args.force_tune)?),
+        Some(t) => Some(read_tune(t, target.device, device, args.force_tune)?),
+        None if target.device.is_none() => bail!(
+            "planning for a {device} device that is not here needs its latencies: pass --tune \
+             TUNE.json made by `entrollm tune --device {device}` on it"
+        ),
         None => None,
     };
     let measured = tune.is_some();

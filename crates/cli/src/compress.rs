@@ -1,11 +1,17 @@
 //! `entrollm compress`: code a checkpoint losslessly into an entrollm container (the pipeline is
-//! `entrollm_model::compress`).
+//! `entrollm_model::compress`); with `--plan` or `--budget`, in the weight forms a plan chooses.
 
+use crate::budget::{BudgetArgs, Target};
 use crate::progress;
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use entrollm_codec::dtans::Coding;
+use entrollm_format::FormEntry;
 use entrollm_model::coding_plan::CodingPlan;
 use entrollm_model::compress::{compress, Coder, CompressOptions, Progress, SourceKind};
+use entrollm_model::load::{open_weights_with, LoadOptions};
+use entrollm_tune::file::PlanFile;
+use entrollm_tune::tuner::LaunchTimer;
+use entrollm_tune::DeviceKind;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -37,6 +43,20 @@ pub struct Args {
     /// Largest container shard, in bytes.
     #[arg(long, default_value_t = 4 << 30)]
     shard_size: u64,
+    /// `--plan PLAN.json` writes each launch in the form that plan chose (docs/tune.md);
+    /// `--budget SIZE [--tune TUNE.json]` plans for that memory as `run --budget` does. The forms
+    /// are recorded in entrollm.json and `run`/`chat` serve them; --coder/--coding then only say
+    /// how launches in forms a container cannot hold as such are stored.
+    #[command(flatten)]
+    budget: BudgetArgs,
+    /// The device `--budget` plans for: cpu (this machine; without --tune the default cost
+    /// model) or cuda (a GPU, which needs --tune TUNE.json from `entrollm tune --device cuda`).
+    #[arg(long, default_value = "cpu", value_name = "cpu|cuda")]
+    device: String,
+    /// With --budget: the context the KV cache is reserved for, as `run --context` (default: the
+    /// model's, at most 4096).
+    #[arg(long, value_name = "N", requires = "budget")]
+    context: Option<usize>,
 }
 
 /// The options of `--coder`, `--coding`, `--coding-file` and the rest.
@@ -76,8 +96,81 @@ impl Progress for Bar {
     }
 }
 
+/// The plan of `--plan`/`--budget` for the source, checked to be the source's, made by the code
+/// of `run --budget` for `--device`.
+fn plan(a: &Args) -> Result<PlanFile> {
+    let kind = match a.device.as_str() {
+        "cpu" => DeviceKind::Cpu,
+        "cuda" => DeviceKind::Cuda,
+        d => bail!("--device {d}: expected cpu or cuda"),
+    };
+    // As `--budget` loads a model: coded matrices as stored, GGUF blocks as their integer codes.
+    let w = open_weights_with(
+        &a.src,
+        LoadOptions {
+            fused: true,
+            keep_quantised: true,
+            recorded_forms: false,
+        },
+    )
+    .with_context(|| {
+        format!(
+            "{}: reading the model to plan its forms (a checkpoint directory with config.json, \
+             or a GGUF file)",
+            a.src.display()
+        )
+    })?;
+    let ctx = a
+        .context
+        .unwrap_or(w.config.max_position_embeddings.min(4096));
+    let cpu = entrollm_tune::tuner::CpuTimer::new(rayon::current_num_threads()).device();
+    let target = match kind {
+        DeviceKind::Cpu => Target {
+            kind,
+            device: Some(&cpu),
+            reserved: crate::generate::cpu_reserved(&w.config, ctx),
+        },
+        DeviceKind::Cuda => Target {
+            kind,
+            device: None,
+            reserved: entrollm_cuda::tune::reserved_bytes(&w.config, ctx),
+        },
+    };
+    let free = || match kind {
+        DeviceKind::Cpu => crate::budget::free_ram(),
+        DeviceKind::Cuda => Err(anyhow!(
+            "--budget as a share of free memory needs the device: give a size (12GB) with \
+             --device cuda"
+        )),
+    };
+    crate::budget::plan(&a.budget, &w, &a.src, &target, free)
+}
+
+/// The plan's forms by the HF names of the tensors of each launch.
+fn forms_of(plan: &PlanFile) -> std::collections::BTreeMap<String, FormEntry> {
+    let mut out = std::collections::BTreeMap::new();
+    for c in &plan.choices {
+        for t in &c.tensors {
+            out.insert(
+                t.clone(),
+                FormEntry {
+                    form: c.form.clone(),
+                    variant: c.variant.clone(),
+                },
+            );
+        }
+    }
+    out
+}
+
 pub fn run(a: Args) -> Result<()> {
-    let opts = options(&a)?;
+    let mut opts = options(&a)?;
+    if a.budget.is_set() {
+        let plan = plan(&a)?;
+        opts.forms = forms_of(&plan);
+        opts.metadata
+            .insert("plan".into(), serde_json::to_value(&plan)?);
+    }
     let mut bar = Bar::default();
     let s = compress(&a.src, &a.output, &opts, &mut bar);
     bar.finish();
@@ -104,6 +197,13 @@ pub fn run(a: Args) -> Result<()> {
                 a.output.display()
             )
         }
+    }
+    if s.formed_tensors > 0 {
+        eprintln!(
+            "compress: {} tensors in the forms of the plan, recorded in entrollm.json (run and \
+             chat serve them so)",
+            s.formed_tensors
+        );
     }
     Ok(())
 }

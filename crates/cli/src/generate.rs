@@ -456,7 +456,7 @@ pub fn parse_fp8(s: &str) -> std::result::Result<Fp8Serving, String> {
 
 /// Bytes the CPU engine takes beside its weights for a context of `ctx` tokens: the f32 KV cache
 /// and the step's buffers (logits, activations).
-fn cpu_reserved(c: &entrollm_model::ModelConfig, ctx: usize) -> u64 {
+pub fn cpu_reserved(c: &entrollm_model::ModelConfig, ctx: usize) -> u64 {
     let kv = 2 * c.num_layers * ctx * c.kv_dim() * 4;
     let buffers = 4 * (2 * c.vocab_size + 8 * (c.hidden_size + c.intermediate_size + c.q_dim()));
     (kv + buffers) as u64
@@ -499,7 +499,12 @@ pub fn planned(
             Some(dev) => Ok(entrollm_cuda::engine_coded::free_memory(dev)?.0 as u64),
         }
     };
-    let plan = crate::budget::plan(b, &weights, path, kind, &id, reserved, free)?;
+    let target = crate::budget::Target {
+        kind,
+        device: Some(&id),
+        reserved,
+    };
+    let plan = crate::budget::plan(b, &weights, path, &target, free)?;
     let out = crate::budget::apply(&weights, &plan)?;
     let total = out.stored_bytes() as u64 + reserved;
     eprintln!(
@@ -556,6 +561,8 @@ fn open(a: &ModelArgs) -> Result<Session> {
         LoadOptions {
             fused: !a.decode_at_load,
             keep_quantised: a.budget.is_set(),
+            // A plan made now starts from the container as stored (the source's forms).
+            recorded_forms: !a.budget.is_set(),
         },
     )?;
     if let Some(plan) = &code {
@@ -775,6 +782,8 @@ pub fn ppl(a: PplArgs) -> Result<()> {
         LoadOptions {
             fused: a.budget.is_set(),
             keep_quantised: a.budget.is_set(),
+            // Decoded (the fastest on the CPU), or as stored to plan from.
+            recorded_forms: false,
         },
     )?;
     let weights = planned(&a.budget, weights, &a.model, device, a.window)?;

@@ -35,10 +35,10 @@ fn coding_label(coder: &str, p: &Value) -> String {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let rows = if a.path.join("entrollm.json").is_file() {
+    let (rows, plan) = if a.path.join("entrollm.json").is_file() {
         container(&a)?
     } else {
-        checkpoint(&a)?
+        (checkpoint(&a)?, None)
     };
     let numel: f64 = rows
         .iter()
@@ -85,10 +85,11 @@ pub fn run(a: Args) -> Result<()> {
         "source_bits_per_weight": source * 8.0 / numel.max(1.0),
     });
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({ "tensors": rows, "totals": totals }))?
-        );
+        let mut out = json!({ "tensors": rows, "totals": totals });
+        if let Some(p) = plan {
+            out["plan"] = p;
+        }
+        println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     println!(
@@ -110,6 +111,17 @@ pub fn run(a: Args) -> Result<()> {
             f("entropy_bound_bpw"),
             f("bits_per_weight"),
             r["detail"].as_str().unwrap_or("")
+        );
+    }
+    if let Some(p) = &plan {
+        println!(
+            "\nserved in the forms of a plan (compress --plan): predicted {:.1} tok/s on {} {} \
+             ({} cost model), launches {:.3} GB",
+            p["predicted_tok_s"].as_f64().unwrap_or(f64::NAN),
+            p["device"]["kind"].as_str().unwrap_or("?"),
+            p["device"]["name"].as_str().unwrap_or("?"),
+            p["cost_model"].as_str().unwrap_or("?"),
+            p["total_bytes"].as_f64().unwrap_or(0.0) / 1e9
         );
     }
     println!(
@@ -137,7 +149,8 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-fn container(a: &Args) -> Result<Vec<Value>> {
+/// The container's tensors, and the plan its forms come from (`compress --plan`), if any.
+fn container(a: &Args) -> Result<(Vec<Value>, Option<Value>)> {
     let reader = ContainerReader::open(&a.path)?;
     // A GGUF-sourced container stores block tensors as bytes: its GGUF header gives each tensor's
     // type and weight shape.
@@ -188,9 +201,18 @@ fn container(a: &Args) -> Result<Vec<Value>> {
                 r["detail"] = json!(detail);
             }
         }
+        if let Some(f) = reader.form(t.name) {
+            r["form"] = json!({ "form": f.form, "variant": f.variant });
+            let served = match f.variant.is_empty() {
+                true => f.form.clone(),
+                false => format!("{} {}", f.form, f.variant),
+            };
+            let detail = r["detail"].as_str().unwrap_or("").to_string();
+            r["detail"] = json!(format!("served as {served}; {detail}"));
+        }
         rows.push(r);
     }
-    Ok(rows)
+    Ok((rows, reader.manifest().metadata.get("plan").cloned()))
 }
 
 fn checkpoint(a: &Args) -> Result<Vec<Value>> {

@@ -28,6 +28,10 @@ pub struct TuneArgs {
     /// Time at most this many variants of each form per launch shape (the smallest predicted).
     #[arg(long, default_value_t = 12)]
     max_variants: usize,
+    /// CPU: run the decode steps the candidates are timed in for at least this many seconds
+    /// (longer averages a shared machine's slow and fast phases better).
+    #[arg(long, default_value_t = 2.0, value_name = "S")]
+    seconds: f64,
 }
 
 #[derive(clap::Args)]
@@ -46,16 +50,23 @@ pub struct PlanArgs {
     output: Option<PathBuf>,
 }
 
-fn timer(device: &str) -> Result<Box<dyn LaunchTimer>> {
+fn timer(device: &str, seconds: f64) -> Result<Box<dyn LaunchTimer>> {
+    if !(seconds.is_finite() && (0.0..=3600.0).contains(&seconds)) {
+        bail!("--seconds {seconds}: expected 0 to 3600");
+    }
     match device {
-        "cpu" => Ok(Box::new(CpuTimer::new(rayon::current_num_threads()))),
+        "cpu" => {
+            let mut t = CpuTimer::new(rayon::current_num_threads());
+            t.steps.min_seconds = seconds;
+            Ok(Box::new(t))
+        }
         "cuda" => Ok(Box::new(entrollm_cuda::tune::GpuTimer::open(0)?)),
         d => bail!("--device {d}: expected cpu or cuda"),
     }
 }
 
 pub fn run_tune(a: TuneArgs) -> Result<()> {
-    let timer = timer(&a.device)?;
+    let timer = timer(&a.device, a.seconds)?;
     let device: DeviceId = timer.device();
     // As `--budget` loads it: coded matrices as stored, GGUF blocks as their integer codes.
     let w = open_weights_with(
@@ -63,6 +74,8 @@ pub fn run_tune(a: TuneArgs) -> Result<()> {
         LoadOptions {
             fused: true,
             keep_quantised: true,
+            // As stored, so that a container and its source have the same fingerprint.
+            recorded_forms: false,
         },
     )?;
     let id = planner::model_id(&w, &a.model.display().to_string())?;

@@ -78,16 +78,34 @@ fn tune_resume_and_plans_on_a_synthetic_model() {
         }
         assert!(points.iter().any(|p| p["pareto"] == true));
     }
-    // Layer 1 reuses layer 0's timings (same shapes), with its own sizes.
-    let l1 = launches
-        .iter()
-        .find(|l| l["id"] == "layers.1.down")
-        .unwrap();
-    assert!(l1["points"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|p| p["timed_as"] == "layers.0.down"));
+    // Launches of one shape share their timings: each point is timed in one of them (the CPU
+    // times candidates inside decode steps, each in the launches that hold it) and the other
+    // says which, with its own sizes.
+    let down = |i: usize| {
+        launches
+            .iter()
+            .find(|l| l["id"] == format!("layers.{i}.down"))
+            .unwrap()["points"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let (l0, l1) = (down(0), down(1));
+    assert_eq!(l0.len(), l1.len());
+    for (a, b) in l0.iter().zip(&l1) {
+        assert_eq!((&a["form"], &a["variant"]), (&b["form"], &b["variant"]));
+        assert_eq!(a["latency_us"], b["latency_us"]);
+        let timed: Vec<&Value> = [&a["timed_as"], &b["timed_as"]]
+            .into_iter()
+            .filter(|t| !t.is_null())
+            .collect();
+        assert_eq!(timed.len(), 1, "{a} {b}");
+        assert!(
+            (a["timed_as"].is_null() && b["timed_as"] == "layers.0.down")
+                || (b["timed_as"].is_null() && a["timed_as"] == "layers.1.down"),
+            "{a} {b}"
+        );
+    }
 
     // Resumed: nothing is timed again, the launches are the same.
     let again = ok(&["tune", m, "--device", "cpu", "-o", ts]);

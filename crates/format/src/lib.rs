@@ -21,8 +21,8 @@ mod staging;
 
 pub use checksum::{checksum, checksum_hex, parse_checksum_hex};
 pub use container::{
-    restore_sources, ArrayDtype, CodedTensor, ContainerReader, ContainerWriter, Manifest,
-    SourceFile, SourceSegment, StoredData, StoredTensor, WriterOptions,
+    restore_sources, ArrayDtype, CodedTensor, ContainerReader, ContainerWriter, FormEntry,
+    Manifest, SourceFile, SourceSegment, StoredData, StoredTensor, WriterOptions,
 };
 pub use dtype::{tensor_byte_len, Dtype};
 pub use error::{FormatError, Result};

@@ -334,3 +334,41 @@ fn existing_destination_is_refused() {
     assert_eq!(ContainerReader::open(&dst).unwrap().len(), 1);
     assert_eq!(listing(s.path()), ["empty", "file", "out"]);
 }
+
+/// A tensor's serving form (format 1.1) is written, read back, validated by the reader, and
+/// absent from tensors that record none (as in 1.0 containers).
+#[test]
+fn serving_forms_are_recorded_and_validated() {
+    use entrollm_format::FormEntry;
+    let s = Scratch::new("forms");
+    let out = s.path().join("out");
+    let mut w = ContainerWriter::create(&out, WriterOptions::default()).unwrap();
+    w.add_plain("m", Dtype::BF16, &[2, 2], &[0; 8]).unwrap();
+    w.add_plain("n", Dtype::BF16, &[2], &[0; 4]).unwrap();
+    let form = |f: &str, v: &str| FormEntry {
+        form: f.into(),
+        variant: v.into(),
+    };
+    w.set_form("m", form("dtans", "pair:8:64:16")).unwrap();
+    let e = w.set_form("missing", form("dense", "f32")).unwrap_err();
+    assert!(e.to_string().contains("'missing' was not added"), "{e}");
+    let e = w.set_form("n", form("Dense!", "")).unwrap_err();
+    assert!(e.to_string().contains("not a form name"), "{e}");
+    let e = w.set_form("n", form("dense", "f\n32")).unwrap_err();
+    assert!(e.to_string().contains("printable ASCII"), "{e}");
+    let m = w.finish().unwrap();
+    assert_eq!(m.version, "1.1");
+    let r = ContainerReader::open(&out).unwrap();
+    assert_eq!(r.form("m"), Some(&form("dtans", "pair:8:64:16")));
+    assert_eq!(r.form("n"), None);
+
+    // A manifest whose form is not a form name is refused, naming the tensor.
+    let path = out.join(MANIFEST_FILE);
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("\"dtans\"", "\"no such/form\"")).unwrap();
+    let e = ContainerReader::open(&out).unwrap_err().to_string();
+    assert!(
+        e.contains("tensor 'm'") && e.contains("not a form name"),
+        "{e}"
+    );
+}

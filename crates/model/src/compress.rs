@@ -10,6 +10,7 @@
 
 use crate::coding_plan::CodingPlan;
 use crate::error::ModelError;
+use crate::forms::Stored;
 use crate::gguf::{GgmlType, GgufFile, GgufTensorInfo};
 use entrollm_codec::df11::Df11Tensor;
 use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor};
@@ -18,8 +19,8 @@ use entrollm_codec::{CodecError, Payload};
 use entrollm_format::coded::{payload_of, Coded, GgmlCoded};
 use entrollm_format::ggml_blocks::{unpack_codes, BlockType};
 use entrollm_format::{
-    checksum, Checkpoint, ContainerWriter, Dtype, FormatError, SafetensorsFile, SourceFile,
-    SourceSegment, TensorView, WriterOptions,
+    checksum, Checkpoint, ContainerWriter, Dtype, FormEntry, FormatError, SafetensorsFile,
+    SourceFile, SourceSegment, TensorView, WriterOptions,
 };
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -60,6 +61,14 @@ pub struct CompressOptions {
     pub overwrite: bool,
     /// Source bytes of the tensors coded ahead of the writer at once (one tensor always is).
     pub in_flight_bytes: u64,
+    /// The weight form each matrix is served in, by Hugging Face tensor name as a plan names
+    /// them (`compress --plan`; a GGUF's tensors are found by their GGUF names): it is stored as
+    /// its form says ([`Form::stored`](crate::forms::Form::stored)) — overriding
+    /// `coder`, `plan` and `min_elements` — or, where the container has no storage for the
+    /// form, as without it; the form is recorded in the manifest either way.
+    pub forms: BTreeMap<String, FormEntry>,
+    /// Entries added to the manifest's `metadata` (a plan's summary).
+    pub metadata: serde_json::Map<String, Value>,
 }
 
 impl Default for CompressOptions {
@@ -71,6 +80,8 @@ impl Default for CompressOptions {
             shard_size: entrollm_format::container::DEFAULT_SHARD_SIZE_LIMIT,
             overwrite: false,
             in_flight_bytes: 4 << 30,
+            forms: BTreeMap::new(),
+            metadata: serde_json::Map::new(),
         }
     }
 }
@@ -106,6 +117,8 @@ pub struct Summary {
     pub coded_bytes: u64,
     /// Their weights.
     pub coded_weights: u64,
+    /// Tensors whose serving form the manifest records.
+    pub formed_tensors: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -235,6 +248,88 @@ fn code_dtans(
     Ok((d, json!({ "predicted_bytes": predicted.round() })))
 }
 
+/// The values kind ([`Values::kind`](crate::forms::Values::kind)) a loader sees in a matrix
+/// stored as `dtype`: what a form's storage is decided on.
+fn values_kind(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::BF16 => "bf16",
+        Dtype::F16 => "f16",
+        Dtype::F8E4M3 => "fp8",
+        Dtype::F32 => "f32",
+        _ => "other",
+    }
+}
+
+/// Planned forms by the source's tensor names.
+type Forms = BTreeMap<String, FormEntry>;
+
+/// The storage the plan's form gives tensor `name` whose values are `values` (`None`: no form
+/// planned, or one the container cannot hold: stored as without a plan).
+fn planned_storage(forms: &Forms, name: &str, values: &str) -> Result<Option<Stored>> {
+    let Some(f) = forms.get(name) else {
+        return Ok(None);
+    };
+    let in_tensor = |e: ModelError| CompressError::Tensor {
+        name: name.to_string(),
+        error: Box::new(CompressError::Model(e)),
+    };
+    crate::forms::by_name(&f.form)
+        .and_then(|form| form.stored(&f.variant, values))
+        .map_err(in_tensor)
+}
+
+/// `opts.forms` by the source's tensor names (`to_source` of the HF name). Every tensor the plan
+/// names must be in the source — but a tied LM head, which the plan names beside the embedding
+/// it is — so that a plan for another model fails here rather than store nothing.
+fn source_forms<'a>(
+    opts: &CompressOptions,
+    src: &Path,
+    names: impl Iterator<Item = &'a str>,
+    to_source: impl Fn(&str) -> Option<String>,
+) -> Result<Forms> {
+    let names: std::collections::HashSet<&str> = names.collect();
+    let mut out = Forms::new();
+    let mut missing = Vec::new();
+    for (hf, f) in &opts.forms {
+        match to_source(hf).filter(|n| names.contains(n.as_str())) {
+            Some(n) => {
+                out.insert(n, f.clone());
+            }
+            None => missing.push(hf.as_str()),
+        }
+    }
+    let tied = |n: &&str| {
+        *n == "lm_head.weight" && opts.forms.get("model.embed_tokens.weight") == opts.forms.get(*n)
+    };
+    let missing: Vec<&str> = missing.into_iter().filter(|n| !tied(n)).take(5).collect();
+    match missing.is_empty() {
+        true => Ok(out),
+        false => Err(CompressError::Usage(format!(
+            "{}: the plan names tensors this checkpoint does not have ({}); make the plan for \
+             this model",
+            src.display(),
+            missing.join(", ")
+        ))),
+    }
+}
+
+/// Records the planned form of tensor `name`, if any.
+fn record_form(w: &mut ContainerWriter, forms: &Forms, name: &str) -> Result<bool> {
+    match forms.get(name) {
+        Some(f) => {
+            w.set_form(name, f.clone())?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+fn set_metadata(w: &mut ContainerWriter, opts: &CompressOptions) {
+    for (k, v) in &opts.metadata {
+        w.set_metadata(k, v.clone());
+    }
+}
+
 /// Compresses the checkpoint `src` (a safetensors checkpoint directory or file, or a GGUF file)
 /// into a container at `dst`.
 pub fn compress(
@@ -317,14 +412,25 @@ fn compress_safetensors(
         coded_source_bytes: 0,
         coded_bytes: 0,
         coded_weights: 0,
+        formed_tensors: 0,
     };
+    let forms = source_forms(opts, src, tensors.iter().map(|t| t.name), |n| {
+        Some(n.into())
+    })?;
     let code = |t: &TensorView<'_>| -> Result<Option<Ready>> {
         let numel: usize = t.shape.iter().product();
-        let codable = payload_of(t.dtype)
-            .is_some_and(|_| opts.coder == Coder::Dtans || t.dtype == Dtype::BF16)
-            && t.shape.len() >= 2
-            && numel >= opts.min_elements;
-        let Some(payload) = payload_of(t.dtype).filter(|_| codable) else {
+        let (coder, coding, codable) = match planned_storage(&forms, t.name, values_kind(t.dtype))?
+        {
+            Some(Stored::Raw) => return Ok(None),
+            Some(Stored::Coded { coder, coding }) => (coder, coding, true),
+            None => (
+                opts.coder,
+                opts.plan.coding_for(t.name),
+                numel >= opts.min_elements
+                    && (opts.coder == Coder::Dtans || t.dtype == Dtype::BF16),
+            ),
+        };
+        let Some(payload) = payload_of(t.dtype).filter(|_| codable && t.shape.len() >= 2) else {
             return Ok(None);
         };
         let rows = t.shape[0];
@@ -334,8 +440,8 @@ fn compress_safetensors(
             cols: numel / rows,
             bytes: t.bytes,
         };
-        let (coded, stats) = code_tensor(&m, opts.coder, opts.plan.coding_for(t.name))
-            .map_err(CompressError::in_tensor(t.name))?;
+        let (coded, stats) =
+            code_tensor(&m, coder, coding).map_err(CompressError::in_tensor(t.name))?;
         Ok(Some((coded, stats, checksum(t.bytes))))
     };
     let limits = Window::of_pool(opts.in_flight_bytes);
@@ -361,6 +467,7 @@ fn compress_safetensors(
                 }
                 None => w.add_plain(t.name, t.dtype, t.shape, t.bytes)?,
             }
+            summary.formed_tensors += record_form(&mut w, &forms, t.name)? as usize;
             progress.advance(t.bytes.len() as u64);
             Ok(())
         })?;
@@ -372,6 +479,7 @@ fn compress_safetensors(
         w.add_source_file(SourceFile::from_safetensors_hashed(name, file, sum))?;
     }
     progress.finish();
+    set_metadata(&mut w, opts);
     w.finish()?;
     Ok(summary)
 }
@@ -429,6 +537,20 @@ fn storage(info: &GgufTensorInfo, min_elements: usize) -> Storage {
         GgmlType::F16 => Storage::Plain(Dtype::F16, info.hf_shape()),
         GgmlType::BF16 => Storage::Plain(Dtype::BF16, info.hf_shape()),
         _ => Storage::Plain(Dtype::U8, vec![info.n_bytes as usize]),
+    }
+}
+
+/// The values kind a loader sees in a GGUF tensor stored as `storage` (as `--budget` loads it:
+/// legacy blocks as their integer codes, other quantised types dequantised to f32).
+fn gguf_values_kind(info: &GgufTensorInfo, storage: &Storage) -> &'static str {
+    match storage {
+        Storage::Codes(_) => "int",
+        Storage::Floats(dtype) => values_kind(*dtype),
+        Storage::Plain(..) => match info.ggml_type {
+            GgmlType::F16 => "f16",
+            GgmlType::BF16 => "bf16",
+            _ => "f32",
+        },
     }
 }
 
@@ -507,42 +629,69 @@ fn compress_gguf(
         coded_source_bytes: 0,
         coded_bytes: 0,
         coded_weights: 0,
+        formed_tensors: 0,
     };
+    let names = file.tensors().iter().map(|t| t.name.as_str());
+    let forms = source_forms(opts, src, names, crate::gguf::gguf_tensor_name)?;
     let code = |info: &GgufTensorInfo| -> Result<GgufReady> {
         let data = file.tensor_data(info);
         let (rows, cols) = (info.n_rows(), info.row_len());
+        // A planned matrix is stored as its form says, whatever its size.
+        let min_elements = match forms.contains_key(&info.name) {
+            true => 0,
+            false => opts.min_elements,
+        };
+        let storage = storage(info, min_elements);
+        let planned = planned_storage(&forms, &info.name, gguf_values_kind(info, &storage))?;
         // What to store when there is nothing to code, or coding would not shrink the tensor
         // (near-uniform codes), and the form to code.
-        let (plain_dtype, plain_shape, form, coded_dtype, coded_shape, source_bpw) =
-            match storage(info, opts.min_elements) {
-                Storage::Plain(dtype, shape) => return Ok(GgufReady::Plain(dtype, shape)),
-                Storage::Codes(block) => (
-                    Dtype::U8,
-                    vec![data.len()],
-                    SourceForm::Blocks(block),
-                    Dtype::U8,
-                    GgmlCoded::stored_shape(block, rows, cols),
-                    block.bits_per_weight(),
-                ),
-                Storage::Floats(dtype) => (
-                    dtype,
-                    info.hf_shape(),
-                    SourceForm::Floats(payload_of(dtype).expect("F16 and BF16 are codable")),
-                    dtype,
-                    vec![rows, cols],
-                    16.0,
-                ),
-            };
+        let (plain_dtype, plain_shape, form, coded_dtype, coded_shape, source_bpw) = match storage {
+            Storage::Plain(dtype, shape) => match planned {
+                None | Some(Stored::Raw) => return Ok(GgufReady::Plain(dtype, shape)),
+                Some(Stored::Coded { coder, .. }) => {
+                    return Err(CompressError::Tensor {
+                        name: info.name.clone(),
+                        error: Box::new(CompressError::Usage(format!(
+                            "the plan's form ({}) codes it with {coder:?}, which cannot code \
+                                 a GGUF {} tensor",
+                            forms[&info.name].form,
+                            info.ggml_type.name()
+                        ))),
+                    })
+                }
+            },
+            Storage::Codes(block) => (
+                Dtype::U8,
+                vec![data.len()],
+                SourceForm::Blocks(block),
+                Dtype::U8,
+                GgmlCoded::stored_shape(block, rows, cols),
+                block.bits_per_weight(),
+            ),
+            Storage::Floats(dtype) => (
+                dtype,
+                info.hf_shape(),
+                SourceForm::Floats(payload_of(dtype).expect("F16 and BF16 are codable")),
+                dtype,
+                vec![rows, cols],
+                16.0,
+            ),
+        };
         let m = Matrix {
             form,
             rows,
             cols,
             bytes: data,
         };
-        let coding = opts.plan.coding_for(&info.name);
+        let (coder, coding, planned) = match planned {
+            Some(Stored::Raw) => return Ok(GgufReady::Plain(plain_dtype, plain_shape)),
+            Some(Stored::Coded { coder, coding }) => (coder, coding, true),
+            None => (Coder::Dtans, opts.plan.coding_for(&info.name), false),
+        };
         let (coded, mut stats) =
-            code_tensor(&m, Coder::Dtans, coding).map_err(CompressError::in_tensor(&info.name))?;
-        if coded.stored_bytes() >= data.len() {
+            code_tensor(&m, coder, coding).map_err(CompressError::in_tensor(&info.name))?;
+        // A planned coding is stored even where it does not shrink the tensor: the plan chose it.
+        if !planned && coded.stored_bytes() >= data.len() {
             return Ok(GgufReady::Plain(plain_dtype, plain_shape));
         }
         stats["source_bpw"] = json!(source_bpw);
@@ -566,10 +715,12 @@ fn compress_gguf(
             }
             GgufReady::Plain(dtype, shape) => w.add_plain(&info.name, dtype, &shape, data)?,
         }
+        summary.formed_tensors += record_form(&mut w, &forms, &info.name)? as usize;
         progress.advance(info.n_bytes);
         Ok(())
     })?;
     progress.finish();
+    set_metadata(&mut w, opts);
     w.set_metadata("source_format", json!("gguf"));
     w.finish()?;
     Ok(summary)
@@ -806,6 +957,152 @@ mod tests {
             .map(|s| s.to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned());
         assert_eq!(message.as_deref(), Some("job 3 fails"));
+    }
+
+    /// Planned forms are stored as each form says (dtANS with the planned coding, DFloat11,
+    /// dense as stored), or — a form the container has no storage for (dense f32 from BF16) — as
+    /// without a plan; every form is recorded, the loader serves them all, and the source comes
+    /// back bit for bit.
+    #[test]
+    fn planned_forms_are_stored_recorded_and_served() {
+        use crate::load::{open_weights_with, LoadOptions};
+        use crate::synth::{fill_tensor_16, hf_config_json, tensors, SynthDtype, SynthShape};
+        use entrollm_format::safetensors::write_safetensors;
+        use entrollm_format::{restore_sources, ContainerReader, StoredData};
+        let dir = std::env::temp_dir().join(format!("entrollm-planned-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let src = dir.join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        let config = SynthShape::Tiny.config();
+        let synth = tensors(&config);
+        let data: Vec<Vec<u8>> = synth
+            .iter()
+            .map(|t| {
+                let mut b = vec![0u8; 2 * t.numel()];
+                fill_tensor_16(t, 9, SynthDtype::Bf16, &mut b);
+                b
+            })
+            .collect();
+        let views: Vec<TensorView<'_>> = synth
+            .iter()
+            .zip(&data)
+            .map(|(t, b)| TensorView {
+                name: &t.name,
+                dtype: Dtype::BF16,
+                shape: &t.shape,
+                bytes: b,
+            })
+            .collect();
+        write_safetensors(&src.join("model.safetensors"), &views, None).unwrap();
+        std::fs::write(src.join("config.json"), hf_config_json(&config, "bfloat16")).unwrap();
+        let form = |f: &str, v: &str| FormEntry {
+            form: f.into(),
+            variant: v.into(),
+        };
+        let l0 = |s: &str| format!("model.layers.0.{s}.weight");
+        let mut forms = BTreeMap::new();
+        for t in ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"] {
+            forms.insert(l0(t), form("dtans", "pair:8:64:12"));
+        }
+        forms.insert(l0("self_attn.o_proj"), form("df11", ""));
+        forms.insert(l0("mlp.gate_proj"), form("dense", "f32"));
+        forms.insert(l0("mlp.up_proj"), form("dense", "f32"));
+        forms.insert(l0("mlp.down_proj"), form("dense", "bf16"));
+        let opts = CompressOptions {
+            forms: forms.clone(),
+            ..CompressOptions::default()
+        };
+        let dst = dir.join("c");
+        let summary = compress(&src, &dst, &opts, &mut NoProgress).unwrap();
+        assert_eq!(summary.formed_tensors, forms.len());
+        let r = ContainerReader::open(&dst).unwrap();
+        let stored = |name: &str| {
+            let t = r.tensor(name).unwrap();
+            match &t.data {
+                StoredData::Plain(_) => "plain".to_string(),
+                StoredData::Coded(c) => match Coded::from_stored(t.dtype, t.shape, c).unwrap() {
+                    Coded::Dtans(d) => format!("dtans {}", d.coding),
+                    other => other.coder().to_string(),
+                },
+            }
+        };
+        for (name, f) in &forms {
+            assert_eq!(r.form(name), Some(f), "{name}");
+        }
+        assert_eq!(stored(&l0("self_attn.k_proj")), "dtans pair:8:64:12");
+        assert_eq!(stored(&l0("self_attn.o_proj")), "df11");
+        assert_eq!(stored(&l0("mlp.down_proj")), "plain");
+        // No storage for dense f32: coded as without a plan (the default coder).
+        assert!(stored(&l0("mlp.gate_proj")).starts_with("dtans"));
+        assert_eq!(r.form("model.layers.1.mlp.down_proj.weight"), None);
+
+        let served = open_weights_with(&dst, LoadOptions::default()).unwrap();
+        let l = &served.layers[0];
+        for (m, want) in [
+            (&l.q, "dtans:pair:8:64:12"),
+            (&l.v, "dtans:pair:8:64:12"),
+            (&l.o, "df11"),
+            (&l.gate, "dense:f32"),
+            (&l.up, "dense:f32"),
+            (&l.down, "dense:bf16"),
+        ] {
+            assert_eq!(m.form().to_string(), want);
+        }
+        // As stored when asked (what a new plan starts from).
+        let as_stored = open_weights_with(
+            &dst,
+            LoadOptions {
+                recorded_forms: false,
+                ..LoadOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(as_stored.layers[0].gate.form().form, "dtans");
+
+        // The served weights are the source's: the same products.
+        let plain = open_weights_with(&src, LoadOptions::default()).unwrap();
+        let x: Vec<f32> = (0..config.hidden_size)
+            .map(|i| (i % 7) as f32 - 3.0)
+            .collect();
+        for (a, b) in [(&plain.layers[0].gate, &l.gate), (&plain.layers[0].o, &l.o)] {
+            let (mut ya, mut yb) = (vec![0f32; a.rows()], vec![0f32; b.rows()]);
+            a.matvec(&x, &mut ya);
+            b.matvec(&x, &mut yb);
+            for (p, q) in ya.iter().zip(&yb) {
+                assert!((p - q).abs() <= 1e-4 * p.abs().max(1.0), "{p} vs {q}");
+            }
+        }
+        let back = dir.join("back");
+        restore_sources(
+            &r,
+            &back,
+            false,
+            |t| -> std::result::Result<std::borrow::Cow<[u8]>, CompressError> {
+                match &t.data {
+                    StoredData::Plain(b) => Ok(std::borrow::Cow::Borrowed(*b)),
+                    StoredData::Coded(c) => Ok(std::borrow::Cow::Owned(
+                        Coded::from_stored(t.dtype, t.shape, c)?.decode()?,
+                    )),
+                }
+            },
+            None,
+        )
+        .unwrap();
+        assert!(
+            std::fs::read(back.join("model.safetensors")).unwrap()
+                == std::fs::read(src.join("model.safetensors")).unwrap()
+        );
+
+        // A plan naming a tensor the checkpoint lacks is refused.
+        let mut bad = opts.clone();
+        bad.forms
+            .insert("model.layers.9.mlp.up_proj.weight".into(), form("int", ""));
+        let e = compress(&src, &dir.join("bad"), &bad, &mut NoProgress).unwrap_err();
+        assert!(
+            e.to_string().contains("model.layers.9.mlp.up_proj.weight"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A synthetic checkpoint compresses to byte-identical containers on one and two threads, and

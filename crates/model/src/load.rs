@@ -161,6 +161,9 @@ pub struct ContainerSource {
     reader: ContainerReader,
     config: ModelConfig,
     fused: bool,
+    /// Coded matrices whose container records a serving form stay coded whatever their coder
+    /// (a DFloat11 matrix too), to be re-formed from there.
+    forms: bool,
 }
 
 impl ContainerSource {
@@ -169,7 +172,12 @@ impl ContainerSource {
             reader: ContainerReader::open(dir).map_err(|e| format_err(dir, e))?,
             config: read_config(dir)?,
             fused,
+            forms: false,
         })
+    }
+
+    pub fn reader(&self) -> &ContainerReader {
+        &self.reader
     }
 }
 
@@ -209,6 +217,13 @@ impl TensorSource for ContainerSource {
                     Coded::Dtans(coded) if self.fused && t.shape.len() == 2 => Ok(Some(
                         HostTensor::Linear(Arc::new(CodedLinear::new(coded, None)?)),
                     )),
+                    Coded::Df11(coded)
+                        if self.forms && t.shape.len() == 2 && self.reader.form(name).is_some() =>
+                    {
+                        let m = crate::forms::df11::Df11Linear::new(t.shape[0], t.shape[1], coded)
+                            .map_err(|e| ModelError::tensor(name, e.to_string()))?;
+                        Ok(Some(HostTensor::Linear(Arc::new(m))))
+                    }
                     _ => host_tensor(name, t.dtype, t.shape, &bytes).map(Some),
                 }
             }
@@ -237,8 +252,24 @@ pub struct LoadOptions {
     /// Coded matrices of a container stay coded (see [`ContainerSource`]).
     pub fused: bool,
     /// A GGUF's legacy-block matrices (Q4_0, Q4_1, Q5_x, Q8_0) are kept as their integer codes
-    /// (form `int`) instead of dequantised to f32: what the form planner re-forms from.
+    /// (form `int`) instead of dequantised to f32: what the form planner re-forms from (also
+    /// the block matrices a GGUF-made container stores uncoded).
     pub keep_quantised: bool,
+    /// With `fused`, a container's launches are served in the weight forms it records
+    /// (`compress --plan`), re-formed at load where they are stored otherwise. Off: as stored
+    /// (what `--budget` plans from, so that a plan of the source fits the container).
+    pub recorded_forms: bool,
+}
+
+impl Default for LoadOptions {
+    /// How `run` serves a model: coded matrices as stored, in their recorded forms.
+    fn default() -> Self {
+        LoadOptions {
+            fused: true,
+            keep_quantised: false,
+            recorded_forms: true,
+        }
+    }
 }
 
 /// [`open_model`] with every load option.
@@ -256,20 +287,22 @@ pub fn open_weights_with(path: &Path, opts: LoadOptions) -> Result<ModelWeights>
 fn open(path: &Path, fused: bool, tokenizer: bool) -> Result<(ModelWeights, Option<Tokenizer>)> {
     let opts = LoadOptions {
         fused,
-        keep_quantised: false,
+        ..LoadOptions::default()
     };
     open_with(path, opts, tokenizer)
 }
 
-/// The legacy-block matrices of a GGUF as `int` matrices, by GGUF name.
-fn quantised_linears(
+/// The legacy-block matrices of a GGUF as `int` matrices, by GGUF name, but for those `except`
+/// names (matrices served otherwise, whose bytes the image does not hold).
+pub(crate) fn quantised_linears(
     file: &crate::gguf::GgufFile,
+    except: &dyn Fn(&str) -> bool,
 ) -> Result<std::collections::HashMap<String, Arc<dyn Linear>>> {
     use crate::forms::Form;
     let mut out = std::collections::HashMap::new();
     for info in file.tensors() {
         let shape = info.hf_shape();
-        if shape.len() != 2 || info.ggml_type.block_type().is_none() {
+        if shape.len() != 2 || info.ggml_type.block_type().is_none() || except(&info.name) {
             continue;
         }
         let q = crate::gguf::unpack_codes(&info.name, info.ggml_type, file.tensor_data(info))?;
@@ -292,7 +325,7 @@ fn open_with(
     if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
         let mut source = GgufSource::open(path)?;
         if opts.keep_quantised {
-            let linears = quantised_linears(source.file())?;
+            let linears = quantised_linears(source.file(), &|_| false)?;
             source = source.with_linears(linears);
         }
         let t = tokenizer
@@ -308,26 +341,103 @@ fn open_with(
     }
     if path.join("entrollm.json").is_file() {
         let reader = ContainerReader::open(path).map_err(|e| format_err(path, e))?;
+        let forms = fused && opts.recorded_forms && records_forms(&reader);
         if crate::gguf::is_gguf_container(&reader) {
             let load = if fused {
                 GgufLoad::Fused
             } else {
                 GgufLoad::Decoded
             };
-            let source = crate::gguf::open_gguf_container(&reader, load)?;
+            // Planned block matrices stored uncoded are re-formed from their integer codes.
+            let source =
+                crate::gguf::open_gguf_container(&reader, load, opts.keep_quantised || forms)?;
             let t = tokenizer
                 .then(|| Tokenizer::from_gguf(source.file()))
                 .transpose()?;
-            return Ok((build_model(&source)?, t));
+            let w = build_model(&source)?;
+            let w = match forms {
+                true => serve_recorded_forms(w, &reader, true)?,
+                false => w,
+            };
+            return Ok((w, t));
         }
+        let t = tokenizer.then(|| Tokenizer::from_dir(path)).transpose()?;
+        let mut source = ContainerSource::open(path, fused)?;
+        source.forms = forms;
+        let w = build_model(&source)?;
+        let w = match forms {
+            true => serve_recorded_forms(w, source.reader(), false)?,
+            false => w,
+        };
+        return Ok((w, t));
     }
     let t = tokenizer.then(|| Tokenizer::from_dir(path)).transpose()?;
-    let weights = if path.join("entrollm.json").is_file() {
-        build_model(&ContainerSource::open(path, fused)?)?
-    } else {
-        build_model(&SafetensorsSource::open(path)?)?
-    };
-    Ok((weights, t))
+    Ok((build_model(&SafetensorsSource::open(path)?)?, t))
+}
+
+/// Whether any tensor of the container records a serving form.
+fn records_forms(reader: &ContainerReader) -> bool {
+    reader.manifest().tensors.iter().any(|t| t.form.is_some())
+}
+
+/// The serving form of each launch of `w` that the container records for its tensors (by HF
+/// name, or the GGUF name of a `gguf` container). A launch whose tensors record different forms
+/// is an error naming them.
+pub fn recorded_forms(
+    w: &ModelWeights,
+    reader: &ContainerReader,
+    gguf: bool,
+) -> Result<std::collections::BTreeMap<String, crate::forms::layout::LaunchForm>> {
+    use crate::forms::layout::{launches, LaunchForm};
+    let mut out = std::collections::BTreeMap::new();
+    for l in launches(w) {
+        let mut form: Option<(String, &entrollm_format::FormEntry)> = None;
+        for hf in &l.tensors {
+            let name = match gguf {
+                true => crate::gguf::gguf_tensor_name(hf),
+                false => Some(hf.clone()),
+            };
+            let Some((name, f)) = name.and_then(|n| reader.form(&n).map(|f| (n, f))) else {
+                continue;
+            };
+            match &form {
+                Some((other, g)) if *g != f => {
+                    return Err(ModelError::format(
+                        reader.dir(),
+                        format!(
+                            "launch {}: tensor '{other}' records form {} '{}' but '{name}' \
+                             records {} '{}'; the tensors of a launch are served in one form",
+                            l.id, g.form, g.variant, f.form, f.variant
+                        ),
+                    ))
+                }
+                Some(_) => {}
+                None => form = Some((name, f)),
+            }
+        }
+        if let Some((_, f)) = form {
+            out.insert(
+                l.id.clone(),
+                LaunchForm {
+                    form: f.form.clone(),
+                    variant: f.variant.clone(),
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// `w` with each launch in the form its container records (re-formed in parallel where it is
+/// stored otherwise; launches recording none keep their form).
+fn serve_recorded_forms(
+    w: ModelWeights,
+    reader: &ContainerReader,
+    gguf: bool,
+) -> Result<ModelWeights> {
+    let choices = recorded_forms(&w, reader, gguf)?;
+    crate::forms::layout::apply(&w, &choices, &|_, _| {})
+        .map_err(|e| ModelError::format(reader.dir(), format!("serving the forms it records: {e}")))
 }
 
 /// Where `scripts/fetch-smollm2` puts SmolLM2-135M-Instruct, the project's real test model:

@@ -40,6 +40,11 @@ pub trait Linear: Send + Sync {
     }
     /// The matrix as `Any`, for engines that upload a form's own arrays (the GPU engine).
     fn as_any(&self) -> &dyn std::any::Any;
+    /// Bytes of [`stored_bytes`](Self::stored_bytes) that wrappers (row scales, row order) add
+    /// beside the inner form's own: they stay when the matrix is re-formed.
+    fn wrapper_bytes(&self) -> usize {
+        0
+    }
 }
 
 pub struct LayerWeights {
@@ -296,6 +301,9 @@ impl Linear for RowScaled {
     }
     fn stored_bytes(&self) -> usize {
         self.inner.stored_bytes() + 4 * self.scales.len()
+    }
+    fn wrapper_bytes(&self) -> usize {
+        self.inner.wrapper_bytes() + 4 * self.scales.len()
     }
     fn form(&self) -> FormId {
         self.inner.form()

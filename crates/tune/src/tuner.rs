@@ -1,5 +1,7 @@
 //! `entrollm tune`: per launch, every form's variants (pruned by predicted size), timed on the
-//! device with a cold-cache protocol, kept as the launch's size–latency Pareto front.
+//! device, kept as the launch's size–latency Pareto front. On the GPU each candidate is timed on
+//! its own with a cold-cache protocol; on the CPU inside the engine's own decode steps (see
+//! [`StepProtocol`]).
 
 use crate::file::{DeviceId, DeviceKind, LaunchTune, ModelId, Point, TuneFile};
 use entrollm_model::coding_plan::Launch;
@@ -8,6 +10,7 @@ use entrollm_model::forms::layout::{launches, LaunchInstance};
 use entrollm_model::forms::{self, Form, Source};
 use entrollm_model::weights::{Linear, ModelWeights};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -49,6 +52,41 @@ pub trait LaunchTimer {
     fn step_overhead_us(&self, _w: &ModelWeights, _launches: &[LaunchTune]) -> Result<Option<f64>> {
         Ok(None)
     }
+    /// Candidates are timed inside the CPU engine's decode steps with this protocol (and the
+    /// step's cost beyond its launches measured in the same steps), not one by one with
+    /// [`time`](Self::time).
+    fn in_steps(&self) -> Option<StepProtocol> {
+        None
+    }
+}
+
+/// How candidates are timed inside the CPU engine's own decode steps. The launches of a shape
+/// are put in the shape's candidates round robin over the layers (a shape with more candidates
+/// than launches — the LM head — has its launches switch between several from step to step),
+/// every launch's products are timed as the engine calls them, and greedy decode steps are run:
+/// a candidate's latency is the median over the steps it ran in of its launches' mean, the
+/// step's overhead the median of a step's wall time less all its launches. Timed so, a launch
+/// pays what it pays in a real step — the thread pool's wake-ups, the caches as the rest of the
+/// step leaves them, the forms of its neighbours — and all candidates see the machine at the
+/// same moments, so a shared machine's slow phases move them together.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepProtocol {
+    /// Steps each candidate runs in, at least (after the prompt and two warm-up steps).
+    pub min_steps: usize,
+    /// Seconds of steps, at least (slow phases of a shared machine are averaged over).
+    pub min_seconds: f64,
+    /// Steps each candidate runs in, at most.
+    pub max_steps: usize,
+}
+
+impl Default for StepProtocol {
+    fn default() -> Self {
+        StepProtocol {
+            min_steps: 16,
+            min_seconds: 2.0,
+            max_steps: 256,
+        }
+    }
 }
 
 /// What is timed: a launch in one form.
@@ -62,9 +100,11 @@ pub struct TimedLaunch<'a> {
     pub gather: bool,
 }
 
-/// The CPU protocol: copies of the launch covering twice the last-level cache, products cycled
+/// The CPU timer. `tune` times inside the engine's decode steps ([`StepProtocol`], on the rayon
+/// pool of the thread count given); [`LaunchTimer::time`] times one launch on its own (for
+/// diagnostics): copies of the launch covering twice the last-level cache, products cycled
 /// through them so none is cached, bursts of at least `burst_ms`, the median of `bursts` bursts'
-/// mean time per launch; on the rayon pool of the thread count given.
+/// mean time per launch.
 pub struct CpuTimer {
     pub threads: usize,
     pub llc_bytes: usize,
@@ -72,6 +112,7 @@ pub struct CpuTimer {
     pub bursts: usize,
     /// Most copies made (each is an encoding), whatever the cache.
     pub max_copies: usize,
+    pub steps: StepProtocol,
 }
 
 impl CpuTimer {
@@ -82,6 +123,7 @@ impl CpuTimer {
             burst_ms: 20.0,
             bursts: 5,
             max_copies: 48,
+            steps: StepProtocol::default(),
         }
     }
 }
@@ -141,14 +183,16 @@ impl LaunchTimer for CpuTimer {
     }
     fn protocol(&self) -> String {
         format!(
-            "cpu: copies covering 2x the last-level cache ({} KiB, at most {} copies), products \
-             cycled through them, median of {} bursts of >= {} ms, {} threads",
-            self.llc_bytes >> 10,
-            self.max_copies,
-            self.bursts,
-            self.burst_ms,
-            self.threads
+            "cpu: inside the engine's greedy decode steps, each launch in one of its shape's \
+             candidates (round robin over the layers; switched per step where they outnumber \
+             the launches), products timed as the engine calls them; median over >= {} steps \
+             each and >= {} s of a candidate's mean over its launches; step overhead the median \
+             of a step less its launches; {} threads",
+            self.steps.min_steps, self.steps.min_seconds, self.threads
         )
+    }
+    fn in_steps(&self) -> Option<StepProtocol> {
+        Some(self.steps)
     }
     fn time(
         &self,
@@ -282,22 +326,29 @@ struct Planned {
     variant: String,
 }
 
-/// Candidates for a launch shape from its representative: its current form as it is, and every
-/// accepting form's variants (chosen on the first matrix, the same for all of the launch).
+/// Candidates for a launch shape: the current forms of its launches as they are (a container's
+/// launches of one shape may be coded differently), and every accepting form's variants (chosen
+/// on the representative's first matrix, the same for all of the launch).
 fn candidates(
     rep: &LaunchInstance,
+    members: &[&LaunchInstance],
     opts: &TuneOptions,
     device: forms::DeviceKind,
 ) -> Result<Vec<Planned>> {
     let src = rep.matrices[0].source().map_err(err)?;
-    let mut out = Vec::new();
-    let current = rep.matrices[0].form();
-    let current_form = forms::by_name(current.form).map_err(err)?;
-    if current_form.runs_on(device) {
-        out.push(Planned {
-            form: current_form,
-            variant: current.variant.clone(),
-        });
+    let mut out: Vec<Planned> = Vec::new();
+    for m in members {
+        let current = m.matrices[0].form();
+        let current_form = forms::by_name(current.form).map_err(err)?;
+        let seen = out
+            .iter()
+            .any(|p| p.form.name() == current.form && p.variant == current.variant);
+        if current_form.runs_on(device) && !seen {
+            out.push(Planned {
+                form: current_form,
+                variant: current.variant.clone(),
+            });
+        }
     }
     let others: Vec<_> = rep.matrices[1..]
         .iter()
@@ -311,7 +362,10 @@ fn candidates(
         let mut vs = form.variants(&src).map_err(err)?;
         vs.sort_by(|a, b| a.predicted_bytes.total_cmp(&b.predicted_bytes));
         for c in vs.into_iter().take(opts.max_variants_per_form) {
-            if form.name() == current.form && c.variant == current.variant {
+            if out
+                .iter()
+                .any(|p| p.form.name() == form.name() && p.variant == c.variant)
+            {
                 continue;
             }
             out.push(Planned {
@@ -332,17 +386,16 @@ struct LaunchSources {
 
 impl LaunchSources {
     fn of(inst: &LaunchInstance) -> Result<Self> {
-        let mut srcs = Vec::with_capacity(inst.matrices.len());
-        let mut wraps = Vec::with_capacity(inst.matrices.len());
-        for m in &inst.matrices {
-            let id = m.form();
-            let src = m.source().map_err(err)?;
-            let form = forms::by_name(id.form).map_err(err)?;
-            let stored = m.stored_bytes() as f64;
-            let inner = form.predict(&src, &id.variant).map_err(err)?.min(stored);
-            wraps.push(stored - inner);
-            srcs.push(src);
-        }
+        let srcs = inst
+            .matrices
+            .iter()
+            .map(|m| m.source().map_err(err))
+            .collect::<Result<_>>()?;
+        let wraps = inst
+            .matrices
+            .iter()
+            .map(|m| m.wrapper_bytes() as f64)
+            .collect();
         Ok(LaunchSources { srcs, wraps })
     }
 
@@ -390,7 +443,8 @@ pub fn tune(
     let mut plan: Vec<(String, usize, Vec<Planned>)> = Vec::new();
     for (key, members) in &by_shape {
         let rep = &all[members[0]];
-        let c = candidates(rep, opts, forms_device(timer.device().kind))?;
+        let insts: Vec<&LaunchInstance> = members.iter().map(|&i| &all[i]).collect();
+        let c = candidates(rep, &insts, opts, forms_device(timer.device().kind))?;
         plan.push((key.clone(), members[0], c));
     }
     let total: usize = plan
@@ -402,7 +456,38 @@ pub fn tune(
         })
         .sum();
     let mut done = 0;
-    for (key, rep, cands) in &plan {
+    let mut in_step_overhead = None;
+    if let Some(protocol) = timer.in_steps() {
+        let groups: Vec<StepGroup> = plan
+            .iter()
+            .filter_map(|(key, _, cands)| {
+                let todo: Vec<&Planned> = cands
+                    .iter()
+                    .filter(|p| !has(&timed, key, p.form.name(), &p.variant))
+                    .collect();
+                match todo.is_empty() {
+                    true => {
+                        progress(Progress::Reused { shape: key });
+                        None
+                    }
+                    false => Some(StepGroup {
+                        key: key.clone(),
+                        members: by_shape[key].clone(),
+                        cands: todo,
+                    }),
+                }
+            })
+            .collect();
+        if !groups.is_empty() {
+            let r = time_in_steps(w, &all, &groups, protocol, progress)?;
+            for (key, t) in r.timings {
+                timed.entry(key).or_default().extend(t);
+            }
+            in_step_overhead = r.overhead_us;
+        }
+        done = total;
+    }
+    for (key, rep, cands) in plan.iter().filter(|_| timer.in_steps().is_none()) {
         let rep = &all[*rep];
         if cands
             .iter()
@@ -492,10 +577,16 @@ pub fn tune(
         lt.mark_pareto();
         out.push(lt);
     }
-    let step_overhead_us = match (opts.step_overhead, resume.and_then(|r| r.step_overhead_us)) {
-        (_, Some(v)) => Some(v),
-        (false, None) => None,
-        (true, None) => timer.step_overhead_us(w, &out)?,
+    let step_overhead_us = match (
+        opts.step_overhead,
+        in_step_overhead,
+        resume.and_then(|r| r.step_overhead_us),
+    ) {
+        (false, _, _) => None,
+        // Measured in the steps just run: the newest figure.
+        (true, Some(v), _) => Some(v),
+        (true, None, Some(v)) => Some(v),
+        (true, None, None) => timer.step_overhead_us(w, &out)?,
     };
     let mut tf = TuneFile::new(timer.device(), model, timer.protocol());
     tf.step_overhead_us = step_overhead_us;
@@ -507,6 +598,292 @@ fn has(timed: &Timings, key: &str, form: &str, variant: &str) -> bool {
     timed
         .get(key)
         .is_some_and(|t| t.contains_key(&(form.to_string(), variant.to_string())))
+}
+
+/// One launch shape's candidates still to time inside decode steps, and its launches.
+struct StepGroup<'a> {
+    key: String,
+    /// Indices into the model's launches.
+    members: Vec<usize>,
+    cands: Vec<&'a Planned>,
+}
+
+/// What timing in decode steps measured.
+struct InStep {
+    timings: Timings,
+    overhead_us: Option<f64>,
+}
+
+/// A launch's matrix in the tuner's decode steps: one of its candidates' matrices, the one of the
+/// current step (`step` modulo their number), whose products and row lookups add their time to
+/// the launch's counter.
+struct Switched {
+    options: Vec<Arc<dyn Linear>>,
+    step: Arc<AtomicU64>,
+    counter: Arc<AtomicU64>,
+}
+
+impl Switched {
+    fn active(&self) -> &Arc<dyn Linear> {
+        let s = self.step.load(Ordering::Relaxed) as usize;
+        &self.options[s % self.options.len()]
+    }
+    fn count<T>(&self, f: impl FnOnce(&dyn Linear) -> T) -> T {
+        let t = Instant::now();
+        let r = f(&**self.active());
+        self.counter
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
+    }
+}
+
+impl Linear for Switched {
+    fn rows(&self) -> usize {
+        self.options[0].rows()
+    }
+    fn cols(&self) -> usize {
+        self.options[0].cols()
+    }
+    fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        self.count(|m| m.matvec(x, y))
+    }
+    fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        self.count(|m| m.matmul(x, n, y))
+    }
+    fn row(&self, r: usize, out: &mut [f32]) {
+        self.count(|m| m.row(r, out))
+    }
+    fn stored_bytes(&self) -> usize {
+        self.active().stored_bytes()
+    }
+    fn wrapper_bytes(&self) -> usize {
+        self.active().wrapper_bytes()
+    }
+    fn form(&self) -> forms::FormId {
+        self.active().form()
+    }
+    fn source(&self) -> entrollm_model::Result<Source> {
+        self.active().source()
+    }
+    fn values_kind(&self) -> &'static str {
+        self.active().values_kind()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// `w` with launch `i`'s matrices switching between `options[i]` (per matrix of the launch, one
+/// matrix per option) and counting into `counters[i]`.
+fn switched_weights(
+    w: &ModelWeights,
+    options: &[Vec<Vec<Arc<dyn Linear>>>],
+    counters: &[Arc<AtomicU64>],
+    step: &Arc<AtomicU64>,
+) -> ModelWeights {
+    let ids: BTreeMap<String, usize> = launches(w)
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| (l.id, i))
+        .collect();
+    let wrap = |id: &str, matrix: usize| -> Arc<dyn Linear> {
+        let i = ids[id];
+        Arc::new(Switched {
+            options: options[i].iter().map(|o| Arc::clone(&o[matrix])).collect(),
+            step: Arc::clone(step),
+            counter: Arc::clone(&counters[i]),
+        })
+    };
+    let tied = Arc::ptr_eq(&w.embed, &w.lm_head);
+    let lm_head = wrap("lm_head", 0);
+    let embed = match tied {
+        true => Arc::clone(&lm_head),
+        false => wrap("embed", 0),
+    };
+    let layers = w
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let id = |s: &str| format!("layers.{i}.{s}");
+            entrollm_model::LayerWeights {
+                attn_norm: l.attn_norm.clone(),
+                q: wrap(&id("qkv"), 0),
+                k: wrap(&id("qkv"), 1),
+                v: wrap(&id("qkv"), 2),
+                o: wrap(&id("o"), 0),
+                q_bias: l.q_bias.clone(),
+                k_bias: l.k_bias.clone(),
+                v_bias: l.v_bias.clone(),
+                mlp_norm: l.mlp_norm.clone(),
+                gate: wrap(&id("gate_up"), 0),
+                up: wrap(&id("gate_up"), 1),
+                down: wrap(&id("down"), 0),
+            }
+        })
+        .collect();
+    ModelWeights {
+        config: w.config.clone(),
+        embed,
+        layers,
+        final_norm: w.final_norm.clone(),
+        lm_head,
+    }
+}
+
+fn median(v: &mut [f64]) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+/// Times `groups`' candidates inside greedy decode steps of the CPU engine on `w` (see
+/// [`StepProtocol`]): launch `j` of a shape with `C` candidates and `M` launches holds the
+/// candidates `c ≡ j (mod M)` and switches between them from step to step, so each candidate
+/// is made once and all of them run in the same stretch of steps.
+fn time_in_steps(
+    w: &ModelWeights,
+    all: &[LaunchInstance],
+    groups: &[StepGroup],
+    protocol: StepProtocol,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<InStep> {
+    use entrollm_model::forms::layout::{apply, LaunchForm};
+    // Per launch, the candidates it holds as (group, candidate); launches of shapes with nothing
+    // to time hold their current form only.
+    let mut holds: Vec<Vec<(usize, usize)>> = vec![Vec::new(); all.len()];
+    for (gi, g) in groups.iter().enumerate() {
+        for c in 0..g.cands.len() {
+            holds[g.members[c % g.members.len()]].push((gi, c));
+        }
+        // Every launch of the shape takes part (the first candidates again where there are
+        // fewer candidates than launches): more samples, and a step of the shape's real mix.
+        for (j, &m) in g.members.iter().enumerate().skip(g.cands.len()) {
+            holds[m].push((gi, j % g.cands.len()));
+        }
+    }
+    let depth = holds.iter().map(Vec::len).max().unwrap_or(1).max(1);
+    let total: usize = groups.iter().map(|g| g.cands.len()).sum();
+    // The k-th option of every launch, made by re-forming the model once per depth k.
+    let mut options: Vec<Vec<Vec<Arc<dyn Linear>>>> = vec![Vec::new(); all.len()];
+    for k in 0..depth {
+        let what = format!("making the candidates ({} of {depth})", k + 1);
+        progress(Progress::Timing {
+            done: 0,
+            total,
+            what: &what,
+        });
+        let choices: BTreeMap<String, LaunchForm> = holds
+            .iter()
+            .enumerate()
+            .filter_map(|(m, h)| {
+                let &(gi, c) = h.get(k)?;
+                let p = groups[gi].cands[c];
+                Some((
+                    all[m].id.clone(),
+                    LaunchForm {
+                        form: p.form.name().to_string(),
+                        variant: p.variant.clone(),
+                    },
+                ))
+            })
+            .collect();
+        let formed = apply(w, &choices, &|_, _| {}).map_err(err)?;
+        for (m, l) in launches(&formed).into_iter().enumerate() {
+            if k < holds[m].len() || k == 0 {
+                options[m].push(l.matrices);
+            }
+        }
+    }
+    let counters: Vec<Arc<AtomicU64>> = (0..all.len())
+        .map(|_| Arc::new(AtomicU64::new(0)))
+        .collect();
+    let step = Arc::new(AtomicU64::new(0));
+    let model = switched_weights(w, &options, &counters, &step);
+    drop(options);
+    let warmup = 2;
+    // Each candidate is active one step in `depth`: as many steps again for its samples.
+    let (min_steps, max_steps) = (
+        protocol.min_steps * depth,
+        protocol.max_steps.max(protocol.min_steps) * depth,
+    );
+    // The context is started again when full, so attention stays at a chat's lengths.
+    let context = (8 + warmup + protocol.max_steps).min(w.config.max_position_embeddings);
+    let mut e = Engine::new(Arc::new(model), context).map_err(err)?;
+    let prompt: Vec<u32> = (1..9).collect();
+    let mut logits = e.prefill(&prompt).map_err(err)?;
+    let mut samples: BTreeMap<(usize, usize), (Vec<f64>, usize)> = BTreeMap::new();
+    let mut overheads = Vec::new();
+    let t_run = Instant::now();
+    let mut steps = 0;
+    for n in 0.. {
+        let measuring = n >= warmup;
+        if measuring
+            && (steps >= max_steps
+                || (steps >= min_steps && t_run.elapsed().as_secs_f64() >= protocol.min_seconds))
+        {
+            break;
+        }
+        if measuring && steps % 8 == 0 {
+            let what = format!("decode steps ({steps} of at least {min_steps})");
+            progress(Progress::Timing {
+                done: (total * steps / min_steps).min(total.saturating_sub(1)),
+                total,
+                what: &what,
+            });
+        }
+        if e.position() + 1 >= e.max_seq_len() {
+            e.reset();
+            logits = e.prefill(&prompt).map_err(err)?;
+        }
+        step.store(n as u64, Ordering::Relaxed);
+        for c in &counters {
+            c.store(0, Ordering::Relaxed);
+        }
+        let t0 = Instant::now();
+        let tok = entrollm_model::sampler::argmax(&logits).unwrap_or(0);
+        logits = e.step(tok).map_err(err)?;
+        let wall = t0.elapsed().as_secs_f64() * 1e6;
+        if !measuring {
+            continue;
+        }
+        steps += 1;
+        let us: Vec<f64> = counters
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed) as f64 / 1e3)
+            .collect();
+        overheads.push((wall - us.iter().sum::<f64>()).max(0.0));
+        // Per candidate active in this step: the mean over the launches holding it.
+        let mut per: BTreeMap<(usize, usize), (f64, usize, usize)> = BTreeMap::new();
+        for (m, h) in holds.iter().enumerate() {
+            if h.is_empty() {
+                continue;
+            }
+            let e = per.entry(h[n % h.len()]).or_insert((0.0, 0, m));
+            e.0 += us[m];
+            e.1 += 1;
+        }
+        for (key, (sum, count, first)) in per {
+            samples
+                .entry(key)
+                .or_insert_with(|| (Vec::new(), first))
+                .0
+                .push(sum / count as f64);
+        }
+    }
+    let mut timings: Timings = BTreeMap::new();
+    for ((gi, c), (mut v, first)) in samples {
+        let (g, p) = (&groups[gi], groups[gi].cands[c]);
+        if let Some(us) = median(&mut v) {
+            timings.entry(g.key.clone()).or_default().insert(
+                (p.form.name().to_string(), p.variant.clone()),
+                (us.max(1e-3), all[first].id.clone()),
+            );
+        }
+    }
+    Ok(InStep {
+        timings,
+        overhead_us: median(&mut overheads),
+    })
 }
 
 /// A new copy of `m` in `form`/`variant` (its current form is re-encoded too, so copies are
@@ -536,4 +913,92 @@ pub fn measure_step_us(w: &ModelWeights, steps: usize) -> Result<f64> {
 fn clone_weights(w: &ModelWeights) -> ModelWeights {
     entrollm_model::forms::layout::apply(w, &BTreeMap::new(), &|_, _| {})
         .expect("the same weights validate")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use entrollm_model::synth::{fill_tensor_16, tensors, SynthDtype, SynthShape};
+    use entrollm_model::{HostTensor, TensorSource};
+
+    /// The synthetic tiny model (2 layers, untied head), BF16, in memory.
+    struct Tiny;
+    impl TensorSource for Tiny {
+        fn config(&self) -> entrollm_model::Result<entrollm_model::ModelConfig> {
+            Ok(SynthShape::Tiny.config())
+        }
+        fn tensor(&self, name: &str) -> entrollm_model::Result<Option<HostTensor>> {
+            let all = tensors(&SynthShape::Tiny.config());
+            Ok(all.iter().find(|t| t.name == name).map(|t| {
+                let mut b = vec![0u8; 2 * t.numel()];
+                fill_tensor_16(t, 7, SynthDtype::Bf16, &mut b);
+                HostTensor::Bf16 {
+                    shape: t.shape.clone(),
+                    data: b
+                        .chunks_exact(2)
+                        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                        .collect(),
+                }
+            }))
+        }
+    }
+
+    /// Every candidate of every shape is timed inside decode steps — the LM head's, which
+    /// outnumber its one launch, too — each by one launch of its shape that the others name, and
+    /// the step's overhead is measured in the same steps.
+    #[test]
+    fn candidates_are_timed_inside_decode_steps() {
+        let w = entrollm_model::build_model(&Tiny).unwrap();
+        let id = crate::planner::model_id(&w, "tiny").unwrap();
+        let mut timer = CpuTimer::new(1);
+        timer.steps = StepProtocol {
+            min_steps: 3,
+            min_seconds: 0.0,
+            max_steps: 3,
+        };
+        let opts = TuneOptions {
+            max_variants_per_form: 2,
+            step_overhead: true,
+        };
+        let mut shown = Vec::new();
+        let t = tune(&w, id, None, &timer, &opts, &mut |p| {
+            if let Progress::Timing { what, .. } = p {
+                shown.push(what.to_string())
+            }
+        })
+        .unwrap();
+        assert!(
+            shown.iter().any(|s| s.contains("decode steps")),
+            "{shown:?}"
+        );
+        assert!(t.step_overhead_us.is_some_and(|o| o > 0.0));
+        assert!(t
+            .protocol
+            .contains("inside the engine's greedy decode steps"));
+        let mut by_shape: BTreeMap<&str, Vec<&LaunchTune>> = BTreeMap::new();
+        for l in &t.launches {
+            by_shape.entry(&l.shape_key).or_default().push(l);
+            assert!(l.points.iter().all(|p| p.latency_us > 0.0));
+            let forms: std::collections::BTreeSet<&str> =
+                l.points.iter().map(|p| p.form.as_str()).collect();
+            if l.launch != "embed" {
+                assert!(forms.contains("dense") && forms.contains("dtans"), "{l:?}");
+            }
+        }
+        let head = t.launches.iter().find(|l| l.id == "lm_head").unwrap();
+        assert!(head.points.len() >= 3, "{head:?}");
+        for (key, ls) in by_shape {
+            for (i, p) in ls[0].points.iter().enumerate() {
+                let own: Vec<&str> = ls
+                    .iter()
+                    .filter(|l| l.points[i].timed_as.is_none())
+                    .map(|l| l.id.as_str())
+                    .collect();
+                assert_eq!(own.len(), 1, "{key} {} {}: {own:?}", p.form, p.variant);
+                assert!(ls
+                    .iter()
+                    .all(|l| l.points[i].timed_as.as_deref().is_none_or(|w| w == own[0])));
+            }
+        }
+    }
 }

@@ -12,7 +12,8 @@ pub const MANIFEST_FILE: &str = "entrollm.json";
 pub const FORMAT_NAME: &str = "entrollm";
 /// Readers reject other major versions; a newer minor version only adds optional fields.
 pub const FORMAT_MAJOR: u32 = 1;
-pub const FORMAT_MINOR: u32 = 0;
+/// 1.1: a tensor entry may record the weight form it is served in (`form`).
+pub const FORMAT_MINOR: u32 = 1;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -57,6 +58,45 @@ pub struct TensorEntry {
     pub xxh3: u64,
     #[serde(flatten)]
     pub storage: Storage,
+    /// The weight form a loader serves the matrix in (`compress --plan`), whatever the storage;
+    /// absent (containers before 1.1, or without a plan): as stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub form: Option<FormEntry>,
+}
+
+/// A weight form by name and variant (docs/forms.md), as a plan chose it for a tensor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FormEntry {
+    pub form: String,
+    /// The form's tuned parameters as text (`pair:8:256:16`, `f32`); empty for none.
+    #[serde(default)]
+    pub variant: String,
+}
+
+impl FormEntry {
+    /// Why a form entry cannot be right (names a non-identifier form or an odd variant).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let ident = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        };
+        if !ident(&self.form) {
+            return Err(format!(
+                "form '{}' is not a form name (lowercase letters, digits, '-', '_')",
+                self.form
+            ));
+        }
+        if self.variant.len() > 256 || self.variant.bytes().any(|b| !(b' '..=b'~').contains(&b)) {
+            return Err(format!(
+                "variant '{}' of form '{}' is not printable ASCII of at most 256 bytes",
+                self.variant.escape_debug(),
+                self.form
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// How a tensor is stored: a JSON key `"plain"` or `"coded"` inside the tensor entry.
@@ -262,6 +302,7 @@ mod tests {
                 shard: "s.safetensors".into(),
                 key: "a".into(),
             }),
+            form: None,
         });
         m.tensors.push(TensorEntry {
             name: "b".into(),
@@ -281,6 +322,10 @@ mod tests {
                 .into_iter()
                 .collect(),
             }),
+            form: Some(FormEntry {
+                form: "dense".into(),
+                variant: "f32".into(),
+            }),
         });
         m
     }
@@ -292,7 +337,9 @@ mod tests {
         let back = Manifest::parse(Path::new("m.json"), text.as_bytes()).unwrap();
         assert_eq!(back, m);
         let v: Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(v["version"], "1.0");
+        assert_eq!(v["version"], "1.1");
+        assert!(v["tensors"][0].get("form").is_none());
+        assert_eq!(v["tensors"][1]["form"]["variant"], "f32");
         assert_eq!(v["tensors"][0]["plain"]["key"], "a");
         assert_eq!(v["tensors"][0]["xxh3"], "0000000000000abc");
         assert_eq!(
@@ -323,6 +370,13 @@ mod tests {
         v["future_field"] = 1.into();
         v["tensors"][0]["future_field"] = 1.into();
         assert!(Manifest::parse(Path::new("m"), v.to_string().as_bytes()).is_ok());
+
+        // A 1.0 manifest (no forms) is read.
+        let mut v = good.clone();
+        v["version"] = "1.0".into();
+        v["tensors"][1].as_object_mut().unwrap().remove("form");
+        let m = Manifest::parse(Path::new("m"), v.to_string().as_bytes()).unwrap();
+        assert!(m.tensors.iter().all(|t| t.form.is_none()));
 
         let mut v = good.clone();
         v["version"] = "one".into();

@@ -13,8 +13,8 @@ mod restore;
 mod writer;
 
 pub use manifest::{
-    ArrayRef, CodedEntry, FileEntry, Manifest, SourceEntry, SourceSegment, Storage, TensorEntry,
-    FORMAT_MAJOR, FORMAT_MINOR, FORMAT_NAME, MANIFEST_FILE,
+    ArrayRef, CodedEntry, FileEntry, FormEntry, Manifest, SourceEntry, SourceSegment, Storage,
+    TensorEntry, FORMAT_MAJOR, FORMAT_MINOR, FORMAT_NAME, MANIFEST_FILE,
 };
 pub use reader::{CodedTensor, ContainerReader, StoredData, StoredTensor};
 pub use restore::restore_sources;

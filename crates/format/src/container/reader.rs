@@ -147,6 +147,12 @@ impl ContainerReader {
             })
     }
 
+    /// The weight form the tensor `name` is to be served in, when the container records one.
+    pub fn form(&self, name: &str) -> Option<&super::manifest::FormEntry> {
+        let i = *self.by_name.get(name)?;
+        self.manifest.tensors[i].form.as_ref()
+    }
+
     /// Checks that `decoded` is the tensor's decoded content: its length and its checksum.
     pub fn verify_checksum(&self, name: &str, decoded: &[u8]) -> Result<()> {
         let i = *self.by_name.get(name).ok_or_else(|| {
@@ -497,6 +503,10 @@ impl<'p> Validator<'p> {
                     &e.name,
                     "listed twice in the manifest",
                 ));
+            }
+            if let Some(f) = &e.form {
+                f.check()
+                    .map_err(|m| FormatError::tensor(self.manifest_path, &e.name, m))?;
             }
             let (loc, len) = self.tensor(e)?;
             sizes.insert(e.name.as_str(), len);

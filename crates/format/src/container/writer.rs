@@ -2,8 +2,8 @@
 //! which [`ContainerWriter::finish`] checks and renames into place.
 
 use super::manifest::{
-    ArrayRef, CodedEntry, FileEntry, Manifest, SourceEntry, SourceSegment, Storage, TensorEntry,
-    MANIFEST_FILE,
+    ArrayRef, CodedEntry, FileEntry, FormEntry, Manifest, SourceEntry, SourceSegment, Storage,
+    TensorEntry, MANIFEST_FILE,
 };
 use super::{
     array_key, check_ident, check_relative_path, check_tensor_name, check_verbatim_name,
@@ -191,6 +191,7 @@ impl ContainerWriter {
                 shard,
                 key: name.to_string(),
             }),
+            form: None,
         });
         Ok(())
     }
@@ -260,7 +261,24 @@ impl ContainerWriter {
                 params,
                 arrays,
             }),
+            form: None,
         });
+        Ok(())
+    }
+
+    /// Records the weight form the tensor `name` (already added) is to be served in.
+    pub fn set_form(&mut self, name: &str, form: FormEntry) -> Result<()> {
+        self.check_usable()?;
+        form.check()
+            .map_err(|m| FormatError::Usage(format!("tensor '{name}': {m}")))?;
+        let t = self
+            .manifest
+            .tensors
+            .iter_mut()
+            .rev()
+            .find(|t| t.name == name)
+            .ok_or_else(|| FormatError::Usage(format!("tensor '{name}' was not added")))?;
+        t.form = Some(form);
         Ok(())
     }
 

@@ -96,6 +96,11 @@ impl Form for DenseForm {
             Values::F32(_) | Values::Int { .. } => return Err(bad_variant(src, variant)),
         })
     }
+    /// The stored dtype is a plain tensor; widening (`f32` from a 16-bit or integer source) is
+    /// done at load, so the container keeps the smaller source.
+    fn stored(&self, variant: &str, values: &str) -> Result<Option<super::Stored>> {
+        Ok((variant == values).then_some(super::Stored::Raw))
+    }
     fn default_cost_us(&self, device: DeviceKind, weights: usize, bytes: f64) -> f64 {
         super::stream_cost_us(device, bytes)
             + match device {

@@ -17,6 +17,19 @@ pub struct Df11Linear {
     t: Df11Tensor,
 }
 
+impl Df11Linear {
+    /// A `rows × cols` matrix held as the DFloat11 tensor `t` (as a container stores it).
+    pub fn new(rows: usize, cols: usize, t: Df11Tensor) -> Result<Self> {
+        if rows.checked_mul(cols) != Some(t.n_elements) {
+            return Err(ModelError::Unsupported(format!(
+                "a {rows}×{cols} matrix cannot hold a DFloat11 tensor of {} values",
+                t.n_elements
+            )));
+        }
+        Ok(Df11Linear { rows, cols, t })
+    }
+}
+
 impl Linear for Df11Linear {
     fn rows(&self) -> usize {
         self.rows
@@ -116,6 +129,13 @@ impl Form for Df11Form {
     fn encode(&self, src: &Source, variant: &str) -> Result<Arc<dyn Linear>> {
         check_variant(variant)?;
         Ok(Arc::new(code(src)?))
+    }
+    fn stored(&self, variant: &str, values: &str) -> Result<Option<super::Stored>> {
+        check_variant(variant)?;
+        Ok((values == "bf16").then_some(super::Stored::Coded {
+            coder: crate::compress::Coder::Df11,
+            coding: None,
+        }))
     }
     fn default_cost_us(&self, device: DeviceKind, weights: usize, bytes: f64) -> f64 {
         super::stream_cost_us(device, bytes)

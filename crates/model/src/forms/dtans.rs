@@ -301,6 +301,13 @@ impl Form for DtansForm {
         };
         Ok(Arc::new(CodedLinear::new(t, groups)?))
     }
+    fn stored(&self, variant: &str, values: &str) -> Result<Option<super::Stored>> {
+        let coding = parse(variant)?;
+        Ok((values != "f32").then_some(super::Stored::Coded {
+            coder: crate::compress::Coder::Dtans,
+            coding: Some(coding),
+        }))
+    }
     fn default_cost_us(&self, device: DeviceKind, weights: usize, bytes: f64) -> f64 {
         super::stream_cost_us(device, bytes)
             + weights as f64

@@ -118,6 +118,18 @@ pub enum DeviceKind {
     Cuda,
 }
 
+/// How a container holds a matrix in some form (`compress --plan`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Stored {
+    /// The source's bytes as they are: a plain tensor.
+    Raw,
+    /// Coded by one of the container's coders, with this dtANS coding (`None`: the coder's).
+    Coded {
+        coder: crate::compress::Coder,
+        coding: Option<entrollm_codec::dtans::Coding>,
+    },
+}
+
 /// One weight form. Implementations are stateless; [`all`] lists them.
 pub trait Form: Send + Sync {
     /// Stable name, used in tune and plan files and containers.
@@ -140,6 +152,12 @@ pub trait Form: Send + Sync {
     /// Default latency model, µs of one batch-1 product: streaming `bytes` plus the form's decode
     /// work per weight (docs/forms.md gives the constants and where they come from).
     fn default_cost_us(&self, device: DeviceKind, weights: usize, bytes: f64) -> f64;
+    /// How a container stores a matrix of `values` ([`Values::kind`]) in `variant` of this form;
+    /// `None` where the container has no storage of its own for it: `compress --plan` then stores
+    /// the source as it otherwise would, records the form, and the loader re-forms the matrix.
+    fn stored(&self, _variant: &str, _values: &str) -> Result<Option<Stored>> {
+        Ok(None)
+    }
 }
 
 /// Every form, in the order the tuner lists them.

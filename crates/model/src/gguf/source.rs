@@ -585,6 +585,9 @@ impl Linear for RowPermuted {
     fn stored_bytes(&self) -> usize {
         self.inner.stored_bytes() + self.src.len() * std::mem::size_of::<usize>()
     }
+    fn wrapper_bytes(&self) -> usize {
+        self.inner.wrapper_bytes() + self.src.len() * std::mem::size_of::<usize>()
+    }
     fn form(&self) -> crate::forms::FormId {
         self.inner.form()
     }
