@@ -9,7 +9,9 @@
 # Writes OUT_DIR/log.tsv (one line a run: model, budget, repeat, predicted, measured, same text,
 # load before, and `foreign`: the cores other processes kept busy during the run — all CPU time
 # /proc/stat counts less the run's own, over its wall time), the tune files, plots, plans and
-# every run's stderr.
+# every run's stderr. The machine is shared: each tune and run starts once other processes have
+# left it idle for 5 s, and one during which they kept more than 0.1 core busy is logged to
+# discarded.tsv and done again (at most 8 times).
 # ENTROLLM (default target/release/entrollm) is the binary; TUNE_SECONDS (default 10) the tune's
 # --seconds and MAX_TOKENS (default 192) each run's: windows of several seconds average this
 # machine's phases (its speed moves by a fifth within seconds). The containers go to a temporary
@@ -41,17 +43,38 @@ measured() {
     foreign=$(echo "scale=2; (($(busy) - $b0) / $(getconf CLK_TCK) - $own) / ($(date +%s.%N) - $t0)" | bc)
 }
 note() { echo "$*" | tee -a "$out/notes.txt"; }
+quiet() { # waits until others use under 0.1 core over 5 s
+    local b0
+    while :; do
+        b0=$(busy)
+        sleep 5
+        [ "$(echo "($(busy) - $b0) / $(getconf CLK_TCK) / 5 < 0.1" | bc)" = 1 ] && return
+    done
+}
+# `clean CMD...`: `measured CMD...` on a quiet machine, again while others were busy meanwhile.
+clean() {
+    local try
+    for try in 1 2 3 4 5 6 7 8; do
+        quiet
+        measured "$@"
+        [ "$(echo "$foreign < 0.1" | bc)" = 1 ] && return
+        printf '%s\t%s\t%s\n' "$(date -u +%T)" "$foreign" "$*" >>"$out/discarded.tsv"
+    done
+}
 
 note "date $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD) cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) threads $(nproc)"
 "$bin" run "$gguf" "${common[@]}" >"$work/ref.txt" 2>"$out/ref.err"
 note "reference: $(grep -o 'decode [0-9.]* tok/s' "$out/ref.err")"
 
-measured "$bin" tune "$gguf" --device cpu --seconds "$seconds" -o "$out/tune-gguf.json" \
-    2>"$out/tune-gguf.err"
+# A fresh tune each attempt (an existing -o file would be resumed).
+tune() { # model output
+    clean sh -c 'rm -f "$3" && exec "$0" tune "$1" --device cpu --seconds "$2" -o "$3"' \
+        "$bin" "$1" "$seconds" "$2"
+}
+tune "$gguf" "$out/tune-gguf.json" 2>"$out/tune-gguf.err"
 note "$(tail -1 "$out/tune-gguf.err"); foreign cores $foreign, load $(load)"
 "$bin" compress "$gguf" -o "$work/smol-c" 2>&1 | tail -1 | tee -a "$out/notes.txt"
-measured "$bin" tune "$work/smol-c" --device cpu --seconds "$seconds" -o "$out/tune-container.json" \
-    2>"$out/tune-container.err"
+tune "$work/smol-c" "$out/tune-container.json" 2>"$out/tune-container.err"
 note "$(tail -1 "$out/tune-container.err"); foreign cores $foreign, load $(load)"
 "$bin" plan "$out/tune-gguf.json" --plot "$out/fronts-gguf.png" >/dev/null 2>&1
 "$bin" plan "$out/tune-container.json" --plot "$out/fronts-container.png" >/dev/null 2>&1
@@ -60,7 +83,7 @@ printf 'model\tbudget\trepeat\tpredicted\tmeasured\tsame_text\tload\tforeign\n' 
 one() { # model tune budget repeat tag
     local err="$out/run-$5-$3-$4.err" before
     before=$(load)
-    measured "$bin" run "$1" "${common[@]}" --tune "$2" --budget "$3" >"$work/out.txt" 2>"$err"
+    clean "$bin" run "$1" "${common[@]}" --tune "$2" --budget "$3" >"$work/out.txt" 2>"$err"
     local p m same=no
     p=$(grep -o 'predicted [0-9.]* tok/s' "$err" | awk '{print $2}')
     m=$(grep -o 'decode [0-9.]* tok/s' "$err" | awk '{print $2}')
@@ -82,7 +105,7 @@ mid=${budgets[$((${#budgets[@]} / 2))]}
     tee -a "$out/notes.txt"
 "$bin" inspect "$work/planned" --json >"$out/inspect-planned.json"
 for r in $(seq 1 "$repeats"); do
-    measured "$bin" run "$work/planned" "${common[@]}" >"$work/out.txt" 2>"$out/run-planned-$r.err"
+    clean "$bin" run "$work/planned" "${common[@]}" >"$work/out.txt" 2>"$out/run-planned-$r.err"
     same=no
     cmp -s "$work/out.txt" "$work/ref.txt" && same=yes
     note "planned container ($mid plan, predicted $(grep -o '"predicted_tok_s": [0-9.]*' \
