@@ -51,12 +51,14 @@ quiet() { # waits until others use under 0.1 core over 5 s
         [ "$(echo "($(busy) - $b0) / $(getconf CLK_TCK) / 5 < 0.1" | bc)" = 1 ] && return
     done
 }
-# `clean CMD...`: `measured CMD...` on a quiet machine, again while others were busy meanwhile.
+# `clean OUT ERR CMD...`: `measured CMD... >OUT 2>ERR` on a quiet machine, again while others
+# were busy meanwhile.
 clean() {
-    local try
+    local try o=$1 e=$2
+    shift 2
     for try in 1 2 3 4 5 6 7 8; do
         quiet
-        measured "$@"
+        measured "$@" >"$o" 2>"$e"
         [ "$(echo "$foreign < 0.1" | bc)" = 1 ] && return
         printf '%s\t%s\t%s\n' "$(date -u +%T)" "$foreign" "$*" >>"$out/discarded.tsv"
     done
@@ -67,14 +69,14 @@ note "date $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD) cpu $(grep -m
 note "reference: $(grep -o 'decode [0-9.]* tok/s' "$out/ref.err")"
 
 # A fresh tune each attempt (an existing -o file would be resumed).
-tune() { # model output
-    clean sh -c 'rm -f "$3" && exec "$0" tune "$1" --device cpu --seconds "$2" -o "$3"' \
+tune() { # model output stderr
+    clean /dev/null "$3" sh -c 'rm -f "$3" && exec "$0" tune "$1" --device cpu --seconds "$2" -o "$3"' \
         "$bin" "$1" "$seconds" "$2"
 }
-tune "$gguf" "$out/tune-gguf.json" 2>"$out/tune-gguf.err"
+tune "$gguf" "$out/tune-gguf.json" "$out/tune-gguf.err"
 note "$(tail -1 "$out/tune-gguf.err"); foreign cores $foreign, load $(load)"
 "$bin" compress "$gguf" -o "$work/smol-c" 2>&1 | tail -1 | tee -a "$out/notes.txt"
-tune "$work/smol-c" "$out/tune-container.json" 2>"$out/tune-container.err"
+tune "$work/smol-c" "$out/tune-container.json" "$out/tune-container.err"
 note "$(tail -1 "$out/tune-container.err"); foreign cores $foreign, load $(load)"
 "$bin" plan "$out/tune-gguf.json" --plot "$out/fronts-gguf.png" >/dev/null 2>&1
 "$bin" plan "$out/tune-container.json" --plot "$out/fronts-container.png" >/dev/null 2>&1
@@ -83,7 +85,7 @@ printf 'model\tbudget\trepeat\tpredicted\tmeasured\tsame_text\tload\tforeign\n' 
 one() { # model tune budget repeat tag
     local err="$out/run-$5-$3-$4.err" before
     before=$(load)
-    clean "$bin" run "$1" "${common[@]}" --tune "$2" --budget "$3" >"$work/out.txt" 2>"$err"
+    clean "$work/out.txt" "$err" "$bin" run "$1" "${common[@]}" --tune "$2" --budget "$3"
     local p m same=no
     p=$(grep -o 'predicted [0-9.]* tok/s' "$err" | awk '{print $2}')
     m=$(grep -o 'decode [0-9.]* tok/s' "$err" | awk '{print $2}')
@@ -105,7 +107,7 @@ mid=${budgets[$((${#budgets[@]} / 2))]}
     tee -a "$out/notes.txt"
 "$bin" inspect "$work/planned" --json >"$out/inspect-planned.json"
 for r in $(seq 1 "$repeats"); do
-    clean "$bin" run "$work/planned" "${common[@]}" >"$work/out.txt" 2>"$out/run-planned-$r.err"
+    clean "$work/out.txt" "$out/run-planned-$r.err" "$bin" run "$work/planned" "${common[@]}"
     same=no
     cmp -s "$work/out.txt" "$work/ref.txt" && same=yes
     note "planned container ($mid plan, predicted $(grep -o '"predicted_tok_s": [0-9.]*' \
