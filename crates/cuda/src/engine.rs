@@ -127,43 +127,22 @@ pub(crate) fn host_bf16(m: &dyn Linear) -> Vec<u16> {
     out
 }
 
-pub(crate) fn stacked(dev: &GpuDevice, parts: &[&dyn Linear]) -> Result<GpuLinear> {
-    let (rows, cols, bits) = stacked_bits(parts);
-    GpuLinear::dense_from_host(dev, rows, cols, &bits)
-}
-
-/// `parts` row-stacked as BF16 bits: (rows, cols, bits).
-pub(crate) fn stacked_bits(parts: &[&dyn Linear]) -> (usize, usize, Vec<u16>) {
-    let cols = parts[0].cols();
-    let rows: usize = parts.iter().map(|p| p.rows()).sum();
-    let mut bits = Vec::with_capacity(rows * cols);
-    for p in parts {
-        bits.extend(host_bf16(*p));
-    }
-    (rows, cols, bits)
-}
-
-/// gate and up stacked row-interleaved (g0, u0, g1, u1, ...), so the decode GEMV computes a pair
-/// in one warp and applies SwiGLU in its epilogue, and prefill GEMM rows hold (gate, up) pairs.
-pub(crate) fn interleaved(
+/// `parts` row-stacked (`halves`: gate and up rows interleaved, g0, u0, g1, u1, ..., so the decode
+/// GEMV computes a pair in one warp and applies SwiGLU in its epilogue, and prefill GEMM rows hold
+/// (gate, up) pairs) as one dense BF16 matrix, rounded where the values are not BF16.
+pub(crate) fn rounded_bf16(
     dev: &GpuDevice,
-    gate: &dyn Linear,
-    up: &dyn Linear,
+    parts: &[&dyn Linear],
+    halves: bool,
 ) -> Result<GpuLinear> {
-    let (rows, cols, bits) = interleaved_bits(gate, up);
+    let (rows, cols, bits) = crate::forms::stack(parts, halves, |p| Some(host_bf16(p).into()))
+        .ok_or_else(|| {
+            GpuError::invalid(
+                "dense upload",
+                "the parts of a launch must share their columns (and gate/up their rows)",
+            )
+        })?;
     GpuLinear::dense_from_host(dev, rows, cols, &bits)
-}
-
-/// [`interleaved`]'s rows as BF16 bits: (rows, cols, bits).
-pub(crate) fn interleaved_bits(gate: &dyn Linear, up: &dyn Linear) -> (usize, usize, Vec<u16>) {
-    let cols = gate.cols();
-    let (g, u) = (host_bf16(gate), host_bf16(up));
-    let mut bits = Vec::with_capacity(g.len() * 2);
-    for (gr, ur) in g.chunks(cols).zip(u.chunks(cols)) {
-        bits.extend_from_slice(gr);
-        bits.extend_from_slice(ur);
-    }
-    (2 * gate.rows(), cols, bits)
 }
 
 pub(crate) fn upload_f32(dev: &GpuDevice, v: &[f32]) -> Result<CudaSlice<f32>> {

@@ -1119,7 +1119,7 @@ fn serve(
     serving: Serving,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<(GpuModel, LoadReport)> {
-    use crate::engine::{interleaved, stacked, upload_f32};
+    use crate::engine::{rounded_bf16, upload_f32};
     use entrollm_model::weights::Linear;
     let c = &w.config;
     crate::engine::check_supported(c)?;
@@ -1136,7 +1136,8 @@ fn serve(
         dev,
         max_rows,
         [h, q, inter].into_iter().max().unwrap_or(1),
-        max_weights,
+        // Served decoded, no form uses the scratch.
+        if serving.decoded { 0 } else { max_weights },
     )?));
     let mut r = LoadReport::default();
     let policy = Policy {
@@ -1161,12 +1162,9 @@ fn serve(
                 return Ok(l);
             }
         }
-        match parts {
-            [g, u] if halves => interleaved(dev, *g, *u),
-            _ => stacked(dev, parts),
-        }
+        rounded_bf16(dev, parts, halves)
     };
-    let embed = stacked(dev, &[&*w.embed])?;
+    let embed = rounded_bf16(dev, &[&*w.embed], false)?;
     let lm_head = if Arc::ptr_eq(&w.embed, &w.lm_head) {
         None
     } else {

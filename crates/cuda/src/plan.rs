@@ -152,7 +152,7 @@ pub const PDL_KERNELS: &[&str] = &[
     "gemv_bf16_prenorm",
     "gemv_bf16_accum_norm",
     // Not the dense FP8 GEMVs (PDL_DENSE_FP8_KERNELS): they measured slower launched early
-    // (bench/RESULTS.md, session 10).
+    // (bench/RESULTS.md).
     "gemv_pal4",
     "gemv_pal4_norm",
     "gemv_pal4_bf16",

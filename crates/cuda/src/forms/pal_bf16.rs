@@ -52,15 +52,14 @@ impl GpuForm for PalBf16Form {
             let pal = p.as_any().downcast_ref::<PalLinear>()?.bf16()?;
             Some(pal.decode().into())
         }
-        fn rounded(p: &dyn Linear) -> Option<Cow<'_, [u16]>> {
-            Some(host_bf16(p).into())
-        }
         let (stacked, required) = match stack(parts, halves, held) {
             Some(s) => (s, true),
-            None if up.policy.bf16_palette => match stack(parts, halves, rounded) {
-                Some(s) => (s, false),
-                None => return Ok(None),
-            },
+            None if up.policy.bf16_palette => {
+                match stack(parts, halves, |p| Some(host_bf16(p).into())) {
+                    Some(s) => (s, false),
+                    None => return Ok(None),
+                }
+            }
             None => return Ok(None),
         };
         let (rows, cols, bits) = stacked;
