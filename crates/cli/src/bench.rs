@@ -3,11 +3,14 @@
 //! replayed from a CUDA graph), one warm-up then the median of 3 runs each; steady-state
 //! tok/s = 64 / (t128 − t64). Also: achieved weight bandwidth, prefill throughput, GPU memory.
 //!
-//! `--coded` serves dtANS-LLM coded matrices (`GpuModel::synth_coded`: one layer coded on the host
-//! and copied on the device into every layer; the LM head coded too, the embedding dense), with the
-//! codings of `--coding` / `--coding-file` (default: the tuned table). `--context N` sizes the KV
-//! cache for N tokens; `--long-prefill N` then times decode after an N-token prefill.
-//! `MODEL --code-at-load CODING` codes a BF16 checkpoint's matrices on the GPU at load.
+//! `--synth SHAPE` builds the synthetic model on the host with layer 0's weights in every layer
+//! (`model::synth::shared_layer_weights`; the GPU builder copies layer 0's launches into every
+//! layer, so each layer owns its arrays). `--coded` codes its layer and head matrices at load
+//! (dtANS-LLM, lossless; the embedding stays dense) with the codings of `--coding` /
+//! `--coding-file` (default: the tuned table), `MODEL --code-at-load CODING` a checkpoint's BF16
+//! matrices. `--budget`/`--plan`/`--tune` choose every launch's form, for a MODEL or --synth.
+//! `--context N` sizes the KV cache for N tokens; `--long-prefill N` then times decode after an
+//! N-token prefill.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,10 +20,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use entrollm_codec::dtans::Coding;
 use entrollm_cuda::engine_coded::{check_load_plan, free_memory, tuned_plan, Encoder};
 use entrollm_cuda::linear::{Fp8Serving, Serving};
-use entrollm_cuda::{GpuDevice, GpuEngine, GpuModel};
+use entrollm_cuda::{GpuDevice, GpuEngine};
 use entrollm_model::coding_plan::CodingPlan;
 use entrollm_model::load::{open_weights_with, LoadOptions};
-use entrollm_model::synth::SynthShape;
+use entrollm_model::synth::{shared_layer_weights, SynthShape};
 use entrollm_model::ModelConfig;
 
 /// HBM read bandwidth of the H200 measured with a sum kernel (DESIGN.md), the share's denominator.
@@ -30,7 +33,8 @@ const H200_HBM_GBPS: f64 = 4330.0;
 pub struct Args {
     /// A .gguf file, an entrollm container or a Hugging Face checkpoint directory.
     model: Option<PathBuf>,
-    /// Instead of a model: build this synthetic shape directly in GPU memory (no disk).
+    /// Instead of a model: this synthetic shape, layer 0's weights in every layer (no disk; host
+    /// memory for one layer and the embeddings).
     #[arg(long, value_parser = SynthShape::names().to_vec())]
     synth: Option<String>,
     /// Seed of the synthetic weights and of the random prompt.
@@ -48,8 +52,8 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// With --synth: serve dtANS-LLM coded matrices (lossless BF16; one layer coded on the host,
-    /// copied on the device into every layer).
+    /// Code the layer and head matrices at load (dtANS-LLM, lossless BF16) with --coding /
+    /// --coding-file, and serve them coded.
     #[arg(long)]
     coded: bool,
     /// Coding of every coded matrix: `auto` (the coder chooses) or MODE:LOG2M:SC[:T]
@@ -61,7 +65,8 @@ pub struct Args {
     #[arg(long)]
     coding_file: Option<PathBuf>,
     /// With --coded: where the matrices are coded, `gpu` (the default) or `cpu` (the host
-    /// encoder); the coded arrays are byte-identical, only the load time differs.
+    /// encoder); the coded arrays are byte-identical, only the load time differs. Layers that
+    /// share layer 0's weights (--synth) are coded once and copied on the device.
     #[arg(long, default_value = "gpu")]
     encode: Encoder,
     /// With a MODEL path: code its dense BF16 layer and head matrices on the GPU at load, `auto`
@@ -78,8 +83,8 @@ pub struct Args {
     /// --help`).
     #[arg(long, default_value = "auto", value_parser = crate::generate::parse_fp8)]
     fp8: Fp8Serving,
-    /// With a MODEL path: how its BF16 matrices are kept, `dense` or `palette` (packed losslessly,
-    /// 12 bits a weight; see `run --help`). Not with --code-at-load.
+    /// How BF16 matrices are kept, `dense` or `palette` (packed losslessly, 12 bits a weight; see
+    /// `run --help`). Not with --code-at-load or --coded.
     #[arg(
         long,
         default_value = "dense",
@@ -89,8 +94,8 @@ pub struct Args {
     bf16: bool,
     #[command(flatten)]
     decode: crate::generate::DecodeArgs,
-    /// With a MODEL path: the forms of its launches chosen to fit a memory budget (see `run
-    /// --help`); not with --code-at-load or --bf16 palette.
+    /// The forms of the launches chosen to fit a memory budget (see `run --help`); not with
+    /// --code-at-load, --coded or --bf16 palette.
     #[command(flatten)]
     budget: crate::budget::BudgetArgs,
     /// Diagnostics: build every kernel with a trace in `pdl_wait` and write three decode steps'
@@ -111,6 +116,11 @@ fn coding_plan(a: &Args, c: &ModelConfig) -> Result<CodingPlan> {
         (None, Some(_)) => CodingPlan::uniform(default),
         (None, None) => tuned_plan(c),
     })
+}
+
+/// The model path tune and plan files name a synthetic model by.
+pub fn synth_id(name: &str, seed: u64) -> String {
+    format!("synth:{name}:seed{seed}")
 }
 
 /// Bytes of the BF16 KV cache for `tokens` positions.
@@ -168,16 +178,13 @@ pub fn run(a: Args) -> Result<()> {
     if a.coding_file.is_some() && !a.coded && a.code_at_load.is_none() {
         bail!("--coding-file needs --coded or --code-at-load");
     }
-    if a.code_at_load.is_some() && (a.coded || a.model.is_none()) {
-        bail!(
-            "--code-at-load codes a MODEL checkpoint at load (for --synth, --coded --encode gpu \
-             codes the synthetic layer on the GPU)"
-        );
+    if a.code_at_load.is_some() && a.coded {
+        bail!("--coded codes with --coding/--coding-file; --code-at-load with its own CODING");
+    }
+    if a.coded && a.bf16 {
+        bail!("--coded codes the BF16 matrices; --bf16 palette packs them: choose one");
     }
     crate::generate::check_bf16_palette(a.bf16, a.code_at_load.is_some())?;
-    if a.bf16 && a.model.is_none() {
-        bail!("--bf16 palette packs a MODEL checkpoint at load (--synth builds dense BF16)");
-    }
     // A bad coding fails before any work.
     let code = a
         .code_at_load
@@ -196,44 +203,25 @@ pub fn run(a: Args) -> Result<()> {
     };
     let dev = Arc::new(dev.context("bench needs a CUDA GPU")?);
     let t_load = Instant::now();
-    let (model, source) = match (&a.synth, &a.model) {
-        (Some(name), None) if a.coded => {
-            let shape = SynthShape::parse(name).expect("clap checked the name");
-            let c = shape.config();
-            let plan = coding_plan(&a, &c)?;
-            (
-                GpuModel::synth_coded(&dev, &c, a.seed, &plan, a.encode)?,
-                format!(
-                    "synthetic {name} (seed {}), dtANS-LLM coded: layer 0 coded on the {} and \
-                     copied into every layer",
-                    a.seed,
-                    match a.encode {
-                        Encoder::Gpu => "GPU",
-                        Encoder::Cpu => "host",
-                    }
-                ),
-            )
-        }
+    if a.budget.is_set() && (code.is_some() || a.coded || a.bf16) {
+        bail!(
+            "--budget/--plan/--tune choose every launch's form: not with --code-at-load, --coded \
+             or --bf16 palette"
+        );
+    }
+    // The host model: a checkpoint, or the synthetic shape with layer 0's weights in every layer
+    // (the builder copies layer 0's launches on the device).
+    let (w, path, mut source) = match (&a.synth, &a.model) {
         (Some(name), None) => {
             let shape = SynthShape::parse(name).expect("clap checked the name");
-            let c = shape.config();
-            (
-                GpuModel::synth(&dev, &c, a.seed)?,
-                format!("synthetic {name} (seed {}, built on the GPU)", a.seed),
-            )
-        }
-        (None, Some(_)) if a.coded => {
-            bail!(
-                "--coded builds a synthetic model (--synth); a container's coded matrices are \
-                 served as stored without it"
-            )
+            let w = shared_layer_weights(&shape.config(), a.seed)?;
+            let id = synth_id(name, a.seed);
+            let what = format!("synthetic {name} (seed {}, layer 0 in every layer)", a.seed);
+            (w, PathBuf::from(id), what)
         }
         (None, Some(path)) => {
             // A container's dtANS-coded matrices stay coded (checksums verified on the host
             // decode at load) and are served by the coded kernels.
-            if a.budget.is_set() && (code.is_some() || a.bf16) {
-                bail!("--budget/--plan/--tune choose every launch's form: not with --code-at-load or --bf16 palette");
-            }
             let w = open_weights_with(
                 path,
                 LoadOptions {
@@ -242,42 +230,51 @@ pub fn run(a: Args) -> Result<()> {
                     recorded_forms: !a.budget.is_set(),
                 },
             )?;
-            if let Some(plan) = &code {
-                check_load_plan(&w.config, plan)?;
-            }
-            let ctx = a.context.unwrap_or(
-                (a.prompt_len + 128)
-                    .max(a.prefill_len)
-                    .max(a.long_prefill + 64),
-            );
-            let w = crate::generate::planned(
-                &a.budget,
-                w,
-                path,
-                crate::generate::DeviceArg::Cuda,
-                ctx,
-            )?;
-            let serving = crate::generate::serving_under(
-                &a.budget,
-                Serving {
-                    fp8: a.fp8,
-                    bf16_palette: a.bf16,
-                    ..Serving::default()
-                },
-            )?;
-            let (m, r) = crate::generate::upload_gpu(&dev, &w, code.as_ref(), serving)?;
-            let s = m.coded_summary();
-            let how = match r {
-                Some(r) => format!(
-                    "{} launches coded on the GPU at load (host plan {:.2} s, upload {:.2} s, \
-                     GPU encode {:.2} s), {} served as stored",
-                    r.coded_at_load, r.plan_s, r.upload_s, r.encode_s, r.served
-                ),
-                None => format!("{} coded layer/head matrices served coded", s.matrices),
-            };
-            (m, format!("{} ({how})", path.display()))
+            (w, path.clone(), path.display().to_string())
         }
         _ => bail!("give either a MODEL path or --synth SHAPE"),
+    };
+    let code = match (code, a.coded) {
+        (Some(p), _) => Some((p, Encoder::Gpu)),
+        (None, true) => Some((coding_plan(&a, &w.config)?, a.encode)),
+        (None, false) => None,
+    };
+    if let Some((plan, _)) = &code {
+        check_load_plan(&w.config, plan)?;
+    }
+    let ctx = a.context.unwrap_or(
+        (a.prompt_len + 128)
+            .max(a.prefill_len)
+            .max(a.long_prefill + 64),
+    );
+    let w = crate::generate::planned(&a.budget, w, &path, crate::generate::DeviceArg::Cuda, ctx)?;
+    let serving = crate::generate::serving_under(
+        &a.budget,
+        Serving {
+            fp8: a.fp8,
+            bf16_palette: a.bf16,
+            ..Serving::default()
+        },
+    )?;
+    let code_ref = code.as_ref().map(|(p, e)| (p, *e));
+    let (model, r) = crate::generate::upload_gpu(&dev, &w, code_ref, serving)?;
+    drop(w);
+    let s = model.coded_summary();
+    source += &match r {
+        Some(r) => format!(
+            " ({} launches coded at load on the {} (host plan {:.2} s, upload {:.2} s, encode \
+             {:.2} s), {} served as stored)",
+            r.coded_at_load,
+            match code.as_ref().map(|c| c.1) {
+                Some(Encoder::Cpu) => "host",
+                _ => "GPU",
+            },
+            r.plan_s,
+            r.upload_s,
+            r.encode_s,
+            r.served
+        ),
+        None => format!(" ({} coded layer/head matrices served coded)", s.matrices),
     };
     dev.synchronize()?;
     let load_s = t_load.elapsed().as_secs_f64();

@@ -66,6 +66,7 @@ impl Backend {
                 .map_err(anyhow::Error::from)
                 .and_then(|dev| {
                     let dev = Arc::new(dev);
+                    let code = code.map(|p| (p, Encoder::Gpu));
                     let (model, _) = upload_gpu(&dev, &weights, code, serving)?;
                     Ok(GpuEngine::with_options(dev, model, ctx, decode)?)
                 });
@@ -130,7 +131,7 @@ pub fn load_plan(coding: &str, file: Option<&Path>) -> Result<CodingPlan> {
 }
 
 /// Uploads `weights` to the GPU: dtANS-coded matrices (a container opened fused) are served coded;
-/// with `code`, every other layer/head matrix that is BF16 is coded on the GPU at load and served
+/// with `code`, every other layer/head matrix that is BF16 is coded at load by its encoder and served
 /// coded too (a progress bar follows the layers; one summary line on stderr: load time and memory,
 /// coded against dense). An FP8 checkpoint's matrices stay FP8, kept as `serving.fp8` says, and
 /// without `code` its BF16 LM head may be palette-packed losslessly (a line on stderr says how many
@@ -139,7 +140,7 @@ pub fn load_plan(coding: &str, file: Option<&Path>) -> Result<CodingPlan> {
 pub fn upload_gpu(
     dev: &Arc<GpuDevice>,
     weights: &ModelWeights,
-    code: Option<&CodingPlan>,
+    code: Option<(&CodingPlan, Encoder)>,
     serving: Serving,
 ) -> Result<(GpuModel, Option<LoadReport>)> {
     let fp8 = serving.fp8;
@@ -158,7 +159,7 @@ pub fn upload_gpu(
             );
         }
     };
-    let Some(plan) = code else {
+    let Some((plan, encoder)) = code else {
         let model = GpuModel::upload_served(dev, weights, serving)?.0;
         report_fp8(&model);
         if serving.bf16_palette {
@@ -173,10 +174,9 @@ pub fn upload_gpu(
     };
     let t = Instant::now();
     let bar = progress::steps(weights.layers.len() as u64, "code at load");
-    let (model, r) =
-        GpuModel::upload_coded(dev, weights, plan, Encoder::Gpu, fp8, &mut |done, _| {
-            bar.set_position(done as u64)
-        })?;
+    let (model, r) = GpuModel::upload_coded(dev, weights, plan, encoder, fp8, &mut |done, _| {
+        bar.set_position(done as u64)
+    })?;
     report_fp8(&model);
     bar.finish_and_clear();
     let s = model.coded_summary();

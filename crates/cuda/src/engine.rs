@@ -31,7 +31,6 @@ use rayon::prelude::*;
 
 use entrollm_model::config::RopeStyle;
 use entrollm_model::engine::rope_inv_freq;
-use entrollm_model::synth::{tensors, SynthKind};
 use entrollm_model::weights::{Linear, ModelWeights};
 use entrollm_model::{DenseBf16 as CpuDenseBf16, LayerWeights, ModelConfig};
 
@@ -151,177 +150,12 @@ pub(crate) fn upload_f32(dev: &GpuDevice, v: &[f32]) -> Result<CudaSlice<f32>> {
         .while_(|| format!("uploading {} floats", v.len()))
 }
 
-/// SplitMix64 (as `model::synth`).
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The per-tensor seeds of `model::synth::fill_row` for tensor `name`: (row-stream base,
-/// outlier-column seed).
-pub fn synth_seeds(name: &str, seed: u64) -> (u64, u64) {
-    let h = name.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01B3)
-    });
-    (splitmix(seed ^ h), splitmix(seed ^ h ^ 0xC011))
-}
-
 impl GpuModel {
     /// Uploads a model with every matrix as dense BF16 (decoded; lossless for BF16 values,
     /// rounded otherwise), q/k/v and gate/up stacked into one matrix each, norms and biases f32:
     /// [`GpuModel::upload_served`] with [`Serving::DECODED`](crate::linear::Serving::DECODED).
     pub fn upload(dev: &GpuDevice, w: &ModelWeights) -> Result<Self> {
         Ok(Self::upload_served(dev, w, crate::linear::Serving::DECODED)?.0)
-    }
-
-    /// Builds the synthetic model of `model::synth` for `config` directly in device memory (no host
-    /// copy, no disk): one generator thread per row, the CPU's random streams. Not bit-identical
-    /// to the CPU synth: `logf`/`sincosf`/`expf` of the device may differ from the host libm in
-    /// the last f32 ulp, which changes the BF16 rounding of about 1 value in 10⁵ by one BF16 ulp
-    /// (the selftest measures it).
-    pub fn synth(dev: &GpuDevice, c: &ModelConfig, seed: u64) -> Result<Self> {
-        check_supported(c)?;
-        let s = dev.stream();
-        let alloc16 = |n: usize| {
-            s.alloc_zeros::<u16>(n)
-                .while_(|| format!("allocating {n} BF16 weights"))
-        };
-        let alloc32 = |n: usize| {
-            s.alloc_zeros::<f32>(n)
-                .while_(|| format!("allocating {n} floats"))
-        };
-        let (h, q, kv, inter, vocab) = (
-            c.hidden_size,
-            c.q_dim(),
-            c.kv_dim(),
-            c.intermediate_size,
-            c.vocab_size,
-        );
-        let mut embed = alloc16(vocab * h)?;
-        let mut lm_head = if c.tie_word_embeddings {
-            None
-        } else {
-            Some(alloc16(vocab * h)?)
-        };
-        let mut final_norm = alloc32(h)?;
-        struct Bufs {
-            attn_norm: CudaSlice<f32>,
-            qkv: CudaSlice<u16>,
-            o: CudaSlice<u16>,
-            mlp_norm: CudaSlice<f32>,
-            gate_up: CudaSlice<u16>,
-            down: CudaSlice<u16>,
-        }
-        let mut bufs = Vec::with_capacity(c.num_layers);
-        for _ in 0..c.num_layers {
-            bufs.push(Bufs {
-                attn_norm: alloc32(h)?,
-                qkv: alloc16((q + 2 * kv) * h)?,
-                o: alloc16(h * q)?,
-                mlp_norm: alloc32(h)?,
-                gate_up: alloc16(2 * inter * h)?,
-                down: alloc16(h * inter)?,
-            });
-        }
-        for t in tensors(c) {
-            let rows = t.shape[0];
-            let cols = *t.shape.last().unwrap_or(&1);
-            let (rows, cols) = if t.shape.len() == 1 {
-                (1, rows)
-            } else {
-                (rows, cols)
-            };
-            let seeds = synth_seeds(&t.name, seed);
-            let sigma = match t.kind {
-                SynthKind::Norm => None,
-                SynthKind::Matrix { sigma } => Some(sigma),
-            };
-            let name = t.name.as_str();
-            // Rows `row_off + i · stride` of `buf` (stride 2: gate/up interleaved).
-            let fill16s = |buf: &mut CudaSlice<u16>, row_off: usize, stride: usize| {
-                let mut view = buf.slice_mut(row_off * cols..);
-                launch_synth_fill(
-                    dev,
-                    SynthOut::Bf16(&mut view),
-                    rows,
-                    cols,
-                    stride * cols,
-                    seeds,
-                    sigma,
-                )
-            };
-            let fill16 = |buf: &mut CudaSlice<u16>, row_off: usize| fill16s(buf, row_off, 1);
-            let fill32 = |buf: &mut CudaSlice<f32>| {
-                let mut view = buf.slice_mut(0..cols);
-                launch_synth_fill(
-                    dev,
-                    SynthOut::F32(&mut view),
-                    rows,
-                    cols,
-                    cols,
-                    seeds,
-                    sigma,
-                )
-            };
-            if name == "model.embed_tokens.weight" {
-                fill16(&mut embed, 0)?;
-            } else if name == "lm_head.weight" {
-                if let Some(b) = lm_head.as_mut() {
-                    fill16(b, 0)?;
-                }
-            } else if name == "model.norm.weight" {
-                fill32(&mut final_norm)?;
-            } else {
-                let rest = name.strip_prefix("model.layers.").ok_or_else(|| {
-                    GpuError::invalid("synth", format!("unexpected tensor {name}"))
-                })?;
-                let (idx, suffix) = rest.split_once('.').unwrap_or((rest, ""));
-                let l: usize = idx
-                    .parse()
-                    .map_err(|_| GpuError::invalid("synth", format!("tensor {name}")))?;
-                let b = &mut bufs[l];
-                match suffix {
-                    "input_layernorm.weight" => fill32(&mut b.attn_norm)?,
-                    "post_attention_layernorm.weight" => fill32(&mut b.mlp_norm)?,
-                    "self_attn.q_proj.weight" => fill16(&mut b.qkv, 0)?,
-                    "self_attn.k_proj.weight" => fill16(&mut b.qkv, q)?,
-                    "self_attn.v_proj.weight" => fill16(&mut b.qkv, q + kv)?,
-                    "self_attn.o_proj.weight" => fill16(&mut b.o, 0)?,
-                    "mlp.gate_proj.weight" => fill16s(&mut b.gate_up, 0, 2)?,
-                    "mlp.up_proj.weight" => fill16s(&mut b.gate_up, 1, 2)?,
-                    "mlp.down_proj.weight" => fill16(&mut b.down, 0)?,
-                    _ => {
-                        return Err(GpuError::invalid(
-                            "synth",
-                            format!("unexpected tensor {name}"),
-                        ))
-                    }
-                }
-            }
-        }
-        dev.synchronize()?;
-        let layers = bufs
-            .into_iter()
-            .map(|b| GpuLayer {
-                attn_norm: b.attn_norm,
-                qkv: GpuLinear::dense(b.qkv, q + 2 * kv, h),
-                qkv_bias: None,
-                o: GpuLinear::dense(b.o, h, q),
-                mlp_norm: b.mlp_norm,
-                gate_up: GpuLinear::dense(b.gate_up, 2 * inter, h),
-                down: GpuLinear::dense(b.down, h, inter),
-            })
-            .collect();
-        Ok(GpuModel {
-            config: c.clone(),
-            embed: GpuLinear::dense(embed, vocab, h),
-            lm_head: lm_head.map(|w| GpuLinear::dense(w, vocab, h)),
-            layers,
-            final_norm,
-            coded_scratch: None,
-        })
     }
 
     pub fn lm_head(&self) -> &GpuLinear {

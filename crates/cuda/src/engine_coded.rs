@@ -1,22 +1,16 @@
-//! [`GpuModel`]s whose matrices are dtANS-LLM coded (`forms::dtans::DtansLinear`): the synthetic
-//! benchmark models of issue 5.
-//!
-//! [`GpuModel::synth_coded`] generates ONE decoder layer's BF16 matrices on the host
-//! (`model::synth`'s distribution and streams, layer 0), stacks them as the engine does (q/k/v
-//! rows stacked, gate/up rows interleaved), codes each stacked matrix losslessly with the plan's
-//! coding (or the coder's choice), uploads it and then copies the coded arrays device-to-device
-//! into every layer: every layer owns its own copy, so the memory use is that of a fully coded
-//! model, and the decode step reads every layer's arrays. The LM head is coded too; the embedding
-//! stays dense BF16 (a lookup reads one row; the kernels decode whole 32-row tiles). Norms are each
-//! layer's own. [`GpuModel::synth_one_layer`] builds the same weights dense, for comparisons.
+//! The model builder ([`GpuModel::upload_served`], [`GpuModel::upload_coded`]): each launch of a
+//! host model to the device in the form the GPU forms give it (`forms::upload`), coded at load
+//! when asked; a layer whose host matrices an earlier layer shares (a synthetic model built with
+//! `model::synth::shared_layer_weights`: layer 0's weights in every layer) gets device copies of
+//! that layer's launches, so every layer owns its arrays and the decode step reads each. Also
+//! the coder's entry points for BF16 matrices and the synthetic weights of the selftests.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::CudaSlice;
 use rayon::prelude::*;
 
 use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor, EncodePlan};
-use entrollm_codec::matvec::Dequant;
 use entrollm_codec::Payload;
 use entrollm_model::coding_plan::{CodingPlan, Launch};
 use entrollm_model::synth::{fill_row, fill_tensor_16, tensors, SynthDtype, SynthTensor};
@@ -31,11 +25,10 @@ use crate::linear::{
     DtansLinear, DtansScratch, Fp8Linear, Fp8Serving, GpuLinear, PalBf16Linear, Serving,
     SharedScratch,
 };
-use crate::ops::forward::{launch_synth_fill, SynthOut};
 use crate::ops::gemv_fp8::Fp8Codes;
 use crate::tuned::bf16_coding_for;
 
-const OP: &str = "synth_coded";
+const OP: &str = "synthetic model";
 
 /// The plan of the tuned BF16 codings: per launch the coding `tuned::bf16_coding_for` gives
 /// its stacked shape (the measured fastest for the Llama-3.1-8B shapes).
@@ -52,65 +45,6 @@ pub fn tuned_plan(c: &ModelConfig) -> CodingPlan {
         plan.launches.insert(l, Some(bf16_coding_for(rows, cols).0));
     }
     plan
-}
-
-/// One synthetic matrix as BF16 bits (rows in parallel, as `model::synth`).
-fn host_matrix(t: &SynthTensor, seed: u64) -> Vec<u16> {
-    let mut bytes = vec![0u8; t.numel() * 2];
-    fill_tensor_16(t, seed, SynthDtype::Bf16, &mut bytes);
-    bytes
-        .chunks_exact(2)
-        .map(|b| u16::from_le_bytes([b[0], b[1]]))
-        .collect()
-}
-
-/// A norm weight vector as the synth stores it (BF16-rounded), in f32.
-fn host_norm(t: &SynthTensor, seed: u64) -> Vec<f32> {
-    let mut v = vec![0f32; t.numel()];
-    fill_row(t, seed, 0, &mut v);
-    v.iter()
-        .map(|&x| half::bf16::from_f32(x).to_f32())
-        .collect()
-}
-
-/// The host matrices of one layer, stacked as the engine stacks them.
-struct HostLayer {
-    qkv: Vec<u16>,
-    o: Vec<u16>,
-    gate_up: Vec<u16>,
-    down: Vec<u16>,
-}
-
-fn find<'a>(ts: &'a [SynthTensor], name: &str) -> Result<&'a SynthTensor> {
-    ts.iter()
-        .find(|t| t.name == name)
-        .ok_or_else(|| GpuError::invalid(OP, format!("the synthetic model has no {name}")))
-}
-
-fn host_layer(ts: &[SynthTensor], seed: u64) -> Result<HostLayer> {
-    let m = |s: &str| -> Result<Vec<u16>> {
-        Ok(host_matrix(
-            find(ts, &format!("model.layers.0.{s}.weight"))?,
-            seed,
-        ))
-    };
-    let mut qkv = m("self_attn.q_proj")?;
-    qkv.extend(m("self_attn.k_proj")?);
-    qkv.extend(m("self_attn.v_proj")?);
-    let (gate, up) = (m("mlp.gate_proj")?, m("mlp.up_proj")?);
-    let cols = find(ts, "model.layers.0.mlp.gate_proj.weight")?.shape[1];
-    let mut gate_up = Vec::with_capacity(gate.len() * 2);
-    for (g, u) in gate.chunks(cols).zip(up.chunks(cols)) {
-        gate_up.extend_from_slice(g);
-        gate_up.extend_from_slice(u);
-    }
-    drop((gate, up));
-    Ok(HostLayer {
-        qkv,
-        o: m("self_attn.o_proj")?,
-        gate_up,
-        down: m("mlp.down_proj")?,
-    })
 }
 
 /// Where a BF16 matrix is coded: the host's encoder or the GPU's (byte-identical output; the
@@ -264,10 +198,6 @@ pub fn free_memory(dev: &GpuDevice) -> Result<(usize, usize)> {
         .while_(|| "querying free device memory".into())
 }
 
-fn gb(b: usize) -> f64 {
-    b as f64 / 1e9
-}
-
 impl GpuDtans {
     /// A copy of the coded arrays in new device memory (device-to-device).
     pub fn duplicate(&self, dev: &GpuDevice) -> Result<GpuDtans> {
@@ -412,190 +342,6 @@ impl GpuModel {
             }
         }
     }
-
-    /// The synthetic model with layer 0's matrices in every layer (each layer its own copy), dense
-    /// BF16: the reference of [`GpuModel::synth_coded`] (same weights, uncoded).
-    pub fn synth_one_layer(dev: &GpuDevice, c: &ModelConfig, seed: u64) -> Result<Self> {
-        build(dev, c, seed, None)
-    }
-
-    /// The synthetic model of `model::synth` with layer 0's matrices coded (dtANS-LLM, lossless
-    /// BF16) by `plan` (a launch's `None`: the coder's choice) and copied on the device into every
-    /// layer; the LM head coded likewise, the embedding dense. Fails naming the coding if the GPU
-    /// kernels do not support it, and with the bytes needed if the device memory is short.
-    pub fn synth_coded(
-        dev: &GpuDevice,
-        c: &ModelConfig,
-        seed: u64,
-        plan: &CodingPlan,
-        encoder: Encoder,
-    ) -> Result<Self> {
-        build(dev, c, seed, Some((plan, encoder)))
-    }
-}
-
-fn build(
-    dev: &GpuDevice,
-    c: &ModelConfig,
-    seed: u64,
-    plan: Option<(&CodingPlan, Encoder)>,
-) -> Result<GpuModel> {
-    let gpu = match plan {
-        Some((_, Encoder::Gpu)) => Some(dev),
-        _ => None,
-    };
-    let plan = plan.map(|(p, _)| p);
-    crate::engine::check_supported(c)?;
-    let ts = tensors(c);
-    let (h, q, kv, inter, vocab) = (
-        c.hidden_size,
-        c.q_dim(),
-        c.kv_dim(),
-        c.intermediate_size,
-        c.vocab_size,
-    );
-    let shapes = [
-        ("self_attn.q_proj", q + 2 * kv, h),
-        ("self_attn.o_proj", h, q),
-        ("mlp.gate_proj", 2 * inter, h),
-        ("mlp.down_proj", h, inter),
-    ];
-    // Codings first, so that an unsupported one fails before any work.
-    let coding_of = |name: &str| plan.and_then(|p| p.coding_for(name));
-    if plan.is_some() {
-        for (part, _, _) in shapes {
-            if let Some(cd) = coding_of(&format!("model.layers.0.{part}.weight")) {
-                check_coding(Payload::Bf16, &cd)?;
-            }
-        }
-        if let Some(cd) = coding_of("lm_head.weight") {
-            check_coding(Payload::Bf16, &cd)?;
-        }
-    }
-    let s = dev.stream();
-    // The embedding: dense, generated on the device as `GpuModel::synth` does.
-    let embed_t = find(&ts, "model.embed_tokens.weight")?;
-    let mut embed = s
-        .alloc_zeros::<u16>(vocab * h)
-        .while_(|| format!("allocating the {:.3} GB embedding", gb(vocab * h * 2)))?;
-    {
-        let mut view = embed.slice_mut(0..);
-        launch_synth_fill(
-            dev,
-            SynthOut::Bf16(&mut view),
-            vocab,
-            h,
-            h,
-            crate::engine::synth_seeds(&embed_t.name, seed),
-            Some(match embed_t.kind {
-                entrollm_model::synth::SynthKind::Matrix { sigma } => sigma,
-                entrollm_model::synth::SynthKind::Norm => 1.0,
-            }),
-        )?;
-    }
-    let max_rows = [q + 2 * kv, h, 2 * inter, vocab]
-        .into_iter()
-        .max()
-        .unwrap_or(1);
-    let max_cols = [h, q, inter].into_iter().max().unwrap_or(1);
-    let max_weights = shapes.iter().map(|s| s.1 * s.2).max().unwrap_or(1);
-    let scratch: Option<SharedScratch> = match plan {
-        Some(_) => Some(Arc::new(Mutex::new(DtansScratch::new(
-            dev,
-            max_rows,
-            max_cols,
-            max_weights,
-        )?))),
-        None => None,
-    };
-    let make = |bits: &[u16], rows: usize, cols: usize, name: &str| -> Result<GpuLinear> {
-        match (&scratch, plan) {
-            (Some(sc), Some(_)) => {
-                let t = code_bf16(bits, rows, cols, coding_of(name), gpu)
-                    .map_err(|e| GpuError::invalid(OP, format!("coding {name}: {e}")))?;
-                let g = GpuDtans::upload(dev, &t, &Dequant::None)?;
-                GpuLinear::coded(g, Arc::clone(sc))
-            }
-            _ => GpuLinear::dense_from_host(dev, rows, cols, bits),
-        }
-    };
-    // Layer 0 on the host, coded and uploaded.
-    let hl = host_layer(&ts, seed)?;
-    let name = |part: &str| format!("model.layers.0.{part}.weight");
-    let l0 = [
-        make(&hl.qkv, q + 2 * kv, h, &name("self_attn.q_proj"))?,
-        make(&hl.o, h, q, &name("self_attn.o_proj"))?,
-        make(&hl.gate_up, 2 * inter, h, &name("mlp.gate_proj"))?,
-        make(&hl.down, h, inter, &name("mlp.down_proj"))?,
-    ];
-    drop(hl);
-    let lm_head = if c.tie_word_embeddings {
-        None
-    } else {
-        let t = find(&ts, "lm_head.weight")?;
-        let bits = host_matrix(t, seed);
-        Some(make(&bits, vocab, h, "lm_head.weight")?)
-    };
-    dev.synchronize()?;
-    // Every other layer: a device copy of layer 0's arrays. Check the memory first.
-    let layer_bytes: usize = l0.iter().map(|m| m.device_bytes()).sum();
-    let need = layer_bytes * c.num_layers.saturating_sub(1);
-    let (free, total) = free_memory(dev)?;
-    if need + (64 << 20) > free {
-        return Err(GpuError::invalid(
-            OP,
-            format!(
-                "not enough device memory: {} more layers of {:.3} GB need {:.3} GB, {:.3} GB of \
-                 {:.3} GB are free",
-                c.num_layers - 1,
-                gb(layer_bytes),
-                gb(need),
-                gb(free),
-                gb(total)
-            ),
-        ));
-    }
-    let norm = |n: String| -> Result<CudaSlice<f32>> {
-        let v = host_norm(find(&ts, &n)?, seed);
-        s.clone_htod(&v).while_(|| format!("uploading {n}"))
-    };
-    let layer = |l: usize, [qkv, o, gate_up, down]: [GpuLinear; 4]| -> Result<GpuLayer> {
-        let p = format!("model.layers.{l}");
-        Ok(GpuLayer {
-            attn_norm: norm(format!("{p}.input_layernorm.weight"))?,
-            qkv,
-            qkv_bias: None,
-            o,
-            mlp_norm: norm(format!("{p}.post_attention_layernorm.weight"))?,
-            gate_up,
-            down,
-        })
-    };
-    let mut rest = Vec::with_capacity(c.num_layers);
-    for l in 1..c.num_layers {
-        let [a, b, g, d] = &l0;
-        rest.push(layer(
-            l,
-            [
-                a.duplicate(dev)?,
-                b.duplicate(dev)?,
-                g.duplicate(dev)?,
-                d.duplicate(dev)?,
-            ],
-        )?);
-    }
-    let mut layers = vec![layer(0, l0)?];
-    layers.extend(rest);
-    let final_norm = norm("model.norm.weight".into())?;
-    dev.synchronize()?;
-    Ok(GpuModel {
-        config: c.clone(),
-        embed: GpuLinear::dense(embed, vocab, h),
-        lm_head,
-        layers,
-        final_norm,
-        coded_scratch: scratch,
-    })
 }
 
 /// The small Llama-architecture model of the coded end-to-end check: head_dim 64, GQA 4/2, two
@@ -627,6 +373,65 @@ pub fn served_weights(
 /// of [`served_weights`] before coding).
 pub fn dense_weights(c: &ModelConfig, seed: u64) -> Result<entrollm_model::weights::ModelWeights> {
     synth_weights(c, seed, None)
+}
+
+/// One synthetic matrix as BF16 bits (rows in parallel, as `model::synth`).
+fn host_matrix(t: &SynthTensor, seed: u64) -> Vec<u16> {
+    let mut bytes = vec![0u8; t.numel() * 2];
+    fill_tensor_16(t, seed, SynthDtype::Bf16, &mut bytes);
+    bytes
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect()
+}
+
+/// A norm weight vector as the synth stores it (BF16-rounded), in f32.
+fn host_norm(t: &SynthTensor, seed: u64) -> Vec<f32> {
+    let mut v = vec![0f32; t.numel()];
+    fill_row(t, seed, 0, &mut v);
+    v.iter()
+        .map(|&x| half::bf16::from_f32(x).to_f32())
+        .collect()
+}
+
+fn find<'a>(ts: &'a [SynthTensor], name: &str) -> Result<&'a SynthTensor> {
+    ts.iter()
+        .find(|t| t.name == name)
+        .ok_or_else(|| GpuError::invalid(OP, format!("the synthetic model has no {name}")))
+}
+
+/// The host matrices of one layer, stacked as the engine stacks them.
+struct HostLayer {
+    qkv: Vec<u16>,
+    o: Vec<u16>,
+    gate_up: Vec<u16>,
+    down: Vec<u16>,
+}
+
+fn host_layer(ts: &[SynthTensor], seed: u64) -> Result<HostLayer> {
+    let m = |s: &str| -> Result<Vec<u16>> {
+        Ok(host_matrix(
+            find(ts, &format!("model.layers.0.{s}.weight"))?,
+            seed,
+        ))
+    };
+    let mut qkv = m("self_attn.q_proj")?;
+    qkv.extend(m("self_attn.k_proj")?);
+    qkv.extend(m("self_attn.v_proj")?);
+    let (gate, up) = (m("mlp.gate_proj")?, m("mlp.up_proj")?);
+    let cols = find(ts, "model.layers.0.mlp.gate_proj.weight")?.shape[1];
+    let mut gate_up = Vec::with_capacity(gate.len() * 2);
+    for (g, u) in gate.chunks(cols).zip(up.chunks(cols)) {
+        gate_up.extend_from_slice(g);
+        gate_up.extend_from_slice(u);
+    }
+    drop((gate, up));
+    Ok(HostLayer {
+        qkv,
+        o: m("self_attn.o_proj")?,
+        gate_up,
+        down: m("mlp.down_proj")?,
+    })
 }
 
 fn synth_weights(
@@ -1146,7 +951,12 @@ fn serve(
         bf16_palette: serving.bf16_palette && code.is_none(),
         code: None,
     };
-    let mut serve = |parts: &[&dyn Linear], halves: bool, launch: Launch, what: &str, policy| {
+    let serve = |parts: &[&dyn Linear],
+                 halves: bool,
+                 launch: Launch,
+                 what: &str,
+                 policy,
+                 r: &mut LoadReport| {
         let policy = Policy {
             code: code.map(|(plan, encoder)| (launch_coding(plan, launch), encoder)),
             ..policy
@@ -1158,7 +968,7 @@ fn serve(
             what,
         };
         if !serving.decoded {
-            if let Some(l) = forms::upload(&up, parts, halves, &mut r)? {
+            if let Some(l) = forms::upload(&up, parts, halves, r)? {
                 return Ok(l);
             }
         }
@@ -1182,10 +992,20 @@ fn serve(
             Launch::LmHead,
             "lm_head",
             head,
+            &mut r,
         )?)
     };
-    let mut layers = Vec::with_capacity(w.layers.len());
+    let mut layers: Vec<GpuLayer> = Vec::with_capacity(w.layers.len());
+    // A layer whose matrices are an earlier layer's (the same host matrices: a synthetic model's
+    // layers) gets device copies of that layer's launches, with nothing stacked, packed or coded
+    // again; the report counts it as that layer was counted.
+    let mut seen: HashMap<[usize; 7], (usize, [usize; 4])> = HashMap::new();
     for (i, l) in w.layers.iter().enumerate() {
+        let key = [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+            .map(|m| Arc::as_ptr(m) as *const () as usize);
+        let counts = |r: &LoadReport| [r.coded_at_load, r.served, r.fp8, r.bf16_palette];
+        let before = counts(&r);
+        let copy = seen.get(&key).copied();
         let qkv_bias = match (&l.q_bias, &l.k_bias, &l.v_bias) {
             (None, None, None) => None,
             (qb, kb, vb) => {
@@ -1196,6 +1016,32 @@ fn serve(
             }
         };
         let what = |s: &str| format!("layer {i} {s}");
+        if let Some((j, d)) = copy {
+            let src = &layers[j];
+            let layer = GpuLayer {
+                attn_norm: upload_f32(dev, &l.attn_norm)?,
+                qkv: src.qkv.duplicate(dev)?,
+                qkv_bias,
+                o: src.o.duplicate(dev)?,
+                mlp_norm: upload_f32(dev, &l.mlp_norm)?,
+                gate_up: src.gate_up.duplicate(dev)?,
+                down: src.down.duplicate(dev)?,
+            };
+            layers.push(layer);
+            for (n, d) in [
+                &mut r.coded_at_load,
+                &mut r.served,
+                &mut r.fp8,
+                &mut r.bf16_palette,
+            ]
+            .into_iter()
+            .zip(d)
+            {
+                *n += d;
+            }
+            progress(i + 1, w.layers.len());
+            continue;
+        }
         layers.push(GpuLayer {
             attn_norm: upload_f32(dev, &l.attn_norm)?,
             qkv: serve(
@@ -1204,9 +1050,10 @@ fn serve(
                 Launch::Qkv,
                 &what("qkv"),
                 policy,
+                &mut r,
             )?,
             qkv_bias,
-            o: serve(&[&*l.o], false, Launch::O, &what("o"), policy)?,
+            o: serve(&[&*l.o], false, Launch::O, &what("o"), policy, &mut r)?,
             mlp_norm: upload_f32(dev, &l.mlp_norm)?,
             gate_up: serve(
                 &[&*l.gate, &*l.up],
@@ -1214,9 +1061,19 @@ fn serve(
                 Launch::GateUp,
                 &what("gate_up"),
                 policy,
+                &mut r,
             )?,
-            down: serve(&[&*l.down], false, Launch::Down, &what("down"), policy)?,
+            down: serve(
+                &[&*l.down],
+                false,
+                Launch::Down,
+                &what("down"),
+                policy,
+                &mut r,
+            )?,
         });
+        let after = counts(&r);
+        seen.insert(key, (i, std::array::from_fn(|k| after[k] - before[k])));
         progress(i + 1, w.layers.len());
     }
     if code.is_some() && lm_head.is_none() {

@@ -1,15 +1,13 @@
 //! Selftest of the GPU forward pass (part of `entrollm selftest --gpu`, after
 //! [`crate::selftest::run_selftest`]): the forward-pass kernels against their CPU references on
-//! fresh random inputs over many (also ragged) shapes, the device synth against `model::synth`,
-//! then whole models: a small synthetic model with q/k/v biases and interleaved RoPE (prefill over
+//! fresh random inputs over many (also ragged) shapes, then whole models: a small synthetic model with q/k/v biases and interleaved RoPE (prefill over
 //! two chunks, decode steps) and SmolLM2-135M, GPU vs the CPU engine on the same BF16-rounded
 //! weights (logits and greedy tokens).
 //!
 //! Tolerances (relative L2 unless said): f32 kernels 1e-5 (GEMV and its fused RMSNorm / residual /
 //! SwiGLU forms, RMSNorm, RoPE); kernels with a
 //! BF16 output against the reference rounded to BF16 1e-4 (a rounding flip of a few elements);
-//! cuBLASLt GEMM 1e-4; flash prefill 1e-2 (BF16 probabilities and output); device synth: at most
-//! 1e-4 of the values differ, by at most one BF16 ulp. Whole models: logits 3e-2 for the
+//! cuBLASLt GEMM 1e-4; flash prefill 1e-2 (BF16 probabilities and output). Whole models: logits 3e-2 for the
 //! synthetic model, 5e-2 for SmolLM2 (BF16 KV cache and BF16 prefill activations, against an f32
 //! CPU engine, through 30 layers); greedy tokens must match, a divergence passes only as a
 //! near-tie: where the CPU's top-two logits are within 0.5 of each other (documented per prompt).
@@ -20,12 +18,12 @@ use std::sync::Arc;
 use cudarc::driver::CudaSlice;
 
 use entrollm_model::config::{Arch, RopeStyle};
-use entrollm_model::synth::{fill_row, fill_tensor_16, tensors, SynthDtype, SynthKind, SynthShape};
+use entrollm_model::synth::{fill_row, shared_layer_weights, tensors, SynthKind, SynthShape};
 use entrollm_model::weights::{Linear, ModelWeights};
-use entrollm_model::{DenseBf16 as CpuDenseBf16, Engine, LayerWeights, ModelConfig};
+use entrollm_model::{DenseBf16 as CpuDenseBf16, Engine, LayerWeights};
 
 use crate::device::GpuDevice;
-use crate::engine::{bf16_rounded, synth_seeds, DecodeOptions, GpuEngine, GpuModel};
+use crate::engine::{bf16_rounded, DecodeOptions, GpuEngine, GpuModel};
 use crate::error::{GpuError, Result};
 use crate::gemm::{gemm_ref, Gemm};
 use crate::linear::{Fp8Serving, Serving};
@@ -715,90 +713,6 @@ impl Checker<'_> {
         });
         Ok(())
     }
-
-    /// Device synth vs `model::synth` for every tensor of `config` (or only the one named);
-    /// matrices written every `stride`-th row (2: the engine's gate/up interleave).
-    fn synth(
-        &mut self,
-        label: &str,
-        c: &ModelConfig,
-        seed: u64,
-        only: Option<&str>,
-        stride: usize,
-    ) -> Result<()> {
-        let (mut total, mut differ, mut worst_ulps) = (0usize, 0usize, 0u32);
-        for t in tensors(c) {
-            if only.is_some_and(|o| o != t.name) {
-                continue;
-            }
-            let rows = if t.shape.len() == 1 { 1 } else { t.shape[0] };
-            let cols = *t.shape.last().unwrap_or(&1);
-            let mut cpu = vec![0u8; t.numel() * 2];
-            fill_tensor_16(&t, seed, SynthDtype::Bf16, &mut cpu);
-            let cpu: Vec<u16> = cpu
-                .chunks_exact(2)
-                .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                .collect();
-            let seeds = synth_seeds(&t.name, seed);
-            let gpu: Vec<u16> = match t.kind {
-                SynthKind::Matrix { sigma } => {
-                    let mut buf = poisoned16(self.dev, rows * cols * stride)?;
-                    let mut view = buf.slice_mut(..);
-                    launch_synth_fill(
-                        self.dev,
-                        SynthOut::Bf16(&mut view),
-                        rows,
-                        cols,
-                        stride * cols,
-                        seeds,
-                        Some(sigma),
-                    )?;
-                    let all = download(self.dev, &buf)?;
-                    all.chunks(cols)
-                        .step_by(stride)
-                        .flatten()
-                        .copied()
-                        .collect()
-                }
-                SynthKind::Norm => {
-                    let mut buf = poisoned32(self.dev, cols)?;
-                    let mut view = buf.slice_mut(..);
-                    launch_synth_fill(
-                        self.dev,
-                        SynthOut::F32(&mut view),
-                        1,
-                        cols,
-                        cols,
-                        seeds,
-                        None,
-                    )?;
-                    download(self.dev, &buf)?
-                        .iter()
-                        .map(|&v| f32_to_bf16(v))
-                        .collect()
-                }
-            };
-            for (&a, &b) in gpu.iter().zip(&cpu) {
-                total += 1;
-                if a != b {
-                    differ += 1;
-                    worst_ulps = worst_ulps.max((a as i32 - b as i32).unsigned_abs());
-                }
-            }
-        }
-        let frac = differ as f64 / total.max(1) as f64;
-        self.cases.push(CaseResult {
-            kernel: "synth_fill".into(),
-            shape: format!("{label}: {differ} of {total} differ (max {worst_ulps} ulp)"),
-            rel_l2: if worst_ulps <= 1 && total > 0 {
-                frac
-            } else {
-                f64::INFINITY
-            },
-            tolerance: 1e-4,
-        });
-        Ok(())
-    }
 }
 
 /// A small model with q/k/v biases and interleaved RoPE (Qwen2-like), built on the host from the
@@ -1392,27 +1306,6 @@ pub fn run_engine_selftest(
         }
     }
     c.finish_step()?;
-    c.synth(
-        "tiny, all tensors, rows interleaved",
-        &SynthShape::Tiny.config(),
-        7,
-        None,
-        2,
-    )?;
-    c.synth(
-        "llama-3.1-8b layer-0 k_proj",
-        &SynthShape::Llama31_8B.config(),
-        0,
-        Some("model.layers.0.self_attn.k_proj.weight"),
-        1,
-    )?;
-    c.synth(
-        "llama-3.1-8b final norm",
-        &SynthShape::Llama31_8B.config(),
-        0,
-        Some("model.norm.weight"),
-        1,
-    )?;
     let mut cases = c.cases;
     // A small biased, interleaved-RoPE model: prefill over two chunks (2100 tokens), 4 steps.
     let w = small_model(seed)?;
@@ -1433,10 +1326,12 @@ pub fn run_engine_selftest(
         let ids: Vec<u32> = (0..200)
             .map(|_| rng.below(c.vocab_size as u64) as u32)
             .collect();
+        let w =
+            shared_layer_weights(&c, 0).map_err(|e| GpuError::invalid("synth", e.to_string()))?;
         compare_pdl(
             dev,
             "synthetic llama-3.1-8b",
-            || GpuModel::synth(dev, &c, 0),
+            || GpuModel::upload(dev, &w),
             &ids,
             32,
             &mut cases,
@@ -1601,13 +1496,18 @@ pub fn coded_e2e_selftest(dev: &Arc<GpuDevice>, seed: u64) -> Result<SelftestRep
             },
         ]
     };
-    let dense = run(GpuModel::synth_one_layer(dev, &c, seed)?)?;
+    // Layer 0's weights in every layer: the builder copies layer 0's launches on the device.
+    let shared =
+        shared_layer_weights(&c, seed).map_err(|e| GpuError::invalid("synth", e.to_string()))?;
+    let dense = run(GpuModel::upload(dev, &shared)?)?;
     let mut cases = Vec::new();
     for (label, plan) in [
         ("tuned", tuned_plan(&c)),
         ("auto", CodingPlan::uniform(None)),
     ] {
-        let model = GpuModel::synth_coded(dev, &c, seed, &plan, Encoder::Gpu)?;
+        let auto = Fp8Serving::Auto;
+        let (model, _) =
+            GpuModel::upload_coded(dev, &shared, &plan, Encoder::Gpu, auto, &mut |_, _| {})?;
         let s = model.coded_summary();
         let shape = format!(
             "{label}: {} coded matrices, {:.3} bits/weight",

@@ -223,16 +223,8 @@ pub trait GpuMatrix: Send + Sync {
     fn gate_up_halves(&self) -> bool {
         false
     }
-    /// A device copy (the synthetic builders copy layer 0's matrices into every layer).
-    fn duplicate(&self, _dev: &GpuDevice) -> Result<GpuLinear> {
-        Err(GpuError::invalid(
-            "layer copy",
-            format!(
-                "{} matrices are uploaded per layer, not copied",
-                self.desc().form_name()
-            ),
-        ))
-    }
+    /// A device copy (the builder copies a launch whose host matrices an earlier layer shares).
+    fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear>;
     fn as_any(&self) -> &dyn std::any::Any;
 }
 

@@ -14,9 +14,11 @@
 //! generated alone and in parallel, and the same seed always gives the same bytes.
 
 use crate::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
+use crate::weights::{DenseBf16, LayerWeights, Linear, ModelWeights};
 use entrollm_codec::histogram::{byte_histogram, entropy_bits};
 use entrollm_codec::payload::f32_to_fp8_e4m3;
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// The model shapes `entrollm synth` makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -422,9 +424,97 @@ pub fn fit_fp8_multiplier(t: &SynthTensor, seed: u64, bits: f64) -> f32 {
     (0.5 * (lo + hi)).exp2()
 }
 
+/// The synthetic BF16 model of `c` in memory with layer 0's weights in every layer (one `Arc` per
+/// matrix, shared by all layers): `entrollm synth`'s shapes and statistics at the host memory of
+/// one layer and the embeddings, for benchmarks and tuning on a device (a 70B model's layers do
+/// not fit in host memory; every layer has the same shapes and statistics). Layer 0, the
+/// embeddings and the final norm hold exactly the bytes of the BF16 checkpoint `synth` writes.
+pub fn shared_layer_weights(c: &ModelConfig, seed: u64) -> crate::Result<ModelWeights> {
+    c.validate()?;
+    let ts = tensors(c);
+    let get = |name: &str| -> crate::Result<&SynthTensor> {
+        ts.iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| crate::ModelError::tensor(name, "not a tensor of this shape"))
+    };
+    let bits = |t: &SynthTensor| -> Vec<u16> {
+        let mut b = vec![0u8; t.numel() * 2];
+        fill_tensor_16(t, seed, SynthDtype::Bf16, &mut b);
+        b.chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect()
+    };
+    let matrix = |name: &str| -> crate::Result<Arc<dyn Linear>> {
+        let t = get(name)?;
+        Ok(Arc::new(DenseBf16::new(
+            name,
+            t.shape[0],
+            t.shape[1],
+            bits(t),
+        )?))
+    };
+    let norm = |name: &str| -> crate::Result<Vec<f32>> {
+        Ok(bits(get(name)?)
+            .into_iter()
+            .map(|b| half::bf16::from_bits(b).to_f32())
+            .collect())
+    };
+    let l = |s: &str| format!("model.layers.0.{s}.weight");
+    let layer = LayerWeights {
+        attn_norm: norm(&l("input_layernorm"))?,
+        q: matrix(&l("self_attn.q_proj"))?,
+        k: matrix(&l("self_attn.k_proj"))?,
+        v: matrix(&l("self_attn.v_proj"))?,
+        o: matrix(&l("self_attn.o_proj"))?,
+        q_bias: None,
+        k_bias: None,
+        v_bias: None,
+        mlp_norm: norm(&l("post_attention_layernorm"))?,
+        gate: matrix(&l("mlp.gate_proj"))?,
+        up: matrix(&l("mlp.up_proj"))?,
+        down: matrix(&l("mlp.down_proj"))?,
+    };
+    let embed = matrix("model.embed_tokens.weight")?;
+    let lm_head = match c.tie_word_embeddings {
+        true => Arc::clone(&embed),
+        false => matrix("lm_head.weight")?,
+    };
+    let layers = vec![layer; c.num_layers];
+    let w = ModelWeights {
+        config: c.clone(),
+        embed,
+        layers,
+        final_norm: norm("model.norm.weight")?,
+        lm_head,
+    };
+    w.validate()?;
+    Ok(w)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_layer_weights_hold_layer_0_in_every_layer() {
+        let c = SynthShape::Tiny.config();
+        let w = shared_layer_weights(&c, 5).unwrap();
+        assert_eq!(w.layers.len(), c.num_layers);
+        assert!(Arc::ptr_eq(&w.layers[0].gate, &w.layers[1].gate));
+        assert!(!Arc::ptr_eq(&w.embed, &w.lm_head));
+        for (name, m) in [
+            ("model.layers.0.self_attn.k_proj.weight", &w.layers[1].k),
+            ("lm_head.weight", &w.lm_head),
+        ] {
+            let t = tensors(&c).into_iter().find(|t| t.name == name).unwrap();
+            let mut want = vec![0u8; t.numel() * 2];
+            fill_tensor_16(&t, 5, SynthDtype::Bf16, &mut want);
+            let got = m.as_any().downcast_ref::<DenseBf16>().unwrap().data();
+            let got: Vec<u8> = got.iter().flat_map(|b| b.to_le_bytes()).collect();
+            assert_eq!(got, want, "{name}");
+        }
+        assert_eq!(w.layers[1].mlp_norm, w.layers[0].mlp_norm);
+    }
 
     #[test]
     fn shapes_match_llama_31_8b() {

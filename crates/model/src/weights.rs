@@ -47,6 +47,7 @@ pub trait Linear: Send + Sync {
     }
 }
 
+#[derive(Clone)]
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
     pub q: Arc<dyn Linear>,

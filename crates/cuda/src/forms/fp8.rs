@@ -274,6 +274,20 @@ impl GpuMatrix for Fp8Linear {
         self.codes.stored_bytes() + 4 * self.rows
     }
 
+    fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear> {
+        Ok(GpuLinear::new(Fp8Linear {
+            rows: self.rows,
+            cols: self.cols,
+            codes: self.codes.duplicate(dev)?,
+            scales: dev
+                .stream()
+                .clone_dtod(&self.scales)
+                .while_(|| "copying an FP8 matrix's scales".into())?,
+            gemv: self.gemv,
+            scratch: Arc::clone(&self.scratch),
+        }))
+    }
+
     fn matvec_fused(
         &self,
         dev: &GpuDevice,

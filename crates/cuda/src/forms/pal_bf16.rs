@@ -137,6 +137,13 @@ impl GpuMatrix for PalBf16Linear {
         self.p.stored_bytes()
     }
 
+    fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear> {
+        Ok(GpuLinear::new(PalBf16Linear {
+            p: self.p.duplicate(dev)?,
+            scratch: Arc::clone(&self.scratch),
+        }))
+    }
+
     fn matvec_fused(
         &self,
         dev: &GpuDevice,

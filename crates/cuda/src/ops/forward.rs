@@ -4,7 +4,7 @@
 //! weight generator, causal flash-attention prefill, and the accumulating GEMV (`y += W x`). Each has
 //! a CPU reference here or in the module it extends.
 
-use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::attention::AttnConfig;
 use super::gemv::{check_gemv_shape, GemvConfig};
@@ -405,78 +405,6 @@ pub fn launch_finish_step(
         OP,
         [tok, history, &rec, &hist_len, pos, len, zero, &n_zero]
     )
-}
-
-/// Where a synthetic tensor is generated: matrices as BF16 bits, norm weights as f32 (of their BF16
-/// rounding, as the CPU synth stores them).
-pub enum SynthOut<'a, 'b> {
-    Bf16(&'a mut CudaViewMut<'b, u16>),
-    F32(&'a mut CudaViewMut<'b, f32>),
-}
-
-/// Generates `rows × cols` of a synthetic tensor on the device (`model::synth::fill_row`'s
-/// distribution and random streams), matrix rows `ld` elements apart (`ld > cols`: interleaved). `rng_seed` = splitmix(seed ^ name_hash), `col_seed` =
-/// splitmix(seed ^ name_hash ^ 0xC011) (see [`crate::engine::synth_seeds`]); `sigma` None: a norm.
-pub fn launch_synth_fill(
-    dev: &GpuDevice,
-    out: SynthOut<'_, '_>,
-    rows: usize,
-    cols: usize,
-    ld: usize,
-    seeds: (u64, u64),
-    sigma: Option<f32>,
-) -> Result<()> {
-    const OP: &str = "synth_fill";
-    if ld < cols {
-        return Err(GpuError::invalid(
-            OP,
-            format!("row stride {ld} < {cols} columns"),
-        ));
-    }
-    match &out {
-        SynthOut::Bf16(o) if rows > 0 && o.len() < (rows - 1) * ld + cols => {
-            return Err(GpuError::invalid(OP, "output too small"))
-        }
-        SynthOut::F32(o) if o.len() < rows * cols => {
-            return Err(GpuError::invalid(OP, "output too small"))
-        }
-        _ => {}
-    }
-    let (rows_i, cols_i) = (as_i32(OP, "rows", rows)?, as_i32(OP, "cols", cols)?);
-    if rows == 0 || cols == 0 {
-        return Ok(());
-    }
-    let kind = i32::from(sigma.is_some());
-    let sigma = sigma.unwrap_or(0.0);
-    let words = cols.div_ceil(32);
-    let f = dev.function(&engine_variant(), "synth_fill")?;
-    let cfg = LaunchConfig {
-        grid_dim: (rows.div_ceil(128) as u32, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: (words * 4) as u32,
-    };
-    if words * 4 > 48 * 1024 {
-        return Err(GpuError::invalid(OP, format!("{cols} columns is too wide")));
-    }
-    let null = 0u64;
-    let ld_i = ld as i64;
-    let (s0, s1) = seeds;
-    match out {
-        SynthOut::Bf16(o) => launch_kernel!(
-            dev,
-            f,
-            cfg,
-            OP,
-            [o, &null, &rows_i, &cols_i, &ld_i, &s0, &s1, &kind, &sigma]
-        ),
-        SynthOut::F32(o) => launch_kernel!(
-            dev,
-            f,
-            cfg,
-            OP,
-            [&null, o, &rows_i, &cols_i, &ld_i, &s0, &s1, &kind, &sigma]
-        ),
-    }
 }
 
 /// Shape of one causal prefill attention launch.

@@ -101,6 +101,19 @@ impl GpuPal4 {
             escapes: p.escapes().len(),
         })
     }
+
+    /// A device copy.
+    pub fn duplicate(&self, dev: &GpuDevice) -> Result<Self> {
+        let s = dev.stream();
+        let what = || "copying a palette-packed FP8 matrix".to_string();
+        Ok(GpuPal4 {
+            idx: s.clone_dtod(&self.idx).while_(what)?,
+            codes: self.codes,
+            esc_ptr: s.clone_dtod(&self.esc_ptr).while_(what)?,
+            esc: s.clone_dtod(&self.esc).while_(what)?,
+            escapes: self.escapes,
+        })
+    }
 }
 
 /// A BF16 matrix palette-packed losslessly on the device (codec [`PaletteBf16`]): high-byte
@@ -147,9 +160,43 @@ impl GpuPalBf16 {
     pub fn stored_bytes(&self) -> usize {
         self.idx.len() + self.lo.len() + 16 + 4 * (self.esc_ptr.len() + self.escapes)
     }
+
+    /// A device copy.
+    pub fn duplicate(&self, dev: &GpuDevice) -> Result<Self> {
+        let s = dev.stream();
+        let what = || {
+            format!(
+                "copying a [{}, {}] palette-packed BF16 matrix",
+                self.rows, self.cols
+            )
+        };
+        Ok(GpuPalBf16 {
+            rows: self.rows,
+            cols: self.cols,
+            idx: s.clone_dtod(&self.idx).while_(what)?,
+            codes: self.codes,
+            esc_ptr: s.clone_dtod(&self.esc_ptr).while_(what)?,
+            esc: s.clone_dtod(&self.esc).while_(what)?,
+            lo: s.clone_dtod(&self.lo).while_(what)?,
+            escapes: self.escapes,
+            gemv: self.gemv,
+        })
+    }
 }
 
 impl Fp8Codes {
+    /// A device copy.
+    pub fn duplicate(&self, dev: &GpuDevice) -> Result<Self> {
+        Ok(match self {
+            Fp8Codes::Dense(w) => Fp8Codes::Dense(
+                dev.stream()
+                    .clone_dtod(w)
+                    .while_(|| "copying FP8 codes".into())?,
+            ),
+            Fp8Codes::Palette(p) => Fp8Codes::Palette(p.duplicate(dev)?),
+        })
+    }
+
     /// Bytes the codes occupy (and a batch-1 product reads): device memory, and the palette's 16
     /// codes.
     pub fn stored_bytes(&self) -> usize {

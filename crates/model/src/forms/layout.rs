@@ -124,23 +124,38 @@ pub fn apply(
         .filter_map(|l| choices.get(&l.id).map(|c| (l, c)))
         .flat_map(|(l, c)| (0..l.matrices.len()).map(move |i| (l, i, c)))
         .collect();
-    let total = jobs.len();
+    // A matrix that several launches share (a synthetic model's layers hold layer 0's) is
+    // re-formed once per form and variant, and the results share it again.
+    let key = |&(l, i, c): &(&LaunchInstance, usize, &LaunchForm)| {
+        let m = Arc::as_ptr(&l.matrices[i]) as *const () as usize;
+        (m, c.form.clone(), c.variant.clone())
+    };
+    let mut unique = BTreeMap::new();
+    for j in &jobs {
+        unique.entry(key(j)).or_insert(*j);
+    }
+    let unique: Vec<_> = unique.into_iter().collect();
+    let total = unique.len();
     let done = std::sync::atomic::AtomicUsize::new(0);
-    let formed: Vec<((String, usize), Arc<dyn Linear>)> = jobs
+    let made: Vec<(_, Arc<dyn Linear>)> = unique
         .par_iter()
-        .map(|&(l, i, c)| {
+        .map(|(k, (l, i, c))| {
             let form = by_name(&c.form)?;
-            let m = reform(&l.matrices[i], form, &c.variant).map_err(|e| {
-                ModelError::tensor(&l.tensors[i], format!("as {} {}: {e}", c.form, c.variant))
+            let m = reform(&l.matrices[*i], form, &c.variant).map_err(|e| {
+                ModelError::tensor(&l.tensors[*i], format!("as {} {}: {e}", c.form, c.variant))
             })?;
             progress(
                 done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
                 total,
             );
-            Ok(((l.id.clone(), i), m))
+            Ok((k.clone(), m))
         })
         .collect::<Result<_>>()?;
-    let formed: BTreeMap<(String, usize), Arc<dyn Linear>> = formed.into_iter().collect();
+    let made: BTreeMap<_, Arc<dyn Linear>> = made.into_iter().collect();
+    let formed: BTreeMap<(String, usize), Arc<dyn Linear>> = jobs
+        .iter()
+        .map(|j| ((j.0.id.clone(), j.1), Arc::clone(&made[&key(j)])))
+        .collect();
     let get = |id: &str, i: usize, old: &Arc<dyn Linear>| {
         formed
             .get(&(id.to_string(), i))
@@ -188,4 +203,50 @@ pub fn apply(
     };
     out.validate()?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{shared_layer_weights, SynthShape};
+
+    #[test]
+    fn shared_matrices_are_reformed_once_and_stay_shared() {
+        let w = shared_layer_weights(&SynthShape::Tiny.config(), 3).unwrap();
+        let pal = LaunchForm {
+            form: "pal-bf16".into(),
+            variant: "h4".into(),
+        };
+        let form = by_name(&pal.form).unwrap();
+        let v = form.variants(&w.layers[0].o.source().unwrap()).unwrap();
+        let pal = LaunchForm {
+            variant: v[0].variant.clone(),
+            ..pal
+        };
+        let choices: BTreeMap<String, LaunchForm> = ["layers.0.o", "layers.1.o", "layers.0.qkv"]
+            .into_iter()
+            .map(|id| (id.to_string(), pal.clone()))
+            .collect();
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let out = apply(&w, &choices, &|_, total| {
+            calls.store(total, std::sync::atomic::Ordering::Relaxed)
+        })
+        .unwrap();
+        // o is shared by both layers: one re-form for it, one each for layer 0's q, k and v.
+        assert_eq!(calls.into_inner(), 4);
+        assert!(Arc::ptr_eq(&out.layers[0].o, &out.layers[1].o));
+        assert_eq!(out.layers[1].o.form().form, "pal-bf16");
+        assert_eq!(out.layers[0].k.form().form, "pal-bf16");
+        assert!(!Arc::ptr_eq(&out.layers[0].k, &out.layers[1].k));
+        assert!(Arc::ptr_eq(&out.layers[1].k, &w.layers[1].k));
+        let (mut a, mut b) = (
+            vec![0f32; w.layers[0].o.cols()],
+            vec![0f32; w.layers[0].o.cols()],
+        );
+        for r in 0..w.layers[0].o.rows() {
+            w.layers[1].o.row(r, &mut a);
+            out.layers[1].o.row(r, &mut b);
+            assert_eq!(a, b, "row {r}");
+        }
+    }
 }
