@@ -5,6 +5,7 @@ use crate::budget::print_summary;
 use crate::progress;
 use anyhow::{bail, Context, Result};
 use entrollm_model::load::{open_weights_with, LoadOptions};
+use entrollm_model::synth::{shared_layer_weights, SynthShape};
 use entrollm_tune::budget::Budget;
 use entrollm_tune::file::{DeviceId, PlanFile, TuneFile};
 use entrollm_tune::tuner::{tune, CpuTimer, LaunchTimer, Progress, TuneOptions};
@@ -14,7 +15,15 @@ use std::path::PathBuf;
 #[derive(clap::Args)]
 pub struct TuneArgs {
     /// A .gguf file, an entrollm container or a Hugging Face checkpoint directory.
-    model: PathBuf,
+    #[arg(required_unless_present = "synth")]
+    model: Option<PathBuf>,
+    /// Instead of a model: this synthetic shape in BF16, layer 0's weights in every layer (no
+    /// disk; as `bench --synth` serves it). Its tune file plans `bench --synth` of the same shape.
+    #[arg(long, conflicts_with = "model", value_parser = SynthShape::names().to_vec())]
+    synth: Option<String>,
+    /// Seed of the synthetic weights.
+    #[arg(long, default_value_t = 0, requires = "synth")]
+    seed: u64,
     /// Where to time: cpu, or cuda (the GPU).
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -68,17 +77,29 @@ fn timer(device: &str, seconds: f64) -> Result<Box<dyn LaunchTimer>> {
 pub fn run_tune(a: TuneArgs) -> Result<()> {
     let timer = timer(&a.device, a.seconds)?;
     let device: DeviceId = timer.device();
-    // As `--budget` loads it: coded matrices as stored, GGUF blocks as their integer codes.
-    let w = open_weights_with(
-        &a.model,
-        LoadOptions {
-            fused: true,
-            keep_quantised: true,
-            // As stored, so that a container and its source have the same fingerprint.
-            recorded_forms: false,
-        },
-    )?;
-    let id = planner::model_id(&w, &a.model.display().to_string())?;
+    let (w, path) = match (&a.model, &a.synth) {
+        (Some(model), _) => (
+            // As `--budget` loads it: coded matrices as stored, GGUF blocks as their integer
+            // codes.
+            open_weights_with(
+                model,
+                LoadOptions {
+                    fused: true,
+                    keep_quantised: true,
+                    // As stored, so that a container and its source have the same fingerprint.
+                    recorded_forms: false,
+                },
+            )?,
+            model.display().to_string(),
+        ),
+        (None, Some(name)) => {
+            let shape = SynthShape::parse(name).expect("clap checked the name");
+            let w = shared_layer_weights(&shape.config(), a.seed)?;
+            (w, crate::bench::synth_id(name, a.seed))
+        }
+        (None, None) => bail!("give a MODEL path or --synth SHAPE"),
+    };
+    let id = planner::model_id(&w, &path)?;
     let resume = match a.output.exists() {
         false => None,
         true => {
@@ -107,11 +128,19 @@ pub fn run_tune(a: TuneArgs) -> Result<()> {
     let bar = progress::steps(0, "tune");
     let t0 = std::time::Instant::now();
     let mut reused = 0;
+    // Without a terminal (a log), one line per candidate instead of the bar.
+    let lines = !std::io::IsTerminal::is_terminal(&std::io::stderr());
     let tf = tune(&w, id, resume.as_ref(), &*timer, &opts, &mut |p| match p {
         Progress::Timing { done, total, what } => {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
             bar.set_message(what.to_string());
+            if lines {
+                eprintln!(
+                    "tune: [{done}/{total}] {what} ({:.1} s)",
+                    t0.elapsed().as_secs_f64()
+                );
+            }
         }
         Progress::Reused { .. } => reused += 1,
     })?;

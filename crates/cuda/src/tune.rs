@@ -145,33 +145,81 @@ impl LaunchTimer for GpuTimer {
 
     /// A decode step of the GPU engine on `w` as it is held (CUDA graph, greedy; nothing packed
     /// at load, so the step runs the forms the launches were timed in), less its launches' tuned
-    /// latencies in their current forms.
+    /// latencies in their current forms. A model whose weights do not fit in device memory as
+    /// held (a 70B model tuned in BF16) is measured with its first k and k/2 layers, and the
+    /// overhead extrapolated linearly in the layers (it is per-layer kernels plus a fixed part).
     fn step_overhead_us(
         &self,
         w: &entrollm_model::ModelWeights,
         launches: &[entrollm_tune::LaunchTune],
     ) -> Result<Option<f64>, TuneError> {
-        let Some(weights_us) = entrollm_tune::tuner::current_forms_us(w, launches) else {
+        let overhead = |w: &entrollm_model::ModelWeights| -> Result<Option<f64>, TuneError> {
+            let Some(weights_us) = entrollm_tune::tuner::current_forms_us(w, launches) else {
+                return Ok(None);
+            };
+            let step = self.step_us(w).map_err(tune_err)?;
+            Ok(Some((step - weights_us).max(0.0)))
+        };
+        let layers = w.layers.len();
+        let (free, _) = crate::engine_coded::free_memory(&self.dev).map_err(tune_err)?;
+        let room = (free as f64 * 0.9) as usize;
+        let fixed = w.embed.stored_bytes()
+            + if Arc::ptr_eq(&w.embed, &w.lm_head) {
+                0
+            } else {
+                w.lm_head.stored_bytes()
+            }
+            + reserved_bytes(&w.config, 128) as usize;
+        let per_layer =
+            (w.stored_bytes() - w.embed.stored_bytes() - w.lm_head.stored_bytes()) / layers.max(1);
+        if fixed + per_layer * layers <= room {
+            return overhead(w);
+        }
+        let k = room.saturating_sub(fixed) / per_layer.max(1);
+        if k < 4 {
+            return Ok(None);
+        }
+        let (Some(ok), Some(oh)) = (
+            overhead(&first_layers(w, k))?,
+            overhead(&first_layers(w, k / 2))?,
+        ) else {
             return Ok(None);
         };
-        let run = || -> crate::Result<f64> {
-            let (model, _) =
-                crate::GpuModel::upload_served(&self.dev, w, crate::linear::Serving::AS_HELD)?;
-            let mut e = crate::GpuEngine::new(Arc::clone(&self.dev), model, 128)?;
-            let prompt: Vec<u32> = (1..9).collect();
-            let mut tok = e.prefill_greedy(&prompt)?;
-            let mut times = Vec::with_capacity(48);
-            for i in 0..56 {
-                let t0 = std::time::Instant::now();
-                tok = e.step_greedy(tok)?;
-                if i >= 8 {
-                    times.push(t0.elapsed().as_secs_f64() * 1e6);
-                }
+        let per = (ok - oh) / (k - k / 2) as f64;
+        Ok(Some((ok + per * (layers - k) as f64).max(0.0)))
+    }
+}
+
+impl GpuTimer {
+    /// Median µs of a greedy decode step of the GPU engine on `w` as held (after 8 warm-up steps).
+    fn step_us(&self, w: &entrollm_model::ModelWeights) -> crate::Result<f64> {
+        let (model, _) =
+            crate::GpuModel::upload_served(&self.dev, w, crate::linear::Serving::AS_HELD)?;
+        let mut e = crate::GpuEngine::new(Arc::clone(&self.dev), model, 128)?;
+        let prompt: Vec<u32> = (1..9).collect();
+        let mut tok = e.prefill_greedy(&prompt)?;
+        let mut times = Vec::with_capacity(48);
+        for i in 0..56 {
+            let t0 = std::time::Instant::now();
+            tok = e.step_greedy(tok)?;
+            if i >= 8 {
+                times.push(t0.elapsed().as_secs_f64() * 1e6);
             }
-            times.sort_by(f64::total_cmp);
-            Ok(times[times.len() / 2])
-        };
-        let step = run().map_err(tune_err)?;
-        Ok(Some((step - weights_us).max(0.0)))
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+}
+
+/// `w` with its first `k` layers only (the same matrices).
+fn first_layers(w: &entrollm_model::ModelWeights, k: usize) -> entrollm_model::ModelWeights {
+    let mut config = w.config.clone();
+    config.num_layers = k;
+    entrollm_model::ModelWeights {
+        config,
+        embed: Arc::clone(&w.embed),
+        layers: w.layers[..k].to_vec(),
+        final_norm: w.final_norm.clone(),
+        lm_head: Arc::clone(&w.lm_head),
     }
 }

@@ -255,10 +255,8 @@ impl LaunchTimer for CpuTimer {
 /// The sum of the tuned latencies of `w`'s launches in their current forms, if each was timed.
 pub fn current_forms_us(w: &ModelWeights, launches: &[LaunchTune]) -> Option<f64> {
     let mut total = 0.0;
-    for (l, inst) in launches
-        .iter()
-        .zip(entrollm_model::forms::layout::launches(w))
-    {
+    for inst in entrollm_model::forms::layout::launches(w) {
+        let l = launches.iter().find(|l| l.id == inst.id)?;
         let id = inst.matrices[0].form();
         let p = l
             .points
@@ -540,16 +538,34 @@ pub fn tune(
         what: "sizes",
     });
     let mut out = Vec::with_capacity(all.len());
+    // Launches of the same matrices (a synthetic model's layers share layer 0's) have the same
+    // sizes: predicted once.
+    let mut sizes: BTreeMap<(String, Vec<usize>), Vec<Option<u64>>> = BTreeMap::new();
     for l in &all {
         let key = l.shape_key();
         let t = &timed[&key];
-        let sources = LaunchSources::of(l)?;
+        let ptrs = l
+            .matrices
+            .iter()
+            .map(|m| Arc::as_ptr(m) as *const () as usize)
+            .collect();
+        let bytes = match sizes.entry((key.clone(), ptrs)) {
+            std::collections::btree_map::Entry::Occupied(e) => e.get().clone(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let sources = LaunchSources::of(l)?;
+                let mut v = Vec::with_capacity(t.len());
+                for (form, variant) in t.keys() {
+                    let f = forms::by_name(form).map_err(err)?;
+                    // A point resumed from another model's launch of this shape still needs
+                    // this launch's own size; a form that no longer accepts it is left out.
+                    v.push(sources.bytes(l, f, variant).ok());
+                }
+                e.insert(v).clone()
+            }
+        };
         let mut points = Vec::new();
-        for ((form, variant), (us, who)) in t {
-            let f = forms::by_name(form).map_err(err)?;
-            // A point resumed from another model's launch of this shape still needs this
-            // launch's own size; a form that no longer accepts it is left out.
-            let Ok(bytes) = sources.bytes(l, f, variant) else {
+        for (((form, variant), (us, who)), bytes) in t.iter().zip(bytes) {
+            let Some(bytes) = bytes else {
                 continue;
             };
             points.push(Point {
