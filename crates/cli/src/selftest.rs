@@ -24,71 +24,101 @@ pub struct Args {
     /// SmolLM2-135M GGUF for the end-to-end checks (default: where scripts/fetch-smollm2 puts it).
     #[arg(long)]
     smollm2: Option<PathBuf>,
+    /// Run only these parts (repeat or comma-separate; default: all, in this order): `kernels`
+    /// (every kernel against its CPU reference), `engine` (the forward pass, GPU vs CPU),
+    /// `coded` (the coded forward pass against the dense one), `dtans` (the dtANS-LLM kernels),
+    /// `encoder` (the GPU encoder against the CPU's).
+    #[arg(long, value_delimiter = ',', value_parser = PARTS.to_vec())]
+    part: Vec<String>,
 }
+
+const PARTS: [&str; 5] = ["kernels", "engine", "coded", "dtans", "encoder"];
 
 pub fn run(a: Args) -> Result<()> {
     if !a.gpu {
         bail!("nothing to test: pass --gpu");
     }
     let dev = Arc::new(GpuDevice::open(0)?);
+    let t0 = std::time::Instant::now();
+    let runs = |p: &str| {
+        let on = a.part.is_empty() || a.part.iter().any(|q| q == p);
+        if on {
+            println!("== {p} (at {:.1} s)", t0.elapsed().as_secs_f64());
+        }
+        on
+    };
     let mut failed = false;
-    match run_selftest(&dev, a.seed) {
-        Ok(r) => println!("{r}"),
-        Err(e) => {
-            println!("{e}");
-            failed = true;
+    if runs("kernels") {
+        match run_selftest(&dev, a.seed) {
+            Ok(r) => println!("{r}"),
+            Err(e) => {
+                println!("{e}");
+                failed = true;
+            }
         }
     }
     let gguf = a
         .smollm2
         .unwrap_or_else(entrollm_model::load::smollm2_gguf_path);
     let gguf = gguf.is_file().then_some(gguf);
-    match run_engine_selftest(&dev, a.seed, gguf.as_deref()) {
-        Ok((r, notes)) => {
-            println!("{r}");
-            for n in notes {
-                println!("  {n}");
+    if runs("engine") {
+        match run_engine_selftest(&dev, a.seed, gguf.as_deref()) {
+            Ok((r, notes)) => {
+                println!("{r}");
+                for n in notes {
+                    println!("  {n}");
+                }
+            }
+            Err(e) => {
+                println!("{e}");
+                failed = true;
             }
         }
-        Err(e) => {
-            println!("{e}");
-            failed = true;
+    }
+    if runs("coded") {
+        match entrollm_cuda::engine_selftest::coded_e2e_selftest(&dev, a.seed) {
+            Ok(r) => println!("{r}"),
+            Err(e) => {
+                println!("{e}");
+                failed = true;
+            }
         }
     }
-    match entrollm_cuda::engine_selftest::coded_e2e_selftest(&dev, a.seed) {
-        Ok(r) => println!("{r}"),
-        Err(e) => {
-            println!("{e}");
-            failed = true;
+    if runs("dtans") {
+        match entrollm_cuda::dtans_selftest::selftest(&dev, a.seed) {
+            Ok(r) => {
+                let failed_cases = r.failures().count();
+                failed |= failed_cases > 0;
+                for f in r.failures().take(20) {
+                    println!("  FAIL {f:?}");
+                }
+                println!(
+                    "dtANS kernels: {} cases, {} passed, {failed_cases} failed",
+                    r.cases.len(),
+                    r.cases.len() - failed_cases
+                );
+            }
+            Err(e) => {
+                println!("{e}");
+                failed = true;
+            }
         }
     }
-    match entrollm_cuda::dtans_selftest::selftest(&dev, a.seed) {
-        Ok(r) => {
-            let failed_cases = r.failures().count();
-            println!(
-                "dtANS kernels: {} cases, {} passed, {failed_cases} failed",
-                r.cases.len(),
-                r.cases.len() - failed_cases
-            );
-        }
-        Err(e) => {
-            println!("{e}");
-            failed = true;
-        }
-    }
-    match entrollm_cuda::dtans_selftest::encode_selftest(&dev, a.seed) {
-        Ok(r) => println!(
-            "dtANS GPU encoder: {} cases byte-identical to the CPU encoder",
-            r.cases.len()
-        ),
-        Err(e) => {
-            println!("{e}");
-            failed = true;
+    if runs("encoder") {
+        match entrollm_cuda::dtans_selftest::encode_selftest(&dev, a.seed) {
+            Ok(r) => println!(
+                "dtANS GPU encoder: {} cases byte-identical to the CPU encoder",
+                r.cases.len()
+            ),
+            Err(e) => {
+                println!("{e}");
+                failed = true;
+            }
         }
     }
     if failed {
         bail!("GPU selftest failed");
     }
-    println!("GPU selftest passed");
+    println!("GPU selftest passed in {:.1} s", t0.elapsed().as_secs_f64());
     Ok(())
 }
