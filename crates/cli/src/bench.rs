@@ -184,6 +184,12 @@ pub fn run(a: Args) -> Result<()> {
     if a.coded && a.bf16 {
         bail!("--coded codes the BF16 matrices; --bf16 palette packs them: choose one");
     }
+    if a.budget.is_set() && (a.code_at_load.is_some() || a.coded || a.bf16) {
+        bail!(
+            "--budget/--plan/--tune choose every launch's form: not with --code-at-load, --coded \
+             or --bf16 palette"
+        );
+    }
     crate::generate::check_bf16_palette(a.bf16, a.code_at_load.is_some())?;
     // A bad coding fails before any work.
     let code = a
@@ -203,12 +209,6 @@ pub fn run(a: Args) -> Result<()> {
     };
     let dev = Arc::new(dev.context("bench needs a CUDA GPU")?);
     let t_load = Instant::now();
-    if a.budget.is_set() && (code.is_some() || a.coded || a.bf16) {
-        bail!(
-            "--budget/--plan/--tune choose every launch's form: not with --code-at-load, --coded \
-             or --bf16 palette"
-        );
-    }
     // The host model: a checkpoint, or the synthetic shape with layer 0's weights in every layer
     // (the builder copies layer 0's launches on the device).
     let (w, path, mut source) = match (&a.synth, &a.model) {

@@ -639,9 +639,14 @@ fn gguf_of_every_block_type_round_trips() {
 #[test]
 fn bf16_palette_conflicts_are_clear_errors() {
     // Checked before any GPU or checkpoint work, so these fail the same on any machine.
-    let err = fails(&["bench", "--synth", "tiny", "--bf16", "palette"]);
+    let err = fails(&["bench", "--synth", "tiny", "--coded", "--bf16", "palette"]);
     assert!(
-        err.contains("--bf16 palette packs a MODEL checkpoint"),
+        err.contains("--coded codes the BF16 matrices; --bf16 palette packs them"),
+        "{err}"
+    );
+    let err = fails(&["bench", "--synth", "tiny", "--coded", "--budget", "1GB"]);
+    assert!(
+        err.contains("--budget/--plan/--tune choose every launch's form"),
         "{err}"
     );
     let err = fails(&[

@@ -63,6 +63,43 @@ pub const CODED_PREFILL_CHUNK: usize = 8192;
 /// Device memory a longer coded prefill chunk must leave free (graphs, cuBLASLt, the allocator).
 pub const PREFILL_RESERVE: usize = 1 << 30;
 
+/// Bytes per prompt token of the prefill buffers (`PrefillBufs`).
+fn prefill_bytes_per_token(c: &ModelConfig) -> usize {
+    let (h, qd, inter) = (c.hidden_size, c.q_dim(), c.intermediate_size);
+    let width = qd + 2 * c.kv_dim();
+    4 + 4 * (h + width + 2 * inter) + 2 * (h + 2 * qd + inter)
+}
+
+/// The device memory [`GpuEngine`] needs beside the weights and the KV cache for a context of
+/// `max_seq` tokens, with the default decode options: decode buffers and attention partials, the
+/// prefill buffers of a [`PREFILL_CHUNK`] (a coded model takes the longer chunk only where free
+/// memory allows), the coded matrices' scratch (a BF16 copy of the largest launch, for prefill),
+/// the cuBLASLt workspace and the RoPE table. What a memory budget reserves before weights
+/// (`tune::reserved_bytes`).
+pub fn workspace_bound(c: &ModelConfig, max_seq: usize) -> usize {
+    let (h, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let width = qd + 2 * kvd;
+    let chunk = crate::plan::decode_attention(c, &DecodeOptions::default())
+        .map_or(1, |a| a.chunk.max(1) as usize);
+    let decode = (2 * h + width + 2 * qd + inter + c.vocab_size) * 4
+        + (max_seq + 4) * 4
+        + 1024 * 8
+        + 2 * c.num_layers * 8
+        + c.num_heads * max_seq.div_ceil(chunk) * (c.head_dim + 2) * 4;
+    let prefill = prefill_bytes_per_token(c) * PREFILL_CHUNK.min(max_seq);
+    let max_rows = [width, h, 2 * inter, c.vocab_size]
+        .into_iter()
+        .max()
+        .unwrap_or(1);
+    let max_weights = [width * h, h * qd, 2 * inter * h, h * inter]
+        .into_iter()
+        .max()
+        .unwrap_or(1);
+    let scratch = (max_rows + h.max(qd).max(inter) + 1) * 4 + max_weights * 2;
+    let rope = max_seq * (c.head_dim / 2) * 2 * 4;
+    decode + prefill + scratch + crate::gemm::WORKSPACE_BYTES + rope
+}
+
 /// One decoder layer on the device.
 pub struct GpuLayer {
     pub attn_norm: CudaSlice<f32>,
@@ -641,8 +678,7 @@ impl GpuEngine {
             argmax: ArgmaxScratch::new(&dev, 1024)?,
             attn_scratch: AttnScratch::new(&dev, attn_cfg, c.num_heads, max_seq)?,
         };
-        // Bytes per token of the prefill buffers below.
-        let per_token = 4 + 4 * (h + width + 2 * inter) + 2 * (h + 2 * qd + inter);
+        let per_token = prefill_bytes_per_token(&c);
         let mut cap = PREFILL_CHUNK.min(max_seq);
         if model.coded_scratch.is_some() && max_seq > cap {
             let (free, _) = crate::engine_coded::free_memory(&dev)?;

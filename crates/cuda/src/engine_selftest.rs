@@ -1432,9 +1432,9 @@ pub const E2E_PREFILL_TOL: f64 = 1e-5;
 /// another order (per-slice partial sums added with atomics), through two layers.
 pub const E2E_STEP_TOL: f64 = 1e-4;
 
-/// End to end, coded against dense: the model of [`e2e_config`] (layer 0 in both layers) built
-/// with [`GpuModel::synth_coded`] (the tuned plan, then the coder's choice) and with
-/// [`GpuModel::synth_one_layer`] (the same weights dense). Logits after a prefill and after decode
+/// End to end, coded against dense: the model of [`e2e_config`] (layer 0 in both layers) coded at
+/// load by [`GpuModel::upload_coded`] (the tuned plan, then the coder's choice; layer 1 a device
+/// copy of layer 0's launches) and uploaded dense. Logits after a prefill and after decode
 /// steps within [`E2E_PREFILL_TOL`] / [`E2E_STEP_TOL`], identical greedy tokens (32 after an
 /// 8-token prompt), no stream error flagged. Then a container's layout ([`served_weights`]: q/k/v
 /// and gate/up as separate coded tensors) served by [`GpuModel::upload_served`] (stacked q/k/v

@@ -40,17 +40,31 @@ pub fn device_id(dev: &GpuDevice) -> DeviceId {
 }
 
 /// Bytes the GPU engine takes beside its weights for a context of `ctx` tokens, reserved before a
-/// budget is spent on weights: the BF16 KV cache, and a workspace bound (decode buffers, attention
-/// partials, prefill activations and cuBLAS workspace for the engine's prefill chunks, the
-/// coded-matrix scratch). The engine's `memory()` reports what it took.
+/// budget is spent on weights: the BF16 KV cache, the engine's workspace
+/// ([`crate::engine::workspace_bound`]) and room for the CUDA graphs and the allocator's
+/// rounding. The engine's `memory()` reports what it took.
 pub fn reserved_bytes(c: &ModelConfig, ctx: usize) -> u64 {
     let kv = 2 * c.num_layers * ctx * c.kv_dim() * 2;
-    let chunk = ctx.min(8192);
-    let prefill =
-        chunk * (2 * c.hidden_size + c.q_dim() + 2 * c.kv_dim() + 2 * c.intermediate_size) * 4;
-    let scratch = 2 * c.intermediate_size * c.hidden_size * 2;
-    let fixed = 256 << 20;
-    (kv + prefill + scratch + fixed) as u64
+    let graphs = 256 << 20;
+    (kv + crate::engine::workspace_bound(c, ctx) + graphs) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use entrollm_model::synth::SynthShape;
+
+    #[test]
+    fn the_reserve_covers_what_the_engine_took() {
+        // `memory()` of the engine serving the 70B shape with a 131,072-token cache on the H200
+        // (bench/RESULTS.md): KV cache 42 949 672 960 B, workspace 4 465 780 756 B with prefill
+        // buffers for 8192 tokens of 409 604 B each; the reserve counts 2048 of them.
+        let c = SynthShape::Llama33_70B.config();
+        let (kv, workspace) = (42_949_672_960u64, 4_465_780_756 - 6144 * 409_604);
+        let r = reserved_bytes(&c, 131072);
+        assert!(r >= kv + workspace, "{r}");
+        assert!(r < kv + workspace + (300 << 20), "{r}");
+    }
 }
 
 /// Times a launch's forms on one GPU.

@@ -75,7 +75,7 @@ fn fp8(c: &ModelConfig, palette: bool) -> ModelDesc {
     .unwrap()
 }
 
-/// Every launch dtANS-coded whole as `plan` says (`GpuModel::synth_coded`: one part a launch,
+/// Every launch dtANS-coded whole as `plan` says (`GpuModel::upload_coded`: one part a launch,
 /// gate/up rows interleaved).
 fn coded(c: &ModelConfig, plan: &CodingPlan) -> ModelDesc {
     ModelDesc::build(c, SMS, |launch, r, k| {
