@@ -16,17 +16,15 @@
 
 use std::fmt::Write as _;
 
-use entrollm_codec::dtans::Coding;
-use entrollm_codec::Payload;
+use std::sync::Arc;
+
 use entrollm_model::ModelConfig;
 
 use crate::error::{GpuError, Result};
-use crate::linear::{dtans_config_for, fp8_gemv_config, gemv_config_for, swiglu_config};
+use crate::linear::swiglu_config;
 use crate::ops::attention::AttnConfig;
-use crate::ops::dtans::{DtansConfig, DtansOut};
 use crate::ops::forward::{decode_attn_config, gemv_rope_variant, GemvFusion};
 use crate::ops::gemv::GemvConfig;
-use crate::ops::gemv_fp8::pal_bf16_config_for;
 
 /// How the decode step is put together. The default is the fastest measured on the H200
 /// (bench/RESULTS.md: the RMSNorm chained through the GEMVs, RoPE in the q/k/v GEMV's epilogue,
@@ -183,136 +181,118 @@ pub fn programmatic_into(kernel: &str, opts: &DecodeOptions) -> bool {
             || (opts.pdl_dense_fp8 && PDL_DENSE_FP8_KERNELS.contains(&kernel)))
 }
 
-/// How one launch's matrix is stored, with what decides its kernels.
+/// One launch's form as the decode step sees it: which fused kernels around the products take it,
+/// and the launches of its batch-1 product. Each GPU form's module implements it
+/// (`crate::forms`); the plan asks, and names no form.
+pub trait LaunchForm: std::fmt::Debug + Send + Sync {
+    /// The form's name in plans and reports.
+    fn name(&self) -> &'static str;
+    /// Dense BF16 (`GpuLinear::as_dense`): the q/k/v GEMV with RoPE in its epilogue takes it.
+    fn dense_bf16(&self) -> bool {
+        false
+    }
+    /// The chained-norm GEMVs that take it (`GpuLinear::chainable`), if any.
+    fn chained(&self) -> Option<ChainedKernels> {
+        None
+    }
+    /// Whether the decode step normalises x inside this matrix's GEMV rather than in a kernel of
+    /// its own (`GpuLinear::norm_in_gemv`).
+    fn norm_in_gemv(&self) -> bool {
+        false
+    }
+    /// The GEMV configuration of the batch-1 product (None: not a GEMV).
+    fn gemv(&self) -> Option<GemvConfig> {
+        None
+    }
+    /// The launches of `out (+)= W · [rmsnorm](input)` with its epilogue, as
+    /// `GpuLinear::matvec_fused` makes them.
+    fn matvec(&self, m: &MatvecLaunch<'_>, push: &mut dyn FnMut(&'static str, String));
+}
+
+/// The kernels of a form's chained-norm GEMVs: the one that scales by the previous residual
+/// GEMV's Σx² (`launch_gemv_prenorm`), and the residual GEMV that leaves the next norm's input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Form {
-    /// Dense BF16 (`gemv_bf16*`).
-    DenseBf16 { gemv: GemvConfig },
-    /// FP8 E4M3 codes as stored with row scales (`gemv_fp8*`).
-    DenseFp8 { gemv: GemvConfig },
-    /// FP8 E4M3 codes palette-packed (`gemv_pal4*`).
-    PaletteFp8 { gemv: GemvConfig },
-    /// BF16 palette-packed losslessly (`gemv_pal4_bf16*`).
-    PaletteBf16 { gemv: GemvConfig },
-    /// dtANS-coded (`dtans_kernel`): row-stacked `parts` sharing payload and coding, gate/up as
-    /// `halves` [gate; up] or interleaved rows.
-    Dtans {
-        payload: Payload,
-        coding: Coding,
-        mvm: DtansConfig,
-        parts: usize,
-        halves: bool,
-    },
+pub struct ChainedKernels {
+    pub prenorm: &'static str,
+    pub accum_norm: &'static str,
+}
+
+/// One batch-1 product of the step, for [`LaunchForm::matvec`].
+pub struct MatvecLaunch<'a> {
+    /// `mat form RxC`.
+    pub label: &'a str,
+    pub rows: usize,
+    pub cols: usize,
+    pub input: Buf,
+    pub norm: Option<Norm>,
+    pub fusion: GemvFusion,
+    pub out: Buf,
+}
+
+impl MatvecLaunch<'_> {
+    /// The line of a GEMV launch that does the whole product: `label cfg input->out [norm] [epi]`.
+    pub fn gemv_line(&self, cfg: GemvConfig) -> String {
+        let nf = match self.norm {
+            Some(n) => format!(" norm=fused:{n}"),
+            None => String::new(),
+        };
+        format!(
+            "{} {cfg} {}->{}{nf}{}",
+            self.label,
+            self.input,
+            self.out,
+            epilogue(self.fusion)
+        )
+    }
 }
 
 /// One launch's matrix as the decode step sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct LinearDesc {
-    pub form: Form,
+    pub form: Arc<dyn LaunchForm>,
     pub rows: usize,
     pub cols: usize,
 }
 
+impl PartialEq for LinearDesc {
+    fn eq(&self, o: &Self) -> bool {
+        (self.rows, self.cols) == (o.rows, o.cols)
+            && format!("{:?}", self.form) == format!("{:?}", o.form)
+    }
+}
+
 impl LinearDesc {
-    /// A dense BF16 matrix with the GEMV configuration of its shape (`GpuLinear::dense`).
-    pub fn dense_bf16(rows: usize, cols: usize) -> Self {
-        let gemv = gemv_config_for(rows, cols);
+    pub fn new(form: impl LaunchForm + 'static, rows: usize, cols: usize) -> Self {
         LinearDesc {
-            form: Form::DenseBf16 { gemv },
+            form: Arc::new(form),
             rows,
             cols,
         }
-    }
-
-    /// An FP8 matrix with row scales, codes as stored or `palette`-packed, on a GPU of `sms` SMs
-    /// (`GpuLinear::fp8_from_host`).
-    pub fn fp8(rows: usize, cols: usize, palette: bool, sms: u32) -> Self {
-        let gemv = fp8_gemv_config(palette, rows, cols, sms, false);
-        let form = if palette {
-            Form::PaletteFp8 { gemv }
-        } else {
-            Form::DenseFp8 { gemv }
-        };
-        LinearDesc { form, rows, cols }
-    }
-
-    /// A BF16 matrix palette-packed losslessly on a GPU of `sms` SMs (`GpuPalBf16::upload`).
-    pub fn pal_bf16(rows: usize, cols: usize, sms: u32) -> Self {
-        LinearDesc {
-            form: Form::PaletteBf16 {
-                gemv: pal_bf16_config_for(rows, sms),
-            },
-            rows,
-            cols,
-        }
-    }
-
-    /// A dtANS-coded matrix of `parts` row-stacked tensors (no dequantisation groups) with the
-    /// launch `GpuLinear::coded_parts` gives it.
-    pub fn dtans(
-        payload: Payload,
-        coding: Coding,
-        rows: usize,
-        cols: usize,
-        parts: usize,
-        halves: bool,
-    ) -> Result<Self> {
-        let mvm = dtans_config_for(payload, &coding, rows, cols, None, DtansOut::Mvm)?;
-        Ok(LinearDesc {
-            form: Form::Dtans {
-                payload,
-                coding,
-                mvm,
-                parts,
-                halves,
-            },
-            rows,
-            cols,
-        })
     }
 
     /// The form's name in plans and reports.
     pub fn form_name(&self) -> &'static str {
-        match self.form {
-            Form::DenseBf16 { .. } => "bf16",
-            Form::DenseFp8 { .. } => "fp8",
-            Form::PaletteFp8 { .. } => "fp8-palette",
-            Form::PaletteBf16 { .. } => "bf16-palette",
-            Form::Dtans { .. } => "dtans",
-        }
+        self.form.name()
     }
 
-    /// Dense BF16 (`GpuLinear::as_dense`): the q/k/v GEMV with RoPE in its epilogue takes it.
+    /// [`LaunchForm::dense_bf16`].
     pub fn dense_bf16_weights(&self) -> bool {
-        matches!(self.form, Form::DenseBf16 { .. })
+        self.form.dense_bf16()
     }
 
-    /// Whether the chained-norm GEMVs take it (`GpuLinear::chainable`): dense BF16, or FP8 codes
-    /// as stored.
+    /// Whether the chained-norm GEMVs take it ([`LaunchForm::chained`]).
     pub fn chainable(&self) -> bool {
-        matches!(self.form, Form::DenseBf16 { .. } | Form::DenseFp8 { .. })
+        self.form.chained().is_some()
     }
 
-    /// Whether the decode step normalises x inside this matrix's GEMV rather than in a kernel of
-    /// its own (`GpuLinear::norm_in_gemv`): the palette forms, whose blocks stage x in shared
-    /// memory anyway (faster there; the dense FP8 GEMV, whose warps would each re-read x, is
-    /// slower: bench/RESULTS.md).
+    /// [`LaunchForm::norm_in_gemv`].
     pub fn norm_in_gemv(&self) -> bool {
-        matches!(
-            self.form,
-            Form::PaletteFp8 { .. } | Form::PaletteBf16 { .. }
-        )
+        self.form.norm_in_gemv()
     }
 
     /// The GEMV configuration of the batch-1 product (None for a coded matrix).
     pub fn gemv(&self) -> Option<GemvConfig> {
-        match self.form {
-            Form::DenseBf16 { gemv }
-            | Form::DenseFp8 { gemv }
-            | Form::PaletteFp8 { gemv }
-            | Form::PaletteBf16 { gemv } => Some(gemv),
-            Form::Dtans { .. } => None,
-        }
+        self.form.gemv()
     }
 
     /// `mat form RxC`, the common start of a launch line.
@@ -379,7 +359,7 @@ impl ModelDesc {
         Ok(ModelDesc {
             config: c.clone(),
             sms,
-            embed: LinearDesc::dense_bf16(vocab, h),
+            embed: crate::forms::bf16::desc(vocab, h),
             lm_head,
             layers,
         })
@@ -816,7 +796,7 @@ fn scope_of(s: &Step) -> String {
     layer.map_or_else(|| "head".into(), |l| format!("L{l}"))
 }
 
-fn epilogue(f: GemvFusion) -> &'static str {
+pub(crate) fn epilogue(f: GemvFusion) -> &'static str {
     match (f.accumulate, f.swiglu) {
         (false, false) => "",
         (true, false) => " epi=residual",
@@ -878,10 +858,7 @@ fn expand(m: &ModelDesc, attn: AttnConfig, s: &Step, out: &mut Vec<Launch>) {
             } else {
                 (gemv, PLAIN)
             };
-            let kernel = match d.form {
-                Form::DenseFp8 { .. } => "gemv_fp8_prenorm",
-                _ => "gemv_bf16_prenorm",
-            };
+            let kernel = d.form.chained().map_or("gemv_bf16_prenorm", |k| k.prenorm);
             push(
                 kernel,
                 format!(
@@ -899,10 +876,10 @@ fn expand(m: &ModelDesc, attn: AttnConfig, s: &Step, out: &mut Vec<Launch>) {
         } => {
             let d = m.mat(mat);
             let cfg = d.gemv().unwrap_or(GemvConfig::DEFAULT);
-            let kernel = match d.form {
-                Form::DenseFp8 { .. } => "gemv_fp8_accum_norm",
-                _ => "gemv_bf16_accum_norm",
-            };
+            let kernel = d
+                .form
+                .chained()
+                .map_or("gemv_bf16_accum_norm", |k| k.accum_norm);
             push(
                 kernel,
                 format!(
@@ -916,93 +893,19 @@ fn expand(m: &ModelDesc, attn: AttnConfig, s: &Step, out: &mut Vec<Launch>) {
             input,
             norm,
             fusion,
-            out: o,
+            out,
         } => {
             let d = m.mat(mat);
-            let label = d.label(mat);
-            let nf = match norm {
-                Some(n) => format!(" norm=fused:{n}"),
-                None => String::new(),
+            let launch = MatvecLaunch {
+                label: &d.label(mat),
+                rows: d.rows,
+                cols: d.cols,
+                input,
+                norm,
+                fusion,
+                out,
             };
-            let epi = epilogue(fusion);
-            let mut gemv = |kernel: &'static str, cfg: GemvConfig| {
-                push(kernel, format!("{label} {cfg} {input}->{o}{nf}{epi}"))
-            };
-            match d.form {
-                Form::DenseBf16 { gemv: g } => {
-                    let cfg = if fusion.swiglu { swiglu_config(g) } else { g };
-                    gemv(
-                        if norm.is_some() {
-                            "gemv_bf16_norm"
-                        } else {
-                            "gemv_bf16"
-                        },
-                        cfg,
-                    );
-                }
-                Form::DenseFp8 { gemv: g } | Form::PaletteFp8 { gemv: g } => {
-                    let palette = matches!(d.form, Form::PaletteFp8 { .. });
-                    let cfg = if fusion.swiglu {
-                        fp8_gemv_config(palette, d.rows, d.cols, m.sms, true)
-                    } else {
-                        g
-                    };
-                    let kernel = match (palette, norm.is_some()) {
-                        (false, false) => "gemv_fp8",
-                        (false, true) => "gemv_fp8_norm",
-                        (true, false) => "gemv_pal4",
-                        (true, true) => "gemv_pal4_norm",
-                    };
-                    gemv(kernel, cfg);
-                }
-                Form::PaletteBf16 { gemv: g } => gemv(
-                    if norm.is_some() {
-                        "gemv_pal4_bf16_norm"
-                    } else {
-                        "gemv_pal4_bf16"
-                    },
-                    g,
-                ),
-                Form::Dtans {
-                    payload,
-                    coding,
-                    mvm,
-                    parts,
-                    halves,
-                } => {
-                    // DtansLinear::matvec_fused: the norm into the scratch input, the product
-                    // (into y itself when plain, else the scratch output), then the epilogue.
-                    let x = match norm {
-                        Some(n) => {
-                            push("rmsnorm_f32w", format!("{n} {input}->xn"));
-                            "xn".to_string()
-                        }
-                        None => input.to_string(),
-                    };
-                    let plain = !fusion.accumulate && !fusion.swiglu;
-                    let y = if plain { o.to_string() } else { "ys".into() };
-                    // More than one slice: the kernel adds its slices' sums into zeroed outputs.
-                    let slices = d.cols.div_ceil(coding.sc.max(1) as usize);
-                    if slices > 1 {
-                        push(MEMSET, format!("{y}[{}]", d.rows));
-                    }
-                    let payload = format!("{payload:?}").to_lowercase();
-                    push(
-                        "dtans_kernel",
-                        format!(
-                            "{label} {payload} {coding} {mvm} parts={parts}{} {x}->{y}",
-                            if halves { " halves" } else { "" }
-                        ),
-                    );
-                    if fusion.swiglu && halves {
-                        push("swiglu", format!("ys->{o}"));
-                    } else if fusion.swiglu {
-                        push("swiglu_pairs", format!("ys->{o}"));
-                    } else if fusion.accumulate {
-                        push("residual_add", format!("ys->{o}"));
-                    }
-                }
-            }
+            d.form.matvec(&launch, &mut push);
         }
         Step::Attention { fused: true, .. } => push(
             "attn_decode_fused",
@@ -1099,7 +1002,10 @@ pub fn text_diff(want: &str, got: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use entrollm_codec::dtans::Mode;
+    use crate::linear::gemv_config_for;
+    use crate::ops::gemv_fp8::pal_bf16_config_for;
+    use entrollm_codec::dtans::{Coding, Mode};
+    use entrollm_codec::Payload;
 
     #[test]
     fn options_parse_every_knob_and_name_the_values() {
@@ -1141,12 +1047,27 @@ mod tests {
         // (desc, dense BF16, chainable, norm in GEMV): GpuLinear::as_dense, ::chainable and
         // ::norm_in_gemv of each variant before the plan existed.
         let cases = [
-            (LinearDesc::dense_bf16(512, 256), true, true, false),
-            (LinearDesc::fp8(512, 256, false, 132), false, true, false),
-            (LinearDesc::fp8(512, 256, true, 132), false, false, true),
-            (LinearDesc::pal_bf16(512, 256, 132), false, false, true),
+            (crate::forms::bf16::desc(512, 256), true, true, false),
             (
-                LinearDesc::dtans(Payload::Bf16, coding, 512, 256, 1, false).unwrap(),
+                crate::forms::fp8::desc(512, 256, false, 132),
+                false,
+                true,
+                false,
+            ),
+            (
+                crate::forms::fp8::desc(512, 256, true, 132),
+                false,
+                false,
+                true,
+            ),
+            (
+                crate::forms::pal_bf16::desc(512, 256, 132),
+                false,
+                false,
+                true,
+            ),
+            (
+                crate::forms::dtans::desc(Payload::Bf16, coding, 512, 256, 1, false).unwrap(),
                 false,
                 false,
                 false,
@@ -1163,19 +1084,19 @@ mod tests {
     fn form_constructors_take_the_linears_configurations() {
         use crate::ops::gemv_fp8::{gemv_fp8_config_for, pal4_config_for};
         assert_eq!(
-            LinearDesc::dense_bf16(6144, 4096).gemv(),
+            crate::forms::bf16::desc(6144, 4096).gemv(),
             Some(gemv_config_for(6144, 4096))
         );
         assert_eq!(
-            LinearDesc::fp8(6144, 4096, false, 132).gemv(),
+            crate::forms::fp8::desc(6144, 4096, false, 132).gemv(),
             Some(gemv_fp8_config_for(6144, 4096))
         );
         assert_eq!(
-            LinearDesc::fp8(6144, 4096, true, 132).gemv(),
+            crate::forms::fp8::desc(6144, 4096, true, 132).gemv(),
             Some(pal4_config_for(6144, 132, false))
         );
         assert_eq!(
-            LinearDesc::pal_bf16(128_256, 4096, 132).gemv(),
+            crate::forms::pal_bf16::desc(128_256, 4096, 132).gemv(),
             Some(pal_bf16_config_for(128_256, 132))
         );
     }
@@ -1195,7 +1116,7 @@ mod tests {
         c.hidden_size = 256;
         c.num_heads = 4;
         c.head_dim = 64;
-        let m = ModelDesc::build(&c, 132, |_, r, k| Ok(LinearDesc::dense_bf16(r, k))).unwrap();
+        let m = ModelDesc::build(&c, 132, |_, r, k| Ok(crate::forms::bf16::desc(r, k))).unwrap();
         let plan = decode_plan(&m, &DecodeOptions::default(), true).unwrap();
         let nodes: Vec<String> = plan.nodes().iter().map(|s| s.to_string()).collect();
         check_nodes(&plan, &nodes).unwrap();

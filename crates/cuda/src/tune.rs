@@ -49,24 +49,6 @@ pub fn reserved_bytes(c: &ModelConfig, ctx: usize) -> u64 {
     (kv + crate::engine::workspace_bound(c, ctx) + graphs) as u64
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use entrollm_model::synth::SynthShape;
-
-    #[test]
-    fn the_reserve_covers_what_the_engine_took() {
-        // `memory()` of the engine serving the 70B shape with a 131,072-token cache on the H200
-        // (bench/RESULTS.md): KV cache 42 949 672 960 B, workspace 4 465 780 756 B with prefill
-        // buffers for 8192 tokens of 409 604 B each; the reserve counts 2048 of them.
-        let c = SynthShape::Llama33_70B.config();
-        let (kv, workspace) = (42_949_672_960u64, 4_465_780_756 - 6144 * 409_604);
-        let r = reserved_bytes(&c, 131072);
-        assert!(r >= kv + workspace, "{r}");
-        assert!(r < kv + workspace + (300 << 20), "{r}");
-    }
-}
-
 /// Times a launch's forms on one GPU.
 pub struct GpuTimer {
     dev: Arc<GpuDevice>,
@@ -235,5 +217,23 @@ fn first_layers(w: &entrollm_model::ModelWeights, k: usize) -> entrollm_model::M
         layers: w.layers[..k].to_vec(),
         final_norm: w.final_norm.clone(),
         lm_head: Arc::clone(&w.lm_head),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use entrollm_model::synth::SynthShape;
+
+    #[test]
+    fn the_reserve_covers_what_the_engine_took() {
+        // `memory()` of the engine serving the 70B shape with a 131,072-token cache on the H200
+        // (bench/RESULTS.md): KV cache 42 949 672 960 B, workspace 4 465 780 756 B with prefill
+        // buffers for 8192 tokens of 409 604 B each; the reserve counts 2048 of them.
+        let c = SynthShape::Llama33_70B.config();
+        let (kv, workspace) = (42_949_672_960u64, 4_465_780_756 - 6144 * 409_604);
+        let r = reserved_bytes(&c, 131072);
+        assert!(r >= kv + workspace, "{r}");
+        assert!(r < kv + workspace + (300 << 20), "{r}");
     }
 }

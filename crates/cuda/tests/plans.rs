@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use entrollm_codec::dtans::Coding;
 use entrollm_codec::Payload;
 use entrollm_cuda::engine_coded::{e2e_config, tuned_plan};
-use entrollm_cuda::plan::{decode_plan, text_diff, DecodeOptions, LinearDesc, ModelDesc};
+use entrollm_cuda::forms;
+use entrollm_cuda::plan::{decode_plan, text_diff, DecodeOptions, ModelDesc};
 use entrollm_model::coding_plan::{CodingPlan, Launch};
 use entrollm_model::synth::SynthShape;
 use entrollm_model::ModelConfig;
@@ -59,7 +60,7 @@ fn llama8b(layers: usize) -> ModelConfig {
 }
 
 fn dense(c: &ModelConfig) -> ModelDesc {
-    ModelDesc::build(c, SMS, |_, r, k| Ok(LinearDesc::dense_bf16(r, k))).unwrap()
+    ModelDesc::build(c, SMS, |_, r, k| Ok(forms::bf16::desc(r, k))).unwrap()
 }
 
 /// An FP8 checkpoint served with its codes as stored (`palette` false) or palette-packed; its
@@ -67,9 +68,9 @@ fn dense(c: &ModelConfig) -> ModelDesc {
 fn fp8(c: &ModelConfig, palette: bool) -> ModelDesc {
     ModelDesc::build(c, SMS, |launch, r, k| {
         Ok(match (launch, palette) {
-            ("lm_head", false) => LinearDesc::dense_bf16(r, k),
-            ("lm_head", true) => LinearDesc::pal_bf16(r, k, SMS),
-            _ => LinearDesc::fp8(r, k, palette, SMS),
+            ("lm_head", false) => forms::bf16::desc(r, k),
+            ("lm_head", true) => forms::pal_bf16::desc(r, k, SMS),
+            _ => forms::fp8::desc(r, k, palette, SMS),
         })
     })
     .unwrap()
@@ -81,7 +82,7 @@ fn coded(c: &ModelConfig, plan: &CodingPlan) -> ModelDesc {
     ModelDesc::build(c, SMS, |launch, r, k| {
         let l = Launch::from_name(launch).unwrap();
         let coding = plan.launches.get(&l).copied().flatten().or(plan.default);
-        LinearDesc::dtans(Payload::Bf16, coding.unwrap(), r, k, 1, false)
+        forms::dtans::desc(Payload::Bf16, coding.unwrap(), r, k, 1, false)
     })
     .unwrap()
 }
@@ -135,7 +136,7 @@ fn fp8_as_stored_and_palette_packed() {
 #[test]
 fn bf16_palette_packed() {
     let m = ModelDesc::build(&llama8b(3), SMS, |_, r, k| {
-        Ok(LinearDesc::pal_bf16(r, k, SMS))
+        Ok(forms::pal_bf16::desc(r, k, SMS))
     })
     .unwrap();
     check("bf16-palette-8b", &m, DecodeOptions::default(), true);
@@ -168,7 +169,7 @@ fn container_mix() {
     let mut m = dense(&c);
     let coding = |s: &str| Coding::parse(s).unwrap().unwrap();
     let dtans = |s, r, k, parts, halves| {
-        LinearDesc::dtans(Payload::Bf16, coding(s), r, k, parts, halves).unwrap()
+        forms::dtans::desc(Payload::Bf16, coding(s), r, k, parts, halves).unwrap()
     };
     for l in &mut m.layers {
         l.qkv_bias = true;
@@ -208,7 +209,7 @@ fn plans_name_real_kernels() {
         dense(&c),
         fp8(&c, false),
         fp8(&c, true),
-        ModelDesc::build(&c, SMS, |_, r, k| Ok(LinearDesc::pal_bf16(r, k, SMS))).unwrap(),
+        ModelDesc::build(&c, SMS, |_, r, k| Ok(forms::pal_bf16::desc(r, k, SMS))).unwrap(),
         coded(&c, &tuned_plan(&c)),
     ];
     let knobs: [&[(&str, &str)]; 5] = [

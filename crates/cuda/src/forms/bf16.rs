@@ -9,7 +9,7 @@ use crate::gemm::Gemm;
 use crate::linear::{gemv_config_for, swiglu_config, ChainLinear, GpuLinear, GpuMatrix};
 use crate::ops::forward::{launch_gemv_accum, launch_gemv_fused, DenseWeights, GemvFusion};
 use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
-use crate::plan::{Form, LinearDesc};
+use crate::plan::{ChainedKernels, LaunchForm, LinearDesc, MatvecLaunch};
 use cudarc::driver::CudaSlice;
 use entrollm_model::weights::{Bf16, Dense, Linear};
 use std::borrow::Cow;
@@ -87,11 +87,7 @@ impl GpuLinear {
 
 impl GpuMatrix for DenseBf16 {
     fn desc(&self) -> LinearDesc {
-        LinearDesc {
-            form: Form::DenseBf16 { gemv: self.gemv },
-            rows: self.rows,
-            cols: self.cols,
-        }
+        LinearDesc::new(Bf16Launch { gemv: self.gemv }, self.rows, self.cols)
     }
 
     fn stored_bytes(&self) -> usize {
@@ -162,5 +158,52 @@ impl GpuMatrix for DenseBf16 {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+/// Dense BF16 in the decode step (`gemv_bf16*`): RoPE in the q/k/v GEMV's epilogue, the chained
+/// norms.
+#[derive(Debug)]
+pub struct Bf16Launch {
+    pub gemv: GemvConfig,
+}
+
+/// A dense BF16 matrix with the GEMV configuration of its shape ([`GpuLinear::dense`]).
+pub fn desc(rows: usize, cols: usize) -> LinearDesc {
+    LinearDesc::new(
+        Bf16Launch {
+            gemv: gemv_config_for(rows, cols),
+        },
+        rows,
+        cols,
+    )
+}
+
+impl LaunchForm for Bf16Launch {
+    fn name(&self) -> &'static str {
+        "bf16"
+    }
+    fn dense_bf16(&self) -> bool {
+        true
+    }
+    fn chained(&self) -> Option<ChainedKernels> {
+        Some(ChainedKernels {
+            prenorm: "gemv_bf16_prenorm",
+            accum_norm: "gemv_bf16_accum_norm",
+        })
+    }
+    fn gemv(&self) -> Option<GemvConfig> {
+        Some(self.gemv)
+    }
+    fn matvec(&self, m: &MatvecLaunch<'_>, push: &mut dyn FnMut(&'static str, String)) {
+        let cfg = match m.fusion.swiglu {
+            true => swiglu_config(self.gemv),
+            false => self.gemv,
+        };
+        let kernel = match m.norm {
+            Some(_) => "gemv_bf16_norm",
+            None => "gemv_bf16",
+        };
+        push(kernel, m.gemv_line(cfg));
     }
 }

@@ -16,7 +16,7 @@ use crate::ops::dtans::{
 };
 use crate::ops::elementwise::{launch_residual_add, launch_swiglu, launch_swiglu_pairs};
 use crate::ops::forward::{launch_rmsnorm_f32w, GemvFusion, NormOut};
-use crate::plan::{Form, LinearDesc};
+use crate::plan::{LaunchForm, LinearDesc, MatvecLaunch, MEMSET};
 use cudarc::driver::CudaSlice;
 use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor, EncodePlan};
 use entrollm_codec::matvec::Dequant;
@@ -422,17 +422,17 @@ impl DtansLinear {
 
 impl GpuMatrix for DtansLinear {
     fn desc(&self) -> LinearDesc {
-        LinearDesc {
-            form: Form::Dtans {
+        LinearDesc::new(
+            DtansLaunch {
                 payload: self.parts[0].payload,
                 coding: self.parts[0].coding,
                 mvm: self.mvm,
                 parts: self.parts.len(),
                 halves: self.halves,
             },
-            rows: self.rows(),
-            cols: self.cols(),
-        }
+            self.rows(),
+            self.cols(),
+        )
     }
 
     fn stored_bytes(&self) -> usize {
@@ -504,5 +504,88 @@ impl GpuMatrix for DtansLinear {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+/// A dtANS-coded matrix in the decode step (`dtans_kernel`): row-stacked `parts` sharing payload
+/// and coding, gate/up as `halves` [gate; up] or interleaved rows.
+#[derive(Debug)]
+pub struct DtansLaunch {
+    pub payload: Payload,
+    pub coding: Coding,
+    pub mvm: DtansConfig,
+    pub parts: usize,
+    pub halves: bool,
+}
+
+/// A dtANS-coded matrix of `parts` row-stacked tensors (no dequantisation groups) with the launch
+/// [`GpuLinear::coded_parts`] gives it.
+pub fn desc(
+    payload: Payload,
+    coding: Coding,
+    rows: usize,
+    cols: usize,
+    parts: usize,
+    halves: bool,
+) -> Result<LinearDesc> {
+    let mvm = dtans_config_for(payload, &coding, rows, cols, None, DtansOut::Mvm)?;
+    Ok(LinearDesc::new(
+        DtansLaunch {
+            payload,
+            coding,
+            mvm,
+            parts,
+            halves,
+        },
+        rows,
+        cols,
+    ))
+}
+
+impl LaunchForm for DtansLaunch {
+    fn name(&self) -> &'static str {
+        "dtans"
+    }
+    fn matvec(&self, m: &MatvecLaunch<'_>, push: &mut dyn FnMut(&'static str, String)) {
+        // DtansLinear::matvec_fused: the norm into the scratch input, the product (into y itself
+        // when plain, else the scratch output), then the epilogue.
+        let x = match m.norm {
+            Some(n) => {
+                push("rmsnorm_f32w", format!("{n} {}->xn", m.input));
+                "xn".to_string()
+            }
+            None => m.input.to_string(),
+        };
+        let plain = !m.fusion.accumulate && !m.fusion.swiglu;
+        let y = if plain {
+            m.out.to_string()
+        } else {
+            "ys".into()
+        };
+        // More than one slice: the kernel adds its slices' sums into zeroed outputs.
+        let slices = m.cols.div_ceil(self.coding.sc.max(1) as usize);
+        if slices > 1 {
+            push(MEMSET, format!("{y}[{}]", m.rows));
+        }
+        let payload = format!("{:?}", self.payload).to_lowercase();
+        push(
+            "dtans_kernel",
+            format!(
+                "{} {payload} {} {} parts={}{} {x}->{y}",
+                m.label,
+                self.coding,
+                self.mvm,
+                self.parts,
+                if self.halves { " halves" } else { "" }
+            ),
+        );
+        let o = m.out;
+        if m.fusion.swiglu && self.halves {
+            push("swiglu", format!("ys->{o}"));
+        } else if m.fusion.swiglu {
+            push("swiglu_pairs", format!("ys->{o}"));
+        } else if m.fusion.accumulate {
+            push("residual_add", format!("ys->{o}"));
+        }
     }
 }

@@ -20,7 +20,7 @@ use crate::ops::gemv_fp8::{
     check_gemv_fp8_shape, check_gemv_pal4_shape, launch_fp8_rows_to_bf16, launch_gemv_fp8,
     Fp8Codes, GpuPal4,
 };
-use crate::plan::{Form, LinearDesc};
+use crate::plan::{ChainedKernels, LaunchForm, LinearDesc, MatvecLaunch};
 use cudarc::driver::CudaSlice;
 use entrollm_codec::palette::Palette4;
 use entrollm_model::forms::palette::PalLinear;
@@ -173,6 +173,8 @@ pub struct Fp8Linear {
     pub codes: Fp8Codes,
     pub scales: CudaSlice<f32>,
     pub gemv: GemvConfig,
+    /// The configuration with the SwiGLU epilogue (gate/up).
+    pub swiglu: GemvConfig,
     scratch: SharedScratch,
 }
 
@@ -245,12 +247,14 @@ impl GpuLinear {
         let s = dev.stream();
         let what = || format!("uploading a [{rows}, {cols}] FP8 matrix's scales");
         let palette = matches!(codes, Fp8Codes::Palette(_));
-        let gemv = fp8_gemv_config(palette, rows, cols, dev.info().sm_count, false);
+        let sms = dev.info().sm_count;
+        let gemv = fp8_gemv_config(palette, rows, cols, sms, false);
         Ok(GpuLinear::new(Fp8Linear {
             rows,
             cols,
             codes,
             gemv,
+            swiglu: fp8_gemv_config(palette, rows, cols, sms, true),
             scales: s.clone_htod(scales).while_(what)?,
             scratch,
         }))
@@ -259,15 +263,15 @@ impl GpuLinear {
 
 impl GpuMatrix for Fp8Linear {
     fn desc(&self) -> LinearDesc {
-        let gemv = self.gemv;
-        LinearDesc {
-            form: match self.palette() {
-                true => Form::PaletteFp8 { gemv },
-                false => Form::DenseFp8 { gemv },
+        LinearDesc::new(
+            Fp8Launch {
+                palette: self.palette(),
+                gemv: self.gemv,
+                swiglu: self.swiglu,
             },
-            rows: self.rows,
-            cols: self.cols,
-        }
+            self.rows,
+            self.cols,
+        )
     }
 
     fn stored_bytes(&self) -> usize {
@@ -284,6 +288,7 @@ impl GpuMatrix for Fp8Linear {
                 .clone_dtod(&self.scales)
                 .while_(|| "copying an FP8 matrix's scales".into())?,
             gemv: self.gemv,
+            swiglu: self.swiglu,
             scratch: Arc::clone(&self.scratch),
         }))
     }
@@ -298,7 +303,7 @@ impl GpuMatrix for Fp8Linear {
     ) -> Result<()> {
         let (rows, cols) = (self.rows, self.cols);
         let cfg = match fusion.swiglu {
-            true => fp8_gemv_config(self.palette(), rows, cols, dev.info().sm_count, true),
+            true => self.swiglu,
             false => self.gemv,
         };
         launch_gemv_fp8(
@@ -377,5 +382,65 @@ mod tests {
         // Columns not a multiple of 32 stay as stored, whatever is asked.
         assert!(!packs(&few[..48 * 272], 272, Fp8Serving::Palette));
         assert!(!packs(&few[..48 * 272], 272, Fp8Serving::Auto));
+    }
+}
+
+/// FP8 E4M3 codes with row scales in the decode step: as stored (`gemv_fp8*`, the chained norms)
+/// or palette-packed (`gemv_pal4*`, the norm inside the GEMV, whose blocks stage x in shared
+/// memory anyway; the dense FP8 GEMV, whose warps would each re-read x, is slower so:
+/// bench/RESULTS.md).
+#[derive(Debug)]
+pub struct Fp8Launch {
+    pub palette: bool,
+    pub gemv: GemvConfig,
+    /// The configuration of the gate/up GEMV with the SwiGLU epilogue.
+    pub swiglu: GemvConfig,
+}
+
+/// An FP8 matrix with row scales, codes as stored or `palette`-packed, on a GPU of `sms` SMs
+/// ([`GpuLinear::fp8_from_host`]).
+pub fn desc(rows: usize, cols: usize, palette: bool, sms: u32) -> LinearDesc {
+    LinearDesc::new(
+        Fp8Launch {
+            palette,
+            gemv: fp8_gemv_config(palette, rows, cols, sms, false),
+            swiglu: fp8_gemv_config(palette, rows, cols, sms, true),
+        },
+        rows,
+        cols,
+    )
+}
+
+impl LaunchForm for Fp8Launch {
+    fn name(&self) -> &'static str {
+        match self.palette {
+            true => "fp8-palette",
+            false => "fp8",
+        }
+    }
+    fn chained(&self) -> Option<ChainedKernels> {
+        (!self.palette).then_some(ChainedKernels {
+            prenorm: "gemv_fp8_prenorm",
+            accum_norm: "gemv_fp8_accum_norm",
+        })
+    }
+    fn norm_in_gemv(&self) -> bool {
+        self.palette
+    }
+    fn gemv(&self) -> Option<GemvConfig> {
+        Some(self.gemv)
+    }
+    fn matvec(&self, m: &MatvecLaunch<'_>, push: &mut dyn FnMut(&'static str, String)) {
+        let cfg = match m.fusion.swiglu {
+            true => self.swiglu,
+            false => self.gemv,
+        };
+        let kernel = match (self.palette, m.norm.is_some()) {
+            (false, false) => "gemv_fp8",
+            (false, true) => "gemv_fp8_norm",
+            (true, false) => "gemv_pal4",
+            (true, true) => "gemv_pal4_norm",
+        };
+        push(kernel, m.gemv_line(cfg));
     }
 }

@@ -12,10 +12,12 @@ use crate::error::Result;
 use crate::gemm::Gemm;
 use crate::linear::{GpuLinear, GpuMatrix, SharedScratch, PAL_BF16_MAX_RATIO};
 use crate::ops::forward::GemvFusion;
+use crate::ops::gemv::GemvConfig;
+use crate::ops::gemv_fp8::pal_bf16_config_for;
 use crate::ops::gemv_fp8::{
     check_gemv_pal4_shape, launch_gemv_pal_bf16, launch_pal_bf16_rows_to_bf16, GpuPalBf16,
 };
-use crate::plan::{Form, LinearDesc};
+use crate::plan::{LaunchForm, LinearDesc, MatvecLaunch};
 use cudarc::driver::CudaSlice;
 use entrollm_codec::palette::PaletteBf16;
 use entrollm_model::forms::palette::PalLinear;
@@ -126,11 +128,11 @@ impl GpuLinear {
 
 impl GpuMatrix for PalBf16Linear {
     fn desc(&self) -> LinearDesc {
-        LinearDesc {
-            form: Form::PaletteBf16 { gemv: self.p.gemv },
-            rows: self.p.rows,
-            cols: self.p.cols,
-        }
+        LinearDesc::new(
+            PalBf16Launch { gemv: self.p.gemv },
+            self.p.rows,
+            self.p.cols,
+        )
     }
 
     fn stored_bytes(&self) -> usize {
@@ -171,5 +173,42 @@ impl GpuMatrix for PalBf16Linear {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+/// A BF16 matrix palette-packed losslessly in the decode step (`gemv_pal4_bf16*`, the norm inside
+/// the GEMV).
+#[derive(Debug)]
+pub struct PalBf16Launch {
+    pub gemv: GemvConfig,
+}
+
+/// A BF16 matrix palette-packed on a GPU of `sms` SMs ([`GpuPalBf16::upload`]).
+pub fn desc(rows: usize, cols: usize, sms: u32) -> LinearDesc {
+    LinearDesc::new(
+        PalBf16Launch {
+            gemv: pal_bf16_config_for(rows, sms),
+        },
+        rows,
+        cols,
+    )
+}
+
+impl LaunchForm for PalBf16Launch {
+    fn name(&self) -> &'static str {
+        "bf16-palette"
+    }
+    fn norm_in_gemv(&self) -> bool {
+        true
+    }
+    fn gemv(&self) -> Option<GemvConfig> {
+        Some(self.gemv)
+    }
+    fn matvec(&self, m: &MatvecLaunch<'_>, push: &mut dyn FnMut(&'static str, String)) {
+        let kernel = match m.norm {
+            Some(_) => "gemv_pal4_bf16_norm",
+            None => "gemv_pal4_bf16",
+        };
+        push(kernel, m.gemv_line(self.gemv));
     }
 }
