@@ -20,7 +20,7 @@ use clap::{Parser, Subcommand};
     about = "Entropy-coded LLM inference: compress checkpoints losslessly and run them"
 )]
 struct Cli {
-    /// Worker threads (default: all cores).
+    /// Worker threads, 1 to 1024 (default: all cores).
     #[arg(long, global = true)]
     threads: Option<usize>,
     #[command(subcommand)]
@@ -70,12 +70,18 @@ fn main() {
     }
     let cli = Cli::parse();
     if let Some(n) = cli.threads {
+        // Far past any core count a machine has; more only stalls the machine creating them.
+        const MAX_THREADS: usize = 1024;
+        if n == 0 || n > MAX_THREADS {
+            eprintln!("error: --threads {n}: expected 1 to {MAX_THREADS} (default: all cores)");
+            std::process::exit(1);
+        }
         if let Err(e) = rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .build_global()
         {
-            eprintln!("error: cannot start {n} threads: {e}");
-            std::process::exit(2);
+            eprintln!("error: --threads {n}: cannot start the threads: {e}");
+            std::process::exit(1);
         }
     }
     let result = match cli.command {

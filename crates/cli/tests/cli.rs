@@ -701,3 +701,74 @@ fn bad_decode_options_name_the_flag_or_variable() {
         "{err}"
     );
 }
+
+/// An output equal to its input, inside it or containing it (through a symlink too) is refused
+/// before any work, even with --overwrite, and the source is left as it was.
+#[test]
+fn outputs_overlapping_their_input_are_refused_and_the_source_kept() {
+    let d = tmp("apart");
+    let src = d.join("d/S");
+    ok(&[
+        "synth",
+        "--shape",
+        "tiny",
+        "--seed",
+        "1",
+        "-o",
+        src.to_str().unwrap(),
+    ]);
+    std::fs::write(d.join("d/keep.txt"), b"mine").unwrap();
+    std::os::unix::fs::symlink(&src, d.join("link")).unwrap();
+    let before = d.join("before");
+    std::fs::create_dir_all(&before).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), before.join(e.file_name())).unwrap();
+    }
+    let s = src.to_str().unwrap();
+    let parent = d.join("d");
+    let inner = src.join("inner");
+    let link = d.join("link");
+    for (input, out, rel) in [
+        (s, s, "is"),
+        (s, parent.to_str().unwrap(), "contains"),
+        (s, inner.to_str().unwrap(), "is inside"),
+        (link.to_str().unwrap(), s, "is"),
+    ] {
+        let err = fails(&["compress", input, "-o", out, "--overwrite"]);
+        assert!(
+            err.contains(&format!("{rel} the input")),
+            "{input} -> {out}: {err}"
+        );
+    }
+    assert_same_dirs(&before, &src);
+    assert_eq!(std::fs::read(d.join("d/keep.txt")).unwrap(), b"mine");
+    // The same for decompress and its container.
+    let c = d.join("c");
+    ok(&["compress", s, "-o", c.to_str().unwrap()]);
+    let inside = c.join("restored");
+    for out in [c.to_str().unwrap(), inside.to_str().unwrap()] {
+        let err = fails(&["decompress", c.to_str().unwrap(), "-o", out, "--overwrite"]);
+        assert!(err.contains("the input"), "{out}: {err}");
+    }
+    assert!(c.join("entrollm.json").is_file() && !inside.exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A thread count past any machine's is a clean error (exit 1) at once, not a stalled machine.
+#[test]
+fn thread_counts_are_capped_with_a_clear_error() {
+    for n in ["0", "5000", "100000"] {
+        let t = std::time::Instant::now();
+        let err = fails(&["--threads", n, "inspect", "no-such-path"]);
+        assert!(
+            err.contains(&format!("--threads {n}: expected 1 to 1024")),
+            "{err}"
+        );
+        assert!(
+            t.elapsed().as_secs() < 10,
+            "--threads {n} took {:?}",
+            t.elapsed()
+        );
+    }
+}

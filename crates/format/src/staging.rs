@@ -46,6 +46,65 @@ fn occupied(dst: &Path) -> Result<bool> {
     }
 }
 
+/// `p` with symlinks resolved, for a path that may not exist yet: its longest existing ancestor
+/// canonicalised, the rest appended.
+fn resolved(p: &Path) -> Result<PathBuf> {
+    let abs = match p.is_absolute() {
+        true => p.to_path_buf(),
+        false => std::env::current_dir()
+            .map_err(|e| FormatError::io(Path::new("."), e))?
+            .join(p),
+    };
+    let mut rest = Vec::new();
+    let mut cur = abs.as_path();
+    loop {
+        match cur.canonicalize() {
+            Ok(c) => {
+                let mut out = c;
+                for part in rest.iter().rev() {
+                    match part {
+                        std::path::Component::ParentDir => {
+                            out.pop();
+                        }
+                        std::path::Component::Normal(n) => out.push(n),
+                        _ => {}
+                    }
+                }
+                return Ok(out);
+            }
+            Err(_) => match (cur.parent(), cur.components().next_back()) {
+                (Some(parent), Some(last)) => {
+                    rest.push(last);
+                    cur = parent;
+                }
+                _ => return Ok(abs),
+            },
+        }
+    }
+}
+
+/// Refuses an output that would destroy or swallow its input: `dst` equal to `input`, inside it,
+/// or containing it (symlinks resolved), so that `--overwrite` can never replace or delete a
+/// source.
+pub fn check_apart(input: &Path, dst: &Path) -> Result<()> {
+    let (i, d) = (resolved(input)?, resolved(dst)?);
+    let relation = if i == d {
+        "is"
+    } else if i.starts_with(&d) {
+        "contains"
+    } else if d.starts_with(&i) {
+        "is inside"
+    } else {
+        return Ok(());
+    };
+    Err(FormatError::Usage(format!(
+        "the output {} {relation} the input {}: nothing would be left of it; choose an -o outside \
+         the input that does not contain it",
+        dst.display(),
+        input.display()
+    )))
+}
+
 impl StagingDir {
     /// Creates the staging directory for `dst` (and `dst`'s parent if needed). Fails if `dst`
     /// exists and is not an empty directory, unless `overwrite`.
@@ -129,6 +188,37 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn outputs_that_overlap_their_input_are_refused() {
+        let root = scratch("apart");
+        let src = root.join("d/S");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("model.safetensors"), b"x").unwrap();
+        std::os::unix::fs::symlink(&src, root.join("link")).unwrap();
+        let refused = |dst: PathBuf, input: PathBuf, rel: &str| {
+            let e = check_apart(&input, &dst).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(" {rel} the input")),
+                "{dst:?} {input:?}: {e}"
+            );
+        };
+        refused(src.clone(), src.clone(), "is");
+        refused(root.join("d"), src.clone(), "contains");
+        refused(root.join("d/S/inner/deeper"), src.clone(), "is inside");
+        refused(src.clone(), root.join("link"), "is");
+        refused(root.join("link/x"), src.clone(), "is inside");
+        refused(root.join("d/S/../S"), src.clone(), "is");
+        refused(
+            src.join("model.safetensors"),
+            src.join("model.safetensors"),
+            "is",
+        );
+        check_apart(&src, &root.join("d/S2")).unwrap();
+        check_apart(&src, &root.join("out/new/c")).unwrap();
+        check_apart(&src.join("model.safetensors"), &root.join("d/S.entrollm")).unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

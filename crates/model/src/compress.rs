@@ -338,6 +338,7 @@ pub fn compress(
     opts: &CompressOptions,
     progress: &mut dyn Progress,
 ) -> Result<Summary> {
+    entrollm_format::check_apart(src, dst)?;
     if is_gguf(src) {
         compress_gguf(src, dst, opts, progress)
     } else {

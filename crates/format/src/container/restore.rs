@@ -33,14 +33,7 @@ where
             "the container records no source files to restore",
         ));
     }
-    if let (Ok(d), Ok(c)) = (dst.canonicalize(), reader.dir().canonicalize()) {
-        if c.starts_with(&d) {
-            return Err(FormatError::file(
-                dst,
-                "destination holds the container being restored",
-            ));
-        }
-    }
+    crate::staging::check_apart(reader.dir(), dst)?;
     let staging = StagingDir::create(dst, overwrite)?;
     let total: u64 = manifest
         .sources
