@@ -175,6 +175,9 @@ pub fn run(a: Args) -> Result<()> {
     let s = compress(&a.src, &a.output, &opts, &mut bar);
     bar.finish();
     let s = s?;
+    for n in &s.notes {
+        eprintln!("note: {n}");
+    }
     let ratio = 100.0 * s.coded_bytes as f64 / s.coded_source_bytes.max(1) as f64;
     match s.source {
         SourceKind::Safetensors => eprintln!(

@@ -772,3 +772,97 @@ fn thread_counts_are_capped_with_a_clear_error() {
         );
     }
 }
+
+/// Every file of a source directory is kept: subdirectories, hidden files, links by their content
+/// (as a Hugging Face cache snapshot holds every file), restored under the same names; a file that
+/// cannot be kept exactly is an error naming it, with nothing written.
+#[test]
+fn compress_keeps_every_file_or_names_the_one_it_cannot() {
+    let d = tmp("keep-all");
+    let src = d.join("snap");
+    ok(&[
+        "synth",
+        "--shape",
+        "tiny",
+        "--seed",
+        "2",
+        "-o",
+        src.to_str().unwrap(),
+    ]);
+    // The snapshot's config.json a link to a blob outside it, as in ~/.cache/huggingface.
+    let blobs = d.join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    std::fs::rename(src.join("config.json"), blobs.join("c0ffee")).unwrap();
+    std::os::unix::fs::symlink(blobs.join("c0ffee"), src.join("config.json")).unwrap();
+    std::fs::create_dir_all(src.join("original/sub")).unwrap();
+    std::fs::write(src.join("original/params.json"), b"{\"dim\": 192}").unwrap();
+    std::fs::write(src.join("original/sub/notes.txt"), b"deep").unwrap();
+    std::fs::write(src.join(".gitattributes"), b"*.safetensors filter=lfs").unwrap();
+    std::os::unix::fs::symlink("original/params.json", src.join("params-link.json")).unwrap();
+    let c = d.join("c");
+    let out = ok(&["compress", src.to_str().unwrap(), "-o", c.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("config.json links outside the checkpoint directory"),
+        "{err}"
+    );
+    let back = d.join("back");
+    ok(&[
+        "decompress",
+        c.to_str().unwrap(),
+        "-o",
+        back.to_str().unwrap(),
+    ]);
+    for name in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "original/params.json",
+        "original/sub/notes.txt",
+        ".gitattributes",
+        "params-link.json",
+    ] {
+        assert_eq!(
+            std::fs::read(back.join(name)).unwrap(),
+            std::fs::read(src.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+    // A FIFO, and a name that is not UTF-8: refused by name, nothing left behind.
+    for (bad, what) in [("pipe", "not a regular file"), ("latin-1", "not UTF-8")] {
+        let p = match bad {
+            "pipe" => {
+                let p = src.join("pipe");
+                let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+                p
+            }
+            _ => {
+                use std::os::unix::ffi::OsStrExt;
+                let p = src.join(std::ffi::OsStr::from_bytes(b"caf\xe9.txt"));
+                std::fs::write(&p, b"latin-1").unwrap();
+                p
+            }
+        };
+        let out = d.join("refused");
+        let err = fails(&[
+            "compress",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert!(
+            err.contains("cannot keep this file") && err.contains(what),
+            "{err}"
+        );
+        assert!(!out.exists());
+        let leftovers: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains("partial"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        std::fs::remove_file(&p).unwrap();
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

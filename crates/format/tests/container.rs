@@ -121,9 +121,12 @@ fn round_trip_restores_every_file_bit_for_bit() {
     assert!(matches!(e, FormatError::DestinationExists { .. }), "{e}");
     restore_sources(&r, &dst, true, xor_decode, None).unwrap();
     assert!(tree(&dst) == want);
-    // Restoring over the container itself is refused.
-    let e = restore_sources(&r, &ct, true, xor_decode, None).unwrap_err();
-    assert!(e.to_string().contains("holds the container"), "{e}");
+    // Restoring over the container itself, into it or over its parent is refused.
+    for out in [ct.clone(), ct.join("inside"), s.path().to_path_buf()] {
+        let e = restore_sources(&r, &out, true, xor_decode, None).unwrap_err();
+        assert!(e.to_string().contains("the input"), "{e}");
+    }
+    assert!(ct.join("entrollm.json").is_file());
 }
 
 #[test]

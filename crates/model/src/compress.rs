@@ -119,6 +119,8 @@ pub struct Summary {
     pub coded_weights: u64,
     /// Tensors whose serving form the manifest records.
     pub formed_tensors: usize,
+    /// What the user should know about the result (files kept through links out of the source).
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -394,8 +396,9 @@ fn compress_safetensors(
     let ckpt = Checkpoint::open(src)?;
     let shard_names: Vec<&str> = ckpt.files().map(|(n, _)| n).collect();
     let mut w = writer(dst, opts)?;
+    let mut notes = Vec::new();
     if src.is_dir() {
-        for (path, name) in verbatim_files(src, &shard_names)? {
+        for (path, name) in verbatim_files(src, &shard_names, &mut notes)? {
             w.copy_file(&path, &name)?;
         }
     }
@@ -414,6 +417,7 @@ fn compress_safetensors(
         coded_bytes: 0,
         coded_weights: 0,
         formed_tensors: 0,
+        notes,
     };
     let forms = source_forms(opts, src, tensors.iter().map(|t| t.name), |n| {
         Some(n.into())
@@ -485,24 +489,72 @@ fn compress_safetensors(
     Ok(summary)
 }
 
-/// Files of the source directory that are not checkpoint shards: copied verbatim.
-fn verbatim_files(root: &Path, shards: &[&str]) -> Result<Vec<(PathBuf, String)>> {
-    let io = |e| ModelError::Io {
-        path: root.to_path_buf(),
-        error: e,
+/// Every file of the source directory that is not a checkpoint shard, copied verbatim: files in
+/// subdirectories and hidden ones too, symlinks by their content (a note when a link leaves the
+/// directory). A file that cannot be kept exactly (a name that is not UTF-8, something that is not
+/// a regular file, a broken link) is an error naming it, never left out.
+fn verbatim_files(
+    root: &Path,
+    shards: &[&str],
+    notes: &mut Vec<String>,
+) -> Result<Vec<(PathBuf, String)>> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |error| ModelError::Io { path, error }
     };
+    let croot = root.canonicalize().map_err(io(root))?;
     let mut out = Vec::new();
-    for e in std::fs::read_dir(root).map_err(io)? {
-        let e = e.map_err(io)?;
-        let name = e.file_name().to_string_lossy().into_owned();
-        if e.file_type().map_err(io)?.is_file()
-            && !shards.contains(&name.as_str())
-            && !name.starts_with('.')
-        {
-            out.push((e.path(), name));
+    // (directory, its name relative to the root); canonical directories seen, against link cycles.
+    let mut todo = vec![(root.to_path_buf(), String::new())];
+    let mut seen = std::collections::HashSet::from([croot.clone()]);
+    while let Some((dir, rel)) = todo.pop() {
+        for e in std::fs::read_dir(&dir).map_err(io(&dir))? {
+            let path = e.map_err(io(&dir))?.path();
+            let cannot = |why: String| {
+                CompressError::Usage(format!(
+                    "{}: cannot keep this file in the container: {why}",
+                    path.display()
+                ))
+            };
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                return Err(cannot("its name is not UTF-8 (rename it)".into()));
+            };
+            let name = match rel.is_empty() {
+                true => name.to_string(),
+                false => format!("{rel}/{name}"),
+            };
+            if rel.is_empty() && shards.contains(&name.as_str()) {
+                continue;
+            }
+            let link = std::fs::symlink_metadata(&path)
+                .map_err(io(&path))?
+                .file_type()
+                .is_symlink();
+            let meta = std::fs::metadata(&path)
+                .map_err(|e| cannot(format!("it is a link that cannot be followed ({e})")))?;
+            if link {
+                let target = path.canonicalize().map_err(io(&path))?;
+                if !target.starts_with(&croot) {
+                    notes.push(format!(
+                        "{} links outside the checkpoint directory (to {}): its content is kept",
+                        path.display(),
+                        target.display()
+                    ));
+                }
+            }
+            if meta.is_dir() {
+                let canon = path.canonicalize().map_err(io(&path))?;
+                if seen.insert(canon) {
+                    todo.push((path.clone(), name));
+                }
+            } else if meta.is_file() {
+                out.push((path, name));
+            } else {
+                return Err(cannot("it is not a regular file".into()));
+            }
         }
     }
-    out.sort();
+    out.sort_by(|a, b| a.1.cmp(&b.1));
     Ok(out)
 }
 
@@ -631,6 +683,7 @@ fn compress_gguf(
         coded_bytes: 0,
         coded_weights: 0,
         formed_tensors: 0,
+        notes: Vec::new(),
     };
     let names = file.tensors().iter().map(|t| t.name.as_str());
     let forms = source_forms(opts, src, names, crate::gguf::gguf_tensor_name)?;
