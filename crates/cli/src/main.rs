@@ -68,6 +68,23 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // SIGINT/SIGTERM: the partial output of the command in flight is removed, then the process
+    // exits as the signal would have ended it (SIGKILL's leftovers go on the next run beside the
+    // same output).
+    #[cfg(unix)]
+    if let Ok(mut signals) = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ]) {
+        std::thread::spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                if entrollm_format::remove_live() > 0 {
+                    eprintln!("\ninterrupted: the partial output was removed");
+                }
+                std::process::exit(128 + sig);
+            }
+        });
+    }
     let cli = Cli::parse();
     if let Some(n) = cli.threads {
         // Far past any core count a machine has; more only stalls the machine creating them.

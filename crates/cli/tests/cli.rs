@@ -866,3 +866,97 @@ fn compress_keeps_every_file_or_names_the_one_it_cannot() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A safetensors file of one `rows × cols` BF16 matrix with Gaussian-like values (enough work
+/// for compress to be caught mid-way).
+fn big_safetensors(path: &Path, rows: usize, cols: usize) {
+    let n = rows * cols;
+    let header = format!(
+        "{{\"w\":{{\"dtype\":\"BF16\",\"shape\":[{rows},{cols}],\"data_offsets\":[0,{}]}}}}",
+        2 * n
+    );
+    let mut header = header.into_bytes();
+    while header.len() % 8 != 0 {
+        header.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + header.len() + 2 * n);
+    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    out.extend_from_slice(&header);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..n {
+        let mut u = 0.0f32;
+        for _ in 0..4 {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            u += (x >> 40) as f32 / (1u64 << 24) as f32;
+        }
+        let v = (u - 2.0) * 0.02;
+        out.extend_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes());
+    }
+    std::fs::write(path, out).unwrap();
+}
+
+/// Ctrl-C and SIGTERM in the middle of compress remove the partial output and exit as the signal
+/// would; what a SIGKILL leaves is removed by the next run beside the same output.
+#[test]
+fn interrupted_compress_leaves_nothing() {
+    use std::time::{Duration, Instant};
+    let d = tmp("interrupt");
+    let src = d.join("big.safetensors");
+    big_safetensors(&src, 8192, 8192);
+    let partials = || -> Vec<String> {
+        std::fs::read_dir(&d)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".partial-") || n.contains(".old-"))
+            .collect()
+    };
+    let out = d.join("c");
+    for (sig, code) in [
+        (libc::SIGINT, 130),
+        (libc::SIGTERM, 143),
+        (libc::SIGKILL, -1),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_entrollm"))
+            .args(["--threads", "1", "compress"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&out)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while partials().is_empty() && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!partials().is_empty(), "no staging directory appeared");
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+        let status = child.wait().unwrap();
+        assert!(
+            !out.exists(),
+            "signal {sig}: partial output at the destination"
+        );
+        if sig == libc::SIGKILL {
+            assert!(
+                !partials().is_empty(),
+                "SIGKILL leaves its staging directory"
+            );
+        } else {
+            assert_eq!(status.code(), Some(code), "signal {sig}");
+            assert!(partials().is_empty(), "signal {sig}: {:?}", partials());
+        }
+    }
+    // The next run beside the same output removes the dead process's staging directory.
+    ok(&[
+        "compress",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(partials().is_empty(), "{:?}", partials());
+    assert!(out.join("entrollm.json").is_file());
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -27,4 +27,4 @@ pub use container::{
 pub use dtype::{tensor_byte_len, Dtype};
 pub use error::{FormatError, Result};
 pub use safetensors::{Checkpoint, SafetensorsFile, TensorView};
-pub use staging::{check_apart, StagingDir};
+pub use staging::{check_apart, remove_live, StagingDir};

@@ -8,6 +8,78 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
+/// Staging directories not yet committed or dropped: what [`remove_live`] deletes when the
+/// process is told to stop.
+static LIVE: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Deletes every staging directory this process has not committed (a SIGINT/SIGTERM handler
+/// calls it before exiting, so an interrupted command leaves nothing); returns how many. Writers
+/// may still be running: each directory is removed until it is gone.
+pub fn remove_live() -> usize {
+    let dirs = std::mem::take(&mut *live());
+    for d in &dirs {
+        for _ in 0..8 {
+            match std::fs::remove_dir_all(d) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => continue,
+                _ => break,
+            }
+        }
+    }
+    dirs.len()
+}
+
+/// Whether process `pid` still runs (a staging directory's owner).
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes what dead processes left beside `dst`: staging directories (`.NAME.partial-PID-N`) and,
+/// when `dst` exists, moved-aside old destinations (`.NAME.old-PID-N`) whose PID no longer runs
+/// (killed with SIGKILL, or the machine stopped). Returns the paths removed.
+fn remove_stale(dst: &Path) -> Vec<PathBuf> {
+    let (Some(name), parent) = (dst.file_name(), dst.parent()) else {
+        return Vec::new();
+    };
+    let parent = parent
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(rest) = file
+            .to_str()
+            .and_then(|f| f.strip_prefix('.'))
+            .and_then(|f| f.strip_prefix(name.to_str()?))
+        else {
+            continue;
+        };
+        // An old destination moved aside is only removed once its replacement is in place.
+        let Some(tail) = rest
+            .strip_prefix(".partial-")
+            .or_else(|| rest.strip_prefix(".old-").filter(|_| dst.exists()))
+        else {
+            continue;
+        };
+        let Some(pid) = tail.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !alive(pid) {
+            let path = e.path();
+            if std::fs::remove_dir_all(&path).is_ok() || std::fs::remove_file(&path).is_ok() {
+                removed.push(path);
+            }
+        }
+    }
+    removed
+}
+
 #[derive(Debug)]
 pub struct StagingDir {
     tmp: PathBuf,
@@ -118,7 +190,9 @@ impl StagingDir {
         if let Some(parent) = tmp.parent() {
             std::fs::create_dir_all(parent).map_err(|e| FormatError::io(parent, e))?;
         }
+        remove_stale(dst);
         std::fs::create_dir(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
+        live().push(tmp.clone());
         Ok(StagingDir {
             tmp,
             dst: dst.to_path_buf(),
@@ -167,6 +241,7 @@ impl Drop for StagingDir {
         if !self.committed {
             let _ = std::fs::remove_dir_all(&self.tmp);
         }
+        live().retain(|p| p != &self.tmp);
     }
 }
 
@@ -218,6 +293,28 @@ mod tests {
         check_apart(&src, &root.join("d/S2")).unwrap();
         check_apart(&src, &root.join("out/new/c")).unwrap();
         check_apart(&src.join("model.safetensors"), &root.join("d/S.entrollm")).unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn stale_staging_of_dead_processes_is_removed_next_time() {
+        // (`remove_live`, process-wide, is tested through the binary: crates/cli/tests.)
+        let root = scratch("stale");
+        let dst = root.join("out");
+        std::fs::create_dir(&dst).unwrap();
+        // A dead process's leftovers beside the same destination (no process has PID 2^31 - 2),
+        // another destination's, and a live process's (this one's) are told apart.
+        let dead = root.join(".out.partial-2147483646-0");
+        let old = root.join(".out.old-2147483646-3");
+        let other = root.join(".other.partial-2147483646-0");
+        let mine = root.join(format!(".out.partial-{}-99", std::process::id()));
+        for d in [&dead, &old, &other, &mine] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let s = StagingDir::create(&dst, false).unwrap();
+        assert!(!dead.exists() && !old.exists());
+        assert!(other.exists() && mine.exists());
+        drop(s);
         std::fs::remove_dir_all(&root).unwrap();
     }
 
