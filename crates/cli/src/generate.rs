@@ -775,7 +775,7 @@ fn gpu_perplexity(
 pub fn ppl(a: PplArgs) -> Result<()> {
     let device = DeviceArg::parse(&a.device)?;
     let decode = a.decode.options()?;
-    let text = std::fs::read_to_string(&a.file)
+    let text = entrollm_format::input::read_text_limited(&a.file, 1 << 30)
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
     let (weights, tokenizer) = open_model_with(
         &a.model,

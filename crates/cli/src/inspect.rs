@@ -35,7 +35,7 @@ fn coding_label(coder: &str, p: &Value) -> String {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let (rows, plan) = if a.path.join("entrollm.json").is_file() {
+    let (rows, plan) = if std::fs::symlink_metadata(a.path.join("entrollm.json")).is_ok() {
         container(&a)?
     } else {
         (checkpoint(&a)?, None)

@@ -960,3 +960,120 @@ fn interrupted_compress_leaves_nothing() {
     assert!(out.join("entrollm.json").is_file());
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Runs the binary, failing the test if it runs past `secs` (a hang); returns (exit code, stderr).
+fn within(secs: u64, args: &[&str]) -> (Option<i32>, String) {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_entrollm"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return (status.code(), err);
+        }
+        if t.elapsed().as_secs() >= secs {
+            let _ = child.kill();
+            panic!("entrollm {args:?} still running after {secs} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Inputs that are not regular files — a FIFO as a shard or manifest, JSON side files linked to
+/// /dev/zero — are refused at once, naming the file, instead of blocking or reading forever.
+#[test]
+fn fifos_and_devices_as_inputs_are_refused_not_read() {
+    let d = tmp("not-regular");
+    let src = d.join("src");
+    ok(&[
+        "synth",
+        "--shape",
+        "tiny",
+        "--seed",
+        "4",
+        "-o",
+        src.to_str().unwrap(),
+    ]);
+    let c = d.join("c");
+    ok(&["compress", src.to_str().unwrap(), "-o", c.to_str().unwrap()]);
+    let fifo = |p: &Path| {
+        std::fs::remove_file(p).unwrap();
+        let cs = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(cs.as_ptr(), 0o644) }, 0);
+    };
+    let zero = |p: &Path| {
+        std::fs::remove_file(p).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", p).unwrap();
+    };
+    let check = |args: &[&str], file: &Path, what: &str| {
+        let (code, err) = within(20, args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(file.to_str().unwrap()) && err.contains(what),
+            "{args:?}: {err}"
+        );
+    };
+    // A container whose manifest, then whose shard, is a FIFO.
+    let c1 = d.join("c1");
+    ok(&[
+        "compress",
+        src.to_str().unwrap(),
+        "-o",
+        c1.to_str().unwrap(),
+    ]);
+    let manifest = c1.join("entrollm.json");
+    fifo(&manifest);
+    check(&["inspect", c1.to_str().unwrap()], &manifest, "a FIFO");
+    let shard = c.join("entrollm-00001-of-00001.safetensors");
+    fifo(&shard);
+    let back = d.join("back");
+    check(
+        &[
+            "decompress",
+            c.to_str().unwrap(),
+            "-o",
+            back.to_str().unwrap(),
+        ],
+        &shard,
+        "a FIFO",
+    );
+    // A checkpoint whose config.json is /dev/zero; one whose shard is a FIFO.
+    let config = src.join("config.json");
+    let kept = std::fs::read(&config).unwrap();
+    zero(&config);
+    let tune = d.join("tune.json");
+    check(
+        &["tune", src.to_str().unwrap(), "-o", tune.to_str().unwrap()],
+        &config,
+        "a device",
+    );
+    std::fs::remove_file(&config).unwrap();
+    std::fs::write(&config, kept).unwrap();
+    let st = src.join("model.safetensors");
+    fifo(&st);
+    let out = d.join("c2");
+    check(
+        &[
+            "compress",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        &st,
+        "a FIFO",
+    );
+    assert!(!back.exists() && !out.exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}

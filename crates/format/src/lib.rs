@@ -16,6 +16,7 @@ pub mod container;
 mod dtype;
 mod error;
 pub mod ggml_blocks;
+pub mod input;
 pub mod safetensors;
 mod staging;
 

@@ -71,7 +71,7 @@ impl std::fmt::Debug for SafetensorsFile {
 impl SafetensorsFile {
     /// Opens and validates `path`.
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+        let file = crate::input::open_regular(path).map_err(|e| FormatError::io(path, e))?;
         // SAFETY: the map is read-only; like every mmap-based loader we rely on nobody
         // truncating or rewriting the file while it is open.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(path, e))?;
@@ -544,7 +544,8 @@ impl Checkpoint {
         for entry in std::fs::read_dir(path).map_err(|e| FormatError::io(path, e))? {
             let entry = entry.map_err(|e| FormatError::io(path, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".safetensors") && entry.path().is_file() {
+            // (Not only regular files: a FIFO or device of this name is then refused by name.)
+            if name.ends_with(".safetensors") && !entry.path().is_dir() {
                 names.push(name);
             }
         }
@@ -563,7 +564,8 @@ impl Checkpoint {
     }
 
     fn open_indexed(root: &Path, index_path: &Path) -> Result<Self> {
-        let text = std::fs::read(index_path).map_err(|e| FormatError::io(index_path, e))?;
+        let text = crate::input::read_limited(index_path, crate::input::JSON_LIMIT)
+            .map_err(|e| FormatError::io(index_path, e))?;
         let json: Value = serde_json::from_slice(&text)
             .map_err(|e| FormatError::file(index_path, format!("invalid JSON: {e}")))?;
         let map = json

@@ -124,10 +124,12 @@ impl CodingPlan {
     }
 
     pub fn from_file(path: &Path, default: Option<Coding>) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
-            path: path.to_path_buf(),
-            error: e,
-        })?;
+        let text =
+            entrollm_format::input::read_text_limited(path, entrollm_format::input::JSON_LIMIT)
+                .map_err(|e| ModelError::Io {
+                    path: path.to_path_buf(),
+                    error: e,
+                })?;
         Self::from_json(&text, default)
             .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))
     }

@@ -563,7 +563,7 @@ pub fn is_gguf(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 4];
     path.is_file()
-        && std::fs::File::open(path)
+        && entrollm_format::input::open_regular(path)
             .and_then(|mut f| f.read_exact(&mut magic))
             .is_ok()
         && &magic == b"GGUF"

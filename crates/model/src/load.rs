@@ -110,10 +110,11 @@ fn dense_fp8(name: &str, shape: &[usize], bytes: &[u8]) -> Result<Arc<dyn Linear
 
 fn read_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Io {
-        path: path.clone(),
-        error: e,
-    })?;
+    let text = entrollm_format::input::read_text_limited(&path, entrollm_format::input::JSON_LIMIT)
+        .map_err(|e| ModelError::Io {
+            path: path.clone(),
+            error: e,
+        })?;
     ModelConfig::from_hf_json(&text)
 }
 
@@ -339,7 +340,8 @@ fn open_with(
             "not a .gguf file, an entrollm container or a checkpoint directory",
         ));
     }
-    if path.join("entrollm.json").is_file() {
+    // (Whatever the manifest is: a FIFO or a device in its place is the container reader's error.)
+    if std::fs::symlink_metadata(path.join("entrollm.json")).is_ok() {
         let reader = ContainerReader::open(path).map_err(|e| format_err(path, e))?;
         let forms = fused && opts.recorded_forms && records_forms(&reader);
         if crate::gguf::is_gguf_container(&reader) {

@@ -64,14 +64,24 @@ impl Tokenizer {
     /// Loads `tokenizer.json` and, if given, `tokenizer_config.json` (for the BOS/EOS tokens and
     /// the chat template).
     pub fn from_files(tokenizer_json: &Path, tokenizer_config: Option<&Path>) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_file(tokenizer_json)
+        let bytes = entrollm_format::input::read_limited(
+            tokenizer_json,
+            entrollm_format::input::JSON_LIMIT,
+        )
+        .map_err(|error| ModelError::Io {
+            path: tokenizer_json.into(),
+            error,
+        })?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| tok_err(tokenizer_json.display(), e))?;
         let mut tok = Tokenizer::new(inner, None, None, Vec::new(), None);
         if let Some(path) = tokenizer_config {
-            let text = std::fs::read_to_string(path).map_err(|error| ModelError::Io {
-                path: path.into(),
-                error,
-            })?;
+            let text =
+                entrollm_format::input::read_text_limited(path, entrollm_format::input::JSON_LIMIT)
+                    .map_err(|error| ModelError::Io {
+                        path: path.into(),
+                        error,
+                    })?;
             let config: Value =
                 serde_json::from_str(&text).map_err(|e| tok_err(path.display(), e))?;
             tok.apply_tokenizer_config(&config, path)?;

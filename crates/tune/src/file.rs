@@ -214,7 +214,7 @@ fn read_json<T: DeserializeOwned>(path: &Path, format: &str, what: &str) -> Resu
         return Err(too_big(meta.len()));
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
-    fs::File::open(path)
+    entrollm_format::input::open_regular(path)
         .map_err(io)?
         .take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut bytes)

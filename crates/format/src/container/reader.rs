@@ -111,7 +111,8 @@ impl ContainerReader {
                 format!("manifest is {len} bytes, more than the {MAX_MANIFEST_LEN}-byte limit"),
             ));
         }
-        let text = std::fs::read(&manifest_path).map_err(|e| FormatError::io(&manifest_path, e))?;
+        let text = crate::input::read_limited(&manifest_path, MAX_MANIFEST_LEN)
+            .map_err(|e| FormatError::io(&manifest_path, e))?;
         let manifest = Manifest::parse(&manifest_path, &text)?;
         Validator::new(dir, &manifest_path, &manifest)?.run(manifest)
     }
@@ -200,7 +201,7 @@ impl ContainerReader {
         }
         for entry in &m.verbatim {
             let path = self.dir.join(&entry.name);
-            let file = std::fs::File::open(&path).map_err(|e| FormatError::io(&path, e))?;
+            let file = crate::input::open_regular(&path).map_err(|e| FormatError::io(&path, e))?;
             let mut sum = StreamingChecksum::new();
             copy_hashed(file, None, &mut sum).map_err(|e| match e {
                 CopyError::Read(e) | CopyError::Write(e) => FormatError::io(&path, e),

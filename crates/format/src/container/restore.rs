@@ -113,7 +113,8 @@ where
         let from_path = reader.dir().join(&f.name);
         let to_path = staging.path().join(&f.name);
         let mut out = Output::create(&to_path)?;
-        let from = File::open(&from_path).map_err(|e| FormatError::io(&from_path, e))?;
+        let from =
+            crate::input::open_regular(&from_path).map_err(|e| FormatError::io(&from_path, e))?;
         copy_hashed(from, Some(&mut out.file), &mut out.sum).map_err(|e| match e {
             CopyError::Read(e) => FormatError::io(&from_path, e),
             CopyError::Write(e) => FormatError::io(&to_path, e),

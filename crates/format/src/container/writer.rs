@@ -335,7 +335,7 @@ impl ContainerWriter {
         if let Some(parent) = dst.parent() {
             std::fs::create_dir_all(parent).map_err(|e| FormatError::io(parent, e))?;
         }
-        let from = File::open(src).map_err(|e| FormatError::io(src, e))?;
+        let from = crate::input::open_regular(src).map_err(|e| FormatError::io(src, e))?;
         let to = File::create(&dst).map_err(|e| FormatError::io(&dst, e))?;
         let mut to = BufWriter::new(to);
         let mut sum = StreamingChecksum::new();

@@ -123,7 +123,7 @@ impl GgufFile {
             path: path.to_path_buf(),
             error,
         };
-        let file = std::fs::File::open(path).map_err(io)?;
+        let file = entrollm_format::input::open_regular(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len < 8 {
             return Err(ModelError::format(
