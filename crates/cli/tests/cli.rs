@@ -1077,3 +1077,114 @@ fn fifos_and_devices_as_inputs_are_refused_not_read() {
     assert!(!back.exists() && !out.exists());
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// The byte range of tensor `key` in a safetensors file.
+fn tensor_range(shard: &Path, key: &str) -> std::ops::Range<usize> {
+    let bytes = std::fs::read(shard).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let offs = &header[key]["data_offsets"];
+    let (a, b) = (offs[0].as_u64().unwrap(), offs[1].as_u64().unwrap());
+    8 + n + a as usize..8 + n + b as usize
+}
+
+/// A model built from a container serves no byte the manifest's checksums do not vouch for: a
+/// zeroed norm weight (plain tensor), an edited config.json and a flipped byte of a GGUF
+/// container's stored header are each an error naming what is damaged, not garbage output.
+#[test]
+fn loading_a_container_checks_plain_tensors_files_and_the_gguf_header() {
+    let d = tmp("integrity");
+    let src = d.join("src");
+    ok(&[
+        "synth",
+        "--shape",
+        "tiny",
+        "--seed",
+        "6",
+        "-o",
+        src.to_str().unwrap(),
+    ]);
+    let good = d.join("good");
+    ok(&[
+        "compress",
+        src.to_str().unwrap(),
+        "-o",
+        good.to_str().unwrap(),
+    ]);
+    let copy = |name: &str| {
+        let p = d.join(name);
+        std::fs::create_dir_all(&p).unwrap();
+        for e in std::fs::read_dir(&good).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), p.join(e.file_name())).unwrap();
+        }
+        p
+    };
+    let shard = |p: &Path| p.join("entrollm-00001-of-00001.safetensors");
+    let load = |p: &Path| {
+        let tune = d.join("t.json");
+        let _ = std::fs::remove_file(&tune);
+        fails(&[
+            "tune",
+            p.to_str().unwrap(),
+            "--seconds",
+            "0",
+            "-o",
+            tune.to_str().unwrap(),
+        ])
+    };
+    let norm = "model.layers.1.post_attention_layernorm.weight";
+    let p = copy("zeroed-norm");
+    let r = tensor_range(&shard(&p), norm);
+    let mut bytes = std::fs::read(shard(&p)).unwrap();
+    bytes[r].fill(0);
+    std::fs::write(shard(&p), bytes).unwrap();
+    let err = load(&p);
+    assert!(err.contains(norm) && err.contains("checksum"), "{err}");
+
+    let p = copy("edited-config");
+    let cfg = std::fs::read_to_string(p.join("config.json")).unwrap();
+    std::fs::write(
+        p.join("config.json"),
+        cfg.replace("\"rms_norm_eps\"", "\"rms_norm_eps\" "),
+    )
+    .unwrap();
+    let err = load(&p);
+    assert!(err.contains("config.json"), "{err}");
+
+    // A GGUF container (SmolLM2) whose stored header has one byte flipped.
+    let gguf = std::path::PathBuf::from(std::env::var("HOME").unwrap())
+        .join(".cache/entrollm/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if gguf.is_file() {
+        let c = d.join("gguf-c");
+        ok(&[
+            "compress",
+            gguf.to_str().unwrap(),
+            "-o",
+            c.to_str().unwrap(),
+        ]);
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(c.join("entrollm.json")).unwrap()).unwrap();
+        let key = m["sources"][0]["prefix"]["key"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let s = shard(&c);
+        let r = tensor_range(&s, &key);
+        let mut bytes = std::fs::read(&s).unwrap();
+        bytes[r.start + 200] ^= 0x20;
+        std::fs::write(&s, bytes).unwrap();
+        let err = fails(&[
+            "run",
+            c.to_str().unwrap(),
+            "-p",
+            "hi",
+            "--device",
+            "cpu",
+            "--max-tokens",
+            "1",
+        ]);
+        assert!(err.contains("stored header"), "{err}");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -108,6 +108,16 @@ fn dense_fp8(name: &str, shape: &[usize], bytes: &[u8]) -> Result<Arc<dyn Linear
     Ok(Arc::new(DenseFp8::new(name, rows, cols, bytes.to_vec())?))
 }
 
+/// A container's `config.json`, checked against the manifest's checksum.
+fn container_config(reader: &ContainerReader) -> Result<ModelConfig> {
+    let bytes = reader
+        .read_verbatim("config.json", entrollm_format::input::JSON_LIMIT)
+        .map_err(|e| format_err(reader.dir(), e))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| ModelError::format(reader.dir().join("config.json"), "not UTF-8 text"))?;
+    ModelConfig::from_hf_json(&text)
+}
+
 fn read_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join("config.json");
     let text = entrollm_format::input::read_text_limited(&path, entrollm_format::input::JSON_LIMIT)
@@ -169,9 +179,10 @@ pub struct ContainerSource {
 
 impl ContainerSource {
     pub fn open(dir: &Path, fused: bool) -> Result<Self> {
+        let reader = ContainerReader::open(dir).map_err(|e| format_err(dir, e))?;
         Ok(ContainerSource {
-            reader: ContainerReader::open(dir).map_err(|e| format_err(dir, e))?,
-            config: read_config(dir)?,
+            config: container_config(&reader)?,
+            reader,
             fused,
             forms: false,
         })
@@ -194,10 +205,18 @@ impl TensorSource for ContainerSource {
         let t = self.reader.tensor(name).map_err(|e| format_err(dir, e))?;
         let fp8_scale = || self.tensor(&format!("{name}_scale"));
         match &t.data {
-            StoredData::Plain(b) if t.dtype == Dtype::F8E4M3 => {
-                fp8_matrix(name, dense_fp8(name, t.shape, b)?, fp8_scale()?).map(Some)
+            StoredData::Plain(b) => {
+                // Served only once its bytes are the ones the manifest's checksum records.
+                self.reader
+                    .verify_checksum(name, b)
+                    .map_err(|e| format_err(dir, e))?;
+                match t.dtype {
+                    Dtype::F8E4M3 => {
+                        fp8_matrix(name, dense_fp8(name, t.shape, b)?, fp8_scale()?).map(Some)
+                    }
+                    _ => host_tensor(name, t.dtype, t.shape, b).map(Some),
+                }
             }
-            StoredData::Plain(b) => host_tensor(name, t.dtype, t.shape, b).map(Some),
             StoredData::Coded(c) => {
                 let coded = Coded::from_stored(t.dtype, t.shape, c)
                     .map_err(|e| ModelError::tensor(name, e.to_string()))?;
@@ -363,8 +382,10 @@ fn open_with(
             };
             return Ok((w, t));
         }
-        let t = tokenizer.then(|| Tokenizer::from_dir(path)).transpose()?;
         let mut source = ContainerSource::open(path, fused)?;
+        let t = tokenizer
+            .then(|| Tokenizer::from_container(source.reader()))
+            .transpose()?;
         source.forms = forms;
         let w = build_model(&source)?;
         let w = match forms {

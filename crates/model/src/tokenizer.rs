@@ -64,29 +64,61 @@ impl Tokenizer {
     /// Loads `tokenizer.json` and, if given, `tokenizer_config.json` (for the BOS/EOS tokens and
     /// the chat template).
     pub fn from_files(tokenizer_json: &Path, tokenizer_config: Option<&Path>) -> Result<Self> {
-        let bytes = entrollm_format::input::read_limited(
+        let read = |path: &Path| {
+            entrollm_format::input::read_limited(path, entrollm_format::input::JSON_LIMIT).map_err(
+                |error| ModelError::Io {
+                    path: path.into(),
+                    error,
+                },
+            )
+        };
+        let config = match tokenizer_config {
+            Some(p) => Some((read(p)?, p)),
+            None => None,
+        };
+        Self::from_bytes(
+            &read(tokenizer_json)?,
             tokenizer_json,
-            entrollm_format::input::JSON_LIMIT,
+            config.as_ref().map(|(b, p)| (b.as_slice(), *p)),
         )
-        .map_err(|error| ModelError::Io {
-            path: tokenizer_json.into(),
-            error,
-        })?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
-            .map_err(|e| tok_err(tokenizer_json.display(), e))?;
+    }
+
+    /// [`Tokenizer::from_files`] on the files' contents (`path`s for messages).
+    pub fn from_bytes(
+        tokenizer_json: &[u8],
+        path: &Path,
+        tokenizer_config: Option<(&[u8], &Path)>,
+    ) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json)
+            .map_err(|e| tok_err(path.display(), e))?;
         let mut tok = Tokenizer::new(inner, None, None, Vec::new(), None);
-        if let Some(path) = tokenizer_config {
-            let text =
-                entrollm_format::input::read_text_limited(path, entrollm_format::input::JSON_LIMIT)
-                    .map_err(|error| ModelError::Io {
-                        path: path.into(),
-                        error,
-                    })?;
+        if let Some((bytes, path)) = tokenizer_config {
             let config: Value =
-                serde_json::from_str(&text).map_err(|e| tok_err(path.display(), e))?;
+                serde_json::from_slice(bytes).map_err(|e| tok_err(path.display(), e))?;
             tok.apply_tokenizer_config(&config, path)?;
         }
         Ok(tok)
+    }
+
+    /// The tokenizer of an entrollm container, its files checked against the manifest's
+    /// checksums first.
+    pub fn from_container(reader: &entrollm_format::ContainerReader) -> Result<Self> {
+        let dir = reader.dir();
+        let read = |name: &str| {
+            reader
+                .read_verbatim(name, entrollm_format::input::JSON_LIMIT)
+                .map_err(|e| ModelError::format(dir, e.to_string()))
+        };
+        let config = match reader.has_verbatim("tokenizer_config.json") {
+            true => Some(read("tokenizer_config.json")?),
+            false => None,
+        };
+        let config_path = dir.join("tokenizer_config.json");
+        Self::from_bytes(
+            &read("tokenizer.json")?,
+            &dir.join("tokenizer.json"),
+            config.as_deref().map(|b| (b, config_path.as_path())),
+        )
     }
 
     /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`.

@@ -185,6 +185,66 @@ impl ContainerReader {
         Ok(())
     }
 
+    /// The verbatim file `name` (say `config.json`), checked against the size and checksum the
+    /// manifest records for it before it is used; at most `limit` bytes.
+    pub fn read_verbatim(&self, name: &str, limit: u64) -> Result<Vec<u8>> {
+        let path = self.dir.join(name);
+        let entry = self
+            .manifest
+            .verbatim
+            .iter()
+            .find(|f| f.name == name)
+            .ok_or_else(|| FormatError::file(&path, "the manifest records no such file"))?;
+        let bytes =
+            crate::input::read_limited(&path, limit).map_err(|e| FormatError::io(&path, e))?;
+        if bytes.len() as u64 != entry.size {
+            return Err(FormatError::file(
+                &path,
+                format!(
+                    "file is {} bytes, manifest records {}",
+                    bytes.len(),
+                    entry.size
+                ),
+            ));
+        }
+        check_file_sum(&path, entry, checksum(&bytes))?;
+        Ok(bytes)
+    }
+
+    /// Whether the manifest records the verbatim file `name`.
+    pub fn has_verbatim(&self, name: &str) -> bool {
+        self.manifest.verbatim.iter().any(|f| f.name == name)
+    }
+
+    /// Checks the shard holding source file `i`'s stored prefix (a GGUF's header) against its
+    /// checksum: the prefix has none of its own.
+    pub fn verify_prefix(&self, i: usize) -> Result<()> {
+        let (s, _) = self.prefixes[i];
+        let shard = &self.shards[s];
+        check_file_sum(
+            shard.path(),
+            &self.manifest.shards[s],
+            checksum(shard.file_bytes()),
+        )
+        .map_err(|e| match e {
+            FormatError::Checksum {
+                path,
+                expected,
+                actual,
+                ..
+            } => FormatError::Checksum {
+                path,
+                tensor: Some(format!(
+                    "the stored header of {}",
+                    self.manifest.sources[i].name
+                )),
+                expected,
+                actual,
+            },
+            e => e,
+        })
+    }
+
     /// Hashes every shard and verbatim file and compares with the manifest. `progress` gets
     /// (bytes done, bytes total).
     pub fn verify_files(&self, mut progress: Option<&mut dyn FnMut(u64, u64)>) -> Result<()> {

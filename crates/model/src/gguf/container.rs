@@ -74,6 +74,11 @@ fn rebuild(reader: &ContainerReader, load: GgufLoad) -> Result<(GgufFile, Linear
     // Zeroed allocation: pages never written (the tensor data in `Header` mode, the coded matrices
     // in `Fused` mode) are never backed by memory.
     let mut image = vec![0u8; size];
+    // The header has no checksum of its own: its shard's is checked before it is parsed (not
+    // for `Header`, which serves `inspect` only).
+    if load != GgufLoad::Header {
+        reader.verify_prefix(0).map_err(fmt)?;
+    }
     let prefix = reader.source_prefix(0);
     image[..prefix.len()].copy_from_slice(prefix);
     let mut linears = Linears::new();
@@ -92,7 +97,10 @@ fn rebuild(reader: &ContainerReader, load: GgufLoad) -> Result<(GgufFile, Linear
                 ));
             };
             match &t.data {
-                StoredData::Plain(b) => image[at..end].copy_from_slice(b),
+                StoredData::Plain(b) => {
+                    reader.verify_checksum(&seg.tensor, b).map_err(fmt)?;
+                    image[at..end].copy_from_slice(b)
+                }
                 StoredData::Coded(c) => {
                     let coded = Coded::from_stored(t.dtype, t.shape, c)
                         .map_err(|e| ModelError::tensor(&seg.tensor, e.to_string()))?;
