@@ -876,7 +876,7 @@ fn big_safetensors(path: &Path, rows: usize, cols: usize) {
         2 * n
     );
     let mut header = header.into_bytes();
-    while header.len() % 8 != 0 {
+    while !header.len().is_multiple_of(8) {
         header.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + header.len() + 2 * n);
@@ -1186,5 +1186,50 @@ fn loading_a_container_checks_plain_tensors_files_and_the_gguf_header() {
         ]);
         assert!(err.contains("stored header"), "{err}");
     }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A checkpoint of more tensors than a container's manifest can hold is refused before any work,
+/// naming the source, instead of failing at the end naming a staging directory already gone.
+#[test]
+fn too_many_tensors_are_refused_before_any_work() {
+    let d = tmp("many");
+    let n = 1_250_000usize;
+    let mut header = String::with_capacity(n * 72);
+    header.push('{');
+    for i in 0..n {
+        if i > 0 {
+            header.push(',');
+        }
+        header.push_str(&format!(
+            "\"t{i:07}\":{{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[{i},{}]}}",
+            i + 1
+        ));
+    }
+    header.push('}');
+    while !header.len().is_multiple_of(8) {
+        header.push(' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.resize(bytes.len() + n, 7);
+    let src = d.join("many.safetensors");
+    std::fs::write(&src, bytes).unwrap();
+    let out = d.join("c");
+    let (code, err) = within(
+        120,
+        &[
+            "compress",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("1250000 tensors need a manifest") && err.contains("many.safetensors"),
+        "{err}"
+    );
+    assert!(!out.exists());
     std::fs::remove_dir_all(&d).unwrap();
 }

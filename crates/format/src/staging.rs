@@ -206,6 +206,11 @@ impl StagingDir {
         &self.tmp
     }
 
+    /// Where the output goes once committed.
+    pub fn destination(&self) -> &Path {
+        &self.dst
+    }
+
     /// Moves the staged directory to the destination, replacing what is there if allowed.
     pub fn commit(mut self) -> Result<()> {
         let dst = self.dst.clone();

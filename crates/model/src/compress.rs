@@ -394,6 +394,19 @@ fn compress_safetensors(
     progress: &mut dyn Progress,
 ) -> Result<Summary> {
     let ckpt = Checkpoint::open(src)?;
+    // A manifest entry takes at least 200 bytes and the name twice (a plain tensor of one
+    // dimension as the writer lays it out: 218): a checkpoint whose manifest could not be read
+    // back is refused before any work.
+    let least: u64 = ckpt.tensors().map(|t| 200 + 2 * t.name.len() as u64).sum();
+    let limit = entrollm_format::container::MAX_MANIFEST_LEN;
+    if least > limit {
+        return Err(CompressError::Usage(format!(
+            "{}: {} tensors need a manifest of at least {least} bytes, over the {limit} bytes a \
+             container's reader accepts; split the checkpoint",
+            src.display(),
+            ckpt.tensors().count()
+        )));
+    }
     let shard_names: Vec<&str> = ckpt.files().map(|(n, _)| n).collect();
     let mut w = writer(dst, opts)?;
     let mut notes = Vec::new();

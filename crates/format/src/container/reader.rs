@@ -21,7 +21,8 @@ use std::path::{Path, PathBuf};
 /// otherwise make a restore write terabytes of zeros.
 pub const MAX_SOURCE_GAP: u64 = 1 << 20;
 /// Manifests larger than this are refused before reading (a real one is a few MB at most).
-const MAX_MANIFEST_LEN: u64 = 256 << 20;
+/// The most bytes a reader accepts in `entrollm.json`.
+pub const MAX_MANIFEST_LEN: u64 = 256 << 20;
 
 /// A tensor as stored in a container.
 #[derive(Clone, Debug)]

@@ -394,11 +394,27 @@ impl ContainerWriter {
             .for_each(|s| rename(&mut s.prefix));
         std::fs::remove_dir_all(&self.work).map_err(|e| FormatError::io(&self.work, e))?;
         let manifest_path = self.staging.path().join(MANIFEST_FILE);
-        std::fs::write(&manifest_path, self.manifest.to_json())
-            .map_err(|e| FormatError::io(&manifest_path, e))?;
+        let json = self.manifest.to_json();
+        let limit = super::reader::MAX_MANIFEST_LEN;
+        if json.len() as u64 > limit {
+            return Err(FormatError::Usage(format!(
+                "{}: the container's manifest would be {} bytes, over the {limit} bytes a reader \
+                 accepts ({} tensors); nothing was written",
+                self.staging.destination().display(),
+                json.len(),
+                self.manifest.tensors.len()
+            )));
+        }
+        std::fs::write(&manifest_path, json).map_err(|e| FormatError::io(&manifest_path, e))?;
         // The reader's validation is the definition of a well-formed container: run it on what
         // was written (cheap: it maps the shards and parses headers, it does not hash data).
-        drop(ContainerReader::open(self.staging.path())?);
+        // Its errors name the destination, not the staging directory about to be removed.
+        if let Err(e) = ContainerReader::open(self.staging.path()) {
+            return Err(FormatError::Usage(format!(
+                "{}: the container written does not read back, nothing was kept: {e}",
+                self.staging.destination().display()
+            )));
+        }
         let manifest = std::mem::replace(&mut self.manifest, Manifest::new(""));
         self.staging.commit()?;
         Ok(manifest)
