@@ -41,6 +41,15 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
+/// Copies the files of directory `from` into `to` (created).
+fn copy_files(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
 fn assert_same_dirs(a: &Path, b: &Path) {
     let mut names: Vec<_> = std::fs::read_dir(a)
         .unwrap()
@@ -171,11 +180,7 @@ fn damaged_containers_fail_naming_the_tensor() {
     ]);
     let copy = |name: &str| {
         let p = d.join(name);
-        std::fs::create_dir_all(&p).unwrap();
-        for e in std::fs::read_dir(&good).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), p.join(e.file_name())).unwrap();
-        }
+        copy_files(&good, &p);
         p
     };
     let shard = |p: &Path| {
@@ -720,11 +725,7 @@ fn outputs_overlapping_their_input_are_refused_and_the_source_kept() {
     std::fs::write(d.join("d/keep.txt"), b"mine").unwrap();
     std::os::unix::fs::symlink(&src, d.join("link")).unwrap();
     let before = d.join("before");
-    std::fs::create_dir_all(&before).unwrap();
-    for e in std::fs::read_dir(&src).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), before.join(e.file_name())).unwrap();
-    }
+    copy_files(&src, &before);
     let s = src.to_str().unwrap();
     let parent = d.join("d");
     let inner = src.join("inner");
@@ -1113,11 +1114,7 @@ fn loading_a_container_checks_plain_tensors_files_and_the_gguf_header() {
     ]);
     let copy = |name: &str| {
         let p = d.join(name);
-        std::fs::create_dir_all(&p).unwrap();
-        for e in std::fs::read_dir(&good).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), p.join(e.file_name())).unwrap();
-        }
+        copy_files(&good, &p);
         p
     };
     let shard = |p: &Path| p.join("entrollm-00001-of-00001.safetensors");

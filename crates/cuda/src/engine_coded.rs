@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor, EncodePlan};
 use entrollm_codec::Payload;
 use entrollm_model::coding_plan::{CodingPlan, Launch};
-use entrollm_model::synth::{fill_row, fill_tensor_16, tensors, SynthDtype, SynthTensor};
+use entrollm_model::synth::{bf16_bits, tensors, SynthTensor};
 use entrollm_model::ModelConfig;
 
 use crate::coded::{check_supported as check_coding, GpuDtans};
@@ -375,22 +375,11 @@ pub fn dense_weights(c: &ModelConfig, seed: u64) -> Result<entrollm_model::weigh
     synth_weights(c, seed, None)
 }
 
-/// One synthetic matrix as BF16 bits (rows in parallel, as `model::synth`).
-fn host_matrix(t: &SynthTensor, seed: u64) -> Vec<u16> {
-    let mut bytes = vec![0u8; t.numel() * 2];
-    fill_tensor_16(t, seed, SynthDtype::Bf16, &mut bytes);
-    bytes
-        .chunks_exact(2)
-        .map(|b| u16::from_le_bytes([b[0], b[1]]))
-        .collect()
-}
-
 /// A norm weight vector as the synth stores it (BF16-rounded), in f32.
 fn host_norm(t: &SynthTensor, seed: u64) -> Vec<f32> {
-    let mut v = vec![0f32; t.numel()];
-    fill_row(t, seed, 0, &mut v);
-    v.iter()
-        .map(|&x| half::bf16::from_f32(x).to_f32())
+    bf16_bits(t, seed)
+        .into_iter()
+        .map(|b| half::bf16::from_bits(b).to_f32())
         .collect()
 }
 
@@ -410,7 +399,7 @@ struct HostLayer {
 
 fn host_layer(ts: &[SynthTensor], seed: u64) -> Result<HostLayer> {
     let m = |s: &str| -> Result<Vec<u16>> {
-        Ok(host_matrix(
+        Ok(bf16_bits(
             find(ts, &format!("model.layers.0.{s}.weight"))?,
             seed,
         ))
@@ -446,7 +435,7 @@ fn synth_weights(
     let mat = |name: &str| -> Result<Arc<dyn Linear>> {
         let t = find(&ts, name)?;
         let (rows, cols) = (t.shape[0], t.shape[1]);
-        let bits = host_matrix(t, seed);
+        let bits = bf16_bits(t, seed);
         let plan = match plan {
             Some(p) if name != "model.embed_tokens.weight" => p,
             _ => {
@@ -748,8 +737,8 @@ mod tests {
         let hl = host_layer(&ts, 7).unwrap();
         let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         // gate/up interleaved: row 2i is gate row i, row 2i + 1 up row i.
-        let gate = host_matrix(find(&ts, "model.layers.0.mlp.gate_proj.weight").unwrap(), 7);
-        let up = host_matrix(find(&ts, "model.layers.0.mlp.up_proj.weight").unwrap(), 7);
+        let gate = bf16_bits(find(&ts, "model.layers.0.mlp.gate_proj.weight").unwrap(), 7);
+        let up = bf16_bits(find(&ts, "model.layers.0.mlp.up_proj.weight").unwrap(), 7);
         assert_eq!(&hl.gate_up[..h], &gate[..h]);
         assert_eq!(&hl.gate_up[h..2 * h], &up[..h]);
         assert_eq!(&hl.gate_up[2 * h..3 * h], &gate[h..2 * h]);
@@ -779,7 +768,7 @@ mod tests {
 #[cfg(test)]
 mod coding_sizes {
     use super::*;
-    use entrollm_model::synth::SynthShape;
+    use entrollm_model::synth::{fill_row, SynthShape};
 
     /// Predicted bits/weight of candidate codings on the synthetic distribution (512-row samples of
     /// each Llama-3.3-70B layer matrix): `cargo test --release -p entrollm-cuda --lib

@@ -424,6 +424,15 @@ pub fn fit_fp8_multiplier(t: &SynthTensor, seed: u64, bits: f64) -> f32 {
     (0.5 * (lo + hi)).exp2()
 }
 
+/// A whole tensor as the BF16 bits `entrollm synth` stores (rows in parallel).
+pub fn bf16_bits(t: &SynthTensor, seed: u64) -> Vec<u16> {
+    let mut b = vec![0u8; t.numel() * 2];
+    fill_tensor_16(t, seed, SynthDtype::Bf16, &mut b);
+    b.chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect()
+}
+
 /// The synthetic BF16 model of `c` in memory with layer 0's weights in every layer (one `Arc` per
 /// matrix, shared by all layers): `entrollm synth`'s shapes and statistics at the host memory of
 /// one layer and the embeddings, for benchmarks and tuning on a device (a 70B model's layers do
@@ -437,13 +446,7 @@ pub fn shared_layer_weights(c: &ModelConfig, seed: u64) -> crate::Result<ModelWe
             .find(|t| t.name == name)
             .ok_or_else(|| crate::ModelError::tensor(name, "not a tensor of this shape"))
     };
-    let bits = |t: &SynthTensor| -> Vec<u16> {
-        let mut b = vec![0u8; t.numel() * 2];
-        fill_tensor_16(t, seed, SynthDtype::Bf16, &mut b);
-        b.chunks_exact(2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-            .collect()
-    };
+    let bits = |t: &SynthTensor| bf16_bits(t, seed);
     let matrix = |name: &str| -> crate::Result<Arc<dyn Linear>> {
         let t = get(name)?;
         Ok(Arc::new(DenseBf16::new(
