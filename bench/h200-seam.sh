@@ -1,9 +1,11 @@
 #!/bin/bash
 # The GPU engine on the form seam (issue 24), one prepared run that builds nothing on the device:
 #   PART=check: `selftest --gpu` of the refactored engine (decode step walked from its plan, graphs
-#     checked against it), then the regression set against the previous release binary in the same
-#     call: synthetic Llama-3.1-8B BF16 decode, coded prefill of 4096 tokens against dense, the
-#     2.1-bit FP8 checkpoint palette-packed against its codes as stored, and `--bf16 palette`.
+#     checked against it, every launch configuration end to end), then the regression set against
+#     the previous release binary in the same call: synthetic Llama-3.1-8B BF16 decode, coded
+#     prefill of 4096 tokens against dense, the 2.1-bit FP8 checkpoint palette-packed against its
+#     codes as stored, and `--bf16 palette` (NOST=1: no selftest; NOBENCH=1: selftest only;
+#     SHORT=1: BF16 decode and FP8 palette-packed against the previous binary, FP8 as stored).
 #   PART=tune: `entrollm tune --device cuda` on the 2.1-bit FP8 checkpoint (palette forms among the
 #     candidates), plans from the tune file (fastest, smallest, $MID), served and measured beside
 #     the checkpoint served dense and palette-packed at load.
@@ -33,19 +35,24 @@ b() { # tag, binary, args...: one bench run, its key figures on one line
 }
 fp8() { [ -d $W/m8 ] || { el "== synth FP8 8B 2.1 bits"; timeout 200 $B synth --shape llama-3.1-8b --dtype fp8-e4m3 --entropy 2.1 -o $W/m8 > $OUT/synth8.log 2>&1; el "rc $?"; }; }
 if [ "${PART:-check}" = check ]; then
+  if [ -z "$NOST" ]; then
   el "== selftest --gpu (new)"; timeout ${ST:-300} $B selftest --gpu ${SP:+--part $SP} > $OUT/selftest.log 2>&1; el "rc $?"
   grep -vE "^  ok " $OUT/selftest.log | tail -30 | tee -a $L
+  grep -E "launch config" $OUT/selftest.log | tail -12 | tee -a $L
+  fi
+  [ -n "$NOBENCH" ] || {
   for v in new old; do bin=$B; [ $v = old ] && bin=$O
     b bf16_$v $bin --synth llama-3.1-8b
-    b coded_prefill_$v $bin --synth llama-3.1-8b --coded --prefill-len 4096 --repeats 1
+    [ -n "$SHORT" ] || b coded_prefill_$v $bin --synth llama-3.1-8b --coded --prefill-len 4096 --repeats 1
   done
-  b dense_prefill_new $B --synth llama-3.1-8b --prefill-len 4096 --repeats 1
+  [ -n "$SHORT" ] || b dense_prefill_new $B --synth llama-3.1-8b --prefill-len 4096 --repeats 1
   fp8
   for v in new old; do bin=$B; [ $v = old ] && bin=$O
-    b fp8_dense_$v $bin $W/m8 --fp8 dense
+    [ -n "$SHORT" ] && [ $v = old ] || b fp8_dense_$v $bin $W/m8 --fp8 dense
     b fp8_palette_$v $bin $W/m8 --fp8 palette
   done
-  b bf16_palette_new $B --synth llama-3.1-8b --bf16 palette
+  [ -n "$SHORT" ] || b bf16_palette_new $B --synth llama-3.1-8b --bf16 palette
+  }
 elif [ "$PART" = bf16 ]; then
   if [ -n "$PLANFILE" ]; then cp $PLANFILE $W/b13.json  # a plan made here from an earlier call's tune file
   else
@@ -69,7 +76,7 @@ elif [ "$PART" = b70 ]; then
   [ -n "$NOCODED" ] || b b70_coded $B --synth llama-3.3-70b --coded --context 131072 --prompt-len 128
 else
   fp8
-  el "== tune --device cuda FP8 8B"; timeout 300 $B tune $W/m8 --device cuda --max-variants ${MV:-3} -o $OUT/tune-fp8-8b.json > $OUT/tune_fp8.log 2>&1; el "rc $?"; tail -3 $OUT/tune_fp8.log | tee -a $L
+  el "== tune --device cuda FP8 8B"; timeout ${TT:-300} $B tune $W/m8 --device cuda --max-variants ${MV:-3} -o $OUT/tune-fp8-8b.json > $OUT/tune_fp8.log 2>&1; el "rc $?"; tail -3 $OUT/tune_fp8.log | tee -a $L
   $B plan $OUT/tune-fp8-8b.json -o $W/fast.json --plot $OUT/fronts-fp8-8b.svg 2>&1 | tail -12 | tee -a $L
   b fp8_plan_fastest $B $W/m8 --fp8 dense --plan $W/fast.json
   min=$(python3 -c "import json;t=json.load(open('$OUT/tune-fp8-8b.json'));print(sum(min(p['bytes'] for p in l['points']) for l in t['launches']))")

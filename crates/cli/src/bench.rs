@@ -247,7 +247,8 @@ pub fn run(a: Args) -> Result<()> {
             .max(a.prefill_len)
             .max(a.long_prefill + 64),
     );
-    let w = crate::generate::planned(&a.budget, w, &path, crate::generate::DeviceArg::Cuda, ctx)?;
+    let (w, launches) =
+        crate::generate::planned(&a.budget, w, &path, crate::generate::DeviceArg::Cuda, ctx)?;
     let serving = crate::generate::serving_under(
         &a.budget,
         Serving {
@@ -255,6 +256,7 @@ pub fn run(a: Args) -> Result<()> {
             bf16_palette: a.bf16,
             ..Serving::default()
         },
+        launches,
     )?;
     let code_ref = code.as_ref().map(|(p, e)| (p, *e));
     let (model, r) = crate::generate::upload_gpu(&dev, &w, code_ref, serving)?;

@@ -7,7 +7,7 @@ use crate::progress;
 use anyhow::Result;
 use entrollm_codec::dtans::Coding;
 use entrollm_cuda::engine_coded::{Encoder, LoadReport};
-use entrollm_cuda::linear::{Fp8Serving, Serving};
+use entrollm_cuda::linear::{Fp8Serving, LaunchChoices, Serving};
 use entrollm_cuda::{DecodeOptions, GpuDevice, GpuEngine, GpuModel};
 use entrollm_model::chat::{ChatMessage, ChatTemplate};
 use entrollm_model::coding_plan::CodingPlan;
@@ -160,9 +160,16 @@ pub fn upload_gpu(
         }
     };
     let Some((plan, encoder)) = code else {
+        let (bf16_palette, configured) = (serving.bf16_palette, serving.launches.len());
         let model = GpuModel::upload_served(dev, weights, serving)?.0;
         report_fp8(&model);
-        if serving.bf16_palette {
+        if configured > 0 {
+            eprintln!(
+                "plan: {configured} launches in the launch configurations their tune file timed \
+                 fastest"
+            );
+        }
+        if bf16_palette {
             eprintln!(
                 "bf16: {} layer/head launches palette-packed losslessly (--bf16 palette; 12 bits a \
                  weight), device weights {:.3} GB",
@@ -416,9 +423,9 @@ impl ModelArgs {
 }
 
 /// How the GPU keeps the matrices: as `asked` (`--fp8`, `--bf16`), or, under a plan (`--budget`,
-/// `--plan`), as the plan chose them on the host; asking for palette packing beside a plan is an
-/// error (both choose forms).
-pub fn serving_under(b: &BudgetArgs, asked: Serving) -> Result<Serving> {
+/// `--plan`), as the plan chose them on the host, in the plan's `launches`; asking for palette
+/// packing beside a plan is an error (both choose forms).
+pub fn serving_under(b: &BudgetArgs, asked: Serving, launches: LaunchChoices) -> Result<Serving> {
     if !b.is_set() {
         return Ok(asked);
     }
@@ -427,7 +434,10 @@ pub fn serving_under(b: &BudgetArgs, asked: Serving) -> Result<Serving> {
             "--budget/--plan choose each launch's form (palette forms included): leave out              --bf16 palette and --fp8 palette"
         );
     }
-    Ok(Serving::AS_HELD)
+    Ok(Serving {
+        launches,
+        ..Serving::AS_HELD
+    })
 }
 
 /// `--bf16 palette` and `--code-at-load` both say how BF16 matrices are kept: one at a time.
@@ -462,17 +472,18 @@ pub fn cpu_reserved(c: &entrollm_model::ModelConfig, ctx: usize) -> u64 {
     (kv + buffers) as u64
 }
 
-/// `weights` with the forms `--budget`/`--plan`/`--tune` choose (unchanged without them); the
-/// plan is made for where the model will run.
+/// `weights` with the forms `--budget`/`--plan`/`--tune` choose (unchanged without them), and
+/// the launch configurations the plan's tune file measured fastest for them; the plan is made for
+/// where the model will run.
 pub fn planned(
     b: &BudgetArgs,
     weights: ModelWeights,
     path: &Path,
     device: DeviceArg,
     ctx: usize,
-) -> Result<ModelWeights> {
+) -> Result<(ModelWeights, LaunchChoices)> {
     if !b.is_set() {
-        return Ok(weights);
+        return Ok((weights, LaunchChoices::default()));
     }
     let gpu = match device {
         DeviceArg::Cpu => None,
@@ -506,6 +517,11 @@ pub fn planned(
     };
     let plan = crate::budget::plan(b, &weights, path, &target, free)?;
     let out = crate::budget::apply(&weights, &plan)?;
+    let launches: LaunchChoices = plan
+        .choices
+        .iter()
+        .filter_map(|c| Some((c.id.clone(), c.launch_config.clone()?)))
+        .collect();
     let total = out.stored_bytes() as u64 + reserved;
     eprintln!(
         "budget: model {:.3} GB + KV cache and workspace {:.3} GB = {:.3} GB{}",
@@ -517,7 +533,7 @@ pub fn planned(
             None => String::new(),
         }
     );
-    Ok(out)
+    Ok((out, launches))
 }
 
 #[derive(clap::Args)]
@@ -571,7 +587,7 @@ fn open(a: &ModelArgs) -> Result<Session> {
     let ctx = a
         .context
         .unwrap_or(weights.config.max_position_embeddings.min(4096));
-    let weights = planned(&a.budget, weights, &a.model, device, ctx)?;
+    let (weights, launches) = planned(&a.budget, weights, &a.model, device, ctx)?;
     let params = SamplingParams {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -585,7 +601,7 @@ fn open(a: &ModelArgs) -> Result<Session> {
             ctx,
             device,
             code.as_ref(),
-            serving_under(&a.budget, a.serving())?,
+            serving_under(&a.budget, a.serving(), launches)?,
             decode,
         )?,
         tokenizer,
@@ -786,12 +802,12 @@ pub fn ppl(a: PplArgs) -> Result<()> {
             recorded_forms: false,
         },
     )?;
-    let weights = planned(&a.budget, weights, &a.model, device, a.window)?;
+    let (weights, launches) = planned(&a.budget, weights, &a.model, device, a.window)?;
     let mut tokens = tokenizer.encode(&text, true)?;
     if a.max_tokens > 0 {
         tokens.truncate(a.max_tokens);
     }
-    let serving = serving_under(&a.budget, Serving::default())?;
+    let serving = serving_under(&a.budget, Serving::default(), launches)?;
     let p = match Backend::new(weights, a.window, device, None, serving, decode)? {
         Backend::Cpu(mut engine) => {
             entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?

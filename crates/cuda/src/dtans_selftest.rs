@@ -48,7 +48,10 @@ pub fn builtin_variants() -> Vec<KernelVariant> {
     }
     for (_, _, cols, coding, cfg, _) in crate::tuned::tuned_launches() {
         let kind = DtansKind::of(Payload::Bf16, &coding, cols, None);
-        add(kind, cfg, &[DtansOut::Mvm]);
+        // The launches the tuner tries for the kind (its own tuned one among them).
+        for c in crate::forms::dtans::launch_candidates(&kind, cfg) {
+            add(kind, c, &[DtansOut::Mvm]);
+        }
         add(
             kind,
             DtansConfig::DEFAULT,

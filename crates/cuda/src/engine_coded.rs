@@ -940,6 +940,14 @@ fn serve(
         bf16_palette: serving.bf16_palette && code.is_none(),
         code: None,
     };
+    // A plan's launch configuration for launch `id`, applied to `l` (an error names the launch).
+    let configure = |mut l: GpuLinear, id: &str| -> Result<GpuLinear> {
+        if let Some(c) = serving.launches.get(id) {
+            l.set_launch_config(c)
+                .map_err(|e| GpuError::invalid("plan", format!("launch {id}: {e}")))?;
+        }
+        Ok(l)
+    };
     let serve = |parts: &[&dyn Linear],
                  halves: bool,
                  launch: Launch,
@@ -975,14 +983,15 @@ fn serve(
                 || (code.is_none() && fp8_checkpoint && serving.fp8 != Fp8Serving::Dense),
             ..policy
         };
-        Some(serve(
+        let l = serve(
             &[&*w.lm_head],
             false,
             Launch::LmHead,
             "lm_head",
             head,
             &mut r,
-        )?)
+        )?;
+        Some(configure(l, "lm_head")?)
     };
     let mut layers: Vec<GpuLayer> = Vec::with_capacity(w.layers.len());
     // A layer whose matrices are an earlier layer's (the same host matrices: a synthetic model's
@@ -1005,16 +1014,17 @@ fn serve(
             }
         };
         let what = |s: &str| format!("layer {i} {s}");
+        let id = |s: &str| format!("layers.{i}.{s}");
         if let Some((j, d)) = copy {
             let src = &layers[j];
             let layer = GpuLayer {
                 attn_norm: upload_f32(dev, &l.attn_norm)?,
-                qkv: src.qkv.duplicate(dev)?,
+                qkv: configure(src.qkv.duplicate(dev)?, &id("qkv"))?,
                 qkv_bias,
-                o: src.o.duplicate(dev)?,
+                o: configure(src.o.duplicate(dev)?, &id("o"))?,
                 mlp_norm: upload_f32(dev, &l.mlp_norm)?,
-                gate_up: src.gate_up.duplicate(dev)?,
-                down: src.down.duplicate(dev)?,
+                gate_up: configure(src.gate_up.duplicate(dev)?, &id("gate_up"))?,
+                down: configure(src.down.duplicate(dev)?, &id("down"))?,
             };
             layers.push(layer);
             for (n, d) in [
@@ -1031,35 +1041,39 @@ fn serve(
             progress(i + 1, w.layers.len());
             continue;
         }
+        let qkv = serve(
+            &[&*l.q, &*l.k, &*l.v],
+            false,
+            Launch::Qkv,
+            &what("qkv"),
+            policy,
+            &mut r,
+        )?;
+        let o = serve(&[&*l.o], false, Launch::O, &what("o"), policy, &mut r)?;
+        let gate_up = serve(
+            &[&*l.gate, &*l.up],
+            true,
+            Launch::GateUp,
+            &what("gate_up"),
+            policy,
+            &mut r,
+        )?;
+        let down = serve(
+            &[&*l.down],
+            false,
+            Launch::Down,
+            &what("down"),
+            policy,
+            &mut r,
+        )?;
         layers.push(GpuLayer {
             attn_norm: upload_f32(dev, &l.attn_norm)?,
-            qkv: serve(
-                &[&*l.q, &*l.k, &*l.v],
-                false,
-                Launch::Qkv,
-                &what("qkv"),
-                policy,
-                &mut r,
-            )?,
+            qkv: configure(qkv, &id("qkv"))?,
             qkv_bias,
-            o: serve(&[&*l.o], false, Launch::O, &what("o"), policy, &mut r)?,
+            o: configure(o, &id("o"))?,
             mlp_norm: upload_f32(dev, &l.mlp_norm)?,
-            gate_up: serve(
-                &[&*l.gate, &*l.up],
-                true,
-                Launch::GateUp,
-                &what("gate_up"),
-                policy,
-                &mut r,
-            )?,
-            down: serve(
-                &[&*l.down],
-                false,
-                Launch::Down,
-                &what("down"),
-                policy,
-                &mut r,
-            )?,
+            gate_up: configure(gate_up, &id("gate_up"))?,
+            down: configure(down, &id("down"))?,
         });
         let after = counts(&r);
         seen.insert(key, (i, std::array::from_fn(|k| after[k] - before[k])));

@@ -903,6 +903,60 @@ fn fp8_served_case(
     compare_logits(dev, label, w, Some(form.into()), prompt, 4, 5e-2, cases)
 }
 
+/// Every launch configuration a tune file may choose, in the engine: the model of `weights()`
+/// served as `serving` says, then once per k with every launch in its k-th configuration
+/// ([`Serving::launches`]; k up to the most any launch's form has, a launch with fewer cycling
+/// through its own), each against the CPU engine ([`compare_logits`]): the decode step's fused
+/// variants (norm, RoPE, SwiGLU, residual) and prefill in every configuration.
+fn launch_configs_case(
+    dev: &Arc<GpuDevice>,
+    label: &str,
+    weights: impl Fn() -> Result<ModelWeights>,
+    serving: Serving,
+    prompt: &[u32],
+    tol: f64,
+    cases: &mut Vec<CaseResult>,
+) -> Result<()> {
+    let m = GpuModel::upload_served(dev, &weights()?, serving.clone())?.0;
+    let mut launches: Vec<(String, Vec<String>)> = Vec::new();
+    for (i, l) in m.layers.iter().enumerate() {
+        for (s, g) in [
+            ("qkv", &l.qkv),
+            ("o", &l.o),
+            ("gate_up", &l.gate_up),
+            ("down", &l.down),
+        ] {
+            launches.push((format!("layers.{i}.{s}"), g.launch_configs()));
+        }
+    }
+    if let Some(h) = &m.lm_head {
+        launches.push(("lm_head".into(), h.launch_configs()));
+    }
+    drop(m);
+    let most = launches.iter().map(|(_, c)| c.len()).max().unwrap_or(0);
+    for k in 0..most {
+        let choices: crate::linear::LaunchChoices = launches
+            .iter()
+            .filter(|(_, c)| !c.is_empty())
+            .map(|(id, c)| (id.clone(), c[k % c.len()].clone()))
+            .collect();
+        let first = choices.get("layers.0.qkv").unwrap_or("-").to_string();
+        let served = Serving {
+            launches: choices,
+            ..serving.clone()
+        };
+        let label = format!("{label}, launch configs #{k} (qkv {first})");
+        compare_logits(dev, &label, weights()?, Some(served), prompt, 3, tol, cases)?;
+    }
+    cases.push(CaseResult {
+        kernel: "launch_configs".into(),
+        shape: format!("{label}: {most} configurations of the most-configurable launch"),
+        rel_l2: if most > 1 { 0.0 } else { f64::INFINITY },
+        tolerance: 0.0,
+    });
+    Ok(())
+}
+
 /// A BF16 checkpoint served with its matrices palette-packed losslessly (`Serving::bf16_palette`:
 /// every layer/head matrix whose columns are a multiple of 64, q/k/v stacked and gate/up
 /// interleaved as packed; the residual-add and SwiGLU epilogues, prefill's copy to BF16): PDL vs
@@ -919,17 +973,17 @@ fn bf16_palette_case(
     let serving = Serving {
         fp8: Fp8Serving::Auto,
         bf16_palette: true,
-        decoded: false,
+        ..Serving::default()
     };
     compare_pdl(
         dev,
         label,
-        || Ok(GpuModel::upload_served(dev, &w, serving)?.0),
+        || Ok(GpuModel::upload_served(dev, &w, serving.clone())?.0),
         &prompt[..300],
         16,
         cases,
     )?;
-    let got = GpuModel::upload_served(dev, &w, serving)?
+    let got = GpuModel::upload_served(dev, &w, serving.clone())?
         .0
         .bf16_palette_matrices();
     let fits =
@@ -1349,6 +1403,29 @@ pub fn run_engine_selftest(
         3e-2,
         &mut cases,
     )?;
+    // Every launch configuration of the dense BF16, palette BF16, FP8 and palette FP8 GEMVs
+    // (the dtANS launches: `coded_e2e_selftest`).
+    let bf16_palette = Serving {
+        bf16_palette: true,
+        ..Serving::default()
+    };
+    for (what, top, serving) in [
+        ("BF16", None, Serving::default()),
+        ("BF16 palette-packed", None, bf16_palette),
+        ("FP8", Some(448.0), Fp8Serving::Dense.into()),
+        (
+            "low-entropy FP8 palette-packed",
+            Some(1.0 / 32.0),
+            Fp8Serving::Palette.into(),
+        ),
+    ] {
+        let weights = || match top {
+            None => small_model(seed),
+            Some(top) => fp8_weights(small_model(seed ^ 0xF9)?, top, true),
+        };
+        let label = format!("small qwen2-like, {what}");
+        launch_configs_case(dev, &label, weights, serving, &prompt, 5e-2, &mut cases)?;
+    }
     // The same model with its BF16 matrices palette-packed losslessly (`--bf16 palette`).
     bf16_palette_case(
         dev,
@@ -1535,6 +1612,17 @@ pub fn coded_e2e_selftest(dev: &Arc<GpuDevice>, seed: u64) -> Result<SelftestRep
         &dense_w,
         all_launches,
     ));
+    // Every dtANS launch configuration of the served container's launches, against the CPU
+    // engine on the same coded matrices (its fused decode-matvec).
+    launch_configs_case(
+        dev,
+        "served container",
+        || served_weights(&c, seed, &tuned_plan(&c)),
+        Serving::default(),
+        &prompt,
+        5e-2,
+        &mut cases,
+    )?;
     // Code at load: the same weights as a BF16 checkpoint gives them, coded on the GPU at load
     // (`upload_coded`), against the host encoder's arrays of the same matrices uploaded as a
     // container's are: identical arrays, hence identical logits; and against the dense model.

@@ -73,13 +73,42 @@ pub struct ChainLinear<'a> {
 /// How a checkpoint's matrices are kept on the device: FP8 ones as `fp8` says; BF16 ones as stored,
 /// or with `bf16_palette` palette-packed losslessly ([`GpuLinear::pal_bf16_from_host`]: 12 bits a
 /// weight) wherever that packs, the untied LM head too.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Serving {
     pub fp8: Fp8Serving,
     pub bf16_palette: bool,
     /// Every matrix as dense BF16, whatever form it is held in (decoded; rounded where its values
     /// are not BF16): the reference the selftests compare the forms against.
     pub decoded: bool,
+    /// Launch configurations a plan chose (from its tune file), by launch id.
+    pub launches: LaunchChoices,
+}
+
+/// Launch configurations by launch id (`layers.3.qkv`, `lm_head`: a tune file's ids), each as
+/// its form spells it ([`GpuMatrix::launch_configs`]); launches it does not name keep their form's
+/// default for their shape.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LaunchChoices(Option<Arc<std::collections::BTreeMap<String, String>>>);
+
+impl LaunchChoices {
+    pub fn get(&self, id: &str) -> Option<&str> {
+        self.0.as_ref()?.get(id).map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |m| m.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl FromIterator<(String, String)> for LaunchChoices {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(it: I) -> Self {
+        let m: std::collections::BTreeMap<_, _> = it.into_iter().collect();
+        LaunchChoices((!m.is_empty()).then(|| Arc::new(m)))
+    }
 }
 
 impl Serving {
@@ -89,6 +118,7 @@ impl Serving {
         fp8: Fp8Serving::Dense,
         bf16_palette: false,
         decoded: false,
+        launches: LaunchChoices(None),
     };
 
     /// [`Serving::decoded`].
@@ -96,6 +126,7 @@ impl Serving {
         fp8: Fp8Serving::Dense,
         bf16_palette: false,
         decoded: true,
+        launches: LaunchChoices(None),
     };
 }
 
@@ -223,14 +254,83 @@ pub trait GpuMatrix: Send + Sync {
     fn gate_up_halves(&self) -> bool {
         false
     }
-    /// A device copy (the builder copies a launch whose host matrices an earlier layer shares).
+    /// A device copy in the same launch configuration (the builder copies a launch whose host
+    /// matrices an earlier layer shares).
     fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear>;
+    /// The launch configurations this matrix's batch-1 product may run in (warps per block, rows
+    /// or tiles per warp, resident blocks per SM), as the form spells them: every one compiled
+    /// with each fusion the decode step asks of the form (CI compiles them all), the current one
+    /// first. The tuner times each; serving applies a plan's choice
+    /// ([`GpuMatrix::set_launch_config`]). Empty: one launch.
+    fn launch_configs(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Runs the batch-1 products in `config`, one of [`GpuMatrix::launch_configs`].
+    fn set_launch_config(&mut self, config: &str) -> Result<()> {
+        Err(unknown_launch(self.desc().form_name(), config, &[]))
+    }
     fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// The error for a launch configuration a form does not have.
+fn unknown_launch(form: &str, config: &str, known: &[String]) -> GpuError {
+    GpuError::invalid(
+        "launch config",
+        match known {
+            [] => format!("a {form} matrix has one launch, not `{config}`"),
+            k => format!(
+                "a {form} matrix of this shape launches as {}, not `{config}` (a tune file made \
+                 for another model or entrollm version? re-run `entrollm tune`)",
+                k.join(", ")
+            ),
+        },
+    )
+}
+
+/// `config` as the one of `candidates` whose name it is (see [`GpuMatrix::set_launch_config`]).
+pub(crate) fn pick_launch<T: Copy + std::fmt::Display>(
+    form: &str,
+    config: &str,
+    candidates: &[T],
+) -> Result<T> {
+    candidates
+        .iter()
+        .find(|c| c.to_string() == config)
+        .copied()
+        .ok_or_else(|| {
+            let known: Vec<String> = candidates.iter().map(|c| c.to_string()).collect();
+            unknown_launch(form, config, &known)
+        })
+}
+
+/// The names of `current` and then the other `candidates` (see [`GpuMatrix::launch_configs`]).
+pub(crate) fn launch_names<T: PartialEq + std::fmt::Display>(
+    current: T,
+    candidates: impl IntoIterator<Item = T>,
+) -> Vec<String> {
+    let mut v = vec![current.to_string()];
+    v.extend(
+        candidates
+            .into_iter()
+            .filter(|c| *c != current)
+            .map(|c| c.to_string()),
+    );
+    v
 }
 
 impl GpuLinear {
     pub fn new(m: impl GpuMatrix + 'static) -> Self {
         GpuLinear(Box::new(m))
+    }
+
+    /// See [`GpuMatrix::launch_configs`].
+    pub fn launch_configs(&self) -> Vec<String> {
+        self.0.launch_configs()
+    }
+
+    /// See [`GpuMatrix::set_launch_config`].
+    pub fn set_launch_config(&mut self, config: &str) -> Result<()> {
+        self.0.set_launch_config(config)
     }
 
     /// The form's own device type, for code that knows it (its form module, selftests).
@@ -426,6 +526,29 @@ pub fn fp8_gemv_config(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn launch_choices_name_launches_by_id() {
+        let c: LaunchChoices = [("layers.0.qkv", "w4r1u8"), ("lm_head", "w8r2u4")]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .into_iter()
+            .collect();
+        assert_eq!(c.get("layers.0.qkv"), Some("w4r1u8"));
+        assert_eq!(c.get("layers.1.qkv"), None);
+        assert_eq!(c.len(), 2);
+        let none: LaunchChoices = std::iter::empty().collect();
+        assert!(none.is_empty() && none == LaunchChoices::default());
+        // Every GEMV candidate by name; the current one first, once.
+        let cur = gemv_config_for(6144, 4096);
+        let names = launch_names(cur, GemvConfig::CANDIDATES);
+        assert_eq!(names[0], cur.to_string());
+        assert_eq!(names.len(), GemvConfig::CANDIDATES.len());
+        for n in &names {
+            let c = pick_launch("bf16", n, &GemvConfig::CANDIDATES).unwrap();
+            assert_eq!(&c.to_string(), n);
+        }
+        assert!(pick_launch("bf16", "w5r1u1", &GemvConfig::CANDIDATES).is_err());
+    }
 
     #[test]
     fn llama8b_shapes_get_their_measured_configs() {

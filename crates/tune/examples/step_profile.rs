@@ -208,7 +208,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             products: launch != "embed",
             gather: launch == "embed" || (launch == "lm_head" && rep.tensors.len() == 2),
         };
-        let iso = timer.time(&tl, &make)?.unwrap_or(f64::NAN);
+        let iso = timer.time(&tl, &make)?.map_or(f64::NAN, |t| t.us);
         predicted += iso * *n as f64;
         let each = us / *n as f64;
         println!(

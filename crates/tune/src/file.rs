@@ -74,6 +74,11 @@ pub struct Point {
     pub timed_as: Option<String>,
     /// On this launch's size–latency Pareto front.
     pub pareto: bool,
+    /// The fastest of the form's launch configurations on this device (warps per block, rows or
+    /// tiles per warp, resident blocks), which `latency_us` was timed with, as the GPU form spells
+    /// it; `None`: the form has one launch (CPU forms; the cost model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_config: Option<String>,
 }
 
 /// One launch of the forward pass and its measured forms.
@@ -149,6 +154,9 @@ pub struct PlanChoice {
     pub variant: String,
     pub bytes: u64,
     pub latency_us: f64,
+    /// The point's launch configuration ([`Point::launch_config`]), which serving applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_config: Option<String>,
 }
 
 /// The knapsack's optimality certificate.
@@ -599,6 +607,7 @@ pub fn plan(tune: &TuneFile, budget: Option<u64>, reserved: u64) -> Result<PlanF
                 variant: p.variant.clone(),
                 bytes: p.bytes,
                 latency_us: p.latency_us,
+                launch_config: p.launch_config.clone(),
             }
         })
         .collect();
@@ -706,6 +715,7 @@ pub(crate) mod tests {
                         },
                         timed_as: timed.clone(),
                         pareto: false,
+                        launch_config: None,
                     }
                 })
                 .collect();
@@ -810,6 +820,51 @@ pub(crate) mod tests {
             text.contains("\"format\": \"entrollm-plan\"")
                 && text.contains("\"cost_model\": \"measured\"")
         );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn launch_configurations_go_from_tune_file_to_plan() {
+        let dir = tmpdir("launch-config");
+        let mut tune = synthetic_tune(2);
+        for (i, l) in tune.launches.iter_mut().enumerate() {
+            for (j, p) in l.points.iter_mut().enumerate() {
+                p.launch_config = ((i + j) % 3 != 0).then(|| format!("w{}r1u8", 4 + j));
+            }
+        }
+        let p = dir.join("tune.json");
+        tune.write(&p).unwrap();
+        assert!(TuneFile::read(&p).unwrap() == tune);
+        // Written only where there is one; a file from before the field reads as none.
+        let text = fs::read_to_string(&p).unwrap();
+        let with = text.matches("\"launch_config\"").count();
+        let points: usize = tune.launches.iter().map(|l| l.points.len()).sum();
+        assert!(with > 0 && with < points, "{with} of {points}");
+        let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for l in old["launches"].as_array_mut().unwrap() {
+            for p in l["points"].as_array_mut().unwrap() {
+                p.as_object_mut().unwrap().remove("launch_config");
+            }
+        }
+        let q = dir.join("old.json");
+        fs::write(&q, old.to_string()).unwrap();
+        let back = TuneFile::read(&q).unwrap();
+        assert!(back
+            .launches
+            .iter()
+            .all(|l| l.points.iter().all(|p| p.launch_config.is_none())));
+        for budget in [None, Some(3_000_000_000)] {
+            let plan = plan(&tune, budget, 0).unwrap();
+            for c in &plan.choices {
+                let l = tune.launches.iter().find(|l| l.id == c.id).unwrap();
+                let p = l
+                    .points
+                    .iter()
+                    .find(|p| (&p.form, &p.variant) == (&c.form, &c.variant))
+                    .unwrap();
+                assert_eq!(c.launch_config, p.launch_config, "{}", c.id);
+            }
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -2,7 +2,7 @@
 //! default cost model; and the model re-formed by a plan.
 
 use crate::file::{ModelId, PlanFile, TuneFile};
-use crate::tuner::{forms_device, tune, LaunchTimer, Progress, TimedLaunch, TuneOptions};
+use crate::tuner::{forms_device, tune, LaunchTimer, Progress, TimedLaunch, Timing, TuneOptions};
 use crate::DeviceKind;
 use entrollm_model::forms::layout::{apply, launches, LaunchForm};
 use entrollm_model::weights::{Linear, ModelWeights};
@@ -37,16 +37,17 @@ impl LaunchTimer for DefaultCost {
         &self,
         l: &TimedLaunch,
         _make: &dyn Fn() -> Result<Vec<Arc<dyn Linear>>>,
-    ) -> Result<Option<f64>> {
+    ) -> Result<Option<Timing>> {
         let device = forms_device(self.device);
         if !l.form.runs_on(device) {
             return Ok(None);
         }
-        Ok(Some(match l.products {
+        let us = match l.products {
             true => l.form.default_cost_us(device, l.weights, l.predicted_bytes),
             // One row of the table.
             false => 1.0,
-        }))
+        };
+        Ok(Some(us.into()))
     }
 }
 

@@ -36,11 +36,13 @@ pub trait LaunchTimer {
     /// `predicted_bytes` bytes: their batch-1 products, and with `gather` (the embedding) one row
     /// lookup of the first matrix.
     /// `None`: these forms have no kernel for this launch on this device (the point is left out).
+    /// A form with several launch configurations on the device is timed in each, and the
+    /// fastest is kept with its configuration.
     fn time(
         &self,
         launch: &TimedLaunch,
         make: &dyn Fn() -> Result<Vec<Arc<dyn Linear>>>,
-    ) -> Result<Option<f64>>;
+    ) -> Result<Option<Timing>>;
     /// A description of the protocol, for the tune file.
     fn protocol(&self) -> String;
     /// Whether `time` measures (false: a cost model).
@@ -85,6 +87,23 @@ impl Default for StepProtocol {
             min_steps: 16,
             min_seconds: 2.0,
             max_steps: 256,
+        }
+    }
+}
+
+/// A launch timed in one form: median µs, and the launch configuration that took it (the
+/// fastest of the form's on this device; `None` where the form has one launch).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Timing {
+    pub us: f64,
+    pub launch_config: Option<String>,
+}
+
+impl From<f64> for Timing {
+    fn from(us: f64) -> Self {
+        Timing {
+            us,
+            launch_config: None,
         }
     }
 }
@@ -198,14 +217,14 @@ impl LaunchTimer for CpuTimer {
         &self,
         launch: &TimedLaunch,
         make: &dyn Fn() -> Result<Vec<Arc<dyn Linear>>>,
-    ) -> Result<Option<f64>> {
+    ) -> Result<Option<Timing>> {
         let first = make()?;
         let gather_us = match launch.gather {
             true => time_gather(&first[0], self.bursts),
             false => 0.0,
         };
         if !launch.products {
-            return Ok(Some(gather_us));
+            return Ok(Some(gather_us.into()));
         }
         let bytes: usize = first.iter().map(|m| m.stored_bytes()).sum::<usize>().max(1);
         let copies = (2 * self.llc_bytes)
@@ -241,7 +260,7 @@ impl LaunchTimer for CpuTimer {
             means.push(t0.elapsed().as_secs_f64() * 1e6 / n as f64);
         }
         means.sort_by(f64::total_cmp);
-        Ok(Some(means[means.len() / 2] + gather_us))
+        Ok(Some((means[means.len() / 2] + gather_us).into()))
     }
     fn step_overhead_us(&self, w: &ModelWeights, launches: &[LaunchTune]) -> Result<Option<f64>> {
         let Some(weights_us) = current_forms_us(w, launches) else {
@@ -286,8 +305,8 @@ fn time_gather(m: &Arc<dyn Linear>, bursts: usize) -> f64 {
     per[per.len() / 2]
 }
 
-/// Timings per shape key: (form, variant) → (µs, id of the launch timed).
-type Timings = BTreeMap<String, BTreeMap<(String, String), (f64, String)>>;
+/// Timings per shape key: (form, variant) → (timing, id of the launch timed).
+type Timings = BTreeMap<String, BTreeMap<(String, String), (Timing, String)>>;
 
 /// What the tuner reports as it goes.
 pub enum Progress<'a> {
@@ -434,7 +453,11 @@ pub fn tune(
             let t = timed.entry(l.shape_key.clone()).or_default();
             for p in &l.points {
                 let who = p.timed_as.clone().unwrap_or_else(|| l.id.clone());
-                t.insert((p.form.clone(), p.variant.clone()), (p.latency_us, who));
+                let timing = Timing {
+                    us: p.latency_us,
+                    launch_config: p.launch_config.clone(),
+                };
+                t.insert((p.form.clone(), p.variant.clone()), (timing, who));
             }
         }
     }
@@ -521,13 +544,13 @@ pub fn tune(
                 gather: matches!(rep.launch, Launch::Embed)
                     || (rep.launch == Launch::LmHead && rep.tensors.len() == 2),
             };
-            let Some(us) = timer.time(&launch, &make)? else {
+            let Some(timing) = timer.time(&launch, &make)? else {
                 done += 1;
                 continue;
             };
             timed.entry(key.clone()).or_default().insert(
                 (p.form.name().to_string(), p.variant.clone()),
-                (us, rep.id.clone()),
+                (timing, rep.id.clone()),
             );
             done += 1;
         }
@@ -564,7 +587,7 @@ pub fn tune(
             }
         };
         let mut points = Vec::new();
-        for (((form, variant), (us, who)), bytes) in t.iter().zip(bytes) {
+        for (((form, variant), (timing, who)), bytes) in t.iter().zip(bytes) {
             let Some(bytes) = bytes else {
                 continue;
             };
@@ -572,9 +595,10 @@ pub fn tune(
                 form: form.clone(),
                 variant: variant.clone(),
                 bytes,
-                latency_us: *us,
+                latency_us: timing.us,
                 timed_as: (who != &l.id).then(|| who.clone()),
                 pareto: false,
+                launch_config: timing.launch_config.clone(),
             });
         }
         let (rows, cols) = (
@@ -892,7 +916,7 @@ fn time_in_steps(
         if let Some(us) = median(&mut v) {
             timings.entry(g.key.clone()).or_default().insert(
                 (p.form.name().to_string(), p.variant.clone()),
-                (us.max(1e-3), all[first].id.clone()),
+                (Timing::from(us.max(1e-3)), all[first].id.clone()),
             );
         }
     }

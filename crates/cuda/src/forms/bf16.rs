@@ -6,7 +6,9 @@ use crate::device::GpuDevice;
 use crate::engine_coded::LoadReport;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
-use crate::linear::{gemv_config_for, swiglu_config, ChainLinear, GpuLinear, GpuMatrix};
+use crate::linear::{
+    gemv_config_for, launch_names, pick_launch, swiglu_config, ChainLinear, GpuLinear, GpuMatrix,
+};
 use crate::ops::forward::{launch_gemv_accum, launch_gemv_fused, DenseWeights, GemvFusion};
 use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
 use crate::plan::{ChainedKernels, LaunchForm, LinearDesc, MatvecLaunch};
@@ -153,7 +155,16 @@ impl GpuMatrix for DenseBf16 {
             .stream()
             .clone_dtod(&self.w)
             .while_(|| format!("copying a [{}, {}] BF16 matrix", self.rows, self.cols))?;
-        Ok(GpuLinear::dense(w, self.rows, self.cols))
+        Ok(GpuLinear::new(DenseBf16 { w, ..*self }))
+    }
+
+    fn launch_configs(&self) -> Vec<String> {
+        launch_names(self.gemv, GemvConfig::CANDIDATES)
+    }
+
+    fn set_launch_config(&mut self, config: &str) -> Result<()> {
+        self.gemv = pick_launch("bf16", config, &GemvConfig::CANDIDATES)?;
+        Ok(())
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

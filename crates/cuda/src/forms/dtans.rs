@@ -10,9 +10,12 @@ use crate::device::GpuDevice;
 use crate::engine_coded::{Encoder, LoadReport};
 use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
-use crate::linear::{dtans_config_for, DtansScratch, GpuLinear, GpuMatrix, SharedScratch};
+use crate::linear::{
+    dtans_config_for, launch_names, pick_launch, DtansScratch, GpuLinear, GpuMatrix, SharedScratch,
+};
 use crate::ops::dtans::{
-    launch_dequant, launch_dequant_at, launch_mvm, launch_mvm_stacked, DtansConfig, DtansOut,
+    launch_dequant, launch_dequant_at, launch_mvm, launch_mvm_stacked, DtansConfig, DtansKind,
+    DtansOut, MAX_SHARED_BYTES,
 };
 use crate::ops::elementwise::{launch_residual_add, launch_swiglu, launch_swiglu_pairs};
 use crate::ops::forward::{launch_rmsnorm_f32w, GemvFusion, NormOut};
@@ -336,6 +339,13 @@ impl GpuLinear {
 }
 
 impl DtansLinear {
+    /// The decode-matvec launches of this matrix's coding ([`launch_candidates`]).
+    fn candidates(&self) -> Vec<DtansConfig> {
+        let t = &self.parts[0];
+        let kind = DtansKind::of(t.payload, &t.coding, t.cols, t.groups().map(|g| g.group));
+        launch_candidates(&kind, self.mvm)
+    }
+
     pub fn rows(&self) -> usize {
         self.parts.iter().map(|t| t.rows).sum()
     }
@@ -493,6 +503,15 @@ impl GpuMatrix for DtansLinear {
         self.halves
     }
 
+    fn launch_configs(&self) -> Vec<String> {
+        launch_names(self.mvm, self.candidates())
+    }
+
+    fn set_launch_config(&mut self, config: &str) -> Result<()> {
+        self.mvm = pick_launch("dtans", config, &self.candidates())?;
+        Ok(())
+    }
+
     fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear> {
         let parts = self
             .parts
@@ -505,6 +524,49 @@ impl GpuMatrix for DtansLinear {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+}
+
+/// The decode-matvec launches the tuner tries for a coding's kernel `kind`, `current` first: 8,
+/// 16 or 32 warps (one 32-row band each) per block with the default or 16-byte table entries and
+/// the fast addressing, each at the widest unroll that fits without spilling; 16 warps with two
+/// blocks resident per SM (registers capped); and the tuned table's launches of the same kernel.
+/// Each compiles for the kind as the selftest's do (JIT, cached).
+pub fn launch_candidates(kind: &DtansKind, current: DtansConfig) -> Vec<DtansConfig> {
+    let fits =
+        |c: &DtansConfig| c.fits(kind) && kind.shared_bytes(*c, DtansOut::Mvm) <= MAX_SHARED_BYTES;
+    // Under a 64-register cap (1024 threads a block, or two 512-thread blocks an SM) 16-byte
+    // entries spill at an unroll of 8 or 4 (tools/nvrtc-check): such launches unroll by 2.
+    let widest = |c: DtansConfig| {
+        let capped = c.warps.max(c.min_warps) >= 32 && c.entry_bytes(kind) == 16;
+        let unrolls: &[u32] = if capped { &[2] } else { &[0, 4, 2] };
+        unrolls
+            .iter()
+            .map(|&unroll| DtansConfig { unroll, ..c })
+            .find(fits)
+    };
+    let fast = |w| DtansConfig {
+        fast: true,
+        entry: 16,
+        ..DtansConfig::warps(w)
+    };
+    let shapes = [8, 16, 32]
+        .into_iter()
+        .flat_map(|w| [DtansConfig::warps(w), fast(w)])
+        .chain([DtansConfig {
+            min_warps: 32,
+            ..DtansConfig::warps(16)
+        }]);
+    let tuned = crate::tuned::tuned_launches()
+        .into_iter()
+        .filter(|l| DtansKind::of(Payload::Bf16, &l.3, l.2, None) == *kind)
+        .map(|l| l.4);
+    let mut v = vec![current];
+    for c in shapes.filter_map(widest).chain(tuned.filter(fits)) {
+        if !v.contains(&c) {
+            v.push(c);
+        }
+    }
+    v
 }
 
 /// A dtANS-coded matrix in the decode step (`dtans_kernel`): row-stacked `parts` sharing payload
@@ -586,6 +648,44 @@ impl LaunchForm for DtansLaunch {
             push("swiglu_pairs", format!("ys->{o}"));
         } else if m.fusion.accumulate {
             push("residual_add", format!("ys->{o}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::linear::{launch_names, pick_launch};
+
+    #[test]
+    fn launch_candidates_fit_their_kernel_and_start_with_the_current() {
+        for (name, rows, cols, coding, _, _) in crate::tuned::tuned_launches() {
+            let kind = DtansKind::of(Payload::Bf16, &coding, cols, None);
+            let current =
+                dtans_config_for(Payload::Bf16, &coding, rows, cols, None, DtansOut::Mvm).unwrap();
+            let v = launch_candidates(&kind, current);
+            assert_eq!(v[0], current, "{name}");
+            assert!(v.len() >= 5, "{name} {coding}: {v:?}");
+            for (i, c) in v.iter().enumerate() {
+                assert!(c.fits(&kind), "{name} {coding}: {c}");
+                assert!(kind.shared_bytes(*c, DtansOut::Mvm) <= MAX_SHARED_BYTES);
+                assert!(!v[..i].contains(c), "{name}: {c} twice");
+            }
+            for w in [8, 16, 32] {
+                assert!(
+                    v.iter().any(|c| c.warps == w),
+                    "{name} {coding}: no {w} warps"
+                );
+            }
+            assert!(v.iter().any(|c| c.min_warps > 0), "{name}: no register cap");
+            // Names pick back their configuration; another name is an error naming them.
+            let names = launch_names(current, v.iter().copied());
+            assert_eq!(names.len(), v.len());
+            for (n, c) in names.iter().zip(&v) {
+                assert_eq!(pick_launch("dtans", n, &v).unwrap(), *c);
+            }
+            let e = pick_launch("dtans", "w3", &v).unwrap_err().to_string();
+            assert!(e.contains("w3") && e.contains(&names[0]), "{e}");
         }
     }
 }

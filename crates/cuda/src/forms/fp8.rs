@@ -11,14 +11,14 @@ use crate::engine_coded::LoadReport;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
 use crate::linear::{
-    fp8_gemv_config, ChainLinear, Fp8Serving, GpuLinear, GpuMatrix, SharedScratch,
-    PALETTE_MAX_RATIO,
+    fp8_gemv_config, launch_names, pick_launch, swiglu_config, ChainLinear, Fp8Serving, GpuLinear,
+    GpuMatrix, SharedScratch, PALETTE_MAX_RATIO,
 };
 use crate::ops::forward::{DenseWeights, GemvFusion};
 use crate::ops::gemv::GemvConfig;
 use crate::ops::gemv_fp8::{
     check_gemv_fp8_shape, check_gemv_pal4_shape, launch_fp8_rows_to_bf16, launch_gemv_fp8,
-    Fp8Codes, GpuPal4,
+    Fp8Codes, GpuPal4, PAL4_CANDIDATES,
 };
 use crate::plan::{ChainedKernels, LaunchForm, LinearDesc, MatvecLaunch};
 use cudarc::driver::CudaSlice;
@@ -182,6 +182,14 @@ impl Fp8Linear {
     fn palette(&self) -> bool {
         matches!(self.codes, Fp8Codes::Palette(_))
     }
+
+    /// The launches of the codes' GEMV (every palette one fits: `check_gemv_pal4_shape`).
+    fn candidates(&self) -> &'static [GemvConfig] {
+        match self.palette() {
+            true => &PAL4_CANDIDATES,
+            false => &GemvConfig::CANDIDATES,
+        }
+    }
 }
 
 impl GpuLinear {
@@ -333,6 +341,23 @@ impl GpuMatrix for Fp8Linear {
         let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         launch_fp8_rows_to_bf16(dev, &self.codes, &self.scales, &mut s.w, rows, cols)?;
         gemm.matmul(&s.w, x, y, m, rows, cols, accumulate)
+    }
+
+    /// The current launch is the plain product's; with the SwiGLU epilogue (gate/up, as the
+    /// tuner times it) the same configuration runs, paired rows where the epilogue needs them.
+    fn launch_configs(&self) -> Vec<String> {
+        launch_names(self.gemv, self.candidates().iter().copied())
+    }
+
+    fn set_launch_config(&mut self, config: &str) -> Result<()> {
+        let form = if self.palette() { "pal-fp8" } else { "fp8" };
+        let c = pick_launch(form, config, self.candidates())?;
+        self.gemv = c;
+        self.swiglu = match self.palette() {
+            true => c,
+            false => swiglu_config(c),
+        };
+        Ok(())
     }
 
     /// Codes as stored: the chained-norm FP8 GEMVs take them.

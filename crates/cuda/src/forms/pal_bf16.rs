@@ -10,13 +10,15 @@ use crate::engine::host_bf16;
 use crate::engine_coded::LoadReport;
 use crate::error::Result;
 use crate::gemm::Gemm;
-use crate::linear::{GpuLinear, GpuMatrix, SharedScratch, PAL_BF16_MAX_RATIO};
+use crate::linear::{
+    launch_names, pick_launch, GpuLinear, GpuMatrix, SharedScratch, PAL_BF16_MAX_RATIO,
+};
 use crate::ops::forward::GemvFusion;
 use crate::ops::gemv::GemvConfig;
-use crate::ops::gemv_fp8::pal_bf16_config_for;
 use crate::ops::gemv_fp8::{
     check_gemv_pal4_shape, launch_gemv_pal_bf16, launch_pal_bf16_rows_to_bf16, GpuPalBf16,
 };
+use crate::ops::gemv_fp8::{pal_bf16_config_for, PAL_BF16_CANDIDATES};
 use crate::plan::{LaunchForm, LinearDesc, MatvecLaunch};
 use cudarc::driver::CudaSlice;
 use entrollm_codec::palette::PaletteBf16;
@@ -169,6 +171,15 @@ impl GpuMatrix for PalBf16Linear {
         let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         launch_pal_bf16_rows_to_bf16(dev, &self.p, &mut s.w)?;
         gemm.matmul(&s.w, x, y, m, self.p.rows, self.p.cols, accumulate)
+    }
+
+    fn launch_configs(&self) -> Vec<String> {
+        launch_names(self.p.gemv, PAL_BF16_CANDIDATES)
+    }
+
+    fn set_launch_config(&mut self, config: &str) -> Result<()> {
+        self.p.gemv = pick_launch("pal-bf16", config, &PAL_BF16_CANDIDATES)?;
+        Ok(())
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
