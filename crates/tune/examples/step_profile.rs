@@ -202,6 +202,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .collect()
         };
         let tl = TimedLaunch {
+            launch: rep.launch,
             form: f,
             weights: rep.matrices.iter().map(|m| m.rows() * m.cols()).sum(),
             predicted_bytes: rep.stored_bytes() as f64,

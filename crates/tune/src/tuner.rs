@@ -110,6 +110,8 @@ impl From<f64> for Timing {
 
 /// What is timed: a launch in one form.
 pub struct TimedLaunch<'a> {
+    /// Which launch of the decode step (the fusions it runs with).
+    pub launch: Launch,
     pub form: &'a dyn Form,
     pub weights: usize,
     pub predicted_bytes: f64,
@@ -537,6 +539,7 @@ pub fn tune(
             let weights: usize = rep.matrices.iter().map(|m| m.rows() * m.cols()).sum();
             let bytes = sources.bytes(rep, p.form, &p.variant)? as f64;
             let launch = TimedLaunch {
+                launch: rep.launch,
                 form: p.form,
                 weights,
                 predicted_bytes: bytes,
