@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use entrollm_codec::histogram::{byte_histogram, entropy_bits};
-use entrollm_format::coded::payload_of;
+use entrollm_format::coded::{payload_of, GgmlScales};
 use entrollm_format::{Checkpoint, ContainerReader, StoredData};
 use entrollm_model::gguf::{gguf_container_header, is_gguf_container};
 use serde_json::{json, Value};
@@ -11,7 +11,9 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// An entrollm container or a Hugging Face checkpoint (directory or .safetensors file).
+    /// An entrollm container, or a source `compress` takes (a GGUF file, a Hugging Face checkpoint
+    /// directory or .safetensors file): then each codable tensor's code entropy and the size the
+    /// coder predicts for it, before anything is written.
     path: PathBuf,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -37,6 +39,8 @@ fn coding_label(coder: &str, p: &Value) -> String {
 pub fn run(a: Args) -> Result<()> {
     let (rows, plan) = if std::fs::symlink_metadata(a.path.join("entrollm.json")).is_ok() {
         container(&a)?
+    } else if entrollm_model::compress::is_gguf(&a.path) {
+        (gguf_source(&a)?, None)
     } else {
         (checkpoint(&a)?, None)
     };
@@ -135,6 +139,24 @@ pub fn run(a: Args) -> Result<()> {
         stored * 8.0 / numel.max(1.0),
         100.0 * stored / source.max(1.0)
     );
+    let predicted: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["predicted_bytes"].is_number())
+        .collect();
+    if !predicted.is_empty() {
+        let sum = |k: &str| -> f64 { predicted.iter().filter_map(|r| r[k].as_f64()).sum() };
+        let all = stored - sum("source_bytes") + sum("predicted_bytes");
+        println!(
+            "compress would code {} tensors: {:.1} MB -> {:.1} MB predicted; {:.1} MB in all \
+             ({:.3} bits/weight, {:.1} % of the source)",
+            predicted.len(),
+            sum("source_bytes") / 1e6,
+            sum("predicted_bytes") / 1e6,
+            all / 1e6,
+            all * 8.0 / numel.max(1.0),
+            100.0 * all / source.max(1.0)
+        );
+    }
     if coded_numel > 0.0 {
         println!(
             "coded tensors: {} at {:.4} bits/weight, {:.4} in the source (entropy bound {:.4}, \
@@ -215,23 +237,135 @@ fn container(a: &Args) -> Result<(Vec<Value>, Option<Value>)> {
     Ok((rows, reader.manifest().metadata.get("plan").cloned()))
 }
 
+/// A source tensor's row: as stored now (`stored_bytes` = its bytes), with its code entropy and what
+/// `compress` would make of it where it codes: the coding the coder predicts smallest and its size
+/// (`predicted_bits_per_weight`; the tensor stays plain where that is no smaller). `codes` are the
+/// coded symbols of a `rows × cols` matrix of `payload`, `side_bpw` the bits a weight stored beside
+/// them (raw low bytes, block scales).
+#[allow(clippy::too_many_arguments)]
+fn source_row(
+    name: &str,
+    dtype: &str,
+    shape: &[usize],
+    bytes: usize,
+    coded: Option<(entrollm_codec::Payload, usize, usize, &[u8], f64)>,
+    min_elements: usize,
+) -> Result<Value> {
+    let numel: usize = shape.iter().product();
+    let bpw = bytes as f64 * 8.0 / numel.max(1) as f64;
+    let mut r = json!({
+        "name": name, "dtype": dtype, "shape": shape, "numel": numel,
+        "source_bytes": bytes, "stored_bytes": bytes, "bits_per_weight": bpw, "detail": "stays plain",
+    });
+    let Some((payload, rows, cols, codes, side_bpw)) = coded.filter(|_| numel >= min_elements)
+    else {
+        return Ok(r);
+    };
+    let h = entropy_bits(&byte_histogram(codes));
+    r["entropy_bits"] = json!(h);
+    r["entropy_bound_bpw"] = json!(h + side_bpw);
+    let (coding, predicted) =
+        entrollm_codec::dtans::choose_coding_and_width(payload, rows, cols, codes)?;
+    let coded_bpw = predicted * 8.0 / numel as f64 + side_bpw;
+    r["predicted_bits_per_weight"] = json!(coded_bpw);
+    r["detail"] = json!(if coded_bpw < bpw {
+        r["predicted_bytes"] = json!(predicted + side_bpw * numel as f64 / 8.0);
+        format!("would code: dtans {coding}, {coded_bpw:.3} bits/weight")
+    } else {
+        format!("stays plain (dtans {coding} would take {coded_bpw:.3} bits/weight)")
+    });
+    Ok(r)
+}
+
+/// Tensors with fewer elements stay plain (`compress --min-elements`' default).
+const MIN_ELEMENTS: usize = 4096;
+
 fn checkpoint(a: &Args) -> Result<Vec<Value>> {
+    use rayon::prelude::*;
     let ckpt = Checkpoint::open(&a.path)?;
-    let mut rows = Vec::new();
-    for t in ckpt.tensors() {
-        let numel: usize = t.shape.iter().product();
-        let mut r = json!({
-            "name": t.name, "dtype": t.dtype.name(), "shape": t.shape, "numel": numel,
-            "source_bytes": t.bytes.len(), "stored_bytes": t.bytes.len(),
-            "bits_per_weight": t.bytes.len() as f64 * 8.0 / numel.max(1) as f64, "detail": "uncoded",
-        });
-        if let Some(p) = payload_of(t.dtype) {
-            let (codes, _) = p.symbolize(t.bytes)?;
-            let h = entropy_bits(&byte_histogram(&codes));
-            r["entropy_bits"] = json!(h);
-            r["entropy_bound_bpw"] = json!(h + if p.has_raw() { 8.0 } else { 0.0 });
-        }
-        rows.push(r);
-    }
-    Ok(rows)
+    let tensors: Vec<_> = ckpt.tensors().collect();
+    tensors
+        .par_iter()
+        .map(|t| {
+            let row = |coded| {
+                let shape = &t.shape;
+                source_row(
+                    t.name,
+                    t.dtype.name(),
+                    shape,
+                    t.bytes.len(),
+                    coded,
+                    MIN_ELEMENTS,
+                )
+            };
+            match payload_of(t.dtype).filter(|_| t.shape.len() == 2) {
+                Some(p) => {
+                    let (codes, _) = p.symbolize(t.bytes)?;
+                    let side = if p.has_raw() { 8.0 } else { 0.0 };
+                    row(Some((p, t.shape[0], t.shape[1], &codes[..], side)))
+                }
+                None => row(None),
+            }
+        })
+        .collect()
+}
+
+/// A GGUF file's tensors: block codes (Q4_0 … Q8_0) and F16/BF16 matrices as `compress` codes them.
+fn gguf_source(a: &Args) -> Result<Vec<Value>> {
+    use entrollm_model::gguf::{GgmlType, GgufFile};
+    use rayon::prelude::*;
+    let file = GgufFile::open(&a.path)?;
+    file.tensors()
+        .par_iter()
+        .map(|t| {
+            let data = file.tensor_data(t);
+            let shape = t.hf_shape();
+            let (rows, cols) = (t.n_rows(), t.row_len());
+            let row = |coded| {
+                source_row(
+                    &t.name,
+                    t.ggml_type.name(),
+                    &shape,
+                    data.len(),
+                    coded,
+                    MIN_ELEMENTS,
+                )
+            };
+            let matrix = shape.len() >= 2;
+            match (t.ggml_type.block_type(), t.ggml_type) {
+                (Some(block), _) if matrix => {
+                    let q =
+                        entrollm_format::ggml_blocks::unpack_codes(block, data).map_err(|e| {
+                            anyhow::anyhow!("{}: tensor {}: {e}", a.path.display(), t.name)
+                        })?;
+                    let payload = entrollm_codec::Payload::Int(block.bits() as u8);
+                    let side = if block.has_m() { 1.0 } else { 0.5 };
+                    let mut r = row(Some((payload, rows, cols, &q.codes[..], side)))?;
+                    // Codes that would not code smaller: compress codes the scales alone where
+                    // that pays (`ggml-scales`).
+                    if r["predicted_bytes"].is_null() && r["entropy_bits"].is_number() {
+                        let p = GgmlScales::predict_bytes(block, data)?;
+                        if p < data.len() as f64 {
+                            let bpw = p * 8.0 / (rows * cols) as f64;
+                            r["predicted_bytes"] = json!(p);
+                            r["predicted_bits_per_weight"] = json!(bpw);
+                            r["detail"] = json!(format!(
+                                "would code its scales alone: ggml-scales, {bpw:.3} bits/weight"
+                            ));
+                        }
+                    }
+                    Ok(r)
+                }
+                (_, GgmlType::F16 | GgmlType::BF16) if matrix => {
+                    let p = match t.ggml_type {
+                        GgmlType::F16 => entrollm_codec::Payload::Fp16,
+                        _ => entrollm_codec::Payload::Bf16,
+                    };
+                    let (codes, _) = p.symbolize(data)?;
+                    row(Some((p, rows, cols, &codes[..], 8.0)))
+                }
+                _ => row(None),
+            }
+        })
+        .collect()
 }

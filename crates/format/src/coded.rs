@@ -6,7 +6,7 @@ use crate::ggml_blocks::{pack_codes, BlockType, QuantCodes, QK};
 use crate::{Dtype, FormatError, Result};
 use entrollm_codec::df11::Df11Tensor;
 use entrollm_codec::dtans::{DtansParams, DtansTensor};
-use entrollm_codec::Payload;
+use entrollm_codec::{CodecError, Payload};
 use serde_json::{json, Value};
 use std::borrow::Cow;
 
@@ -14,6 +14,7 @@ use std::borrow::Cow;
 pub const DTANS: &str = "dtans";
 pub const DF11: &str = "df11";
 pub const DTANS_GGML: &str = "dtans-ggml";
+pub const GGML_SCALES: &str = "ggml-scales";
 
 /// A tensor in one of the codec's coded forms.
 pub enum Coded {
@@ -21,6 +22,142 @@ pub enum Coded {
     Df11(Df11Tensor),
     /// A GGUF tensor of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks.
     Ggml(GgmlCoded),
+    /// A GGUF tensor of such blocks with only its scales coded.
+    GgmlScales(GgmlScales),
+}
+
+/// A GGUF tensor of code-bearing blocks whose codes do not code smaller (rows too short for the
+/// coder's slices to pay, or near-uniform codes) but whose f16 scales do: each block's bytes after
+/// its scales kept as they are (`rest`, blocks in order), and all blocks' scales `d` (and offsets
+/// `m`) as one dtANS-coded FP16 stream each: the stream row-major in a matrix of
+/// [`scale_matrix_shape`], its tail padded with the last scale.
+pub struct GgmlScales {
+    pub block: BlockType,
+    pub rows: usize,
+    pub cols: usize,
+    pub rest: Vec<u8>,
+    pub d: DtansTensor,
+    pub m: Option<DtansTensor>,
+}
+
+/// The [rows × cols] matrix a tensor's `n` block scales are coded as: whole bands of 32 rows (the
+/// coder's tiles) and columns a multiple of 64 (its narrowest slice), the least padding of up to
+/// 16 bands.
+pub fn scale_matrix_shape(n: usize) -> (usize, usize) {
+    (1..=16)
+        .map(|k| (32 * k, n.div_ceil(32 * k).next_multiple_of(64).max(64)))
+        .min_by_key(|&(r, c)| r * c)
+        .expect("sixteen candidates")
+}
+
+/// Bytes of a block's scales (`d`, and `m` for the `_1` types), which lead each block.
+fn scale_bytes(block: BlockType) -> usize {
+    if block.has_m() {
+        4
+    } else {
+        2
+    }
+}
+
+/// `v` as the FP16 matrix [`GgmlScales`] codes: padded to whole rows with its last value.
+fn scale_matrix(v: &[u16]) -> (usize, usize, Vec<u8>) {
+    let (rows, cols) = scale_matrix_shape(v.len());
+    let last = v.last().copied().unwrap_or(0);
+    let bytes = v
+        .iter()
+        .copied()
+        .chain(std::iter::repeat(last))
+        .take(rows * cols)
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    (rows, cols, bytes)
+}
+
+impl GgmlScales {
+    /// The blocks `bytes` of a `rows × cols` tensor with their scales coded (each stream in the
+    /// coding the coder predicts smallest).
+    pub fn encode(
+        block: BlockType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> entrollm_codec::Result<Self> {
+        let q = crate::ggml_blocks::unpack_codes(block, bytes).map_err(CodecError::Shape)?;
+        if q.codes.len() != rows * cols {
+            return Err(CodecError::Shape(format!(
+                "{} blocks of {} weights for a {rows}×{cols} tensor",
+                q.d.len(),
+                q.codes.len()
+            )));
+        }
+        let code = |v: &[u16]| -> entrollm_codec::Result<DtansTensor> {
+            let (r, c, b) = scale_matrix(v);
+            let (codes, raw) = Payload::Fp16.symbolize(&b)?;
+            let (coding, _) =
+                entrollm_codec::dtans::choose_coding_and_width(Payload::Fp16, r, c, &codes)?;
+            DtansTensor::encode(Payload::Fp16, r, c, &codes, &raw, coding)
+        };
+        let (bb, sb) = (block.block_bytes(), scale_bytes(block));
+        Ok(GgmlScales {
+            block,
+            rows,
+            cols,
+            rest: bytes
+                .chunks_exact(bb)
+                .flat_map(|b| &b[sb..])
+                .copied()
+                .collect(),
+            d: code(&q.d)?,
+            m: q.m.as_deref().map(code).transpose()?,
+        })
+    }
+
+    /// Predicted stored bytes of [`GgmlScales::encode`] for these blocks (from the scales'
+    /// histograms, no coding).
+    pub fn predict_bytes(block: BlockType, bytes: &[u8]) -> entrollm_codec::Result<f64> {
+        let q = crate::ggml_blocks::unpack_codes(block, bytes).map_err(CodecError::Shape)?;
+        let predict = |v: &[u16]| -> entrollm_codec::Result<f64> {
+            let (r, c, b) = scale_matrix(v);
+            let (codes, _) = Payload::Fp16.symbolize(&b)?;
+            Ok(entrollm_codec::dtans::choose_coding_and_width(Payload::Fp16, r, c, &codes)?.1)
+        };
+        let rest = q.d.len() * (block.block_bytes() - scale_bytes(block));
+        Ok(rest as f64 + predict(&q.d)? + q.m.as_deref().map_or(Ok(0.0), predict)?)
+    }
+
+    fn decode(&self) -> entrollm_codec::Result<Vec<u8>> {
+        let n = self.rows * self.cols / QK;
+        let scales = |t: &DtansTensor| -> entrollm_codec::Result<Vec<u8>> {
+            let mut v = t.decode()?;
+            v.truncate(2 * n);
+            Ok(v)
+        };
+        let d = scales(&self.d)?;
+        let m = self.m.as_ref().map(scales).transpose()?;
+        let (bb, sb) = (self.block.block_bytes(), scale_bytes(self.block));
+        let corrupt = |what: &str| CodecError::Corrupt(what.to_string());
+        if d.len() != 2 * n
+            || self.rest.len() != n * (bb - sb)
+            || m.as_ref().is_some_and(|m| m.len() != 2 * n)
+        {
+            return Err(corrupt(
+                "ggml-scales: scales or codes do not cover every block",
+            ));
+        }
+        let mut out = Vec::with_capacity(n * bb);
+        for (i, rest) in self.rest.chunks_exact(bb - sb).enumerate() {
+            out.extend_from_slice(&d[2 * i..2 * i + 2]);
+            if let Some(m) = &m {
+                out.extend_from_slice(&m[2 * i..2 * i + 2]);
+            }
+            out.extend_from_slice(rest);
+        }
+        Ok(out)
+    }
+
+    fn stored_bytes(&self) -> usize {
+        self.rest.len() + self.d.stored_bytes() + self.m.as_ref().map_or(0, |m| m.stored_bytes())
+    }
 }
 
 /// A GGUF tensor of code-bearing blocks, losslessly: its integer codes dtANS-coded as an int
@@ -133,6 +270,7 @@ impl Coded {
             Coded::Dtans(_) => DTANS,
             Coded::Df11(_) => DF11,
             Coded::Ggml(_) => DTANS_GGML,
+            Coded::GgmlScales(_) => GGML_SCALES,
         }
     }
 
@@ -144,6 +282,16 @@ impl Coded {
             Coded::Ggml(g) => {
                 let mut v = serde_json::to_value(g.codes.params()).expect("params serialise");
                 v["block"] = json!(g.block);
+                v
+            }
+            Coded::GgmlScales(g) => {
+                let p = |t: &DtansTensor| serde_json::to_value(t.params()).expect("params");
+                let mut v = json!({
+                    "block": g.block, "rows": g.rows, "cols": g.cols, "d": p(&g.d),
+                });
+                if let Some(m) = &g.m {
+                    v["m"] = p(m);
+                }
                 v
             }
         };
@@ -161,6 +309,22 @@ impl Coded {
                 v.push(a("d", ArrayDtype::U8, u16_bytes(&g.d)));
                 if let Some(m) = &g.m {
                     v.push(a("m", ArrayDtype::U8, u16_bytes(m)));
+                }
+                v
+            }
+            Coded::GgmlScales(g) => {
+                let mut v = vec![a("rest", ArrayDtype::U8, Cow::Borrowed(&g.rest[..]))];
+                fn prefixed<'t>(
+                    p: &'static str,
+                    t: &'t DtansTensor,
+                ) -> impl Iterator<Item = (String, ArrayDtype, Cow<'t, [u8]>)> {
+                    dtans_arrays(t)
+                        .into_iter()
+                        .map(move |(n, d, b)| (format!("{p}_{n}"), d, b))
+                }
+                v.extend(prefixed("d", &g.d));
+                if let Some(m) = &g.m {
+                    v.extend(prefixed("m", m));
                 }
                 v
             }
@@ -259,6 +423,56 @@ impl Coded {
                     m: block.has_m().then(|| scales("m")).transpose()?,
                 }))
             }
+            GGML_SCALES => {
+                let block: BlockType = serde_json::from_value(c.params["block"].clone())
+                    .map_err(|e| err(format!("bad block type: {e}")))?;
+                let dim = |k: &str| {
+                    c.params[k]
+                        .as_u64()
+                        .and_then(|v| usize::try_from(v).ok())
+                        .ok_or_else(|| err(format!("ggml-scales params lack '{k}'")))
+                };
+                let (rows, cols) = (dim("rows")?, dim("cols")?);
+                if dtype != Dtype::U8
+                    || !cols.is_multiple_of(QK)
+                    || shape != GgmlCoded::stored_shape(block, rows, cols)
+                {
+                    return Err(err(format!(
+                        "{} blocks of {rows}×{cols} weights are stored as U8 {:?}, not {dtype:?} \
+                         {shape:?}",
+                        block.name(),
+                        GgmlCoded::stored_shape(block, rows, cols)
+                    )));
+                }
+                let n = rows * cols / QK;
+                let stream = |k: &str| -> Result<DtansTensor> {
+                    let p = dtans_params(&c.params[k])?;
+                    if p.payload != Payload::Fp16 || (p.rows, p.cols) != scale_matrix_shape(n) {
+                        return Err(err(format!(
+                            "scale stream '{k}' is {:?} {}×{}, not FP16 covering {n} blocks",
+                            p.payload, p.rows, p.cols
+                        )));
+                    }
+                    dtans_from_arrays(&p, |a, d| array(&format!("{k}_{a}"), d))
+                };
+                let rest = array("rest", ArrayDtype::U8)?;
+                let want = n * (block.block_bytes() - scale_bytes(block));
+                if rest.len() != want {
+                    return Err(err(format!(
+                        "array 'rest' holds {} bytes, {n} {} blocks need {want}",
+                        rest.len(),
+                        block.name()
+                    )));
+                }
+                Ok(Coded::GgmlScales(GgmlScales {
+                    block,
+                    rows,
+                    cols,
+                    rest: rest.to_vec(),
+                    d: stream("d")?,
+                    m: block.has_m().then(|| stream("m")).transpose()?,
+                }))
+            }
             DF11 => {
                 if dtype != Dtype::BF16 {
                     return Err(err(format!("df11 codes BF16 tensors, not {dtype:?}")));
@@ -275,7 +489,8 @@ impl Coded {
                 Ok(Coded::Df11(t))
             }
             other => Err(err(format!(
-                "unknown coder '{other}' (this entrollm knows {DTANS}, {DTANS_GGML} and {DF11})"
+                "unknown coder '{other}' (this entrollm knows {DTANS}, {DTANS_GGML}, {GGML_SCALES} \
+                 and {DF11})"
             ))),
         }
     }
@@ -292,6 +507,7 @@ impl Coded {
                 m: g.m.clone(),
             })
             .map_err(entrollm_codec::CodecError::Corrupt),
+            Coded::GgmlScales(g) => g.decode(),
         }
     }
 
@@ -302,7 +518,7 @@ impl Coded {
     ) -> entrollm_codec::Result<(Vec<u8>, Option<entrollm_codec::dtans::SizeBreakdown>)> {
         match self {
             Coded::Dtans(t) => t.decode_with_breakdown().map(|(d, b)| (d, Some(b))),
-            Coded::Df11(_) => Ok((self.decode()?, None)),
+            Coded::Df11(_) | Coded::GgmlScales(_) => Ok((self.decode()?, None)),
             Coded::Ggml(g) => {
                 let (codes, b) = g.codes.decode_with_breakdown()?;
                 let bytes = pack_codes(&QuantCodes {
@@ -324,6 +540,7 @@ impl Coded {
             Coded::Ggml(g) => {
                 g.codes.stored_bytes() + 2 * (g.d.len() + g.m.as_ref().map_or(0, Vec::len))
             }
+            Coded::GgmlScales(g) => g.stored_bytes(),
         }
     }
 }
@@ -370,6 +587,109 @@ mod tests {
                 .iter()
                 .map(|(n, d, b)| (n.as_str(), (*d, &b[..])))
                 .collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    /// Blocks of every type with few distinct scales (as a quantiser's are: a narrow range of
+    /// magnitudes), random code bytes; rows × cols weights.
+    fn blocks(block: BlockType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed | 1;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut out = Vec::new();
+        for _ in 0..rows * cols / QK {
+            // f16 scales in [2^-8, 2^-6): exponent 7..8, the mantissa's top bits varying.
+            let mut scale = || 0x1c00u16 + (next() % 0x600) as u16;
+            out.extend_from_slice(&scale().to_le_bytes());
+            if block.has_m() {
+                out.extend_from_slice(&(scale() | 0x8000).to_le_bytes());
+            }
+            out.extend((0..block.block_bytes() - scale_bytes(block)).map(|_| next() as u8));
+        }
+        out
+    }
+
+    #[test]
+    fn scales_alone_round_trip_for_every_block_type() {
+        for (i, block) in BlockType::ALL.into_iter().enumerate() {
+            for (rows, cols) in [(1, 32), (3, 96), (70, 576), (257, 1024)] {
+                let bytes = blocks(block, rows, cols, 7 + i as u64);
+                let g = GgmlScales::encode(block, rows, cols, &bytes).unwrap();
+                let coded = Coded::GgmlScales(g);
+                assert_eq!(coded.decode().unwrap(), bytes, "{block:?} {rows}x{cols}");
+                let params = coded.params(json!({}));
+                let arrays = coded.arrays();
+                let shape = GgmlCoded::stored_shape(block, rows, cols);
+                let back = Coded::from_stored(Dtype::U8, &shape, &stored(&coded, &arrays, &params))
+                    .unwrap();
+                assert_eq!(
+                    back.decode().unwrap(),
+                    bytes,
+                    "{block:?} {rows}x{cols} stored"
+                );
+                let predicted = GgmlScales::predict_bytes(block, &bytes).unwrap();
+                let actual = coded.stored_bytes() as f64;
+                assert!(
+                    (predicted - actual).abs() <= 0.05 * actual + 256.0,
+                    "{block:?} {rows}x{cols}: predicted {predicted}, stored {actual}"
+                );
+                // Thousands of scales of a narrow range code smaller than they are.
+                if rows * cols >= 257 * 1024 {
+                    assert!(actual < bytes.len() as f64, "{block:?} {rows}x{cols}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn damaged_scale_streams_are_errors() {
+        let (block, rows, cols) = (BlockType::Q4_1, 70, 576);
+        let bytes = blocks(block, rows, cols, 3);
+        let coded = Coded::GgmlScales(GgmlScales::encode(block, rows, cols, &bytes).unwrap());
+        let params = coded.params(json!({}));
+        let arrays = coded.arrays();
+        let shape = GgmlCoded::stored_shape(block, rows, cols);
+        let err = |p: &Value, a: &[(String, ArrayDtype, Cow<'_, [u8]>)]| match Coded::from_stored(
+            Dtype::U8,
+            &shape,
+            &stored(&coded, a, p),
+        ) {
+            Err(e) => e.to_string(),
+            Ok(c) => match c.decode() {
+                Err(e) => e.to_string(),
+                Ok(b) => panic!("accepted; decodes {} bytes", b.len()),
+            },
+        };
+        let without =
+            |name: &str| -> Vec<_> { arrays.iter().filter(|a| a.0 != name).cloned().collect() };
+        assert!(err(&params, &without("rest")).contains("'rest'"));
+        assert!(err(&params, &without("m_stream")).contains("m_stream"));
+        let mut short = arrays.clone();
+        let r = short.iter_mut().find(|a| a.0 == "rest").unwrap();
+        r.2 = Cow::Owned(r.2[1..].to_vec());
+        assert!(err(&params, &short).contains("'rest'"));
+        let mut p = params.clone();
+        p["rows"] = json!(rows + 1);
+        assert!(err(&p, &arrays).contains("stored as U8"));
+        let mut p = params.clone();
+        p["d"]["rows"] = json!(1);
+        assert!(err(&p, &arrays).contains("scale stream 'd'"));
+        let mut p = params.clone();
+        p.as_object_mut().unwrap().remove("m");
+        assert!(err(&p, &arrays).contains("bad dtans params"));
+        // A flipped byte in a coded stream: an error or different scales, never a panic (the
+        // container's checksum of the decoded tensor then names it).
+        let mut flipped = arrays.clone();
+        let st = flipped.iter_mut().find(|a| a.0 == "d_stream").unwrap();
+        let mut b = st.2.to_vec();
+        b[5] ^= 0x40;
+        st.2 = Cow::Owned(b);
+        if let Ok(c) = Coded::from_stored(Dtype::U8, &shape, &stored(&coded, &flipped, &params)) {
+            assert!(c.decode().map_or(true, |d| d != bytes));
         }
     }
 

@@ -16,7 +16,7 @@ use entrollm_codec::df11::Df11Tensor;
 use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor};
 use entrollm_codec::histogram::{byte_histogram, entropy_bits};
 use entrollm_codec::{CodecError, Payload};
-use entrollm_format::coded::{payload_of, Coded, GgmlCoded};
+use entrollm_format::coded::{payload_of, Coded, GgmlCoded, GgmlScales};
 use entrollm_format::ggml_blocks::{unpack_codes, BlockType};
 use entrollm_format::{
     checksum, Checkpoint, ContainerWriter, Dtype, FormEntry, FormatError, SafetensorsFile,
@@ -198,12 +198,19 @@ pub fn code_tensor(m: &Matrix<'_>, coder: Coder, coding: Option<Coding>) -> Resu
             let q = unpack_codes(block, m.bytes).map_err(CompressError::Usage)?;
             let payload = Payload::Int(block.bits() as u8);
             let (d, stats) = code_dtans(payload, rows, cols, &q.codes, &[], coding)?;
-            let coded = Coded::Ggml(GgmlCoded {
+            let mut coded = Coded::Ggml(GgmlCoded {
                 block,
                 codes: d,
                 d: q.d,
                 m: q.m,
             });
+            // Codes that do not code smaller may still have scales that do.
+            if coding.is_none() && coded.stored_bytes() >= m.bytes.len() {
+                let s = Coded::GgmlScales(GgmlScales::encode(block, rows, cols, m.bytes)?);
+                if s.stored_bytes() < m.bytes.len() {
+                    coded = s;
+                }
+            }
             let side_bits = if block.has_m() { 1.0 } else { 0.5 };
             (coded, q.codes, side_bits, stats)
         }
