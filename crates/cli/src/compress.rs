@@ -38,6 +38,7 @@ pub struct Args {
     /// Tensors with fewer elements than this stay uncoded.
     #[arg(long, default_value_t = 4096)]
     min_elements: usize,
+    /// Replace what the output directory holds (never the source).
     #[arg(long)]
     overwrite: bool,
     /// Largest container shard, in bytes.
@@ -174,7 +175,10 @@ pub fn run(a: Args) -> Result<()> {
     let mut bar = Bar::default();
     let s = compress(&a.src, &a.output, &opts, &mut bar);
     bar.finish();
-    let s = s?;
+    let s = s.map_err(|e| match e {
+        entrollm_model::compress::CompressError::Format(f) => name_overwrite(f),
+        e => e.into(),
+    })?;
     for n in &s.notes {
         eprintln!("note: {n}");
     }
@@ -201,6 +205,13 @@ pub fn run(a: Args) -> Result<()> {
             )
         }
     }
+    let (src, dst) = (tree_bytes(&a.src), tree_bytes(&a.output));
+    eprintln!(
+        "container {:.1} MB for a {:.1} MB source ({:.1} %, everything included)",
+        dst as f64 / 1e6,
+        src as f64 / 1e6,
+        100.0 * dst as f64 / src.max(1) as f64
+    );
     if s.formed_tensors > 0 {
         eprintln!(
             "compress: {} tensors in the forms of the plan, recorded in entrollm.json (run and \
@@ -209,4 +220,29 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `e`, where it says the output exists, with the flag that replaces it.
+pub fn name_overwrite(e: entrollm_format::FormatError) -> anyhow::Error {
+    match e {
+        entrollm_format::FormatError::DestinationExists { path } => anyhow!(
+            "{}: exists and is not empty; add --overwrite to replace it",
+            path.display()
+        ),
+        e => e.into(),
+    }
+}
+
+/// Bytes of a file, or of the files under a directory (links not followed).
+fn tree_bytes(p: &std::path::Path) -> u64 {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| tree_bytes(&e.path()))
+            .sum(),
+        Ok(m) if m.is_file() => m.len(),
+        _ => 0,
+    }
 }

@@ -221,13 +221,16 @@ pub fn upload_gpu(
 
 /// `model::sampler::generate` over a [`Backend`]: appends `prompt`, samples up to `max_new`
 /// tokens, hands each to `on_token`; the last sampled token is not fed back. Greedy sampling on the
-/// GPU takes the argmax on the device (no logits copy).
+/// GPU takes the argmax on the device (no logits copy). A full context stops generation
+/// ([`StopReason::ContextFull`]) or, with `shift`, is shifted: the sequence's first token and its
+/// newer half are prefilled anew and generation goes on (llama.cpp's context shift).
 fn generate(
     engine: &mut Backend,
     sampler: &mut Sampler,
     prompt: &[u32],
     max_new: usize,
     stops: &[u32],
+    shift: bool,
     mut on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<(Vec<u32>, StopReason)> {
     let mut tokens = Vec::new();
@@ -238,32 +241,37 @@ fn generate(
     let device_greedy =
         matches!(engine, Backend::Gpu(_)) && p.temperature == 0.0 && p.repetition_penalty == 1.0;
     let mut history = prompt.to_vec();
+    // The next token after prefilling `fill` (None: after feeding `feed`).
     let next = |engine: &mut Backend,
                 sampler: &mut Sampler,
-                feed: Option<u32>,
+                fill: Option<&[u32]>,
+                feed: u32,
                 history: &[u32]|
      -> Result<u32> {
         if device_greedy {
             if let Backend::Gpu(e) = engine {
-                return Ok(match feed {
-                    None => e.prefill_greedy(prompt)?,
-                    Some(t) => e.step_greedy(t)?,
+                return Ok(match fill {
+                    Some(f) => e.prefill_greedy(f)?,
+                    None => e.step_greedy(feed)?,
                 });
             }
         }
-        let logits = match feed {
-            None => engine.prefill(prompt)?,
-            Some(t) => engine.step(t)?,
+        let logits = match fill {
+            Some(f) => engine.prefill(f)?,
+            None => engine.step(feed)?,
         };
         Ok(sampler.sample(&logits, history)?)
     };
-    let mut token = next(engine, sampler, None, &history)?;
+    let mut token = next(engine, sampler, Some(prompt), 0, &history)?;
+    // The tokens in the engine's cache once `token` is fed.
+    let mut context: Vec<u32> = prompt.to_vec();
     let stop = loop {
         if stops.contains(&token) {
             break StopReason::StopToken(token);
         }
         tokens.push(token);
         history.push(token);
+        context.push(token);
         if on_token(token).is_break() {
             break StopReason::Callback;
         }
@@ -271,9 +279,19 @@ fn generate(
             break StopReason::MaxTokens;
         }
         if engine.position() == engine.max_seq_len() {
-            break StopReason::ContextFull;
+            if !shift {
+                break StopReason::ContextFull;
+            }
+            let half = (context.len() - 1) / 2;
+            let kept: Vec<u32> = std::iter::once(context[0])
+                .chain(context[context.len() - half..].iter().copied())
+                .collect();
+            engine.reset();
+            token = next(engine, sampler, Some(&kept), 0, &history)?;
+            context = kept;
+            continue;
         }
-        token = next(engine, sampler, Some(token), &history)?;
+        token = next(engine, sampler, None, token, &history)?;
     };
     Ok((tokens, stop))
 }
@@ -282,30 +300,59 @@ fn generate(
 pub struct ModelArgs {
     /// A .gguf file, an entrollm container or a Hugging Face checkpoint directory.
     model: PathBuf,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 256)]
+    /// Most tokens to generate (per reply in `chat`).
+    #[arg(short = 'n', long, visible_alias = "n-predict", default_value_t = 256)]
     max_tokens: usize,
-    /// Sampling temperature (0: greedy).
-    #[arg(long, default_value_t = 0.0)]
+    /// Sampling temperature (0: greedy, the default).
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        visible_alias = "temp",
+        default_value_t = 0.0
+    )]
     temperature: f32,
     /// Keep the k most likely tokens (0: all).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
     /// Keep the smallest set of tokens with this much probability (1: all).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     top_p: f32,
-    #[arg(long, default_value_t = 0)]
+    /// Keep the tokens at least this share as probable as the most probable one (0: all).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
+    min_p: f32,
+    /// Divide the logits of tokens already in the sequence by this (1: off).
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        visible_alias = "repetition-penalty",
+        default_value_t = 1.0
+    )]
+    repeat_penalty: f32,
+    /// Seed of the sampler (the same seed and options give the same tokens).
+    #[arg(short, long, default_value_t = 0)]
     seed: u64,
-    /// Context length to allocate (default: the model's, at most 4096).
-    #[arg(long)]
+    /// Context length to allocate, in tokens (default: the model's, at most 4096).
+    #[arg(short = 'c', long, visible_alias = "ctx-size")]
     context: Option<usize>,
+    /// When the context fills up, keep its first token and its newer half and go on generating
+    /// (llama.cpp's context shift); without it, generation stops there and says so.
+    #[arg(long)]
+    context_shift: bool,
+    /// No timing summary on stderr after each reply.
+    #[arg(short, long)]
+    quiet: bool,
     /// Where to run: auto (the GPU if usable, else the CPU), cpu or cuda.
     #[arg(long, default_value = "auto")]
     device: String,
-    /// For containers: decode coded matrices once at load instead of running them through the
-    /// fused decode-matvec at every product (faster on the CPU, uses the uncoded size in memory).
+    /// Containers: decode the coded matrices once at load (the default on the CPU, where it is
+    /// the faster form: bench/RESULTS.md), also on the GPU, whose default serves them coded
+    /// through the fused decode-matvec kernels.
     #[arg(long)]
     decode_at_load: bool,
+    /// Containers on the CPU: keep the coded matrices coded in memory, decoded inside every
+    /// product (the container's size in memory, at a fraction of the decoded speed).
+    #[arg(long, conflicts_with = "decode_at_load")]
+    keep_coded: bool,
     /// GPU: code the dense BF16 layer and head matrices at load (dtANS-LLM, lossless, on the GPU)
     /// and serve them with the fused decode-matvec: `auto` (the coder chooses per launch) or
     /// MODE:LOG2M:SC[:T].
@@ -540,9 +587,18 @@ pub fn planned(
 pub struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// The prompt (raw text; use `chat` for the chat template).
+    /// The prompt (raw text; `chat` applies the model's chat template).
     #[arg(short, long)]
     prompt: String,
+}
+
+#[derive(clap::Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// A system message to open the conversation (`-sys` as in llama.cpp).
+    #[arg(long, visible_alias = "sys")]
+    system: Option<String>,
 }
 
 struct Session {
@@ -550,6 +606,31 @@ struct Session {
     tokenizer: Tokenizer,
     sampler: Sampler,
     max_tokens: usize,
+    context_shift: bool,
+    quiet: bool,
+    /// Bytes the weights take where the engine holds them, and how many weights they are.
+    weights: (usize, usize),
+}
+
+/// Weights in the model's matrices (a tied LM head counted once).
+fn matrix_weights(w: &ModelWeights) -> usize {
+    let n = |m: &Arc<dyn entrollm_model::weights::Linear>| m.rows() * m.cols();
+    let head = if Arc::ptr_eq(&w.embed, &w.lm_head) {
+        0
+    } else {
+        n(&w.lm_head)
+    };
+    let layers: usize = w
+        .layers
+        .iter()
+        .map(|l| {
+            [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                .map(n)
+                .iter()
+                .sum::<usize>()
+        })
+        .sum();
+    n(&w.embed) + head + layers
 }
 
 fn open(a: &ModelArgs) -> Result<Session> {
@@ -572,10 +653,23 @@ fn open(a: &ModelArgs) -> Result<Session> {
             "--budget/--plan/--tune choose every launch's form: not with --code-at-load or --bf16 palette"
         );
     }
+    // Where coded matrices run fastest: decoded at load on the CPU, coded on the GPU.
+    let on_gpu = match device {
+        DeviceArg::Cpu => false,
+        DeviceArg::Cuda => true,
+        DeviceArg::Auto => entrollm_cuda::device::device_count().is_ok_and(|n| n > 0),
+    };
+    let fused = a.budget.is_set() || a.keep_coded || (on_gpu && !a.decode_at_load);
+    if !fused && !a.decode_at_load && a.model.join("entrollm.json").is_file() {
+        eprintln!(
+            "cpu: coded matrices decoded at load, the faster form on the CPU (--keep-coded keeps \
+             them coded in memory, smaller and slower)"
+        );
+    }
     let (weights, tokenizer) = open_model_with(
         &a.model,
         LoadOptions {
-            fused: !a.decode_at_load,
+            fused,
             keep_quantised: a.budget.is_set(),
             // A plan made now starts from the container as stored (the source's forms).
             recorded_forms: !a.budget.is_set(),
@@ -592,39 +686,57 @@ fn open(a: &ModelArgs) -> Result<Session> {
         temperature: a.temperature,
         top_k: a.top_k,
         top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repeat_penalty,
         seed: a.seed,
-        ..SamplingParams::greedy()
+    };
+    // (The sampler's message names the parameter; the flag is its name with dashes.)
+    let sampler = Sampler::new(params)
+        .map_err(|e| anyhow::anyhow!("{e} (--temperature, --top-p, --min-p, --repeat-penalty)"))?;
+    let n_weights = matrix_weights(&weights);
+    let serving = serving_under(&a.budget, a.serving(), launches)?;
+    let engine = Backend::new(weights, ctx, device, code.as_ref(), serving, decode)?;
+    let bytes = match &engine {
+        Backend::Cpu(e) => e.weights().stored_bytes(),
+        Backend::Gpu(e) => e.model().weight_bytes(),
     };
     Ok(Session {
-        engine: Backend::new(
-            weights,
-            ctx,
-            device,
-            code.as_ref(),
-            serving_under(&a.budget, a.serving(), launches)?,
-            decode,
-        )?,
+        engine,
         tokenizer,
-        sampler: Sampler::new(params)?,
+        sampler,
         max_tokens: a.max_tokens,
+        context_shift: a.context_shift,
+        quiet: a.quiet,
+        weights: (bytes, n_weights),
     })
 }
 
 impl Session {
-    /// Generates after `prompt` (token ids), streaming text to stdout; returns the generated ids.
-    fn stream(&mut self, prompt: &[u32]) -> Result<Vec<u32>> {
+    /// Generates after `prompt` (token ids), streaming text to stdout; returns the generated ids
+    /// and why generation stopped. Unless `quiet`, one line on stderr: prompt and decode speed,
+    /// time to the first token, the weights in memory, and a full context's stop.
+    fn stream(&mut self, prompt: &[u32]) -> Result<(Vec<u32>, StopReason)> {
+        let ctx = self.engine.max_seq_len();
+        if prompt.len() >= ctx {
+            anyhow::bail!(
+                "the prompt is {} tokens, the context {ctx}: raise --context (-c) past {}",
+                prompt.len(),
+                prompt.len()
+            );
+        }
         let stops = self.tokenizer.eos_ids().to_vec();
         let mut decoder = self.tokenizer.stream_decoder();
         let mut out = std::io::stdout().lock();
         let mut failed = None;
         let t0 = Instant::now();
         let (mut first, mut last) = (None, None);
-        let (tokens, _stop) = generate(
+        let (tokens, stop) = generate(
             &mut self.engine,
             &mut self.sampler,
             prompt,
             self.max_tokens,
             &stops,
+            self.context_shift,
             |id| {
                 let now = Instant::now();
                 first.get_or_insert(now);
@@ -654,20 +766,33 @@ impl Session {
         }
         writeln!(out)?;
         out.flush()?;
-        if let (Some(first), Some(last)) = (first, last) {
-            let decode_s = (last - first).as_secs_f64();
+        if stop == StopReason::ContextFull {
             eprintln!(
-                "timing: prompt {} tokens in {:.0} ms; {} tokens generated{}",
-                prompt.len(),
-                (first - t0).as_secs_f64() * 1e3,
-                tokens.len(),
-                match tokens.len() > 1 && decode_s > 0.0 {
-                    true => format!(", decode {:.1} tok/s", (tokens.len() - 1) as f64 / decode_s),
-                    false => String::new(),
-                }
+                "stopped: the context of {ctx} tokens is full (raise --context/-c, or \
+                 --context-shift to go on)"
             );
         }
-        Ok(tokens)
+        if !self.quiet {
+            let end = last.unwrap_or_else(Instant::now);
+            let ttft = first.map_or(end - t0, |f| f - t0).as_secs_f64();
+            let decode_s = first.map_or(0.0, |f| (end - f).as_secs_f64());
+            let (bytes, n) = self.weights;
+            eprintln!(
+                "[ prompt {} tokens, {:.1} tok/s | first token {:.0} ms | decode {} tokens{} | \
+                 weights {:.1} MB, {:.2} bits/weight ]",
+                prompt.len(),
+                prompt.len() as f64 / ttft.max(1e-9),
+                ttft * 1e3,
+                tokens.len(),
+                match tokens.len() > 1 && decode_s > 0.0 {
+                    true => format!(", {:.1} tok/s", (tokens.len() - 1) as f64 / decode_s),
+                    false => String::new(),
+                },
+                bytes as f64 / 1e6,
+                bytes as f64 * 8.0 / n.max(1) as f64,
+            );
+        }
+        Ok((tokens, stop))
     }
 }
 
@@ -675,31 +800,52 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut s = open(&a.model)?;
     let ids = s.tokenizer.encode(&a.prompt, true)?;
     s.engine.reset();
-    s.stream(&ids)?;
+    let (tokens, _) = s.stream(&ids)?;
+    let has_template = ChatTemplate::for_tokenizer(&s.tokenizer).is_ok_and(|t| !t.is_fallback());
+    if tokens.len() <= 1 && has_template {
+        eprintln!(
+            "note: `run` feeds the prompt as raw text; this is a chat model: `entrollm chat` \
+             applies its chat template"
+        );
+    }
     Ok(())
 }
 
 /// Interactive chat with the model's chat template; reads one user turn per line from stdin (so it
-/// also works piped). An empty line or end of input ends the session.
-pub fn chat(a: ModelArgs) -> Result<()> {
-    let mut s = open(&a)?;
+/// also works piped). An empty line or end of input ends the session. A conversation that outgrows
+/// the context loses its oldest turns (the system message stays) with `--context-shift`, and is an
+/// error naming `--context` without it.
+pub fn chat(a: ChatArgs) -> Result<()> {
+    let mut s = open(&a.model)?;
     let template = ChatTemplate::for_tokenizer(&s.tokenizer)?;
     if template.is_fallback() {
         eprintln!("note: the model has no chat template; using ChatML");
     }
     let mut messages: Vec<ChatMessage> = Vec::new();
+    if let Some(sys) = &a.system {
+        messages.push(ChatMessage::system(sys.clone()));
+    }
+    let kept = messages.len();
     let stdin = std::io::stdin();
     let interactive = std::io::IsTerminal::is_terminal(&stdin);
+    let ctx = s.engine.max_seq_len();
     for line in stdin.lock().lines() {
         let line = line?;
         if line.trim().is_empty() {
             break;
         }
         messages.push(ChatMessage::user(line));
-        let prompt = template.render(&messages, true)?;
-        let ids = s.tokenizer.encode(&prompt, false)?;
+        let ids = loop {
+            let prompt = template.render(&messages, true)?;
+            let ids = s.tokenizer.encode(&prompt, false)?;
+            // Room for a reply; with the context shift, the oldest turns go first.
+            if ids.len() + 1 < ctx || !a.model.context_shift || messages.len() <= kept + 1 {
+                break ids;
+            }
+            messages.drain(kept..kept + 2.min(messages.len() - kept - 1));
+        };
         s.engine.reset();
-        let reply = s.stream(&ids)?;
+        let (reply, _) = s.stream(&ids)?;
         messages.push(ChatMessage::assistant(
             s.tokenizer.decode(&reply)?.trim().to_string(),
         ));

@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 )]
 struct Cli {
     /// Worker threads, 1 to 1024 (default: all cores).
-    #[arg(long, global = true)]
+    #[arg(short = 't', long, global = true)]
     threads: Option<usize>,
     #[command(subcommand)]
     command: Command,
@@ -40,7 +40,7 @@ enum Command {
     /// Generate text from a prompt (streams tokens).
     Run(generate::RunArgs),
     /// Chat with a model using its chat template (one user turn per line on stdin).
-    Chat(generate::ModelArgs),
+    Chat(generate::ChatArgs),
     /// Evaluate a model.
     #[command(subcommand)]
     Eval(Eval),
@@ -85,7 +85,12 @@ fn main() {
             }
         });
     }
-    let cli = Cli::parse();
+    // llama.cpp spells the system prompt `-sys`, one dash and three letters.
+    let args = std::env::args_os().map(|a| match a.to_str() {
+        Some("-sys") => "--system".into(),
+        _ => a,
+    });
+    let cli = Cli::parse_from(args);
     if let Some(n) = cli.threads {
         // Far past any core count a machine has; more only stalls the machine creating them.
         const MAX_THREADS: usize = 1024;

@@ -15,6 +15,9 @@ pub struct SamplingParams {
     /// HF's CTRL-style penalty: logits of tokens already in the sequence (prompt included) are
     /// divided by it when positive and multiplied by it when negative.
     pub repetition_penalty: f32,
+    /// Keep the tokens whose probability is at least this share of the most probable one's
+    /// (llama.cpp's min-p; 0: all).
+    pub min_p: f32,
     pub seed: u64,
 }
 
@@ -25,6 +28,7 @@ impl SamplingParams {
             top_k: 0,
             top_p: 1.0,
             repetition_penalty: 1.0,
+            min_p: 0.0,
             seed: 0,
         }
     }
@@ -40,6 +44,12 @@ impl SamplingParams {
             return Err(ModelError::Config(format!(
                 "sampler top_p: {} is not in (0, 1]",
                 self.top_p
+            )));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(ModelError::Config(format!(
+                "sampler min_p: {} is not in [0, 1]",
+                self.min_p
             )));
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
@@ -158,6 +168,11 @@ impl Sampler {
             .iter()
             .map(|&(t, s)| (t, ((s as f64 - max) / temperature).exp()))
             .collect();
+        if p.min_p > 0.0 {
+            // probs[0] is the most probable, at exp(0) = 1.
+            let floor = p.min_p as f64;
+            probs.retain(|&(_, q)| q >= floor);
+        }
         if p.top_p < 1.0 {
             let total: f64 = probs.iter().map(|&(_, p)| p).sum();
             let threshold = p.top_p as f64 * total;
@@ -262,6 +277,7 @@ mod tests {
             top_k,
             top_p,
             repetition_penalty: 1.0,
+            min_p: 0.0,
             seed,
         })
         .unwrap()
@@ -317,6 +333,29 @@ mod tests {
             let sd = (expected * (1.0 - expected) / draws as f64).sqrt();
             let got = *c as f64 / draws as f64;
             assert!((got - expected).abs() < 5.0 * sd, "{got} vs {expected}");
+        }
+    }
+
+    #[test]
+    fn min_p_keeps_tokens_near_the_most_probable() {
+        // At temperature 1, probabilities relative to the best: 1, e^-0.5, e^-1, e^-3.
+        let logits = [3.0f32, 2.5, 2.0, 0.0];
+        let params = |min_p| SamplingParams {
+            temperature: 1.0,
+            min_p,
+            seed: 3,
+            ..SamplingParams::greedy()
+        };
+        let kept = |min_p| {
+            let counts = histogram(&mut Sampler::new(params(min_p)).unwrap(), &logits, 4000);
+            counts.iter().map(|&c| c > 0).collect::<Vec<_>>()
+        };
+        assert_eq!(kept(0.0), [true, true, true, true]);
+        assert_eq!(kept(0.3), [true, true, true, false]);
+        assert_eq!(kept(0.5), [true, true, false, false]);
+        assert_eq!(kept(1.0), [true, false, false, false]);
+        for bad in [-0.1, 1.5, f32::NAN] {
+            assert!(Sampler::new(params(bad)).is_err(), "{bad}");
         }
     }
 
@@ -395,6 +434,7 @@ mod tests {
                 top_k: 0,
                 top_p: p,
                 repetition_penalty: r,
+                min_p: 0.0,
                 seed: 0,
             };
             assert!(matches!(Sampler::new(params), Err(ModelError::Config(_))));

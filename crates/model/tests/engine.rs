@@ -861,6 +861,7 @@ fn seeded_sampling_generation_is_reproducible() {
             top_k: 20,
             top_p: 0.95,
             repetition_penalty: 1.1,
+            min_p: 0.0,
             seed,
         })
         .unwrap();
