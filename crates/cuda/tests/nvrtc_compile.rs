@@ -19,9 +19,15 @@ fn nvrtc_compiles_every_kernel_variant() {
     println!("NVRTC {major}.{minor}, target {arch}");
     let mut failures = Vec::new();
     let variants = all_variants();
-    for v in &variants {
+    // Compiled on every core (NVRTC compiles separate programs concurrently), reported in order.
+    use rayon::prelude::*;
+    let compiled: Vec<_> = variants
+        .par_iter()
+        .map(|v| compile_with_log(v, &arch, &["--ptxas-options=-v"]))
+        .collect();
+    for (v, result) in variants.iter().zip(compiled) {
         let label = format!("{} {:?}", v.source.name, v.defines);
-        match compile_with_log(v, &arch, &["--ptxas-options=-v"]) {
+        match result {
             Ok((cubin, log)) => {
                 let spills: Vec<&str> = log
                     .lines()
