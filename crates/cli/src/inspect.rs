@@ -147,8 +147,8 @@ pub fn run(a: Args) -> Result<()> {
         let sum = |k: &str| -> f64 { predicted.iter().filter_map(|r| r[k].as_f64()).sum() };
         let all = stored - sum("source_bytes") + sum("predicted_bytes");
         println!(
-            "compress would code {} tensors: {:.1} MB -> {:.1} MB predicted; {:.1} MB in all \
-             ({:.3} bits/weight, {:.1} % of the source)",
+            "compress would code {} tensors: {:.1} MB -> {:.1} MB predicted; all tensors {:.1} MB \
+             ({:.3} bits/weight, {:.1} % of the source's)",
             predicted.len(),
             sum("source_bytes") / 1e6,
             sum("predicted_bytes") / 1e6,
@@ -339,8 +339,19 @@ fn gguf_source(a: &Args) -> Result<Vec<Value>> {
                             anyhow::anyhow!("{}: tensor {}: {e}", a.path.display(), t.name)
                         })?;
                     let payload = entrollm_codec::Payload::Int(block.bits() as u8);
-                    let side = if block.has_m() { 1.0 } else { 0.5 };
-                    let mut r = row(Some((payload, rows, cols, &q.codes[..], side)))?;
+                    // Predictions store the scales raw; the bound takes them at their entropy.
+                    let h16 = |v: &[u16]| {
+                        let mut c = vec![0u64; 1 << 16];
+                        v.iter().for_each(|&x| c[x as usize] += 1);
+                        entropy_bits(&c)
+                    };
+                    let raw = if block.has_m() { 1.0 } else { 0.5 };
+                    let side = (h16(&q.d) + q.m.as_deref().map_or(0.0, h16)) / 32.0;
+                    let mut r = row(Some((payload, rows, cols, &q.codes[..], raw)))?;
+                    let h = r["entropy_bits"].as_f64().unwrap_or(0.0);
+                    if r["entropy_bits"].is_number() {
+                        r["entropy_bound_bpw"] = json!(h + side);
+                    }
                     // Codes that would not code smaller: compress codes the scales alone where
                     // that pays (`ggml-scales`).
                     if r["predicted_bytes"].is_null() && r["entropy_bits"].is_number() {

@@ -17,7 +17,7 @@ use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor};
 use entrollm_codec::histogram::{byte_histogram, entropy_bits};
 use entrollm_codec::{CodecError, Payload};
 use entrollm_format::coded::{payload_of, Coded, GgmlCoded, GgmlScales};
-use entrollm_format::ggml_blocks::{unpack_codes, BlockType};
+use entrollm_format::ggml_blocks::{unpack_codes, BlockType, QK};
 use entrollm_format::{
     checksum, Checkpoint, ContainerWriter, Dtype, FormEntry, FormatError, SafetensorsFile,
     SourceFile, SourceSegment, TensorView, WriterOptions,
@@ -196,6 +196,14 @@ pub fn code_tensor(m: &Matrix<'_>, coder: Coder, coding: Option<Coding>) -> Resu
         }
         (SourceForm::Blocks(block), Coder::Dtans) => {
             let q = unpack_codes(block, m.bytes).map_err(CompressError::Usage)?;
+            // The scales at their own (16-bit symbol) entropy: the least either coding of the
+            // blocks could store beside the codes.
+            let h16 = |v: &[u16]| {
+                let mut c = vec![0u64; 1 << 16];
+                v.iter().for_each(|&x| c[x as usize] += 1);
+                entropy_bits(&c)
+            };
+            let side_bits = (h16(&q.d) + q.m.as_deref().map_or(0.0, h16)) / QK as f64;
             let payload = Payload::Int(block.bits() as u8);
             let (d, stats) = code_dtans(payload, rows, cols, &q.codes, &[], coding)?;
             let mut coded = Coded::Ggml(GgmlCoded {
@@ -211,7 +219,6 @@ pub fn code_tensor(m: &Matrix<'_>, coder: Coder, coding: Option<Coding>) -> Resu
                     coded = s;
                 }
             }
-            let side_bits = if block.has_m() { 1.0 } else { 0.5 };
             (coded, q.codes, side_bits, stats)
         }
         (form, Coder::Df11) => {
