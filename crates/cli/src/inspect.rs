@@ -340,11 +340,7 @@ fn gguf_source(a: &Args) -> Result<Vec<Value>> {
                         })?;
                     let payload = entrollm_codec::Payload::Int(block.bits() as u8);
                     // Predictions store the scales raw; the bound takes them at their entropy.
-                    let h16 = |v: &[u16]| {
-                        let mut c = vec![0u64; 1 << 16];
-                        v.iter().for_each(|&x| c[x as usize] += 1);
-                        entropy_bits(&c)
-                    };
+                    let h16 = entrollm_codec::histogram::u16_entropy_bits;
                     let raw = if block.has_m() { 1.0 } else { 0.5 };
                     let side = (h16(&q.d) + q.m.as_deref().map_or(0.0, h16)) / 32.0;
                     let mut r = row(Some((payload, rows, cols, &q.codes[..], raw)))?;

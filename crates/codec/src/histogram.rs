@@ -56,6 +56,16 @@ pub fn entropy_bits(counts: &[u64]) -> f64 {
         .sum()
 }
 
+/// Shannon entropy in bits per value of 16-bit values taken as whole symbols (a GGUF block's f16
+/// scales).
+pub fn u16_entropy_bits(values: &[u16]) -> f64 {
+    let mut counts = vec![0u64; 1 << 16];
+    for &v in values {
+        counts[v as usize] += 1;
+    }
+    entropy_bits(&counts)
+}
+
 /// Total bits to code a histogram with a model that gives symbol `s` probability `q[s]`
 /// (cross-entropy times the count). Symbols with a count but zero probability make it infinite.
 pub fn cross_entropy_total_bits(counts: &[u64], q: impl Fn(usize) -> f64) -> f64 {
@@ -78,6 +88,18 @@ pub fn top_t(counts: &[u64], t: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_16_bit_values_are_the_symbols() {
+        assert_eq!(u16_entropy_bits(&[]), 0.0);
+        assert_eq!(u16_entropy_bits(&[7, 7, 7]), 0.0);
+        // Four values once each: 2 bits, though their high bytes are all equal.
+        let e = u16_entropy_bits(&[0x3c00, 0x3c01, 0x3c02, 0x3c03]);
+        assert!((e - 2.0).abs() < 1e-12, "{e}");
+        // 256 values sharing a low byte: 8 bits.
+        let v: Vec<u16> = (0..256u16).map(|h| h << 8 | 0x55).collect();
+        assert!((u16_entropy_bits(&v) - 8.0).abs() < 1e-9);
+    }
 
     #[test]
     fn histogram_counts_every_byte() {

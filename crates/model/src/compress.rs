@@ -198,11 +198,7 @@ pub fn code_tensor(m: &Matrix<'_>, coder: Coder, coding: Option<Coding>) -> Resu
             let q = unpack_codes(block, m.bytes).map_err(CompressError::Usage)?;
             // The scales at their own (16-bit symbol) entropy: the least either coding of the
             // blocks could store beside the codes.
-            let h16 = |v: &[u16]| {
-                let mut c = vec![0u64; 1 << 16];
-                v.iter().for_each(|&x| c[x as usize] += 1);
-                entropy_bits(&c)
-            };
+            let h16 = entrollm_codec::histogram::u16_entropy_bits;
             let side_bits = (h16(&q.d) + q.m.as_deref().map_or(0.0, h16)) / QK as f64;
             let payload = Payload::Int(block.bits() as u8);
             let (d, stats) = code_dtans(payload, rows, cols, &q.codes, &[], coding)?;
