@@ -660,11 +660,20 @@ fn open(a: &ModelArgs) -> Result<Session> {
         DeviceArg::Auto => entrollm_cuda::device::device_count().is_ok_and(|n| n > 0),
     };
     let fused = a.budget.is_set() || a.keep_coded || (on_gpu && !a.decode_at_load);
-    if !fused && !a.decode_at_load && a.model.join("entrollm.json").is_file() {
-        eprintln!(
-            "cpu: coded matrices decoded at load, the faster form on the CPU (--keep-coded keeps \
-             them coded in memory, smaller and slower)"
-        );
+    let container = a.model.join("entrollm.json").is_file();
+    if container && !a.budget.is_set() && !a.decode_at_load {
+        match fused {
+            false => eprintln!(
+                "cpu: coded matrices decoded at load, the faster form on the CPU (--keep-coded \
+                 keeps them coded in memory, smaller and slower)"
+            ),
+            true if on_gpu => eprintln!(
+                "cuda: coded matrices served coded, the container's size in device memory \
+                 (--decode-at-load serves them dense, faster where they fit; --budget plans the \
+                 fastest forms that fit)"
+            ),
+            true => {}
+        }
     }
     let (weights, tokenizer) = open_model_with(
         &a.model,
@@ -872,6 +881,9 @@ pub struct PplArgs {
     /// Score at most this many tokens of the file (0: all).
     #[arg(long, default_value_t = 0)]
     max_tokens: usize,
+    /// No timing summary on stderr.
+    #[arg(short, long)]
+    quiet: bool,
     /// Where to run: auto (the GPU if usable, else the CPU), cpu or cuda.
     #[arg(long, default_value = "auto")]
     device: String,
@@ -954,12 +966,28 @@ pub fn ppl(a: PplArgs) -> Result<()> {
         tokens.truncate(a.max_tokens);
     }
     let serving = serving_under(&a.budget, Serving::default(), launches)?;
-    let p = match Backend::new(weights, a.window, device, None, serving, decode)? {
-        Backend::Cpu(mut engine) => {
-            entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?
-        }
-        Backend::Gpu(mut engine) => gpu_perplexity(&mut engine, &tokens, a.window, a.stride)?,
+    let n_weights = matrix_weights(&weights);
+    let t0 = Instant::now();
+    let (p, bytes) = match Backend::new(weights, a.window, device, None, serving, decode)? {
+        Backend::Cpu(mut engine) => (
+            entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?,
+            engine.weights().stored_bytes(),
+        ),
+        Backend::Gpu(mut engine) => (
+            gpu_perplexity(&mut engine, &tokens, a.window, a.stride)?,
+            engine.model().weight_bytes(),
+        ),
     };
+    if !a.quiet {
+        let s = t0.elapsed().as_secs_f64();
+        eprintln!(
+            "[ {} tokens scored in {s:.1} s, {:.1} tok/s | weights {:.1} MB, {:.2} bits/weight ]",
+            p.tokens_scored,
+            p.tokens_scored as f64 / s.max(1e-9),
+            bytes as f64 / 1e6,
+            bytes as f64 * 8.0 / n_weights.max(1) as f64
+        );
+    }
     println!(
         "{}: perplexity {:.4} (mean NLL {:.6} nats over {} tokens; window {}, stride {})",
         a.file.display(),

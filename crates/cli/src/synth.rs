@@ -31,6 +31,7 @@ pub struct Args {
     /// Output directory (must not exist or be empty, unless --overwrite).
     #[arg(short, long)]
     output: PathBuf,
+    /// Replace what the output directory holds.
     #[arg(long)]
     overwrite: bool,
     /// Largest shard, in bytes (Hugging Face's default is 5 GB).
@@ -126,7 +127,8 @@ pub fn run(a: Args) -> Result<()> {
         size += b;
     }
     let total: u64 = all.iter().map(|t| stored_bytes(t, storage)).sum();
-    let staging = StagingDir::create(&a.output, a.overwrite)?;
+    let staging =
+        StagingDir::create(&a.output, a.overwrite).map_err(crate::compress::name_overwrite)?;
     let bar = progress::bytes(total, "synth");
     let mut weight_map = BTreeMap::new();
     let n = shards.len();
