@@ -52,13 +52,16 @@ pub enum Backend {
 impl Backend {
     /// Builds the engine for `weights` on `device` with a context of `ctx` tokens; with `code`, the
     /// GPU codes the dense BF16 matrices at load with that plan; matrices are kept as `serving`
-    /// says (see [`upload_gpu`]); the GPU decode step is put together as `decode` says.
+    /// says (see [`upload_gpu`]), or, with `dense_when_fits`, dtANS-coded BF16 matrices served
+    /// dense where that fits ([`dense_if_it_fits`]); the GPU decode step is put together as
+    /// `decode` says.
     pub fn new(
         weights: ModelWeights,
         ctx: usize,
         device: DeviceArg,
         code: Option<&CodingPlan>,
         serving: Serving,
+        dense_when_fits: bool,
         decode: DecodeOptions,
     ) -> Result<Self> {
         if device != DeviceArg::Cpu {
@@ -67,6 +70,10 @@ impl Backend {
                 .and_then(|dev| {
                     let dev = Arc::new(dev);
                     let code = code.map(|p| (p, Encoder::Gpu));
+                    let serving = match code.is_none() && dense_when_fits {
+                        true => dense_if_it_fits(&dev, &weights, ctx, serving)?,
+                        false => serving,
+                    };
                     let (model, _) = upload_gpu(&dev, &weights, code, serving)?;
                     Ok(GpuEngine::with_options(dev, model, ctx, decode)?)
                 });
@@ -128,6 +135,57 @@ pub fn load_plan(coding: &str, file: Option<&Path>) -> Result<CodingPlan> {
         Some(f) => CodingPlan::from_file(f, default)?,
         None => CodingPlan::uniform(default),
     })
+}
+
+/// Whether coded matrices are served dense on the GPU: when the dense BF16 weights and what the
+/// engine reserves beside them (KV cache, workspace) take at most 90 % of the free device memory —
+/// the dense kernels are the faster form (bench/RESULTS.md: 239 against 166 tok/s on the 8B).
+pub fn dense_fits(dense_bytes: u64, reserved: u64, free: u64) -> bool {
+    dense_bytes.saturating_add(reserved) <= free / 10 * 9
+}
+
+/// `serving` with every matrix served dense BF16 when `weights` hold dtANS-coded matrices, all of
+/// BF16 values (their decoding is exact; FP8 checkpoints stay FP8), and [`dense_fits`] the device;
+/// one line on stderr says which and why.
+fn dense_if_it_fits(
+    dev: &GpuDevice,
+    weights: &ModelWeights,
+    ctx: usize,
+    serving: Serving,
+) -> Result<Serving> {
+    let mats = || {
+        let l = weights.layers.iter();
+        l.flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+            .chain([&weights.lm_head])
+    };
+    if !mats().any(|m| m.form().form == "dtans") || serving != Serving::default() {
+        return Ok(serving);
+    }
+    if mats().any(|m| entrollm_cuda::forms::is_fp8(&**m)) {
+        return Ok(serving);
+    }
+    let dense = 2 * matrix_weights(weights) as u64;
+    let reserved = entrollm_cuda::tune::reserved_bytes(&weights.config, ctx);
+    let free = entrollm_cuda::engine_coded::free_memory(dev)?.0 as u64;
+    let gb = |b: u64| b as f64 / 1e9;
+    if dense_fits(dense, reserved, free) {
+        eprintln!(
+            "cuda: coded matrices served dense, the faster form where it fits ({:.2} GB of weights \
+             and {:.2} GB reserved of {:.2} GB free; --keep-coded serves them coded)",
+            gb(dense),
+            gb(reserved),
+            gb(free)
+        );
+        return Ok(Serving::DECODED);
+    }
+    eprintln!(
+        "cuda: coded matrices served coded: dense they would take {:.2} GB beside {:.2} GB \
+         reserved, more than {:.2} GB free allows (--budget plans the fastest forms that fit)",
+        gb(dense),
+        gb(reserved),
+        gb(free)
+    );
+    Ok(serving)
 }
 
 /// Uploads `weights` to the GPU: dtANS-coded matrices (a container opened fused) are served coded;
@@ -345,12 +403,13 @@ pub struct ModelArgs {
     #[arg(long, default_value = "auto")]
     device: String,
     /// Containers: decode the coded matrices once at load (the default on the CPU, where it is
-    /// the faster form: bench/RESULTS.md), also on the GPU, whose default serves them coded
-    /// through the fused decode-matvec kernels.
+    /// the faster form: bench/RESULTS.md), also on the GPU where they would not fit dense by the
+    /// default's reckoning.
     #[arg(long)]
     decode_at_load: bool,
-    /// Containers on the CPU: keep the coded matrices coded in memory, decoded inside every
-    /// product (the container's size in memory, at a fraction of the decoded speed).
+    /// Containers: keep the coded matrices coded in memory, decoded inside every product (the
+    /// container's size in memory; on the CPU a fraction of the decoded speed; on the GPU the
+    /// default where the dense form does not fit).
     #[arg(long, conflicts_with = "decode_at_load")]
     keep_coded: bool,
     /// GPU: code the dense BF16 layer and head matrices at load (dtANS-LLM, lossless, on the GPU)
@@ -661,19 +720,11 @@ fn open(a: &ModelArgs) -> Result<Session> {
     };
     let fused = a.budget.is_set() || a.keep_coded || (on_gpu && !a.decode_at_load);
     let container = a.model.join("entrollm.json").is_file();
-    if container && !a.budget.is_set() && !a.decode_at_load {
-        match fused {
-            false => eprintln!(
-                "cpu: coded matrices decoded at load, the faster form on the CPU (--keep-coded \
-                 keeps them coded in memory, smaller and slower)"
-            ),
-            true if on_gpu => eprintln!(
-                "cuda: coded matrices served coded, the container's size in device memory \
-                 (--decode-at-load serves them dense, faster where they fit; --budget plans the \
-                 fastest forms that fit)"
-            ),
-            true => {}
-        }
+    if container && !fused && !a.decode_at_load {
+        eprintln!(
+            "cpu: coded matrices decoded at load, the faster form on the CPU (--keep-coded keeps \
+             them coded in memory, smaller and slower)"
+        );
     }
     let (weights, tokenizer) = open_model_with(
         &a.model,
@@ -704,7 +755,16 @@ fn open(a: &ModelArgs) -> Result<Session> {
         .map_err(|e| anyhow::anyhow!("{e} (--temperature, --top-p, --min-p, --repeat-penalty)"))?;
     let n_weights = matrix_weights(&weights);
     let serving = serving_under(&a.budget, a.serving(), launches)?;
-    let engine = Backend::new(weights, ctx, device, code.as_ref(), serving, decode)?;
+    let dense_when_fits = !a.keep_coded && !a.budget.is_set();
+    let engine = Backend::new(
+        weights,
+        ctx,
+        device,
+        code.as_ref(),
+        serving,
+        dense_when_fits,
+        decode,
+    )?;
     let bytes = match &engine {
         Backend::Cpu(e) => e.weights().stored_bytes(),
         Backend::Gpu(e) => e.model().weight_bytes(),
@@ -968,7 +1028,17 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     let serving = serving_under(&a.budget, Serving::default(), launches)?;
     let n_weights = matrix_weights(&weights);
     let t0 = Instant::now();
-    let (p, bytes) = match Backend::new(weights, a.window, device, None, serving, decode)? {
+    let dense_when_fits = !a.budget.is_set();
+    let backend = Backend::new(
+        weights,
+        a.window,
+        device,
+        None,
+        serving,
+        dense_when_fits,
+        decode,
+    )?;
+    let (p, bytes) = match backend {
         Backend::Cpu(mut engine) => (
             entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?,
             engine.weights().stored_bytes(),
@@ -998,4 +1068,22 @@ pub fn ppl(a: PplArgs) -> Result<()> {
         a.stride
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dense_serving_needs_room_for_the_reserve_too() {
+        let gb = 1_000_000_000u64;
+        // The synthetic 8B (16.06 GB dense) with a 4096-token cache on a 141 GB device: dense.
+        assert!(dense_fits(16 * gb, gb, 140 * gb));
+        // The 70B (141 GB dense) on the same device: coded.
+        assert!(!dense_fits(141 * gb, gb, 140 * gb));
+        // 10 % of free memory is kept back; the reserve counts.
+        assert!(dense_fits(80 * gb, 10 * gb, 100 * gb));
+        assert!(!dense_fits(80 * gb, 11 * gb, 100 * gb));
+        assert!(!dense_fits(u64::MAX, 1, 100 * gb));
+    }
 }
