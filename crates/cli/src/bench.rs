@@ -1,4 +1,4 @@
-//! `entrollm bench`: the decode benchmark of DESIGN.md on the GPU engine. A random prompt of
+//! `entrollm bench`: the GPU decode benchmark (the protocol in docs/cli.md). A random prompt of
 //! `--prompt-len` tokens, then exactly G = 64 and G = 128 greedy tokens (EOS ignored, decode steps
 //! replayed from a CUDA graph), one warm-up then the median of 3 runs each; steady-state
 //! tok/s = 64 / (t128 − t64). Also: achieved weight bandwidth, prefill throughput, GPU memory.
@@ -26,7 +26,7 @@ use entrollm_model::load::{open_weights_with, LoadOptions};
 use entrollm_model::synth::{shared_layer_weights, SynthShape};
 use entrollm_model::ModelConfig;
 
-/// HBM read bandwidth of the H200 measured with a sum kernel (DESIGN.md), the share's denominator.
+/// HBM read bandwidth of the H200 measured with a sum kernel (bench/RESULTS.md), the share's denominator.
 const H200_HBM_GBPS: f64 = 4330.0;
 
 #[derive(clap::Args)]

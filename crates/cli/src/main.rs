@@ -44,7 +44,7 @@ enum Command {
     /// Evaluate a model.
     #[command(subcommand)]
     Eval(Eval),
-    /// GPU decode benchmark (DESIGN.md protocol): tok/s, bandwidth, prefill, memory.
+    /// GPU decode benchmark (docs/cli.md): tok/s, bandwidth, prefill, memory.
     Bench(bench::Args),
     /// Check every GPU kernel and the GPU forward pass against the CPU (`--gpu`).
     Selftest(selftest::Args),
