@@ -754,6 +754,49 @@ fn llama_cpp_flags_stops_and_the_first_ten_minutes() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// A GGUF with a zero tail longer than a container restores is refused before any work, with the
+/// command that trims it; nothing is left behind (it used to be coded, then fail its own read-back
+/// naming a deleted staging directory).
+#[test]
+fn gguf_with_a_long_zero_tail_is_refused_before_any_work() {
+    let golden =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/gguf_dequant.gguf");
+    let d = tmp("zero-tail");
+    let src = d.join("m.gguf");
+    let mut bytes = std::fs::read(&golden).unwrap();
+    let len = bytes.len();
+    bytes.resize(len + (2 << 20), 0);
+    std::fs::write(&src, &bytes).unwrap();
+    let out = d.join("c");
+    let e = fails(&[
+        "compress",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("zero bytes") && e.contains(&format!("truncate -s {len}")),
+        "{e}"
+    );
+    let names: Vec<_> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, [std::ffi::OsString::from("m.gguf")], "{names:?}");
+    // Trimmed as told, it compresses and comes back.
+    bytes.truncate(len);
+    std::fs::write(&src, &bytes).unwrap();
+    ok(&[
+        "compress",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--min-elements",
+        "256",
+    ]);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 /// Every ggml type of the reader's golden file (F32, F16, the Q4/Q5/Q8 block types, k-quants),
 /// coded where it can be or kept as it is, comes back byte for byte.
 #[test]

@@ -23,7 +23,7 @@ mod staging;
 pub use checksum::{checksum, checksum_hex, parse_checksum_hex};
 pub use container::{
     restore_sources, ArrayDtype, CodedTensor, ContainerReader, ContainerWriter, FormEntry,
-    Manifest, SourceFile, SourceSegment, StoredData, StoredTensor, WriterOptions,
+    Manifest, SourceFile, SourceSegment, StoredData, StoredTensor, WriterOptions, MAX_SOURCE_GAP,
 };
 pub use dtype::{tensor_byte_len, Dtype};
 pub use error::{FormatError, Result};

@@ -630,6 +630,24 @@ fn gguf_values_kind(info: &GgufTensorInfo, storage: &Storage) -> &'static str {
     }
 }
 
+/// The longest run of zero bytes between the data section's tensors or after the last one, and
+/// where it starts (a container restores at most [`entrollm_format::MAX_SOURCE_GAP`] of them).
+fn longest_zero_gap(file: &GgufFile) -> (usize, usize) {
+    let mut ranges: Vec<std::ops::Range<usize>> =
+        file.tensors().iter().map(|t| t.file_range()).collect();
+    ranges.sort_by_key(|r| r.start);
+    let len = file.bytes().len();
+    let mut at = file.data_offset() as usize;
+    let mut longest = (0, at);
+    for r in ranges.iter().chain(std::iter::once(&(len..len))) {
+        if r.start > at && r.start - at > longest.0 {
+            longest = (r.start - at, at);
+        }
+        at = at.max(r.end);
+    }
+    longest
+}
+
 /// The first non-zero byte of the data section outside every tensor, if any: restoration writes
 /// zeros there.
 fn nonzero_padding(file: &GgufFile) -> Option<usize> {
@@ -675,6 +693,20 @@ fn compress_gguf(
             "{}: byte {at} lies outside every tensor and is not zero; such a file cannot be \
              restored bit for bit",
             src.display()
+        )));
+    }
+    let (gap, at) = longest_zero_gap(&file);
+    if gap as u64 > entrollm_format::MAX_SOURCE_GAP {
+        let tail = at + gap == file.bytes().len();
+        return Err(CompressError::Usage(format!(
+            "{}: {gap} zero bytes from byte {at} lie outside every tensor; a container restores \
+             runs of at most {} (a guard against corrupt manifests){}",
+            src.display(),
+            entrollm_format::MAX_SOURCE_GAP,
+            match tail {
+                true => format!(": cut the zero tail off first (`truncate -s {at} FILE`)"),
+                false => String::new(),
+            }
         )));
     }
     let name = src

@@ -16,7 +16,9 @@ pub use manifest::{
     ArrayRef, CodedEntry, FileEntry, FormEntry, Manifest, SourceEntry, SourceSegment, Storage,
     TensorEntry, FORMAT_MAJOR, FORMAT_MINOR, FORMAT_NAME, MANIFEST_FILE,
 };
-pub use reader::{CodedTensor, ContainerReader, StoredData, StoredTensor, MAX_MANIFEST_LEN};
+pub use reader::{
+    CodedTensor, ContainerReader, StoredData, StoredTensor, MAX_MANIFEST_LEN, MAX_SOURCE_GAP,
+};
 pub use restore::restore_sources;
 pub use writer::{ContainerWriter, SourceFile, WriterOptions, DEFAULT_SHARD_SIZE_LIMIT};
 
