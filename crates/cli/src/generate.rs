@@ -139,7 +139,7 @@ pub fn load_plan(coding: &str, file: Option<&Path>) -> Result<CodingPlan> {
 
 /// Whether coded matrices are served dense on the GPU: when the dense BF16 weights and what the
 /// engine reserves beside them (KV cache, workspace) take at most 90 % of the free device memory —
-/// the dense kernels are the faster form (bench/RESULTS.md: 239 against 166 tok/s on the 8B).
+/// the dense kernels are the faster form (bench/RESULTS.md).
 pub fn dense_fits(dense_bytes: u64, reserved: u64, free: u64) -> bool {
     dense_bytes.saturating_add(reserved) <= free / 10 * 9
 }
@@ -299,28 +299,31 @@ fn generate(
     let device_greedy =
         matches!(engine, Backend::Gpu(_)) && p.temperature == 0.0 && p.repetition_penalty == 1.0;
     let mut history = prompt.to_vec();
-    // The next token after prefilling `fill` (None: after feeding `feed`).
+    // What the engine is given before the next token is sampled.
+    enum Input<'a> {
+        Prefill(&'a [u32]),
+        Step(u32),
+    }
     let next = |engine: &mut Backend,
                 sampler: &mut Sampler,
-                fill: Option<&[u32]>,
-                feed: u32,
+                input: Input,
                 history: &[u32]|
      -> Result<u32> {
         if device_greedy {
             if let Backend::Gpu(e) = engine {
-                return Ok(match fill {
-                    Some(f) => e.prefill_greedy(f)?,
-                    None => e.step_greedy(feed)?,
+                return Ok(match input {
+                    Input::Prefill(t) => e.prefill_greedy(t)?,
+                    Input::Step(t) => e.step_greedy(t)?,
                 });
             }
         }
-        let logits = match fill {
-            Some(f) => engine.prefill(f)?,
-            None => engine.step(feed)?,
+        let logits = match input {
+            Input::Prefill(t) => engine.prefill(t)?,
+            Input::Step(t) => engine.step(t)?,
         };
         Ok(sampler.sample(&logits, history)?)
     };
-    let mut token = next(engine, sampler, Some(prompt), 0, &history)?;
+    let mut token = next(engine, sampler, Input::Prefill(prompt), &history)?;
     // The tokens in the engine's cache once `token` is fed.
     let mut context: Vec<u32> = prompt.to_vec();
     let stop = loop {
@@ -345,11 +348,11 @@ fn generate(
                 .chain(context[context.len() - half..].iter().copied())
                 .collect();
             engine.reset();
-            token = next(engine, sampler, Some(&kept), 0, &history)?;
+            token = next(engine, sampler, Input::Prefill(&kept), &history)?;
             context = kept;
             continue;
         }
-        token = next(engine, sampler, None, token, &history)?;
+        token = next(engine, sampler, Input::Step(token), &history)?;
     };
     Ok((tokens, stop))
 }
@@ -712,7 +715,8 @@ fn open(a: &ModelArgs) -> Result<Session> {
             "--budget/--plan/--tune choose every launch's form: not with --code-at-load or --bf16 palette"
         );
     }
-    // Where coded matrices run fastest: decoded at load on the CPU, coded on the GPU.
+    // Coded matrices are loaded coded where they may be served so: on the GPU (dense at upload
+    // where that fits: `dense_if_it_fits`), for a plan, with --keep-coded; on the CPU decoded.
     let on_gpu = match device {
         DeviceArg::Cpu => false,
         DeviceArg::Cuda => true,
