@@ -12,7 +12,9 @@ use entrollm_cuda::{DecodeOptions, GpuDevice, GpuEngine, GpuModel};
 use entrollm_model::chat::{ChatMessage, ChatTemplate};
 use entrollm_model::coding_plan::CodingPlan;
 use entrollm_model::load::{open_model_with, LoadOptions};
-use entrollm_model::sampler::{Sampler, SamplingParams, StopReason};
+use entrollm_model::sampler::{
+    generate, GenerateOptions, Generation, Input, Sampler, SamplingParams, StopReason,
+};
 use entrollm_model::tokenizer::Tokenizer;
 use entrollm_model::{Engine, ModelWeights};
 use entrollm_tune::tuner::LaunchTimer;
@@ -112,14 +114,14 @@ impl Backend {
         })
     }
 
-    fn position(&self) -> usize {
+    pub fn position(&self) -> usize {
         match self {
             Backend::Cpu(e) => e.position(),
             Backend::Gpu(e) => e.position(),
         }
     }
 
-    fn max_seq_len(&self) -> usize {
+    pub fn max_seq_len(&self) -> usize {
         match self {
             Backend::Cpu(e) => e.max_seq_len(),
             Backend::Gpu(e) => e.max_seq_len(),
@@ -277,93 +279,43 @@ pub fn upload_gpu(
     Ok((model, Some(r)))
 }
 
-/// `model::sampler::generate` over a [`Backend`]: appends `prompt`, samples up to `max_new`
-/// tokens, hands each to `on_token`; the last sampled token is not fed back. Greedy sampling on the
-/// GPU takes the argmax on the device (no logits copy). A full context stops generation
-/// ([`StopReason::ContextFull`]) or, with `shift`, is shifted: the sequence's first token and its
-/// newer half are prefilled anew and generation goes on (llama.cpp's context shift).
-fn generate(
-    engine: &mut Backend,
-    sampler: &mut Sampler,
-    prompt: &[u32],
-    max_new: usize,
-    stops: &[u32],
-    shift: bool,
-    mut on_token: impl FnMut(u32) -> ControlFlow<()>,
-) -> Result<(Vec<u32>, StopReason)> {
-    let mut tokens = Vec::new();
-    if max_new == 0 {
-        return Ok((tokens, StopReason::MaxTokens));
+impl entrollm_model::Decoder for Backend {
+    type Error = anyhow::Error;
+    fn reset(&mut self) {
+        Backend::reset(self)
     }
-    let p = sampler.params();
-    let device_greedy =
-        matches!(engine, Backend::Gpu(_)) && p.temperature == 0.0 && p.repetition_penalty == 1.0;
-    let mut history = prompt.to_vec();
-    // What the engine is given before the next token is sampled.
-    enum Input<'a> {
-        Prefill(&'a [u32]),
-        Step(u32),
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        Backend::prefill(self, tokens)
     }
-    let next = |engine: &mut Backend,
-                sampler: &mut Sampler,
-                input: Input,
-                history: &[u32]|
-     -> Result<u32> {
-        if device_greedy {
-            if let Backend::Gpu(e) = engine {
-                return Ok(match input {
-                    Input::Prefill(t) => e.prefill_greedy(t)?,
-                    Input::Step(t) => e.step_greedy(t)?,
-                });
-            }
-        }
-        let logits = match input {
-            Input::Prefill(t) => engine.prefill(t)?,
-            Input::Step(t) => engine.step(t)?,
+    fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        Backend::step(self, token)
+    }
+    fn position(&self) -> usize {
+        Backend::position(self)
+    }
+    fn max_seq_len(&self) -> usize {
+        Backend::max_seq_len(self)
+    }
+    /// The GPU takes the argmax on the device (no logits copy).
+    fn greedy(&mut self, input: Input<'_>) -> Result<Option<u32>> {
+        let Backend::Gpu(e) = self else {
+            return Ok(None);
         };
-        Ok(sampler.sample(&logits, history)?)
-    };
-    let mut token = next(engine, sampler, Input::Prefill(prompt), &history)?;
-    // The tokens in the engine's cache once `token` is fed.
-    let mut context: Vec<u32> = prompt.to_vec();
-    let stop = loop {
-        if stops.contains(&token) {
-            break StopReason::StopToken(token);
-        }
-        tokens.push(token);
-        history.push(token);
-        context.push(token);
-        if on_token(token).is_break() {
-            break StopReason::Callback;
-        }
-        if tokens.len() == max_new {
-            break StopReason::MaxTokens;
-        }
-        if engine.position() == engine.max_seq_len() {
-            if !shift {
-                break StopReason::ContextFull;
-            }
-            let half = (context.len() - 1) / 2;
-            let kept: Vec<u32> = std::iter::once(context[0])
-                .chain(context[context.len() - half..].iter().copied())
-                .collect();
-            engine.reset();
-            token = next(engine, sampler, Input::Prefill(&kept), &history)?;
-            context = kept;
-            continue;
-        }
-        token = next(engine, sampler, Input::Step(token), &history)?;
-    };
-    Ok((tokens, stop))
+        Ok(Some(match input {
+            Input::Prefill(t) => e.prefill_greedy(t)?,
+            Input::Step(t) => e.step_greedy(t)?,
+        }))
+    }
 }
 
 #[derive(clap::Args)]
 pub struct ModelArgs {
     /// A .gguf file, an entrollm container or a Hugging Face checkpoint directory.
-    model: PathBuf,
-    /// Most tokens to generate (per reply in `chat`).
-    #[arg(short = 'n', long, visible_alias = "n-predict", default_value_t = 256)]
-    max_tokens: usize,
+    pub model: PathBuf,
+    /// Most tokens to generate (per reply in `chat`; default 256; `serve`: a request's default,
+    /// up to the context by default).
+    #[arg(short = 'n', long, visible_alias = "n-predict")]
+    pub max_tokens: Option<usize>,
     /// Sampling temperature (0: greedy, the default).
     #[arg(
         long,
@@ -663,15 +615,15 @@ pub struct ChatArgs {
     system: Option<String>,
 }
 
-struct Session {
-    engine: Backend,
-    tokenizer: Tokenizer,
-    sampler: Sampler,
+pub struct Session {
+    pub engine: Backend,
+    pub tokenizer: Tokenizer,
+    pub sampler: Sampler,
     max_tokens: usize,
     context_shift: bool,
     quiet: bool,
     /// Bytes the weights take where the engine holds them, and how many weights they are.
-    weights: (usize, usize),
+    pub weights: (usize, usize),
 }
 
 /// Weights in the model's matrices (a tied LM head counted once).
@@ -695,7 +647,7 @@ fn matrix_weights(w: &ModelWeights) -> usize {
     n(&w.embed) + head + layers
 }
 
-fn open(a: &ModelArgs) -> Result<Session> {
+pub fn open(a: &ModelArgs) -> Result<Session> {
     let device = DeviceArg::parse(&a.device)?;
     let decode = a.decode.options()?;
     check_bf16_palette(a.bf16, a.code_at_load.is_some())?;
@@ -737,6 +689,7 @@ fn open(a: &ModelArgs) -> Result<Session> {
             keep_quantised: a.budget.is_set(),
             // A plan made now starts from the container as stored (the source's forms).
             recorded_forms: !a.budget.is_set(),
+            verify: true,
         },
     )?;
     if let Some(plan) = &code {
@@ -777,7 +730,7 @@ fn open(a: &ModelArgs) -> Result<Session> {
         engine,
         tokenizer,
         sampler,
-        max_tokens: a.max_tokens,
+        max_tokens: a.max_tokens.unwrap_or(256),
         context_shift: a.context_shift,
         quiet: a.quiet,
         weights: (bytes, n_weights),
@@ -803,14 +756,18 @@ impl Session {
         let mut failed = None;
         let t0 = Instant::now();
         let (mut first, mut last) = (None, None);
-        let (tokens, stop) = generate(
+        let opts = GenerateOptions {
+            max_new_tokens: self.max_tokens,
+            stop_tokens: &stops,
+            context_shift: self.context_shift,
+            logits: false,
+        };
+        let Generation { tokens, stop } = generate(
             &mut self.engine,
             &mut self.sampler,
             prompt,
-            self.max_tokens,
-            &stops,
-            self.context_shift,
-            |id| {
+            &opts,
+            |id, _| {
                 let now = Instant::now();
                 first.get_or_insert(now);
                 last = Some(now);
@@ -1022,6 +979,7 @@ pub fn ppl(a: PplArgs) -> Result<()> {
             keep_quantised: a.budget.is_set(),
             // Decoded (the fastest on the CPU), or as stored to plan from.
             recorded_forms: false,
+            verify: true,
         },
     )?;
     let (weights, launches) = planned(&a.budget, weights, &a.model, device, a.window)?;

@@ -8,6 +8,7 @@ mod generate;
 mod inspect;
 mod progress;
 mod selftest;
+mod serve;
 mod synth;
 mod tune;
 
@@ -52,6 +53,8 @@ enum Command {
     Tune(tune::TuneArgs),
     /// Choose a form per launch from a tune file under a memory budget.
     Plan(tune::PlanArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API, with a chat page (docs/server.md).
+    Serve(serve::Args),
 }
 
 #[derive(Subcommand)]
@@ -61,36 +64,41 @@ enum Eval {
 }
 
 fn main() {
-    // Die quietly when stdout is a closed pipe (`entrollm inspect … | head`), like other CLI
-    // tools, instead of panicking in println!.
-    // SAFETY: restores the default disposition of one signal before any thread starts.
-    #[cfg(unix)]
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-    // SIGINT/SIGTERM: the partial output of the command in flight is removed, then the process
-    // exits as the signal would have ended it (SIGKILL's leftovers go on the next run beside the
-    // same output).
-    #[cfg(unix)]
-    if let Ok(mut signals) = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ]) {
-        std::thread::spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                if entrollm_format::remove_live() > 0 {
-                    eprintln!("\ninterrupted: the partial output was removed");
-                }
-                std::process::exit(128 + sig);
-            }
-        });
-    }
     // llama.cpp spells the system prompt `-sys`, one dash and three letters.
     let args = std::env::args_os().map(|a| match a.to_str() {
         Some("-sys") => "--system".into(),
         _ => a,
     });
     let cli = Cli::parse_from(args);
+    // Die quietly when stdout is a closed pipe (`entrollm inspect … | head`), like other CLI
+    // tools, instead of panicking in println!. Not the server: a client that leaves must not end
+    // it (a closed socket is an error on that connection only).
+    // SAFETY: restores the default disposition of one signal before any thread starts.
+    #[cfg(unix)]
+    if !matches!(cli.command, Command::Serve(_)) {
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    // SIGINT/SIGTERM: the partial output of the command in flight is removed, then the process
+    // exits as the signal would have ended it (SIGKILL's leftovers go on the next run beside the
+    // same output). The server handles them itself: it finishes its answers first.
+    #[cfg(unix)]
+    if !matches!(cli.command, Command::Serve(_)) {
+        if let Ok(mut signals) = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGINT,
+            signal_hook::consts::SIGTERM,
+        ]) {
+            std::thread::spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    if entrollm_format::remove_live() > 0 {
+                        eprintln!("\ninterrupted: the partial output was removed");
+                    }
+                    std::process::exit(128 + sig);
+                }
+            });
+        }
+    }
     if let Some(n) = cli.threads {
         // Far past any core count a machine has; more only stalls the machine creating them.
         const MAX_THREADS: usize = 1024;
@@ -118,6 +126,7 @@ fn main() {
         Command::Selftest(a) => selftest::run(a),
         Command::Tune(a) => tune::run_tune(a),
         Command::Plan(a) => tune::run_plan(a),
+        Command::Serve(a) => serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -19,6 +19,8 @@ pub use config::ModelConfig;
 pub use engine::Engine;
 pub use error::{ModelError, Result};
 pub use eval::{perplexity, Perplexity};
-pub use sampler::{generate, Generation, Sampler, SamplingParams, StopReason};
+pub use sampler::{
+    generate, Decoder, GenerateOptions, Generation, Sampler, SamplingParams, StopReason,
+};
 pub use weights::{build_model, DenseBf16, DenseF16, DenseF32};
 pub use weights::{HostTensor, LayerWeights, Linear, ModelWeights, TensorSource};

@@ -226,43 +226,150 @@ pub struct Generation {
     pub stop: StopReason,
 }
 
+/// What an engine is given before the next token is sampled.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    /// Tokens appended to the sequence.
+    Prefill(&'a [u32]),
+    /// One decode step.
+    Step(u32),
+}
+
+/// An engine [`generate`] runs on: the CPU [`Engine`] here, the GPU engine beside it.
+pub trait Decoder {
+    type Error: From<ModelError>;
+    /// Empties the sequence.
+    fn reset(&mut self);
+    /// Appends `tokens`; the logits after the last one.
+    fn prefill(&mut self, tokens: &[u32]) -> std::result::Result<Vec<f32>, Self::Error>;
+    /// Appends `token`; the logits after it.
+    fn step(&mut self, token: u32) -> std::result::Result<Vec<f32>, Self::Error>;
+    /// Tokens in the sequence.
+    fn position(&self) -> usize;
+    /// The most tokens the sequence holds.
+    fn max_seq_len(&self) -> usize;
+    /// The greedy next token after `input`, where the engine takes the argmax without handing
+    /// the logits over (the GPU); `None`: it does not, and [`generate`] samples the logits.
+    fn greedy(&mut self, _input: Input<'_>) -> std::result::Result<Option<u32>, Self::Error> {
+        Ok(None)
+    }
+}
+
+impl Decoder for Engine {
+    type Error = ModelError;
+    fn reset(&mut self) {
+        Engine::reset(self)
+    }
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        Engine::prefill(self, tokens)
+    }
+    fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        Engine::step(self, token)
+    }
+    fn position(&self) -> usize {
+        Engine::position(self)
+    }
+    fn max_seq_len(&self) -> usize {
+        Engine::max_seq_len(self)
+    }
+}
+
+/// How [`generate`] goes on and when it stops.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GenerateOptions<'a> {
+    pub max_new_tokens: usize,
+    pub stop_tokens: &'a [u32],
+    /// When the context fills up, keep the sequence's first token and its newer half, prefill
+    /// them anew and go on (llama.cpp's context shift); without it, stop
+    /// ([`StopReason::ContextFull`]).
+    pub context_shift: bool,
+    /// Hand the callback the logits each token was sampled from (no device-side argmax then).
+    pub logits: bool,
+}
+
 /// Appends `prompt` to the engine's sequence and samples up to `max_new_tokens` tokens, handing
-/// each to `on_token` as it is produced. The last sampled token (a stop token, or the final one)
-/// is not fed back into the engine, as in HF `generate`.
-pub fn generate(
-    engine: &mut Engine,
+/// each to `on_token` as it is produced (with its logits when [`GenerateOptions::logits`]). The
+/// last sampled token (a stop token, or the final one) is not fed back into the engine, as in HF
+/// `generate`. Greedy sampling without logits takes the engine's own argmax where it has one.
+pub fn generate<D: Decoder + ?Sized>(
+    engine: &mut D,
     sampler: &mut Sampler,
     prompt: &[u32],
-    max_new_tokens: usize,
-    stop_tokens: &[u32],
-    mut on_token: impl FnMut(u32) -> ControlFlow<()>,
-) -> Result<Generation> {
+    opts: &GenerateOptions,
+    mut on_token: impl FnMut(u32, Option<&[f32]>) -> ControlFlow<()>,
+) -> std::result::Result<Generation, D::Error> {
     let mut tokens = Vec::new();
-    if max_new_tokens == 0 {
+    if opts.max_new_tokens == 0 {
         return Ok(Generation {
             tokens,
             stop: StopReason::MaxTokens,
         });
     }
+    let p = sampler.params();
+    let engine_greedy = !opts.logits && p.temperature == 0.0 && p.repetition_penalty == 1.0;
     let mut history = prompt.to_vec();
-    let mut logits = engine.prefill(prompt)?;
+    let mut logits = Vec::new();
+    let next = |engine: &mut D,
+                sampler: &mut Sampler,
+                input: Input,
+                history: &[u32],
+                logits: &mut Vec<f32>|
+     -> std::result::Result<u32, D::Error> {
+        if engine_greedy {
+            if let Some(t) = engine.greedy(input)? {
+                logits.clear();
+                return Ok(t);
+            }
+        }
+        *logits = match input {
+            Input::Prefill(t) => engine.prefill(t)?,
+            Input::Step(t) => engine.step(t)?,
+        };
+        Ok(sampler.sample(logits, history)?)
+    };
+    let mut token = next(
+        engine,
+        sampler,
+        Input::Prefill(prompt),
+        &history,
+        &mut logits,
+    )?;
+    // The tokens in the engine's sequence once `token` is fed.
+    let mut context: Vec<u32> = prompt.to_vec();
     let stop = loop {
-        let token = sampler.sample(&logits, &history)?;
-        if stop_tokens.contains(&token) {
+        if opts.stop_tokens.contains(&token) {
             break StopReason::StopToken(token);
         }
         tokens.push(token);
         history.push(token);
-        if on_token(token).is_break() {
+        context.push(token);
+        let shown = (opts.logits && !logits.is_empty()).then_some(&logits[..]);
+        if on_token(token, shown).is_break() {
             break StopReason::Callback;
         }
-        if tokens.len() == max_new_tokens {
+        if tokens.len() == opts.max_new_tokens {
             break StopReason::MaxTokens;
         }
         if engine.position() == engine.max_seq_len() {
-            break StopReason::ContextFull;
+            if !opts.context_shift {
+                break StopReason::ContextFull;
+            }
+            let half = (context.len() - 1) / 2;
+            let kept: Vec<u32> = std::iter::once(context[0])
+                .chain(context[context.len() - half..].iter().copied())
+                .collect();
+            engine.reset();
+            token = next(
+                engine,
+                sampler,
+                Input::Prefill(&kept),
+                &history,
+                &mut logits,
+            )?;
+            context = kept;
+            continue;
         }
-        logits = engine.step(token)?;
+        token = next(engine, sampler, Input::Step(token), &history, &mut logits)?;
     };
     Ok(Generation { tokens, stop })
 }

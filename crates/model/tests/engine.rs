@@ -807,7 +807,7 @@ fn greedy_generation_follows_the_argmax_chain() {
     let mut e = engine(&model, 64);
     let mut streamed = Vec::new();
     let mut sampler = Sampler::new(SamplingParams::greedy()).unwrap();
-    let out = generate(&mut e, &mut sampler, &prompt, 12, &[], |t| {
+    let out = generate(&mut e, &mut sampler, &prompt, &opts(12, &[]), |t, _| {
         streamed.push(t);
         ControlFlow::Continue(())
     })
@@ -822,7 +822,7 @@ fn greedy_generation_follows_the_argmax_chain() {
     let stop = chain[4];
     let first_stop = chain.iter().position(|&t| t == stop).unwrap();
     e.reset();
-    let out = generate(&mut e, &mut sampler, &prompt, 12, &[stop], |_| {
+    let out = generate(&mut e, &mut sampler, &prompt, &opts(12, &[stop]), |_, _| {
         ControlFlow::Continue(())
     })
     .unwrap();
@@ -831,19 +831,23 @@ fn greedy_generation_follows_the_argmax_chain() {
 
     // The callback can stop it.
     e.reset();
-    let out = generate(&mut e, &mut sampler, &prompt, 12, &[], |t| {
-        match t == chain[2] {
+    let out = generate(
+        &mut e,
+        &mut sampler,
+        &prompt,
+        &opts(12, &[]),
+        |t, _| match t == chain[2] {
             true => ControlFlow::Break(()),
             false => ControlFlow::Continue(()),
-        }
-    })
+        },
+    )
     .unwrap();
     assert_eq!(out.stop, StopReason::Callback);
     assert_eq!(*out.tokens.last().unwrap(), chain[2]);
 
     // A full context stops it.
     let mut small = engine(&model, 8);
-    let out = generate(&mut small, &mut sampler, &prompt, 12, &[], |_| {
+    let out = generate(&mut small, &mut sampler, &prompt, &opts(12, &[]), |_, _| {
         ControlFlow::Continue(())
     })
     .unwrap();
@@ -866,7 +870,7 @@ fn seeded_sampling_generation_is_reproducible() {
         })
         .unwrap();
         let mut e = engine(&model, 64);
-        generate(&mut e, &mut sampler, &prompt, 30, &[], |_| {
+        generate(&mut e, &mut sampler, &prompt, &opts(30, &[]), |_, _| {
             ControlFlow::Continue(())
         })
         .unwrap()
@@ -874,4 +878,12 @@ fn seeded_sampling_generation_is_reproducible() {
     };
     assert_eq!(run(5), run(5));
     assert_ne!(run(5), run(6));
+}
+
+fn opts(max_new_tokens: usize, stop_tokens: &[u32]) -> entrollm_model::GenerateOptions<'_> {
+    entrollm_model::GenerateOptions {
+        max_new_tokens,
+        stop_tokens,
+        ..Default::default()
+    }
 }

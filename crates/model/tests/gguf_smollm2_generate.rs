@@ -25,15 +25,29 @@ fn smollm2_answers_greedily() {
     let mut sampler = Sampler::new(SamplingParams::greedy()).unwrap();
     let mut stream = tok.stream_decoder().with_context(&ids);
     let mut text = String::new();
-    let generation = generate(&mut engine, &mut sampler, &ids, 24, tok.eos_ids(), |id| {
-        if let Some(piece) = stream.push(id).unwrap() {
-            text.push_str(&piece);
-        }
-        ControlFlow::Continue(())
-    })
+    let generation = generate(
+        &mut engine,
+        &mut sampler,
+        &ids,
+        &opts(24, tok.eos_ids()),
+        |id, _| {
+            if let Some(piece) = stream.push(id).unwrap() {
+                text.push_str(&piece);
+            }
+            ControlFlow::Continue(())
+        },
+    )
     .unwrap();
     text.push_str(&stream.flush().unwrap().unwrap_or_default());
     assert_eq!(text, tok.decode(&generation.tokens).unwrap());
     eprintln!("SmolLM2 answer: {text:?}");
     assert!(text.contains("Paris"), "answer: {text:?}");
+}
+
+fn opts(max_new_tokens: usize, stop_tokens: &[u32]) -> entrollm_model::GenerateOptions<'_> {
+    entrollm_model::GenerateOptions {
+        max_new_tokens,
+        stop_tokens,
+        ..Default::default()
+    }
 }
