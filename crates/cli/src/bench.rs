@@ -228,6 +228,7 @@ pub fn run(a: Args) -> Result<()> {
                     fused: true,
                     keep_quantised: a.budget.is_set(),
                     recorded_forms: !a.budget.is_set(),
+                    verify: true,
                 },
             )?;
             (w, path.clone(), path.display().to_string())

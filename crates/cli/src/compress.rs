@@ -112,6 +112,7 @@ fn plan(a: &Args) -> Result<PlanFile> {
             fused: true,
             keep_quantised: true,
             recorded_forms: false,
+            verify: true,
         },
     )
     .with_context(|| {

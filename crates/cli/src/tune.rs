@@ -88,6 +88,7 @@ pub fn run_tune(a: TuneArgs) -> Result<()> {
                     keep_quantised: true,
                     // As stored, so that a container and its source have the same fingerprint.
                     recorded_forms: false,
+                    verify: true,
                 },
             )?,
             model.display().to_string(),

@@ -76,6 +76,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             fused: true,
             keep_quantised: true,
             recorded_forms: false,
+            verify: true,
         },
     )?;
     let w = match plan {

@@ -74,11 +74,6 @@ fn rebuild(reader: &ContainerReader, load: GgufLoad) -> Result<(GgufFile, Linear
     // Zeroed allocation: pages never written (the tensor data in `Header` mode, the coded matrices
     // in `Fused` mode) are never backed by memory.
     let mut image = vec![0u8; size];
-    // The header has no checksum of its own: its shard's is checked before it is parsed (not
-    // for `Header`, which serves `inspect` only).
-    if load != GgufLoad::Header {
-        reader.verify_prefix(0).map_err(fmt)?;
-    }
     let prefix = reader.source_prefix(0);
     image[..prefix.len()].copy_from_slice(prefix);
     let mut linears = Linears::new();
@@ -118,6 +113,10 @@ fn rebuild(reader: &ContainerReader, load: GgufLoad) -> Result<(GgufFile, Linear
                 }
             }
         }
+        // The header has no checksum of its own: its shard's is checked before it is parsed,
+        // after every tensor's own check, so that damage in a tensor is named by that tensor's
+        // (not for `Header`, which serves `inspect` only).
+        reader.verify_prefix(0).map_err(fmt)?;
     }
     Ok((GgufFile::from_bytes(dir.join(&src.name), image)?, linears))
 }
