@@ -38,14 +38,17 @@ SCALE_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
     T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
 }
+# Types added later draw from their own generator, so the files made before stay byte for byte.
+LATER_SCALE_FIELDS = {T.Q2_K: [80, 82], T.Q3_K: [108], T.IQ4_NL: [0], T.IQ4_XS: [0]}
+later_rng = np.random.default_rng(20261202)
 
 
-def random_blocks(qtype, rows, cols):
+def random_blocks(qtype, rows, cols, gen, fields):
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     n_blocks = rows * cols // block
-    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
-    for off in SCALE_FIELDS[qtype]:
-        scales = rng.uniform(-0.05, 0.05, size=n_blocks).astype(np.float16)
+    raw = gen.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    for off in fields[qtype]:
+        scales = gen.uniform(-0.05, 0.05, size=n_blocks).astype(np.float16)
         raw[:, off:off + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
     return raw.reshape(rows, cols // block * size)
 
@@ -63,8 +66,10 @@ def write_dequant_file():
     bf16 = gguf.quants.quantize(floats, T.BF16)
     w.add_tensor("BF16", bf16, raw_dtype=T.BF16)
     w.add_tensor("BF16.expected", gguf.quants.dequantize(bf16, T.BF16).astype(np.float32))
-    for qtype in SCALE_FIELDS:
-        raw = random_blocks(qtype, rows, cols)
+    for qtype, gen, fields in [(q, rng, SCALE_FIELDS) for q in SCALE_FIELDS] + [
+        (q, later_rng, LATER_SCALE_FIELDS) for q in LATER_SCALE_FIELDS
+    ]:
+        raw = random_blocks(qtype, rows, cols, gen, fields)
         w.add_tensor(qtype.name, raw, raw_dtype=qtype)
         w.add_tensor(qtype.name + ".expected", gguf.quants.dequantize(raw, qtype).astype(np.float32))
     finish(w, path)

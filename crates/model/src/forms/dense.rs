@@ -34,6 +34,7 @@ pub(crate) fn to_f32(src: &Source) -> Vec<f32> {
                 .map(|(i, &c)| d.apply(*payload, i / cols, i % cols, cols, c as f32))
                 .collect()
         }
+        Values::Ggml { ty, bytes } => super::ggml::to_f32(*ty, bytes),
     }
 }
 
@@ -42,7 +43,7 @@ fn element_bytes(v: &Values) -> usize {
         Values::F32(_) => 4,
         Values::Bf16(_) | Values::F16(_) => 2,
         Values::Fp8(_) => 1,
-        Values::Int { .. } => 4,
+        Values::Int { .. } | Values::Ggml { .. } => 4,
     }
 }
 
@@ -61,7 +62,10 @@ impl Form for DenseForm {
     }
     fn variants(&self, src: &Source) -> Result<Vec<Candidate>> {
         let mut out = Vec::new();
-        if !matches!(src.values, Values::Int { .. } | Values::F32(_)) {
+        if !matches!(
+            src.values,
+            Values::Int { .. } | Values::Ggml { .. } | Values::F32(_)
+        ) {
             out.push(Candidate {
                 variant: src.values.kind().to_string(),
                 predicted_bytes: (src.weights() * element_bytes(&src.values)) as f64,
@@ -93,7 +97,9 @@ impl Form for DenseForm {
             Values::Bf16(v) => Arc::new(Dense::<Bf16>::new(name, r, c, v.clone())?),
             Values::F16(v) => Arc::new(Dense::<F16>::new(name, r, c, v.clone())?),
             Values::Fp8(v) => Arc::new(crate::weights::DenseFp8::new(name, r, c, v.clone())?),
-            Values::F32(_) | Values::Int { .. } => return Err(bad_variant(src, variant)),
+            Values::F32(_) | Values::Int { .. } | Values::Ggml { .. } => {
+                return Err(bad_variant(src, variant))
+            }
         })
     }
     /// The stored dtype is a plain tensor; widening (`f32` from a 16-bit or integer source) is
@@ -115,7 +121,7 @@ fn bad_variant(src: &Source, variant: &str) -> ModelError {
         "dense variant '{variant}' does not hold a {} matrix (variants: {}f32)",
         src.values.kind(),
         match src.values {
-            Values::Int { .. } | Values::F32(_) => String::new(),
+            Values::Int { .. } | Values::Ggml { .. } | Values::F32(_) => String::new(),
             _ => format!("{}, ", src.values.kind()),
         }
     ))

@@ -166,7 +166,7 @@ fn symbols(src: &Source) -> Option<(Payload, Vec<u8>, Vec<u8>)> {
         Values::F16(v) => (Payload::Fp16, le(v)),
         Values::Fp8(v) => (Payload::Fp8E4m3, v.clone()),
         Values::Int { payload, codes, .. } => (*payload, codes.clone()),
-        Values::F32(_) => return None,
+        Values::F32(_) | Values::Ggml { .. } => return None,
     };
     let (codes, raw) = payload.symbolize(&bytes).ok()?;
     Some((payload, codes, raw))
@@ -181,6 +181,7 @@ fn plain_bytes(src: &Source) -> f64 {
         Values::Bf16(_) | Values::F16(_) => 2.0 * src.weights() as f64,
         Values::Fp8(_) => src.weights() as f64,
         Values::F32(_) => 4.0 * src.weights() as f64,
+        Values::Ggml { bytes, .. } => bytes.bytes().len() as f64,
     }
 }
 

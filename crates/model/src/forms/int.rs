@@ -123,7 +123,7 @@ impl Linear for IntLinear {
                     for (gi, &xs) in xsum.iter().enumerate() {
                         let c0 = gi * g.group;
                         let n = g.group.min(self.cols - c0);
-                        let dot = dot8(&q[c0..c0 + n], &x[c0..c0 + n]);
+                        let dot = super::dot(&q[c0..c0 + n], &x[c0..c0 + n]);
                         let k = r * per_row + gi;
                         acc += g.scales[k] * (dot - g.offset * xs)
                             + g.mins.as_ref().map_or(0.0, |m| m[k] * xs);
@@ -162,24 +162,6 @@ impl Linear for IntLinear {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
-}
-
-/// Σ a·b in eight interleaved partial sums (a fixed order, so results do not depend on tiling).
-fn dot8(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(a, b)| a * b)
-        .sum();
-    for (a, b) in ac.zip(bc) {
-        for k in 0..8 {
-            acc[k] += a[k] * b[k];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 fn packed_bytes(src: &Source, payload: Payload) -> usize {

@@ -11,6 +11,7 @@
 pub mod dense;
 pub mod df11;
 pub mod dtans;
+pub mod ggml;
 pub mod int;
 pub mod layout;
 pub mod palette;
@@ -39,6 +40,11 @@ pub enum Values {
         codes: Vec<u8>,
         groups: GroupScales,
     },
+    /// Whole ggml blocks of one type, as a GGUF file stores them (k-quants, IQ4, legacy types).
+    Ggml {
+        ty: crate::gguf::GgmlType,
+        bytes: ggml::BlockBytes,
+    },
 }
 
 impl Values {
@@ -50,6 +56,7 @@ impl Values {
             Values::F16(_) => "f16",
             Values::Fp8(_) => "fp8",
             Values::Int { .. } => "int",
+            Values::Ggml { .. } => "ggml",
         }
     }
 
@@ -59,6 +66,8 @@ impl Values {
             Values::Bf16(v) | Values::F16(v) => v.len(),
             Values::Fp8(v) => v.len(),
             Values::Int { codes, .. } => codes.len(),
+            // Not whole blocks: no shape matches, so `Source::new` refuses it.
+            Values::Ggml { ty, bytes } => ggml::elements(*ty, bytes.bytes().len()).unwrap_or(0),
         }
     }
 }
@@ -162,9 +171,10 @@ pub trait Form: Send + Sync {
 
 /// Every form, in the order the tuner lists them.
 pub fn all() -> &'static [&'static dyn Form] {
-    static ALL: [&dyn Form; 6] = [
+    static ALL: [&dyn Form; 7] = [
         &dense::DENSE,
         &int::INT,
+        &ggml::GGML,
         &dtans::DTANS,
         &df11::DF11,
         &palette::PAL_FP8,
@@ -196,6 +206,48 @@ pub(crate) fn stream_cost_us(device: DeviceKind, bytes: f64) -> f64 {
         DeviceKind::Cuda => 3.0e6,
     };
     bytes / bytes_per_us
+}
+
+/// Σ a·b in eight interleaved partial sums, added in order: a fixed order, so a product does
+/// not depend on tiling or on which implementation runs (AVX2 where the CPU has it, without FMA
+/// for that reason; the portable loop otherwise, which LLVM vectorises for the base target).
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static AVX2: OnceLock<bool> = OnceLock::new();
+        if *AVX2.get_or_init(|| std::arch::is_x86_feature_detected!("avx2")) {
+            // SAFETY: the CPU has AVX2 (checked above).
+            return unsafe { dot_avx2(a, b) };
+        }
+    }
+    dot_portable(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    dot_portable(a, b)
+}
+
+#[inline(always)]
+fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(a, b)| a * b)
+        .sum();
+    for (a, b) in ac.zip(bc) {
+        for k in 0..8 {
+            acc[k] += a[k] * b[k];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// The check of a form without variants: only the empty variant names it.

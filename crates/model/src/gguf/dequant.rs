@@ -7,7 +7,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// The types [`dequantize`] handles.
-pub const DEQUANTIZABLE: [GgmlType; 11] = [
+pub const DEQUANTIZABLE: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -19,14 +19,20 @@ pub const DEQUANTIZABLE: [GgmlType; 11] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 /// Tensors with at least this many elements are dequantised in parallel.
 const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
 
-type BlockFn = fn(&[u8], &mut [f32]);
+/// Dequantises one block (its bytes) into its elements.
+pub type BlockFn = fn(&[u8], &mut [f32]);
 
-fn block_fn(ty: GgmlType) -> Option<BlockFn> {
+/// ggml's dequantisation of one block of `ty`, or `None` for types it does not handle.
+pub fn block_fn(ty: GgmlType) -> Option<BlockFn> {
     Some(match ty {
         GgmlType::F32 => |b, y| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         GgmlType::F16 => |b, y| y[0] = f16_at(b, 0),
@@ -39,6 +45,10 @@ fn block_fn(ty: GgmlType) -> Option<BlockFn> {
         GgmlType::Q4_K => q4_k,
         GgmlType::Q5_K => q5_k,
         GgmlType::Q6_K => q6_k,
+        GgmlType::Q2_K => q2_k,
+        GgmlType::Q3_K => q3_k,
+        GgmlType::IQ4_NL => iq4_nl,
+        GgmlType::IQ4_XS => iq4_xs,
         _ => return None,
     })
 }
@@ -91,7 +101,7 @@ pub fn dequantize(name: &str, ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Resu
     Ok(())
 }
 
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
@@ -150,7 +160,7 @@ fn q5_1(b: &[u8], y: &mut [f32]) {
 }
 
 /// ggml's `get_scale_min_k4`: the 6-bit (scale, min) pair `j` (0..8) of a Q4_K/Q5_K block.
-fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
@@ -218,6 +228,103 @@ fn q6_k(b: &[u8], y: &mut [f32]) {
             y[l + 64] = d * s(4) * q3 as f32;
             y[l + 96] = d * s(6) * q4 as f32;
         }
+    }
+}
+
+/// Q2_K: 16 sub-blocks of 16, 2-bit codes; each sub-block's 4-bit scale and 4-bit min times the
+/// block's `d` and `dmin` (`scales[16] qs[64] d dmin`).
+fn q2_k(b: &[u8], y: &mut [f32]) {
+    let (scales, qs) = (&b[..16], &b[16..80]);
+    let (d, min) = (f16_at(b, 80), f16_at(b, 82));
+    let (mut is, mut out) = (0, 0);
+    for half in 0..2 {
+        let q = &qs[32 * half..32 * half + 32];
+        for j in 0..4 {
+            let shift = 2 * j;
+            for part in 0..2 {
+                let sc = scales[is];
+                is += 1;
+                let dl = d * (sc & 0xf) as f32;
+                let ml = min * (sc >> 4) as f32;
+                for l in 0..16 {
+                    y[out] = dl * ((q[l + 16 * part] >> shift) & 3) as f32 - ml;
+                    out += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Q3_K: 16 sub-blocks of 16, 3-bit codes (2 low bits in `qs`, the high one in `hmask`, set
+/// meaning +0, clear −4), 6-bit signed scales (offset 32) packed in 12 bytes
+/// (`hmask[32] qs[64] scales[12] d`).
+fn q3_k(b: &[u8], y: &mut [f32]) {
+    let (hm, qs, packed) = (&b[..32], &b[32..96], &b[96..108]);
+    let d_all = f16_at(b, 108);
+    let word = |i: usize| u32::from_le_bytes(packed[4 * i..4 * i + 4].try_into().unwrap());
+    let (kmask1, kmask2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
+    let (a0, a1, tmp) = (word(0), word(1), word(2));
+    let aux = [
+        (a0 & kmask2) | ((tmp & kmask1) << 4),
+        (a1 & kmask2) | (((tmp >> 2) & kmask1) << 4),
+        ((a0 >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4),
+        ((a1 >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4),
+    ];
+    let scale = |i: usize| (aux[i / 4] >> (8 * (i % 4))) as u8 as i8;
+    let (mut is, mut out, mut m) = (0, 0, 1u8);
+    for half in 0..2 {
+        let q = &qs[32 * half..32 * half + 32];
+        for j in 0..4 {
+            let shift = 2 * j;
+            for part in 0..2 {
+                let dl = d_all * (scale(is) as i32 - 32) as f32;
+                is += 1;
+                for l in 0..16 {
+                    let k = l + 16 * part;
+                    let low = ((q[k] >> shift) & 3) as i32;
+                    let high = if hm[k] & m != 0 { 0 } else { 4 };
+                    y[out] = dl * (low - high) as f32;
+                    out += 1;
+                }
+            }
+            m <<= 1;
+        }
+    }
+}
+
+/// The 16 values IQ4_NL and IQ4_XS codes index (ggml's `kvalues_iq4nl`).
+pub(crate) const IQ4NL_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// 16 bytes of 4-bit indices into [`IQ4NL_VALUES`], times `dl`: low nibbles the first 16
+/// values, high nibbles the next 16.
+fn iq4_32(qs: &[u8], dl: f32, y: &mut [f32]) {
+    for j in 0..16 {
+        y[j] = dl * IQ4NL_VALUES[(qs[j] & 0xf) as usize] as f32;
+        y[j + 16] = dl * IQ4NL_VALUES[(qs[j] >> 4) as usize] as f32;
+    }
+}
+
+/// IQ4_NL: blocks of 32 (`d qs[16]`).
+fn iq4_nl(b: &[u8], y: &mut [f32]) {
+    iq4_32(&b[2..18], f16_at(b, 0), y);
+}
+
+/// IQ4_XS: 8 sub-blocks of 32, each with a 6-bit scale (offset 32): its low 4 bits in
+/// `scales_l`, its high 2 in `scales_h` (`d scales_h:u16 scales_l[4] qs[128]`).
+fn iq4_xs(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let scales_h = u16::from_le_bytes([b[2], b[3]]) as i32;
+    let (scales_l, qs) = (&b[4..8], &b[8..136]);
+    for ib in 0..8 {
+        let ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) as i32
+            | (((scales_h >> (2 * ib)) & 3) << 4);
+        iq4_32(
+            &qs[16 * ib..16 * ib + 16],
+            d * (ls - 32) as f32,
+            &mut y[32 * ib..32 * ib + 32],
+        );
     }
 }
 

@@ -9,6 +9,7 @@ use crate::error::{ModelError, Result};
 use std::collections::HashMap;
 use std::ops::{Deref, Range};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 /// Alignment of the data section and of every tensor when `general.alignment` is absent.
@@ -35,6 +36,12 @@ impl Deref for Bytes {
             Bytes::Mapped(m) => m,
             Bytes::Owned(v) => v,
         }
+    }
+}
+
+impl AsRef<[u8]> for Bytes {
+    fn as_ref(&self) -> &[u8] {
+        self
     }
 }
 
@@ -94,7 +101,8 @@ impl GgufTensorInfo {
 /// A parsed, validated GGUF file.
 pub struct GgufFile {
     path: PathBuf,
-    bytes: Bytes,
+    /// Shared with the matrices served from the file's own blocks (form `ggml`).
+    bytes: Arc<Bytes>,
     version: u32,
     alignment: u64,
     data_offset: u64,
@@ -163,7 +171,7 @@ impl GgufFile {
             .collect();
         Ok(GgufFile {
             path,
-            bytes,
+            bytes: Arc::new(bytes),
             version,
             alignment,
             data_offset,
@@ -216,6 +224,11 @@ impl GgufFile {
     /// The tensor's data bytes (validated to lie inside the file when the file was parsed).
     pub fn tensor_data(&self, info: &GgufTensorInfo) -> &[u8] {
         &self.bytes[info.file_range()]
+    }
+
+    /// The tensor's data bytes as a handle that keeps the file's map alive (no copy).
+    pub fn tensor_block_bytes(&self, info: &GgufTensorInfo) -> crate::forms::ggml::BlockBytes {
+        crate::forms::ggml::BlockBytes::new(self.bytes.clone(), info.file_range())
     }
 
     fn type_error(&self, key: &str, expected: &str, found: &MetaValue) -> ModelError {

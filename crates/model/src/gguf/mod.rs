@@ -15,7 +15,7 @@
 
 mod blocks;
 mod container;
-mod dequant;
+pub(crate) mod dequant;
 mod file;
 mod source;
 mod types;
@@ -23,7 +23,7 @@ mod write;
 
 pub use blocks::{code_bits, pack_codes, unpack_codes, BlockType, QuantCodes};
 pub use container::{gguf_container_header, is_gguf_container, open_gguf_container, GgufLoad};
-pub use dequant::{check_dequantizable, dequantize, DEQUANTIZABLE};
+pub use dequant::{block_fn, check_dequantizable, dequantize, BlockFn, DEQUANTIZABLE};
 pub use file::{
     GgufFile, GgufTensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS,
     MAX_TENSOR_NAME_LEN,

@@ -250,6 +250,25 @@ impl GgufSource {
                     HostTensor::Bf16 { shape, data }
                 }
             }
+            ty if shape.len() == 2 && ty != GgmlType::F32 => {
+                // Served from the file's own blocks: no f32 copy of the model.
+                crate::gguf::check_dequantizable(&info.name, ty)?;
+                let src = crate::forms::Source::new(
+                    shape[0],
+                    shape[1],
+                    crate::forms::Values::Ggml {
+                        ty,
+                        bytes: self.file.tensor_block_bytes(info),
+                    },
+                )
+                .map_err(|e| ModelError::tensor(&info.name, e.to_string()))?;
+                let m = crate::forms::Form::encode(&crate::forms::ggml::GGML, &src, "")
+                    .map_err(|e| ModelError::tensor(&info.name, e.to_string()))?;
+                HostTensor::Linear(match unpermute_heads {
+                    Some(heads) => Arc::new(RowPermuted::new(&info.name, m, heads)?),
+                    None => m,
+                })
+            }
             _ => {
                 let mut data = self.file.dequantize(info)?;
                 if let Some((heads, row_len)) = permute(data.len())? {

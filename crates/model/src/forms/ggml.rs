@@ -1,0 +1,930 @@
+//! `ggml`: a GGUF tensor's quantised blocks exactly as the file stores them — every ggml type
+//! [`crate::gguf::dequantize`] handles (legacy Q4_0…Q8_0, the k-quants Q2_K…Q6_K, IQ4_NL,
+//! IQ4_XS) — served from the file's own bytes, so a quantised model is resident at about its
+//! file size instead of four bytes a weight. The product dequantises a row's blocks with ggml's
+//! own arithmetic (`gguf::dequant`, checked bit for bit against gguf-py) into a buffer and
+//! multiplies it with the f32 activations: the logits are those of the f32 model made of
+//! ggml's dequantised weights, to f32 rounding.
+
+use super::{Candidate, DeviceKind, Form, Source, Values};
+use crate::error::{ModelError, Result};
+use crate::gguf::GgmlType;
+use crate::weights::Linear;
+use rayon::prelude::*;
+use std::ops::Range;
+use std::sync::Arc;
+
+pub struct GgmlForm;
+pub static GGML: GgmlForm = GgmlForm;
+
+/// A range of bytes of a shared buffer (a GGUF file's map): cloning it copies nothing.
+#[derive(Clone)]
+pub struct BlockBytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl BlockBytes {
+    /// `range` of `owner`'s bytes (clamped to them, so a handle never reaches past its buffer).
+    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> BlockBytes {
+        let len = (*owner).as_ref().len();
+        let range = range.start.min(len)..range.end.min(len).max(range.start.min(len));
+        BlockBytes { owner, range }
+    }
+
+    /// Bytes held by this handle alone.
+    pub fn from_vec(bytes: Vec<u8>) -> BlockBytes {
+        let len = bytes.len();
+        BlockBytes::new(Arc::new(bytes), 0..len)
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+}
+
+impl std::fmt::Debug for BlockBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BlockBytes({} bytes)", self.range.len())
+    }
+}
+
+impl PartialEq for BlockBytes {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+/// The types this form runs.
+pub const FUSED: [GgmlType; 12] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+];
+
+/// Elements that `bytes` of whole `ty` blocks hold (`None`: not whole blocks).
+pub(crate) fn elements(ty: GgmlType, bytes: usize) -> Option<usize> {
+    let (bs, ts) = ty.block_layout();
+    bytes.is_multiple_of(ts).then_some(bytes / ts * bs)
+}
+
+/// The row-major f32 values of a `ggml` source (dense widening, [`super::dense::to_f32`]).
+pub(crate) fn to_f32(ty: GgmlType, bytes: &BlockBytes) -> Vec<f32> {
+    let mut out = vec![0f32; elements(ty, bytes.bytes().len()).unwrap_or(0)];
+    crate::gguf::dequantize("ggml", ty, bytes.bytes(), &mut out)
+        .expect("a ggml source holds whole blocks of a dequantisable type");
+    out
+}
+
+/// A matrix of ggml blocks, each row a whole number of blocks.
+pub struct GgmlLinear {
+    rows: usize,
+    cols: usize,
+    ty: GgmlType,
+    bytes: BlockBytes,
+    row_bytes: usize,
+    /// ggml's dequantisation of a block (rows, embedding lookups).
+    block: crate::gguf::BlockFn,
+    kernels: Kernels,
+}
+
+impl GgmlLinear {
+    fn row_blocks(&self, r: usize) -> &[u8] {
+        &self.bytes.bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        let (bs, ts) = self.ty.block_layout();
+        for (b, y) in self
+            .row_blocks(r)
+            .chunks_exact(ts)
+            .zip(out.chunks_exact_mut(bs))
+        {
+            (self.block)(b, y);
+        }
+    }
+
+    /// `x`'s sums over each sub-block the offsets multiply (empty where the type has none).
+    fn xsum(&self, x: &[f32]) -> Vec<f32> {
+        match self.kernels.mins {
+            true => x
+                .chunks(self.kernels.group)
+                .map(|c| c.iter().sum())
+                .collect(),
+            false => Vec::new(),
+        }
+    }
+
+    /// Rows a task takes: about 32K weights, at least one row.
+    fn rows_per_task(&self) -> usize {
+        ((1 << 15) / self.cols).max(1)
+    }
+}
+
+impl Linear for GgmlLinear {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        assert_eq!((x.len(), y.len()), (self.cols, self.rows), "matvec shapes");
+        let xsum = self.xsum(x);
+        let per = self.rows_per_task();
+        let rb = self.row_bytes;
+        y.par_chunks_mut(per).enumerate().for_each(|(chunk, ys)| {
+            let rows = &self.bytes.bytes()[chunk * per * rb..(chunk * per + ys.len()) * rb];
+            (self.kernels.rows)(rows, rb, &[x], &[&xsum], ys);
+        });
+    }
+    /// Each block is decoded once for up to four vectors (prefill); every vector's sums are
+    /// those `matvec` makes, bit for bit.
+    fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        let (rows, cols, rb) = (self.rows, self.cols, self.row_bytes);
+        assert_eq!((x.len(), y.len()), (n * cols, n * rows), "matmul shapes");
+        let xs: Vec<&[f32]> = x.chunks_exact(cols).collect();
+        let sums: Vec<Vec<f32>> = xs.iter().map(|x| self.xsum(x)).collect();
+        let per = self.rows_per_task();
+        let parts: Vec<Vec<f32>> = (0..rows.div_ceil(per))
+            .into_par_iter()
+            .map(|chunk| {
+                let (r0, r1) = (chunk * per, ((chunk + 1) * per).min(rows));
+                let block = &self.bytes.bytes()[r0 * rb..r1 * rb];
+                let mut out = vec![0f32; (r1 - r0) * n];
+                let mut tmp = vec![0f32; (r1 - r0) * VECS];
+                for v0 in (0..n).step_by(VECS) {
+                    let v1 = (v0 + VECS).min(n);
+                    let sum: Vec<&[f32]> = sums[v0..v1].iter().map(|s| s.as_slice()).collect();
+                    let k = v1 - v0;
+                    (self.kernels.rows)(block, rb, &xs[v0..v1], &sum, &mut tmp[..(r1 - r0) * k]);
+                    for r in 0..r1 - r0 {
+                        out[r * n + v0..r * n + v1].copy_from_slice(&tmp[r * k..(r + 1) * k]);
+                    }
+                }
+                out
+            })
+            .collect();
+        for (chunk, out) in parts.iter().enumerate() {
+            let r0 = chunk * per;
+            for (i, dots) in out.chunks_exact(n).enumerate() {
+                for (b, &v) in dots.iter().enumerate() {
+                    y[b * rows + r0 + i] = v;
+                }
+            }
+        }
+    }
+    fn row(&self, r: usize, out: &mut [f32]) {
+        self.dequant_row(r, out);
+    }
+    fn stored_bytes(&self) -> usize {
+        self.bytes.bytes().len()
+    }
+    fn form(&self) -> super::FormId {
+        super::FormId {
+            form: "ggml",
+            variant: String::new(),
+        }
+    }
+    fn source(&self) -> Result<Source> {
+        Source::new(
+            self.rows,
+            self.cols,
+            Values::Ggml {
+                ty: self.ty,
+                bytes: self.bytes.clone(),
+            },
+        )
+    }
+    fn values_kind(&self) -> &'static str {
+        "ggml"
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Form for GgmlForm {
+    fn name(&self) -> &'static str {
+        "ggml"
+    }
+    fn describe(&self) -> &'static str {
+        "GGUF quantised blocks as the file stores them (legacy types, k-quants, IQ4_NL/XS)"
+    }
+    fn runs_on(&self, device: DeviceKind) -> bool {
+        device == DeviceKind::Cpu
+    }
+    fn accepts(&self, src: &Source) -> bool {
+        matches!(src.values, Values::Ggml { .. })
+    }
+    fn variants(&self, src: &Source) -> Result<Vec<Candidate>> {
+        let Values::Ggml { bytes, .. } = &src.values else {
+            return Ok(Vec::new());
+        };
+        Ok(vec![Candidate {
+            variant: String::new(),
+            predicted_bytes: bytes.bytes().len() as f64,
+        }])
+    }
+    fn predict(&self, src: &Source, variant: &str) -> Result<f64> {
+        super::no_variants("ggml", variant)?;
+        self.variants(src)?
+            .first()
+            .map(|c| c.predicted_bytes)
+            .ok_or_else(|| ModelError::Unsupported("ggml holds ggml blocks only".into()))
+    }
+    fn encode(&self, src: &Source, variant: &str) -> Result<Arc<dyn Linear>> {
+        super::no_variants("ggml", variant)?;
+        self.encode_on(src, Isa::detect())
+    }
+    fn default_cost_us(&self, device: DeviceKind, weights: usize, bytes: f64) -> f64 {
+        super::stream_cost_us(device, bytes)
+            + match device {
+                DeviceKind::Cpu => weights as f64 * 2.0e-3,
+                DeviceKind::Cuda => 0.0,
+            }
+    }
+}
+
+impl GgmlForm {
+    /// [`Form::encode`] with the kernels of `isa`.
+    fn encode_on(&self, src: &Source, isa: Isa) -> Result<Arc<dyn Linear>> {
+        let Values::Ggml { ty, bytes } = &src.values else {
+            return Err(ModelError::Unsupported(format!(
+                "ggml holds ggml blocks only, not {}",
+                src.values.kind()
+            )));
+        };
+        let (block, kernels) = crate::gguf::block_fn(*ty)
+            .zip(kernels_for(*ty, isa))
+            .ok_or_else(|| {
+                ModelError::Unsupported(format!(
+                    "ggml type {ty} has no product kernel (form ggml: {})",
+                    FUSED.map(|t| t.name()).join(", ")
+                ))
+            })?;
+        let (bs, ts) = ty.block_layout();
+        if !src.cols.is_multiple_of(bs) {
+            return Err(ModelError::Unsupported(format!(
+                "rows of {} elements are not whole {ty} blocks of {bs}",
+                src.cols
+            )));
+        }
+        Ok(Arc::new(GgmlLinear {
+            rows: src.rows,
+            cols: src.cols,
+            ty: *ty,
+            bytes: bytes.clone(),
+            row_bytes: src.cols / bs * ts,
+            block,
+            kernels,
+        }))
+    }
+}
+
+/// The fused product of one ggml type: a block's codes decoded to small integers `q` with, per
+/// sub-block of `G` elements, a factor `a` and an offset `m` such that each weight is `a·q + m`
+/// (ggml's dequantisation, regrouped); a row's dot product is then `Σ a·Σq·x + Σ m·Σx`, with
+/// each sub-block's `Σx` computed once per product for all rows.
+trait Kind {
+    /// Elements and bytes of a block, elements of a sub-block.
+    const BS: usize;
+    const TS: usize;
+    const G: usize;
+    /// Whether any weight has an offset (`m` is zero otherwise and is not read).
+    const MINS: bool;
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]);
+}
+
+use crate::gguf::dequant::{f16_at, scale_min_k4, IQ4NL_VALUES};
+
+struct Q4_0;
+impl Kind for Q4_0 {
+    const BS: usize = 32;
+    const TS: usize = 18;
+    const G: usize = 32;
+    const MINS: bool = false;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
+        a[0] = f16_at(b, 0);
+        let qs = &b[2..18];
+        for j in 0..16 {
+            q[j] = (qs[j] & 0x0F) as i8 - 8;
+            q[j + 16] = (qs[j] >> 4) as i8 - 8;
+        }
+    }
+}
+
+struct Q4_1;
+impl Kind for Q4_1 {
+    const BS: usize = 32;
+    const TS: usize = 20;
+    const G: usize = 32;
+    const MINS: bool = true;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]) {
+        (a[0], m[0]) = (f16_at(b, 0), f16_at(b, 2));
+        let qs = &b[4..20];
+        for j in 0..16 {
+            q[j] = (qs[j] & 0x0F) as i8;
+            q[j + 16] = (qs[j] >> 4) as i8;
+        }
+    }
+}
+
+/// Q5_0/Q5_1's codes: low nibbles in `qs`, element j's fifth bit is bit j of `qh`.
+#[inline(always)]
+fn q5_codes(qh: &[u8], qs: &[u8], offset: i8, q: &mut [i8]) {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    for j in 0..16 {
+        let h0 = (((qh >> j) << 4) & 0x10) as u8;
+        let h1 = ((qh >> (j + 12)) & 0x10) as u8;
+        q[j] = ((qs[j] & 0x0F) | h0) as i8 - offset;
+        q[j + 16] = ((qs[j] >> 4) | h1) as i8 - offset;
+    }
+}
+
+struct Q5_0;
+impl Kind for Q5_0 {
+    const BS: usize = 32;
+    const TS: usize = 22;
+    const G: usize = 32;
+    const MINS: bool = false;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
+        a[0] = f16_at(b, 0);
+        q5_codes(&b[2..6], &b[6..22], 16, q);
+    }
+}
+
+struct Q5_1;
+impl Kind for Q5_1 {
+    const BS: usize = 32;
+    const TS: usize = 24;
+    const G: usize = 32;
+    const MINS: bool = true;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]) {
+        (a[0], m[0]) = (f16_at(b, 0), f16_at(b, 2));
+        q5_codes(&b[4..8], &b[8..24], 0, q);
+    }
+}
+
+struct Q8_0;
+impl Kind for Q8_0 {
+    const BS: usize = 32;
+    const TS: usize = 34;
+    const G: usize = 32;
+    const MINS: bool = false;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
+        a[0] = f16_at(b, 0);
+        for (q, &c) in q[..32].iter_mut().zip(&b[2..34]) {
+            *q = c as i8;
+        }
+    }
+}
+
+/// 16 bytes of 4-bit indices into the IQ4 values: low nibbles the first 16, high the next 16.
+#[inline(always)]
+fn iq4_codes(qs: &[u8], q: &mut [i8]) {
+    for j in 0..16 {
+        q[j] = IQ4NL_VALUES[(qs[j] & 0x0F) as usize];
+        q[j + 16] = IQ4NL_VALUES[(qs[j] >> 4) as usize];
+    }
+}
+
+struct Iq4Nl;
+impl Kind for Iq4Nl {
+    const BS: usize = 32;
+    const TS: usize = 18;
+    const G: usize = 32;
+    const MINS: bool = false;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
+        a[0] = f16_at(b, 0);
+        iq4_codes(&b[2..18], q);
+    }
+}
+
+struct Iq4Xs;
+impl Kind for Iq4Xs {
+    const BS: usize = 256;
+    const TS: usize = 136;
+    const G: usize = 32;
+    const MINS: bool = false;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
+        let d = f16_at(b, 0);
+        let scales_h = u16::from_le_bytes([b[2], b[3]]) as i32;
+        let (scales_l, qs) = (&b[4..8], &b[8..136]);
+        for ib in 0..8 {
+            let ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) as i32
+                | (((scales_h >> (2 * ib)) & 3) << 4);
+            a[ib] = d * (ls - 32) as f32;
+            iq4_codes(&qs[16 * ib..16 * ib + 16], &mut q[32 * ib..32 * ib + 32]);
+        }
+    }
+}
+
+/// Q4_K/Q5_K's eight (factor, offset) pairs: `d·sc` and `−dmin·m`.
+#[inline(always)]
+fn k4_scales(b: &[u8], a: &mut [f32], m: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    for j in 0..8 {
+        let (sc, mn) = scale_min_k4(j, &b[4..16]);
+        a[j] = d * sc as f32;
+        m[j] = -(dmin * mn as f32);
+    }
+}
+
+struct Q4K;
+impl Kind for Q4K {
+    const BS: usize = 256;
+    const TS: usize = 144;
+    const G: usize = 32;
+    const MINS: bool = true;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]) {
+        k4_scales(b, a, m);
+        let qs = &b[16..144];
+        for c in 0..4 {
+            for l in 0..32 {
+                let v = qs[32 * c + l];
+                q[64 * c + l] = (v & 0x0F) as i8;
+                q[64 * c + 32 + l] = (v >> 4) as i8;
+            }
+        }
+    }
+}
+
+struct Q5K;
+impl Kind for Q5K {
+    const BS: usize = 256;
+    const TS: usize = 176;
+    const G: usize = 32;
+    const MINS: bool = true;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]) {
+        k4_scales(b, a, m);
+        let (qh, qs) = (&b[16..48], &b[48..176]);
+        for c in 0..4 {
+            for l in 0..32 {
+                let v = qs[32 * c + l];
+                let h = qh[l] >> (2 * c);
+                q[64 * c + l] = ((v & 0x0F) | ((h & 1) << 4)) as i8;
+                q[64 * c + 32 + l] = ((v >> 4) | ((h & 2) << 3)) as i8;
+            }
+        }
+    }
+}
+
+struct Q6K;
+impl Kind for Q6K {
+    const BS: usize = 256;
+    const TS: usize = 210;
+    const G: usize = 16;
+    const MINS: bool = false;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
+        let d = f16_at(b, 208);
+        for s in 0..16 {
+            a[s] = d * (b[192 + s] as i8) as f32;
+        }
+        for n in 0..2 {
+            let ql = &b[64 * n..64 * n + 64];
+            let qh = &b[128 + 32 * n..128 + 32 * n + 32];
+            let q = &mut q[128 * n..128 * n + 128];
+            for l in 0..32 {
+                let h = qh[l];
+                q[l] = ((ql[l] & 0x0F) | ((h & 3) << 4)) as i8 - 32;
+                q[l + 32] = ((ql[l + 32] & 0x0F) | (((h >> 2) & 3) << 4)) as i8 - 32;
+                q[l + 64] = ((ql[l] >> 4) | (((h >> 4) & 3) << 4)) as i8 - 32;
+                q[l + 96] = ((ql[l + 32] >> 4) | ((h >> 6) << 4)) as i8 - 32;
+            }
+        }
+    }
+}
+
+struct Q2K;
+impl Kind for Q2K {
+    const BS: usize = 256;
+    const TS: usize = 84;
+    const G: usize = 16;
+    const MINS: bool = true;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]) {
+        let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+        for (s, &sc) in b[..16].iter().enumerate() {
+            a[s] = d * (sc & 0xf) as f32;
+            m[s] = -(dmin * (sc >> 4) as f32);
+        }
+        let qs = &b[16..80];
+        for half in 0..2 {
+            for j in 0..4 {
+                for l in 0..32 {
+                    q[128 * half + 32 * j + l] = ((qs[32 * half + l] >> (2 * j)) & 3) as i8;
+                }
+            }
+        }
+    }
+}
+
+struct Q3K;
+impl Kind for Q3K {
+    const BS: usize = 256;
+    const TS: usize = 110;
+    const G: usize = 16;
+    const MINS: bool = false;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
+        let (hm, qs, packed) = (&b[..32], &b[32..96], &b[96..108]);
+        let d_all = f16_at(b, 108);
+        let word = |i: usize| u32::from_le_bytes(packed[4 * i..4 * i + 4].try_into().unwrap());
+        let (kmask1, kmask2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
+        let (a0, a1, tmp) = (word(0), word(1), word(2));
+        let aux = [
+            (a0 & kmask2) | ((tmp & kmask1) << 4),
+            (a1 & kmask2) | (((tmp >> 2) & kmask1) << 4),
+            ((a0 >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4),
+            ((a1 >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4),
+        ];
+        for (s, a) in a[..16].iter_mut().enumerate() {
+            *a = d_all * ((aux[s / 4] >> (8 * (s % 4))) as u8 as i8 as i32 - 32) as f32;
+        }
+        for half in 0..2 {
+            for j in 0..4 {
+                let bit = 1u8 << (4 * half + j);
+                for l in 0..32 {
+                    let low = ((qs[32 * half + l] >> (2 * j)) & 3) as i8;
+                    let high = if hm[l] & bit != 0 { 0 } else { 4 };
+                    q[128 * half + 32 * j + l] = low - high;
+                }
+            }
+        }
+    }
+}
+
+/// Eight f32 partial sums: `acc += (a·q)·x` over a block's sub-blocks.
+trait Acc: Copy {
+    fn zero() -> Self;
+    /// Safety: the implementation's ISA must be present (`Kernels::pick` checks it).
+    unsafe fn add(self, q: &[i8], x: &[f32], a: &[f32], g: usize) -> Self;
+    fn total(self) -> f32;
+}
+
+impl Acc for [f32; 8] {
+    fn zero() -> Self {
+        [0.0; 8]
+    }
+    #[inline(always)]
+    unsafe fn add(mut self, q: &[i8], x: &[f32], a: &[f32], g: usize) -> Self {
+        for (s, (q, x)) in q.chunks_exact(g).zip(x.chunks_exact(g)).enumerate() {
+            let a = a[s];
+            for (q, x) in q.chunks_exact(8).zip(x.chunks_exact(8)) {
+                for k in 0..8 {
+                    self[k] += (a * q[k] as f32) * x[k];
+                }
+            }
+        }
+        self
+    }
+    fn total(self) -> f32 {
+        self.iter().sum()
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Avx2(std::arch::x86_64::__m256);
+
+#[cfg(target_arch = "x86_64")]
+impl Acc for Avx2 {
+    #[inline(always)]
+    fn zero() -> Self {
+        // SAFETY: SSE/AVX register zeroing; only called inside the AVX2 kernels.
+        Avx2(unsafe { std::arch::x86_64::_mm256_setzero_ps() })
+    }
+    #[inline(always)]
+    unsafe fn add(self, q: &[i8], x: &[f32], a: &[f32], g: usize) -> Self {
+        use std::arch::x86_64::*;
+        let mut acc = self.0;
+        let n = q.len().min(x.len());
+        assert!(n.is_multiple_of(g) && g.is_multiple_of(8) && a.len() >= n / g);
+        for (s, &a) in a.iter().enumerate().take(n / g) {
+            let av = _mm256_set1_ps(a);
+            for k in (s * g..(s + 1) * g).step_by(8) {
+                // SAFETY: k + 8 ≤ n, checked above.
+                let qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(k) as *const __m128i));
+                let w = _mm256_mul_ps(_mm256_cvtepi32_ps(qi), av);
+                acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x.as_ptr().add(k)), acc);
+            }
+        }
+        Avx2(acc)
+    }
+    #[inline(always)]
+    fn total(self) -> f32 {
+        let mut v = [0f32; 8];
+        // SAFETY: an unaligned store of 8 f32 into 8 f32.
+        unsafe { std::arch::x86_64::_mm256_storeu_ps(v.as_mut_ptr(), self.0) };
+        v.iter().sum()
+    }
+}
+
+/// Most vectors one pass over a row block multiplies (their sums stay in registers).
+const VECS: usize = 4;
+
+/// `out[r·n + v] = row r · x_v` for the rows in `rows` (whole rows of `K` blocks) and up to
+/// [`VECS`] vectors; `xsum[v]` holds vector v's sums over each sub-block (read when `K::MINS`).
+#[inline(always)]
+unsafe fn rows_dot<K: Kind, A: Acc>(
+    rows: &[u8],
+    row_bytes: usize,
+    xs: &[&[f32]],
+    xsum: &[&[f32]],
+    out: &mut [f32],
+) {
+    let n = xs.len();
+    let mut q = [0i8; 256];
+    let (mut a, mut m) = ([0f32; 16], [0f32; 16]);
+    for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [A::zero(); VECS];
+        let mut off = [0f32; VECS];
+        for (bi, b) in row.chunks_exact(K::TS).enumerate() {
+            K::decode(b, &mut q, &mut a, &mut m);
+            let c0 = bi * K::BS;
+            for v in 0..n {
+                acc[v] = acc[v].add(&q[..K::BS], &xs[v][c0..c0 + K::BS], &a, K::G);
+                if K::MINS {
+                    let s0 = c0 / K::G;
+                    for s in 0..K::BS / K::G {
+                        off[v] += m[s] * xsum[v][s0 + s];
+                    }
+                }
+            }
+        }
+        for v in 0..n {
+            out[r * n + v] = acc[v].total() + off[v];
+        }
+    }
+}
+
+/// The product kernel of one type on one ISA (see [`rows_dot`]).
+type RowsFn = fn(&[u8], usize, &[&[f32]], &[&[f32]], &mut [f32]);
+
+/// A type's kernels: the portable one and, where the CPU has them, the AVX2+FMA one.
+#[derive(Clone, Copy)]
+struct Kernels {
+    rows: RowsFn,
+    /// Sub-block elements (what `xsum` sums over), and whether `xsum` is read.
+    group: usize,
+    mins: bool,
+}
+
+macro_rules! kernels {
+    ($k:ty, $isa:expr) => {{
+        fn portable(rows: &[u8], rb: usize, xs: &[&[f32]], xsum: &[&[f32]], out: &mut [f32]) {
+            // SAFETY: the portable accumulator needs no ISA.
+            unsafe { rows_dot::<$k, [f32; 8]>(rows, rb, xs, xsum, out) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn avx2_inner(
+            rows: &[u8],
+            rb: usize,
+            xs: &[&[f32]],
+            xsum: &[&[f32]],
+            out: &mut [f32],
+        ) {
+            rows_dot::<$k, Avx2>(rows, rb, xs, xsum, out)
+        }
+        #[cfg(target_arch = "x86_64")]
+        fn avx2(rows: &[u8], rb: usize, xs: &[&[f32]], xsum: &[&[f32]], out: &mut [f32]) {
+            // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
+            unsafe { avx2_inner(rows, rb, xs, xsum, out) }
+        }
+        let rows: RowsFn = match $isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2,
+            Isa::Portable => portable,
+        };
+        Kernels {
+            rows,
+            group: <$k>::G,
+            mins: <$k>::MINS,
+        }
+    }};
+}
+
+/// Which kernel implementation runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Isa {
+    pub(crate) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") && has!("f16c") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+
+    /// Every implementation this CPU runs (the tests check each against the reference).
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<Isa> {
+        let mut v = vec![Isa::Portable];
+        if Isa::detect() != Isa::Portable {
+            v.push(Isa::detect());
+        }
+        v
+    }
+}
+
+/// The fused kernels of `ty` on `isa`, or `None` where the type has none.
+fn kernels_for(ty: GgmlType, isa: Isa) -> Option<Kernels> {
+    Some(match ty {
+        GgmlType::Q4_0 => kernels!(Q4_0, isa),
+        GgmlType::Q4_1 => kernels!(Q4_1, isa),
+        GgmlType::Q5_0 => kernels!(Q5_0, isa),
+        GgmlType::Q5_1 => kernels!(Q5_1, isa),
+        GgmlType::Q8_0 => kernels!(Q8_0, isa),
+        GgmlType::Q2_K => kernels!(Q2K, isa),
+        GgmlType::Q3_K => kernels!(Q3K, isa),
+        GgmlType::Q4_K => kernels!(Q4K, isa),
+        GgmlType::Q5_K => kernels!(Q5K, isa),
+        GgmlType::Q6_K => kernels!(Q6K, isa),
+        GgmlType::IQ4_NL => kernels!(Iq4Nl, isa),
+        GgmlType::IQ4_XS => kernels!(Iq4Xs, isa),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::super::*;
+    use super::*;
+
+    /// Random blocks of `ty` with finite, small f16 scales where the type has them.
+    pub(crate) fn random_blocks(rng: &mut Rng, ty: GgmlType, blocks: usize) -> Vec<u8> {
+        let (_, ts) = ty.block_layout();
+        let mut out: Vec<u8> = (0..blocks * ts).map(|_| rng.next() as u8).collect();
+        let f16 = |v: f32| half::f16::from_f32(v).to_bits().to_le_bytes();
+        for b in out.chunks_exact_mut(ts) {
+            // Where each type keeps its f16 super-scales (ggml-common.h).
+            let at: &[usize] = match ty {
+                GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
+                GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+                GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+                GgmlType::Q6_K => &[208],
+                GgmlType::Q2_K => &[80, 82],
+                GgmlType::Q3_K => &[108],
+                GgmlType::IQ4_XS => &[0],
+                _ => &[],
+            };
+            for &a in at {
+                b[a..a + 2].copy_from_slice(&f16(rng.normal() * 0.01));
+            }
+        }
+        out
+    }
+
+    const TYPES: [GgmlType; 12] = FUSED;
+
+    fn source(rng: &mut Rng, ty: GgmlType, rows: usize, blocks_per_row: usize) -> Source {
+        let bytes = random_blocks(rng, ty, rows * blocks_per_row);
+        let cols = blocks_per_row * ty.block_size();
+        Source::new(
+            rows,
+            cols,
+            Values::Ggml {
+                ty,
+                bytes: BlockBytes::from_vec(bytes),
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn every_type_round_trips_and_multiplies_on_ragged_shapes() {
+        let mut rng = Rng::new(23);
+        for ty in TYPES {
+            for (rows, blocks) in [(1, 1), (3, 2), (17, 3), (33, 1)] {
+                let src = source(&mut rng, ty, rows, blocks);
+                let bytes = check_variant(&GGML, &src, "", &mut rng);
+                assert_eq!(bytes as usize, rows * blocks * ty.type_size(), "{ty}");
+                check_all_forms(&src, &mut rng);
+            }
+        }
+    }
+
+    /// Rows are ggml's dequantisation of their blocks, bit for bit; the batched product is the
+    /// per-vector one, bit for bit.
+    #[test]
+    fn rows_are_ggml_dequantisation_and_matmul_is_matvec() {
+        let mut rng = Rng::new(5);
+        for ty in TYPES {
+            let src = source(&mut rng, ty, 9, 2);
+            let m = GGML.encode(&src, "").unwrap();
+            let Values::Ggml { bytes, .. } = &src.values else {
+                unreachable!()
+            };
+            let all = to_f32(ty, bytes);
+            let mut row = vec![0f32; src.cols];
+            for r in 0..src.rows {
+                m.row(r, &mut row);
+                let want = &all[r * src.cols..(r + 1) * src.cols];
+                assert!(
+                    row.iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty} row {r}"
+                );
+            }
+            let n = 3;
+            let x: Vec<f32> = (0..n * src.cols).map(|_| rng.normal()).collect();
+            let mut y = vec![0f32; n * src.rows];
+            m.matmul(&x, n, &mut y);
+            for b in 0..n {
+                let mut yb = vec![0f32; src.rows];
+                m.matvec(&x[b * src.cols..(b + 1) * src.cols], &mut yb);
+                assert_eq!(yb, y[b * src.rows..(b + 1) * src.rows], "{ty} vector {b}");
+            }
+        }
+    }
+
+    /// Every kernel (portable, and AVX2 where the CPU has it) against the f64 product of ggml's
+    /// dequantised rows, on fresh random blocks of many shapes; the batched product equals the
+    /// per-vector one bit for bit on every kernel.
+    #[test]
+    fn every_kernel_matches_the_dequantised_reference() {
+        let mut rng = Rng::new(77);
+        for isa in Isa::available() {
+            for ty in TYPES {
+                for (rows, blocks) in [(1, 1), (2, 5), (7, 3), (40, 2), (5, 9)] {
+                    let src = source(&mut rng, ty, rows, blocks);
+                    let m = GGML.encode_on(&src, isa).unwrap();
+                    let n = 6;
+                    let x: Vec<f32> = (0..n * src.cols).map(|_| rng.normal()).collect();
+                    let mut y = vec![0f32; n * rows];
+                    m.matmul(&x, n, &mut y);
+                    for v in 0..n {
+                        let xv = &x[v * src.cols..(v + 1) * src.cols];
+                        let want = reference_matvec(&*m, xv);
+                        let mut yv = vec![0f32; rows];
+                        m.matvec(xv, &mut yv);
+                        assert_eq!(yv, y[v * rows..(v + 1) * rows], "{ty} {isa:?} vector {v}");
+                        let scale: f64 = (0..rows)
+                            .map(|r| {
+                                let mut w = vec![0f32; src.cols];
+                                m.row(r, &mut w);
+                                w.iter()
+                                    .zip(xv)
+                                    .map(|(&w, &x)| (w as f64 * x as f64).abs())
+                                    .sum::<f64>()
+                            })
+                            .fold(1e-6, f64::max);
+                        for (r, (&got, &want)) in yv.iter().zip(&want).enumerate() {
+                            assert!(
+                                (got as f64 - want).abs() <= 2e-6 * scale,
+                                "{ty} {isa:?} {rows}x{} row {r}: {got} vs {want}",
+                                src.cols
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rows_that_are_not_whole_blocks_are_refused() {
+        let src = Source::new(
+            2,
+            16,
+            Values::Ggml {
+                ty: GgmlType::Q4_0,
+                bytes: BlockBytes::from_vec(vec![0; 18]),
+            },
+        )
+        .unwrap();
+        let err = GGML.encode(&src, "").err().unwrap().to_string();
+        assert!(err.contains("whole Q4_0 blocks"), "{err}");
+    }
+}
