@@ -67,7 +67,17 @@ impl Server {
         };
         // Keep draining stderr so the server never blocks writing it.
         std::thread::spawn(move || for _ in lines {});
-        Server { child, addr }
+        let server = Server { child, addr };
+        // It listens while the model loads (/health is a 503 until then, as llama-server's).
+        let t = Instant::now();
+        while server.http("GET", "/health", &[], b"").0 != 200 {
+            assert!(
+                t.elapsed() < Duration::from_secs(120),
+                "the model never loaded"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
     }
 
     fn client(&self) -> Client {
@@ -475,9 +485,16 @@ fn a_full_queue_is_a_503_at_once_and_a_client_that_leaves_frees_the_engine() {
         "/v1/completions",
         &json!({"prompt": "Once upon a time", "max_tokens": 3000, "temperature": 0, "stream": true}),
     );
-    let mut first = [0u8; 256];
-    let n = long.read(&mut first).unwrap();
-    assert!(String::from_utf8_lossy(&first[..n]).contains("200 OK"));
+    // Read until its first token: the engine is running it then, not holding it in the queue
+    // (the headers go out when a request is admitted).
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("data:") {
+        let mut chunk = [0u8; 256];
+        let n = long.read(&mut chunk).unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    assert!(String::from_utf8_lossy(&seen).contains("200 OK"));
     // One request may wait; the next is refused at once.
     let waiting = {
         let c = server.client();
