@@ -647,6 +647,55 @@ fn matrix_weights(w: &ModelWeights) -> usize {
     n(&w.embed) + head + layers
 }
 
+/// A model this machine cannot hold is an error before any of it is read, never an allocation
+/// failure half way through the load; one whose file pages do not fit beside it too is a warning
+/// (they are read from disk again as they are used).
+fn check_cpu_memory(model: &Path, load: LoadOptions, context: Option<usize>) -> Result<()> {
+    let Some((need, config)) = entrollm_model::load::cpu_memory_need(model, load)? else {
+        return Ok(());
+    };
+    let ctx = context.unwrap_or(config.max_position_embeddings.min(4096));
+    let state = entrollm_model::engine::state_bytes(&config, ctx);
+    if let Some(warning) = memory_verdict(need, state, ctx, crate::budget::free_ram()?)? {
+        eprintln!("warning: {warning}");
+    }
+    Ok(())
+}
+
+/// [`check_cpu_memory`]'s judgement of `need` and an engine `state` for `ctx` tokens against
+/// `available` bytes: an error naming what to change, a warning, or neither.
+fn memory_verdict(
+    need: entrollm_model::load::MemoryNeed,
+    state: u64,
+    ctx: usize,
+    available: u64,
+) -> Result<Option<String>> {
+    let gb = |b: u64| b as f64 / 1e9;
+    let held = need.allocated + state;
+    if held > available {
+        anyhow::bail!(
+            "the model needs {:.2} GB of memory on the CPU ({:.2} GB of weights copied at load, \
+             {:.2} GB of KV cache and buffers for a {ctx}-token context) besides its {:.2} GB of \
+             quantised weights read from the file, and {:.2} GB is available: lower the context \
+             (-c) or use a smaller model or quantisation",
+            gb(held),
+            gb(need.allocated),
+            gb(state),
+            gb(need.mapped),
+            gb(available)
+        );
+    }
+    Ok((held + need.mapped > available).then(|| {
+        format!(
+            "the model's {:.2} GB of quantised weights do not fit in memory beside the {:.2} GB it \
+             allocates ({:.2} GB available): they are read from disk as they are used, slowly",
+            gb(need.mapped),
+            gb(held),
+            gb(available)
+        )
+    }))
+}
+
 pub fn open(a: &ModelArgs) -> Result<Session> {
     let device = DeviceArg::parse(&a.device)?;
     let decode = a.decode.options()?;
@@ -682,16 +731,17 @@ pub fn open(a: &ModelArgs) -> Result<Session> {
              them coded in memory, smaller and slower)"
         );
     }
-    let (weights, tokenizer) = open_model_with(
-        &a.model,
-        LoadOptions {
-            fused,
-            keep_quantised: a.budget.is_set(),
-            // A plan made now starts from the container as stored (the source's forms).
-            recorded_forms: !a.budget.is_set(),
-            verify: true,
-        },
-    )?;
+    let load = LoadOptions {
+        fused,
+        keep_quantised: a.budget.is_set(),
+        // A plan made now starts from the container as stored (the source's forms).
+        recorded_forms: !a.budget.is_set(),
+        verify: true,
+    };
+    if !on_gpu {
+        check_cpu_memory(&a.model, load, a.context)?;
+    }
+    let (weights, tokenizer) = open_model_with(&a.model, load)?;
     if let Some(plan) = &code {
         entrollm_cuda::engine_coded::check_load_plan(&weights.config, plan)?;
     }
@@ -908,19 +958,15 @@ pub struct PplArgs {
     /// Where to run: auto (the GPU if usable, else the CPU), cpu or cuda.
     #[arg(long, default_value = "auto")]
     device: String,
+    /// A reference model (same tokenizer) to compare with on the same windows, on the CPU: both
+    /// perplexities, the KL divergence of the model from it, how often both pick the same top
+    /// token and the largest logit difference (llama.cpp's `--kl-divergence`).
+    #[arg(long, value_name = "MODEL")]
+    reference: Option<PathBuf>,
     #[command(flatten)]
     budget: BudgetArgs,
     #[command(flatten)]
     decode: DecodeArgs,
-}
-
-fn log_sum_exp(logits: &[f32]) -> f64 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    max + logits
-        .iter()
-        .map(|&l| (l as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
 }
 
 /// `entrollm_model::perplexity`'s sliding window on the GPU engine: each window prefills its
@@ -931,39 +977,19 @@ fn gpu_perplexity(
     window: usize,
     stride: usize,
 ) -> Result<entrollm_model::Perplexity> {
-    anyhow::ensure!(tokens.len() >= 2, "perplexity: needs at least 2 tokens");
-    anyhow::ensure!(
-        (2..=e.max_seq_len() + 1).contains(&window) && (1..=window).contains(&stride),
-        "perplexity: window {window} / stride {stride} out of range"
-    );
-    let (mut total, mut scored, mut scored_until, mut begin) = (0f64, 0usize, 1usize, 0usize);
-    loop {
-        let end = (begin + window).min(tokens.len());
-        let first_target = scored_until.max(begin + 1);
-        if end - begin >= 2 {
-            e.reset();
-            let ctx = first_target - 1;
-            let mut logits = e.prefill(&tokens[begin..=ctx])?;
-            for i in ctx..end - 1 {
-                if i > ctx {
-                    logits = e.step(tokens[i])?;
-                }
-                total += log_sum_exp(&logits) - logits[tokens[i + 1] as usize] as f64;
-                scored += 1;
+    let mut nll = entrollm_model::eval::Nll::default();
+    for w in entrollm_model::eval::windows(tokens.len(), window, stride, e.max_seq_len() + 1)? {
+        e.reset();
+        let ctx = w.first_target - 1;
+        let mut logits = e.prefill(&tokens[w.begin..=ctx])?;
+        for i in ctx..w.end - 1 {
+            if i > ctx {
+                logits = e.step(tokens[i])?;
             }
+            nll.add(&logits, tokens[i + 1] as usize);
         }
-        scored_until = end;
-        if end == tokens.len() {
-            break;
-        }
-        begin += stride;
     }
-    let mean_nll = total / scored as f64;
-    Ok(entrollm_model::Perplexity {
-        ppl: mean_nll.exp(),
-        mean_nll,
-        tokens_scored: scored,
-    })
+    Ok(nll.perplexity())
 }
 
 /// `entrollm eval ppl`: perplexity of a text file, HF-style sliding window.
@@ -986,6 +1012,9 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     let mut tokens = tokenizer.encode(&text, true)?;
     if a.max_tokens > 0 {
         tokens.truncate(a.max_tokens);
+    }
+    if let Some(reference) = &a.reference {
+        return compare(&a, weights, reference, &tokens, &tokenizer);
     }
     let serving = serving_under(&a.budget, Serving::default(), launches)?;
     let n_weights = matrix_weights(&weights);
@@ -1032,9 +1061,89 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     Ok(())
 }
 
+/// `eval ppl --reference`: the model and the reference on the CPU, window by window.
+fn compare(
+    a: &PplArgs,
+    weights: ModelWeights,
+    reference: &Path,
+    tokens: &[u32],
+    tokenizer: &Tokenizer,
+) -> Result<()> {
+    anyhow::ensure!(
+        DeviceArg::parse(&a.device)? != DeviceArg::Cuda && !a.budget.is_set(),
+        "--reference compares on the CPU, as loaded: not with --device cuda or --budget/--plan/--tune"
+    );
+    let load = LoadOptions {
+        fused: false,
+        keep_quantised: false,
+        recorded_forms: false,
+        verify: true,
+    };
+    let (ref_weights, ref_tokenizer) = open_model_with(reference, load)
+        .map_err(|e| anyhow::anyhow!("the reference model: {e}"))?;
+    // The same text must be the same ids in both, or the comparison means nothing.
+    let text = tokenizer.decode(tokens)?;
+    anyhow::ensure!(
+        ref_tokenizer.encode(&text, true)? == tokens,
+        "{}: its tokenizer encodes the text differently from {}'s: a reference must share the \
+         model's tokenizer",
+        reference.display(),
+        a.model.display()
+    );
+    let t0 = Instant::now();
+    let mut engine = Engine::new(weights, a.window)?;
+    let mut ref_engine = Engine::new(ref_weights, a.window)?;
+    let d =
+        entrollm_model::eval::divergence(&mut engine, &mut ref_engine, tokens, a.window, a.stride)?;
+    if !a.quiet {
+        eprintln!(
+            "[ {} tokens scored by both in {:.1} s ]",
+            d.model.tokens_scored,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    println!(
+        "{}: perplexity {:.4} (reference {:.4}); KL divergence from the reference: mean {:.6}, \
+         max {:.6} nats; same top token {:.2} %; largest logit difference {:.3e} ({} tokens; \
+         window {}, stride {})",
+        a.file.display(),
+        d.model.ppl,
+        d.reference.ppl,
+        d.mean_kl,
+        d.max_kl,
+        100.0 * d.same_top,
+        d.max_logit_diff,
+        d.model.tokens_scored,
+        a.window,
+        a.stride
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_the_cpu_cannot_hold_is_refused_naming_the_context() {
+        use entrollm_model::load::MemoryNeed;
+        let gb = 1_000_000_000u64;
+        // The 7B Q4_K_M: 4.7 GB mapped, 1.1 GB copied (embedding rows widened, norms).
+        let need = MemoryNeed {
+            mapped: 47 * gb / 10,
+            allocated: 11 * gb / 10,
+        };
+        assert_eq!(memory_verdict(need, gb, 4096, 24 * gb).unwrap(), None);
+        // The file's pages do not fit beside the rest: a warning only.
+        let w = memory_verdict(need, gb, 4096, 5 * gb).unwrap().unwrap();
+        assert!(w.contains("read from disk"), "{w}");
+        // What is allocated does not fit: an error naming -c, before anything is loaded.
+        let e = memory_verdict(need, 3 * gb, 32768, 4 * gb)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("-c") && e.contains("32768-token"), "{e}");
+        assert!(memory_verdict(need, 29 * gb / 10, 4096, 4 * gb).is_ok());
+    }
 
     #[test]
     fn dense_serving_needs_room_for_the_reserve_too() {

@@ -460,6 +460,40 @@ fn perplexity_of_an_english_text_is_sane() {
 }
 
 #[test]
+fn eval_against_a_reference_scores_the_same_windows() {
+    let gguf = smollm2();
+    let g = gguf.to_str().unwrap();
+    let args = [
+        "--file",
+        "/usr/share/common-licenses/GPL-3",
+        "--window",
+        "96",
+        "--stride",
+        "40",
+        "--max-tokens",
+        "200",
+        "--device",
+        "cpu",
+        "-q",
+    ];
+    let alone = ok(&[&["eval", "ppl", g][..], &args].concat());
+    let alone = String::from_utf8_lossy(&alone.stdout).into_owned();
+    let both = ok(&[&["eval", "ppl", g, "--reference", g][..], &args].concat());
+    let both = String::from_utf8_lossy(&both.stdout).into_owned();
+    let ppl = |line: &str| line.split("perplexity ").nth(1).unwrap()[..7].to_string();
+    // The same windows as without a reference; a model against itself differs in nothing.
+    assert_eq!(ppl(&alone), ppl(&both), "{alone}{both}");
+    assert!(
+        both.contains(&format!("(reference {}", ppl(&alone))),
+        "{both}"
+    );
+    assert!(both.contains("mean 0.000000, max 0.000000 nats"), "{both}");
+    assert!(both.contains("same top token 100.00 %"), "{both}");
+    assert!(both.contains("largest logit difference 0.000e0"), "{both}");
+    assert!(both.contains("(199 tokens"), "{both}");
+}
+
+#[test]
 fn container_runs_through_the_fused_decode_matvec_like_the_original() {
     use entrollm_model::load::{ContainerSource, SafetensorsSource};
     use entrollm_model::{build_model, Engine};

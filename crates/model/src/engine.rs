@@ -29,6 +29,16 @@ pub struct Engine {
     pos: usize,
 }
 
+/// Bytes an engine for `max_seq_len` tokens allocates beside the weights: its KV cache and the
+/// buffers of a prefill chunk and its logits.
+pub fn state_bytes(c: &ModelConfig, max_seq_len: usize) -> u64 {
+    let kv = 2 * c.num_layers * max_seq_len * c.kv_dim();
+    let n = PREFILL_CHUNK.min(max_seq_len);
+    let layer = n * (3 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.intermediate_size);
+    let logits = LOGITS_CHUNK * (c.hidden_size + c.vocab_size) + c.vocab_size;
+    4 * (kv + layer + logits) as u64
+}
+
 impl Engine {
     /// An engine for sequences of up to `max_seq_len` tokens (at most the model's
     /// `max_position_embeddings`). Checks every weight's shape against the config.
@@ -42,12 +52,27 @@ impl Engine {
                 c.max_position_embeddings
             )));
         }
-        let layers = c.num_layers;
+        // The whole context's cache reserved (not touched) now: it never grows past it by
+        // doubling, and a context the machine cannot hold is an error here, not an abort later.
+        let per_layer = max_seq_len * c.kv_dim();
+        let mut caches = Vec::with_capacity(2 * c.num_layers);
+        for _ in 0..2 * c.num_layers {
+            let mut cache = Vec::new();
+            cache.try_reserve_exact(per_layer).map_err(|_| {
+                ModelError::Config(format!(
+                    "the KV cache of a {max_seq_len}-token context ({:.2} GB) cannot be \
+                     allocated: lower the context (-c)",
+                    state_bytes(c, max_seq_len) as f64 / 1e9
+                ))
+            })?;
+            caches.push(cache);
+        }
+        let values = caches.split_off(c.num_layers);
         Ok(Engine {
             inv_freq: rope_inv_freq(c),
             max_seq_len,
-            keys: vec![Vec::new(); layers],
-            values: vec![Vec::new(); layers],
+            keys: caches,
+            values,
             pos: 0,
             weights,
         })

@@ -312,6 +312,40 @@ impl Default for LoadOptions {
     }
 }
 
+/// Memory a model's weights take on the CPU (the engine's own state: [`crate::engine::state_bytes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryNeed {
+    /// Bytes served from a file's mapping: its pages, read in as they are used.
+    pub mapped: u64,
+    /// Bytes allocated at load.
+    pub allocated: u64,
+}
+
+/// What serving `path` on the CPU with `opts` will hold, from its header alone, with its config;
+/// `None` where it is not estimated (containers and checkpoint directories, whose tensors are held
+/// as stored or decoded to their dtype).
+pub fn cpu_memory_need(
+    path: &Path,
+    opts: LoadOptions,
+) -> Result<Option<(MemoryNeed, crate::ModelConfig)>> {
+    if !(path.is_file() && path.extension().is_some_and(|e| e == "gguf")) {
+        return Ok(None);
+    }
+    let source = GgufSource::open(path)?;
+    let mut need = source.memory();
+    if opts.keep_quantised {
+        // The legacy-block matrices' integer codes, one byte a weight, beside the blocks.
+        need.allocated += source
+            .file()
+            .tensors()
+            .iter()
+            .filter(|i| i.hf_shape().len() == 2 && i.ggml_type.block_type().is_some())
+            .map(|i| i.n_elements())
+            .sum::<u64>();
+    }
+    Ok(Some((need, source.config()?)))
+}
+
 /// [`open_model`] with every load option.
 pub fn open_model_with(path: &Path, opts: LoadOptions) -> Result<(ModelWeights, Tokenizer)> {
     let (w, t) = open_with(path, opts, true)?;

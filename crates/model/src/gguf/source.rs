@@ -250,7 +250,7 @@ impl GgufSource {
                     HostTensor::Bf16 { shape, data }
                 }
             }
-            ty if shape.len() == 2 && ty != GgmlType::F32 => {
+            ty if served_from_blocks(info) => {
                 // Served from the file's own blocks: no f32 copy of the model.
                 crate::gguf::check_dequantizable(&info.name, ty)?;
                 let src = crate::forms::Source::new(
@@ -277,6 +277,37 @@ impl GgufSource {
                 HostTensor::F32 { shape, data }
             }
         })
+    }
+}
+
+/// Whether a tensor is served from the file's own blocks (the ggml form, read from the mapping)
+/// rather than copied: quantised matrices. F16/BF16 tensors are copied as they are, the rest
+/// widened to f32.
+fn served_from_blocks(info: &GgufTensorInfo) -> bool {
+    info.hf_shape().len() == 2
+        && !matches!(
+            info.ggml_type,
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16
+        )
+}
+
+impl GgufSource {
+    /// What serving this file on the CPU holds: the bytes of the tensors served from the file's
+    /// blocks (pages of the mapping, read as they are used) and the bytes copied out of it.
+    pub fn memory(&self) -> crate::load::MemoryNeed {
+        let mut need = crate::load::MemoryNeed::default();
+        for info in self.file.tensors() {
+            if served_from_blocks(info) {
+                need.mapped += self.file.tensor_data(info).len() as u64;
+            } else {
+                let width = match info.ggml_type {
+                    GgmlType::F16 | GgmlType::BF16 => 2,
+                    _ => 4,
+                };
+                need.allocated += info.n_elements() * width;
+            }
+        }
+        need
     }
 }
 
