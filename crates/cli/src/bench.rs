@@ -229,6 +229,7 @@ pub fn run(a: Args) -> Result<()> {
                     keep_quantised: a.budget.is_set(),
                     recorded_forms: !a.budget.is_set(),
                     verify: true,
+                    q8_activations: false,
                 },
             )?;
             (w, path.clone(), path.display().to_string())

@@ -113,6 +113,7 @@ fn plan(a: &Args) -> Result<PlanFile> {
             keep_quantised: true,
             recorded_forms: false,
             verify: true,
+            q8_activations: false,
         },
     )
     .with_context(|| {

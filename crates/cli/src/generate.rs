@@ -367,6 +367,11 @@ pub struct ModelArgs {
     /// default where the dense form does not fit).
     #[arg(long, conflicts_with = "decode_at_load")]
     keep_coded: bool,
+    /// CPU, GGUF: what the quantised matrices multiply: `f32` activations (exact: the products of
+    /// the dequantised weights) or `q8`, activations quantised to 8 bits per 32 as llama.cpp does
+    /// (integer dot products, faster; logits differ in the third or fourth digit).
+    #[arg(long, value_name = "f32|q8", default_value = "f32", value_parser = ["f32", "q8"])]
+    pub activations: String,
     /// GPU: code the dense BF16 layer and head matrices at load (dtANS-LLM, lossless, on the GPU)
     /// and serve them with the fused decode-matvec: `auto` (the coder chooses per launch) or
     /// MODE:LOG2M:SC[:T].
@@ -737,6 +742,7 @@ pub fn open(a: &ModelArgs) -> Result<Session> {
         // A plan made now starts from the container as stored (the source's forms).
         recorded_forms: !a.budget.is_set(),
         verify: true,
+        q8_activations: a.activations == "q8",
     };
     if !on_gpu {
         check_cpu_memory(&a.model, load, a.context)?;
@@ -963,6 +969,10 @@ pub struct PplArgs {
     /// token and the largest logit difference (llama.cpp's `--kl-divergence`).
     #[arg(long, value_name = "MODEL")]
     reference: Option<PathBuf>,
+    /// CPU, GGUF: `f32` or `q8` activations for the quantised matrices (as for `run`; the
+    /// reference is always f32).
+    #[arg(long, value_name = "f32|q8", default_value = "f32", value_parser = ["f32", "q8"])]
+    activations: String,
     #[command(flatten)]
     budget: BudgetArgs,
     #[command(flatten)]
@@ -1006,6 +1016,7 @@ pub fn ppl(a: PplArgs) -> Result<()> {
             // Decoded (the fastest on the CPU), or as stored to plan from.
             recorded_forms: false,
             verify: true,
+            q8_activations: a.activations == "q8",
         },
     )?;
     let (weights, launches) = planned(&a.budget, weights, &a.model, device, a.window)?;
@@ -1078,6 +1089,7 @@ fn compare(
         keep_quantised: false,
         recorded_forms: false,
         verify: true,
+        q8_activations: false,
     };
     let (ref_weights, ref_tokenizer) = open_model_with(reference, load)
         .map_err(|e| anyhow::anyhow!("the reference model: {e}"))?;

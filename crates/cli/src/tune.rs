@@ -89,6 +89,7 @@ pub fn run_tune(a: TuneArgs) -> Result<()> {
                     // As stored, so that a container and its source have the same fingerprint.
                     recorded_forms: false,
                     verify: true,
+                    q8_activations: false,
                 },
             )?,
             model.display().to_string(),

@@ -491,6 +491,20 @@ fn eval_against_a_reference_scores_the_same_windows() {
     assert!(both.contains("same top token 100.00 %"), "{both}");
     assert!(both.contains("largest logit difference 0.000e0"), "{both}");
     assert!(both.contains("(199 tokens"), "{both}");
+    // 8-bit activations change the logits a little, never the windows.
+    let q8 = ok(&[
+        &["eval", "ppl", g, "--reference", g, "--activations", "q8"][..],
+        &args,
+    ]
+    .concat());
+    let q8 = String::from_utf8_lossy(&q8.stdout).into_owned();
+    assert!(q8.contains(&format!("(reference {}", ppl(&alone))), "{q8}");
+    assert!(!q8.contains("mean 0.000000,"), "{q8}");
+    let same: f64 = q8.split("same top token ").nth(1).unwrap()[..5]
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(same > 80.0, "{q8}");
 }
 
 #[test]

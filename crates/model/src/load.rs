@@ -298,6 +298,9 @@ pub struct LoadOptions {
     /// (coded ones decoded for it). Every command does; off only to measure what the checks cost
     /// (the `load_8b` benchmark).
     pub verify: bool,
+    /// A GGUF's quantised matrices multiply activations quantised to 8 bits, as llama.cpp's do
+    /// (faster, not exact); off: f32 activations, the products of the dequantised weights.
+    pub q8_activations: bool,
 }
 
 impl Default for LoadOptions {
@@ -308,6 +311,7 @@ impl Default for LoadOptions {
             keep_quantised: false,
             recorded_forms: true,
             verify: true,
+            q8_activations: false,
         }
     }
 }
@@ -397,7 +401,7 @@ fn open_with(
 ) -> Result<(ModelWeights, Option<Tokenizer>)> {
     let fused = opts.fused;
     if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
-        let mut source = GgufSource::open(path)?;
+        let mut source = GgufSource::open(path)?.with_q8_activations(opts.q8_activations);
         if opts.keep_quantised {
             let linears = quantised_linears(source.file(), &|_| false)?;
             source = source.with_linears(linears);
@@ -425,7 +429,8 @@ fn open_with(
             };
             // Planned block matrices stored uncoded are re-formed from their integer codes.
             let source =
-                crate::gguf::open_gguf_container(&reader, load, opts.keep_quantised || forms)?;
+                crate::gguf::open_gguf_container(&reader, load, opts.keep_quantised || forms)?
+                    .with_q8_activations(opts.q8_activations);
             let t = tokenizer
                 .then(|| Tokenizer::from_gguf(source.file()))
                 .transpose()?;

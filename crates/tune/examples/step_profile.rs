@@ -77,6 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             keep_quantised: true,
             recorded_forms: false,
             verify: true,
+            q8_activations: false,
         },
     )?;
     let w = match plan {

@@ -95,6 +95,9 @@ pub struct GgmlLinear {
     /// ggml's dequantisation of a block (rows, embedding lookups).
     block: crate::gguf::BlockFn,
     kernels: Kernels,
+    /// The `q8` variant: activations quantised to 8 bits per 32 (llama.cpp's precision, integer
+    /// dot products) instead of multiplied in f32.
+    q8: bool,
 }
 
 impl GgmlLinear {
@@ -124,9 +127,13 @@ impl GgmlLinear {
         }
     }
 
-    /// Rows a task takes: about 32K weights, at least one row.
+    /// Rows a task takes: about 256K weights (fewer where there are few rows: at least
+    /// sixteen tasks per thread), at least one row. Smaller tasks cost more in scheduling than they
+    /// balance: a 7B's step is some 250,000 tasks at 32K weights.
     fn rows_per_task(&self) -> usize {
-        ((1 << 15) / self.cols).max(1)
+        let by_size = (1 << 18) / self.cols;
+        let by_threads = self.rows.div_ceil(16 * rayon::current_num_threads());
+        by_size.min(by_threads).max(1)
     }
 }
 
@@ -139,12 +146,24 @@ impl Linear for GgmlLinear {
     }
     fn matvec(&self, x: &[f32], y: &mut [f32]) {
         assert_eq!((x.len(), y.len()), (self.cols, self.rows), "matvec shapes");
-        let xsum = self.xsum(x);
+        let (xq, xd) = match self.q8 {
+            true => quantize_q8(x),
+            false => (Vec::new(), Vec::new()),
+        };
+        // The offsets multiply the sums of the activations as the codes hold them (llama.cpp's
+        // block sums), so that a q8 product is exactly the product with those activations.
+        let xsum = match self.q8 {
+            true => self.xsum(&dequantize_q8(&xq, &xd)),
+            false => self.xsum(x),
+        };
         let per = self.rows_per_task();
         let rb = self.row_bytes;
         y.par_chunks_mut(per).enumerate().for_each(|(chunk, ys)| {
             let rows = &self.bytes.bytes()[chunk * per * rb..(chunk * per + ys.len()) * rb];
-            (self.kernels.rows)(rows, rb, &[x], &[&xsum], ys);
+            match self.q8 {
+                true => (self.kernels.rows_q8)(rows, rb, &[&xq], &[&xd], &[&xsum], ys),
+                false => (self.kernels.rows)(rows, rb, &[x], &[&xsum], ys),
+            }
         });
     }
     /// Each block is decoded once for up to four vectors (prefill); every vector's sums are
@@ -153,7 +172,17 @@ impl Linear for GgmlLinear {
         let (rows, cols, rb) = (self.rows, self.cols, self.row_bytes);
         assert_eq!((x.len(), y.len()), (n * cols, n * rows), "matmul shapes");
         let xs: Vec<&[f32]> = x.chunks_exact(cols).collect();
-        let sums: Vec<Vec<f32>> = xs.iter().map(|x| self.xsum(x)).collect();
+        let quantised: Vec<(Vec<i8>, Vec<f32>)> = match self.q8 {
+            true => xs.iter().map(|x| quantize_q8(x)).collect(),
+            false => Vec::new(),
+        };
+        let sums: Vec<Vec<f32>> = match self.q8 {
+            true => quantised
+                .iter()
+                .map(|(q, d)| self.xsum(&dequantize_q8(q, d)))
+                .collect(),
+            false => xs.iter().map(|x| self.xsum(x)).collect(),
+        };
         let per = self.rows_per_task();
         let parts: Vec<Vec<f32>> = (0..rows.div_ceil(per))
             .into_par_iter()
@@ -166,7 +195,14 @@ impl Linear for GgmlLinear {
                     let v1 = (v0 + VECS).min(n);
                     let sum: Vec<&[f32]> = sums[v0..v1].iter().map(|s| s.as_slice()).collect();
                     let k = v1 - v0;
-                    (self.kernels.rows)(block, rb, &xs[v0..v1], &sum, &mut tmp[..(r1 - r0) * k]);
+                    let out_k = &mut tmp[..(r1 - r0) * k];
+                    if self.q8 {
+                        let q: Vec<&[i8]> = quantised[v0..v1].iter().map(|q| &q.0[..]).collect();
+                        let d: Vec<&[f32]> = quantised[v0..v1].iter().map(|q| &q.1[..]).collect();
+                        (self.kernels.rows_q8)(block, rb, &q, &d, &sum, out_k);
+                    } else {
+                        (self.kernels.rows)(block, rb, &xs[v0..v1], &sum, out_k);
+                    }
                     for r in 0..r1 - r0 {
                         out[r * n + v0..r * n + v1].copy_from_slice(&tmp[r * k..(r + 1) * k]);
                     }
@@ -192,7 +228,7 @@ impl Linear for GgmlLinear {
     fn form(&self) -> super::FormId {
         super::FormId {
             form: "ggml",
-            variant: String::new(),
+            variant: if self.q8 { Q8.into() } else { String::new() },
         }
     }
     fn source(&self) -> Result<Source> {
@@ -236,15 +272,15 @@ impl Form for GgmlForm {
         }])
     }
     fn predict(&self, src: &Source, variant: &str) -> Result<f64> {
-        super::no_variants("ggml", variant)?;
+        check_variant_name(variant)?;
         self.variants(src)?
             .first()
             .map(|c| c.predicted_bytes)
             .ok_or_else(|| ModelError::Unsupported("ggml holds ggml blocks only".into()))
     }
     fn encode(&self, src: &Source, variant: &str) -> Result<Arc<dyn Linear>> {
-        super::no_variants("ggml", variant)?;
-        self.encode_on(src, Isa::detect())
+        check_variant_name(variant)?;
+        self.encode_on(src, Isa::detect(), variant == Q8)
     }
     fn default_cost_us(&self, device: DeviceKind, weights: usize, bytes: f64) -> f64 {
         super::stream_cost_us(device, bytes)
@@ -255,9 +291,23 @@ impl Form for GgmlForm {
     }
 }
 
+/// The variant whose activations are quantised to 8 bits (llama.cpp's precision). Not among
+/// [`Form::variants`]: it changes the products' values, so a tuner timing forms that hold a
+/// matrix exactly never picks it; a user asks for it (`--activations q8`).
+pub const Q8: &str = "q8";
+
+fn check_variant_name(variant: &str) -> Result<()> {
+    match variant {
+        "" | Q8 => Ok(()),
+        other => Err(ModelError::Unsupported(format!(
+            "form ggml has variants \"\" (f32 activations) and \"{Q8}\", not {other:?}"
+        ))),
+    }
+}
+
 impl GgmlForm {
-    /// [`Form::encode`] with the kernels of `isa`.
-    fn encode_on(&self, src: &Source, isa: Isa) -> Result<Arc<dyn Linear>> {
+    /// [`Form::encode`] with the kernels of `isa`, f32 or 8-bit (`q8`) activations.
+    fn encode_on(&self, src: &Source, isa: Isa, q8: bool) -> Result<Arc<dyn Linear>> {
         let Values::Ggml { ty, bytes } = &src.values else {
             return Err(ModelError::Unsupported(format!(
                 "ggml holds ggml blocks only, not {}",
@@ -287,6 +337,7 @@ impl GgmlForm {
             row_bytes: src.cols / bs * ts,
             block,
             kernels,
+            q8,
         }))
     }
 }
@@ -724,6 +775,237 @@ unsafe fn rows_dot_n<K: Kind, A: Acc, const N: usize>(
     }
 }
 
+/// Activations quantised as llama.cpp quantises them for its integer dot products (Q8_0):
+/// per 32 elements a scale `d = max|x| / 127` and codes `round(x / d)`.
+pub(crate) fn quantize_q8(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    let mut q = vec![0i8; x.len()];
+    let mut d = Vec::with_capacity(x.len().div_ceil(32));
+    for (x, q) in x.chunks(32).zip(q.chunks_mut(32)) {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = amax / 127.0;
+        let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+        for (q, &v) in q.iter_mut().zip(x) {
+            *q = (v * inv).round() as i8;
+        }
+        d.push(s);
+    }
+    (q, d)
+}
+
+/// The activations [`quantize_q8`]'s codes and scales stand for.
+pub(crate) fn dequantize_q8(q: &[i8], d: &[f32]) -> Vec<f32> {
+    q.iter()
+        .enumerate()
+        .map(|(i, &q)| q as f32 * d[i / 32])
+        .collect()
+}
+
+/// `acc += Σ_sub-blocks a·d·Σ(q·xq)` over a block, with 8-bit activations `xq` and their
+/// per-32 scales `d`.
+trait AccQ8: Copy {
+    fn zero() -> Self;
+    /// Safety: the implementation's ISA must be present.
+    unsafe fn add(self, q: &[i8], xq: &[i8], d: &[f32], a: &[f32], g: usize) -> Self;
+    fn total(self) -> f32;
+}
+
+/// The portable reference: exact integer sums per sub-block.
+#[derive(Clone, Copy)]
+struct ScalarQ8(f32);
+
+impl AccQ8 for ScalarQ8 {
+    fn zero() -> Self {
+        ScalarQ8(0.0)
+    }
+    #[inline(always)]
+    unsafe fn add(mut self, q: &[i8], xq: &[i8], d: &[f32], a: &[f32], g: usize) -> Self {
+        for (s, (q, x)) in q.chunks_exact(g).zip(xq.chunks_exact(g)).enumerate() {
+            let sum: i32 = q.iter().zip(x).map(|(&q, &x)| q as i32 * x as i32).sum();
+            self.0 += a[s] * d[s * g / 32] * sum as f32;
+        }
+        self
+    }
+    fn total(self) -> f32 {
+        self.0
+    }
+}
+
+/// AVX2: 32 products a step through `maddubs` (|q| times x signed as q), two chains.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Avx2Q8([std::arch::x86_64::__m256; 2]);
+
+#[cfg(target_arch = "x86_64")]
+impl AccQ8 for Avx2Q8 {
+    #[inline(always)]
+    fn zero() -> Self {
+        // SAFETY: register zeroing; only called inside the AVX2 kernels.
+        Avx2Q8([unsafe { std::arch::x86_64::_mm256_setzero_ps() }; 2])
+    }
+    #[inline(always)]
+    unsafe fn add(self, q: &[i8], xq: &[i8], d: &[f32], a: &[f32], g: usize) -> Self {
+        use std::arch::x86_64::*;
+        let [mut c0, mut c1] = self.0;
+        let n = q.len().min(xq.len());
+        assert!(n.is_multiple_of(32) && (g == 16 || g == 32) && a.len() >= n / g);
+        assert!(d.len() >= n / 32);
+        let ones = _mm256_set1_epi16(1);
+        let (qp, xp) = (q.as_ptr(), xq.as_ptr());
+        for (i, k) in (0..n).step_by(32).enumerate() {
+            // SAFETY: k + 32 ≤ n, checked above.
+            let qv = _mm256_loadu_si256(qp.add(k) as *const __m256i);
+            let xv = _mm256_loadu_si256(xp.add(k) as *const __m256i);
+            // |q| ≤ 128 and |x| ≤ 127: a pair of products fits in i16 (no saturation).
+            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(qv), _mm256_sign_epi8(xv, qv));
+            // Lanes 0–3 sum bytes 0–15, lanes 4–7 bytes 16–31.
+            let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+            let lo = a[k / g] * d[k / 32];
+            let hi = a[(k + 16) / g] * d[k / 32];
+            let scale = _mm256_set_m128(_mm_set1_ps(hi), _mm_set1_ps(lo));
+            if i % 2 == 0 {
+                c0 = _mm256_fmadd_ps(sums, scale, c0);
+            } else {
+                c1 = _mm256_fmadd_ps(sums, scale, c1);
+            }
+        }
+        Avx2Q8([c0, c1])
+    }
+    #[inline(always)]
+    fn total(self) -> f32 {
+        use std::arch::x86_64::*;
+        let mut v = [0f32; 8];
+        // SAFETY: a register add and an unaligned store of 8 f32 into 8 f32.
+        unsafe { _mm256_storeu_ps(v.as_mut_ptr(), _mm256_add_ps(self.0[0], self.0[1])) };
+        v.iter().sum()
+    }
+}
+
+/// [`rows_dot`] over 8-bit activations `xq` (scales `xd`): the `q8` variant.
+#[inline(always)]
+unsafe fn rows_dot_q8<K: Kind, A: AccQ8>(
+    rows: &[u8],
+    row_bytes: usize,
+    x: &[&[i8]],
+    xd: &[&[f32]],
+    xsum: &[&[f32]],
+    out: &mut [f32],
+) {
+    match x.len() {
+        1 => rows_dot_q8_n::<K, A, 1>(rows, row_bytes, x, xd, xsum, out),
+        2 => rows_dot_q8_n::<K, A, 2>(rows, row_bytes, x, xd, xsum, out),
+        3 => rows_dot_q8_n::<K, A, 3>(rows, row_bytes, x, xd, xsum, out),
+        _ => rows_dot_q8_n::<K, A, VECS>(rows, row_bytes, x, xd, xsum, out),
+    }
+}
+
+#[inline(always)]
+unsafe fn rows_dot_q8_n<K: Kind, A: AccQ8, const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    x: &[&[i8]],
+    xd: &[&[f32]],
+    xsum: &[&[f32]],
+    out: &mut [f32],
+) {
+    assert!(x.len() == N && xd.len() == N && (!K::MINS || xsum.len() == N));
+    let mut q = [0i8; 256];
+    let (mut a, mut m) = ([0f32; 16], [0f32; 16]);
+    for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [A::zero(); N];
+        let mut off = [0f32; N];
+        for (bi, b) in row.chunks_exact(K::TS).enumerate() {
+            K::decode(b, &mut q, &mut a, &mut m);
+            let c0 = bi * K::BS;
+            for v in 0..N {
+                let xv = &x[v][c0..c0 + K::BS];
+                acc[v] = acc[v].add(&q[..K::BS], xv, &xd[v][c0 / 32..], &a, K::G);
+                if K::MINS {
+                    let s0 = c0 / K::G;
+                    for s in 0..K::BS / K::G {
+                        off[v] += m[s] * xsum[v][s0 + s];
+                    }
+                }
+            }
+        }
+        for v in 0..N {
+            out[r * N + v] = acc[v].total() + off[v];
+        }
+    }
+}
+
+/// Q4_K's `q8` product on AVX2, reading the nibbles in place (llama.cpp's scheme): each 32-byte
+/// group of codes holds two sub-blocks, low and high nibbles, multiplied unsigned by the signed
+/// activations with `maddubs` (no decode into a code array).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_q8_avx2_n<const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    x: &[&[i8]],
+    xd: &[&[f32]],
+    xsum: &[&[f32]],
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    assert!(x.len() == N && xd.len() == N && xsum.len() == N);
+    let (mask, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    let (mut a, mut m) = ([0f32; 16], [0f32; 16]);
+    for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut off = [0f32; N];
+        for (bi, b) in row.chunks_exact(144).enumerate() {
+            k4_scales(b, &mut a, &mut m);
+            let c0 = bi * 256;
+            for c in 0..4 {
+                // SAFETY: 16 + 32·c + 32 ≤ 144.
+                let v = _mm256_loadu_si256(b.as_ptr().add(16 + 32 * c) as *const __m256i);
+                let lo = _mm256_and_si256(v, mask);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+                for i in 0..N {
+                    let e = c0 + 64 * c;
+                    assert!(x[i].len() >= e + 64 && xd[i].len() > e / 32 + 1);
+                    // SAFETY: e + 64 ≤ x[i].len(), checked above.
+                    let xl = _mm256_loadu_si256(x[i].as_ptr().add(e) as *const __m256i);
+                    let xh = _mm256_loadu_si256(x[i].as_ptr().add(e + 32) as *const __m256i);
+                    let sl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), ones);
+                    let sh = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), ones);
+                    let (dl, dh) = (xd[i][e / 32], xd[i][e / 32 + 1]);
+                    let fl = _mm256_set1_ps(a[2 * c] * dl);
+                    let fh = _mm256_set1_ps(a[2 * c + 1] * dh);
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sl), fl, acc[i]);
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sh), fh, acc[i]);
+                }
+            }
+            for i in 0..N {
+                for s in 0..8 {
+                    off[i] += m[s] * xsum[i][c0 / 32 + s];
+                }
+            }
+        }
+        for i in 0..N {
+            let mut v = [0f32; 8];
+            _mm256_storeu_ps(v.as_mut_ptr(), acc[i]);
+            out[r * N + i] = v.iter().sum::<f32>() + off[i];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn q4k_q8_avx2(rows: &[u8], rb: usize, x: &[&[i8]], d: &[&[f32]], s: &[&[f32]], out: &mut [f32]) {
+    // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
+    unsafe {
+        match x.len() {
+            1 => q4k_q8_avx2_n::<1>(rows, rb, x, d, s, out),
+            2 => q4k_q8_avx2_n::<2>(rows, rb, x, d, s, out),
+            3 => q4k_q8_avx2_n::<3>(rows, rb, x, d, s, out),
+            _ => q4k_q8_avx2_n::<VECS>(rows, rb, x, d, s, out),
+        }
+    }
+}
+
+/// The `q8` variant's product kernel of one type on one ISA (see [`rows_dot_q8`]).
+type RowsQ8Fn = fn(&[u8], usize, &[&[i8]], &[&[f32]], &[&[f32]], &mut [f32]);
+
 /// The product kernel of one type on one ISA (see [`rows_dot`]).
 type RowsFn = fn(&[u8], usize, &[&[f32]], &[&[f32]], &mut [f32]);
 
@@ -731,6 +1013,7 @@ type RowsFn = fn(&[u8], usize, &[&[f32]], &[&[f32]], &mut [f32]);
 #[derive(Clone, Copy)]
 struct Kernels {
     rows: RowsFn,
+    rows_q8: RowsQ8Fn,
     /// Sub-block elements (what `xsum` sums over), and whether `xsum` is read.
     group: usize,
     mins: bool,
@@ -758,13 +1041,30 @@ macro_rules! kernels {
             // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
             unsafe { avx2_inner(rows, rb, xs, xsum, out) }
         }
-        let rows: RowsFn = match $isa {
+        type X<'a> = &'a [&'a [i8]];
+        type F<'a> = &'a [&'a [f32]];
+        fn portable_q8(rows: &[u8], rb: usize, x: X, d: F, xsum: F, out: &mut [f32]) {
+            // SAFETY: the portable accumulator needs no ISA.
+            unsafe { rows_dot_q8::<$k, ScalarQ8>(rows, rb, x, d, xsum, out) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn avx2_q8_inner(rows: &[u8], rb: usize, x: X, d: F, xsum: F, out: &mut [f32]) {
+            rows_dot_q8::<$k, Avx2Q8>(rows, rb, x, d, xsum, out)
+        }
+        #[cfg(target_arch = "x86_64")]
+        fn avx2_q8(rows: &[u8], rb: usize, x: X, d: F, xsum: F, out: &mut [f32]) {
+            // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
+            unsafe { avx2_q8_inner(rows, rb, x, d, xsum, out) }
+        }
+        let (rows, rows_q8): (RowsFn, RowsQ8Fn) = match $isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2,
-            Isa::Portable => portable,
+            Isa::Avx2 => (avx2, avx2_q8),
+            Isa::Portable => (portable, portable_q8),
         };
         Kernels {
             rows,
+            rows_q8,
             group: <$k>::G,
             mins: <$k>::MINS,
         }
@@ -812,7 +1112,17 @@ fn kernels_for(ty: GgmlType, isa: Isa) -> Option<Kernels> {
         GgmlType::Q8_0 => kernels!(Q8_0, isa),
         GgmlType::Q2_K => kernels!(Q2K, isa),
         GgmlType::Q3_K => kernels!(Q3K, isa),
-        GgmlType::Q4_K => kernels!(Q4K, isa),
+        GgmlType::Q4_K => {
+            let k = kernels!(Q4K, isa);
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => Kernels {
+                    rows_q8: q4k_q8_avx2,
+                    ..k
+                },
+                Isa::Portable => k,
+            }
+        }
         GgmlType::Q5_K => kernels!(Q5K, isa),
         GgmlType::Q6_K => kernels!(Q6K, isa),
         GgmlType::IQ4_NL => kernels!(Iq4Nl, isa),
@@ -915,33 +1225,41 @@ mod tests {
         }
     }
 
-    /// Every kernel (portable, and AVX2 where the CPU has it) against the f64 product of ggml's
-    /// dequantised rows, on fresh random blocks of many shapes; the batched product equals the
-    /// per-vector one bit for bit on every kernel.
-    #[test]
-    fn every_kernel_matches_the_dequantised_reference() {
-        let mut rng = Rng::new(77);
+    /// Every kernel (portable, and AVX2 where the CPU has it; f32 activations, and the q8
+    /// variant's) against the f64 product of ggml's dequantised rows with the activations the
+    /// kernel sees (the q8 variant: those its 8-bit codes stand for), on fresh random blocks of
+    /// many shapes; the batched product equals the per-vector one bit for bit on every kernel.
+    fn check_kernels(q8: bool, seed: u64) {
+        let mut rng = Rng::new(seed);
         for isa in Isa::available() {
             for ty in TYPES {
                 for (rows, blocks) in [(1, 1), (2, 5), (7, 3), (40, 2), (5, 9)] {
                     let src = source(&mut rng, ty, rows, blocks);
-                    let m = GGML.encode_on(&src, isa).unwrap();
+                    let m = GGML.encode_on(&src, isa, q8).unwrap();
+                    assert_eq!(m.form().variant, if q8 { Q8 } else { "" });
                     let n = 6;
                     let x: Vec<f32> = (0..n * src.cols).map(|_| rng.normal()).collect();
                     let mut y = vec![0f32; n * rows];
                     m.matmul(&x, n, &mut y);
                     for v in 0..n {
                         let xv = &x[v * src.cols..(v + 1) * src.cols];
-                        let want = reference_matvec(&*m, xv);
+                        let seen = match q8 {
+                            true => {
+                                let (q, d) = quantize_q8(xv);
+                                dequantize_q8(&q, &d)
+                            }
+                            false => xv.to_vec(),
+                        };
+                        let want = reference_matvec(&*m, &seen);
                         let mut yv = vec![0f32; rows];
                         m.matvec(xv, &mut yv);
                         assert_eq!(yv, y[v * rows..(v + 1) * rows], "{ty} {isa:?} vector {v}");
-                        let scale: f64 = (0..rows)
+                        let mut w = vec![0f32; src.cols];
+                        let scale = (0..rows)
                             .map(|r| {
-                                let mut w = vec![0f32; src.cols];
                                 m.row(r, &mut w);
                                 w.iter()
-                                    .zip(xv)
+                                    .zip(&seen)
                                     .map(|(&w, &x)| (w as f64 * x as f64).abs())
                                     .sum::<f64>()
                             })
@@ -949,13 +1267,49 @@ mod tests {
                         for (r, (&got, &want)) in yv.iter().zip(&want).enumerate() {
                             assert!(
                                 (got as f64 - want).abs() <= 2e-6 * scale,
-                                "{ty} {isa:?} {rows}x{} row {r}: {got} vs {want}",
+                                "{ty} {isa:?} q8 {q8} {rows}x{} row {r}: {got} vs {want}",
                                 src.cols
                             );
                         }
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn every_kernel_matches_the_dequantised_reference() {
+        check_kernels(false, 77);
+    }
+
+    #[test]
+    fn every_q8_kernel_matches_the_reference_on_its_activations() {
+        check_kernels(true, 78);
+    }
+
+    #[test]
+    fn activations_quantise_to_the_nearest_code_of_their_block_scale() {
+        let mut rng = Rng::new(5);
+        let mut x: Vec<f32> = (0..100).map(|_| rng.normal() * 3.0).collect();
+        x[32..64].fill(0.0); // a block of zeros: scale 0, codes 0
+        let (q, d) = quantize_q8(&x);
+        assert_eq!((q.len(), d.len()), (100, 4));
+        assert_eq!(d[1], 0.0);
+        for (i, (&x, &q)) in x.iter().zip(&q).enumerate() {
+            let s = d[i / 32];
+            assert!(
+                (x - q as f32 * s).abs() <= s / 2.0 * (1.0 + 1e-6),
+                "{i}: {x} {q} {s}"
+            );
+            assert!(q.unsigned_abs() <= 127);
+        }
+        // The largest magnitude of each block is ±127.
+        for (b, c) in q.chunks(32).enumerate().filter(|(b, _)| *b != 1) {
+            assert_eq!(
+                c.iter().map(|q| q.unsigned_abs()).max(),
+                Some(127),
+                "block {b}"
+            );
         }
     }
 

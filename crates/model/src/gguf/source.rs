@@ -26,6 +26,8 @@ pub struct GgufSource {
     arch_key: String,
     /// Matrices served as given instead of from the file's bytes, by GGUF name (coded ones).
     linears: HashMap<String, Arc<dyn Linear>>,
+    /// The ggml form's variant the file's quantised matrices are served in.
+    ggml_variant: &'static str,
 }
 
 impl std::fmt::Debug for GgufSource {
@@ -70,7 +72,15 @@ impl GgufSource {
             arch,
             arch_key,
             linears: HashMap::new(),
+            ggml_variant: "",
         })
+    }
+
+    /// The file's quantised matrices multiply 8-bit activations (the ggml form's `q8` variant,
+    /// llama.cpp's precision) where `q8`, f32 ones otherwise.
+    pub fn with_q8_activations(mut self, q8: bool) -> Self {
+        self.ggml_variant = if q8 { crate::forms::ggml::Q8 } else { "" };
+        self
     }
 
     /// Serves these matrices (by GGUF name, in GGUF row order) instead of the file's bytes for
@@ -262,8 +272,9 @@ impl GgufSource {
                     },
                 )
                 .map_err(|e| ModelError::tensor(&info.name, e.to_string()))?;
-                let m = crate::forms::Form::encode(&crate::forms::ggml::GGML, &src, "")
-                    .map_err(|e| ModelError::tensor(&info.name, e.to_string()))?;
+                let m =
+                    crate::forms::Form::encode(&crate::forms::ggml::GGML, &src, self.ggml_variant)
+                        .map_err(|e| ModelError::tensor(&info.name, e.to_string()))?;
                 HostTensor::Linear(match unpermute_heads {
                     Some(heads) => Arc::new(RowPermuted::new(&info.name, m, heads)?),
                     None => m,
