@@ -356,24 +356,7 @@ trait Kind {
     fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]);
 }
 
-use crate::gguf::dequant::{scale_min_k4, IQ4NL_VALUES};
-
-/// The little-endian IEEE half at `b[at..]` as f32, exactly, inlined into the kernels (a call
-/// into the `half` crate per block cost 6 % of a 7B's decode step).
-#[inline(always)]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    let h = u16::from_le_bytes([b[at], b[at + 1]]) as u32;
-    let sign = (h & 0x8000) << 16;
-    let (exp, man) = ((h >> 10) & 0x1f, h & 0x3ff);
-    match exp {
-        // ±0 and subnormals: man · 2^-24, exact in f32.
-        0 => f32::from_bits(sign | (man as f32 * (1.0 / 16_777_216.0)).to_bits()),
-        31 if man == 0 => f32::from_bits(sign | 0x7f80_0000),
-        // NaNs come out quiet, as F16C's conversion gives them.
-        31 => f32::from_bits(sign | 0x7fc0_0000 | (man << 13)),
-        _ => f32::from_bits(sign | ((exp + 112) << 23) | (man << 13)),
-    }
-}
+use crate::gguf::dequant::{f16_at, q3k_scales, scale_min_k4, IQ4NL_VALUES};
 
 struct Q4_0;
 impl Kind for Q4_0 {
@@ -615,19 +598,10 @@ impl Kind for Q3K {
     const MINS: bool = false;
     #[inline(always)]
     fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
-        let (hm, qs, packed) = (&b[..32], &b[32..96], &b[96..108]);
+        let (hm, qs) = (&b[..32], &b[32..96]);
         let d_all = f16_at(b, 108);
-        let word = |i: usize| u32::from_le_bytes(packed[4 * i..4 * i + 4].try_into().unwrap());
-        let (kmask1, kmask2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
-        let (a0, a1, tmp) = (word(0), word(1), word(2));
-        let aux = [
-            (a0 & kmask2) | ((tmp & kmask1) << 4),
-            (a1 & kmask2) | (((tmp >> 2) & kmask1) << 4),
-            ((a0 >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4),
-            ((a1 >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4),
-        ];
-        for (s, a) in a[..16].iter_mut().enumerate() {
-            *a = d_all * ((aux[s / 4] >> (8 * (s % 4))) as u8 as i8 as i32 - 32) as f32;
+        for (a, sc) in a[..16].iter_mut().zip(q3k_scales(&b[96..108])) {
+            *a = d_all * (sc as i32 - 32) as f32;
         }
         for half in 0..2 {
             for j in 0..4 {
@@ -1310,15 +1284,6 @@ mod tests {
                 Some(127),
                 "block {b}"
             );
-        }
-    }
-
-    #[test]
-    fn halves_convert_exactly_as_the_half_crate_does() {
-        for h in 0..=u16::MAX {
-            let ours = f16_at(&h.to_le_bytes(), 0);
-            let theirs = half::f16::from_bits(h).to_f32();
-            assert_eq!(ours.to_bits(), theirs.to_bits(), "{h:#06x}");
         }
     }
 
