@@ -161,7 +161,7 @@ impl Linear for GgmlLinear {
         y.par_chunks_mut(per).enumerate().for_each(|(chunk, ys)| {
             let rows = &self.bytes.bytes()[chunk * per * rb..(chunk * per + ys.len()) * rb];
             match self.q8 {
-                true => (self.kernels.rows_q8)(rows, rb, &[&xq], &[&xd], &[&xsum], ys),
+                true => (self.kernels.rows_q8)(rows, rb, &[Q8In { q: &xq, d: &xd }], &[&xsum], ys),
                 false => (self.kernels.rows)(rows, rb, &[x], &[&xsum], ys),
             }
         });
@@ -197,9 +197,11 @@ impl Linear for GgmlLinear {
                     let k = v1 - v0;
                     let out_k = &mut tmp[..(r1 - r0) * k];
                     if self.q8 {
-                        let q: Vec<&[i8]> = quantised[v0..v1].iter().map(|q| &q.0[..]).collect();
-                        let d: Vec<&[f32]> = quantised[v0..v1].iter().map(|q| &q.1[..]).collect();
-                        (self.kernels.rows_q8)(block, rb, &q, &d, &sum, out_k);
+                        let x: Vec<Q8In> = quantised[v0..v1]
+                            .iter()
+                            .map(|(q, d)| Q8In { q, d })
+                            .collect();
+                        (self.kernels.rows_q8)(block, rb, &x, &sum, out_k);
                     } else {
                         (self.kernels.rows)(block, rb, &xs[v0..v1], &sum, out_k);
                     }
@@ -616,15 +618,25 @@ impl Kind for Q3K {
     }
 }
 
-/// Eight f32 partial sums: `acc += (a·q)·x` over a block's sub-blocks.
+/// A row's partial sums over its blocks: `acc += Σ_sub-blocks a·Σ(q·x)` for one block, the
+/// activations `x` as the accumulator takes them ([`Acc::In`]: f32, or 8-bit codes and scales).
 trait Acc: Copy {
+    /// One vector's activations.
+    type In<'a>: Copy;
+    /// The activations of elements `c0..c0 + n` (a block).
+    fn block<'a>(x: Self::In<'a>, c0: usize, n: usize) -> Self::In<'a>;
     fn zero() -> Self;
-    /// Safety: the implementation's ISA must be present (`Kernels::pick` checks it).
-    unsafe fn add(self, q: &[i8], x: &[f32], a: &[f32], g: usize) -> Self;
+    /// Safety: the implementation's ISA must be present (`Isa::detect` checks it).
+    unsafe fn add(self, q: &[i8], x: Self::In<'_>, a: &[f32], g: usize) -> Self;
     fn total(self) -> f32;
 }
 
+/// Eight f32 partial sums: `acc += (a·q)·x`.
 impl Acc for [f32; 8] {
+    type In<'a> = &'a [f32];
+    fn block<'a>(x: Self::In<'a>, c0: usize, n: usize) -> Self::In<'a> {
+        &x[c0..c0 + n]
+    }
     fn zero() -> Self {
         [0.0; 8]
     }
@@ -652,6 +664,10 @@ struct Avx2([std::arch::x86_64::__m256; 4]);
 
 #[cfg(target_arch = "x86_64")]
 impl Acc for Avx2 {
+    type In<'a> = &'a [f32];
+    fn block<'a>(x: Self::In<'a>, c0: usize, n: usize) -> Self::In<'a> {
+        &x[c0..c0 + n]
+    }
     #[inline(always)]
     fn zero() -> Self {
         // SAFETY: SSE/AVX register zeroing; only called inside the AVX2 kernels.
@@ -702,7 +718,7 @@ const VECS: usize = 4;
 unsafe fn rows_dot<K: Kind, A: Acc>(
     rows: &[u8],
     row_bytes: usize,
-    xs: &[&[f32]],
+    xs: &[A::In<'_>],
     xsum: &[&[f32]],
     out: &mut [f32],
 ) {
@@ -719,7 +735,7 @@ unsafe fn rows_dot<K: Kind, A: Acc>(
 unsafe fn rows_dot_n<K: Kind, A: Acc, const N: usize>(
     rows: &[u8],
     row_bytes: usize,
-    xs: &[&[f32]],
+    xs: &[A::In<'_>],
     xsum: &[&[f32]],
     out: &mut [f32],
 ) {
@@ -734,7 +750,7 @@ unsafe fn rows_dot_n<K: Kind, A: Acc, const N: usize>(
             K::decode(b, &mut q, &mut a, &mut m);
             let c0 = bi * K::BS;
             for v in 0..n {
-                acc[v] = acc[v].add(&q[..K::BS], &xs[v][c0..c0 + K::BS], &a, K::G);
+                acc[v] = acc[v].add(&q[..K::BS], A::block(xs[v], c0, K::BS), &a, K::G);
                 if K::MINS {
                     let s0 = c0 / K::G;
                     for s in 0..K::BS / K::G {
@@ -774,26 +790,39 @@ pub(crate) fn dequantize_q8(q: &[i8], d: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-/// `acc += Σ_sub-blocks a·d·Σ(q·xq)` over a block, with 8-bit activations `xq` and their
-/// per-32 scales `d`.
-trait AccQ8: Copy {
-    fn zero() -> Self;
-    /// Safety: the implementation's ISA must be present.
-    unsafe fn add(self, q: &[i8], xq: &[i8], d: &[f32], a: &[f32], g: usize) -> Self;
-    fn total(self) -> f32;
+/// One vector's 8-bit activations: codes `q` and their per-32 scales `d` ([`quantize_q8`]).
+#[derive(Clone, Copy)]
+struct Q8In<'a> {
+    q: &'a [i8],
+    d: &'a [f32],
+}
+
+impl<'a> Q8In<'a> {
+    fn block(self, c0: usize, n: usize) -> Self {
+        Q8In {
+            q: &self.q[c0..c0 + n],
+            d: &self.d[c0 / 32..(c0 + n).div_ceil(32)],
+        }
+    }
 }
 
 /// The portable reference: exact integer sums per sub-block.
 #[derive(Clone, Copy)]
 struct ScalarQ8(f32);
 
-impl AccQ8 for ScalarQ8 {
+/// `acc += Σ_sub-blocks a·d·Σ(q·xq)`.
+impl Acc for ScalarQ8 {
+    type In<'a> = Q8In<'a>;
+    fn block<'a>(x: Self::In<'a>, c0: usize, n: usize) -> Self::In<'a> {
+        x.block(c0, n)
+    }
     fn zero() -> Self {
         ScalarQ8(0.0)
     }
     #[inline(always)]
-    unsafe fn add(mut self, q: &[i8], xq: &[i8], d: &[f32], a: &[f32], g: usize) -> Self {
-        for (s, (q, x)) in q.chunks_exact(g).zip(xq.chunks_exact(g)).enumerate() {
+    unsafe fn add(mut self, q: &[i8], x: Q8In<'_>, a: &[f32], g: usize) -> Self {
+        let d = x.d;
+        for (s, (q, x)) in q.chunks_exact(g).zip(x.q.chunks_exact(g)).enumerate() {
             let sum: i32 = q.iter().zip(x).map(|(&q, &x)| q as i32 * x as i32).sum();
             self.0 += a[s] * d[s * g / 32] * sum as f32;
         }
@@ -810,15 +839,20 @@ impl AccQ8 for ScalarQ8 {
 struct Avx2Q8([std::arch::x86_64::__m256; 2]);
 
 #[cfg(target_arch = "x86_64")]
-impl AccQ8 for Avx2Q8 {
+impl Acc for Avx2Q8 {
+    type In<'a> = Q8In<'a>;
+    fn block<'a>(x: Self::In<'a>, c0: usize, n: usize) -> Self::In<'a> {
+        x.block(c0, n)
+    }
     #[inline(always)]
     fn zero() -> Self {
         // SAFETY: register zeroing; only called inside the AVX2 kernels.
         Avx2Q8([unsafe { std::arch::x86_64::_mm256_setzero_ps() }; 2])
     }
     #[inline(always)]
-    unsafe fn add(self, q: &[i8], xq: &[i8], d: &[f32], a: &[f32], g: usize) -> Self {
+    unsafe fn add(self, q: &[i8], x: Q8In<'_>, a: &[f32], g: usize) -> Self {
         use std::arch::x86_64::*;
+        let (xq, d) = (x.q, x.d);
         let [mut c0, mut c1] = self.0;
         let n = q.len().min(xq.len());
         assert!(n.is_multiple_of(32) && (g == 16 || g == 32) && a.len() >= n / g);
@@ -854,59 +888,6 @@ impl AccQ8 for Avx2Q8 {
     }
 }
 
-/// [`rows_dot`] over 8-bit activations `xq` (scales `xd`): the `q8` variant.
-#[inline(always)]
-unsafe fn rows_dot_q8<K: Kind, A: AccQ8>(
-    rows: &[u8],
-    row_bytes: usize,
-    x: &[&[i8]],
-    xd: &[&[f32]],
-    xsum: &[&[f32]],
-    out: &mut [f32],
-) {
-    match x.len() {
-        1 => rows_dot_q8_n::<K, A, 1>(rows, row_bytes, x, xd, xsum, out),
-        2 => rows_dot_q8_n::<K, A, 2>(rows, row_bytes, x, xd, xsum, out),
-        3 => rows_dot_q8_n::<K, A, 3>(rows, row_bytes, x, xd, xsum, out),
-        _ => rows_dot_q8_n::<K, A, VECS>(rows, row_bytes, x, xd, xsum, out),
-    }
-}
-
-#[inline(always)]
-unsafe fn rows_dot_q8_n<K: Kind, A: AccQ8, const N: usize>(
-    rows: &[u8],
-    row_bytes: usize,
-    x: &[&[i8]],
-    xd: &[&[f32]],
-    xsum: &[&[f32]],
-    out: &mut [f32],
-) {
-    assert!(x.len() == N && xd.len() == N && (!K::MINS || xsum.len() == N));
-    let mut q = [0i8; 256];
-    let (mut a, mut m) = ([0f32; 16], [0f32; 16]);
-    for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
-        let mut acc = [A::zero(); N];
-        let mut off = [0f32; N];
-        for (bi, b) in row.chunks_exact(K::TS).enumerate() {
-            K::decode(b, &mut q, &mut a, &mut m);
-            let c0 = bi * K::BS;
-            for v in 0..N {
-                let xv = &x[v][c0..c0 + K::BS];
-                acc[v] = acc[v].add(&q[..K::BS], xv, &xd[v][c0 / 32..], &a, K::G);
-                if K::MINS {
-                    let s0 = c0 / K::G;
-                    for s in 0..K::BS / K::G {
-                        off[v] += m[s] * xsum[v][s0 + s];
-                    }
-                }
-            }
-        }
-        for v in 0..N {
-            out[r * N + v] = acc[v].total() + off[v];
-        }
-    }
-}
-
 /// Q4_K's `q8` product on AVX2, reading the nibbles in place (llama.cpp's scheme): each 32-byte
 /// group of codes holds two sub-blocks, low and high nibbles, multiplied unsigned by the signed
 /// activations with `maddubs` (no decode into a code array).
@@ -915,13 +896,12 @@ unsafe fn rows_dot_q8_n<K: Kind, A: AccQ8, const N: usize>(
 unsafe fn q4k_q8_avx2_n<const N: usize>(
     rows: &[u8],
     row_bytes: usize,
-    x: &[&[i8]],
-    xd: &[&[f32]],
+    x: &[Q8In],
     xsum: &[&[f32]],
     out: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    assert!(x.len() == N && xd.len() == N && xsum.len() == N);
+    assert!(x.len() == N && xsum.len() == N);
     let (mask, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
     let (mut a, mut m) = ([0f32; 16], [0f32; 16]);
     for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
@@ -937,13 +917,14 @@ unsafe fn q4k_q8_avx2_n<const N: usize>(
                 let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
                 for i in 0..N {
                     let e = c0 + 64 * c;
-                    assert!(x[i].len() >= e + 64 && xd[i].len() > e / 32 + 1);
-                    // SAFETY: e + 64 ≤ x[i].len(), checked above.
-                    let xl = _mm256_loadu_si256(x[i].as_ptr().add(e) as *const __m256i);
-                    let xh = _mm256_loadu_si256(x[i].as_ptr().add(e + 32) as *const __m256i);
+                    let Q8In { q: xq, d: xd } = x[i];
+                    assert!(xq.len() >= e + 64 && xd.len() > e / 32 + 1);
+                    // SAFETY: e + 64 ≤ xq.len(), checked above.
+                    let xl = _mm256_loadu_si256(xq.as_ptr().add(e) as *const __m256i);
+                    let xh = _mm256_loadu_si256(xq.as_ptr().add(e + 32) as *const __m256i);
                     let sl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), ones);
                     let sh = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), ones);
-                    let (dl, dh) = (xd[i][e / 32], xd[i][e / 32 + 1]);
+                    let (dl, dh) = (xd[e / 32], xd[e / 32 + 1]);
                     let fl = _mm256_set1_ps(a[2 * c] * dl);
                     let fh = _mm256_set1_ps(a[2 * c + 1] * dh);
                     acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sl), fl, acc[i]);
@@ -965,20 +946,20 @@ unsafe fn q4k_q8_avx2_n<const N: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-fn q4k_q8_avx2(rows: &[u8], rb: usize, x: &[&[i8]], d: &[&[f32]], s: &[&[f32]], out: &mut [f32]) {
+fn q4k_q8_avx2(rows: &[u8], rb: usize, x: &[Q8In], s: &[&[f32]], out: &mut [f32]) {
     // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
     unsafe {
         match x.len() {
-            1 => q4k_q8_avx2_n::<1>(rows, rb, x, d, s, out),
-            2 => q4k_q8_avx2_n::<2>(rows, rb, x, d, s, out),
-            3 => q4k_q8_avx2_n::<3>(rows, rb, x, d, s, out),
-            _ => q4k_q8_avx2_n::<VECS>(rows, rb, x, d, s, out),
+            1 => q4k_q8_avx2_n::<1>(rows, rb, x, s, out),
+            2 => q4k_q8_avx2_n::<2>(rows, rb, x, s, out),
+            3 => q4k_q8_avx2_n::<3>(rows, rb, x, s, out),
+            _ => q4k_q8_avx2_n::<VECS>(rows, rb, x, s, out),
         }
     }
 }
 
-/// The `q8` variant's product kernel of one type on one ISA (see [`rows_dot_q8`]).
-type RowsQ8Fn = fn(&[u8], usize, &[&[i8]], &[&[f32]], &[&[f32]], &mut [f32]);
+/// The `q8` variant's product kernel of one type on one ISA (see [`rows_dot`]).
+type RowsQ8Fn = fn(&[u8], usize, &[Q8In], &[&[f32]], &mut [f32]);
 
 /// The product kernel of one type on one ISA (see [`rows_dot`]).
 type RowsFn = fn(&[u8], usize, &[&[f32]], &[&[f32]], &mut [f32]);
@@ -1015,21 +996,25 @@ macro_rules! kernels {
             // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
             unsafe { avx2_inner(rows, rb, xs, xsum, out) }
         }
-        type X<'a> = &'a [&'a [i8]];
-        type F<'a> = &'a [&'a [f32]];
-        fn portable_q8(rows: &[u8], rb: usize, x: X, d: F, xsum: F, out: &mut [f32]) {
+        fn portable_q8(rows: &[u8], rb: usize, x: &[Q8In], xsum: &[&[f32]], out: &mut [f32]) {
             // SAFETY: the portable accumulator needs no ISA.
-            unsafe { rows_dot_q8::<$k, ScalarQ8>(rows, rb, x, d, xsum, out) }
+            unsafe { rows_dot::<$k, ScalarQ8>(rows, rb, x, xsum, out) }
         }
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn avx2_q8_inner(rows: &[u8], rb: usize, x: X, d: F, xsum: F, out: &mut [f32]) {
-            rows_dot_q8::<$k, Avx2Q8>(rows, rb, x, d, xsum, out)
+        unsafe fn avx2_q8_inner(
+            rows: &[u8],
+            rb: usize,
+            x: &[Q8In],
+            xsum: &[&[f32]],
+            out: &mut [f32],
+        ) {
+            rows_dot::<$k, Avx2Q8>(rows, rb, x, xsum, out)
         }
         #[cfg(target_arch = "x86_64")]
-        fn avx2_q8(rows: &[u8], rb: usize, x: X, d: F, xsum: F, out: &mut [f32]) {
+        fn avx2_q8(rows: &[u8], rb: usize, x: &[Q8In], xsum: &[&[f32]], out: &mut [f32]) {
             // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
-            unsafe { avx2_q8_inner(rows, rb, x, d, xsum, out) }
+            unsafe { avx2_q8_inner(rows, rb, x, xsum, out) }
         }
         let (rows, rows_q8): (RowsFn, RowsQ8Fn) = match $isa {
             #[cfg(target_arch = "x86_64")]
