@@ -4,12 +4,14 @@
 //! - [`histogram`]: histograms, entropy, cross-entropy size prediction;
 //! - [`dtans`]: the dtANS-LLM coder (encoder and a CPU decoder that takes the GPU decoder's steps);
 //! - [`df11`]: the DFloat11-layout Huffman coder (second lossless coder, interop target);
+//! - [`lossy`]: lossy coding at a named rate (E8 lattice or entropy-coded TCQ, tiled rANS);
 //! - [`palette`]: FP8 codes as 4-bit indices into a ≤ 16-code palette plus escapes (a serving form);
 //! - [`matvec`]: the CPU reference of the fused decode-matvec `y = W·x` from every coded form.
 
 pub mod df11;
 pub mod dtans;
 pub mod histogram;
+pub mod lossy;
 pub mod matvec;
 pub mod palette;
 pub mod payload;
