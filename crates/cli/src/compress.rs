@@ -7,7 +7,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use entrollm_codec::dtans::Coding;
 use entrollm_format::FormEntry;
 use entrollm_model::coding_plan::CodingPlan;
-use entrollm_model::compress::{compress, Coder, CompressOptions, Progress, SourceKind};
+use entrollm_model::compress::{
+    compress, Coder, CompressOptions, LossyOptions, Progress, SourceKind,
+};
 use entrollm_model::load::{open_weights_with, LoadOptions};
 use entrollm_tune::file::PlanFile;
 use entrollm_tune::tuner::LaunchTimer;
@@ -35,6 +37,16 @@ pub struct Args {
     /// from a tuner; launches it does not name get --coding.
     #[arg(long)]
     coding_file: Option<PathBuf>,
+    /// Code the float matrices lossily at this many stored bits a weight, every byte counted
+    /// (e.g. 4, or 3.3): the container then decodes to their reconstruction. The token embedding,
+    /// the output projection and tensors that are not matrices stay exact. Off: lossless.
+    #[arg(long, value_name = "R")]
+    bits: Option<f64>,
+    /// With --bits, the quantiser: tcqN (entropy-coded trellis-coded quantisation, N = 4 … 256
+    /// states: more states code closer to the bound and encode slower) or e8 (EntroPack's E8
+    /// lattice, about 0.1 bit further from the bound, faster to encode).
+    #[arg(long, default_value = "tcq32", value_name = "tcqN|e8")]
+    quantizer: String,
     /// Tensors with fewer elements than this stay uncoded.
     #[arg(long, default_value_t = 4096)]
     min_elements: usize,
@@ -67,7 +79,18 @@ fn options(a: &Args) -> Result<CompressOptions> {
         Some(f) => CodingPlan::from_file(f, default)?,
         None => CodingPlan::uniform(default),
     };
+    let lossy = match a.bits {
+        Some(bits) => Some(LossyOptions {
+            bits,
+            quantizer: a
+                .quantizer
+                .parse()
+                .map_err(|e| anyhow!("--quantizer: {e}"))?,
+        }),
+        None => None,
+    };
     Ok(CompressOptions {
+        lossy,
         coder: Coder::parse(&a.coder).map_err(|e| anyhow!(e))?,
         plan,
         min_elements: a.min_elements,
@@ -214,6 +237,13 @@ pub fn run(a: Args) -> Result<()> {
         src as f64 / 1e6,
         100.0 * dst as f64 / src.max(1) as f64
     );
+    if let (Some(l), true) = (&opts.lossy, s.lossy_tensors > 0) {
+        eprintln!(
+            "lossy: {} matrices coded with {} at {} bits a weight; the container decodes to their \
+             reconstruction (`decompress` writes it, not the source)",
+            s.lossy_tensors, l.quantizer, l.bits
+        );
+    }
     if s.formed_tensors > 0 {
         eprintln!(
             "compress: {} tensors in the forms of the plan, recorded in entrollm.json (run and \

@@ -37,6 +37,7 @@ fn single_file(reader: &ContainerReader, output: &Path) -> Option<String> {
 
 pub fn run(a: Args) -> Result<()> {
     let reader = ContainerReader::open(&a.src)?;
+    crate::generate::lossy_note(&a.src);
     let single = single_file(&reader, &a.output);
     if single.is_some() && a.output.exists() && !a.overwrite {
         bail!(

@@ -701,6 +701,21 @@ fn memory_verdict(
     }))
 }
 
+/// Says so when a container is lossy: what it serves is a reconstruction of the source.
+pub fn lossy_note(dir: &std::path::Path) {
+    if let Ok(r) = entrollm_format::ContainerReader::open(dir) {
+        if let Some(l) = r.manifest().metadata.get("lossy") {
+            eprintln!(
+                "lossy container: {} matrices coded with {} at {} bits a weight; they are served \
+                 as their reconstruction, not the source's weights",
+                l["tensors"],
+                l["quantizer"].as_str().unwrap_or("?"),
+                l["bits"]
+            );
+        }
+    }
+}
+
 pub fn open(a: &ModelArgs) -> Result<Session> {
     let device = DeviceArg::parse(&a.device)?;
     let decode = a.decode.options()?;
@@ -735,6 +750,9 @@ pub fn open(a: &ModelArgs) -> Result<Session> {
             "cpu: coded matrices decoded at load, the faster form on the CPU (--keep-coded keeps \
              them coded in memory, smaller and slower)"
         );
+    }
+    if container {
+        lossy_note(&a.model);
     }
     let load = LoadOptions {
         fused,

@@ -32,12 +32,20 @@ fn coding_label(coder: &str, p: &Value) -> String {
                 .map(|t| format!(" t={t}"))
                 .unwrap_or_default()
         ),
+        "lossy" => format!(
+            "lossy {} at {:.3} bits (target {}), relative L2 error {:.2} %",
+            p["quantizer"].as_str().unwrap_or("?"),
+            p["bits_per_weight"].as_f64().unwrap_or(f64::NAN),
+            p["stats"]["target_bits"],
+            100.0 * p["stats"]["rel_l2"].as_f64().unwrap_or(f64::NAN)
+        ),
         c => c.to_string(),
     }
 }
 
 pub fn run(a: Args) -> Result<()> {
     let (rows, plan) = if std::fs::symlink_metadata(a.path.join("entrollm.json")).is_ok() {
+        crate::generate::lossy_note(&a.path);
         container(&a)?
     } else if entrollm_model::compress::is_gguf(&a.path) {
         (gguf_source(&a)?, None)

@@ -32,7 +32,7 @@ struct Cli {
 enum Command {
     /// Write a synthetic Hugging Face-style checkpoint with realistic weight statistics.
     Synth(synth::Args),
-    /// Code a checkpoint losslessly into an entrollm container.
+    /// Code a checkpoint into an entrollm container: losslessly, or lossily at --bits.
     Compress(compress::Args),
     /// Rebuild the original checkpoint from a container, bit for bit.
     Decompress(decompress::Args),

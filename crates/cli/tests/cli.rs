@@ -1478,3 +1478,114 @@ fn too_many_tensors_are_refused_before_any_work() {
     assert!(!out.exists());
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// `compress --bits`: matrices coded lossily at the rate asked, the embedding and norms exact;
+/// every command says the container is lossy; `decompress` writes the reconstruction and checks it.
+#[test]
+fn lossy_containers_code_at_the_rate_asked_and_restore_their_reconstruction() {
+    use entrollm_format::Checkpoint;
+    let d = tmp("lossy");
+    let src = d.join("src");
+    ok(&[
+        "synth",
+        "--shape",
+        "tiny",
+        "--dtype",
+        "bf16",
+        "--seed",
+        "5",
+        "-o",
+        src.to_str().unwrap(),
+    ]);
+    for q in ["tcq8", "e8"] {
+        let c = d.join(format!("c-{q}"));
+        let back = d.join(format!("back-{q}"));
+        let out = ok(&[
+            "compress",
+            src.to_str().unwrap(),
+            "-o",
+            c.to_str().unwrap(),
+            "--bits",
+            "4",
+            "--quantizer",
+            q,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("coded with {q} at 4 bits")), "{err}");
+        let out = ok(&["inspect", c.to_str().unwrap(), "--json"]);
+        assert!(String::from_utf8_lossy(&out.stderr).contains("lossy container"));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut lossy = 0;
+        for t in v["tensors"].as_array().unwrap() {
+            let name = t["name"].as_str().unwrap();
+            if t["coder"] == "lossy" {
+                lossy += 1;
+                let bpw = t["bits_per_weight"].as_f64().unwrap();
+                assert!((bpw / 4.0 - 1.0).abs() < 0.01, "{name}: {bpw}");
+                assert!(!name.contains("embed"), "{name}");
+            }
+        }
+        assert!(lossy >= 7, "{v}");
+        let out = ok(&[
+            "decompress",
+            c.to_str().unwrap(),
+            "-o",
+            back.to_str().unwrap(),
+        ]);
+        assert!(String::from_utf8_lossy(&out.stderr).contains("lossy container"));
+        let (a, b) = (
+            Checkpoint::open(&src).unwrap(),
+            Checkpoint::open(&back).unwrap(),
+        );
+        let f = |b: &[u8]| -> Vec<f64> {
+            b.chunks_exact(2)
+                .map(|h| half::bf16::from_bits(u16::from_le_bytes([h[0], h[1]])).to_f64())
+                .collect()
+        };
+        for t in a.tensors() {
+            let r = b.tensor(t.name).unwrap();
+            assert_eq!(r.shape, t.shape);
+            if t.shape.len() == 2 && !t.name.contains("embed") && !t.name.contains("lm_head") {
+                let (x, y) = (f(t.bytes), f(r.bytes));
+                let e: f64 = x.iter().zip(&y).map(|(p, q)| (p - q).powi(2)).sum();
+                let s: f64 = x.iter().map(|p| p * p).sum();
+                let rel = (e / s).sqrt();
+                // 4 bits: about 2^-4 (6.25 %), plus the quantiser's gap, BF16 rounding and the
+                // metadata of matrices this small (row scales, tables: ~0.3 bit a weight).
+                assert!(rel > 0.03 && rel < 0.12, "{}: {rel}", t.name);
+            } else {
+                assert!(t.bytes == r.bytes, "{} is not exact", t.name);
+            }
+        }
+        // The restored checkpoint is a checkpoint like any other.
+        ok(&[
+            "compress",
+            back.to_str().unwrap(),
+            "-o",
+            d.join(format!("again-{q}")).to_str().unwrap(),
+        ]);
+    }
+    let e = fails(&[
+        "compress",
+        src.to_str().unwrap(),
+        "-o",
+        d.join("x").to_str().unwrap(),
+        "--bits",
+        "4",
+        "--coder",
+        "df11",
+    ]);
+    assert!(e.contains("--bits"), "{e}");
+    let e = fails(&[
+        "compress",
+        src.to_str().unwrap(),
+        "-o",
+        d.join("y").to_str().unwrap(),
+        "--bits",
+        "4",
+        "--quantizer",
+        "tcq7",
+    ]);
+    assert!(e.contains("--quantizer"), "{e}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -6,6 +6,7 @@ use crate::ggml_blocks::{pack_codes, BlockType, QuantCodes, QK};
 use crate::{Dtype, FormatError, Result};
 use entrollm_codec::df11::Df11Tensor;
 use entrollm_codec::dtans::{DtansParams, DtansTensor};
+use entrollm_codec::lossy::LossyTensor;
 use entrollm_codec::{CodecError, Payload};
 use serde_json::{json, Value};
 use std::borrow::Cow;
@@ -15,6 +16,7 @@ pub const DTANS: &str = "dtans";
 pub const DF11: &str = "df11";
 pub const DTANS_GGML: &str = "dtans-ggml";
 pub const GGML_SCALES: &str = "ggml-scales";
+pub const LOSSY: &str = "lossy";
 
 /// A tensor in one of the codec's coded forms.
 pub enum Coded {
@@ -24,6 +26,68 @@ pub enum Coded {
     Ggml(GgmlCoded),
     /// A GGUF tensor of such blocks with only its scales coded.
     GgmlScales(GgmlScales),
+    /// A float matrix coded lossily: it decodes to its reconstruction, not to the source.
+    Lossy(LossyCoded),
+}
+
+/// A lossy-coded matrix and the float dtype it decodes to.
+#[derive(Clone, Debug)]
+pub struct LossyCoded {
+    pub dtype: Dtype,
+    pub tensor: LossyTensor,
+}
+
+impl LossyCoded {
+    /// The dtypes a lossy matrix decodes to.
+    pub fn decodes_to(dtype: Dtype) -> bool {
+        matches!(dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16)
+    }
+
+    /// The matrix as f32 values.
+    pub fn weights(bytes: &[u8], dtype: Dtype) -> Option<Vec<f32>> {
+        let h = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]);
+        Some(match dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("4")))
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_bits(h(b)).to_f32())
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_bits(h(b)).to_f32())
+                .collect(),
+            _ => return None,
+        })
+    }
+
+    /// The reconstruction as bytes of `dtype`: rounded to nearest, saturated to the dtype's range
+    /// (a point can land past the largest finite half).
+    pub fn decode(&self) -> entrollm_codec::Result<Vec<u8>> {
+        let v = self.tensor.decode()?;
+        Ok(match self.dtype {
+            Dtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Dtype::BF16 => v
+                .iter()
+                .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes())
+                .collect(),
+            Dtype::F16 => v
+                .iter()
+                .flat_map(|&x| {
+                    half::f16::from_f32(x.clamp(-65504.0, 65504.0))
+                        .to_bits()
+                        .to_le_bytes()
+                })
+                .collect(),
+            d => {
+                return Err(CodecError::Unsupported(format!(
+                    "a lossy matrix decodes to F32, BF16 or F16, not {d:?}"
+                )))
+            }
+        })
+    }
 }
 
 /// A GGUF tensor of code-bearing blocks whose codes do not code smaller (rows too short for the
@@ -271,6 +335,7 @@ impl Coded {
             Coded::Df11(_) => DF11,
             Coded::Ggml(_) => DTANS_GGML,
             Coded::GgmlScales(_) => GGML_SCALES,
+            Coded::Lossy(_) => LOSSY,
         }
     }
 
@@ -294,6 +359,12 @@ impl Coded {
                 }
                 v
             }
+            Coded::Lossy(l) => json!({
+                "quantizer": l.tensor.quantizer.to_string(),
+                "rows": l.tensor.rows,
+                "cols": l.tensor.cols,
+                "bits_per_weight": l.tensor.bits_per_weight(),
+            }),
         };
         v["stats"] = stats;
         v
@@ -328,6 +399,7 @@ impl Coded {
                 }
                 v
             }
+            Coded::Lossy(l) => vec![a("data", ArrayDtype::U8, Cow::Owned(l.tensor.to_bytes()))],
             Coded::Df11(t) => vec![
                 a("luts", ArrayDtype::U8, Cow::Borrowed(&t.luts[..])),
                 a(
@@ -488,9 +560,25 @@ impl Coded {
                 t.validate().map_err(|e| err(e.to_string()))?;
                 Ok(Coded::Df11(t))
             }
+            LOSSY => {
+                if !LossyCoded::decodes_to(dtype) {
+                    return Err(err(format!(
+                        "a lossy matrix decodes to F32, BF16 or F16, not {dtype:?}"
+                    )));
+                }
+                let tensor = LossyTensor::from_bytes(array("data", ArrayDtype::U8)?)
+                    .map_err(|e| err(e.to_string()))?;
+                if shape != [tensor.rows, tensor.cols] {
+                    return Err(err(format!(
+                        "coded as {}×{} but its shape is {shape:?}",
+                        tensor.rows, tensor.cols
+                    )));
+                }
+                Ok(Coded::Lossy(LossyCoded { dtype, tensor }))
+            }
             other => Err(err(format!(
-                "unknown coder '{other}' (this entrollm knows {DTANS}, {DTANS_GGML}, {GGML_SCALES} \
-                 and {DF11})"
+                "unknown coder '{other}' (this entrollm knows {DTANS}, {DTANS_GGML}, {GGML_SCALES}, \
+                 {DF11} and {LOSSY})"
             ))),
         }
     }
@@ -508,6 +596,7 @@ impl Coded {
             })
             .map_err(entrollm_codec::CodecError::Corrupt),
             Coded::GgmlScales(g) => g.decode(),
+            Coded::Lossy(l) => l.decode(),
         }
     }
 
@@ -518,7 +607,7 @@ impl Coded {
     ) -> entrollm_codec::Result<(Vec<u8>, Option<entrollm_codec::dtans::SizeBreakdown>)> {
         match self {
             Coded::Dtans(t) => t.decode_with_breakdown().map(|(d, b)| (d, Some(b))),
-            Coded::Df11(_) | Coded::GgmlScales(_) => Ok((self.decode()?, None)),
+            Coded::Df11(_) | Coded::GgmlScales(_) | Coded::Lossy(_) => Ok((self.decode()?, None)),
             Coded::Ggml(g) => {
                 let (codes, b) = g.codes.decode_with_breakdown()?;
                 let bytes = pack_codes(&QuantCodes {
@@ -541,6 +630,7 @@ impl Coded {
                 g.codes.stored_bytes() + 2 * (g.d.len() + g.m.as_ref().map_or(0, Vec::len))
             }
             Coded::GgmlScales(g) => g.stored_bytes(),
+            Coded::Lossy(l) => l.tensor.stored_bytes(),
         }
     }
 }

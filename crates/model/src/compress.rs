@@ -15,8 +15,10 @@ use crate::gguf::{GgmlType, GgufFile, GgufTensorInfo};
 use entrollm_codec::df11::Df11Tensor;
 use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor};
 use entrollm_codec::histogram::{byte_histogram, entropy_bits};
+use entrollm_codec::lossy::{LossyTensor, Quantizer};
 use entrollm_codec::{CodecError, Payload};
-use entrollm_format::coded::{payload_of, Coded, GgmlCoded, GgmlScales};
+use entrollm_format::checksum::StreamingChecksum;
+use entrollm_format::coded::{payload_of, Coded, GgmlCoded, GgmlScales, LossyCoded};
 use entrollm_format::ggml_blocks::{unpack_codes, BlockType, QK};
 use entrollm_format::{
     checksum, Checkpoint, ContainerWriter, Dtype, FormEntry, FormatError, SafetensorsFile,
@@ -69,6 +71,126 @@ pub struct CompressOptions {
     pub forms: BTreeMap<String, FormEntry>,
     /// Entries added to the manifest's `metadata` (a plan's summary).
     pub metadata: serde_json::Map<String, Value>,
+    /// Code the float matrices lossily at a rate (`compress --bits`); see [`lossy_eligible`].
+    pub lossy: Option<LossyOptions>,
+}
+
+/// Lossy coding of a checkpoint's matrices.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossyOptions {
+    /// Stored bits a weight of each lossy matrix, every byte counted.
+    pub bits: f64,
+    pub quantizer: Quantizer,
+}
+
+/// Whether `compress --bits` codes a tensor lossily: a float matrix (F32, BF16, F16) of at least
+/// `min_elements` weights whose rows the quantiser takes, other than the token embedding and the
+/// output projection (HF `*embed_tokens.weight`, `lm_head.weight`; GGUF `token_embd.weight`,
+/// `output.weight`), which stay lossless as EntroPack leaves them: they are sensitive and, per
+/// token, little of the traffic.
+pub fn lossy_eligible(
+    name: &str,
+    shape: &[usize],
+    dtype: Dtype,
+    min_elements: usize,
+    quantizer: Quantizer,
+) -> bool {
+    let kept = ["embed_tokens.weight", "lm_head.weight", "token_embd.weight"];
+    shape.len() == 2
+        && LossyCoded::decodes_to(dtype)
+        && shape[0] * shape[1] >= min_elements.max(1)
+        && shape[1].is_multiple_of(quantizer.row_multiple())
+        && !kept.iter().any(|k| name.ends_with(k))
+        && name != "output.weight"
+}
+
+/// Codes a `rows × cols` float matrix of `dtype` lossily. Returns the coded form, its statistics
+/// (rate, relative L2 error against the source) and the reconstruction's bytes: what the container
+/// records the checksum of, and what every reader is served.
+pub fn code_lossy(
+    dtype: Dtype,
+    rows: usize,
+    cols: usize,
+    bytes: &[u8],
+    opts: &LossyOptions,
+) -> Result<(Coded, Value, Vec<u8>)> {
+    let w = LossyCoded::weights(bytes, dtype).ok_or_else(|| {
+        CompressError::Usage(format!(
+            "lossy coding takes F32, BF16 or F16, not {dtype:?}"
+        ))
+    })?;
+    let o = entrollm_codec::lossy::Options::new(opts.bits, opts.quantizer);
+    let (tensor, report) = LossyTensor::encode(&w, rows, cols, &o)?;
+    let coded = LossyCoded { dtype, tensor };
+    let out = coded.decode()?;
+    let back = LossyCoded::weights(&out, dtype).expect("decodes to its own dtype");
+    let (mut e, mut s) = (0f64, 0f64);
+    for (&a, &b) in w.iter().zip(&back) {
+        e += (a as f64 - b as f64).powi(2);
+        s += (a as f64).powi(2);
+    }
+    let stats = json!({
+        "bits_per_weight": coded.tensor.bits_per_weight(),
+        "target_bits": opts.bits,
+        "rel_l2": if s > 0.0 { (e / s).sqrt() } else { 0.0 },
+        "step": report.step,
+        "passes": report.passes,
+    });
+    Ok((Coded::Lossy(coded), stats, out))
+}
+
+/// The checksum of a source file as a lossy container restores it: the file's bytes, each lossily
+/// coded tensor's replaced by its reconstruction (`segments`: offset, tensor name and source bytes,
+/// in file order; zeros between and after them up to `size`).
+fn restored_checksum<'a>(
+    prefix: &[u8],
+    size: u64,
+    segments: impl Iterator<Item = (u64, &'a str, &'a [u8])>,
+    lossy: &BTreeMap<String, LossyCoded>,
+) -> Result<u64> {
+    let mut h = StreamingChecksum::new();
+    h.update(prefix);
+    let zeros = |h: &mut StreamingChecksum, to: u64| {
+        while h.len() < to {
+            let n = (to - h.len()).min(1 << 16) as usize;
+            h.update(&vec![0u8; n]);
+        }
+    };
+    for (offset, name, bytes) in segments {
+        zeros(&mut h, offset);
+        match lossy.get(name) {
+            Some(l) => h.update(&l.decode()?),
+            None => h.update(bytes),
+        }
+    }
+    zeros(&mut h, size);
+    Ok(h.digest())
+}
+
+/// Records in the manifest that a container is lossy, or tells the user that `--bits` found no
+/// matrix to code.
+fn set_lossy(w: &mut ContainerWriter, opts: &CompressOptions, summary: &mut Summary, n: usize) {
+    let Some(l) = &opts.lossy else { return };
+    summary.lossy_tensors = n;
+    match n {
+        0 => summary.notes.push(
+            "--bits: no matrix could be coded lossily (none is F32, BF16 or F16 with rows the \
+             quantiser takes); everything is stored exactly"
+                .into(),
+        ),
+        _ => w.set_metadata("lossy", lossy_metadata(l, n)),
+    }
+}
+
+/// The manifest's note that a container is lossy.
+fn lossy_metadata(opts: &LossyOptions, tensors: usize) -> Value {
+    json!({
+        "bits": opts.bits,
+        "quantizer": opts.quantizer.to_string(),
+        "tensors": tensors,
+        "note": "lossy matrices decode to their reconstruction; the token embedding, the output \
+                 projection and non-matrix tensors are stored exactly",
+    })
 }
 
 impl Default for CompressOptions {
@@ -82,6 +204,7 @@ impl Default for CompressOptions {
             in_flight_bytes: 4 << 30,
             forms: BTreeMap::new(),
             metadata: serde_json::Map::new(),
+            lossy: None,
         }
     }
 }
@@ -119,6 +242,8 @@ pub struct Summary {
     pub coded_weights: u64,
     /// Tensors whose serving form the manifest records.
     pub formed_tensors: usize,
+    /// Coded tensors coded lossily (`--bits`).
+    pub lossy_tensors: usize,
     /// What the user should know about the result (files kept through links out of the source).
     pub notes: Vec<String>,
 }
@@ -351,6 +476,13 @@ pub fn compress(
     progress: &mut dyn Progress,
 ) -> Result<Summary> {
     entrollm_format::check_apart(src, dst)?;
+    if opts.lossy.is_some() && (!opts.forms.is_empty() || opts.coder != Coder::Dtans) {
+        return Err(CompressError::Usage(
+            "--bits codes the matrices lossily and the rest with dtans; it takes no --plan or \
+             --coder"
+                .into(),
+        ));
+    }
     if is_gguf(src) {
         compress_gguf(src, dst, opts, progress)
     } else {
@@ -440,12 +572,20 @@ fn compress_safetensors(
         coded_bytes: 0,
         coded_weights: 0,
         formed_tensors: 0,
+        lossy_tensors: 0,
         notes,
     };
     let forms = source_forms(opts, src, tensors.iter().map(|t| t.name), |n| {
         Some(n.into())
     })?;
     let code = |t: &TensorView<'_>| -> Result<Option<Ready>> {
+        if let Some(l) = &opts.lossy {
+            if lossy_eligible(t.name, t.shape, t.dtype, opts.min_elements, l.quantizer) {
+                let (coded, stats, out) = code_lossy(t.dtype, t.shape[0], t.shape[1], t.bytes, l)
+                    .map_err(CompressError::in_tensor(t.name))?;
+                return Ok(Some((coded, stats, checksum(&out))));
+            }
+        }
         let numel: usize = t.shape.iter().product();
         let (coder, coding, codable) = match planned_storage(&forms, t.name, values_kind(t.dtype))?
         {
@@ -475,6 +615,7 @@ fn compress_safetensors(
     let limits = Window::of_pool(opts.in_flight_bytes);
     let weight = |t: &TensorView<'_>| t.bytes.len() as u64;
     let files: Vec<(&str, &SafetensorsFile)> = ckpt.files().collect();
+    let mut lossy: BTreeMap<String, LossyCoded> = BTreeMap::new();
     let sums = std::thread::scope(|threads| -> Result<Vec<u64>> {
         // Hashing the whole source once more is a single-threaded pass: it runs beside the
         // coding rather than before it, and the source files are recorded after the tensors.
@@ -487,6 +628,9 @@ fn compress_safetensors(
         in_order(&tensors, weight, limits, code, |t, ready| {
             match ready {
                 Some(ready) => {
+                    if let Coded::Lossy(l) = &ready.0 {
+                        lossy.insert(t.name.to_string(), l.clone());
+                    }
                     summary.coded_tensors += 1;
                     summary.coded_source_bytes += t.bytes.len() as u64;
                     summary.coded_bytes += ready.0.stored_bytes() as u64;
@@ -504,10 +648,24 @@ fn compress_safetensors(
             .unwrap_or_else(|p| std::panic::resume_unwind(p)))
     })?;
     for ((name, file), sum) in files.iter().zip(sums) {
+        // A file holding lossy matrices is restored with their reconstructions.
+        let sum = match file.tensors().any(|t| lossy.contains_key(t.name)) {
+            true => {
+                let mut at = file.data_start() as u64;
+                let segments = file.tensors().map(|t| {
+                    let o = at;
+                    at += t.bytes.len() as u64;
+                    (o, t.name, t.bytes)
+                });
+                restored_checksum(file.prefix_bytes(), file.file_len(), segments, &lossy)?
+            }
+            false => sum,
+        };
         w.add_source_file(SourceFile::from_safetensors_hashed(name, file, sum))?;
     }
     progress.finish();
     set_metadata(&mut w, opts);
+    set_lossy(&mut w, opts, &mut summary, lossy.len());
     w.finish()?;
     Ok(summary)
 }
@@ -716,10 +874,10 @@ fn compress_gguf(
     let bytes = file.bytes();
     let data_offset = file.data_offset();
     let mut w = writer(dst, opts)?;
-    w.add_source_file(SourceFile {
-        name,
+    let source = |xxh3: u64| SourceFile {
+        name: name.clone(),
         size: bytes.len() as u64,
-        xxh3: checksum(bytes),
+        xxh3,
         prefix: &bytes[..data_offset as usize],
         segments: file
             .tensors()
@@ -729,7 +887,12 @@ fn compress_gguf(
                 offset: data_offset + t.offset,
             })
             .collect(),
-    })?;
+    };
+    // A lossy container's file is recorded once its reconstruction's checksum is known.
+    if opts.lossy.is_none() {
+        w.add_source_file(source(checksum(bytes)))?;
+    }
+    let mut lossy: BTreeMap<String, LossyCoded> = BTreeMap::new();
     progress.start(file.tensors().iter().map(|t| t.n_bytes).sum());
     let mut summary = Summary {
         source: SourceKind::Gguf,
@@ -738,6 +901,7 @@ fn compress_gguf(
         coded_bytes: 0,
         coded_weights: 0,
         formed_tensors: 0,
+        lossy_tensors: 0,
         notes: Vec::new(),
     };
     let names = file.tensors().iter().map(|t| t.name.as_str());
@@ -745,6 +909,24 @@ fn compress_gguf(
     let code = |info: &GgufTensorInfo| -> Result<GgufReady> {
         let data = file.tensor_data(info);
         let (rows, cols) = (info.n_rows(), info.row_len());
+        let float = match info.ggml_type {
+            GgmlType::F32 => Some(Dtype::F32),
+            GgmlType::F16 => Some(Dtype::F16),
+            GgmlType::BF16 => Some(Dtype::BF16),
+            _ => None,
+        };
+        if let (Some(l), Some(dtype), 2) = (&opts.lossy, float, info.dims.len()) {
+            let shape = vec![rows, cols];
+            if lossy_eligible(&info.name, &shape, dtype, opts.min_elements, l.quantizer) {
+                let (coded, stats, out) = code_lossy(dtype, rows, cols, data, l)
+                    .map_err(CompressError::in_tensor(&info.name))?;
+                return Ok(GgufReady::Coded(
+                    Box::new((coded, stats, checksum(&out))),
+                    dtype,
+                    shape,
+                ));
+            }
+        }
         // A planned matrix is stored as its form says, whatever its size.
         let min_elements = match forms.contains_key(&info.name) {
             true => 0,
@@ -816,6 +998,9 @@ fn compress_gguf(
         let data = file.tensor_data(info);
         match ready {
             GgufReady::Coded(ready, dtype, shape) => {
+                if let Coded::Lossy(l) = &ready.0 {
+                    lossy.insert(info.name.clone(), l.clone());
+                }
                 summary.coded_tensors += 1;
                 summary.coded_source_bytes += data.len() as u64;
                 summary.coded_bytes += ready.0.stored_bytes() as u64;
@@ -828,8 +1013,23 @@ fn compress_gguf(
         progress.advance(info.n_bytes);
         Ok(())
     })?;
+    if opts.lossy.is_some() {
+        let mut order: Vec<&GgufTensorInfo> = file.tensors().iter().collect();
+        order.sort_by_key(|t| t.offset);
+        let segments = order
+            .iter()
+            .map(|t| (data_offset + t.offset, t.name.as_str(), file.tensor_data(t)));
+        let sum = restored_checksum(
+            &bytes[..data_offset as usize],
+            bytes.len() as u64,
+            segments,
+            &lossy,
+        )?;
+        w.add_source_file(source(sum))?;
+    }
     progress.finish();
     set_metadata(&mut w, opts);
+    set_lossy(&mut w, opts, &mut summary, lossy.len());
     w.set_metadata("source_format", json!("gguf"));
     w.finish()?;
     Ok(summary)

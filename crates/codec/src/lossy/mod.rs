@@ -41,6 +41,10 @@ impl Quantizer {
             Quantizer::Tcq { log2_states } => Box::new(tcq::Tcq::new(log2_states)),
         }
     }
+    /// Rows must have a multiple of this many columns.
+    pub fn row_multiple(self) -> usize {
+        self.method().item()
+    }
     fn code(self) -> (u8, u8) {
         match self {
             Quantizer::E8 => (0, 0),
