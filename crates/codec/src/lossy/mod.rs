@@ -22,6 +22,9 @@ pub const TILE_WEIGHTS: usize = 32768;
 /// Smallest and largest step the search considers (units of a row's RMS).
 const STEP_RANGE: (f64, f64) = (1e-3, 8.0);
 const MAGIC: &[u8; 4] = b"ELY1";
+/// Wider rows than this are hostile (no model has them); rows are bounded by the 4 bytes of scale
+/// each one stores.
+const MAX_COLS: usize = 1 << 20;
 /// Fields larger than this are hostile: every real coded value is far smaller.
 const FIELD_LIMIT: i64 = 1 << 24;
 
@@ -380,6 +383,11 @@ impl LossyTensor {
         opts: &Options,
     ) -> Result<(LossyTensor, EncodeReport)> {
         let method = opts.quantizer.method();
+        if cols > MAX_COLS {
+            return Err(CodecError::Shape(format!(
+                "rows of {cols} columns: lossy coding takes at most {MAX_COLS}"
+            )));
+        }
         if rows == 0 || cols == 0 || w.len() != rows * cols {
             return Err(CodecError::Shape(format!(
                 "{} values for a {rows} × {cols} matrix",
@@ -450,8 +458,10 @@ impl LossyTensor {
                 opts.rate_weight * 2.0 * std::f32::consts::LN_2 * d as f32,
             ))
         };
-        // Estimated stored bits a weight at a step, and the widest alphabet it produced.
-        let estimate = |step: f64, prob_bits: u8| -> (f64, usize) {
+        // Estimated stored bits a weight at a step (and the codes, when they are the tensor's).
+        // When the sample is every row, the search's last quantisation is the tensor's.
+        let whole = sample.len() == rows;
+        let estimate = |step: f64, prob_bits: u8| -> (f64, Option<Vec<TileCode>>) {
             let model = model_at(step);
             let codes = quantize(&xs, step, model.as_ref());
             let h = histograms(&codes, method.tables());
@@ -459,12 +469,12 @@ impl LossyTensor {
             let b = prob_bits.max(needed_bits(widest).min(15));
             let tables = match build_tables(&h, b) {
                 Ok(t) => t,
-                Err(_) => return (f64::INFINITY, widest),
+                Err(_) => return (f64::INFINITY, None),
             };
             let sample_tiles = sample.len().div_ceil(tile_rows);
             let s = size_of(&h, &tables, b, sample_tiles);
             let bits = s.payload_bits / ns * n + 8.0 * (s.table_bytes as f64 + fixed);
-            (bits / n, widest)
+            (bits / n, whole.then_some(codes))
         };
 
         // Secant search on log2(step), kept inside a bracket: at high rate the rate falls by one bit a
@@ -475,10 +485,12 @@ impl LossyTensor {
         let mut hi = (STEP_RANGE.1.log2(), f64::NEG_INFINITY);
         let mut l = (1.5 - target).clamp(lo.0, hi.0);
         let mut found = (l, f64::INFINITY);
+        let mut found_codes = None;
         for _ in 0..opts.search_steps {
-            let r = estimate(l.exp2(), prob_bits).0;
+            let (r, codes) = estimate(l.exp2(), prob_bits);
             if (r - target).abs() < (found.1 - target).abs() {
                 found = (l, r);
+                found_codes = codes;
             }
             if (r - target).abs() <= tol {
                 break;
@@ -510,8 +522,10 @@ impl LossyTensor {
         let mut best: Option<(f64, f64, LossyTensor)> = None;
         loop {
             passes += 1;
-            let model = model_at(step);
-            let codes = quantize(&xn, step, model.as_ref());
+            let codes = match found_codes.take() {
+                Some(c) => c,
+                None => quantize(&xn, step, model_at(step).as_ref()),
+            };
             let h = histograms(&codes, method.tables());
             let tables = if opts.prob_bits.is_some() {
                 build_tables(&h, prob_bits).ok()
@@ -713,7 +727,7 @@ impl LossyTensor {
         let tile_rows = r.u32()? as usize;
         let ntab = r.u32()? as usize;
         let method = quantizer.method();
-        if rows == 0 || cols == 0 || !cols.is_multiple_of(method.item()) {
+        if rows == 0 || cols == 0 || cols > MAX_COLS || !cols.is_multiple_of(method.item()) {
             return Err(CodecError::Corrupt(format!("shape {rows} × {cols}")));
         }
         if tile_rows != tile_rows_for(cols) {
