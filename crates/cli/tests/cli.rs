@@ -1557,6 +1557,35 @@ fn lossy_containers_code_at_the_rate_asked_and_restore_their_reconstruction() {
                 assert!(t.bytes == r.bytes, "{} is not exact", t.name);
             }
         }
+        // Served kept coded (one tile decoded at a time), decoded at load, and as the restored
+        // checkpoint: the same values, so the same logits.
+        {
+            use entrollm_model::load::{ContainerSource, SafetensorsSource};
+            use entrollm_model::{build_model, Engine};
+            let models = [
+                build_model(&ContainerSource::open(&c, true).unwrap()).unwrap(),
+                build_model(&ContainerSource::open(&c, false).unwrap()).unwrap(),
+                build_model(&SafetensorsSource::open(&back).unwrap()).unwrap(),
+            ];
+            assert_eq!(models[0].layers[0].q.form().form, "lossy");
+            let prompt: Vec<u32> = (0..10).map(|i| (i * 37 + 5) % 1000).collect();
+            let logits: Vec<Vec<f32>> = models
+                .into_iter()
+                .map(|w| Engine::new(w, 32).unwrap().prefill(&prompt).unwrap())
+                .collect();
+            let scale = logits[0].iter().map(|x| x.abs()).fold(0f32, f32::max);
+            for l in &logits[1..] {
+                let diff = l
+                    .iter()
+                    .zip(&logits[0])
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    diff <= 1e-4 * scale.max(1.0),
+                    "{q}: logits differ by {diff}"
+                );
+            }
+        }
         // The restored checkpoint is a checkpoint like any other.
         ok(&[
             "compress",

@@ -63,6 +63,20 @@ impl LossyCoded {
         })
     }
 
+    /// A decoded weight as the value `dtype` holds ([`Self::decode`]'s rounding), as f32.
+    pub fn served(&self, x: f32) -> f32 {
+        match self.dtype {
+            Dtype::BF16 => half::bf16::from_f32(x).to_f32(),
+            Dtype::F16 => half::f16::from_f32(x.clamp(-65504.0, 65504.0)).to_f32(),
+            _ => x,
+        }
+    }
+
+    /// Y = X·Wᵀ over the served values, one tile decoded at a time.
+    pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) -> entrollm_codec::Result<()> {
+        self.tensor.matmul(x, n, y, &|v| self.served(v))
+    }
+
     /// The reconstruction as bytes of `dtype`: rounded to nearest, saturated to the dtype's range
     /// (a point can land past the largest finite half).
     pub fn decode(&self) -> entrollm_codec::Result<Vec<u8>> {

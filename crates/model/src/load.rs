@@ -226,8 +226,9 @@ impl TensorSource for ContainerSource {
                 let coded = Coded::from_stored(t.dtype, t.shape, c)
                     .map_err(|e| ModelError::tensor(name, e.to_string()))?;
                 let kept_coded = self.fused
-                    && matches!(coded, Coded::Dtans(_))
-                    && (t.dtype == Dtype::F8E4M3 || t.shape.len() == 2);
+                    && (matches!(coded, Coded::Dtans(_))
+                        && (t.dtype == Dtype::F8E4M3 || t.shape.len() == 2)
+                        || matches!(coded, Coded::Lossy(_)));
                 // Decoded to be checked even where it is served coded; unchecked, only where it
                 // is served decoded.
                 let bytes = match self.verify || !kept_coded {
@@ -252,6 +253,9 @@ impl TensorSource for ContainerSource {
                     Coded::Dtans(coded) if self.fused && t.shape.len() == 2 => Ok(Some(
                         HostTensor::Linear(Arc::new(CodedLinear::new(coded, None)?)),
                     )),
+                    Coded::Lossy(m) if self.fused => Ok(Some(HostTensor::Linear(Arc::new(
+                        crate::forms::lossy::LossyLinear::new(m),
+                    )))),
                     Coded::Df11(coded)
                         if self.forms && t.shape.len() == 2 && self.reader.form(name).is_some() =>
                     {

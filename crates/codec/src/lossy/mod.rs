@@ -677,6 +677,58 @@ impl LossyTensor {
         Ok(out)
     }
 
+    /// Y = X·Wᵀ for `n` vectors `x` (row after row, `cols` each) into `y` (`rows` each), decoding
+    /// each tile once into a buffer of its own: the CPU reference of the fused product, which never
+    /// holds more of the matrix than one tile. `round` maps each decoded weight to the value served
+    /// (the container's dtype: BF16 or F16 rounding, or none).
+    pub fn matmul(
+        &self,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        round: &(dyn Fn(f32) -> f32 + Sync),
+    ) -> Result<()> {
+        let (rows, cols) = (self.rows, self.cols);
+        if x.len() != n * cols || y.len() != n * rows {
+            return Err(CodecError::Shape(format!(
+                "{} inputs and {} outputs for {n} vectors of a {rows} × {cols} matrix",
+                x.len(),
+                y.len()
+            )));
+        }
+        let method = self.quantizer.method();
+        let dec = self.decoder()?;
+        let tr = self.tile_rows;
+        // Per tile: its rows' outputs for every vector.
+        let parts: Vec<Vec<f32>> = (0..self.tiles())
+            .into_par_iter()
+            .map(|t| -> Result<Vec<f32>> {
+                let r0 = t * tr;
+                let nr = tr.min(rows - r0);
+                let mut w = vec![0f32; nr * cols];
+                self.decode_tile_into(method.as_ref(), &dec, t, &mut w)?;
+                for v in &mut w {
+                    *v = round(*v);
+                }
+                let mut out = vec![0f32; n * nr];
+                for (v, o) in x.chunks_exact(cols).zip(out.chunks_exact_mut(nr)) {
+                    for (row, o) in w.chunks_exact(cols).zip(o) {
+                        *o = row.iter().zip(v).map(|(a, b)| a * b).sum();
+                    }
+                }
+                Ok(out)
+            })
+            .collect::<Result<_>>()?;
+        for (t, p) in parts.iter().enumerate() {
+            let r0 = t * tr;
+            let nr = p.len() / n.max(1);
+            for (v, o) in p.chunks_exact(nr.max(1)).enumerate().take(n) {
+                y[v * rows + r0..v * rows + r0 + nr].copy_from_slice(o);
+            }
+        }
+        Ok(())
+    }
+
     /// The stored form, little-endian: magic "ELY1", quantiser kind and argument, table precision, a
     /// zero byte; rows, cols, tile rows, table count (u32); per table min (i32), alphabet (u32) and
     /// frequencies (u16); row scales (f32); 32 states (u32) per tile; tiles + 1 payload offsets (u32,

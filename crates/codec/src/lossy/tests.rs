@@ -225,3 +225,37 @@ fn damaged_stored_forms_are_clean_errors() {
         }
     }
 }
+
+#[test]
+fn the_fused_product_equals_the_decoded_matrix_times_the_vectors() {
+    let mut r = Rng(21);
+    for q in QUANTIZERS {
+        for (rows, cols, n) in [(1, 8, 1), (70, 96, 3), (300, 1000, 2), (9, 4104, 1)] {
+            if cols % 8 != 0 && q == Quantizer::E8 {
+                continue;
+            }
+            let w = gaussian(rows * cols, rows as u64 * 7 + cols as u64);
+            let (t, _) = LossyTensor::encode(&w, rows, cols, &Options::new(3.5, q)).unwrap();
+            let d = t.decode().unwrap();
+            let x: Vec<f32> = (0..n * cols).map(|_| r.normal() as f32).collect();
+            let mut y = vec![f32::NAN; n * rows];
+            t.matmul(&x, n, &mut y, &|v| v).unwrap();
+            for v in 0..n {
+                for i in 0..rows {
+                    let want: f64 = (0..cols)
+                        .map(|c| d[i * cols + c] as f64 * x[v * cols + c] as f64)
+                        .sum();
+                    let norm: f64 = (0..cols)
+                        .map(|c| (d[i * cols + c] as f64 * x[v * cols + c] as f64).abs())
+                        .sum();
+                    let got = y[v * rows + i] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-5 * norm + 1e-12,
+                        "{q} {rows}x{cols}: {got} vs {want}"
+                    );
+                }
+            }
+            assert!(t.matmul(&x, n + 1, &mut y, &|v| v).is_err());
+        }
+    }
+}

@@ -14,6 +14,7 @@ pub mod dtans;
 pub mod ggml;
 pub mod int;
 pub mod layout;
+pub mod lossy;
 pub mod palette;
 
 use crate::error::{ModelError, Result};
