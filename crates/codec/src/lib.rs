@@ -15,6 +15,8 @@ pub mod lossy;
 pub mod matvec;
 pub mod palette;
 pub mod payload;
+#[cfg(test)]
+mod test_rng;
 
 pub use payload::Payload;
 
