@@ -3,11 +3,13 @@
 # by the gguf package: tools/gguf_f32_reference.py) coded at several rates, beside llama.cpp's own
 # k-quant mixes of the same F32 weights, each scored against the F32 model on the same windows
 # (perplexity, KL divergence, same top token), and one chat at 4 bits:
-#   bash bench/cpu-lossy-smollm2.sh ENTROLLM LLAMA_QUANTIZE F32.gguf TEXT OUTDIR
+#   bash bench/cpu-lossy-smollm2.sh ENTROLLM LLAMA_QUANTIZE F32.gguf TEXT OUTDIR [TOKENS]
+# (TOKENS: the first this many tokens of TEXT are scored, default 1536: the CPU scores two models
+# token by token)
 # The token embedding (tied to the output) stays F32 on both sides, so only the 210 matrices of the
 # decoder differ; their bits a weight come from `inspect`.
 set -euo pipefail
-bin=$1; quant=$2; f32=$3; text=$4; out=$5
+bin=$1; quant=$2; f32=$3; text=$4; out=$5; tokens=${6:-1536}
 mkdir -p "$out"
 eval_one() { # NAME MODEL
     echo "== $1" | tee -a "$out/eval.txt"
@@ -21,9 +23,9 @@ b = sum(r["stored_bytes"] for r in m)
 print(f"decoder matrices: {len(m)}, {n} weights, {8 * b / n:.3f} bits a weight")
 PY
     "$bin" eval ppl "$2" --reference "$f32" --file "$text" --window 512 --stride 256 \
-        --device cpu -t 2 2>&1 | grep -v "^note:" | tee -a "$out/eval.txt"
+        --max-tokens "$tokens" --device cpu -t 2 2>&1 | grep -v "^note:" | tee -a "$out/eval.txt"
 }
-: > "$out/eval.txt"
+: > "$out/eval.txt"; : > "$out/compress.txt"
 for spec in tcq32:3 tcq32:4 tcq32:5 e8:4; do
     q=${spec%:*}; b=${spec#*:}
     c="$out/smol-$q-$b"
