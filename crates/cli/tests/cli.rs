@@ -1593,6 +1593,30 @@ fn lossy_containers_code_at_the_rate_asked_and_restore_their_reconstruction() {
             "-o",
             d.join(format!("again-{q}")).to_str().unwrap(),
         ]);
+        // Damaged lossy payloads: a decode error or a checksum mismatch naming the tensor, and no
+        // output.
+        let bad = d.join(format!("bad-{q}"));
+        copy_files(&c, &bad);
+        let shard = std::fs::read_dir(&bad)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .unwrap();
+        let mut bytes = std::fs::read(&shard).unwrap();
+        let n = bytes.len();
+        for i in (n / 2..n / 2 + 64).step_by(7) {
+            bytes[i] ^= 0x5A;
+        }
+        std::fs::write(&shard, &bytes).unwrap();
+        let out = d.join(format!("out-{q}"));
+        let err = fails(&[
+            "decompress",
+            bad.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert!(err.contains("model.layers."), "{err}");
+        assert!(!out.exists(), "no partial output");
     }
     let e = fails(&[
         "compress",
