@@ -31,6 +31,9 @@ pub struct Tcq {
     next: Vec<u16>,
     /// Per state, its two predecessors and the subset d = z0 + 2·z1 of each branch into it.
     pred: Vec<[(u16, u8); 2]>,
+    /// The same, one array per field (what the vectorised recursion gathers from).
+    pred_s: [Vec<u32>; 2],
+    pred_d: [Vec<u32>; 2],
 }
 
 impl Tcq {
@@ -60,8 +63,19 @@ impl Tcq {
                 pred[next[2 * s + z1] as usize].push((s as u16, ((s & 1) + 2 * z1) as u8));
             }
         }
-        let pred = pred.into_iter().map(|p| [p[0], p[1]]).collect();
-        Tcq { states, next, pred }
+        let pred: Vec<[(u16, u8); 2]> = pred.into_iter().map(|p| [p[0], p[1]]).collect();
+        let field = |b: usize, f: &dyn Fn((u16, u8)) -> u32| -> Vec<u32> {
+            pred.iter().map(|p| f(p[b])).collect()
+        };
+        let pred_s = [field(0, &|p| p.0 as u32), field(1, &|p| p.0 as u32)];
+        let pred_d = [field(0, &|p| p.1 as u32), field(1, &|p| p.1 as u32)];
+        Tcq {
+            states,
+            next,
+            pred,
+            pred_s,
+            pred_d,
+        }
     }
 
     #[inline]
@@ -73,23 +87,27 @@ impl Tcq {
     /// under a rate model, where the neighbour toward zero can be the cheaper one).
     #[inline]
     fn candidates(x: f32, model: Option<&RateModel>) -> [(i32, f32); 4] {
-        std::array::from_fn(|d| {
+        let mut c = [(0i32, 0f32); 4];
+        for (d, c) in c.iter_mut().enumerate() {
             let d = d as i32;
-            let j = d + 4 * ((x - d as f32) * 0.25).round() as i32;
+            let j = d + 4 * round(0.25 * (x - d as f32)) as i32;
             let e0 = (x - j as f32) * (x - j as f32);
-            let Some(m) = model else {
-                return (j, e0);
+            *c = match model {
+                None => (j, e0),
+                Some(m) => {
+                    let z0 = (d & 1) as usize;
+                    let r = |j: i32, e: f32| e + m.lambda * m.bits(z0, (j - z0 as i32) >> 1);
+                    let j2 = if j > 0 { j - 4 } else { j + 4 };
+                    let (a, b) = (r(j, e0), r(j2, (x - j2 as f32) * (x - j2 as f32)));
+                    if j != 0 && b < a {
+                        (j2, b)
+                    } else {
+                        (j, a)
+                    }
+                }
             };
-            let z0 = (d & 1) as usize;
-            let c = |j: i32, e: f32| e + m.lambda * m.bits(z0, (j - z0 as i32) >> 1);
-            let j2 = if j > 0 { j - 4 } else { j + 4 };
-            let (a, b) = (c(j, e0), c(j2, (x - j2 as f32) * (x - j2 as f32)));
-            if j != 0 && b < a {
-                (j2, b)
-            } else {
-                (j, a)
-            }
-        })
+        }
+        c
     }
 
     /// Viterbi over one lane's samples `v` (in units of the step): the chosen points. A state's
@@ -97,25 +115,20 @@ impl Tcq {
     /// and the traceback recomputes the branch's point.
     fn search(&self, v: &[f32], model: Option<&RateModel>, out: &mut [i32]) {
         let s_n = self.states;
+        let mut back = vec![0u8; v.len() * s_n];
         let mut cost = vec![1e30f32; s_n];
         cost[0] = 0.0;
-        let mut new = vec![0f32; s_n];
-        let mut back = vec![0u8; v.len() * s_n];
-        for (t, &x) in v.iter().enumerate() {
-            let e = Self::candidates(x, model).map(|c| c.1);
-            let bt = &mut back[t * s_n..(t + 1) * s_n];
-            for ((n, p), b) in new.iter_mut().zip(&self.pred).zip(bt.iter_mut()) {
-                let a = cost[p[0].0 as usize] + e[p[0].1 as usize];
-                let c = cost[p[1].0 as usize] + e[p[1].1 as usize];
-                *b = (c < a) as u8;
-                *n = if c < a { c } else { a };
-            }
-            // Keep costs small so f32 does not lose the differences that matter.
-            let m = new.iter().copied().fold(f32::INFINITY, f32::min);
-            for (c, &n) in cost.iter_mut().zip(&new) {
-                *c = n - m;
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2, checked just above.
+                unsafe { self.forward_avx2(v, model, &mut cost, &mut back) };
+            } else {
+                self.forward(v, model, &mut cost, &mut back);
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        self.forward(v, model, &mut cost, &mut back);
         let mut s = (0..s_n)
             .min_by(|&a, &b| cost[a].total_cmp(&cost[b]))
             .unwrap_or(0);
@@ -124,6 +137,60 @@ impl Tcq {
             out[t] = Self::candidates(v[t], model)[d as usize].0;
             s = p as usize;
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn forward_avx2(
+        &self,
+        v: &[f32],
+        model: Option<&RateModel>,
+        cost: &mut [f32],
+        back: &mut [u8],
+    ) {
+        self.forward(v, model, cost, back)
+    }
+
+    /// The Viterbi recursion: each state's survivor is the cheaper of its two incoming branches
+    /// (`back` records which, one byte a state and sample); the same IEEE operations whatever the
+    /// instruction set, so every build picks the same path.
+    #[inline(always)]
+    fn forward(&self, v: &[f32], model: Option<&RateModel>, cost: &mut [f32], back: &mut [u8]) {
+        let s_n = self.states;
+        let mut new = vec![0f32; s_n];
+        let (s0, s1) = (&self.pred_s[0][..s_n], &self.pred_s[1][..s_n]);
+        let (d0, d1) = (&self.pred_d[0][..s_n], &self.pred_d[1][..s_n]);
+        for (t, &x) in v.iter().enumerate() {
+            let c = Self::candidates(x, model);
+            let e = [c[0].1, c[1].1, c[2].1, c[3].1];
+            let bt = &mut back[t * s_n..(t + 1) * s_n];
+            for n in 0..s_n {
+                let a = cost[s0[n] as usize] + e[d0[n] as usize & 3];
+                let b = cost[s1[n] as usize] + e[d1[n] as usize & 3];
+                bt[n] = (b < a) as u8;
+                new[n] = if b < a { b } else { a };
+            }
+            // Costs kept small (every 16 samples), so f32 keeps the differences that matter.
+            if t % 16 == 15 {
+                let m = new.iter().copied().fold(f32::INFINITY, f32::min);
+                for (c, &n) in cost.iter_mut().zip(&new) {
+                    *c = n - m;
+                }
+            } else {
+                cost.copy_from_slice(&new);
+            }
+        }
+    }
+}
+
+/// Round to nearest (ties to even) without a libm call: exact for |v| < 2^22.
+#[inline(always)]
+fn round(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23
+    if v.abs() < 4_194_304.0 {
+        (v + MAGIC) - MAGIC
+    } else {
+        v.round()
     }
 }
 
