@@ -30,6 +30,11 @@ pub enum Coded {
     Lossy(LossyCoded),
 }
 
+/// `x` as the nearest half, saturated at ±65504 (a lossy point can land past the largest one).
+fn saturated_f16(x: f32) -> half::f16 {
+    half::f16::from_f32(x.clamp(-65504.0, 65504.0))
+}
+
 /// A lossy-coded matrix and the float dtype it decodes to.
 #[derive(Clone, Debug)]
 pub struct LossyCoded {
@@ -67,14 +72,9 @@ impl LossyCoded {
     pub fn served(&self, x: f32) -> f32 {
         match self.dtype {
             Dtype::BF16 => half::bf16::from_f32(x).to_f32(),
-            Dtype::F16 => half::f16::from_f32(x.clamp(-65504.0, 65504.0)).to_f32(),
+            Dtype::F16 => saturated_f16(x).to_f32(),
             _ => x,
         }
-    }
-
-    /// Y = X·Wᵀ over the served values, one tile decoded at a time.
-    pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) -> entrollm_codec::Result<()> {
-        self.tensor.matmul(x, n, y, &|v| self.served(v))
     }
 
     /// The reconstruction as bytes of `dtype`: rounded to nearest, saturated to the dtype's range
@@ -89,11 +89,7 @@ impl LossyCoded {
                 .collect(),
             Dtype::F16 => v
                 .iter()
-                .flat_map(|&x| {
-                    half::f16::from_f32(x.clamp(-65504.0, 65504.0))
-                        .to_bits()
-                        .to_le_bytes()
-                })
+                .flat_map(|&x| saturated_f16(x).to_bits().to_le_bytes())
                 .collect(),
             d => {
                 return Err(CodecError::Unsupported(format!(

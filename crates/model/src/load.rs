@@ -253,9 +253,11 @@ impl TensorSource for ContainerSource {
                     Coded::Dtans(coded) if self.fused && t.shape.len() == 2 => Ok(Some(
                         HostTensor::Linear(Arc::new(CodedLinear::new(coded, None)?)),
                     )),
-                    Coded::Lossy(m) if self.fused => Ok(Some(HostTensor::Linear(Arc::new(
-                        crate::forms::lossy::LossyLinear::new(m),
-                    )))),
+                    Coded::Lossy(m) if self.fused => {
+                        let m = crate::forms::lossy::LossyLinear::new(m)
+                            .map_err(|e| ModelError::tensor(name, e.to_string()))?;
+                        Ok(Some(HostTensor::Linear(Arc::new(m))))
+                    }
                     Coded::Df11(coded)
                         if self.forms && t.shape.len() == 2 && self.reader.form(name).is_some() =>
                     {

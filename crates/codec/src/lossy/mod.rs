@@ -2,8 +2,8 @@
 //! lattice as EntroPack, or entropy-coded TCQ), the integer fields coded by tiled rANS under shared
 //! tables, one FP32 scale per row fitted by least squares to the chosen points.
 //!
-//! The step is chosen by bisection on a size estimate from sampled complete rows (the seed's §3.4),
-//! and then corrected on the whole tensor's real size, so the stored rate — every byte counted, see
+//! The step is chosen by a secant search on a size estimate from sampled complete rows (the seed's
+//! §3.4), and then corrected on the whole tensor's real size, so the stored rate — every byte counted, see
 //! [`LossyTensor::to_bytes`] — lands within a fraction of a percent of the target.
 //!
 //! Tiles are whole rows (at least [`TILE_WEIGHTS`] weights), so one warp decoding a tile owns
@@ -216,10 +216,12 @@ pub trait Method: Sync + Send {
     ) -> Result<()>;
 }
 
-/// Decoder tables of a tensor.
+/// What decoding a tensor needs besides its payload: its quantiser and decoder tables, built once
+/// ([`LossyTensor::decoder`]) and kept by whoever multiplies by the matrix repeatedly.
 pub struct Decoder {
-    pub prob_bits: u8,
-    pub tables: Vec<DecodeTable>,
+    method: Box<dyn Method>,
+    pub(crate) prob_bits: u8,
+    pub(crate) tables: Vec<DecodeTable>,
 }
 
 /// A lossy-coded matrix.
@@ -549,9 +551,13 @@ impl LossyTensor {
                     })
             };
             let Some(tables) = tables else {
-                // Even 2^15 slots are too few: coarsen the step until the alphabet fits.
+                // The largest table tried is too small: coarsen the step until the alphabet fits.
                 let widest = h.iter().map(|(_, c)| c.len()).max().unwrap_or(1);
-                step *= widest as f64 / (1u64 << prob_bits) as f64 * 1.05;
+                let slots = match opts.prob_bits {
+                    Some(b) => 1u64 << b,
+                    None => 1 << *rans::PROB_BITS.end(),
+                };
+                step *= widest as f64 / slots as f64 * 1.05;
                 if passes > 8 {
                     return Err(CodecError::Unsupported(
                         "the values' range is too wide for a lossy table at this rate".into(),
@@ -610,7 +616,8 @@ impl LossyTensor {
             + 2 * self.payload.len()
     }
 
-    fn decoder(&self) -> Result<Decoder> {
+    /// This tensor's [`Decoder`].
+    pub fn decoder(&self) -> Result<Decoder> {
         let tables = self
             .tables
             .iter()
@@ -630,19 +637,14 @@ impl LossyTensor {
             })
             .collect::<Result<_>>()?;
         Ok(Decoder {
+            method: self.quantizer.method(),
             prob_bits: self.prob_bits,
             tables,
         })
     }
 
     /// Decodes rows `first..first + out.len() / cols` of tile-aligned `first` into `out`.
-    fn decode_tile_into(
-        &self,
-        method: &dyn Method,
-        dec: &Decoder,
-        tile: usize,
-        out: &mut [f32],
-    ) -> Result<()> {
+    fn decode_tile_into(&self, dec: &Decoder, tile: usize, out: &mut [f32]) -> Result<()> {
         let (a, b) = (self.offsets[tile] as usize, self.offsets[tile + 1] as usize);
         let mut r = Reader {
             words: &self.payload[a..b],
@@ -650,7 +652,7 @@ impl LossyTensor {
         };
         let mut x = [0u32; LANES];
         x.copy_from_slice(&self.states[tile * LANES..(tile + 1) * LANES]);
-        method.decode_tile(dec, &mut x, &mut r, out)?;
+        dec.method.decode_tile(dec, &mut x, &mut r, out)?;
         if r.pos != r.words.len() || x.iter().any(|&s| s != STATE_MIN) {
             return Err(CodecError::Corrupt(format!(
                 "tile {tile} does not decode to its end (payload or states damaged)"
@@ -668,21 +670,22 @@ impl LossyTensor {
 
     /// The reconstructed matrix, row-major f32.
     pub fn decode(&self) -> Result<Vec<f32>> {
-        let method = self.quantizer.method();
         let dec = self.decoder()?;
         let mut out = vec![0f32; self.rows * self.cols];
         out.par_chunks_mut(self.tile_rows * self.cols)
             .enumerate()
-            .try_for_each(|(t, o)| self.decode_tile_into(method.as_ref(), &dec, t, o))?;
+            .try_for_each(|(t, o)| self.decode_tile_into(&dec, t, o))?;
         Ok(out)
     }
 
     /// Y = X·Wᵀ for `n` vectors `x` (row after row, `cols` each) into `y` (`rows` each), decoding
     /// each tile once into a buffer of its own: the CPU reference of the fused product, which never
     /// holds more of the matrix than one tile. `round` maps each decoded weight to the value served
-    /// (the container's dtype: BF16 or F16 rounding, or none).
+    /// (the container's dtype: BF16 or F16 rounding, or none). `dec` is this tensor's
+    /// [`decoder`](Self::decoder).
     pub fn matmul(
         &self,
+        dec: &Decoder,
         x: &[f32],
         n: usize,
         y: &mut [f32],
@@ -696,8 +699,6 @@ impl LossyTensor {
                 y.len()
             )));
         }
-        let method = self.quantizer.method();
-        let dec = self.decoder()?;
         let tr = self.tile_rows;
         // Per tile: its rows' outputs for every vector.
         let parts: Vec<Vec<f32>> = (0..self.tiles())
@@ -706,7 +707,7 @@ impl LossyTensor {
                 let r0 = t * tr;
                 let nr = tr.min(rows - r0);
                 let mut w = vec![0f32; nr * cols];
-                self.decode_tile_into(method.as_ref(), &dec, t, &mut w)?;
+                self.decode_tile_into(dec, t, &mut w)?;
                 for v in &mut w {
                     *v = round(*v);
                 }
@@ -721,8 +722,8 @@ impl LossyTensor {
             .collect::<Result<_>>()?;
         for (t, p) in parts.iter().enumerate() {
             let r0 = t * tr;
-            let nr = p.len() / n.max(1);
-            for (v, o) in p.chunks_exact(nr.max(1)).enumerate().take(n) {
+            let nr = tr.min(rows - r0);
+            for (v, o) in p.chunks_exact(nr).enumerate() {
                 y[v * rows + r0..v * rows + r0 + nr].copy_from_slice(o);
             }
         }

@@ -221,7 +221,8 @@ fn the_fused_product_equals_the_decoded_matrix_times_the_vectors() {
             let d = t.decode().unwrap();
             let x: Vec<f32> = (0..n * cols).map(|_| r.normal() as f32).collect();
             let mut y = vec![f32::NAN; n * rows];
-            t.matmul(&x, n, &mut y, &|v| v).unwrap();
+            t.matmul(&t.decoder().unwrap(), &x, n, &mut y, &|v| v)
+                .unwrap();
             for v in 0..n {
                 for i in 0..rows {
                     let want: f64 = (0..cols)
@@ -237,7 +238,9 @@ fn the_fused_product_equals_the_decoded_matrix_times_the_vectors() {
                     );
                 }
             }
-            assert!(t.matmul(&x, n + 1, &mut y, &|v| v).is_err());
+            assert!(t
+                .matmul(&t.decoder().unwrap(), &x, n + 1, &mut y, &|v| v)
+                .is_err());
         }
     }
 }

@@ -7,15 +7,22 @@
 use super::{FormId, Source, Values};
 use crate::error::{ModelError, Result};
 use crate::weights::Linear;
+use entrollm_codec::lossy::Decoder;
 use entrollm_format::coded::LossyCoded;
 
 pub struct LossyLinear {
     m: LossyCoded,
+    /// Built once: every product decodes through it.
+    dec: Decoder,
 }
 
 impl LossyLinear {
-    pub fn new(m: LossyCoded) -> LossyLinear {
-        LossyLinear { m }
+    pub fn new(m: LossyCoded) -> Result<LossyLinear> {
+        let dec = m
+            .tensor
+            .decoder()
+            .map_err(|e| ModelError::Unsupported(format!("lossy tables: {e}")))?;
+        Ok(LossyLinear { m, dec })
     }
 }
 
@@ -43,7 +50,8 @@ impl Linear for LossyLinear {
     fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
         // Verified at load (decoded and checked against the manifest); decoding is deterministic.
         self.m
-            .matmul(x, n, y)
+            .tensor
+            .matmul(&self.dec, x, n, y, &|v| self.m.served(v))
             .expect("a lossy matrix verified at load decodes");
     }
     fn row(&self, r: usize, out: &mut [f32]) {
