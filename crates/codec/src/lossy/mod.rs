@@ -6,8 +6,9 @@
 //! §3.4), and then corrected on the whole tensor's real size, so the stored rate — every byte counted, see
 //! [`LossyTensor::to_bytes`] — lands within a fraction of a percent of the target.
 //!
-//! Tiles are whole rows (at least [`TILE_WEIGHTS`] weights), so one warp decoding a tile owns
-//! complete outputs of a fused matrix-vector product.
+//! Tiles are whole rows (at least [`TILE_WEIGHTS`] weights by default, [`Options::tile_weights`]),
+//! so one warp decoding a tile owns complete outputs of a fused matrix-vector product. Smaller
+//! tiles give a GPU more tiles to decode at once, at 32 states (132 bytes) a tile.
 
 pub mod e8;
 pub mod rans;
@@ -17,8 +18,11 @@ use crate::{CodecError, Result};
 use rans::{DecodeTable, Reader, Sym, Table, LANES, STATE_MIN};
 use rayon::prelude::*;
 
-/// Weights a tile holds at least (whole rows).
+/// Weights a tile holds at least (whole rows), by default.
 pub const TILE_WEIGHTS: usize = 32768;
+/// The smallest [`Options::tile_weights`] (the largest is [`TILE_WEIGHTS`]); a stored tile holds
+/// fewer than 2 × [`TILE_WEIGHTS`] weights, or one row.
+pub const MIN_TILE_WEIGHTS: usize = 1024;
 /// Smallest and largest step the search considers (units of a row's RMS).
 const STEP_RANGE: (f64, f64) = (1e-3, 8.0);
 const MAGIC: &[u8; 4] = b"ELY1";
@@ -111,6 +115,8 @@ pub struct Options {
     /// (0: least squared error). It buys about 0.015 bit on heavy-tailed rows at 1–1.5 bits a weight
     /// and nothing measurable on Gaussian ones, at twice the encode time.
     pub rate_weight: f32,
+    /// Weights a tile holds at least (whole rows), [`MIN_TILE_WEIGHTS`]..=[`TILE_WEIGHTS`].
+    pub tile_weights: usize,
 }
 
 impl Options {
@@ -122,6 +128,7 @@ impl Options {
             sample_weights: 1 << 21,
             search_steps: 12,
             rate_weight: 0.0,
+            tile_weights: TILE_WEIGHTS,
         }
     }
 }
@@ -214,6 +221,23 @@ pub trait Method: Sync + Send {
         r: &mut Reader,
         out: &mut [f32],
     ) -> Result<()>;
+    /// The trellis's next-state table (`next[2·state + branch]`), for quantisers with one.
+    fn trellis(&self) -> Option<Vec<u16>> {
+        None
+    }
+}
+
+/// A [`Decoder`]'s tables laid out flat for a GPU decoder: table `t`'s slot `s` at
+/// `t · 2^prob_bits + s` (`slot`: symbol index | (frequency − 1) << 16; `bias`: the slot's distance
+/// from its symbol's first slot), each table's smallest value, and the trellis's next states
+/// (empty for E8).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlatTables {
+    pub prob_bits: u8,
+    pub mins: Vec<i32>,
+    pub slot: Vec<u32>,
+    pub bias: Vec<u16>,
+    pub next: Vec<u16>,
 }
 
 /// What decoding a tensor needs besides its payload: its quantiser and decoder tables, built once
@@ -222,6 +246,27 @@ pub struct Decoder {
     method: Box<dyn Method>,
     pub(crate) prob_bits: u8,
     pub(crate) tables: Vec<DecodeTable>,
+}
+
+impl Decoder {
+    /// [`FlatTables`] of these tables.
+    pub fn flat(&self) -> FlatTables {
+        FlatTables {
+            prob_bits: self.prob_bits,
+            mins: self.tables.iter().map(|t| t.min).collect(),
+            slot: self
+                .tables
+                .iter()
+                .flat_map(|t| t.slot.iter().copied())
+                .collect(),
+            bias: self
+                .tables
+                .iter()
+                .flat_map(|t| t.bias.iter().copied())
+                .collect(),
+            next: self.method.trellis().unwrap_or_default(),
+        }
+    }
 }
 
 /// A lossy-coded matrix.
@@ -252,8 +297,8 @@ pub struct EncodeReport {
     pub passes: u32,
 }
 
-fn tile_rows_for(cols: usize) -> usize {
-    TILE_WEIGHTS.div_ceil(cols.max(1))
+fn tile_rows_for(cols: usize, tile_weights: usize) -> usize {
+    tile_weights.div_ceil(cols.max(1))
 }
 
 /// Rows normalised by their RMS (f64 sums), and the RMS.
@@ -418,7 +463,13 @@ impl LossyTensor {
             )));
         }
         let (xn, rms) = normalise(w, cols);
-        let tile_rows = tile_rows_for(cols);
+        if !(MIN_TILE_WEIGHTS..=TILE_WEIGHTS).contains(&opts.tile_weights) {
+            return Err(CodecError::Shape(format!(
+                "tiles of {} weights (the range is {MIN_TILE_WEIGHTS}..={TILE_WEIGHTS})",
+                opts.tile_weights
+            )));
+        }
+        let tile_rows = tile_rows_for(cols, opts.tile_weights);
         let tiles = rows.div_ceil(tile_rows);
         let n = (rows * cols) as f64;
         let mut prob_bits = opts
@@ -783,7 +834,8 @@ impl LossyTensor {
         if rows == 0 || cols == 0 || cols > MAX_COLS || !cols.is_multiple_of(method.item()) {
             return Err(CodecError::Corrupt(format!("shape {rows} × {cols}")));
         }
-        if tile_rows != tile_rows_for(cols) {
+        // Whole rows, fewer than 2 × TILE_WEIGHTS weights (or one row): what encode makes.
+        if tile_rows == 0 || (tile_rows > 1 && tile_rows * cols >= 2 * TILE_WEIGHTS) {
             return Err(CodecError::Corrupt(format!(
                 "{tile_rows} rows a tile for {cols} columns"
             )));

@@ -266,6 +266,10 @@ impl Method for Tcq {
         }
         Ok(())
     }
+
+    fn trellis(&self) -> Option<Vec<u16>> {
+        Some(self.next.clone())
+    }
 }
 
 #[cfg(test)]

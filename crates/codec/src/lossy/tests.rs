@@ -244,3 +244,39 @@ fn the_fused_product_equals_the_decoded_matrix_times_the_vectors() {
         }
     }
 }
+
+/// Smaller tiles (more for a GPU to decode at once) round-trip through the stored form, hit the
+/// rate asked (their extra states counted), and cost about their 132 bytes a tile in error; sizes
+/// out of range are refused.
+#[test]
+fn smaller_tiles_round_trip_at_the_rate_asked() {
+    let (rows, cols) = (256usize, 512usize);
+    let w = gaussian(rows * cols, 41);
+    for q in QUANTIZERS {
+        let mut errs = vec![];
+        for tw in [TILE_WEIGHTS, 4096, MIN_TILE_WEIGHTS] {
+            let opts = Options {
+                tile_weights: tw,
+                ..Options::new(4.0, q)
+            };
+            let (t, _) = LossyTensor::encode(&w, rows, cols, &opts).unwrap();
+            assert_eq!(t.tile_rows, tw.div_ceil(cols));
+            assert!(
+                (t.bits_per_weight() - 4.0).abs() < 0.04,
+                "{q} {tw}: {}",
+                t.bits_per_weight()
+            );
+            let back = LossyTensor::from_bytes(&t.to_bytes()).unwrap();
+            assert_eq!(back, t);
+            errs.push(rel_l2(&w, &back.decode().unwrap()));
+        }
+        assert!(errs[0] < errs[1] && errs[1] < errs[2], "{q}: {errs:?}");
+    }
+    for tw in [MIN_TILE_WEIGHTS - 1, TILE_WEIGHTS + 1] {
+        let opts = Options {
+            tile_weights: tw,
+            ..Options::new(4.0, Quantizer::E8)
+        };
+        assert!(LossyTensor::encode(&w, rows, cols, &opts).is_err(), "{tw}");
+    }
+}
