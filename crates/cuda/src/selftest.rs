@@ -168,6 +168,7 @@ pub fn all_variants() -> Vec<KernelVariant> {
     v.extend(crate::ops::forward::all_variants());
     v.extend(crate::dtans_selftest::builtin_variants());
     v.push(crate::ops::dtans_encode::variant());
+    v.extend(crate::ops::lossy::all_variants());
     v
 }
 
