@@ -7,11 +7,13 @@
 //! A launch is one or more row-stacked parts (q/k/v; gate and up, which `halves` interleaves row
 //! by row as the fused SwiGLU epilogue reads them). Load policies ([`Upload`]) let a form take
 //! matrices held in another: FP8 codes palette-packed at load (`--fp8`), BF16 matrices
-//! palette-packed (`--bf16 palette`) or dtANS-coded at load (`--code-at-load`).
+//! palette-packed (`--bf16 palette`) or dtANS-coded at load (`--code-at-load`). Lossy-coded
+//! matrices (`compress --bits`) are served coded where the model holds them so (`--keep-coded`).
 
 pub mod bf16;
 pub mod dtans;
 pub mod fp8;
+pub mod lossy;
 pub mod pal_bf16;
 
 pub use dtans::check_kernels;
@@ -76,8 +78,9 @@ pub trait GpuForm: Sync {
 /// matrix stays coded, FP8 codes stay FP8), then the load policies that change a BF16 matrix's
 /// form, then dense BF16.
 pub fn all() -> &'static [&'static dyn GpuForm] {
-    static ALL: [&dyn GpuForm; 5] = [
+    static ALL: [&dyn GpuForm; 6] = [
         &dtans::HELD,
+        &lossy::HELD,
         &fp8::FP8,
         &dtans::AT_LOAD,
         &pal_bf16::PAL_BF16,

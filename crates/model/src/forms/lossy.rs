@@ -27,6 +27,11 @@ impl LossyLinear {
 }
 
 impl LossyLinear {
+    /// The coded matrix (what a GPU form uploads).
+    pub fn coded(&self) -> &LossyCoded {
+        &self.m
+    }
+
     fn values(&self) -> Result<Vec<f32>> {
         let v = self
             .m

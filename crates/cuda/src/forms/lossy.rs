@@ -1,0 +1,299 @@
+//! Lossy-coded matrices (model form `lossy`, `compress --bits`, held coded with `--keep-coded`):
+//! batch-1 products by the fused tile decode-matvec (`lossy_mv`, `kernels/lossy.cu`), prefill by
+//! decoding the tiles into the shared BF16 workspace (`lossy_decode`) and the dense path's GEMM. A
+//! launch's parts (q/k/v; gate and up as halves) decode in one product launch, each into its rows
+//! of the output; the decode step's fusions are small kernels around the product on the model's
+//! shared scratch, as for the dtANS form.
+
+use super::{GpuForm, Upload};
+use crate::device::GpuDevice;
+use crate::engine_coded::LoadReport;
+use crate::error::{GpuError, Result};
+use crate::gemm::Gemm;
+use crate::linear::{DtansScratch, GpuLinear, GpuMatrix, SharedScratch};
+use crate::ops::elementwise::{launch_residual_add, launch_swiglu, launch_swiglu_pairs};
+use crate::ops::forward::{launch_rmsnorm_f32w, GemvFusion, NormOut};
+use crate::ops::lossy::{launch_decode, launch_mv, GpuLossy, LossyOut, MAX_PARTS};
+use crate::plan::{LaunchForm, LinearDesc, MatvecLaunch};
+use cudarc::driver::CudaSlice;
+use entrollm_codec::lossy::Quantizer;
+use entrollm_model::forms::lossy::LossyLinear;
+use entrollm_model::weights::Linear;
+use std::sync::Arc;
+
+/// Matrices held lossy-coded, served as they are.
+pub struct Held;
+pub static HELD: Held = Held;
+
+impl GpuForm for Held {
+    fn name(&self) -> &'static str {
+        "lossy"
+    }
+
+    fn upload(
+        &self,
+        up: &Upload<'_>,
+        parts: &[&dyn Linear],
+        halves: bool,
+        report: &mut LoadReport,
+    ) -> Result<Option<GpuLinear>> {
+        let mut coded = Vec::with_capacity(parts.len());
+        for p in parts {
+            match p.as_any().downcast_ref::<LossyLinear>() {
+                Some(l) => coded.push(l.coded()),
+                None => return Ok(None),
+            }
+        }
+        let (cols, q) = (coded[0].tensor.cols, coded[0].tensor.quantizer);
+        let round = LossyOut::of(coded[0].dtype);
+        // One launch takes the parts: same columns, precision and quantiser kind.
+        if round.is_none()
+            || coded.len() > MAX_PARTS
+            || coded.iter().any(|c| {
+                c.tensor.cols != cols
+                    || LossyOut::of(c.dtype) != round
+                    || c.tensor.quantizer.row_multiple() != q.row_multiple()
+            })
+            || (halves && (coded.len() != 2 || coded[0].tensor.rows != coded[1].tensor.rows))
+        {
+            return Ok(None);
+        }
+        let parts = coded
+            .iter()
+            .map(|c| GpuLossy::upload(up.dev, &c.tensor))
+            .collect::<Result<Vec<_>>>()?;
+        let l = LossyGpuLinear::new(
+            parts,
+            halves,
+            round.expect("checked above"),
+            Arc::clone(up.scratch),
+        )?;
+        report.served += 1;
+        Ok(Some(GpuLinear::new(l)))
+    }
+}
+
+/// A lossy-coded matrix of row-stacked parts on the device.
+pub struct LossyGpuLinear {
+    parts: Vec<GpuLossy>,
+    halves: bool,
+    /// The container's precision: the product rounds each weight to it.
+    round: LossyOut,
+    scratch: SharedScratch,
+}
+
+impl LossyGpuLinear {
+    fn new(
+        parts: Vec<GpuLossy>,
+        halves: bool,
+        round: LossyOut,
+        scratch: SharedScratch,
+    ) -> Result<Self> {
+        let first = parts
+            .first()
+            .ok_or_else(|| GpuError::invalid("lossy linear", "no parts"))?;
+        let (r, k) = (parts.iter().map(|p| p.rows).sum::<usize>(), first.cols);
+        let s = scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if s.y.len() < r || s.xn.len() < k {
+            return Err(GpuError::invalid(
+                "lossy linear",
+                format!(
+                    "scratch of {} outputs / {} inputs is too small for {r}×{k}",
+                    s.y.len(),
+                    s.xn.len()
+                ),
+            ));
+        }
+        drop(s);
+        Ok(LossyGpuLinear {
+            parts,
+            halves,
+            round,
+            scratch,
+        })
+    }
+
+    fn rows(&self) -> usize {
+        self.parts.iter().map(|p| p.rows).sum()
+    }
+
+    fn cols(&self) -> usize {
+        self.parts[0].cols
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DtansScratch> {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mv_into(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        err: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        let parts: Vec<&GpuLossy> = self.parts.iter().collect();
+        launch_mv(dev, &parts, self.round, x, y, Some(err))
+    }
+}
+
+impl GpuMatrix for LossyGpuLinear {
+    fn desc(&self) -> LinearDesc {
+        LinearDesc::new(
+            LossyLaunch {
+                quantizer: self.parts[0].quantizer,
+                parts: self.parts.len(),
+                halves: self.halves,
+            },
+            self.rows(),
+            self.cols(),
+        )
+    }
+
+    fn stored_bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.stored_bytes).sum()
+    }
+
+    fn device_bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.device_bytes()).sum()
+    }
+
+    fn matvec_fused(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        norm: Option<(&CudaSlice<f32>, f32)>,
+        fusion: GemvFusion,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (rows, cols) = (self.rows(), self.cols());
+        if fusion.swiglu && (rows % 2 != 0 || fusion.accumulate) {
+            return Err(GpuError::invalid(
+                "lossy matvec",
+                format!("SwiGLU needs (gate, up) row pairs and no accumulation ({rows} rows)"),
+            ));
+        }
+        let mut guard = self.lock();
+        let DtansScratch { y: sy, xn, err, .. } = &mut *guard;
+        let input: &CudaSlice<f32> = match norm {
+            Some((w, eps)) => {
+                launch_rmsnorm_f32w(dev, x, w, NormOut::F32(xn), 1, cols, eps)?;
+                xn
+            }
+            None => x,
+        };
+        if !fusion.accumulate && !fusion.swiglu {
+            return self.mv_into(dev, input, y, err);
+        }
+        self.mv_into(dev, input, sy, err)?;
+        if fusion.swiglu && self.halves {
+            launch_swiglu(dev, sy, y, 1, rows / 2)
+        } else if fusion.swiglu {
+            launch_swiglu_pairs(dev, sy, y, rows / 2)
+        } else {
+            launch_residual_add(dev, y, sy, rows)
+        }
+    }
+
+    fn matmul(
+        &self,
+        dev: &GpuDevice,
+        gemm: &Gemm,
+        x: &CudaSlice<u16>,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let mut s = self.lock();
+        let s = &mut *s;
+        let (rows, cols) = (self.rows(), self.cols());
+        if s.w.len() < rows * cols {
+            return Err(GpuError::invalid(
+                "lossy matmul",
+                format!(
+                    "the dequantisation workspace holds {} weights, a {rows}×{cols} matrix needs {}",
+                    s.w.len(),
+                    rows * cols
+                ),
+            ));
+        }
+        let mut at = 0;
+        for p in &self.parts {
+            launch_decode(dev, p, LossyOut::Bf16, &mut s.w, at, Some(&mut s.err))?;
+            at += p.rows * p.cols;
+        }
+        gemm.matmul(&s.w, x, y, m, rows, cols, accumulate)
+    }
+
+    fn gate_up_halves(&self) -> bool {
+        self.halves
+    }
+
+    fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear> {
+        let parts = self
+            .parts
+            .iter()
+            .map(|p| p.duplicate(dev))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(GpuLinear::new(LossyGpuLinear {
+            parts,
+            halves: self.halves,
+            round: self.round,
+            scratch: Arc::clone(&self.scratch),
+        }))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A lossy-coded matrix in the decode step: `parts` row-stacked products (`lossy_mv`), gate/up as
+/// `halves`.
+#[derive(Debug)]
+pub struct LossyLaunch {
+    pub quantizer: Quantizer,
+    pub parts: usize,
+    pub halves: bool,
+}
+
+impl LaunchForm for LossyLaunch {
+    fn name(&self) -> &'static str {
+        "lossy"
+    }
+    fn matvec(&self, m: &MatvecLaunch<'_>, push: &mut dyn FnMut(&'static str, String)) {
+        // LossyGpuLinear::matvec_fused: the norm into the scratch input, the parts' product in
+        // one launch (into y itself when plain, else the scratch output), then the epilogue.
+        let x = match m.norm {
+            Some(n) => {
+                push("rmsnorm_f32w", format!("{n} {}->xn", m.input));
+                "xn".to_string()
+            }
+            None => m.input.to_string(),
+        };
+        let plain = !m.fusion.accumulate && !m.fusion.swiglu;
+        let y = if plain {
+            m.out.to_string()
+        } else {
+            "ys".into()
+        };
+        push(
+            "lossy_mv",
+            format!(
+                "{} {} parts={}{} {x}->{y}",
+                m.label,
+                self.quantizer,
+                self.parts,
+                if self.halves { " halves" } else { "" }
+            ),
+        );
+        let o = m.out;
+        if m.fusion.swiglu && self.halves {
+            push("swiglu", format!("ys->{o}"));
+        } else if m.fusion.swiglu {
+            push("swiglu_pairs", format!("ys->{o}"));
+        } else if m.fusion.accumulate {
+            push("residual_add", format!("ys->{o}"));
+        }
+    }
+}
