@@ -27,12 +27,12 @@ pub struct Args {
     /// Run only these parts (repeat or comma-separate; default: all, in this order): `kernels`
     /// (every kernel against its CPU reference), `engine` (the forward pass, GPU vs CPU),
     /// `coded` (the coded forward pass against the dense one), `dtans` (the dtANS-LLM kernels),
-    /// `encoder` (the GPU encoder against the CPU's).
+    /// `encoder` (the GPU encoder against the CPU's), `lossy` (the lossy-matrix kernels).
     #[arg(long, value_delimiter = ',', value_parser = PARTS.to_vec())]
     part: Vec<String>,
 }
 
-const PARTS: [&str; 5] = ["kernels", "engine", "coded", "dtans", "encoder"];
+const PARTS: [&str; 6] = ["kernels", "engine", "coded", "dtans", "encoder", "lossy"];
 
 pub fn run(a: Args) -> Result<()> {
     if !a.gpu {
@@ -110,6 +110,26 @@ pub fn run(a: Args) -> Result<()> {
                 "dtANS GPU encoder: {} cases byte-identical to the CPU encoder",
                 r.cases.len()
             ),
+            Err(e) => {
+                println!("{e}");
+                failed = true;
+            }
+        }
+    }
+    if runs("lossy") {
+        match entrollm_cuda::lossy_selftest::selftest(&dev, a.seed) {
+            Ok(r) => {
+                let failed_cases = r.failures().count();
+                failed |= failed_cases > 0;
+                for f in r.failures().take(20) {
+                    println!("  FAIL {f:?}");
+                }
+                println!(
+                    "lossy kernels: {} cases, {} passed, {failed_cases} failed",
+                    r.cases.len(),
+                    r.cases.len() - failed_cases
+                );
+            }
             Err(e) => {
                 println!("{e}");
                 failed = true;

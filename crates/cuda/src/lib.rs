@@ -8,6 +8,7 @@
 pub mod bench;
 pub mod bench_coded;
 pub mod bench_fp8;
+pub mod bench_lossy;
 pub mod coded;
 pub mod device;
 pub mod dtans_selftest;
@@ -19,6 +20,7 @@ pub mod forms;
 pub mod gemm;
 pub mod jit;
 pub mod linear;
+pub mod lossy_selftest;
 pub mod mem;
 pub mod ops;
 pub mod plan;

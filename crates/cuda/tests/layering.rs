@@ -27,6 +27,8 @@ const FORBIDDEN: &[&str] = &[
     "bench_fp8::",
     "dtans_selftest::",
     "engine_selftest::",
+    "lossy_selftest::",
+    "bench_lossy::",
 ];
 
 #[test]
