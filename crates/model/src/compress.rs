@@ -81,6 +81,8 @@ pub struct LossyOptions {
     /// Stored bits a weight of each lossy matrix, every byte counted.
     pub bits: f64,
     pub quantizer: Quantizer,
+    /// Weights a tile holds at least (`entrollm_codec::lossy::Options::tile_weights`).
+    pub tile_weights: usize,
 }
 
 /// Whether `compress --bits` codes a tensor lossily: a float matrix (F32, BF16, F16) of at least
@@ -119,7 +121,10 @@ pub fn code_lossy(
             "lossy coding takes F32, BF16 or F16, not {dtype:?}"
         ))
     })?;
-    let o = entrollm_codec::lossy::Options::new(opts.bits, opts.quantizer);
+    let o = entrollm_codec::lossy::Options {
+        tile_weights: opts.tile_weights,
+        ..entrollm_codec::lossy::Options::new(opts.bits, opts.quantizer)
+    };
     let (tensor, report) = LossyTensor::encode(&w, rows, cols, &o)?;
     let coded = LossyCoded { dtype, tensor };
     let out = coded.decode()?;
