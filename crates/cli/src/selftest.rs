@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use entrollm_cuda::engine_selftest::run_engine_selftest;
-use entrollm_cuda::selftest::run_selftest;
+use entrollm_cuda::selftest::{run_selftest, SelftestReport};
 use entrollm_cuda::GpuDevice;
 
 #[derive(clap::Args)]
@@ -85,24 +85,10 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     if runs("dtans") {
-        match entrollm_cuda::dtans_selftest::selftest(&dev, a.seed) {
-            Ok(r) => {
-                let failed_cases = r.failures().count();
-                failed |= failed_cases > 0;
-                for f in r.failures().take(20) {
-                    println!("  FAIL {f:?}");
-                }
-                println!(
-                    "dtANS kernels: {} cases, {} passed, {failed_cases} failed",
-                    r.cases.len(),
-                    r.cases.len() - failed_cases
-                );
-            }
-            Err(e) => {
-                println!("{e}");
-                failed = true;
-            }
-        }
+        failed |= summarise(
+            "dtANS kernels",
+            entrollm_cuda::dtans_selftest::selftest(&dev, a.seed),
+        );
     }
     if runs("encoder") {
         match entrollm_cuda::dtans_selftest::encode_selftest(&dev, a.seed) {
@@ -117,28 +103,37 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     if runs("lossy") {
-        match entrollm_cuda::lossy_selftest::selftest(&dev, a.seed) {
-            Ok(r) => {
-                let failed_cases = r.failures().count();
-                failed |= failed_cases > 0;
-                for f in r.failures().take(20) {
-                    println!("  FAIL {f:?}");
-                }
-                println!(
-                    "lossy kernels: {} cases, {} passed, {failed_cases} failed",
-                    r.cases.len(),
-                    r.cases.len() - failed_cases
-                );
-            }
-            Err(e) => {
-                println!("{e}");
-                failed = true;
-            }
-        }
+        failed |= summarise(
+            "lossy kernels",
+            entrollm_cuda::lossy_selftest::selftest(&dev, a.seed),
+        );
     }
     if failed {
         bail!("GPU selftest failed");
     }
     println!("GPU selftest passed in {:.1} s", t0.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Prints a kernel selftest's failures (the first 20) and its count of cases; true when any failed
+/// or it could not run.
+fn summarise(what: &str, r: entrollm_cuda::Result<SelftestReport>) -> bool {
+    match r {
+        Ok(r) => {
+            let failed = r.failures().count();
+            for f in r.failures().take(20) {
+                println!("  FAIL {f:?}");
+            }
+            println!(
+                "{what}: {} cases, {} passed, {failed} failed",
+                r.cases.len(),
+                r.cases.len() - failed
+            );
+            failed > 0
+        }
+        Err(e) => {
+            println!("{e}");
+            true
+        }
+    }
 }

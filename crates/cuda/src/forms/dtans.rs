@@ -17,8 +17,7 @@ use crate::ops::dtans::{
     launch_dequant, launch_dequant_at, launch_mvm, launch_mvm_stacked, DtansConfig, DtansKind,
     DtansOut, MAX_SHARED_BYTES,
 };
-use crate::ops::elementwise::{launch_residual_add, launch_swiglu, launch_swiglu_pairs};
-use crate::ops::forward::{launch_rmsnorm_f32w, GemvFusion, NormOut};
+use crate::ops::forward::GemvFusion;
 use crate::plan::{LaunchForm, LinearDesc, MatvecLaunch, MEMSET};
 use cudarc::driver::CudaSlice;
 use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor, EncodePlan};
@@ -393,40 +392,20 @@ impl DtansLinear {
         fusion: GemvFusion,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let (rows, cols) = (self.rows(), self.cols());
-        if fusion.swiglu && rows % 2 != 0 {
-            return Err(GpuError::invalid(
-                "dtans matvec",
-                format!("SwiGLU needs (gate, up) row pairs, the matrix has {rows} rows"),
-            ));
-        }
+        let shape = (self.rows(), self.cols());
         let mut guard = self.lock();
-        let DtansScratch { y: sy, xn, err, .. } = &mut *guard;
-        let input: &CudaSlice<f32> = match norm {
-            Some((w, eps)) => {
-                launch_rmsnorm_f32w(dev, x, w, NormOut::F32(xn), 1, cols, eps)?;
-                xn
-            }
-            None => x,
-        };
-        let plain = !fusion.accumulate && !fusion.swiglu;
-        if plain {
-            return self.mvm_into(dev, input, y, err);
-        }
-        if fusion.accumulate && fusion.swiglu {
-            return Err(GpuError::invalid(
-                "dtans matvec",
-                "accumulating a SwiGLU output is not supported",
-            ));
-        }
-        self.mvm_into(dev, input, sy, err)?;
-        if fusion.swiglu && self.halves {
-            launch_swiglu(dev, sy, y, 1, rows / 2)
-        } else if fusion.swiglu {
-            launch_swiglu_pairs(dev, sy, y, rows / 2)
-        } else {
-            launch_residual_add(dev, y, sy, rows)
-        }
+        super::fused_product(
+            dev,
+            "dtans matvec",
+            &mut guard,
+            shape,
+            self.halves,
+            x,
+            norm,
+            fusion,
+            y,
+            |input, out, err| self.mvm_into(dev, input, out, err),
+        )
     }
 }
 
@@ -609,46 +588,26 @@ impl LaunchForm for DtansLaunch {
         "dtans"
     }
     fn matvec(&self, m: &MatvecLaunch<'_>, push: &mut dyn FnMut(&'static str, String)) {
-        // DtansLinear::matvec_fused: the norm into the scratch input, the product (into y itself
-        // when plain, else the scratch output), then the epilogue.
-        let x = match m.norm {
-            Some(n) => {
-                push("rmsnorm_f32w", format!("{n} {}->xn", m.input));
-                "xn".to_string()
-            }
-            None => m.input.to_string(),
-        };
-        let plain = !m.fusion.accumulate && !m.fusion.swiglu;
-        let y = if plain {
-            m.out.to_string()
-        } else {
-            "ys".into()
-        };
-        // More than one slice: the kernel adds its slices' sums into zeroed outputs.
+        // DtansLinear::matvec_fused: the product inside the fusions; more than one slice adds its
+        // slices' sums into zeroed outputs.
         let slices = m.cols.div_ceil(self.coding.sc.max(1) as usize);
-        if slices > 1 {
-            push(MEMSET, format!("{y}[{}]", m.rows));
-        }
-        let payload = format!("{:?}", self.payload).to_lowercase();
-        push(
-            "dtans_kernel",
-            format!(
-                "{} {payload} {} {} parts={}{} {x}->{y}",
-                m.label,
-                self.coding,
-                self.mvm,
-                self.parts,
-                if self.halves { " halves" } else { "" }
-            ),
-        );
-        let o = m.out;
-        if m.fusion.swiglu && self.halves {
-            push("swiglu", format!("ys->{o}"));
-        } else if m.fusion.swiglu {
-            push("swiglu_pairs", format!("ys->{o}"));
-        } else if m.fusion.accumulate {
-            push("residual_add", format!("ys->{o}"));
-        }
+        super::fused_product_launches(m, self.halves, push, |x, y, push| {
+            if slices > 1 {
+                push(MEMSET, format!("{y}[{}]", m.rows));
+            }
+            let payload = format!("{:?}", self.payload).to_lowercase();
+            push(
+                "dtans_kernel",
+                format!(
+                    "{} {payload} {} {} parts={}{} {x}->{y}",
+                    m.label,
+                    self.coding,
+                    self.mvm,
+                    self.parts,
+                    if self.halves { " halves" } else { "" }
+                ),
+            );
+        });
     }
 }
 

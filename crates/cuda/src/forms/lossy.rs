@@ -3,7 +3,7 @@
 //! decoding the tiles into the shared BF16 workspace (`lossy_decode`) and the dense path's GEMM. A
 //! launch's parts (q/k/v; gate and up as halves) decode in one product launch, each into its rows
 //! of the output; the decode step's fusions are small kernels around the product on the model's
-//! shared scratch, as for the dtANS form.
+//! shared scratch (`forms::fused_product`, as for the dtANS form).
 
 use super::{GpuForm, Upload};
 use crate::device::GpuDevice;
@@ -11,8 +11,7 @@ use crate::engine_coded::LoadReport;
 use crate::error::{GpuError, Result};
 use crate::gemm::Gemm;
 use crate::linear::{DtansScratch, GpuLinear, GpuMatrix, SharedScratch};
-use crate::ops::elementwise::{launch_residual_add, launch_swiglu, launch_swiglu_pairs};
-use crate::ops::forward::{launch_rmsnorm_f32w, GemvFusion, NormOut};
+use crate::ops::forward::GemvFusion;
 use crate::ops::lossy::{launch_decode, launch_mv, GpuLossy, LossyOut, MAX_PARTS};
 use crate::plan::{LaunchForm, LinearDesc, MatvecLaunch};
 use cudarc::driver::CudaSlice;
@@ -166,33 +165,20 @@ impl GpuMatrix for LossyGpuLinear {
         fusion: GemvFusion,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let (rows, cols) = (self.rows(), self.cols());
-        if fusion.swiglu && (rows % 2 != 0 || fusion.accumulate) {
-            return Err(GpuError::invalid(
-                "lossy matvec",
-                format!("SwiGLU needs (gate, up) row pairs and no accumulation ({rows} rows)"),
-            ));
-        }
+        let shape = (self.rows(), self.cols());
         let mut guard = self.lock();
-        let DtansScratch { y: sy, xn, err, .. } = &mut *guard;
-        let input: &CudaSlice<f32> = match norm {
-            Some((w, eps)) => {
-                launch_rmsnorm_f32w(dev, x, w, NormOut::F32(xn), 1, cols, eps)?;
-                xn
-            }
-            None => x,
-        };
-        if !fusion.accumulate && !fusion.swiglu {
-            return self.mv_into(dev, input, y, err);
-        }
-        self.mv_into(dev, input, sy, err)?;
-        if fusion.swiglu && self.halves {
-            launch_swiglu(dev, sy, y, 1, rows / 2)
-        } else if fusion.swiglu {
-            launch_swiglu_pairs(dev, sy, y, rows / 2)
-        } else {
-            launch_residual_add(dev, y, sy, rows)
-        }
+        super::fused_product(
+            dev,
+            "lossy matvec",
+            &mut guard,
+            shape,
+            self.halves,
+            x,
+            norm,
+            fusion,
+            y,
+            |input, out, err| self.mv_into(dev, input, out, err),
+        )
     }
 
     fn matmul(
@@ -262,38 +248,18 @@ impl LaunchForm for LossyLaunch {
         "lossy"
     }
     fn matvec(&self, m: &MatvecLaunch<'_>, push: &mut dyn FnMut(&'static str, String)) {
-        // LossyGpuLinear::matvec_fused: the norm into the scratch input, the parts' product in
-        // one launch (into y itself when plain, else the scratch output), then the epilogue.
-        let x = match m.norm {
-            Some(n) => {
-                push("rmsnorm_f32w", format!("{n} {}->xn", m.input));
-                "xn".to_string()
-            }
-            None => m.input.to_string(),
-        };
-        let plain = !m.fusion.accumulate && !m.fusion.swiglu;
-        let y = if plain {
-            m.out.to_string()
-        } else {
-            "ys".into()
-        };
-        push(
-            "lossy_mv",
-            format!(
-                "{} {} parts={}{} {x}->{y}",
-                m.label,
-                self.quantizer,
-                self.parts,
-                if self.halves { " halves" } else { "" }
-            ),
-        );
-        let o = m.out;
-        if m.fusion.swiglu && self.halves {
-            push("swiglu", format!("ys->{o}"));
-        } else if m.fusion.swiglu {
-            push("swiglu_pairs", format!("ys->{o}"));
-        } else if m.fusion.accumulate {
-            push("residual_add", format!("ys->{o}"));
-        }
+        // LossyGpuLinear::matvec_fused: the parts' product in one launch inside the fusions.
+        super::fused_product_launches(m, self.halves, push, |x, y, push| {
+            push(
+                "lossy_mv",
+                format!(
+                    "{} {} parts={}{} {x}->{y}",
+                    m.label,
+                    self.quantizer,
+                    self.parts,
+                    if self.halves { " halves" } else { "" }
+                ),
+            )
+        });
     }
 }

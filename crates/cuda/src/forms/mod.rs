@@ -136,3 +136,86 @@ pub(crate) fn stack<T: Copy>(
     }
     Some((rows, cols, out))
 }
+
+/// A coded matrix's batch-1 product with the decode step's fusions, on the model's shared scratch:
+/// the RMSNorm of x into the scratch input (`norm`), `product(input, out, err)` into y itself when
+/// plain, else into the scratch output, then SwiGLU of the (gate, up) rows (`halves`: [gate; up],
+/// else interleaved) or the residual add into y. So the step still captures into one CUDA graph with
+/// no allocation.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fused_product(
+    dev: &GpuDevice,
+    what: &'static str,
+    scratch: &mut crate::linear::DtansScratch,
+    (rows, cols): (usize, usize),
+    halves: bool,
+    x: &cudarc::driver::CudaSlice<f32>,
+    norm: Option<(&cudarc::driver::CudaSlice<f32>, f32)>,
+    fusion: crate::ops::forward::GemvFusion,
+    y: &mut cudarc::driver::CudaSlice<f32>,
+    product: impl FnOnce(
+        &cudarc::driver::CudaSlice<f32>,
+        &mut cudarc::driver::CudaSlice<f32>,
+        &mut cudarc::driver::CudaSlice<u32>,
+    ) -> Result<()>,
+) -> Result<()> {
+    use crate::ops::elementwise::{launch_residual_add, launch_swiglu, launch_swiglu_pairs};
+    use crate::ops::forward::{launch_rmsnorm_f32w, NormOut};
+    if fusion.swiglu && (rows % 2 != 0 || fusion.accumulate) {
+        return Err(crate::error::GpuError::invalid(
+            what,
+            format!("SwiGLU needs (gate, up) row pairs and no accumulation ({rows} rows)"),
+        ));
+    }
+    let crate::linear::DtansScratch { y: sy, xn, err, .. } = scratch;
+    let input = match norm {
+        Some((w, eps)) => {
+            launch_rmsnorm_f32w(dev, x, w, NormOut::F32(xn), 1, cols, eps)?;
+            &*xn
+        }
+        None => x,
+    };
+    if !fusion.accumulate && !fusion.swiglu {
+        return product(input, y, err);
+    }
+    product(input, sy, err)?;
+    if fusion.swiglu && halves {
+        launch_swiglu(dev, sy, y, 1, rows / 2)
+    } else if fusion.swiglu {
+        launch_swiglu_pairs(dev, sy, y, rows / 2)
+    } else {
+        launch_residual_add(dev, y, sy, rows)
+    }
+}
+
+/// The launches [`fused_product`] makes, for the decode step's plan: `kernel` with `line` (given
+/// the input and output buffer names) between the norm and the epilogue.
+pub(crate) fn fused_product_launches(
+    m: &crate::plan::MatvecLaunch<'_>,
+    halves: bool,
+    push: &mut dyn FnMut(&'static str, String),
+    product: impl FnOnce(&str, &str, &mut dyn FnMut(&'static str, String)),
+) {
+    let x = match m.norm {
+        Some(n) => {
+            push("rmsnorm_f32w", format!("{n} {}->xn", m.input));
+            "xn".to_string()
+        }
+        None => m.input.to_string(),
+    };
+    let plain = !m.fusion.accumulate && !m.fusion.swiglu;
+    let y = if plain {
+        m.out.to_string()
+    } else {
+        "ys".into()
+    };
+    product(&x, &y, push);
+    let o = m.out;
+    if m.fusion.swiglu && halves {
+        push("swiglu", format!("ys->{o}"));
+    } else if m.fusion.swiglu {
+        push("swiglu_pairs", format!("ys->{o}"));
+    } else if m.fusion.accumulate {
+        push("residual_add", format!("ys->{o}"));
+    }
+}
