@@ -1642,3 +1642,55 @@ fn lossy_containers_code_at_the_rate_asked_and_restore_their_reconstruction() {
     assert!(e.contains("--quantizer"), "{e}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// `--tile-weights` sets the lossy tile size: smaller tiles are stored (and still hit the rate),
+/// and a size out of range is refused with the range before anything is written.
+#[test]
+fn lossy_tile_weights_set_the_tile_size_and_refuse_what_is_out_of_range() {
+    let d = tmp("lossy-tiles");
+    let src = d.join("src");
+    ok(&["synth", "--shape", "tiny", "-o", src.to_str().unwrap()]);
+    let c = d.join("c");
+    ok(&[
+        "compress",
+        src.to_str().unwrap(),
+        "-o",
+        c.to_str().unwrap(),
+        "--bits",
+        "4",
+        "--tile-weights",
+        "2048",
+    ]);
+    let w =
+        entrollm_model::load::open_weights_with(&c, entrollm_model::load::LoadOptions::default())
+            .unwrap();
+    let l = w.layers[0].q.as_any();
+    let t = &l
+        .downcast_ref::<entrollm_model::forms::lossy::LossyLinear>()
+        .expect("held lossy")
+        .coded()
+        .tensor;
+    assert_eq!(t.tile_rows, 2048usize.div_ceil(t.cols));
+    assert!(
+        (t.bits_per_weight() / 4.0 - 1.0).abs() < 0.02,
+        "{}",
+        t.bits_per_weight()
+    );
+    for n in ["512", "40000"] {
+        let e = fails(&[
+            "compress",
+            src.to_str().unwrap(),
+            "-o",
+            d.join(format!("bad{n}")).to_str().unwrap(),
+            "--bits",
+            "4",
+            "--tile-weights",
+            n,
+        ]);
+        assert!(
+            e.contains("--tile-weights") && e.contains("1024 to 32768"),
+            "{e}"
+        );
+        assert!(!d.join(format!("bad{n}")).exists());
+    }
+}
