@@ -12,7 +12,7 @@ use crate::error::{GpuError, Result};
 use crate::gemm::Gemm;
 use crate::linear::{DtansScratch, GpuLinear, GpuMatrix, SharedScratch};
 use crate::ops::forward::GemvFusion;
-use crate::ops::lossy::{launch_decode, launch_mv, GpuLossy, LossyOut, MAX_PARTS};
+use crate::ops::lossy::{is_e8, launch_decode, launch_mv, GpuLossy, LossyOut, MAX_PARTS};
 use crate::plan::{LaunchForm, LinearDesc, MatvecLaunch};
 use cudarc::driver::CudaSlice;
 use entrollm_codec::lossy::Quantizer;
@@ -43,15 +43,16 @@ impl GpuForm for Held {
                 None => return Ok(None),
             }
         }
-        let (cols, q) = (coded[0].tensor.cols, coded[0].tensor.quantizer);
-        let round = LossyOut::of(coded[0].dtype);
+        let (cols, e8) = (coded[0].tensor.cols, is_e8(coded[0].tensor.quantizer));
+        let Some(round) = LossyOut::of(coded[0].dtype) else {
+            return Ok(None);
+        };
         // One launch takes the parts: same columns, precision and quantiser kind.
-        if round.is_none()
-            || coded.len() > MAX_PARTS
+        if coded.len() > MAX_PARTS
             || coded.iter().any(|c| {
                 c.tensor.cols != cols
-                    || LossyOut::of(c.dtype) != round
-                    || c.tensor.quantizer.row_multiple() != q.row_multiple()
+                    || LossyOut::of(c.dtype) != Some(round)
+                    || is_e8(c.tensor.quantizer) != e8
             })
             || (halves && (coded.len() != 2 || coded[0].tensor.rows != coded[1].tensor.rows))
         {
@@ -61,12 +62,7 @@ impl GpuForm for Held {
             .iter()
             .map(|c| GpuLossy::upload(up.dev, &c.tensor))
             .collect::<Result<Vec<_>>>()?;
-        let l = LossyGpuLinear::new(
-            parts,
-            halves,
-            round.expect("checked above"),
-            Arc::clone(up.scratch),
-        )?;
+        let l = LossyGpuLinear::new(parts, halves, round, Arc::clone(up.scratch))?;
         report.served += 1;
         Ok(Some(GpuLinear::new(l)))
     }

@@ -85,8 +85,9 @@ impl LossyOut {
     }
 }
 
-fn is_e8(q: Quantizer) -> bool {
-    q.row_multiple() == 8
+/// Which kernel decodes `q` (a match, not `row_multiple`, which builds the quantiser: launches ask).
+pub(crate) fn is_e8(q: Quantizer) -> bool {
+    matches!(q, Quantizer::E8)
 }
 
 /// The compiled module for `quantizer`'s kernels writing or rounding to `out`.
