@@ -70,7 +70,12 @@ impl LossyCoded {
 
     /// A decoded weight as the value `dtype` holds ([`Self::decode`]'s rounding), as f32.
     pub fn served(&self, x: f32) -> f32 {
-        match self.dtype {
+        Self::served_as(self.dtype, x)
+    }
+
+    /// [`Self::served`] for a matrix of `dtype`.
+    pub fn served_as(dtype: Dtype, x: f32) -> f32 {
+        match dtype {
             Dtype::BF16 => half::bf16::from_f32(x).to_f32(),
             Dtype::F16 => saturated_f16(x).to_f32(),
             _ => x,

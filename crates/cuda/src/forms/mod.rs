@@ -22,8 +22,11 @@ pub use fp8::{fp8_palette, is_fp8};
 
 use crate::device::GpuDevice;
 use crate::engine_coded::{Encoder, LoadReport};
-use crate::error::Result;
-use crate::linear::{Fp8Serving, GpuLinear, SharedScratch};
+use crate::error::{GpuError, Result};
+use crate::linear::{DtansScratch, Fp8Serving, GpuLinear, SharedScratch};
+use crate::ops::forward::GemvFusion;
+use crate::plan::MatvecLaunch;
+use cudarc::driver::CudaSlice;
 use entrollm_codec::dtans::Coding;
 use entrollm_model::weights::Linear;
 
@@ -146,28 +149,24 @@ pub(crate) fn stack<T: Copy>(
 pub(crate) fn fused_product(
     dev: &GpuDevice,
     what: &'static str,
-    scratch: &mut crate::linear::DtansScratch,
+    scratch: &mut DtansScratch,
     (rows, cols): (usize, usize),
     halves: bool,
-    x: &cudarc::driver::CudaSlice<f32>,
-    norm: Option<(&cudarc::driver::CudaSlice<f32>, f32)>,
-    fusion: crate::ops::forward::GemvFusion,
-    y: &mut cudarc::driver::CudaSlice<f32>,
-    product: impl FnOnce(
-        &cudarc::driver::CudaSlice<f32>,
-        &mut cudarc::driver::CudaSlice<f32>,
-        &mut cudarc::driver::CudaSlice<u32>,
-    ) -> Result<()>,
+    x: &CudaSlice<f32>,
+    norm: Option<(&CudaSlice<f32>, f32)>,
+    fusion: GemvFusion,
+    y: &mut CudaSlice<f32>,
+    product: impl FnOnce(&CudaSlice<f32>, &mut CudaSlice<f32>, &mut CudaSlice<u32>) -> Result<()>,
 ) -> Result<()> {
     use crate::ops::elementwise::{launch_residual_add, launch_swiglu, launch_swiglu_pairs};
     use crate::ops::forward::{launch_rmsnorm_f32w, NormOut};
     if fusion.swiglu && (rows % 2 != 0 || fusion.accumulate) {
-        return Err(crate::error::GpuError::invalid(
+        return Err(GpuError::invalid(
             what,
             format!("SwiGLU needs (gate, up) row pairs and no accumulation ({rows} rows)"),
         ));
     }
-    let crate::linear::DtansScratch { y: sy, xn, err, .. } = scratch;
+    let DtansScratch { y: sy, xn, err, .. } = scratch;
     let input = match norm {
         Some((w, eps)) => {
             launch_rmsnorm_f32w(dev, x, w, NormOut::F32(xn), 1, cols, eps)?;
@@ -191,7 +190,7 @@ pub(crate) fn fused_product(
 /// The launches [`fused_product`] makes, for the decode step's plan: `kernel` with `line` (given
 /// the input and output buffer names) between the norm and the epilogue.
 pub(crate) fn fused_product_launches(
-    m: &crate::plan::MatvecLaunch<'_>,
+    m: &MatvecLaunch<'_>,
     halves: bool,
     push: &mut dyn FnMut(&'static str, String),
     product: impl FnOnce(&str, &str, &mut dyn FnMut(&'static str, String)),

@@ -10,6 +10,8 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use entrollm_codec::lossy::{FlatTables, LossyTensor, Quantizer};
+use entrollm_format::coded::LossyCoded;
+use entrollm_format::Dtype;
 
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
@@ -55,32 +57,31 @@ impl LossyOut {
     }
 
     /// The precision a container of `dtype` serves (None: not one a lossy matrix decodes to).
-    pub fn of(dtype: entrollm_format::Dtype) -> Option<LossyOut> {
-        use entrollm_format::Dtype;
-        match dtype {
-            Dtype::BF16 => Some(LossyOut::Bf16),
-            Dtype::F16 => Some(LossyOut::F16),
-            Dtype::F32 => Some(LossyOut::F32),
-            _ => None,
+    pub fn of(dtype: Dtype) -> Option<LossyOut> {
+        Self::ALL.into_iter().find(|o| o.dtype() == dtype)
+    }
+
+    fn dtype(self) -> Dtype {
+        match self {
+            LossyOut::Bf16 => Dtype::BF16,
+            LossyOut::F16 => Dtype::F16,
+            LossyOut::F32 => Dtype::F32,
         }
     }
 
-    /// `v` at this precision (round to nearest even; F16 saturates at ±65504, as the container's
-    /// reconstruction does), as the kernels round it.
+    /// `v` at this precision as the container's reconstruction rounds it
+    /// ([`LossyCoded::served_as`]), which is how the kernels round it.
     pub fn round(self, v: f32) -> f32 {
-        match self {
-            LossyOut::Bf16 => half::bf16::from_f32(v).to_f32(),
-            LossyOut::F16 => half::f16::from_f32(v.clamp(-65504.0, 65504.0)).to_f32(),
-            LossyOut::F32 => v,
-        }
+        LossyCoded::served_as(self.dtype(), v)
     }
 
     /// `v`'s stored bits at this precision (F32: its own bits).
     pub fn bits(self, v: f32) -> u32 {
+        let r = self.round(v);
         match self {
-            LossyOut::Bf16 => half::bf16::from_f32(v).to_bits() as u32,
-            LossyOut::F16 => half::f16::from_f32(v.clamp(-65504.0, 65504.0)).to_bits() as u32,
-            LossyOut::F32 => v.to_bits(),
+            LossyOut::Bf16 => half::bf16::from_f32(r).to_bits() as u32,
+            LossyOut::F16 => half::f16::from_f32(r).to_bits() as u32,
+            LossyOut::F32 => r.to_bits(),
         }
     }
 }
@@ -113,13 +114,13 @@ pub fn all_variants() -> Vec<KernelVariant> {
     v
 }
 
-/// What the kernel reads of one tensor's tables, on the host: the flat tables, one 8-byte entry a
-/// slot (symbol | (frequency − 1) << 16 | bias << 32: one load a symbol), the minima.
+/// What the kernel reads of one tensor's tables, on the host: one 8-byte entry a slot (symbol |
+/// (frequency − 1) << 16 | bias << 32: one load a symbol), the tables' minima, the trellis.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LossyArrays {
-    pub flat: FlatTables,
     pub ent: Vec<u64>,
     pub mins: [i32; MAX_TABLES],
+    pub next: Vec<u16>,
 }
 
 impl LossyArrays {
@@ -128,26 +129,31 @@ impl LossyArrays {
         let dec = t
             .decoder()
             .map_err(|e| GpuError::invalid("lossy upload", format!("tables: {e}")))?;
-        let flat = dec.flat();
-        if flat.mins.len() > MAX_TABLES || flat.next.len() > MAX_NEXT {
+        let FlatTables {
+            mins: flat_mins,
+            slot,
+            bias,
+            next,
+            ..
+        } = dec.flat();
+        if flat_mins.len() > MAX_TABLES || next.len() > MAX_NEXT {
             return Err(GpuError::invalid(
                 "lossy upload",
                 format!(
                     "{} tables and a {}-entry trellis (the kernel takes {MAX_TABLES} and {MAX_NEXT})",
-                    flat.mins.len(),
-                    flat.next.len()
+                    flat_mins.len(),
+                    next.len()
                 ),
             ));
         }
         let mut mins = [0i32; MAX_TABLES];
-        mins[..flat.mins.len()].copy_from_slice(&flat.mins);
-        let ent = flat
-            .slot
+        mins[..flat_mins.len()].copy_from_slice(&flat_mins);
+        let ent = slot
             .iter()
-            .zip(&flat.bias)
+            .zip(&bias)
             .map(|(&e, &b)| e as u64 | (b as u64) << 32)
             .collect();
-        Ok(LossyArrays { flat, ent, mins })
+        Ok(LossyArrays { ent, mins, next })
     }
 }
 
@@ -205,8 +211,8 @@ impl GpuLossy {
             states: upload(dev, &t.states)?,
             offsets: upload(dev, &t.offsets)?,
             payload: upload(dev, &nonempty_u16(&t.payload))?,
-            next: upload(dev, &nonempty_u16(&a.flat.next))?,
-            n_next: a.flat.next.len(),
+            next: upload(dev, &nonempty_u16(&a.next))?,
+            n_next: a.next.len(),
             stored_bytes: t.stored_bytes(),
         })
     }
@@ -431,7 +437,7 @@ fn emulate_tile(
     a: &LossyArrays,
     tile: usize,
 ) -> std::result::Result<Vec<f32>, ()> {
-    let (r0, cols, pb) = (tile * t.tile_rows, t.cols, a.flat.prob_bits as u32);
+    let (r0, cols, pb) = (tile * t.tile_rows, t.cols, t.prob_bits as u32);
     let nr = t.tile_rows.min(t.rows - r0);
     let n = nr * cols;
     let mut x: [u32; 32] = t.states[32 * tile..32 * tile + 32].try_into().unwrap();
@@ -500,7 +506,7 @@ fn emulate_tile(
                 let z0 = st[l] & 1;
                 let k = sym(&mut x[l], z0 as usize);
                 let nx = (2 * st[l] + (k & 1) as u32) as usize;
-                st[l] = a.flat.next.get(nx).map_or(0, |&s| s as u32);
+                st[l] = a.next.get(nx).map_or(0, |&s| s as u32);
                 out[g + l] = (2 * k + z0 as i32) as f32 * t.scales[r0 + (g + l) / cols];
             }
             renorm(&mut x, &live, &mut pos, &mut bad);
