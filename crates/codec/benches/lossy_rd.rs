@@ -1,7 +1,7 @@
 //! Lossy coding's rate–distortion, encode and decode speed on the matrices:
 //! `cargo bench -p entrollm-codec --bench lossy_rd -- [--quick] [--shapes 4096x4096,…]
 //! [--bits 2,3,4,6] [--quantizers e8,tcq8,…] [--sources gauss,heavy] [--rate-weight R]
-//! [--prob-bits B]`.
+//! [--prob-bits B] [--rdo K]` (K: the per-row RDO's candidates, off by default).
 //!
 //! Sources: i.i.d. N(0, 0.02²), and heavy-tailed rows (Student-t, 5 degrees of freedom, × a
 //! log-normal row scale with σ = 0.3, × 0.015). Rates count every stored byte. Prints one line per
@@ -98,6 +98,7 @@ fn main() {
     let rate_weight: Option<f32> =
         arg(&args, "--rate-weight").map(|v| v.parse().expect("rate weight"));
     let prob_bits: Option<u8> = arg(&args, "--prob-bits").map(|v| v.parse().expect("prob bits"));
+    let rdo: usize = arg(&args, "--rdo").map_or(0, |v| v.parse().expect("rdo candidates"));
     let sources: Vec<&str> = arg(&args, "--sources")
         .unwrap_or("gauss,heavy")
         .split(',')
@@ -114,6 +115,7 @@ fn main() {
                     let t0 = Instant::now();
                     let mut o = Options::new(b, q);
                     o.prob_bits = prob_bits;
+                    o.rdo = rdo;
                     if let Some(r) = rate_weight {
                         o.rate_weight = r;
                     }

@@ -94,6 +94,7 @@ impl Method for E8 {
         xn: &[f32],
         cols: usize,
         step: f32,
+        col_weights: Option<&[f32]>,
         _model: Option<&super::RateModel>,
         code: &mut TileCode,
     ) {
@@ -103,16 +104,19 @@ impl Method for E8 {
         let mut all = Vec::with_capacity(vecs);
         for r in 0..rows {
             let (mut num, mut den) = (0f64, 0f64);
-            for v in xn[r * cols..(r + 1) * cols].chunks_exact(DIM) {
+            for (b, v) in xn[r * cols..(r + 1) * cols].chunks_exact(DIM).enumerate() {
                 let mut x = [0f32; DIM];
                 for i in 0..DIM {
                     x[i] = v[i] * inv;
                 }
+                // The nearest point in the plain metric (the lattice's rule); the weights enter the
+                // row's scale fit.
                 let f = fields(&nearest(&x));
                 let p = point(&f);
                 for i in 0..DIM {
-                    num += v[i] as f64 * p[i] as f64;
-                    den += p[i] as f64 * p[i] as f64;
+                    let h = col_weights.map_or(1.0, |h| h[b * DIM + i]) as f64;
+                    num += h * v[i] as f64 * p[i] as f64;
+                    den += h * p[i] as f64 * p[i] as f64;
                 }
                 all.push(f);
             }

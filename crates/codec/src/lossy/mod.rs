@@ -117,7 +117,19 @@ pub struct Options {
     pub rate_weight: f32,
     /// Weights a tile holds at least (whole rows), [`MIN_TILE_WEIGHTS`]..=[`TILE_WEIGHTS`].
     pub tile_weights: usize,
+    /// Per input column, how much its squared error counts (the activation energy a calibration
+    /// text gives: the diagonal of the layer's input Hessian). The row scale fit, the TCQ search
+    /// and the per-row RDO then minimise the weighted error, which is the layer's output error.
+    /// None: every column alike.
+    pub col_weights: Option<Vec<f32>>,
+    /// Per-row rate–distortion optimisation: each row takes the step multiplier, of this many
+    /// geometric candidates in [`RDO_RANGE`], that minimises its error (absolute, not relative to
+    /// the row) plus λ·bits under the tensor's code model; 0 or 1: off.
+    pub rdo: usize,
 }
+
+/// The step multipliers the per-row RDO chooses between.
+pub const RDO_RANGE: (f64, f64) = (0.70, 1.45);
 
 impl Options {
     pub fn new(bits: f64, quantizer: Quantizer) -> Options {
@@ -129,6 +141,8 @@ impl Options {
             search_steps: 12,
             rate_weight: 0.0,
             tile_weights: TILE_WEIGHTS,
+            col_weights: None,
+            rdo: 0,
         }
     }
 }
@@ -210,6 +224,7 @@ pub trait Method: Sync + Send {
         xn: &[f32],
         cols: usize,
         step: f32,
+        col_weights: Option<&[f32]>,
         model: Option<&RateModel>,
         code: &mut TileCode,
     );
@@ -430,45 +445,9 @@ impl LossyTensor {
         opts: &Options,
     ) -> Result<(LossyTensor, EncodeReport)> {
         let method = opts.quantizer.method();
-        if cols > MAX_COLS {
-            return Err(CodecError::Shape(format!(
-                "rows of {cols} columns: lossy coding takes at most {MAX_COLS}"
-            )));
-        }
-        if rows == 0 || cols == 0 || w.len() != rows * cols {
-            return Err(CodecError::Shape(format!(
-                "{} values for a {rows} × {cols} matrix",
-                w.len()
-            )));
-        }
-        if !cols.is_multiple_of(method.item()) {
-            return Err(CodecError::Shape(format!(
-                "{} codes rows in blocks of {}; this row has {cols} columns",
-                opts.quantizer,
-                method.item()
-            )));
-        }
-        if let Some(i) = w.iter().position(|v| !v.is_finite()) {
-            return Err(CodecError::Unsupported(format!(
-                "value {} at row {}, column {} is not finite",
-                w[i],
-                i / cols,
-                i % cols
-            )));
-        }
-        if !(0.05..=16.0).contains(&opts.bits) {
-            return Err(CodecError::Unsupported(format!(
-                "a target of {} bits a weight: use 0.05 to 16",
-                opts.bits
-            )));
-        }
-        let (xn, rms) = normalise(w, cols);
-        if !(MIN_TILE_WEIGHTS..=TILE_WEIGHTS).contains(&opts.tile_weights) {
-            return Err(CodecError::Shape(format!(
-                "tiles of {} weights (the range is {MIN_TILE_WEIGHTS}..={TILE_WEIGHTS})",
-                opts.tile_weights
-            )));
-        }
+        let hw = check_input(w, rows, cols, opts, method.as_ref())?;
+        let hw = hw.as_deref();
+        let (mut xn, mut rms) = normalise(w, cols);
         let tile_rows = tile_rows_for(cols, opts.tile_weights);
         let tiles = rows.div_ceil(tile_rows);
         let n = (rows * cols) as f64;
@@ -489,13 +468,7 @@ impl LossyTensor {
         }
         let ns = xs.len() as f64;
         let quantize = |x: &[f32], step: f64, model: Option<&RateModel>| -> Vec<TileCode> {
-            x.par_chunks(tile_rows * cols)
-                .map(|t| {
-                    let mut c = TileCode::default();
-                    method.quantize_tile(t, cols, step as f32, model, &mut c);
-                    c
-                })
-                .collect()
+            quantize_tiles(method.as_ref(), x, cols, tile_rows, step, hw, model)
         };
         // The rate-aware model for a step: code lengths from a nearest-point pass on the sample,
         // λ from the distortion that pass measured (the slope of D(R) is 2 ln 2 · D).
@@ -505,7 +478,7 @@ impl LossyTensor {
             }
             let codes = quantize(&xs, step, None);
             let h = histograms(&codes, method.tables());
-            let d = distortion_units(&xs, &codes, step);
+            let d = distortion_units(&xs, cols, &codes, step, hw);
             Some(RateModel::from_counts(
                 &h,
                 opts.rate_weight * 2.0 * std::f32::consts::LN_2 * d as f32,
@@ -570,6 +543,26 @@ impl LossyTensor {
         }
         let mut step = found.0.exp2();
         let est = found.1;
+        if opts.rdo > 1 {
+            let m = row_multipliers(
+                method.as_ref(),
+                &xn,
+                &rms,
+                cols,
+                &sample,
+                step,
+                hw,
+                opts.rdo,
+            );
+            for ((row, r), m) in xn.chunks_exact_mut(cols).zip(&mut rms).zip(m) {
+                for v in row {
+                    *v /= m;
+                }
+                *r *= m;
+            }
+            // The rows moved: the passes below requantise them and correct the rate.
+            found_codes = None;
+        }
 
         let mut passes = 0;
         let mut best: Option<(f64, f64, LossyTensor)> = None;
@@ -649,6 +642,77 @@ impl LossyTensor {
                 passes,
             },
         ))
+    }
+
+    /// Points of this matrix's rate–distortion curve, estimated on sampled rows (about
+    /// `opts.sample_weights` weights) with no row RDO: (stored bits a weight, every byte counted as
+    /// [`encode`](Self::encode) counts them; weighted squared error over weighted energy, with
+    /// `opts.col_weights`), at steps half a bit apart, spanning at least `bits.0..=bits.1`.
+    /// `opts.bits` is not used. What an allocation of rates across tensors prices them by.
+    pub fn rd_curve(
+        w: &[f32],
+        rows: usize,
+        cols: usize,
+        opts: &Options,
+        bits: (f64, f64),
+    ) -> Result<Vec<(f64, f64)>> {
+        let method = opts.quantizer.method();
+        let hw = check_input(
+            w,
+            rows,
+            cols,
+            &Options {
+                bits: bits.0.clamp(0.05, 16.0),
+                ..opts.clone()
+            },
+            method.as_ref(),
+        )?;
+        let hw = hw.as_deref();
+        let tile_rows = tile_rows_for(cols, opts.tile_weights);
+        let sample = sample_rows(rows, cols, opts.sample_weights, tile_rows);
+        let mut xs = Vec::with_capacity(sample.len() * cols);
+        let mut s2 = Vec::with_capacity(sample.len());
+        for &r in &sample {
+            let (x, rms) = normalise(&w[r * cols..(r + 1) * cols], cols);
+            xs.extend_from_slice(&x);
+            s2.push(rms[0] as f64 * rms[0] as f64);
+        }
+        let energy: f64 = xs
+            .chunks_exact(cols)
+            .zip(&s2)
+            .map(|(x, s2)| s2 * fitted_error(x, hw, 0.0, 0.0))
+            .sum();
+        let n = (rows * cols) as f64;
+        let fixed = fixed_bytes(rows, rows.div_ceil(tile_rows)) as f64;
+        let sample_tiles = sample.len().div_ceil(tile_rows);
+        // The rate falls by about a bit a weight per doubling of the step, from about 1.5 − log2(step)
+        // (the step search's start); a bit of margin each side.
+        let (l_lo, l_hi) = (1.5 - bits.1 - 1.5, 1.5 - bits.0 + 1.5);
+        let steps = ((l_hi - l_lo) / 0.5).ceil() as usize + 1;
+        let mut out = vec![];
+        for i in 0..steps {
+            let l = (l_lo + 0.5 * i as f64).clamp(STEP_RANGE.0.log2(), STEP_RANGE.1.log2());
+            let codes = quantize_tiles(method.as_ref(), &xs, cols, tile_rows, l.exp2(), hw, None);
+            let h = histograms(&codes, method.tables());
+            let widest = h.iter().map(|(_, c)| c.len()).max().unwrap_or(0);
+            let b = needed_bits(widest).clamp(11, 15);
+            let Ok(tables) = build_tables(&h, b) else {
+                continue;
+            };
+            let sz = size_of(&h, &tables, b, sample_tiles);
+            let rate =
+                (sz.payload_bits / xs.len() as f64 * n + 8.0 * (sz.table_bytes as f64 + fixed)) / n;
+            let err: f64 = codes
+                .iter()
+                .flat_map(|c| c.row_num.iter().zip(&c.row_den))
+                .zip(xs.chunks_exact(cols).zip(&s2))
+                .map(|((&num, &den), (x, s2))| s2 * fitted_error(x, hw, num, den))
+                .sum();
+            out.push((rate, if energy > 0.0 { err / energy } else { 0.0 }));
+        }
+        out.sort_by(|a, b| a.0.total_cmp(&b.0));
+        out.dedup_by(|a, b| a.0 == b.0);
+        Ok(out)
     }
 
     /// Stored bits a weight.
@@ -950,14 +1014,207 @@ impl Cursor<'_> {
     }
 }
 
+/// Checks an encoder's input; returns the column weights scaled to mean 1.
+fn check_input(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    opts: &Options,
+    method: &dyn Method,
+) -> Result<Option<Vec<f32>>> {
+    if cols > MAX_COLS {
+        return Err(CodecError::Shape(format!(
+            "rows of {cols} columns: lossy coding takes at most {MAX_COLS}"
+        )));
+    }
+    if rows == 0 || cols == 0 || w.len() != rows * cols {
+        return Err(CodecError::Shape(format!(
+            "{} values for a {rows} × {cols} matrix",
+            w.len()
+        )));
+    }
+    if !cols.is_multiple_of(method.item()) {
+        return Err(CodecError::Shape(format!(
+            "{} codes rows in blocks of {}; this row has {cols} columns",
+            opts.quantizer,
+            method.item()
+        )));
+    }
+    if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+        return Err(CodecError::Unsupported(format!(
+            "value {} at row {}, column {} is not finite",
+            w[i],
+            i / cols,
+            i % cols
+        )));
+    }
+    if !(0.05..=16.0).contains(&opts.bits) {
+        return Err(CodecError::Unsupported(format!(
+            "a target of {} bits a weight: use 0.05 to 16",
+            opts.bits
+        )));
+    }
+    if !(MIN_TILE_WEIGHTS..=TILE_WEIGHTS).contains(&opts.tile_weights) {
+        return Err(CodecError::Shape(format!(
+            "tiles of {} weights (the range is {MIN_TILE_WEIGHTS}..={TILE_WEIGHTS})",
+            opts.tile_weights
+        )));
+    }
+    let Some(h) = &opts.col_weights else {
+        return Ok(None);
+    };
+    if h.len() != cols {
+        return Err(CodecError::Shape(format!(
+            "{} column weights for rows of {cols} columns",
+            h.len()
+        )));
+    }
+    if let Some(v) = h.iter().find(|v| !v.is_finite() || **v < 0.0) {
+        return Err(CodecError::Unsupported(format!(
+            "column weight {v}: weights must be finite and not negative"
+        )));
+    }
+    let mean = h.iter().map(|&v| v as f64).sum::<f64>() / cols as f64;
+    if mean <= 0.0 {
+        return Ok(None);
+    }
+    Ok(Some(h.iter().map(|&v| (v as f64 / mean) as f32).collect()))
+}
+
+/// Quantises `x` (whole tiles of `tile_rows` rows) at `step`, tile-parallel.
+fn quantize_tiles(
+    method: &dyn Method,
+    x: &[f32],
+    cols: usize,
+    tile_rows: usize,
+    step: f64,
+    hw: Option<&[f32]>,
+    model: Option<&RateModel>,
+) -> Vec<TileCode> {
+    x.par_chunks(tile_rows * cols)
+        .map(|t| {
+            let mut c = TileCode::default();
+            method.quantize_tile(t, cols, step as f32, hw, model, &mut c);
+            c
+        })
+        .collect()
+}
+
+/// Weighted squared error of one row's points after its scale fit, in the row's normalised units:
+/// Σh·x² − (Σh·x·q)² / Σh·q².
+fn fitted_error(x: &[f32], hw: Option<&[f32]>, num: f64, den: f64) -> f64 {
+    let ss: f64 = x
+        .iter()
+        .enumerate()
+        .map(|(c, &v)| hw.map_or(1.0, |h| h[c] as f64) * v as f64 * v as f64)
+        .sum();
+    let fit = if den > 0.0 { num * num / den } else { 0.0 };
+    (ss - fit).max(0.0)
+}
+
+/// The per-row RDO ([`Options::rdo`]): each row's step multiplier. Rows are priced one at a time:
+/// error in the matrix's own units (the row's RMS squared times its normalised error), bits under
+/// the code model of the sampled rows' choices. λ is the sample's operational slope −ΔD/ΔR around
+/// multiplier 1, so the average row keeps about its rate; two rounds on the sample refine the
+/// model, then every row chooses.
+#[allow(clippy::too_many_arguments)]
+fn row_multipliers(
+    method: &dyn Method,
+    xn: &[f32],
+    rms: &[f32],
+    cols: usize,
+    sample: &[usize],
+    step: f64,
+    hw: Option<&[f32]>,
+    k: usize,
+) -> Vec<f32> {
+    let (lo, hi) = RDO_RANGE;
+    let cands: Vec<f64> = (0..k)
+        .map(|i| lo * (hi / lo).powf(i as f64 / (k - 1) as f64))
+        .collect();
+    let code_row = |r: usize, m: f64, model: Option<&RateModel>| -> TileCode {
+        let mut c = TileCode::default();
+        let x = &xn[r * cols..(r + 1) * cols];
+        method.quantize_tile(x, cols, (step * m) as f32, hw, model, &mut c);
+        c
+    };
+    // Error and bits of row r at each candidate.
+    let price = |r: usize, model: &RateModel| -> Vec<(f64, f64)> {
+        let x = &xn[r * cols..(r + 1) * cols];
+        let s2 = rms[r] as f64 * rms[r] as f64;
+        cands
+            .iter()
+            .map(|&m| {
+                let c = code_row(r, m, None);
+                let bits: f64 = c
+                    .syms
+                    .iter()
+                    .map(|s| model.bits(s.table as usize, s.value) as f64)
+                    .sum();
+                (s2 * fitted_error(x, hw, c.row_num[0], c.row_den[0]), bits)
+            })
+            .collect()
+    };
+    let model_of =
+        |codes: &[TileCode]| RateModel::from_counts(&histograms(codes, method.tables()), 0.0);
+    let one = cands
+        .iter()
+        .position(|&m| m >= 1.0)
+        .unwrap_or(k - 1)
+        .clamp(1, k - 1);
+    let mut model = model_of(
+        &sample
+            .par_iter()
+            .map(|&r| code_row(r, 1.0, None))
+            .collect::<Vec<_>>(),
+    );
+    let mut lambda = 0.0;
+    let choose = |p: &[(f64, f64)], lambda: f64| -> usize {
+        (0..p.len())
+            .min_by(|&a, &b| (p[a].0 + lambda * p[a].1).total_cmp(&(p[b].0 + lambda * p[b].1)))
+            .unwrap_or(0)
+    };
+    for _ in 0..2 {
+        let priced: Vec<Vec<(f64, f64)>> = sample.par_iter().map(|&r| price(r, &model)).collect();
+        let total = |i: usize| -> (f64, f64) {
+            priced
+                .iter()
+                .fold((0.0, 0.0), |(d, b), p| (d + p[i].0, b + p[i].1))
+        };
+        let ((d0, b0), (d1, b1)) = (total(one - 1), total(one));
+        lambda = if b0 > b1 { (d1 - d0) / (b0 - b1) } else { 0.0 };
+        let chosen: Vec<TileCode> = sample
+            .par_iter()
+            .zip(&priced)
+            .map(|(&r, p)| code_row(r, cands[choose(p, lambda)], None))
+            .collect();
+        model = model_of(&chosen);
+    }
+    (0..rms.len())
+        .into_par_iter()
+        .map(|r| cands[choose(&price(r, &model), lambda)] as f32)
+        .collect()
+}
+
 fn needed_bits(alphabet: usize) -> u8 {
     (alphabet.max(2).next_power_of_two().trailing_zeros() as u8).max(*rans::PROB_BITS.start())
 }
 
-/// Mean squared error in units of the step, of the points the codes choose (before the row refit).
-fn distortion_units(xs: &[f32], codes: &[TileCode], step: f64) -> f64 {
-    // Σ(x − s·q)² = Σx² − 2sΣxq + s²Σq², from the row sums.
-    let ss: f64 = xs.iter().map(|&x| x as f64 * x as f64).sum();
+/// Mean (weighted) squared error in units of the step, of the points the codes choose (before the
+/// row refit).
+fn distortion_units(
+    xs: &[f32],
+    cols: usize,
+    codes: &[TileCode],
+    step: f64,
+    hw: Option<&[f32]>,
+) -> f64 {
+    // Σh(x − s·q)² = Σhx² − 2sΣhxq + s²Σhq², from the row sums.
+    let ss: f64 = xs
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| hw.map_or(1.0, |h| h[i % cols] as f64) * x as f64 * x as f64)
+        .sum();
     let (num, den): (f64, f64) = codes
         .iter()
         .flat_map(|c| c.row_num.iter().zip(&c.row_den))

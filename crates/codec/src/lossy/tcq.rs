@@ -83,22 +83,23 @@ impl Tcq {
         self.next[2 * s + z1] as usize
     }
 
-    /// Per subset d, the point of D_d this sample would take and its cost (squared error, plus λ·bits
-    /// under a rate model, where the neighbour toward zero can be the cheaper one).
+    /// Per subset d, the point of D_d this sample would take and its cost (squared error times the
+    /// sample's weight `w`, plus λ·bits under a rate model, where the neighbour toward zero can be
+    /// the cheaper one).
     #[inline]
-    fn candidates(x: f32, model: Option<&RateModel>) -> [(i32, f32); 4] {
+    fn candidates(x: f32, w: f32, model: Option<&RateModel>) -> [(i32, f32); 4] {
         let mut c = [(0i32, 0f32); 4];
         for (d, c) in c.iter_mut().enumerate() {
             let d = d as i32;
             let j = d + 4 * round(0.25 * (x - d as f32)) as i32;
-            let e0 = (x - j as f32) * (x - j as f32);
+            let e0 = w * (x - j as f32) * (x - j as f32);
             *c = match model {
                 None => (j, e0),
                 Some(m) => {
                     let z0 = (d & 1) as usize;
                     let r = |j: i32, e: f32| e + m.lambda * m.bits(z0, (j - z0 as i32) >> 1);
                     let j2 = if j > 0 { j - 4 } else { j + 4 };
-                    let (a, b) = (r(j, e0), r(j2, (x - j2 as f32) * (x - j2 as f32)));
+                    let (a, b) = (r(j, e0), r(j2, w * (x - j2 as f32) * (x - j2 as f32)));
                     if j != 0 && b < a {
                         (j2, b)
                     } else {
@@ -110,10 +111,11 @@ impl Tcq {
         c
     }
 
-    /// Viterbi over one lane's samples `v` (in units of the step): the chosen points. A state's
-    /// survivor is the cheaper of its two incoming branches; one bit a state and sample records which,
-    /// and the traceback recomputes the branch's point.
-    fn search(&self, v: &[f32], model: Option<&RateModel>, out: &mut [i32]) {
+    /// Viterbi over one lane's samples `v` (in units of the step), each sample's squared error
+    /// weighted by `w` (none: all 1): the chosen points. A state's survivor is the cheaper of its two
+    /// incoming branches; one bit a state and sample records which, and the traceback recomputes the
+    /// branch's point.
+    fn search(&self, v: &[f32], w: Option<&[f32]>, model: Option<&RateModel>, out: &mut [i32]) {
         let s_n = self.states;
         let mut back = vec![0u8; v.len() * s_n];
         let mut cost = vec![1e30f32; s_n];
@@ -122,19 +124,20 @@ impl Tcq {
         {
             if std::arch::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU has AVX2, checked just above.
-                unsafe { self.forward_avx2(v, model, &mut cost, &mut back) };
+                unsafe { self.forward_avx2(v, w, model, &mut cost, &mut back) };
             } else {
-                self.forward(v, model, &mut cost, &mut back);
+                self.forward(v, w, model, &mut cost, &mut back);
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        self.forward(v, model, &mut cost, &mut back);
+        self.forward(v, w, model, &mut cost, &mut back);
         let mut s = (0..s_n)
             .min_by(|&a, &b| cost[a].total_cmp(&cost[b]))
             .unwrap_or(0);
         for t in (0..v.len()).rev() {
             let (p, d) = self.pred[s][back[t * s_n + s] as usize];
-            out[t] = Self::candidates(v[t], model)[d as usize].0;
+            let wt = w.map_or(1.0, |w| w[t]);
+            out[t] = Self::candidates(v[t], wt, model)[d as usize].0;
             s = p as usize;
         }
     }
@@ -144,24 +147,32 @@ impl Tcq {
     unsafe fn forward_avx2(
         &self,
         v: &[f32],
+        w: Option<&[f32]>,
         model: Option<&RateModel>,
         cost: &mut [f32],
         back: &mut [u8],
     ) {
-        self.forward(v, model, cost, back)
+        self.forward(v, w, model, cost, back)
     }
 
     /// The Viterbi recursion: each state's survivor is the cheaper of its two incoming branches
     /// (`back` records which, one byte a state and sample); the same IEEE operations whatever the
     /// instruction set, so every build picks the same path.
     #[inline(always)]
-    fn forward(&self, v: &[f32], model: Option<&RateModel>, cost: &mut [f32], back: &mut [u8]) {
+    fn forward(
+        &self,
+        v: &[f32],
+        w: Option<&[f32]>,
+        model: Option<&RateModel>,
+        cost: &mut [f32],
+        back: &mut [u8],
+    ) {
         let s_n = self.states;
         let mut new = vec![0f32; s_n];
         let (s0, s1) = (&self.pred_s[0][..s_n], &self.pred_s[1][..s_n]);
         let (d0, d1) = (&self.pred_d[0][..s_n], &self.pred_d[1][..s_n]);
         for (t, &x) in v.iter().enumerate() {
-            let c = Self::candidates(x, model);
+            let c = Self::candidates(x, w.map_or(1.0, |w| w[t]), model);
             let e = [c[0].1, c[1].1, c[2].1, c[3].1];
             let bt = &mut back[t * s_n..(t + 1) * s_n];
             for n in 0..s_n {
@@ -207,6 +218,7 @@ impl Method for Tcq {
         xn: &[f32],
         cols: usize,
         step: f32,
+        col_weights: Option<&[f32]>,
         model: Option<&RateModel>,
         code: &mut TileCode,
     ) {
@@ -214,12 +226,17 @@ impl Method for Tcq {
         let n = xn.len();
         let mut j = vec![0i32; n];
         let mut v = Vec::with_capacity(n.div_ceil(rans::LANES));
+        let mut w = Vec::with_capacity(n.div_ceil(rans::LANES));
         let mut o = vec![0i32; n.div_ceil(rans::LANES)];
         for l in 0..rans::LANES.min(n) {
             v.clear();
             v.extend(xn[l..].iter().step_by(rans::LANES).map(|&x| x * inv));
+            if let Some(h) = col_weights {
+                w.clear();
+                w.extend((l..n).step_by(rans::LANES).map(|i| h[i % cols]));
+            }
             let o = &mut o[..v.len()];
-            self.search(&v, model, o);
+            self.search(&v, col_weights.map(|_| &w[..]), model, o);
             for (t, &p) in o.iter().enumerate() {
                 j[l + t * rans::LANES] = p;
             }
@@ -227,9 +244,10 @@ impl Method for Tcq {
         for (r, row) in xn.chunks_exact(cols).enumerate() {
             let q = &j[r * cols..(r + 1) * cols];
             let (mut num, mut den) = (0f64, 0f64);
-            for (&x, &p) in row.iter().zip(q) {
-                num += x as f64 * p as f64;
-                den += p as f64 * p as f64;
+            for (c, (&x, &p)) in row.iter().zip(q).enumerate() {
+                let h = col_weights.map_or(1.0, |h| h[c]) as f64;
+                num += h * x as f64 * p as f64;
+                den += h * p as f64 * p as f64;
             }
             code.row_num.push(num);
             code.row_den.push(den);
@@ -304,7 +322,7 @@ mod tests {
         for (nu, published) in [(2u8, 0.98), (3, 1.10), (4, 1.16), (5, 1.22), (8, 1.36)] {
             let t = Tcq::new(nu);
             let mut o = vec![0; v.len()];
-            t.search(&v, None, &mut o);
+            t.search(&v, None, None, &mut o);
             let mse: f64 = v
                 .iter()
                 .zip(&o)

@@ -47,7 +47,7 @@ fn points(
             let tile = t.tile_rows * cols;
             for (xt, pt) in xn.chunks(tile).zip(p.chunks_mut(tile)) {
                 let mut code = TileCode::default();
-                tcq.quantize_tile(xt, cols, step as f32, None, &mut code);
+                tcq.quantize_tile(xt, cols, step as f32, None, None, &mut code);
                 // Re-derive points from the symbols by walking the trellis (independent of rANS).
                 let mut state = [0usize; LANES];
                 for (i, s) in code.syms.iter().enumerate() {
@@ -278,5 +278,136 @@ fn smaller_tiles_round_trip_at_the_rate_asked() {
             ..Options::new(4.0, Quantizer::E8)
         };
         assert!(LossyTensor::encode(&w, rows, cols, &opts).is_err(), "{tw}");
+    }
+}
+
+/// Rows of one distribution at log-normal scales (σ = 0.3), the heavy-tailed source's
+/// row structure.
+fn scaled_rows(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng(seed);
+    let mut w = vec![0f32; rows * cols];
+    for row in w.chunks_mut(cols) {
+        let s = (0.3 * r.normal()).exp() * 0.015;
+        for v in row {
+            *v = (r.normal() * s) as f32;
+        }
+    }
+    w
+}
+
+fn weighted_rel(a: &[f32], b: &[f32], cols: usize, h: &[f32]) -> f64 {
+    let (mut e, mut s) = (0f64, 0f64);
+    for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+        let h = h[i % cols] as f64;
+        e += h * (x as f64 - y as f64).powi(2);
+        s += h * (x as f64).powi(2);
+    }
+    e / s
+}
+
+#[test]
+fn row_rdo_lowers_the_error_of_rows_at_different_scales_at_the_same_rate() {
+    let (rows, cols) = (256, 512);
+    let w = scaled_rows(rows, cols, 11);
+    for q in [Quantizer::E8, Quantizer::Tcq { log2_states: 5 }] {
+        for bits in [2.0, 4.0] {
+            let plain = Options::new(bits, q);
+            let rdo = Options {
+                rdo: 8,
+                ..plain.clone()
+            };
+            let (a, _) = LossyTensor::encode(&w, rows, cols, &plain).unwrap();
+            let (b, _) = LossyTensor::encode(&w, rows, cols, &rdo).unwrap();
+            for t in [&a, &b] {
+                let off = t.bits_per_weight() / bits - 1.0;
+                assert!(
+                    off.abs() < 0.01,
+                    "{q} at {bits}: rate {}",
+                    t.bits_per_weight()
+                );
+            }
+            let (ea, eb) = (
+                rel_l2(&w, &a.decode().unwrap()),
+                rel_l2(&w, &b.decode().unwrap()),
+            );
+            // Equal absolute steps instead of equal relative ones: about 0.13 bit at σ = 0.3.
+            assert!(eb < ea * 0.97, "{q} at {bits}: RDO {eb:.4} against {ea:.4}");
+            // A multiplier per row, within the range, folded into the row scales: decoding is as
+            // without RDO.
+            let back = LossyTensor::from_bytes(&b.to_bytes()).unwrap();
+            assert_eq!(back.decode().unwrap(), b.decode().unwrap());
+        }
+    }
+}
+
+#[test]
+fn column_weights_lower_the_weighted_error_and_all_equal_ones_change_nothing() {
+    let (rows, cols) = (96, 256);
+    let w = gaussian(rows * cols, 5);
+    let mut r = Rng(9);
+    // Activation energies spread over two orders of magnitude, as real layers' are.
+    let h: Vec<f32> = (0..cols).map(|_| (1.5 * r.normal()).exp() as f32).collect();
+    for q in QUANTIZERS {
+        let plain = Options::new(3.0, q);
+        let (a, _) = LossyTensor::encode(&w, rows, cols, &plain).unwrap();
+        let ones = Options {
+            col_weights: Some(vec![2.5; cols]),
+            ..plain.clone()
+        };
+        let (b, _) = LossyTensor::encode(&w, rows, cols, &ones).unwrap();
+        assert_eq!(
+            a.to_bytes(),
+            b.to_bytes(),
+            "{q}: equal weights are no weights"
+        );
+        let weighted = Options {
+            col_weights: Some(h.clone()),
+            ..plain.clone()
+        };
+        let (c, _) = LossyTensor::encode(&w, rows, cols, &weighted).unwrap();
+        assert!((c.bits_per_weight() / 3.0 - 1.0).abs() < 0.01);
+        let (ea, ec) = (
+            weighted_rel(&w, &a.decode().unwrap(), cols, &h),
+            weighted_rel(&w, &c.decode().unwrap(), cols, &h),
+        );
+        assert!(ec < ea, "{q}: weighted error {ec:.5} against {ea:.5}");
+    }
+    let bad = Options {
+        col_weights: Some(vec![1.0; cols - 1]),
+        ..Options::new(3.0, Quantizer::E8)
+    };
+    assert!(LossyTensor::encode(&w, rows, cols, &bad).is_err());
+    let neg = Options {
+        col_weights: Some(vec![-1.0; cols]),
+        ..Options::new(3.0, Quantizer::E8)
+    };
+    assert!(LossyTensor::encode(&w, rows, cols, &neg).is_err());
+}
+
+#[test]
+fn the_rd_curve_falls_with_rate_and_predicts_what_encode_gives() {
+    let (rows, cols) = (300, 512);
+    let w = scaled_rows(rows, cols, 3);
+    for q in QUANTIZERS {
+        let opts = Options::new(3.0, q);
+        let curve = LossyTensor::rd_curve(&w, rows, cols, &opts, (2.0, 5.0)).unwrap();
+        assert!(
+            curve.first().unwrap().0 <= 2.0 && curve.last().unwrap().0 >= 5.0,
+            "{q}: {curve:?}"
+        );
+        for p in curve.windows(2) {
+            assert!(p[1].0 > p[0].0 && p[1].1 < p[0].1, "{q}: {curve:?}");
+        }
+        // Interpolated in log error at 3 bits against a real encode's squared relative error.
+        let i = curve.iter().position(|p| p.0 >= 3.0).unwrap();
+        let (a, b) = (curve[i - 1], curve[i]);
+        let t = (3.0 - a.0) / (b.0 - a.0);
+        let predicted = (a.1.ln() * (1.0 - t) + b.1.ln() * t).exp();
+        let (c, _) = LossyTensor::encode(&w, rows, cols, &opts).unwrap();
+        let got = rel_l2(&w, &c.decode().unwrap()).powi(2);
+        assert!(
+            (got / predicted - 1.0).abs() < 0.15,
+            "{q}: {got} against {predicted}"
+        );
     }
 }
