@@ -1,5 +1,6 @@
 //! entrollm-model: checkpoint loaders, tokenizers, chat templates and the CPU reference engine.
 
+pub mod calib;
 pub mod chat;
 pub mod coding_plan;
 pub mod compress;
@@ -10,6 +11,7 @@ pub mod eval;
 pub mod forms;
 pub mod gguf;
 pub mod load;
+pub mod rates;
 pub mod sampler;
 pub mod synth;
 pub mod tokenizer;
