@@ -6,11 +6,13 @@ use crate::progress;
 use anyhow::{anyhow, bail, Context, Result};
 use entrollm_codec::dtans::Coding;
 use entrollm_format::FormEntry;
+use entrollm_model::calib::Calibration;
 use entrollm_model::coding_plan::CodingPlan;
 use entrollm_model::compress::{
-    compress, Coder, CompressOptions, LossyOptions, Progress, SourceKind,
+    compress, plan_lossy, Coder, CompressOptions, LossyOptions, LossyPlanning, Progress, SourceKind,
 };
 use entrollm_model::load::{open_weights_with, LoadOptions};
+use entrollm_model::rates::BitsFile;
 use entrollm_tune::file::PlanFile;
 use entrollm_tune::tuner::LaunchTimer;
 use entrollm_tune::DeviceKind;
@@ -37,11 +39,40 @@ pub struct Args {
     /// from a tuner; launches it does not name get --coding.
     #[arg(long)]
     coding_file: Option<PathBuf>,
-    /// Code the float matrices lossily at this many stored bits a weight, every byte counted
-    /// (e.g. 4, or 3.3): the container then decodes to their reconstruction. The token embedding,
+    /// Code the float matrices lossily at this many stored bits a weight on average, every byte
+    /// counted (e.g. 4, or 3.3): the container then decodes to their reconstruction. The average
+    /// is allocated across matrices by rate and distortion (see --allocate). The token embedding,
     /// the output projection and tensors that are not matrices stay exact. Off: lossless.
     #[arg(long, value_name = "R")]
     bits: Option<f64>,
+    /// With --bits: `rd` gives each matrix the rate that minimises the sum of the matrices'
+    /// relative (with --calib: output) errors at the average; `uniform` codes every matrix at R.
+    #[arg(
+        long,
+        default_value = "rd",
+        value_name = "rd|uniform",
+        requires = "bits"
+    )]
+    allocate: String,
+    /// With --bits: a JSON object of launch (qkv, o, gate_up, down) or tensor name → bits a
+    /// weight, e.g. {"down": 5, "model.layers.0.self_attn.v_proj.weight": 6}; the matrices it
+    /// names take those rates, the others share --bits.
+    #[arg(long, value_name = "FILE", requires = "bits")]
+    bits_file: Option<PathBuf>,
+    /// With --bits: a calibration text (UTF-8). The source model runs over it on the CPU, and
+    /// each matrix's error is weighted by its input channels' activation energy (as GPTQ and AWQ
+    /// weigh), in the row fit, the TCQ search, the RDO and the allocation: the bits buy output
+    /// accuracy rather than weight accuracy.
+    #[arg(long, value_name = "FILE", requires = "bits")]
+    calib: Option<PathBuf>,
+    /// With --calib: the text's first this many tokens are run.
+    #[arg(long, default_value_t = 8192, value_name = "N", requires = "calib")]
+    calib_tokens: usize,
+    /// With --bits: the per-row rate–distortion optimisation, with this many candidate step
+    /// multipliers per row (EntroPack's optional pass, e.g. 8): lower error where rows differ in
+    /// scale, about K times the encode time. 0: off.
+    #[arg(long, default_value_t = 0, value_name = "K", requires = "bits")]
+    rdo: usize,
     /// With --bits, the quantiser: tcqN (entropy-coded trellis-coded quantisation, N = 4 … 256
     /// states: more states code closer to the bound and encode slower) or e8 (EntroPack's E8
     /// lattice, about 0.1 bit further from the bound, faster to encode).
@@ -93,14 +124,19 @@ fn options(a: &Args) -> Result<CompressOptions> {
             tiles.end()
         );
     }
+    if a.rdo == 1 || a.rdo > 64 {
+        bail!("--rdo {}: give 2 to 64 candidates (0: off)", a.rdo);
+    }
     let lossy = match a.bits {
         Some(bits) => Some(LossyOptions {
-            bits,
-            quantizer: a
-                .quantizer
-                .parse()
-                .map_err(|e| anyhow!("--quantizer: {e}"))?,
             tile_weights: a.tile_weights,
+            rdo: a.rdo,
+            ..LossyOptions::new(
+                bits,
+                a.quantizer
+                    .parse()
+                    .map_err(|e| anyhow!("--quantizer: {e}"))?,
+            )
         }),
         None => None,
     };
@@ -116,12 +152,11 @@ fn options(a: &Args) -> Result<CompressOptions> {
 }
 
 /// The pipeline's progress as a bar over the source bytes.
-#[derive(Default)]
-struct Bar(Option<indicatif::ProgressBar>);
+struct Bar(Option<indicatif::ProgressBar>, &'static str);
 
 impl Progress for Bar {
     fn start(&mut self, total_bytes: u64) {
-        self.0 = Some(progress::bytes(total_bytes, "compress"));
+        self.0 = Some(progress::bytes(total_bytes, self.1));
     }
     fn advance(&mut self, bytes: u64) {
         if let Some(b) = &self.0 {
@@ -212,7 +247,10 @@ pub fn run(a: Args) -> Result<()> {
         opts.metadata
             .insert("plan".into(), serde_json::to_value(&plan)?);
     }
-    let mut bar = Bar::default();
+    if opts.lossy.is_some() {
+        opts = plan_rates(&a, &opts)?;
+    }
+    let mut bar = Bar(None, "compress");
     let s = compress(&a.src, &a.output, &opts, &mut bar);
     bar.finish();
     let s = s.map_err(|e| match e {
@@ -254,8 +292,8 @@ pub fn run(a: Args) -> Result<()> {
     );
     if let (Some(l), true) = (&opts.lossy, s.lossy_tensors > 0) {
         eprintln!(
-            "lossy: {} matrices coded with {} at {} bits a weight; the container decodes to their \
-             reconstruction (`decompress` writes it, not the source)",
+            "lossy: {} matrices coded with {} at {} bits a weight on average; the container \
+             decodes to their reconstruction (`decompress` writes it, not the source)",
             s.lossy_tensors, l.quantizer, l.bits
         );
     }
@@ -267,6 +305,67 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The lossy matrices' rates and column weights (--allocate, --bits-file, --calib).
+fn plan_rates(a: &Args, opts: &CompressOptions) -> Result<CompressOptions> {
+    let allocate = match a.allocate.as_str() {
+        "rd" => true,
+        "uniform" => false,
+        o => bail!("--allocate {o}: expected rd or uniform"),
+    };
+    let bits_file = a
+        .bits_file
+        .as_deref()
+        .map(BitsFile::read)
+        .transpose()
+        .context("--bits-file")?;
+    let calibration = match &a.calib {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).with_context(|| {
+                format!("--calib {}: reading the calibration text", f.display())
+            })?;
+            let bar = progress::steps(1, "calibrate");
+            let c = Calibration::collect(&a.src, &text, a.calib_tokens, |done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            })
+            .with_context(|| {
+                format!(
+                    "--calib: running {} over {} (a checkpoint directory with config.json and                      tokenizer.json, or a GGUF file)",
+                    a.src.display(),
+                    f.display()
+                )
+            })?;
+            bar.finish_and_clear();
+            eprintln!("calibration: {} tokens of {}", c.tokens, f.display());
+            Some(c)
+        }
+        None => None,
+    };
+    let planning = LossyPlanning {
+        allocate,
+        bits_file,
+        calibration,
+    };
+    let mut bar = Bar(None, "rates");
+    let out = plan_lossy(&a.src, opts, &planning, &mut bar);
+    bar.finish();
+    let out = out?;
+    if let Some(l) = &out.lossy {
+        let rates: Vec<f64> = l.planned.values().map(|p| p.bits).collect();
+        if let (Some(lo), Some(hi)) = (
+            rates.iter().copied().reduce(f64::min),
+            rates.iter().copied().reduce(f64::max),
+        ) {
+            eprintln!(
+                "rates: {} matrices at {lo:.2} to {hi:.2} bits a weight ({})",
+                rates.len(),
+                if allocate { "allocated" } else { "uniform" }
+            );
+        }
+    }
+    Ok(out)
 }
 
 /// `e`, where it says the output exists, with the flag that replaces it.

@@ -1507,6 +1507,8 @@ fn lossy_containers_code_at_the_rate_asked_and_restore_their_reconstruction() {
             c.to_str().unwrap(),
             "--bits",
             "4",
+            "--allocate",
+            "uniform",
             "--quantizer",
             q,
         ]);
@@ -1658,6 +1660,8 @@ fn lossy_tile_weights_set_the_tile_size_and_refuse_what_is_out_of_range() {
         c.to_str().unwrap(),
         "--bits",
         "4",
+        "--allocate",
+        "uniform",
         "--tile-weights",
         "2048",
     ]);
@@ -1693,4 +1697,145 @@ fn lossy_tile_weights_set_the_tile_size_and_refuse_what_is_out_of_range() {
         );
         assert!(!d.join(format!("bad{n}")).exists());
     }
+}
+
+/// SmolLM2's first `layers` decoder layers, its embedding and norms, dequantised to F32 (the
+/// engine's dequantisation) in a GGUF with its tokenizer: a small real float model to code lossily.
+fn smollm2_f32_layers(dir: &Path, layers: u32) -> PathBuf {
+    use entrollm_model::gguf::{dequantize, GgufFile, GgufWriter, MetaValue};
+    let file = GgufFile::open(smollm2()).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        let v = match k {
+            "llama.block_count" => MetaValue::U32(layers),
+            "general.file_type" => MetaValue::U32(0),
+            _ => v.clone(),
+        };
+        w.meta(k, v);
+    }
+    for info in file.tensors() {
+        let keep = match info.name.strip_prefix("blk.") {
+            Some(rest) => rest.split('.').next().unwrap().parse::<u32>().unwrap() < layers,
+            None => true,
+        };
+        if keep {
+            let mut out = vec![0f32; info.n_elements() as usize];
+            dequantize(&info.name, info.ggml_type, file.tensor_data(info), &mut out).unwrap();
+            w.tensor_f32(&info.name, &info.dims, &out);
+        }
+    }
+    let path = dir.join("smol-f32.gguf");
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    path
+}
+
+/// `compress --bits` with a calibration text, a bits file and the row RDO on a real model: the
+/// bits file's rates are kept, the others allocated to the average, every matrix's record says
+/// where its rate came from, and the container runs.
+#[test]
+fn lossy_rates_come_from_the_bits_file_the_allocation_and_a_calibration_run() {
+    let d = tmp("lossy-rates");
+    let src = smollm2_f32_layers(&d, 2);
+    let text = d.join("calib.txt");
+    std::fs::write(
+        &text,
+        "The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Rome \
+         is the capital of Italy. Water boils at one hundred degrees. "
+            .repeat(20),
+    )
+    .unwrap();
+    let bits = d.join("bits.json");
+    std::fs::write(&bits, r#"{"down": 6, "blk.0.attn_v.weight": 5}"#).unwrap();
+    let c = d.join("c");
+    let out = ok(&[
+        "compress",
+        src.to_str().unwrap(),
+        "-o",
+        c.to_str().unwrap(),
+        "--bits",
+        "3",
+        "--quantizer",
+        "e8",
+        "--calib",
+        text.to_str().unwrap(),
+        "--bits-file",
+        bits.to_str().unwrap(),
+        "--rdo",
+        "4",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("calibration:") && err.contains("allocated"),
+        "{err}"
+    );
+    let j: serde_json::Value =
+        serde_json::from_slice(&ok(&["inspect", c.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(c.join("entrollm.json")).unwrap()).unwrap();
+    let lossy = &manifest["metadata"]["lossy"];
+    assert_eq!(lossy["calibrated"], true, "{lossy}");
+    assert_eq!(lossy["rdo"], 4, "{lossy}");
+    let (mut bits_sum, mut weights) = (0f64, 0f64);
+    let mut seen = 0;
+    for t in manifest["tensors"].as_array().unwrap() {
+        let p = &t["coded"]["params"]["stats"];
+        if p["rate_from"].is_null() {
+            continue;
+        }
+        seen += 1;
+        let name = t["name"].as_str().unwrap();
+        let rate = p["bits_per_weight"].as_f64().unwrap();
+        assert_eq!(p["calibrated"], true, "{name}");
+        let want = if name.contains("ffn_down") {
+            Some(6.0)
+        } else if name == "blk.0.attn_v.weight" {
+            Some(5.0)
+        } else {
+            assert_eq!(p["rate_from"], "allocated", "{name}");
+            let n: f64 = t["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .product();
+            bits_sum += p["target_bits"].as_f64().unwrap() * n;
+            weights += n;
+            None
+        };
+        if let Some(want) = want {
+            assert_eq!(p["rate_from"], "bits-file", "{name}");
+            assert!((rate / want - 1.0).abs() < 0.01, "{name}: {rate}");
+        }
+    }
+    assert_eq!(seen, 14, "2 layers of 7 matrices: {j}");
+    assert!(
+        (bits_sum / weights / 3.0 - 1.0).abs() < 0.01,
+        "{}",
+        bits_sum / weights
+    );
+    ok(&[
+        "run",
+        c.to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "--max-tokens",
+        "4",
+    ]);
+    // A bits file naming a tensor the container does not code lossily is refused before writing.
+    std::fs::write(&bits, r#"{"token_embd.weight": 5}"#).unwrap();
+    let e = fails(&[
+        "compress",
+        src.to_str().unwrap(),
+        "-o",
+        d.join("bad").to_str().unwrap(),
+        "--bits",
+        "3",
+        "--bits-file",
+        bits.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("token_embd.weight") && e.contains("lossless"),
+        "{e}"
+    );
+    assert!(!d.join("bad").exists());
 }

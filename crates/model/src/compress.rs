@@ -29,6 +29,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+use std::sync::Arc;
 
 /// Which coder codes the matrices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,13 +77,213 @@ pub struct CompressOptions {
 }
 
 /// Lossy coding of a checkpoint's matrices.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LossyOptions {
-    /// Stored bits a weight of each lossy matrix, every byte counted.
+    /// Stored bits a weight of the lossy matrices, every byte counted: each matrix's, or the
+    /// average of those [`plan_lossy`] allocates.
     pub bits: f64,
     pub quantizer: Quantizer,
     /// Weights a tile holds at least (`entrollm_codec::lossy::Options::tile_weights`).
     pub tile_weights: usize,
+    /// Per-row RDO candidates (`entrollm_codec::lossy::Options::rdo`; 0: off).
+    pub rdo: usize,
+    /// What [`plan_lossy`] chose per matrix (by source tensor name); a matrix it does not name is
+    /// coded at `bits` with no column weights.
+    pub planned: Arc<BTreeMap<String, MatrixPlan>>,
+}
+
+impl LossyOptions {
+    pub fn new(bits: f64, quantizer: Quantizer) -> LossyOptions {
+        LossyOptions {
+            bits,
+            quantizer,
+            tile_weights: entrollm_codec::lossy::TILE_WEIGHTS,
+            rdo: 0,
+            planned: Arc::default(),
+        }
+    }
+
+    fn codec_options(&self, name: &str) -> entrollm_codec::lossy::Options {
+        let p = self.planned.get(name);
+        entrollm_codec::lossy::Options {
+            tile_weights: self.tile_weights,
+            rdo: self.rdo,
+            col_weights: p.and_then(|p| p.col_weights.clone()),
+            ..entrollm_codec::lossy::Options::new(p.map_or(self.bits, |p| p.bits), self.quantizer)
+        }
+    }
+}
+
+/// One lossy matrix's rate and column weights, planned before coding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatrixPlan {
+    pub bits: f64,
+    /// Its input channels' activation energies (a calibration run), if any.
+    pub col_weights: Option<Vec<f32>>,
+    /// Where the rate came from: `"bits-file"`, `"allocated"` or `"uniform"`.
+    pub why: &'static str,
+}
+
+/// How [`plan_lossy`] chooses rates.
+#[derive(Clone, Debug, Default)]
+pub struct LossyPlanning {
+    /// Allocate the average across matrices by rate and distortion ([`crate::rates`]); off:
+    /// every matrix not in the bits file at the average.
+    pub allocate: bool,
+    pub bits_file: Option<crate::rates::BitsFile>,
+    pub calibration: Option<crate::calib::Calibration>,
+}
+
+/// Weights of sampled rows a matrix's rate–distortion curve is estimated on.
+const CURVE_SAMPLE: usize = 1 << 17;
+
+/// Plans each lossy matrix of `src` ([`lossy_eligible`] under `opts`): its rate (bits file, else
+/// the allocation, else `opts.lossy.bits`) and its column weights (the calibration's). Returns
+/// the options with the plan in them. `progress` counts the matrices' source bytes.
+pub fn plan_lossy(
+    src: &Path,
+    opts: &CompressOptions,
+    planning: &LossyPlanning,
+    progress: &mut dyn Progress,
+) -> Result<CompressOptions> {
+    let Some(l) = &opts.lossy else {
+        return Ok(opts.clone());
+    };
+    // (name, rows, cols, column weights) of the matrices the allocation prices, with their curves.
+    let mut names = vec![];
+    let mut planned = BTreeMap::new();
+    let mut curves = vec![];
+    let mut priced = vec![];
+    let mut total_bytes = 0u64;
+    for_each_lossy_matrix(src, opts, &mut |_, _, _, _, b| {
+        total_bytes += b.len() as u64;
+        Ok(())
+    })?;
+    progress.start(total_bytes);
+    for_each_lossy_matrix(src, opts, &mut |name, rows, cols, dtype, bytes| {
+        names.push(name.to_string());
+        let col_weights = match &planning.calibration {
+            Some(c) => Some(
+                c.for_tensor(name)
+                    .filter(|h| h.len() == cols)
+                    .ok_or_else(|| {
+                        CompressError::Usage(format!(
+                            "{name}: the calibration run recorded no input of {cols} channels                              for this matrix"
+                        ))
+                    })?
+                    .to_vec(),
+            ),
+            None => None,
+        };
+        let fixed = planning.bits_file.as_ref().and_then(|f| f.rate(name));
+        if let Some(bits) = fixed {
+            planned.insert(
+                name.to_string(),
+                MatrixPlan {
+                    bits,
+                    col_weights,
+                    why: "bits-file",
+                },
+            );
+        } else if planning.allocate {
+            let w = LossyCoded::weights(bytes, dtype).expect("a float matrix");
+            let o = entrollm_codec::lossy::Options {
+                sample_weights: CURVE_SAMPLE,
+                col_weights: col_weights.clone(),
+                ..l.codec_options(name)
+            };
+            let range = (
+                (l.bits - crate::rates::SPREAD.0).max(0.05),
+                (l.bits + crate::rates::SPREAD.1).min(16.0),
+            );
+            let points = LossyTensor::rd_curve(&w, rows, cols, &o, range)
+                .map_err(|e| CompressError::in_tensor(name)(e.into()))?;
+            curves.push(crate::rates::Curve {
+                weights: rows * cols,
+                points,
+            });
+            priced.push((name.to_string(), col_weights));
+        } else {
+            planned.insert(
+                name.to_string(),
+                MatrixPlan {
+                    bits: l.bits,
+                    col_weights,
+                    why: "uniform",
+                },
+            );
+        }
+        progress.advance(bytes.len() as u64);
+        Ok(())
+    })?;
+    progress.finish();
+    if let Some(f) = &planning.bits_file {
+        let names: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
+        let unknown = f.unknown(&names);
+        if !unknown.is_empty() {
+            return Err(CompressError::Usage(format!(
+                "the bits file names {} that this checkpoint does not code lossily (`entrollm                  inspect` lists the tensors; the embedding and output projection stay lossless)",
+                unknown.join(", ")
+            )));
+        }
+    }
+    let rates = crate::rates::allocate(&curves, l.bits);
+    for ((name, col_weights), bits) in priced.into_iter().zip(rates) {
+        planned.insert(
+            name,
+            MatrixPlan {
+                bits,
+                col_weights,
+                why: "allocated",
+            },
+        );
+    }
+    let mut out = opts.clone();
+    if let Some(l) = &mut out.lossy {
+        l.planned = Arc::new(planned);
+    }
+    Ok(out)
+}
+
+/// Calls `f(name, rows, cols, dtype, bytes)` for each matrix of `src` that `opts` codes lossily,
+/// in file order.
+fn for_each_lossy_matrix(
+    src: &Path,
+    opts: &CompressOptions,
+    f: &mut dyn FnMut(&str, usize, usize, Dtype, &[u8]) -> Result<()>,
+) -> Result<()> {
+    let Some(l) = &opts.lossy else { return Ok(()) };
+    if is_gguf(src) {
+        let file = GgufFile::open(src)?;
+        for info in file.tensors() {
+            let dtype = match info.ggml_type {
+                GgmlType::F32 => Dtype::F32,
+                GgmlType::F16 => Dtype::F16,
+                GgmlType::BF16 => Dtype::BF16,
+                _ => continue,
+            };
+            let shape = [info.n_rows(), info.row_len()];
+            if info.dims.len() == 2
+                && lossy_eligible(&info.name, &shape, dtype, opts.min_elements, l.quantizer)
+            {
+                f(
+                    &info.name,
+                    shape[0],
+                    shape[1],
+                    dtype,
+                    file.tensor_data(info),
+                )?;
+            }
+        }
+    } else {
+        let ckpt = Checkpoint::open(src)?;
+        for t in ckpt.tensors() {
+            if lossy_eligible(t.name, t.shape, t.dtype, opts.min_elements, l.quantizer) {
+                f(t.name, t.shape[0], t.shape[1], t.dtype, t.bytes)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether `compress --bits` codes a tensor lossily: a float matrix (F32, BF16, F16) of at least
@@ -110,6 +311,7 @@ pub fn lossy_eligible(
 /// (rate, relative L2 error against the source) and the reconstruction's bytes: what the container
 /// records the checksum of, and what every reader is served.
 pub fn code_lossy(
+    name: &str,
     dtype: Dtype,
     rows: usize,
     cols: usize,
@@ -121,10 +323,7 @@ pub fn code_lossy(
             "lossy coding takes F32, BF16 or F16, not {dtype:?}"
         ))
     })?;
-    let o = entrollm_codec::lossy::Options {
-        tile_weights: opts.tile_weights,
-        ..entrollm_codec::lossy::Options::new(opts.bits, opts.quantizer)
-    };
+    let o = opts.codec_options(name);
     let (tensor, report) = LossyTensor::encode(&w, rows, cols, &o)?;
     let coded = LossyCoded { dtype, tensor };
     let out = coded.decode()?;
@@ -134,13 +333,20 @@ pub fn code_lossy(
         e += (a as f64 - b as f64).powi(2);
         s += (a as f64).powi(2);
     }
-    let stats = json!({
+    let mut stats = json!({
         "bits_per_weight": coded.tensor.bits_per_weight(),
-        "target_bits": opts.bits,
+        "target_bits": o.bits,
         "rel_l2": if s > 0.0 { (e / s).sqrt() } else { 0.0 },
         "step": report.step,
         "passes": report.passes,
     });
+    if let Some(p) = opts.planned.get(name) {
+        stats["rate_from"] = json!(p.why);
+        stats["calibrated"] = json!(p.col_weights.is_some());
+    }
+    if opts.rdo > 1 {
+        stats["rdo"] = json!(opts.rdo);
+    }
     Ok((Coded::Lossy(coded), stats, out))
 }
 
@@ -189,10 +395,15 @@ fn set_lossy(w: &mut ContainerWriter, opts: &CompressOptions, summary: &mut Summ
 
 /// The manifest's note that a container is lossy.
 fn lossy_metadata(opts: &LossyOptions, tensors: usize) -> Value {
+    let allocated = opts.planned.values().any(|p| p.why != "uniform");
+    let calibrated = opts.planned.values().any(|p| p.col_weights.is_some());
     json!({
         "bits": opts.bits,
         "quantizer": opts.quantizer.to_string(),
         "tensors": tensors,
+        "rates": if allocated { "per matrix (see each tensor's params)" } else { "uniform" },
+        "calibrated": calibrated,
+        "rdo": opts.rdo,
         "note": "lossy matrices decode to their reconstruction; the token embedding, the output \
                  projection and non-matrix tensors are stored exactly",
     })
@@ -586,8 +797,9 @@ fn compress_safetensors(
     let code = |t: &TensorView<'_>| -> Result<Option<Ready>> {
         if let Some(l) = &opts.lossy {
             if lossy_eligible(t.name, t.shape, t.dtype, opts.min_elements, l.quantizer) {
-                let (coded, stats, out) = code_lossy(t.dtype, t.shape[0], t.shape[1], t.bytes, l)
-                    .map_err(CompressError::in_tensor(t.name))?;
+                let (coded, stats, out) =
+                    code_lossy(t.name, t.dtype, t.shape[0], t.shape[1], t.bytes, l)
+                        .map_err(CompressError::in_tensor(t.name))?;
                 return Ok(Some((coded, stats, checksum(&out))));
             }
         }
@@ -923,7 +1135,7 @@ fn compress_gguf(
         if let (Some(l), Some(dtype), 2) = (&opts.lossy, float, info.dims.len()) {
             let shape = vec![rows, cols];
             if lossy_eligible(&info.name, &shape, dtype, opts.min_elements, l.quantizer) {
-                let (coded, stats, out) = code_lossy(dtype, rows, cols, data, l)
+                let (coded, stats, out) = code_lossy(&info.name, dtype, rows, cols, data, l)
                     .map_err(CompressError::in_tensor(&info.name))?;
                 return Ok(GgufReady::Coded(
                     Box::new((coded, stats, checksum(&out))),
