@@ -204,6 +204,30 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
             });
         }
     }
+    // An outlier row: its points reach past 448 and past 127 INT8 units, so the row takes FP8's other
+    // multiplier and INT8's max-abs unit; the codes still match the CPU's, and INT8 must count it.
+    for q in quantizers {
+        let (rows, cols) = (8, 4096);
+        let mut w = synth_weights(rows, cols, seed ^ 0x0071);
+        for v in &mut w[3 * cols..4 * cols] {
+            *v *= 0.05;
+        }
+        w[3 * cols + 100] = 1.0;
+        let (t, _) = LossyTensor::encode(&w, rows, cols, &Options::new(6.0, q)).map_err(codec)?;
+        let m = GpuLossy::upload(dev, &t)?;
+        for kind in LowPrecision::ALL {
+            let want = t.decode_low(kind).map_err(codec)?;
+            let (got, err) = decode_low_codes(dev, &m, &GpuLowRows::upload(dev, &want.rows)?)?;
+            let mismatched = got.iter().zip(&want.codes).filter(|(g, w)| g != w).count();
+            let uncounted = kind == LowPrecision::Int8 && want.rows.inexact_rows == 0;
+            cases.push(CaseResult {
+                kernel: format!("lossy_decode {kind} outlier"),
+                shape: format!("{rows}x{cols} {q} 6 bits"),
+                rel_l2: mismatched as f64 + err as u8 as f64 + uncounted as u8 as f64,
+                tolerance: 0.0,
+            });
+        }
+    }
     // Damage: a flipped payload word or state is caught by the error word exactly where the CPU
     // decoder fails.
     for q in [Quantizer::E8, Quantizer::Tcq { log2_states: 5 }] {
