@@ -4,9 +4,14 @@
 // count), exactly as the codec's CPU decoder does, so the decoded values are bit-identical to it.
 //
 //   lossy_decode: the tile's weights, point · row scale, stored as LOSSY_OUT (0 BF16, 1 F16, 2 F32)
-//                 row-major: the prefill path's dequantisation (then a GEMM).
+//                 row-major: the prefill path's dequantisation (then a GEMM). LOSSY_OUT 3 (FP8
+//                 E4M3) and 4 (INT8) store one byte a weight, the code of point · scales[row], where
+//                 the host passes as `scales` each row's multiplier of the codec's low-precision
+//                 decode (lossy::low: a row's scale is applied by whoever reads the codes).
 //   lossy_mv:     y = W·x for one vector, the weights rounded to LOSSY_OUT's precision (what the
 //                 container serves) and multiplied as they are decoded: the matrix is never written.
+//                 BF16, F16 or F32 only (a code under a row scale is not a served weight): modules
+//                 of LOSSY_OUT 3 and 4 hold lossy_decode alone.
 // A launch takes up to LOSSY_MAX_PARTS matrices of the same columns (a launch's q/k/v or gate/up),
 // each with its own tables and output, so their tiles decode at once.
 //
@@ -18,13 +23,13 @@
 #error LOSSY_E8 must be defined (1: E8, 0: TCQ)
 #endif
 #ifndef LOSSY_OUT
-#error LOSSY_OUT must be defined (0: BF16, 1: F16, 2: F32)
+#error LOSSY_OUT must be defined (0: BF16, 1: F16, 2: F32, 3: FP8 E4M3, 4: INT8)
 #endif
 #ifndef LOSSY_WARPS
 #define LOSSY_WARPS 4
 #endif
-#if LOSSY_OUT < 0 || LOSSY_OUT > 2
-#error LOSSY_OUT must be 0, 1 or 2
+#if LOSSY_OUT < 0 || LOSSY_OUT > 4
+#error LOSSY_OUT must be 0, 1, 2, 3 or 4
 #endif
 
 #define LOSSY_TABLES 17
@@ -36,7 +41,7 @@
 // block0.. of the grid are this part's).
 struct LossyPart {
     const unsigned long long* ent;  // tables × 2^prob_bits: symbol | (frequency − 1) << 16 | bias << 32
-    const float* scales;            // per row
+    const float* scales;            // per row (LOSSY_OUT 3, 4: the points' multipliers)
     const u32* states;              // 32 per tile
     const u32* offsets;             // per tile its first payload word; one more at the end
     const unsigned short* payload;
@@ -76,13 +81,21 @@ __device__ __forceinline__ float lossy_round(float w) {
 #endif
 }
 
+// FP8 E4M3 and INT8 round as the codec's LowPrecision::code: to nearest, ties to even; E4M3
+// saturating at ±448 (satfinite), INT8 clamped to ±127.
 __device__ __forceinline__ void lossy_store(void* out, size_t i, float w) {
 #if LOSSY_OUT == 0
     ((bf16_t*)out)[i] = f32_to_bf16(w);
 #elif LOSSY_OUT == 1
     ((unsigned short*)out)[i] = f32_to_f16_bits(w);
-#else
+#elif LOSSY_OUT == 2
     ((float*)out)[i] = w;
+#elif LOSSY_OUT == 3
+    unsigned short c;  // w's code in the low byte
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(c) : "f"(0.0f), "f"(w));
+    ((unsigned char*)out)[i] = (unsigned char)c;
+#else
+    ((signed char*)out)[i] = (signed char)(int)fminf(fmaxf(rintf(w), -127.0f), 127.0f);
 #endif
 }
 
@@ -139,6 +152,7 @@ __device__ __forceinline__ LossyPart lossy_part(const LossyParams& p) {
 
 template <bool MV>
 __device__ __forceinline__ void lossy_tile(const LossyParams& p, const LossyPart& m, const unsigned short* next) {
+    static_assert(!MV || LOSSY_OUT <= 2, "lossy_mv multiplies by BF16, F16 or F32 weights only");
     const int lane = threadIdx.x & 31;
     const int tile = (blockIdx.x - m.block0) * LOSSY_WARPS + (threadIdx.x >> 5);
     if (tile >= m.tiles) return;
@@ -293,6 +307,7 @@ extern "C" __global__ void __launch_bounds__(LOSSY_WARPS * 32) lossy_decode(cons
     lossy_tile<false>(p, m, next);
 }
 
+#if LOSSY_OUT <= 2
 extern "C" __global__ void __launch_bounds__(LOSSY_WARPS * 32) lossy_mv(const LossyParams p) {
     const LossyPart m = lossy_part(p);
     const unsigned short* next = lossy_next(m);
@@ -300,3 +315,4 @@ extern "C" __global__ void __launch_bounds__(LOSSY_WARPS * 32) lossy_mv(const Lo
     lossy_tile<true>(p, m, next);
     pdl_trigger();
 }
+#endif

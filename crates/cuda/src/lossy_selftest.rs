@@ -1,15 +1,19 @@
 //! The lossy kernels (`ops::lossy`) against the codec's CPU decoder and product, on fresh random
 //! matrices coded at several rates by every quantiser kind, ragged shapes included: the decode is
-//! bit-exact at every output precision; the product is within f32-summation tolerance of the
+//! bit-exact at every output precision (FP8 E4M3 and INT8: the codes of the codec's `decode_low`);
+//! the product is within f32-summation tolerance of the
 //! codec's `matmul` over the same rounded weights; damaged tiles raise the error word wherever the
 //! CPU decoder rejects them. Part `lossy` of `selftest --gpu`.
 
+use entrollm_codec::lossy::low::LowPrecision;
 use entrollm_codec::lossy::{LossyTensor, Options, Quantizer};
 
 use crate::device::GpuDevice;
 use crate::error::{GpuError, Result};
 use crate::mem::{download, upload};
-use crate::ops::lossy::{launch_decode, launch_mv, GpuLossy, LossyOut};
+use crate::ops::lossy::{
+    launch_decode, launch_decode_low, launch_mv, GpuLossy, GpuLowRows, LossyOut,
+};
 use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
 
 /// The product's tolerance (relative L2 against the codec's f32 product).
@@ -48,6 +52,15 @@ fn decode_bits(dev: &GpuDevice, m: &GpuLossy, out: LossyOut) -> Result<(Vec<u32>
     };
     let e = download(dev, &err)?[0];
     Ok((bits, e != 0))
+}
+
+/// The device's `kind` codes of `m` under rows `low`, and whether it raised the error word.
+fn decode_low_codes(dev: &GpuDevice, m: &GpuLossy, low: &GpuLowRows) -> Result<(Vec<u8>, bool)> {
+    let mut err = upload(dev, &[0u32])?;
+    // 0x80 is FP8's −0 and INT8's unused −128: a code never written shows.
+    let mut o = upload(dev, &vec![0x80u8; m.rows * m.cols])?;
+    launch_decode_low(dev, m, low, &mut o, 0, Some(&mut err))?;
+    Ok((download(dev, &o)?, download(dev, &err)?[0] != 0))
 }
 
 /// Runs every case; a case that fails is recorded (never an early return), a driver error ends it.
@@ -96,6 +109,18 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
                         kernel: format!("lossy_decode {out:?}"),
                         shape: shape.clone(),
                         // Mismatched weights (and the error word) against none allowed.
+                        rel_l2: mismatched as f64 + err as u8 as f64,
+                        tolerance: 0.0,
+                    });
+                }
+                for kind in LowPrecision::ALL {
+                    let want = t.decode_low(kind).map_err(codec)?;
+                    let low = GpuLowRows::upload(dev, &want.rows)?;
+                    let (got, err) = decode_low_codes(dev, &m, &low)?;
+                    let mismatched = got.iter().zip(&want.codes).filter(|(g, w)| g != w).count();
+                    cases.push(CaseResult {
+                        kernel: format!("lossy_decode {kind}"),
+                        shape: shape.clone(),
                         rel_l2: mismatched as f64 + err as u8 as f64,
                         tolerance: 0.0,
                     });
@@ -176,6 +201,30 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
                     rel_l2(&got, &want[..rows])
                 },
                 tolerance: MV_TOLERANCE,
+            });
+        }
+    }
+    // An outlier row: its points reach past 448 and past 127 INT8 units, so the row takes FP8's other
+    // multiplier and INT8's max-abs unit; the codes still match the CPU's, and INT8 must count it.
+    for q in quantizers {
+        let (rows, cols) = (8, 4096);
+        let mut w = synth_weights(rows, cols, seed ^ 0x0071);
+        for v in &mut w[3 * cols..4 * cols] {
+            *v *= 0.05;
+        }
+        w[3 * cols + 100] = 1.0;
+        let (t, _) = LossyTensor::encode(&w, rows, cols, &Options::new(6.0, q)).map_err(codec)?;
+        let m = GpuLossy::upload(dev, &t)?;
+        for kind in LowPrecision::ALL {
+            let want = t.decode_low(kind).map_err(codec)?;
+            let (got, err) = decode_low_codes(dev, &m, &GpuLowRows::upload(dev, &want.rows)?)?;
+            let mismatched = got.iter().zip(&want.codes).filter(|(g, w)| g != w).count();
+            let uncounted = kind == LowPrecision::Int8 && want.rows.inexact_rows == 0;
+            cases.push(CaseResult {
+                kernel: format!("lossy_decode {kind} outlier"),
+                shape: format!("{rows}x{cols} {q} 6 bits"),
+                rel_l2: mismatched as f64 + err as u8 as f64 + uncounted as u8 as f64,
+                tolerance: 0.0,
             });
         }
     }

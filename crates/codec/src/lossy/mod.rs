@@ -11,6 +11,7 @@
 //! tiles give a GPU more tiles to decode at once, at 32 states (132 bytes) a tile.
 
 pub mod e8;
+pub mod low;
 pub mod rans;
 pub mod tcq;
 
@@ -758,8 +759,21 @@ impl LossyTensor {
         })
     }
 
-    /// Decodes rows `first..first + out.len() / cols` of tile-aligned `first` into `out`.
+    /// Decodes tile `tile`'s weights (its rows, point · row scale) into `out`.
     fn decode_tile_into(&self, dec: &Decoder, tile: usize, out: &mut [f32]) -> Result<()> {
+        self.decode_points_into(dec, tile, out)?;
+        let row0 = tile * self.tile_rows;
+        for (i, row) in out.chunks_exact_mut(self.cols).enumerate() {
+            let s = self.scales[row0 + i];
+            for v in row {
+                *v *= s;
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes tile `tile`'s points (the quantiser's reconstruction, unscaled) into `out`.
+    fn decode_points_into(&self, dec: &Decoder, tile: usize, out: &mut [f32]) -> Result<()> {
         let (a, b) = (self.offsets[tile] as usize, self.offsets[tile + 1] as usize);
         let mut r = Reader {
             words: &self.payload[a..b],
@@ -772,13 +786,6 @@ impl LossyTensor {
             return Err(CodecError::Corrupt(format!(
                 "tile {tile} does not decode to its end (payload or states damaged)"
             )));
-        }
-        let row0 = tile * self.tile_rows;
-        for (i, row) in out.chunks_exact_mut(self.cols).enumerate() {
-            let s = self.scales[row0 + i];
-            for v in row {
-                *v *= s;
-            }
         }
         Ok(())
     }

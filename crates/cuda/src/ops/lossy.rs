@@ -1,14 +1,17 @@
 //! Lossy-coded matrices (`kernels/lossy.cu`, codec `lossy`): `lossy_decode` writes a matrix's
-//! weights (BF16, F16 or F32: the prefill path's dequantisation), `lossy_mv` multiplies one vector
-//! by it as the tiles decode (the batch-1 product), one warp a tile. Their selftest against the
+//! weights (BF16, F16 or F32: the prefill path's dequantisation; or FP8 E4M3 / INT8 codes under
+//! per-row scales, [`launch_decode_low`]), `lossy_mv` multiplies one vector by it as the tiles
+//! decode (the batch-1 product), one warp a tile. Their selftest against the
 //! codec's CPU decoder and product is `lossy_selftest`; the host side of the decode (the flat
 //! tables and the kernel's lane-order renormalisation) is checked on the CPU by this module's
 //! tests, which run the kernel's algorithm in Rust over the uploaded arrays.
 //!
-//! Tolerances: decode is bit-exact (F32: the codec's values; BF16/F16: their round-to-nearest-even);
-//! the product is f32 sums in another order than the CPU's.
+//! Tolerances: decode is bit-exact (F32: the codec's values; BF16/F16: their round-to-nearest-even;
+//! FP8/INT8: the codes of the codec's `decode_low`); the product is f32 sums in another order than
+//! the CPU's.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use entrollm_codec::lossy::low::{LowPrecision, LowRows};
 use entrollm_codec::lossy::{FlatTables, LossyTensor, Quantizer};
 use entrollm_format::coded::LossyCoded;
 use entrollm_format::Dtype;
@@ -91,16 +94,33 @@ pub(crate) fn is_e8(q: Quantizer) -> bool {
     matches!(q, Quantizer::E8)
 }
 
-/// The compiled module for `quantizer`'s kernels writing or rounding to `out`.
-pub fn variant(quantizer: Quantizer, out: LossyOut) -> KernelVariant {
+/// The kernel's `LOSSY_OUT` for a low-precision decode (after [`LossyOut`]'s 0, 1, 2).
+fn low_code(kind: LowPrecision) -> i64 {
+    match kind {
+        LowPrecision::Fp8E4m3 => 3,
+        LowPrecision::Int8 => 4,
+    }
+}
+
+fn module(quantizer: Quantizer, out_code: i64) -> KernelVariant {
     KernelVariant::new(
         &LOSSY,
         vec![
             ("LOSSY_E8", is_e8(quantizer) as i64),
-            ("LOSSY_OUT", out.code()),
+            ("LOSSY_OUT", out_code),
             ("LOSSY_WARPS", WARPS as i64),
         ],
     )
+}
+
+/// The compiled module for `quantizer`'s kernels writing or rounding to `out`.
+pub fn variant(quantizer: Quantizer, out: LossyOut) -> KernelVariant {
+    module(quantizer, out.code())
+}
+
+/// The compiled module for `quantizer`'s decode to `kind` codes (it holds no `lossy_mv`).
+pub fn low_variant(quantizer: Quantizer, kind: LowPrecision) -> KernelVariant {
+    module(quantizer, low_code(kind))
 }
 
 /// Every variant the selftest and the benches launch (one module serves every TCQ trellis).
@@ -109,6 +129,9 @@ pub fn all_variants() -> Vec<KernelVariant> {
     for q in [Quantizer::E8, Quantizer::Tcq { log2_states: 5 }] {
         for out in LossyOut::ALL {
             v.push(variant(q, out));
+        }
+        for kind in LowPrecision::ALL {
+            v.push(low_variant(q, kind));
         }
     }
     v
@@ -240,6 +263,54 @@ impl GpuLossy {
     }
 }
 
+/// A low-precision decode's rows on the device: each row's multiplier of its points, which
+/// `lossy_decode` (LOSSY_OUT 3, 4) reads in place of the row scales, and on the host the scales
+/// the codes are served under. From the codec's [`LossyTensor::low_rows`] (or `decode_low`) of the
+/// tensor it decodes.
+pub struct GpuLowRows {
+    pub kind: LowPrecision,
+    mul: CudaSlice<f32>,
+    /// Per row: a weight is `kind.value(code) · scale`.
+    pub scales: Vec<f32>,
+    /// Rows whose codes are lossy beyond the coder ([`LowRows::inexact_rows`]).
+    pub inexact_rows: usize,
+}
+
+impl GpuLowRows {
+    /// `rows` on the device.
+    pub fn upload(dev: &GpuDevice, rows: &LowRows) -> Result<GpuLowRows> {
+        if rows.mul.is_empty() || rows.mul.len() != rows.scales.len() {
+            return Err(GpuError::invalid(
+                "lossy low upload",
+                format!(
+                    "{} multipliers and {} scales",
+                    rows.mul.len(),
+                    rows.scales.len()
+                ),
+            ));
+        }
+        Ok(GpuLowRows {
+            kind: rows.kind,
+            mul: upload(dev, &rows.mul)?,
+            scales: rows.scales.clone(),
+            inexact_rows: rows.inexact_rows,
+        })
+    }
+
+    /// Rows of `t`'s low-precision decode to `kind`, computed by the codec (a CPU decode of `t`)
+    /// and uploaded.
+    pub fn of(dev: &GpuDevice, t: &LossyTensor, kind: LowPrecision) -> Result<GpuLowRows> {
+        let rows = t
+            .low_rows(kind)
+            .map_err(|e| GpuError::invalid("lossy low upload", e.to_string()))?;
+        Self::upload(dev, &rows)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.scales.len()
+    }
+}
+
 /// Most matrices in one launch (the kernel's `LOSSY_MAX_PARTS`).
 pub const MAX_PARTS: usize = 3;
 
@@ -277,15 +348,18 @@ struct LossyParams {
 // SAFETY: plain-old-data with the C layout of the kernel's parameter struct.
 unsafe impl DeviceRepr for LossyParams {}
 
-/// One launch over `parts` (same quantiser kind and columns), part i writing at device address
-/// `outs[i]`.
+/// One launch over `parts` (same quantiser kind and columns) of the `LOSSY_OUT` `out_code`, part i
+/// writing at device address `outs[i]`; `muls`, if given, part i's row multipliers in place of its
+/// scales (the low-precision decodes).
+#[allow(clippy::too_many_arguments)]
 fn launch(
     dev: &GpuDevice,
     op: &'static str,
     parts: &[&GpuLossy],
-    out_kind: LossyOut,
+    out_code: i64,
     x: u64,
     outs: &[u64],
+    muls: Option<&[u64]>,
     err: Option<&mut CudaSlice<u32>>,
 ) -> Result<()> {
     let first = parts
@@ -293,6 +367,7 @@ fn launch(
         .ok_or_else(|| GpuError::invalid(op, "no matrices to launch"))?;
     if parts.len() > MAX_PARTS
         || outs.len() != parts.len()
+        || muls.is_some_and(|m| m.len() != parts.len())
         || parts
             .iter()
             .any(|m| m.cols != first.cols || is_e8(m.quantizer) != is_e8(first.quantizer))
@@ -324,7 +399,7 @@ fn launch(
         guards.extend([g1, g2, g3, g4, g5, g6]);
         p.part[i] = LossyPart {
             ent,
-            scales,
+            scales: muls.map_or(scales, |m| m[i]),
             states,
             offsets,
             payload,
@@ -349,7 +424,7 @@ fn launch(
         None => (0, None),
     };
     p.err = err;
-    let f = dev.function(&variant(first.quantizer, out_kind), op)?;
+    let f = dev.function(&module(first.quantizer, out_code), op)?;
     let lc = LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
         block_dim: (WARPS * 32, 1, 1),
@@ -397,7 +472,39 @@ pub fn launch_decode<T: DeviceRepr>(
     }
     let (o, _g) = out.device_ptr_mut(dev.stream());
     let o = o + (at * out_kind.bytes()) as u64;
-    launch(dev, OP, &[m], out_kind, 0, &[o], err)
+    launch(dev, OP, &[m], out_kind.code(), 0, &[o], None, err)
+}
+
+/// `out[at..at + rows·cols]` = the matrix's `low.kind` codes (FP8 E4M3, or INT8 as i8 bit
+/// patterns), row-major, one byte a weight: the codec's `decode_low` codes, served under
+/// `low.scales`. `low` must be of this matrix ([`GpuLowRows::of`]). `err` as for
+/// [`launch_decode`].
+pub fn launch_decode_low(
+    dev: &GpuDevice,
+    m: &GpuLossy,
+    low: &GpuLowRows,
+    out: &mut CudaSlice<u8>,
+    at: usize,
+    err: Option<&mut CudaSlice<u32>>,
+) -> Result<()> {
+    const OP: &str = "lossy_decode";
+    if low.rows() != m.rows || low.mul.len() != m.rows || out.len() < at + m.rows * m.cols {
+        return Err(GpuError::invalid(
+            OP,
+            format!(
+                "{} codes from {at} and {} row multipliers for {} × {} weights",
+                out.len(),
+                low.rows(),
+                m.rows,
+                m.cols
+            ),
+        ));
+    }
+    let stream = dev.stream();
+    let (mul, _gm) = low.mul.device_ptr(stream);
+    let (o, _g) = out.device_ptr_mut(stream);
+    let code = low_code(low.kind);
+    launch(dev, OP, &[m], code, 0, &[o + at as u64], Some(&[mul]), err)
 }
 
 /// `y = [W_0; W_1; …]·x` for up to [`MAX_PARTS`] row-stacked matrices of the same columns and
@@ -424,17 +531,19 @@ pub fn launch_mv(
         outs.push(yp + 4 * row0);
         row0 += m.rows as u64;
     }
-    launch(dev, OP, parts, round, xp, &outs, err)
+    launch(dev, OP, parts, round.code(), xp, &outs, None, err)
 }
 
 /// The kernel's decode of one tile, in Rust over the arrays it is given: lane `l` holds state `l`;
 /// after each symbol step the lanes below 2^16 take words in lane order (the ballot's prefix
 /// count); a read past the tile, a coset out of range, or a tile not ending at its offsets with
-/// every state at 2^16 is an error. Returns the tile's weights (point · row scale).
+/// every state at 2^16 is an error. Returns the tile's point · `scales[row]`: the weights under the
+/// tensor's scales, or what a low-precision decode codes under its row multipliers.
 #[cfg(test)]
 fn emulate_tile(
     t: &LossyTensor,
     a: &LossyArrays,
+    scales: &[f32],
     tile: usize,
 ) -> std::result::Result<Vec<f32>, ()> {
     let (r0, cols, pb) = (tile * t.tile_rows, t.cols, t.prob_bits as u32);
@@ -489,7 +598,7 @@ fn emulate_tile(
             }
             for l in (0..32).filter(|&l| live[l]) {
                 let v = g + l;
-                let s = t.scales[r0 + 8 * v / cols];
+                let s = scales[r0 + 8 * v / cols];
                 let (c, mut par) = (f[l][0], 0);
                 for i in 0..7 {
                     par += f[l][1 + i];
@@ -507,7 +616,7 @@ fn emulate_tile(
                 let k = sym(&mut x[l], z0 as usize);
                 let nx = (2 * st[l] + (k & 1) as u32) as usize;
                 st[l] = a.next.get(nx).map_or(0, |&s| s as u32);
-                out[g + l] = (2 * k + z0 as i32) as f32 * t.scales[r0 + (g + l) / cols];
+                out[g + l] = (2 * k + z0 as i32) as f32 * scales[r0 + (g + l) / cols];
             }
             renorm(&mut x, &live, &mut pos, &mut bad);
         }
@@ -516,6 +625,18 @@ fn emulate_tile(
         return Err(());
     }
     Ok(out)
+}
+
+/// The kernel's `lossy_store` for LOSSY_OUT 3 and 4: E4M3 by `cvt.rn.satfinite` (to nearest, ties
+/// to even, saturating at ±448; the codec's FP8 rounding is specified as the same); INT8 as
+/// `fminf(fmaxf(rintf(w), -127), 127)`.
+#[cfg(test)]
+#[allow(clippy::manual_clamp)] // max/min as fmaxf/fminf: a NaN gives −127, as on the device
+fn emulate_low_store(kind: LowPrecision, w: f32) -> u8 {
+    match kind {
+        LowPrecision::Fp8E4m3 => entrollm_codec::payload::f32_to_fp8_e4m3(w),
+        LowPrecision::Int8 => w.round_ties_even().max(-127.0).min(127.0) as i32 as i8 as u8,
+    }
 }
 
 #[cfg(test)]
@@ -575,7 +696,7 @@ mod tests {
                     let a = LossyArrays::of(&t).unwrap();
                     let want = t.decode().unwrap();
                     let got: Vec<f32> = (0..t.tiles())
-                        .flat_map(|i| emulate_tile(&t, &a, i).unwrap())
+                        .flat_map(|i| emulate_tile(&t, &a, &t.scales, i).unwrap())
                         .collect();
                     assert_eq!(got.len(), want.len());
                     let same = got
@@ -586,6 +707,47 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The kernel's low-precision decode over the uploaded arrays (the row multipliers in place of
+    /// the scales, then the store's rounding) gives the codec's `decode_low` codes bit for bit, on
+    /// the ragged shapes above, at rates where INT8 rows stay on the grid and where they do not.
+    #[test]
+    fn the_kernels_low_precision_decode_is_the_codecs_on_ragged_shapes() {
+        let quantizers = [
+            Quantizer::E8,
+            Quantizer::Tcq { log2_states: 2 },
+            Quantizer::Tcq { log2_states: 5 },
+        ];
+        let (mut case, mut inexact) = (0u64, [0usize; 2]);
+        for q in quantizers {
+            let m = q.row_multiple();
+            for (rows, cols) in [(1, m), (3, 5 * m), (9, 72), (37, 264), (5, 4104), (70, 520)] {
+                if cols % m != 0 {
+                    continue;
+                }
+                for bits in [2.0, 4.0, 6.0, 8.0] {
+                    case += 1;
+                    let w = matrix(rows, cols, case);
+                    let (t, _) =
+                        LossyTensor::encode(&w, rows, cols, &Options::new(bits, q)).unwrap();
+                    let a = LossyArrays::of(&t).unwrap();
+                    for (k, kind) in LowPrecision::ALL.into_iter().enumerate() {
+                        let want = t.decode_low(kind).unwrap();
+                        let low = t.low_rows(kind).unwrap();
+                        assert_eq!(low, want.rows);
+                        inexact[k] += low.inexact_rows;
+                        let got: Vec<u8> = (0..t.tiles())
+                            .flat_map(|i| emulate_tile(&t, &a, &low.mul, i).unwrap())
+                            .map(|v| emulate_low_store(kind, v))
+                            .collect();
+                        assert!(got == want.codes, "{kind} {q} {rows}×{cols} at {bits} bits");
+                    }
+                }
+            }
+        }
+        // Both INT8 unit rules and inexact FP8 rows were among the cases.
+        assert!(inexact.iter().all(|&n| n > 0), "{inexact:?}");
     }
 
     /// A damaged payload word or state fails the kernel's end-of-tile check wherever it fails the
@@ -607,8 +769,9 @@ mod tests {
                     d.states[k] ^= 1 << (i % 17);
                 }
                 let cpu = d.decode();
-                let kernel: std::result::Result<Vec<Vec<f32>>, ()> =
-                    (0..d.tiles()).map(|k| emulate_tile(&d, &a, k)).collect();
+                let kernel: std::result::Result<Vec<Vec<f32>>, ()> = (0..d.tiles())
+                    .map(|k| emulate_tile(&d, &a, &d.scales, k))
+                    .collect();
                 assert_eq!(cpu.is_err(), kernel.is_err(), "{q} damage {i}");
                 rejected += kernel.is_err() as usize;
             }
