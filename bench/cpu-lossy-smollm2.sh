@@ -5,7 +5,10 @@
 # (perplexity, KL divergence, same top token), and one chat at 4 bits:
 #   bash bench/cpu-lossy-smollm2.sh ENTROLLM LLAMA_QUANTIZE F32.gguf TEXT OUTDIR [TOKENS]
 # (TOKENS: the first this many tokens of TEXT are scored, default 1536: the CPU scores two models
-# token by token)
+# token by token; LLAMA_QUANTIZE "-": no llama.cpp quantisations). SPECS (environment) lists the
+# entrollm codings, each NAME=compress flags after the source, separated by ';' (default: tcq32 at
+# 3, 4, 5 bits and e8 at 4, allocated by rate and distortion, data-free); a calibration text
+# goes in the flags (--calib FILE), and should not be TEXT.
 # The token embedding (tied to the output) stays F32 on both sides, so only the 210 matrices of the
 # decoder differ; their bits a weight come from `inspect`.
 set -euo pipefail
@@ -26,13 +29,17 @@ PY
         --max-tokens "$tokens" --device cpu -t 2 2>&1 | grep -v "^note:" | tee -a "$out/eval.txt"
 }
 : > "$out/eval.txt"; : > "$out/compress.txt"
-for spec in tcq32:3 tcq32:4 tcq32:5 e8:4; do
-    q=${spec%:*}; b=${spec#*:}
-    c="$out/smol-$q-$b"
-    /usr/bin/time -f "compress $q at $b bits: %e s, peak RSS %M KB" \
-        "$bin" compress "$f32" -o "$c" --bits "$b" --quantizer "$q" --overwrite 2>&1 | tail -4 | tee -a "$out/compress.txt"
-    eval_one "$q-$b" "$c"
+specs=${SPECS:-tcq32-3=--bits 3;tcq32-4=--bits 4;tcq32-5=--bits 5;e8-4=--bits 4 --quantizer e8}
+IFS=';' read -ra specs <<< "$specs"
+for spec in "${specs[@]}"; do
+    name=${spec%%=*}; read -ra flags <<< "${spec#*=}"
+    c="$out/smol-$name"
+    echo "== $name: ${flags[*]}" >> "$out/compress.txt"
+    /usr/bin/time -f "compress $name: %e s, peak RSS %M KB" \
+        "$bin" compress "$f32" -o "$c" "${flags[@]}" --overwrite 2>&1 | tail -5 | tee -a "$out/compress.txt"
+    eval_one "$name" "$c"
 done
+[[ $quant == - ]] && exit 0
 for t in Q3_K_M Q4_K_M Q5_K_M; do
     g="$out/smol-$t.gguf"
     "$quant" --token-embedding-type f32 --output-tensor-type f32 "$f32" "$g" "$t" 2 > "$out/quantize-$t.log" 2>&1
