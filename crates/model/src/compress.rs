@@ -155,12 +155,19 @@ pub fn plan_lossy(
     let mut curves = vec![];
     let mut priced = vec![];
     let mut total_bytes = 0u64;
-    for_each_lossy_matrix(src, opts, &mut |_, _, _, _, b| {
-        total_bytes += b.len() as u64;
+    for_each_lossy_matrix(src, opts, &mut |m| {
+        total_bytes += m.bytes.len() as u64;
         Ok(())
     })?;
     progress.start(total_bytes);
-    for_each_lossy_matrix(src, opts, &mut |name, rows, cols, dtype, bytes| {
+    for_each_lossy_matrix(src, opts, &mut |m| {
+        let LossyMatrix {
+            name,
+            rows,
+            cols,
+            dtype,
+            bytes,
+        } = m;
         names.push(name.to_string());
         let col_weights = match &planning.calibration {
             Some(c) => Some(
@@ -245,12 +252,20 @@ pub fn plan_lossy(
     Ok(out)
 }
 
-/// Calls `f(name, rows, cols, dtype, bytes)` for each matrix of `src` that `opts` codes lossily,
-/// in file order.
+/// A matrix `compress --bits` codes lossily, as its source holds it.
+struct LossyMatrix<'a> {
+    name: &'a str,
+    rows: usize,
+    cols: usize,
+    dtype: Dtype,
+    bytes: &'a [u8],
+}
+
+/// Calls `f` for each matrix of `src` that `opts` codes lossily, in file order.
 fn for_each_lossy_matrix(
     src: &Path,
     opts: &CompressOptions,
-    f: &mut dyn FnMut(&str, usize, usize, Dtype, &[u8]) -> Result<()>,
+    f: &mut dyn FnMut(LossyMatrix<'_>) -> Result<()>,
 ) -> Result<()> {
     let Some(l) = &opts.lossy else { return Ok(()) };
     if is_gguf(src) {
@@ -266,20 +281,26 @@ fn for_each_lossy_matrix(
             if info.dims.len() == 2
                 && lossy_eligible(&info.name, &shape, dtype, opts.min_elements, l.quantizer)
             {
-                f(
-                    &info.name,
-                    shape[0],
-                    shape[1],
+                f(LossyMatrix {
+                    name: &info.name,
+                    rows: shape[0],
+                    cols: shape[1],
                     dtype,
-                    file.tensor_data(info),
-                )?;
+                    bytes: file.tensor_data(info),
+                })?;
             }
         }
     } else {
         let ckpt = Checkpoint::open(src)?;
         for t in ckpt.tensors() {
             if lossy_eligible(t.name, t.shape, t.dtype, opts.min_elements, l.quantizer) {
-                f(t.name, t.shape[0], t.shape[1], t.dtype, t.bytes)?;
+                f(LossyMatrix {
+                    name: t.name,
+                    rows: t.shape[0],
+                    cols: t.shape[1],
+                    dtype: t.dtype,
+                    bytes: t.bytes,
+                })?;
             }
         }
     }
