@@ -332,7 +332,8 @@ fn plan_rates(a: &Args, opts: &CompressOptions) -> Result<CompressOptions> {
             })
             .with_context(|| {
                 format!(
-                    "--calib: running {} over {} (a checkpoint directory with config.json and                      tokenizer.json, or a GGUF file)",
+                    "--calib: running {} over {} (a checkpoint directory with config.json and \
+                     tokenizer.json, or a GGUF file)",
                     a.src.display(),
                     f.display()
                 )

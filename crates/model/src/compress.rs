@@ -149,7 +149,7 @@ pub fn plan_lossy(
     let Some(l) = &opts.lossy else {
         return Ok(opts.clone());
     };
-    // (name, rows, cols, column weights) of the matrices the allocation prices, with their curves.
+    // The allocation's matrices: their curves, and (name, column weights) in the same order.
     let mut names = vec![];
     let mut planned = BTreeMap::new();
     let mut curves = vec![];
@@ -175,7 +175,8 @@ pub fn plan_lossy(
                     .filter(|h| h.len() == cols)
                     .ok_or_else(|| {
                         CompressError::Usage(format!(
-                            "{name}: the calibration run recorded no input of {cols} channels                              for this matrix"
+                            "{name}: the calibration run recorded no input of {cols} channels \
+                             for this matrix"
                         ))
                     })?
                     .to_vec(),
@@ -229,7 +230,8 @@ pub fn plan_lossy(
         let unknown = f.unknown(&names);
         if !unknown.is_empty() {
             return Err(CompressError::Usage(format!(
-                "the bits file names {} that this checkpoint does not code lossily (`entrollm                  inspect` lists the tensors; the embedding and output projection stay lossless)",
+                "the bits file names {} that this checkpoint does not code lossily (`entrollm \
+                 inspect` lists the tensors; the embedding and output projection stay lossless)",
                 unknown.join(", ")
             )));
         }
