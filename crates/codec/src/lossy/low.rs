@@ -236,6 +236,7 @@ impl LossyTensor {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::rel_l2;
     use super::super::{Options, MIN_TILE_WEIGHTS};
     use super::*;
     use crate::test_rng::Rng;
@@ -278,17 +279,6 @@ mod tests {
             assert_eq!((a * t.scales[i / t.cols]).to_bits(), b.to_bits());
         }
         p
-    }
-
-    fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-        let e: f64 = a
-            .iter()
-            .zip(b)
-            .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
-            .sum();
-        let s: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum();
-        // A reference of zeros (a small matrix at 2 bits): 0 where the other is zeros too.
-        (e / s.max(f64::MIN_POSITIVE)).sqrt()
     }
 
     /// Rows where `got` differs from `want` anywhere.

@@ -6,14 +6,15 @@ fn gaussian(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| (r.normal() * 0.02) as f32).collect()
 }
 
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+/// ‖a − b‖ / ‖a‖; a reference of zeros gives 0 where `b` is zeros too.
+pub(super) fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let e: f64 = a
         .iter()
         .zip(b)
         .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
         .sum();
     let s: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum();
-    (e / s).sqrt()
+    (e / s.max(f64::MIN_POSITIVE)).sqrt()
 }
 
 const QUANTIZERS: [Quantizer; 3] = [
