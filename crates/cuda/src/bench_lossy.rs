@@ -10,7 +10,7 @@ use entrollm_codec::lossy::LossyTensor;
 use crate::bench::time_cold;
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
-use crate::lossy_selftest::MV_TOLERANCE;
+use crate::lossy_selftest::{reference_mv, MV_TOLERANCE};
 use crate::mem::{download, upload};
 use crate::ops::lossy::{launch_decode, launch_mv, GpuLossy, LossyOut};
 use crate::selftest::{rel_l2, Rng};
@@ -50,12 +50,7 @@ pub fn time_lossy(dev: &GpuDevice, t: &LossyTensor, seed: u64) -> Result<LossyTi
         Some(&mut err),
     )?;
     let got = download(dev, &y)?;
-    let mut want = vec![0f32; rows];
-    let dec = t
-        .decoder()
-        .map_err(|e| GpuError::invalid("lossy bench", e.to_string()))?;
-    t.matmul(&dec, &x, 1, &mut want, &|v| LossyOut::Bf16.round(v))
-        .map_err(|e| GpuError::invalid("lossy bench", e.to_string()))?;
+    let want = reference_mv(t, &x, LossyOut::Bf16)?;
     let mv_rel_l2 = rel_l2(&got, &want);
     if download(dev, &err)?[0] != 0 || mv_rel_l2 > MV_TOLERANCE {
         return Err(GpuError::invalid(

@@ -19,6 +19,15 @@ use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
 /// The product's tolerance (relative L2 against the codec's f32 product).
 pub const MV_TOLERANCE: f64 = 1e-5;
 
+/// The CPU reference of `lossy_mv`: `t` decoded, each weight rounded as `out` serves it, times
+/// `x` (f32 sums in row order).
+pub(crate) fn reference_mv(t: &LossyTensor, x: &[f32], out: LossyOut) -> Result<Vec<f32>> {
+    let w = t.decode().map_err(codec)?;
+    Ok(w.chunks_exact(t.cols)
+        .map(|row| row.iter().zip(x).map(|(&w, &x)| out.round(w) * x).sum())
+        .collect())
+}
+
 fn codec(e: entrollm_codec::CodecError) -> GpuError {
     GpuError::invalid("lossy selftest", e.to_string())
 }
@@ -132,10 +141,7 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
                     let mut err = upload(dev, &[0u32])?;
                     launch_mv(dev, &[&m], out, &dx, &mut y, Some(&mut err))?;
                     let got = download(dev, &y)?;
-                    let mut want = vec![0f32; rows];
-                    let dec = t.decoder().map_err(codec)?;
-                    t.matmul(&dec, &x, 1, &mut want, &|v| out.round(v))
-                        .map_err(codec)?;
+                    let want = reference_mv(&t, &x, out)?;
                     let e = download(dev, &err)?[0];
                     cases.push(CaseResult {
                         kernel: format!("lossy_mv {out:?}"),
@@ -167,11 +173,7 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
         let x = rng.normals(cols, 1.0);
         let mut want = Vec::new();
         for t in &parts {
-            let mut y = vec![0f32; t.rows];
-            let dec = t.decoder().map_err(codec)?;
-            t.matmul(&dec, &x, 1, &mut y, &|v| LossyOut::Bf16.round(v))
-                .map_err(codec)?;
-            want.extend(y);
+            want.extend(reference_mv(t, &x, LossyOut::Bf16)?);
         }
         let ms = parts
             .iter()

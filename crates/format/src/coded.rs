@@ -73,6 +73,17 @@ impl LossyCoded {
         Self::served_as(self.dtype, x)
     }
 
+    /// [`Self::served`] of every value in place (the dtype matched once, not per value).
+    pub fn serve_all(&self, v: &mut [f32]) {
+        match self.dtype {
+            Dtype::BF16 => v
+                .iter_mut()
+                .for_each(|x| *x = half::bf16::from_f32(*x).to_f32()),
+            Dtype::F16 => v.iter_mut().for_each(|x| *x = saturated_f16(*x).to_f32()),
+            _ => {}
+        }
+    }
+
     /// [`Self::served`] for a matrix of `dtype`.
     pub fn served_as(dtype: Dtype, x: f32) -> f32 {
         match dtype {

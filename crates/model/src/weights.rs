@@ -448,6 +448,12 @@ impl<E: DenseElement> Linear for Dense<E> {
     }
 }
 
+/// `out[r·n + b] = w_r · x_b` for the f32 rows in `w` (`cols` wide) and the `n` vectors in `x`,
+/// by the dense kernels: a form that decodes rows to f32 (`lossy`) sums exactly as `dense f32`.
+pub(crate) fn f32_rows_times_vectors(w: &[f32], cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
+    kernels::rows_times_vectors::<F32>(kernels::Isa::detect(), w, cols, x, n, out)
+}
+
 /// The dense dot-product kernels. Register tiles of rows × vectors with LANES-wide partial sums,
 /// a fixed pairwise reduction and a scalar tail, so every (row, vector) dot product sums its
 /// terms in the same order whatever the tiling (`matvec` and `matmul` agree bit for bit) and

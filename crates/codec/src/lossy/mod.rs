@@ -759,8 +759,26 @@ impl LossyTensor {
         })
     }
 
-    /// Decodes tile `tile`'s weights (its rows, point · row scale) into `out`.
-    fn decode_tile_into(&self, dec: &Decoder, tile: usize, out: &mut [f32]) -> Result<()> {
+    /// Rows of tile `tile`: `tile · tile_rows ..` up to `tile_rows` of them (fewer in the last).
+    pub fn tile_row_range(&self, tile: usize) -> std::ops::Range<usize> {
+        let r0 = tile * self.tile_rows;
+        r0..(r0 + self.tile_rows).min(self.rows)
+    }
+
+    /// Decodes tile `tile`'s weights (its rows, point · row scale, row-major) into `out`, which
+    /// holds exactly those rows: what a fused product decodes one tile at a time, never holding
+    /// more of the matrix. `dec` is this tensor's [`decoder`](Self::decoder).
+    pub fn decode_tile(&self, dec: &Decoder, tile: usize, out: &mut [f32]) -> Result<()> {
+        let rows = self.tile_row_range(tile);
+        if tile >= self.tiles() || out.len() != rows.len() * self.cols {
+            return Err(CodecError::Shape(format!(
+                "tile {tile} of {} ({} rows of {}) into {} values",
+                self.tiles(),
+                rows.len(),
+                self.cols,
+                out.len()
+            )));
+        }
         self.decode_points_into(dec, tile, out)?;
         let row0 = tile * self.tile_rows;
         for (i, row) in out.chunks_exact_mut(self.cols).enumerate() {
@@ -796,60 +814,8 @@ impl LossyTensor {
         let mut out = vec![0f32; self.rows * self.cols];
         out.par_chunks_mut(self.tile_rows * self.cols)
             .enumerate()
-            .try_for_each(|(t, o)| self.decode_tile_into(&dec, t, o))?;
+            .try_for_each(|(t, o)| self.decode_tile(&dec, t, o))?;
         Ok(out)
-    }
-
-    /// Y = X·Wᵀ for `n` vectors `x` (row after row, `cols` each) into `y` (`rows` each), decoding
-    /// each tile once into a buffer of its own: the CPU reference of the fused product, which never
-    /// holds more of the matrix than one tile. `round` maps each decoded weight to the value served
-    /// (the container's dtype: BF16 or F16 rounding, or none). `dec` is this tensor's
-    /// [`decoder`](Self::decoder).
-    pub fn matmul(
-        &self,
-        dec: &Decoder,
-        x: &[f32],
-        n: usize,
-        y: &mut [f32],
-        round: &(dyn Fn(f32) -> f32 + Sync),
-    ) -> Result<()> {
-        let (rows, cols) = (self.rows, self.cols);
-        if x.len() != n * cols || y.len() != n * rows {
-            return Err(CodecError::Shape(format!(
-                "{} inputs and {} outputs for {n} vectors of a {rows} × {cols} matrix",
-                x.len(),
-                y.len()
-            )));
-        }
-        let tr = self.tile_rows;
-        // Per tile: its rows' outputs for every vector.
-        let parts: Vec<Vec<f32>> = (0..self.tiles())
-            .into_par_iter()
-            .map(|t| -> Result<Vec<f32>> {
-                let r0 = t * tr;
-                let nr = tr.min(rows - r0);
-                let mut w = vec![0f32; nr * cols];
-                self.decode_tile_into(dec, t, &mut w)?;
-                for v in &mut w {
-                    *v = round(*v);
-                }
-                let mut out = vec![0f32; n * nr];
-                for (v, o) in x.chunks_exact(cols).zip(out.chunks_exact_mut(nr)) {
-                    for (row, o) in w.chunks_exact(cols).zip(o) {
-                        *o = row.iter().zip(v).map(|(a, b)| a * b).sum();
-                    }
-                }
-                Ok(out)
-            })
-            .collect::<Result<_>>()?;
-        for (t, p) in parts.iter().enumerate() {
-            let r0 = t * tr;
-            let nr = tr.min(rows - r0);
-            for (v, o) in p.chunks_exact(nr).enumerate() {
-                y[v * rows + r0..v * rows + r0 + nr].copy_from_slice(o);
-            }
-        }
-        Ok(())
     }
 
     /// The stored form, little-endian: magic "ELY1", quantiser kind and argument, table precision, a

@@ -172,7 +172,7 @@ pub trait Form: Send + Sync {
 
 /// Every form, in the order the tuner lists them.
 pub fn all() -> &'static [&'static dyn Form] {
-    static ALL: [&dyn Form; 7] = [
+    static ALL: [&dyn Form; 8] = [
         &dense::DENSE,
         &int::INT,
         &ggml::GGML,
@@ -180,6 +180,7 @@ pub fn all() -> &'static [&'static dyn Form] {
         &df11::DF11,
         &palette::PAL_FP8,
         &palette::PAL_BF16,
+        &lossy::LOSSY,
     ];
     &ALL
 }

@@ -108,6 +108,11 @@ fn rebuild(reader: &ContainerReader, load: GgufLoad) -> Result<(GgufFile, Linear
                             linears
                                 .insert(seg.tensor.clone(), Arc::new(CodedLinear::from_ggml(g)?));
                         }
+                        Coded::Lossy(m) if load == GgufLoad::Fused => {
+                            let m = crate::forms::lossy::LossyLinear::new(m)
+                                .map_err(|e| ModelError::tensor(&seg.tensor, e.to_string()))?;
+                            linears.insert(seg.tensor.clone(), Arc::new(m));
+                        }
                         _ => image[at..end].copy_from_slice(&bytes),
                     }
                 }
