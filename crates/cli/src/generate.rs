@@ -743,8 +743,16 @@ pub fn open(a: &ModelArgs) -> Result<Session> {
         DeviceArg::Cuda => true,
         DeviceArg::Auto => entrollm_cuda::device::device_count().is_ok_and(|n| n > 0),
     };
-    let fused = a.budget.is_set() || a.keep_coded || (on_gpu && !a.decode_at_load);
+    // A container that records its forms (a plan's) is served in them: memory as planned.
+    let recorded = entrollm_model::load::container_records_forms(&a.model);
+    let fused = a.budget.is_set() || a.keep_coded || ((on_gpu || recorded) && !a.decode_at_load);
     let container = a.model.join("entrollm.json").is_file();
+    if recorded && !a.budget.is_set() && !a.decode_at_load {
+        eprintln!(
+            "container: served in the forms its plan recorded (--decode-at-load decodes every \
+             matrix instead)"
+        );
+    }
     if container && !fused && !a.decode_at_load {
         eprintln!(
             "cpu: coded matrices decoded at load, the faster form on the CPU (--keep-coded keeps \
@@ -786,7 +794,7 @@ pub fn open(a: &ModelArgs) -> Result<Session> {
         .map_err(|e| anyhow::anyhow!("{e} (--temperature, --top-p, --min-p, --repeat-penalty)"))?;
     let n_weights = matrix_weights(&weights);
     let serving = serving_under(&a.budget, a.serving(), launches)?;
-    let dense_when_fits = !a.keep_coded && !a.budget.is_set();
+    let dense_when_fits = !a.keep_coded && !a.budget.is_set() && !recorded;
     let engine = Backend::new(
         weights,
         ctx,

@@ -464,6 +464,13 @@ fn open_with(
     Ok((build_model(&SafetensorsSource::open(path)?)?, t))
 }
 
+/// Whether `path` is a container in which some tensor records a serving form (`compress --plan`,
+/// `--budget`): served in those forms, its matrices are loaded as stored.
+pub fn container_records_forms(path: &Path) -> bool {
+    std::fs::symlink_metadata(path.join("entrollm.json")).is_ok()
+        && ContainerReader::open(path).is_ok_and(|r| records_forms(&r))
+}
+
 /// Whether any tensor of the container records a serving form.
 fn records_forms(reader: &ContainerReader) -> bool {
     reader.manifest().tensors.iter().any(|t| t.form.is_some())
