@@ -6,6 +6,7 @@ use anyhow::{bail, Context, Result};
 use entrollm_model::ModelWeights;
 use entrollm_tune::budget::Budget;
 use entrollm_tune::file::{DeviceId, PlanFile, TuneFile};
+use entrollm_tune::lossy::{plan_allowing_lossy, LossyOffer, LossyPlan};
 use entrollm_tune::planner;
 use entrollm_tune::DeviceKind;
 use std::path::{Path, PathBuf};
@@ -14,7 +15,8 @@ use std::path::{Path, PathBuf};
 pub struct BudgetArgs {
     /// Memory for the model: `12GB`, `11.5GiB`, `500MB`, or `80%` of free memory (device memory
     /// on the GPU, RAM on the CPU). The KV cache for the context and the workspace are reserved
-    /// first; each launch then gets the fastest form whose bytes fit (lossless forms only).
+    /// first; each launch then gets the fastest form whose bytes fit (lossless forms only, but
+    /// for `compress --allow-lossy`).
     #[arg(long, value_name = "SIZE")]
     pub budget: Option<Budget>,
     /// Latencies measured by `entrollm tune` for this model and device (default: the forms'
@@ -100,6 +102,19 @@ pub fn plan(
     target: &Target,
     free: impl FnOnce() -> Result<u64>,
 ) -> Result<PlanFile> {
+    Ok(plan_allowing(args, w, model_path, target, free, None)?.plan)
+}
+
+/// [`plan`], with the launches of `lossy` coded lossily where a `--budget` cannot be met
+/// losslessly (`compress --allow-lossy`; the tune crate's `lossy` module).
+pub fn plan_allowing(
+    args: &BudgetArgs,
+    w: &ModelWeights,
+    model_path: &Path,
+    target: &Target,
+    free: impl FnOnce() -> Result<u64>,
+    lossy: Option<&LossyOffer>,
+) -> Result<LossyPlan> {
     let (device, reserved) = (target.kind, target.reserved);
     let id = planner::model_id(w, &model_path.display().to_string())?;
     if let Some(p) = &args.plan {
@@ -116,7 +131,7 @@ pub fn plan(
                 id.fingerprint
             );
         }
-        return Ok(plan);
+        return Ok(LossyPlan { plan, rate: None });
     }
     let fixed = planner::fixed_bytes(w);
     let budget = match &args.budget {
@@ -151,7 +166,12 @@ pub fn plan(
     };
     let measured = tune.is_some();
     let tune = planner::tune_for(w, id, tune, device)?;
-    let plan = entrollm_tune::file::plan(&tune, budget, reserved + fixed).map_err(|e| {
+    let made = match (lossy, budget) {
+        (Some(offer), Some(b)) => plan_allowing_lossy(&tune, b, reserved + fixed, offer),
+        _ => entrollm_tune::file::plan(&tune, budget, reserved + fixed)
+            .map(|plan| LossyPlan { plan, rate: None }),
+    };
+    let LossyPlan { mut plan, rate } = made.map_err(|e| {
         anyhow::anyhow!(
             "{e}{}",
             match &args.budget {
@@ -164,7 +184,6 @@ pub fn plan(
             }
         )
     })?;
-    let mut plan = plan;
     if !measured {
         plan.cost_model = entrollm_tune::CostModel::Default;
         eprintln!(
@@ -173,7 +192,18 @@ pub fn plan(
         );
     }
     print_summary(&plan, &mut std::io::stderr())?;
-    Ok(plan)
+    if let (Some(offer), Some(r)) = (lossy, rate) {
+        eprintln!(
+            "plan: the budget cannot be met losslessly: {} launches coded lossily ({}) at {r:.2} \
+             bits a weight on average (the highest rate that fits; their latencies from the \
+             default cost model)",
+            offer.launches.len(),
+            offer.variant
+        );
+    } else if lossy.is_some() {
+        eprintln!("plan: the budget is met losslessly; no matrix is coded lossily");
+    }
+    Ok(LossyPlan { plan, rate })
 }
 
 /// `w` re-formed by `plan`, with a progress bar.

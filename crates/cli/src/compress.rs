@@ -5,20 +5,25 @@ use crate::budget::{BudgetArgs, Target};
 use crate::progress;
 use anyhow::{anyhow, bail, Context, Result};
 use entrollm_codec::dtans::Coding;
+use entrollm_codec::lossy::Quantizer;
+use entrollm_format::Dtype;
 use entrollm_format::FormEntry;
 use entrollm_model::calib::Calibration;
 use entrollm_model::coding_plan::CodingPlan;
 use entrollm_model::compress::{
-    compress, plan_lossy, Coder, CompressOptions, LossyOptions, LossyPlanning, Progress, SourceKind,
+    compress, lossy_eligible, plan_lossy, Coder, CompressOptions, LossyOptions, LossyPlanning,
+    Progress, SourceKind,
 };
 use entrollm_model::load::{open_weights_with, LoadOptions};
 use entrollm_model::rates::BitsFile;
 use entrollm_tune::file::PlanFile;
+use entrollm_tune::lossy::{LossyOffer, LossyPlan};
 use entrollm_tune::tuner::LaunchTimer;
 use entrollm_tune::DeviceKind;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("lossy").args(["bits", "allow_lossy"]).multiple(true)))]
 pub struct Args {
     /// A Hugging Face checkpoint: a directory (sharded with an index, or of .safetensors files) or
     /// one .safetensors file; BF16, FP16 and FP8 tensors are coded, others stored as they are. Or a
@@ -45,43 +50,43 @@ pub struct Args {
     /// the output projection and tensors that are not matrices stay exact. Off: lossless.
     #[arg(long, value_name = "R")]
     bits: Option<f64>,
-    /// With --bits: `rd` gives each matrix the rate that minimises the sum of the matrices'
+    /// With --bits or --allow-lossy: `rd` gives each matrix the rate that minimises the sum of the matrices'
     /// relative (with --calib: output) errors at the average; `uniform` codes every matrix at R.
     #[arg(
         long,
         default_value = "rd",
         value_name = "rd|uniform",
-        requires = "bits"
+        requires = "lossy"
     )]
     allocate: String,
-    /// With --bits: a JSON object of launch (qkv, o, gate_up, down) or tensor name → bits a
+    /// With --bits or --allow-lossy: a JSON object of launch (qkv, o, gate_up, down) or tensor name → bits a
     /// weight, e.g. {"down": 5, "model.layers.0.self_attn.v_proj.weight": 6}; the matrices it
     /// names take those rates, the others share --bits.
-    #[arg(long, value_name = "FILE", requires = "bits")]
+    #[arg(long, value_name = "FILE", requires = "lossy")]
     bits_file: Option<PathBuf>,
-    /// With --bits: a calibration text (UTF-8). The source model runs over it on the CPU, and
+    /// With --bits or --allow-lossy: a calibration text (UTF-8). The source model runs over it on the CPU, and
     /// each matrix's error is weighted by its input channels' activation energy (as GPTQ and AWQ
     /// weigh), in the row fit, the TCQ search, the RDO and the allocation: the bits buy output
     /// accuracy rather than weight accuracy.
-    #[arg(long, value_name = "FILE", requires = "bits")]
+    #[arg(long, value_name = "FILE", requires = "lossy")]
     calib: Option<PathBuf>,
     /// With --calib: the text's first this many tokens are run.
     #[arg(long, default_value_t = 8192, value_name = "N", requires = "calib")]
     calib_tokens: usize,
-    /// With --bits: the per-row rate–distortion optimisation, with this many candidate step
+    /// With --bits or --allow-lossy: the per-row rate–distortion optimisation, with this many candidate step
     /// multipliers per row (EntroPack's optional pass, e.g. 8): lower error where rows differ in
     /// scale, about K times the encode time. 0: off.
-    #[arg(long, default_value_t = 0, value_name = "K", requires = "bits")]
+    #[arg(long, default_value_t = 0, value_name = "K", requires = "lossy")]
     rdo: usize,
-    /// With --bits, the quantiser: tcqN (entropy-coded trellis-coded quantisation, N = 4 … 256
+    /// With --bits or --allow-lossy, the quantiser: tcqN (entropy-coded trellis-coded quantisation, N = 4 … 256
     /// states: more states code closer to the bound and encode slower) or e8 (EntroPack's E8
     /// lattice, about 0.1 bit further from the bound, faster to encode).
     #[arg(long, default_value = "tcq32", value_name = "tcqN|e8")]
     quantizer: String,
-    /// With --bits, the weights a tile holds at least (whole rows), 1024 to 32768: smaller tiles
+    /// With --bits or --allow-lossy, the weights a tile holds at least (whole rows), 1024 to 32768: smaller tiles
     /// decode faster on a GPU (more of them at once) and cost 132 bytes each, about 0.13 bit a
     /// weight at 8192.
-    #[arg(long, default_value_t = entrollm_codec::lossy::TILE_WEIGHTS, value_name = "N", requires = "bits")]
+    #[arg(long, default_value_t = entrollm_codec::lossy::TILE_WEIGHTS, value_name = "N", requires = "lossy")]
     tile_weights: usize,
     /// Tensors with fewer elements than this stay uncoded.
     #[arg(long, default_value_t = 4096)]
@@ -102,6 +107,12 @@ pub struct Args {
     /// model) or cuda (a GPU, which needs --tune TUNE.json from `entrollm tune --device cuda`).
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda")]
     device: String,
+    /// With --budget: where the budget cannot be met losslessly, code the matrices --bits would
+    /// code lossily, at the highest average rate (1.5 to 8 bits a weight) at which the plan fits;
+    /// the other launches get the fastest lossless forms in what is left. Off: a budget lossless
+    /// forms cannot meet is an error.
+    #[arg(long, requires = "budget")]
+    allow_lossy: bool,
     /// With --budget: the context the KV cache is reserved for, as `run --context` (default: the
     /// model's, at most 4096).
     #[arg(long, value_name = "N", requires = "budget")]
@@ -127,19 +138,13 @@ fn options(a: &Args) -> Result<CompressOptions> {
     if a.rdo == 1 || a.rdo > 64 {
         bail!("--rdo {}: give 2 to 64 candidates (0: off)", a.rdo);
     }
-    let lossy = match a.bits {
-        Some(bits) => Some(LossyOptions {
-            tile_weights: a.tile_weights,
-            rdo: a.rdo,
-            ..LossyOptions::new(
-                bits,
-                a.quantizer
-                    .parse()
-                    .map_err(|e| anyhow!("--quantizer: {e}"))?,
-            )
-        }),
-        None => None,
-    };
+    if a.bits.is_some() && a.budget.is_set() {
+        bail!(
+            "--bits names the rate and --budget/--plan the size: give --budget SIZE --allow-lossy \
+             to have the budget choose the rate, or --bits R alone"
+        );
+    }
+    let lossy = a.bits.map(|bits| lossy_options(a, bits)).transpose()?;
     Ok(CompressOptions {
         lossy,
         coder: Coder::parse(&a.coder).map_err(|e| anyhow!(e))?,
@@ -148,6 +153,49 @@ fn options(a: &Args) -> Result<CompressOptions> {
         shard_size: a.shard_size,
         overwrite: a.overwrite,
         ..CompressOptions::default()
+    })
+}
+
+/// `--quantizer`.
+fn quantizer(a: &Args) -> Result<Quantizer> {
+    a.quantizer.parse().map_err(|e| anyhow!("--quantizer: {e}"))
+}
+
+/// Lossy coding at an average of `bits` (`--bits`, or the rate `--allow-lossy` planned).
+fn lossy_options(a: &Args, bits: f64) -> Result<LossyOptions> {
+    Ok(LossyOptions {
+        tile_weights: a.tile_weights,
+        rdo: a.rdo,
+        ..LossyOptions::new(bits, quantizer(a)?)
+    })
+}
+
+/// The launches `--allow-lossy` may code lossily: those whose every matrix `--bits` would code.
+fn lossy_offer(a: &Args, w: &entrollm_model::ModelWeights) -> Result<LossyOffer> {
+    let q = quantizer(a)?;
+    let dtype = |kind: &str| match kind {
+        "bf16" => Some(Dtype::BF16),
+        "f16" => Some(Dtype::F16),
+        "f32" => Some(Dtype::F32),
+        _ => None,
+    };
+    let launches = entrollm_model::forms::layout::launches(w)
+        .into_iter()
+        .filter(|l| {
+            l.tensors.iter().zip(&l.matrices).all(|(name, m)| {
+                dtype(m.values_kind()).is_some_and(|d| {
+                    lossy_eligible(name, &[m.rows(), m.cols()], d, a.min_elements, q)
+                })
+            })
+        })
+        .map(|l| {
+            let weights = l.matrices.iter().map(|m| m.rows() * m.cols()).sum();
+            (l.id, weights)
+        })
+        .collect();
+    Ok(LossyOffer {
+        launches,
+        variant: q.to_string(),
     })
 }
 
@@ -171,8 +219,8 @@ impl Progress for Bar {
 }
 
 /// The plan of `--plan`/`--budget` for the source, checked to be the source's, made by the code
-/// of `run --budget` for `--device`.
-fn plan(a: &Args) -> Result<PlanFile> {
+/// of `run --budget` for `--device`; with `--allow-lossy`, the rate of its lossy launches.
+fn plan(a: &Args) -> Result<LossyPlan> {
     let kind = match a.device.as_str() {
         "cpu" => DeviceKind::Cpu,
         "cuda" => DeviceKind::Cuda,
@@ -219,7 +267,8 @@ fn plan(a: &Args) -> Result<PlanFile> {
              --device cuda"
         )),
     };
-    crate::budget::plan(&a.budget, &w, &a.src, &target, free)
+    let offer = a.allow_lossy.then(|| lossy_offer(a, &w)).transpose()?;
+    crate::budget::plan_allowing(&a.budget, &w, &a.src, &target, free, offer.as_ref())
 }
 
 /// The plan's forms by the HF names of the tensors of each launch.
@@ -242,10 +291,13 @@ fn forms_of(plan: &PlanFile) -> std::collections::BTreeMap<String, FormEntry> {
 pub fn run(a: Args) -> Result<()> {
     let mut opts = options(&a)?;
     if a.budget.is_set() {
-        let plan = plan(&a)?;
+        let LossyPlan { plan, rate } = plan(&a)?;
         opts.forms = forms_of(&plan);
         opts.metadata
             .insert("plan".into(), serde_json::to_value(&plan)?);
+        if let Some(r) = rate {
+            opts.lossy = Some(lossy_options(&a, r)?);
+        }
     }
     if opts.lossy.is_some() {
         opts = plan_rates(&a, &opts)?;

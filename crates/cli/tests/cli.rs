@@ -1839,3 +1839,137 @@ fn lossy_rates_come_from_the_bits_file_the_allocation_and_a_calibration_run() {
     );
     assert!(!d.join("bad").exists());
 }
+
+/// `compress --budget SIZE --allow-lossy`: a budget lossless forms meet stays lossless; one they
+/// cannot is met by coding the layers' matrices lossily at the highest rate that fits, the
+/// embedding kept lossless, every lossy tensor recorded in form `lossy`, the served model within
+/// the plan, and `run` serving it so. A budget too small at the lowest rate names the least that
+/// fits; `--bits` beside `--budget` names `--allow-lossy`.
+#[test]
+fn allow_lossy_meets_a_budget_lossless_forms_cannot() {
+    use entrollm_model::load::{open_weights_with, LoadOptions};
+    let d = tmp("allow-lossy");
+    let src = smollm2_f32_layers(&d, 2);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let ctx = ["--context", "16"];
+    let least_of = |err: &str| -> u64 {
+        err.split("pass --budget ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{err}"))
+    };
+    let x = s(&d.join("x"));
+    let lossless = least_of(&fails(&[
+        "compress",
+        &s(&src),
+        "-o",
+        &x,
+        "--budget",
+        "2MB",
+        ctx[0],
+        ctx[1],
+    ]));
+    let lossy_least = least_of(&fails(&[
+        "compress",
+        &s(&src),
+        "-o",
+        &x,
+        "--budget",
+        "2MB",
+        "--allow-lossy",
+        ctx[0],
+        ctx[1],
+    ]));
+    assert!(lossy_least < lossless, "{lossy_least} vs {lossless}");
+    assert!(!d.join("x").exists());
+
+    let budget = (lossy_least + lossless) / 2;
+    let c = d.join("c");
+    let out = ok(&[
+        "compress",
+        &s(&src),
+        "-o",
+        &s(&c),
+        "--budget",
+        &budget.to_string(),
+        "--allow-lossy",
+        "--quantizer",
+        "e8",
+        ctx[0],
+        ctx[1],
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("coded lossily") && err.contains("lossy:"),
+        "{err}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(c.join("entrollm.json")).unwrap()).unwrap();
+    let plan = &manifest["metadata"]["plan"];
+    let rate = manifest["metadata"]["lossy"]["bits"].as_f64().unwrap();
+    assert!((1.5..=8.0).contains(&rate), "{rate}");
+    let planned = plan["total_bytes"].as_u64().unwrap();
+    assert!(planned + plan["reserved_bytes"].as_u64().unwrap() <= budget);
+    let mut lossy = 0;
+    for t in manifest["tensors"].as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        let matrix = t["shape"].as_array().unwrap().len() == 2 && name.starts_with("blk.");
+        assert_eq!(t["coded"]["coder"] == "lossy", matrix, "{name}");
+        if matrix {
+            assert_eq!(t["form"]["form"], "lossy", "{name}");
+            lossy += 1;
+        }
+    }
+    assert_eq!(lossy, 14, "2 layers of 7 matrices");
+    // As served: the launches take no more than the plan gave them.
+    let w = open_weights_with(&c, LoadOptions::default()).unwrap();
+    let served: usize = entrollm_model::forms::layout::launches(&w)
+        .iter()
+        .map(|l| l.stored_bytes())
+        .sum();
+    assert!(served as u64 <= planned, "{served} > {planned}");
+    let out = ok(&[
+        "run",
+        &s(&c),
+        "-p",
+        "The capital of France is",
+        "--max-tokens",
+        "3",
+        "--device",
+        "cpu",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("forms its plan recorded"), "{err}");
+
+    // Where lossless forms fit, nothing is lossy.
+    let l = d.join("l");
+    let out = ok(&[
+        "compress",
+        &s(&src),
+        "-o",
+        &s(&l),
+        "--budget",
+        &lossless.to_string(),
+        "--allow-lossy",
+        ctx[0],
+        ctx[1],
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("met losslessly"));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(l.join("entrollm.json")).unwrap()).unwrap();
+    assert!(manifest["metadata"]["lossy"].is_null());
+
+    let e = fails(&[
+        "compress",
+        &s(&src),
+        "-o",
+        &x,
+        "--budget",
+        "1GB",
+        "--bits",
+        "4",
+    ]);
+    assert!(e.contains("--allow-lossy"), "{e}");
+    assert!(!d.join("x").exists());
+}

@@ -10,7 +10,7 @@
 
 use crate::coding_plan::CodingPlan;
 use crate::error::ModelError;
-use crate::forms::Stored;
+use crate::forms::{Form, Stored};
 use crate::gguf::{GgmlType, GgufFile, GgufTensorInfo};
 use entrollm_codec::df11::Df11Tensor;
 use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor};
@@ -269,9 +269,13 @@ fn for_each_lossy_matrix(
     opts: &CompressOptions,
     f: &mut dyn FnMut(LossyMatrix<'_>) -> Result<()>,
 ) -> Result<()> {
-    let Some(l) = &opts.lossy else { return Ok(()) };
+    if opts.lossy.is_none() {
+        return Ok(());
+    }
     if is_gguf(src) {
         let file = GgufFile::open(src)?;
+        let names = file.tensors().iter().map(|t| t.name.as_str());
+        let forms = source_forms(opts, src, names, crate::gguf::gguf_tensor_name)?;
         for info in file.tensors() {
             let dtype = match info.ggml_type {
                 GgmlType::F32 => Dtype::F32,
@@ -280,9 +284,7 @@ fn for_each_lossy_matrix(
                 _ => continue,
             };
             let shape = [info.n_rows(), info.row_len()];
-            if info.dims.len() == 2
-                && lossy_eligible(&info.name, &shape, dtype, opts.min_elements, l.quantizer)
-            {
+            if info.dims.len() == 2 && codes_lossily(opts, &forms, &info.name, &shape, dtype) {
                 f(LossyMatrix {
                     name: &info.name,
                     rows: shape[0],
@@ -294,8 +296,11 @@ fn for_each_lossy_matrix(
         }
     } else {
         let ckpt = Checkpoint::open(src)?;
+        let forms = source_forms(opts, src, ckpt.tensors().map(|t| t.name), |n| {
+            Some(n.into())
+        })?;
         for t in ckpt.tensors() {
-            if lossy_eligible(t.name, t.shape, t.dtype, opts.min_elements, l.quantizer) {
+            if codes_lossily(opts, &forms, t.name, t.shape, t.dtype) {
                 f(LossyMatrix {
                     name: t.name,
                     rows: t.shape[0],
@@ -307,6 +312,24 @@ fn for_each_lossy_matrix(
         }
     }
     Ok(())
+}
+
+/// Whether `opts` codes tensor `name` (a source name; `forms` by source names) lossily:
+/// [`lossy_eligible`], and planned `lossy` where a plan names forms (`compress --budget
+/// --allow-lossy`, whose other launches stay lossless).
+fn codes_lossily(
+    opts: &CompressOptions,
+    forms: &Forms,
+    name: &str,
+    shape: &[usize],
+    dtype: Dtype,
+) -> bool {
+    let Some(l) = &opts.lossy else { return false };
+    lossy_eligible(name, shape, dtype, opts.min_elements, l.quantizer)
+        && (forms.is_empty()
+            || forms
+                .get(name)
+                .is_some_and(|f| f.form == crate::forms::lossy::LOSSY.name()))
 }
 
 /// Whether `compress --bits` codes a tensor lossily: a float matrix (F32, BF16, F16) of at least
@@ -715,10 +738,19 @@ pub fn compress(
     progress: &mut dyn Progress,
 ) -> Result<Summary> {
     entrollm_format::check_apart(src, dst)?;
-    if opts.lossy.is_some() && (!opts.forms.is_empty() || opts.coder != Coder::Dtans) {
+    if opts.lossy.is_some() && opts.coder != Coder::Dtans {
         return Err(CompressError::Usage(
-            "--bits codes the matrices lossily and the rest with dtans; it takes no --plan or \
-             --coder"
+            "--bits codes the matrices lossily and the rest with dtans; it takes no --coder".into(),
+        ));
+    }
+    let lossy_form = crate::forms::lossy::LOSSY.name();
+    if opts.lossy.is_some()
+        && !opts.forms.is_empty()
+        && !opts.forms.values().any(|f| f.form == lossy_form)
+    {
+        return Err(CompressError::Usage(
+            "lossy coding with a plan that codes no matrix lossily: plan with --budget SIZE \
+             --allow-lossy, or give --bits without a plan"
                 .into(),
         ));
     }
@@ -819,7 +851,7 @@ fn compress_safetensors(
     })?;
     let code = |t: &TensorView<'_>| -> Result<Option<Ready>> {
         if let Some(l) = &opts.lossy {
-            if lossy_eligible(t.name, t.shape, t.dtype, opts.min_elements, l.quantizer) {
+            if codes_lossily(opts, &forms, t.name, t.shape, t.dtype) {
                 let (coded, stats, out) =
                     code_lossy(t.name, t.dtype, t.shape[0], t.shape[1], t.bytes, l)
                         .map_err(CompressError::in_tensor(t.name))?;
@@ -1157,7 +1189,7 @@ fn compress_gguf(
         };
         if let (Some(l), Some(dtype), 2) = (&opts.lossy, float, info.dims.len()) {
             let shape = vec![rows, cols];
-            if lossy_eligible(&info.name, &shape, dtype, opts.min_elements, l.quantizer) {
+            if codes_lossily(opts, &forms, &info.name, &shape, dtype) {
                 let (coded, stats, out) = code_lossy(&info.name, dtype, rows, cols, data, l)
                     .map_err(CompressError::in_tensor(&info.name))?;
                 return Ok(GgufReady::Coded(

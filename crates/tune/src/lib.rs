@@ -12,6 +12,7 @@ mod error;
 pub mod file;
 pub mod front;
 pub mod knapsack;
+pub mod lossy;
 pub mod planner;
 pub mod plot;
 pub mod tuner;
