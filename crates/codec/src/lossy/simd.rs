@@ -27,9 +27,45 @@ pub struct Flat {
     /// Table `t`'s slot `s` at `t · 2^prob_bits + s`: `(freq − 1) | bias << 16` in the low half, the
     /// symbol's value (table min added) in the high half.
     entries: Vec<u64>,
-    /// TCQ's `next[2·state + branch]` widened for 32-bit gathers; empty for E8 (or a table whose
-    /// states are not a power of two, or which points outside itself: then TCQ stays scalar).
-    next: Vec<u32>,
+    /// TCQ's trellis as its feedback encoder; none for E8 (or a next-state table the encoder does
+    /// not reproduce: then TCQ stays scalar).
+    trellis: Option<Trellis>,
+}
+
+/// A trellis of 2^ν states whose next state is `(s >> 1 ⊕ z1·h1 ⊕ z0·h0) | z0 << (ν − 1)` with
+/// z0 = s & 1 (the systematic feedback encoder of [`super::tcq`]): a few instructions instead of a
+/// gather, off the critical path of the next step's table lookup.
+#[derive(Clone, Copy)]
+struct Trellis {
+    h0: u32,
+    h1: u32,
+    top: u32,
+}
+
+impl Trellis {
+    fn next(&self, s: u32, z1: u32) -> u32 {
+        let z0 = s & 1;
+        (s >> 1 ^ (self.h1 & 0u32.wrapping_sub(z1)) ^ (self.h0 & 0u32.wrapping_sub(z0)))
+            | z0 << self.top
+    }
+
+    /// The encoder of `next[2·s + z1]`, if it is one.
+    fn of(next: &[u16]) -> Option<Trellis> {
+        let states = next.len() / 2;
+        if states < 2 || !states.is_power_of_two() || next.len() != 2 * states {
+            return None;
+        }
+        let top = states.trailing_zeros() - 1;
+        let low = (1u32 << top) - 1;
+        let t = Trellis {
+            h0: next[2] as u32 & low,
+            h1: next[1] as u32,
+            top,
+        };
+        (0..2 * states)
+            .all(|i| t.next((i / 2) as u32, (i & 1) as u32) == next[i] as u32)
+            .then_some(t)
+    }
 }
 
 impl Flat {
@@ -46,20 +82,10 @@ impl Flat {
                 entries.push((e >> 16 | (b as u32) << 16) as u64 | ((value as u32 as u64) << 32));
             }
         }
-        let next = match next {
-            Some(n)
-                if n.len() >= 2
-                    && (n.len() / 2).is_power_of_two()
-                    && n.iter().all(|&s| (s as usize) < n.len() / 2) =>
-            {
-                n.iter().map(|&s| s as u32).collect()
-            }
-            _ => vec![],
-        };
         Flat {
             prob_bits,
             entries,
-            next,
+            trellis: next.and_then(Trellis::of),
         }
     }
 
@@ -80,11 +106,11 @@ impl Flat {
         r: &mut Reader,
         out: &mut [f32],
     ) -> Result<usize> {
-        if !available() || !self.usable(2) || self.next.is_empty() {
+        let Some(t) = self.trellis.filter(|_| available() && self.usable(2)) else {
             return Ok(0);
-        }
+        };
         // SAFETY: the CPU has AVX2 (checked above).
-        unsafe { tcq_avx2(self, x, state, r, out) }
+        unsafe { tcq_avx2(self, t, x, state, r, out) }
     }
 
     /// E8's full groups of `out` (32 blocks of eight), as [`Flat::tcq`].
@@ -205,6 +231,7 @@ fn renorm(x: &mut [__m256i; 4], r: &mut Reader) -> Result<()> {
 #[target_feature(enable = "avx2")]
 fn tcq_avx2(
     f: &Flat,
+    t: Trellis,
     x: &mut [u32; LANES],
     state: &mut [u32; LANES],
     r: &mut Reader,
@@ -214,15 +241,18 @@ fn tcq_avx2(
     let cnt = _mm_cvtsi32_si128(b);
     let mask = _mm256_set1_epi32((1 << b) - 1);
     let one = _mm256_set1_epi32(1);
-    // Trellis states index `next` masked to its size, so they stay in bounds whatever came in.
-    let smask = _mm256_set1_epi32((f.next.len() / 2 - 1) as i32);
-    let next = f.next.as_ptr() as *const i32;
+    let (h0, h1) = (
+        _mm256_set1_epi32(t.h0 as i32),
+        _mm256_set1_epi32(t.h1 as i32),
+    );
+    let top = _mm_cvtsi32_si128(t.top as i32);
+    let zero = _mm256_setzero_si256();
     let mut xv = load4(x);
     let mut sv = load4(state);
     let steps = out.len() / LANES;
     for o in out.chunks_exact_mut(LANES) {
         for (v, o) in o.chunks_exact_mut(8).enumerate() {
-            let s = _mm256_and_si256(sv[v], smask);
+            let s = sv[v];
             let z0 = _mm256_and_si256(s, one);
             let idx = _mm256_or_si256(_mm256_sll_epi32(z0, cnt), _mm256_and_si256(xv[v], mask));
             let (a, k) = entries(f, idx);
@@ -230,9 +260,15 @@ fn tcq_avx2(
             let p = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(k, k), z0));
             // SAFETY: `o` holds 8 floats.
             unsafe { _mm256_storeu_ps(o.as_mut_ptr(), p) };
-            let ni = _mm256_add_epi32(_mm256_add_epi32(s, s), _mm256_and_si256(k, one));
-            // SAFETY: ni = 2·s + bit with s masked below next.len() / 2.
-            sv[v] = unsafe { _mm256_i32gather_epi32::<4>(next, ni) };
+            let z1 = _mm256_and_si256(k, one);
+            let n = _mm256_xor_si256(
+                _mm256_srli_epi32::<1>(s),
+                _mm256_xor_si256(
+                    _mm256_and_si256(h1, _mm256_sub_epi32(zero, z1)),
+                    _mm256_and_si256(h0, _mm256_sub_epi32(zero, z0)),
+                ),
+            );
+            sv[v] = _mm256_or_si256(n, _mm256_sll_epi32(z0, top));
         }
         renorm(&mut xv, r)?;
     }
