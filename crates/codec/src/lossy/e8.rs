@@ -141,31 +141,57 @@ impl Method for E8 {
         r: &mut super::rans::Reader,
         out: &mut [f32],
     ) -> crate::Result<()> {
-        use super::rans::{decode_sym, renorm, LANES};
-        let b = dec.prob_bits;
-        for group in out.chunks_mut(LANES * DIM) {
-            let live = group.len() / DIM;
-            let mut f = [[0i32; 9]; LANES];
+        decode_groups(dec, x, r, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn decode_tile_simd(
+        &self,
+        dec: &super::Decoder,
+        x: &mut [u32; super::rans::LANES],
+        r: &mut super::rans::Reader,
+        out: &mut [f32],
+    ) -> Option<crate::Result<()>> {
+        let f = dec.simd.as_ref()?;
+        Some(
+            f.e8(x, r, out)
+                .and_then(|done| decode_groups(dec, x, r, &mut out[done..])),
+        )
+    }
+}
+
+/// The scalar decode of `out`'s blocks from states `x` (a tile's start, or where the vector decode
+/// stopped).
+fn decode_groups(
+    dec: &super::Decoder,
+    x: &mut [u32; super::rans::LANES],
+    r: &mut super::rans::Reader,
+    out: &mut [f32],
+) -> crate::Result<()> {
+    use super::rans::{decode_sym, renorm, LANES};
+    let b = dec.prob_bits;
+    for group in out.chunks_mut(LANES * DIM) {
+        let live = group.len() / DIM;
+        let mut f = [[0i32; 9]; LANES];
+        for (l, s) in x.iter_mut().take(live).enumerate() {
+            f[l][0] = decode_sym(s, &dec.tables[0], b);
+        }
+        renorm(x, live, r)?;
+        for j in 1..9 {
             for (l, s) in x.iter_mut().take(live).enumerate() {
-                f[l][0] = decode_sym(s, &dec.tables[0], b);
+                let c = f[l][0];
+                if !(0..=1).contains(&c) {
+                    return Err(crate::CodecError::Corrupt(format!("coset {c}")));
+                }
+                f[l][j] = decode_sym(s, &dec.tables[2 * j - 1 + c as usize], b);
             }
             renorm(x, live, r)?;
-            for j in 1..9 {
-                for (l, s) in x.iter_mut().take(live).enumerate() {
-                    let c = f[l][0];
-                    if !(0..=1).contains(&c) {
-                        return Err(crate::CodecError::Corrupt(format!("coset {c}")));
-                    }
-                    f[l][j] = decode_sym(s, &dec.tables[2 * j - 1 + c as usize], b);
-                }
-                renorm(x, live, r)?;
-            }
-            for (l, o) in group.chunks_exact_mut(DIM).enumerate() {
-                o.copy_from_slice(&point(&f[l]));
-            }
         }
-        Ok(())
+        for (l, o) in group.chunks_exact_mut(DIM).enumerate() {
+            o.copy_from_slice(&point(&f[l]));
+        }
     }
+    Ok(())
 }
 
 #[cfg(test)]

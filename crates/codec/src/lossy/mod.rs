@@ -13,6 +13,8 @@
 pub mod e8;
 pub mod low;
 pub mod rans;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 pub mod tcq;
 
 use crate::{CodecError, Result};
@@ -241,6 +243,28 @@ pub trait Method: Sync + Send {
     fn trellis(&self) -> Option<Vec<u16>> {
         None
     }
+    /// [`Method::decode_tile`] with AVX2, the same points and the same errors; `None` where there is
+    /// no vector decode (this quantiser, or this CPU: the decoder built no [`simd::Flat`]).
+    #[cfg(target_arch = "x86_64")]
+    fn decode_tile_simd(
+        &self,
+        _dec: &Decoder,
+        _x: &mut [u32; LANES],
+        _r: &mut Reader,
+        _out: &mut [f32],
+    ) -> Option<Result<()>> {
+        None
+    }
+}
+
+/// Which decoder a tile's points come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DecodePath {
+    /// The scalar reference.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Scalar,
+    /// AVX2 where the CPU has it (else the scalar reference).
+    Vector,
 }
 
 /// A [`Decoder`]'s tables laid out flat for a GPU decoder: table `t`'s slot `s` at
@@ -262,6 +286,9 @@ pub struct Decoder {
     method: Box<dyn Method>,
     pub(crate) prob_bits: u8,
     pub(crate) tables: Vec<DecodeTable>,
+    /// The tables for the AVX2 decode, built only where the CPU has AVX2.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) simd: Option<simd::Flat>,
 }
 
 impl Decoder {
@@ -751,11 +778,17 @@ impl LossyTensor {
                     DecodeTable::new(t, self.prob_bits)
                 }
             })
-            .collect::<Result<_>>()?;
+            .collect::<Result<Vec<_>>>()?;
+        let method = self.quantizer.method();
+        #[cfg(target_arch = "x86_64")]
+        let simd = simd::available()
+            .then(|| simd::Flat::new(&tables, self.prob_bits, method.trellis().as_deref()));
         Ok(Decoder {
-            method: self.quantizer.method(),
+            method,
             prob_bits: self.prob_bits,
             tables,
+            #[cfg(target_arch = "x86_64")]
+            simd,
         })
     }
 
@@ -792,6 +825,17 @@ impl LossyTensor {
 
     /// Decodes tile `tile`'s points (the quantiser's reconstruction, unscaled) into `out`.
     fn decode_points_into(&self, dec: &Decoder, tile: usize, out: &mut [f32]) -> Result<()> {
+        self.decode_points_with(dec, tile, out, DecodePath::Vector)
+    }
+
+    /// [`decode_points_into`](Self::decode_points_into) by the decoder `path` asks for.
+    pub(crate) fn decode_points_with(
+        &self,
+        dec: &Decoder,
+        tile: usize,
+        out: &mut [f32],
+        path: DecodePath,
+    ) -> Result<()> {
         let (a, b) = (self.offsets[tile] as usize, self.offsets[tile + 1] as usize);
         let mut r = Reader {
             words: &self.payload[a..b],
@@ -799,7 +843,15 @@ impl LossyTensor {
         };
         let mut x = [0u32; LANES];
         x.copy_from_slice(&self.states[tile * LANES..(tile + 1) * LANES]);
-        dec.method.decode_tile(dec, &mut x, &mut r, out)?;
+        let vector = match path {
+            #[cfg(target_arch = "x86_64")]
+            DecodePath::Vector => dec.method.decode_tile_simd(dec, &mut x, &mut r, out),
+            _ => None,
+        };
+        match vector {
+            Some(done) => done?,
+            None => dec.method.decode_tile(dec, &mut x, &mut r, out)?,
+        }
         if r.pos != r.words.len() || x.iter().any(|&s| s != STATE_MIN) {
             return Err(CodecError::Corrupt(format!(
                 "tile {tile} does not decode to its end (payload or states damaged)"

@@ -78,6 +78,30 @@ impl Tcq {
         }
     }
 
+    /// The scalar decode of `out`'s points, from states `x` and trellis states `state` (a tile's
+    /// start, or where the vector decode stopped).
+    fn decode_steps(
+        &self,
+        dec: &super::Decoder,
+        x: &mut [u32; rans::LANES],
+        state: &mut [u32; rans::LANES],
+        r: &mut rans::Reader,
+        out: &mut [f32],
+    ) -> crate::Result<()> {
+        let b = dec.prob_bits;
+        for group in out.chunks_mut(rans::LANES) {
+            let live = group.len();
+            for l in 0..live {
+                let z0 = state[l] as usize & 1;
+                let k = rans::decode_sym(&mut x[l], &dec.tables[z0], b);
+                group[l] = (2 * k + z0 as i32) as f32;
+                state[l] = self.next[2 * state[l] as usize + (k & 1) as usize] as u32;
+            }
+            rans::renorm(x, live, r)?;
+        }
+        Ok(())
+    }
+
     #[inline]
     pub fn next_state(&self, s: usize, z1: usize) -> usize {
         self.next[2 * s + z1] as usize
@@ -270,19 +294,23 @@ impl Method for Tcq {
         r: &mut rans::Reader,
         out: &mut [f32],
     ) -> crate::Result<()> {
-        let b = dec.prob_bits;
-        let mut state = [0usize; rans::LANES];
-        for group in out.chunks_mut(rans::LANES) {
-            let live = group.len();
-            for l in 0..live {
-                let z0 = state[l] & 1;
-                let k = rans::decode_sym(&mut x[l], &dec.tables[z0], b);
-                group[l] = (2 * k + z0 as i32) as f32;
-                state[l] = self.next[2 * state[l] + (k & 1) as usize] as usize;
-            }
-            rans::renorm(x, live, r)?;
-        }
-        Ok(())
+        self.decode_steps(dec, x, &mut [0; rans::LANES], r, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn decode_tile_simd(
+        &self,
+        dec: &super::Decoder,
+        x: &mut [u32; rans::LANES],
+        r: &mut rans::Reader,
+        out: &mut [f32],
+    ) -> Option<crate::Result<()>> {
+        let f = dec.simd.as_ref()?;
+        let mut state = [0; rans::LANES];
+        Some(
+            f.tcq(x, &mut state, r, out)
+                .and_then(|done| self.decode_steps(dec, x, &mut state, r, &mut out[done..])),
+        )
     }
 
     fn trellis(&self) -> Option<Vec<u16>> {

@@ -413,3 +413,142 @@ fn the_rd_curve_falls_with_rate_and_predicts_what_encode_gives() {
         );
     }
 }
+
+/// Every tile of `t` by the scalar and the AVX2 decoder: the same points bit for bit, or both a
+/// `Corrupt` error. Returns the tiles that failed.
+#[cfg(target_arch = "x86_64")]
+fn both_paths_agree(t: &LossyTensor, what: &str) -> usize {
+    let Ok(dec) = t.decoder() else {
+        return t.tiles();
+    };
+    assert!(dec.simd.is_some(), "{what}: no vector tables");
+    let mut failed = 0;
+    for tile in 0..t.tiles() {
+        let n = t.tile_rows.min(t.rows - tile * t.tile_rows) * t.cols;
+        let (mut a, mut b) = (vec![0f32; n], vec![f32::NAN; n]);
+        let ra = t.decode_points_with(&dec, tile, &mut a, DecodePath::Scalar);
+        let rb = t.decode_points_with(&dec, tile, &mut b, DecodePath::Vector);
+        match (ra, rb) {
+            (Ok(()), Ok(())) => {
+                if let Some(i) = (0..n).find(|&i| a[i].to_bits() != b[i].to_bits()) {
+                    panic!(
+                        "{what} tile {tile} point {i}: scalar {} vector {}",
+                        a[i], b[i]
+                    );
+                }
+            }
+            (Err(CodecError::Corrupt(_)), Err(CodecError::Corrupt(_))) => failed += 1,
+            (ra, rb) => panic!("{what} tile {tile}: scalar {ra:?}, vector {rb:?}"),
+        }
+    }
+    failed
+}
+
+/// Damaged copies of `t`: words flipped, a tile's words cut short or lengthened, states replaced,
+/// E8 coset tables holding values other than 0 and 1. Both decoders must agree on each.
+#[cfg(target_arch = "x86_64")]
+fn damaged_copies_agree(t: &LossyTensor, what: &str, r: &mut Rng) {
+    let words = t.payload.len();
+    for k in 0..6 {
+        let mut d = t.clone();
+        if words > 0 {
+            for _ in 0..1 + k {
+                let i = r.next() as usize % words;
+                d.payload[i] ^= 1 << (r.next() % 16);
+            }
+        }
+        both_paths_agree(&d, &format!("{what}: flipped words"));
+    }
+    let tile = r.next() as usize % t.tiles();
+    let (a, b) = (t.offsets[tile] as usize, t.offsets[tile + 1] as usize);
+    for cut in [1usize, 2, 7, 31, 32, 33, 100, usize::MAX] {
+        // Cut from the tile's end and from its middle: later tiles' offsets move down with it.
+        for at in [b, a + (b - a) / 2] {
+            let cut = cut.min(at - a);
+            let mut d = t.clone();
+            d.payload.drain(at - cut..at);
+            for o in &mut d.offsets[tile + 1..] {
+                *o -= cut as u32;
+            }
+            let failed = both_paths_agree(&d, &format!("{what}: tile {tile} cut by {cut}"));
+            assert!(
+                cut == 0 || failed > 0,
+                "{what}: a cut of {cut} went unnoticed"
+            );
+        }
+    }
+    let mut d = t.clone();
+    d.payload.splice(b..b, [0x1234u16; 40]);
+    for o in &mut d.offsets[tile + 1..] {
+        *o += 40;
+    }
+    assert!(both_paths_agree(&d, &format!("{what}: tile {tile} lengthened")) > 0);
+    let mut d = t.clone();
+    for s in &mut d.states[tile * LANES..(tile + 1) * LANES] {
+        *s = r.next() as u32 >> (r.next() % 20);
+    }
+    both_paths_agree(&d, &format!("{what}: random states"));
+    if t.quantizer == Quantizer::E8 {
+        for min in [-1, 1, 2] {
+            let mut d = t.clone();
+            d.tables[0].min = min;
+            both_paths_agree(&d, &format!("{what}: coset table from {min}"));
+        }
+    }
+}
+
+/// The AVX2 decode against the scalar reference on fresh matrices of many shapes, ragged ones
+/// included (rows that are not a multiple of anything, tiles ending mid-step), for each quantiser,
+/// rate, table precision and tile size, and on damaged payloads.
+#[test]
+fn the_vector_decode_is_the_scalar_decode() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !simd::available() {
+            eprintln!("note: this CPU has no AVX2; the vector decode is not tested");
+            return;
+        }
+        let mut r = Rng(77);
+        let mut cases = vec![
+            (1usize, 8usize),
+            (3, 40),
+            (11, 14336),
+            (130, 1536),
+            (129, 8),
+        ];
+        for _ in 0..10 {
+            cases.push((
+                1 + r.next() as usize % 130,
+                8 * (1 + r.next() as usize % 192),
+            ));
+        }
+        let quantizers = [
+            Quantizer::Tcq { log2_states: 2 },
+            Quantizer::Tcq { log2_states: 5 },
+            Quantizer::Tcq { log2_states: 8 },
+            Quantizer::E8,
+        ];
+        for (ci, &(rows, cols)) in cases.iter().enumerate() {
+            let w = gaussian(rows * cols, 1000 + ci as u64);
+            for (qi, &q) in quantizers.iter().enumerate() {
+                for (bi, bits) in [2.0, 3.0, 4.4, 6.0].into_iter().enumerate() {
+                    let k = ci + qi + bi;
+                    let o = Options {
+                        tile_weights: [TILE_WEIGHTS, MIN_TILE_WEIGHTS, 4096][k % 3],
+                        prob_bits: [None, Some(9), Some(15), None][k % 4],
+                        search_steps: 4,
+                        ..Options::new(bits, q)
+                    };
+                    let Ok((t, _)) = LossyTensor::encode(&w, rows, cols, &o) else {
+                        continue;
+                    };
+                    let what = format!("{q} {rows}x{cols} at {bits}, {} rows a tile", t.tile_rows);
+                    assert_eq!(both_paths_agree(&t, &what), 0, "{what}");
+                    if k % 4 == 0 {
+                        damaged_copies_agree(&t, &what, &mut r);
+                    }
+                }
+            }
+        }
+    }
+}
