@@ -1840,6 +1840,129 @@ fn lossy_rates_come_from_the_bits_file_the_allocation_and_a_calibration_run() {
     assert!(!d.join("bad").exists());
 }
 
+/// A lossy container tuned on the CPU: each lossy launch has its coded form (`lossy`, smaller)
+/// and the lossless forms of its reconstruction (`dense`: decoding at load) as points; a budget
+/// between the two serves a mix; coded and decoded give the same logits (the product is `dense
+/// f32`'s of the reconstruction, bit for bit).
+#[test]
+fn a_lossy_container_is_tuned_coded_against_decoded() {
+    use entrollm_model::load::{open_weights_with, LoadOptions};
+    let d = tmp("lossy-tune");
+    let src = smollm2_f32_layers(&d, 2);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let c = d.join("c");
+    ok(&[
+        "compress",
+        &s(&src),
+        "-o",
+        &s(&c),
+        "--bits",
+        "4",
+        "--quantizer",
+        "e8",
+        "--allocate",
+        "uniform",
+    ]);
+    let t = d.join("t.json");
+    ok(&[
+        "tune",
+        &s(&c),
+        "--device",
+        "cpu",
+        "-o",
+        &s(&t),
+        "--seconds",
+        "0.2",
+    ]);
+    let tune: serde_json::Value = serde_json::from_slice(&std::fs::read(&t).unwrap()).unwrap();
+    let (mut coded, mut decoded) = (0u64, 0u64);
+    for l in tune["launches"].as_array().unwrap() {
+        if !l["id"].as_str().unwrap().starts_with("layers.") {
+            continue;
+        }
+        let points = l["points"].as_array().unwrap();
+        let bytes = |form: &str| {
+            points
+                .iter()
+                .filter(|p| p["form"] == form)
+                .map(|p| p["bytes"].as_u64().unwrap())
+                .min()
+                .unwrap_or_else(|| panic!("{}: no {form} point: {l}", l["id"]))
+        };
+        assert!(bytes("lossy") * 4 < bytes("dense"), "{l}");
+        coded += bytes("lossy");
+        decoded += bytes("dense");
+    }
+    // A budget between all coded and all decoded: a mix of both, within it.
+    let (small, large) = (tune_total(&tune, "lossy"), tune_total(&tune, "dense"));
+    assert!(small < large);
+    let budget = small + (decoded - coded) / 2;
+    let plan = d.join("p.json");
+    ok(&[
+        "plan",
+        &s(&t),
+        "--budget",
+        &budget.to_string(),
+        "-o",
+        &s(&plan),
+    ]);
+    let p: serde_json::Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    let forms: std::collections::BTreeSet<&str> = p["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["id"].as_str().unwrap().starts_with("layers."))
+        .map(|c| c["form"].as_str().unwrap())
+        .collect();
+    assert!(
+        forms.contains("lossy") && forms.contains("dense"),
+        "{forms:?}"
+    );
+
+    let logits = |fused: bool| {
+        let opts = LoadOptions {
+            fused,
+            ..LoadOptions::default()
+        };
+        let w = open_weights_with(&c, opts).unwrap();
+        let lossy = entrollm_model::forms::layout::launches(&w)
+            .iter()
+            .filter(|l| l.matrices[0].form().form == "lossy")
+            .count();
+        assert_eq!(lossy > 0, fused);
+        let mut e = entrollm_model::Engine::new(w, 32).unwrap();
+        let prompt: Vec<u32> = (0..8).map(|i| (i * 37 + 5) % 1000).collect();
+        let mut out = e.prefill(&prompt).unwrap();
+        out.extend(e.step(17).unwrap());
+        out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    assert!(
+        logits(true) == logits(false),
+        "coded and decoded logits differ"
+    );
+}
+
+/// The smallest size of a tune file's launches when each takes its smallest point of `form`
+/// (others: their smallest point).
+fn tune_total(tune: &serde_json::Value, form: &str) -> u64 {
+    tune["launches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            let points = l["points"].as_array().unwrap();
+            let of = |f: Option<&str>| {
+                points
+                    .iter()
+                    .filter(|p| f.is_none_or(|f| p["form"] == f))
+                    .map(|p| p["bytes"].as_u64().unwrap())
+                    .min()
+            };
+            of(Some(form)).or(of(None)).unwrap()
+        })
+        .sum()
+}
+
 /// `compress --budget SIZE --allow-lossy`: a budget lossless forms meet stays lossless; one they
 /// cannot is met by coding the layers' matrices lossily at the highest rate that fits, the
 /// embedding kept lossless, every lossy tensor recorded in form `lossy`, the served model within
