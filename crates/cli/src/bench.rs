@@ -169,6 +169,9 @@ fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if let Some(m) = &a.model {
+        a.budget.check_serving(m)?;
+    }
     if a.repeats == 0 || a.prompt_len == 0 {
         bail!("--repeats and --prompt-len must be at least 1");
     }

@@ -29,11 +29,31 @@ pub struct BudgetArgs {
     /// Serve the forms this plan (from `entrollm plan -o`) chooses, instead of planning.
     #[arg(long, value_name = "PLAN.json", conflicts_with_all = ["budget", "tune"])]
     pub plan: Option<PathBuf>,
+    /// compress: where the budget cannot be met losslessly, code the matrices --bits would code
+    /// lossily, at the highest average rate (1.5 to 8 bits a weight) at which the plan fits; the
+    /// other launches get the fastest lossless forms in what is left. Off: a budget lossless
+    /// forms cannot meet is an error. (Lossy coding is done once, by compress.)
+    #[arg(long, requires = "budget")]
+    pub allow_lossy: bool,
 }
 
 impl BudgetArgs {
     pub fn is_set(&self) -> bool {
         self.budget.is_some() || self.plan.is_some() || self.tune.is_some()
+    }
+
+    /// For the commands that serve a model: `--allow-lossy` is compress's, which codes once what
+    /// they then serve.
+    pub fn check_serving(&self, model: &Path) -> Result<()> {
+        if self.allow_lossy {
+            bail!(
+                "--allow-lossy: lossy coding is done once, by compress: `entrollm compress {} -o \
+                 DST --budget SIZE --allow-lossy`, then serve DST (it is served in the forms its \
+                 plan chose)",
+                model.display()
+            );
+        }
+        Ok(())
     }
 }
 

@@ -107,12 +107,6 @@ pub struct Args {
     /// model) or cuda (a GPU, which needs --tune TUNE.json from `entrollm tune --device cuda`).
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda")]
     device: String,
-    /// With --budget: where the budget cannot be met losslessly, code the matrices --bits would
-    /// code lossily, at the highest average rate (1.5 to 8 bits a weight) at which the plan fits;
-    /// the other launches get the fastest lossless forms in what is left. Off: a budget lossless
-    /// forms cannot meet is an error.
-    #[arg(long, requires = "budget")]
-    allow_lossy: bool,
     /// With --budget: the context the KV cache is reserved for, as `run --context` (default: the
     /// model's, at most 4096).
     #[arg(long, value_name = "N", requires = "budget")]
@@ -267,7 +261,11 @@ fn plan(a: &Args) -> Result<LossyPlan> {
              --device cuda"
         )),
     };
-    let offer = a.allow_lossy.then(|| lossy_offer(a, &w)).transpose()?;
+    let offer = a
+        .budget
+        .allow_lossy
+        .then(|| lossy_offer(a, &w))
+        .transpose()?;
     crate::budget::plan_allowing(&a.budget, &w, &a.src, &target, free, offer.as_ref())
 }
 

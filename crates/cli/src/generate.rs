@@ -717,6 +717,7 @@ pub fn lossy_note(dir: &std::path::Path) {
 }
 
 pub fn open(a: &ModelArgs) -> Result<Session> {
+    a.budget.check_serving(&a.model)?;
     let device = DeviceArg::parse(&a.device)?;
     let decode = a.decode.options()?;
     check_bf16_palette(a.bf16, a.code_at_load.is_some())?;
@@ -1030,6 +1031,7 @@ fn gpu_perplexity(
 
 /// `entrollm eval ppl`: perplexity of a text file, HF-style sliding window.
 pub fn ppl(a: PplArgs) -> Result<()> {
+    a.budget.check_serving(&a.model)?;
     let device = DeviceArg::parse(&a.device)?;
     let decode = a.decode.options()?;
     let text = entrollm_format::input::read_text_limited(&a.file, 1 << 30)

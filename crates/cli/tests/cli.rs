@@ -2095,4 +2095,18 @@ fn allow_lossy_meets_a_budget_lossless_forms_cannot() {
     ]);
     assert!(e.contains("--allow-lossy"), "{e}");
     assert!(!d.join("x").exists());
+    // Serving commands point to compress, which codes once what they serve.
+    let e = fails(&[
+        "run",
+        &s(&src),
+        "-p",
+        "Hi",
+        "--budget",
+        "1GB",
+        "--allow-lossy",
+    ]);
+    assert!(
+        e.contains("entrollm compress") && e.contains("--allow-lossy"),
+        "{e}"
+    );
 }
