@@ -863,7 +863,19 @@ impl LossyTensor {
     /// The reconstructed matrix, row-major f32.
     pub fn decode(&self) -> Result<Vec<f32>> {
         let dec = self.decoder()?;
-        let mut out = vec![0f32; self.rows * self.cols];
+        // A small stored form can hold a huge matrix (rows of one value cost no payload), so the
+        // size is asked of the allocator, not trusted: too large is an error, not an abort.
+        let n = self.rows * self.cols;
+        let mut out = Vec::new();
+        out.try_reserve_exact(n).map_err(|_| {
+            CodecError::Unsupported(format!(
+                "a {} × {} matrix decodes to {:.1} GB of f32, more memory than can be had",
+                self.rows,
+                self.cols,
+                n as f64 * 4e-9
+            ))
+        })?;
+        out.resize(n, 0f32);
         out.par_chunks_mut(self.tile_rows * self.cols)
             .enumerate()
             .try_for_each(|(t, o)| self.decode_tile(&dec, t, o))?;

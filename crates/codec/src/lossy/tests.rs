@@ -552,3 +552,36 @@ fn the_vector_decode_is_the_scalar_decode() {
         }
     }
 }
+
+/// A small stored form can hold a matrix too large to decode (rows of zeros cost no payload): the
+/// stored form reads back, and decoding it is an error, not an allocation abort.
+#[test]
+fn a_matrix_too_large_to_decode_is_an_error_not_an_abort() {
+    let cols = 1 << 20;
+    let (t, _) = LossyTensor::encode(
+        &vec![0f32; cols],
+        1,
+        cols,
+        &Options::new(2.0, Quantizer::E8),
+    )
+    .unwrap();
+    assert!(t.payload.is_empty(), "a zero row costs no payload");
+    let rows = 1 << 17;
+    let big = LossyTensor {
+        rows,
+        tile_rows: 1,
+        scales: vec![t.scales[0]; rows],
+        states: t.states.repeat(rows),
+        offsets: vec![0; rows + 1],
+        ..t
+    };
+    let bytes = big.to_bytes();
+    assert!(
+        bytes.len() < 20 << 20,
+        "{} bytes for 2^37 weights",
+        bytes.len()
+    );
+    let back = LossyTensor::from_bytes(&bytes).unwrap();
+    let e = back.decode().unwrap_err().to_string();
+    assert!(e.contains("more memory than can be had"), "{e}");
+}
