@@ -930,9 +930,16 @@ fn time_in_steps(
 }
 
 /// A new copy of `m` in `form`/`variant` (its current form is re-encoded too, so copies are
-/// distinct memory).
+/// distinct memory). A form no source can be encoded into (`lossy`) is timed as it is held.
 fn fresh(m: &Arc<dyn Linear>, form: &dyn Form, variant: &str) -> Result<Arc<dyn Linear>> {
+    let held = m.form();
     m.reform(&|src| forms::encode_checked(form, src, variant))
+        .or_else(
+            |e| match held.form == form.name() && held.variant == variant {
+                true => Ok(Arc::clone(m)),
+                false => Err(e),
+            },
+        )
         .map_err(err)
 }
 
@@ -1042,6 +1049,71 @@ mod tests {
                     .iter()
                     .all(|l| l.points[i].timed_as.as_deref().is_none_or(|w| w == own[0])));
             }
+        }
+    }
+
+    /// A timer that builds each candidate (as the GPU's uploads it) and prices it by its bytes.
+    struct Building;
+    impl LaunchTimer for Building {
+        fn device(&self) -> DeviceId {
+            crate::planner::DefaultCost {
+                device: DeviceKind::Cuda,
+            }
+            .device()
+        }
+        fn protocol(&self) -> String {
+            "test: built, priced by bytes".into()
+        }
+        fn time(
+            &self,
+            _l: &TimedLaunch,
+            make: &dyn Fn() -> Result<Vec<Arc<dyn Linear>>>,
+        ) -> Result<Option<Timing>> {
+            let bytes: usize = make()?.iter().map(|m| m.stored_bytes()).sum();
+            Ok(Some((1.0 + bytes as f64 * 1e-3).into()))
+        }
+    }
+
+    /// A model whose down projections are lossy-coded: each is timed as held (nothing can be
+    /// encoded into `lossy`) beside the lossless forms of its reconstruction.
+    #[test]
+    fn lossy_launches_are_timed_as_held_beside_their_reconstructions() {
+        use entrollm_codec::lossy::{LossyTensor, Options, Quantizer};
+        use entrollm_format::coded::LossyCoded;
+        use entrollm_model::forms::lossy::LossyLinear;
+        let mut w = entrollm_model::build_model(&Tiny).unwrap();
+        for l in &mut w.layers {
+            let (rows, cols) = (l.down.rows(), l.down.cols());
+            let mut v = vec![0f32; rows * cols];
+            for (r, row) in v.chunks_exact_mut(cols).enumerate() {
+                l.down.row(r, row);
+            }
+            let (tensor, _) = LossyTensor::encode(
+                &v,
+                rows,
+                cols,
+                &Options::new(4.0, Quantizer::Tcq { log2_states: 5 }),
+            )
+            .unwrap();
+            let m = LossyCoded {
+                dtype: entrollm_format::Dtype::BF16,
+                tensor,
+            };
+            l.down = Arc::new(LossyLinear::new(m).unwrap());
+        }
+        let id = crate::planner::model_id(&w, "tiny-lossy").unwrap();
+        let opts = TuneOptions {
+            max_variants_per_form: 1,
+            step_overhead: false,
+        };
+        let t = tune(&w, id, None, &Building, &opts, &mut |_| {}).unwrap();
+        for l in t.launches.iter().filter(|l| l.launch == "down") {
+            let forms: std::collections::BTreeSet<&str> =
+                l.points.iter().map(|p| p.form.as_str()).collect();
+            assert!(
+                forms.contains("lossy") && forms.contains("dense") && forms.contains("dtans"),
+                "{l:?}"
+            );
         }
     }
 }
