@@ -166,7 +166,7 @@ pub fn plan_allowing(
             if total <= off {
                 bail!(
                     "--budget {b} ({:.3} GB) does not cover the KV cache and workspace ({:.3} GB) \
-                     and the model's norms and biases ({:.3} GB); use a shorter --ctx-size or a \
+                     and the model's norms and biases ({:.3} GB); use a shorter --context or a \
                      larger budget",
                     total as f64 / 1e9,
                     reserved as f64 / 1e9,
