@@ -182,8 +182,8 @@ impl Form for LossyForm {
         super::stream_cost_us(device, bytes)
             + weights as f64
                 * match device {
-                    DeviceKind::Cpu => 5.0e-3,
-                    DeviceKind::Cuda => 1.0e-7,
+                    DeviceKind::Cpu => 7.0e-4,
+                    DeviceKind::Cuda => 7.5e-6,
                 }
     }
     fn stored(&self, _variant: &str, _values: &str) -> Result<Option<super::Stored>> {
