@@ -413,11 +413,7 @@ impl<E: DenseElement> Linear for Dense<E> {
                 };
                 kernels::rows_times_vectors::<F32>(isa, w_f32, cols, x, n, y_t);
             });
-        y.par_chunks_mut(rows).enumerate().for_each(|(b, y)| {
-            for (r, out) in y.iter_mut().enumerate() {
-                *out = y_t[r * n + b];
-            }
-        });
+        untranspose(&y_t, n, y);
     }
 
     fn row(&self, r: usize, out: &mut [f32]) {
@@ -452,6 +448,17 @@ impl<E: DenseElement> Linear for Dense<E> {
 /// by the dense kernels: a form that decodes rows to f32 (`lossy`) sums exactly as `dense f32`.
 pub(crate) fn f32_rows_times_vectors(w: &[f32], cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
     kernels::rows_times_vectors::<F32>(kernels::Isa::detect(), w, cols, x, n, out)
+}
+
+/// `y[b·rows + r] = y_t[r·n + b]`: products the kernels wrote row by row ([rows, n]) as the
+/// batch's vectors ([n, rows]).
+pub(crate) fn untranspose(y_t: &[f32], n: usize, y: &mut [f32]) {
+    let rows = y.len() / n;
+    y.par_chunks_mut(rows).enumerate().for_each(|(b, y)| {
+        for (r, out) in y.iter_mut().enumerate() {
+            *out = y_t[r * n + b];
+        }
+    });
 }
 
 /// The dense dot-product kernels. Register tiles of rows × vectors with LANES-wide partial sums,

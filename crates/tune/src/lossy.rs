@@ -11,7 +11,8 @@
 
 use crate::file::{plan, PlanFile, Point, TuneFile};
 use crate::TuneError;
-use entrollm_model::forms::{self, DeviceKind as FormsDevice};
+use entrollm_model::forms::lossy::LOSSY;
+use entrollm_model::forms::Form;
 use std::collections::BTreeMap;
 
 /// The rates a lossy plan may choose, bits a weight: below the lower the models this is for no
@@ -44,20 +45,16 @@ pub fn lossy_bytes(weights: usize, rate: f64) -> u64 {
 /// `tune` with each offered launch's points replaced by one: `lossy` at `rate`, priced by the
 /// form's default cost model (a tune file has no points for matrices not yet coded).
 fn at_rate(tune: &TuneFile, offer: &LossyOffer, rate: f64) -> TuneFile {
-    let form = forms::by_name("lossy").expect("the lossy form is registered");
-    let device = match tune.device.kind {
-        crate::DeviceKind::Cpu => FormsDevice::Cpu,
-        crate::DeviceKind::Cuda => FormsDevice::Cuda,
-    };
+    let device = crate::tuner::forms_device(tune.device.kind);
     let mut t = tune.clone();
     for l in &mut t.launches {
         if let Some(&w) = offer.launches.get(&l.id) {
             let bytes = lossy_bytes(w, rate);
             l.points = vec![Point {
-                form: "lossy".into(),
+                form: LOSSY.name().into(),
                 variant: offer.variant.clone(),
                 bytes,
-                latency_us: form.default_cost_us(device, w, bytes as f64).max(1e-3),
+                latency_us: LOSSY.default_cost_us(device, w, bytes as f64).max(1e-3),
                 timed_as: None,
                 pareto: true,
                 launch_config: None,

@@ -312,6 +312,22 @@ impl Decoder {
     }
 }
 
+/// `n` zeros, or `None` where the allocator cannot give them. Zeroed memory is asked for as such
+/// (as `vec![0.0; n]` does), so its pages are first touched by the decode that fills them.
+fn zeroed(n: usize) -> Option<Vec<f32>> {
+    let layout = std::alloc::Layout::array::<f32>(n).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: the layout has a non-zero size; all-zero bits are 0.0f32; a non-null pointer from
+    // `alloc_zeroed` with this layout is what `Vec::from_raw_parts` takes for `n` elements of
+    // capacity `n`.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut f32;
+        (!p.is_null()).then(|| Vec::from_raw_parts(p, n, n))
+    }
+}
+
 /// A lossy-coded matrix.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LossyTensor {
@@ -866,8 +882,7 @@ impl LossyTensor {
         // A small stored form can hold a huge matrix (rows of one value cost no payload), so the
         // size is asked of the allocator, not trusted: too large is an error, not an abort.
         let n = self.rows * self.cols;
-        let mut out = Vec::new();
-        out.try_reserve_exact(n).map_err(|_| {
+        let mut out = zeroed(n).ok_or_else(|| {
             CodecError::Unsupported(format!(
                 "a {} × {} matrix decodes to {:.1} GB of f32, more memory than can be had",
                 self.rows,
@@ -875,7 +890,6 @@ impl LossyTensor {
                 n as f64 * 4e-9
             ))
         })?;
-        out.resize(n, 0f32);
         out.par_chunks_mut(self.tile_rows * self.cols)
             .enumerate()
             .try_for_each(|(t, o)| self.decode_tile(&dec, t, o))?;

@@ -78,25 +78,23 @@ impl Linear for LossyLinear {
         let (rows, cols) = (self.rows(), self.cols());
         assert_eq!(x.len(), n * cols, "matmul input length");
         assert_eq!(y.len(), n * rows, "matmul output length");
-        let t = &self.m.tensor;
-        // Per tile: its rows' products with every vector, [tile rows, n] as the kernels write.
-        let parts: Vec<Vec<f32>> = (0..t.tiles())
-            .into_par_iter()
-            .map_init(Vec::new, |buf, i| {
-                self.tile(i, buf);
-                let mut out = vec![0f32; t.tile_row_range(i).len() * n];
-                crate::weights::f32_rows_times_vectors(buf, cols, x, n, &mut out);
-                out
-            })
-            .collect();
-        for (i, p) in parts.iter().enumerate() {
-            let r0 = t.tile_row_range(i).start;
-            for (j, row) in p.chunks_exact(n).enumerate() {
-                for (b, &v) in row.iter().enumerate() {
-                    y[b * rows + r0 + j] = v;
-                }
-            }
+        let tile = self.m.tensor.tile_rows * n;
+        // Each tile's rows times every vector, [rows, n] as the kernels write (for one vector,
+        // `y` itself), decoded into a buffer per worker.
+        let products = |out: &mut [f32]| {
+            out.par_chunks_mut(tile)
+                .enumerate()
+                .for_each_init(Vec::new, |buf, (i, out)| {
+                    self.tile(i, buf);
+                    crate::weights::f32_rows_times_vectors(buf, cols, x, n, out);
+                })
+        };
+        if n == 1 {
+            return products(y);
         }
+        let mut y_t = vec![0f32; rows * n];
+        products(&mut y_t);
+        crate::weights::untranspose(&y_t, n, y);
     }
     fn row(&self, r: usize, out: &mut [f32]) {
         let t = r / self.m.tensor.tile_rows;
