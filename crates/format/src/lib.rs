@@ -17,6 +17,7 @@ mod dtype;
 mod error;
 pub mod ggml_blocks;
 pub mod input;
+pub mod kquants;
 pub mod safetensors;
 mod staging;
 
