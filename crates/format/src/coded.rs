@@ -3,6 +3,7 @@
 
 use crate::container::{ArrayDtype, CodedTensor};
 use crate::ggml_blocks::{pack_codes, BlockType, QuantCodes, QK};
+use crate::kquants::{FieldKind, KType, Split};
 use crate::{Dtype, FormatError, Result};
 use entrollm_codec::df11::Df11Tensor;
 use entrollm_codec::dtans::{DtansParams, DtansTensor};
@@ -17,6 +18,7 @@ pub const DF11: &str = "df11";
 pub const DTANS_GGML: &str = "dtans-ggml";
 pub const GGML_SCALES: &str = "ggml-scales";
 pub const LOSSY: &str = "lossy";
+pub const DTANS_BLOCKS: &str = "dtans-blocks";
 
 /// A tensor in one of the codec's coded forms.
 pub enum Coded {
@@ -28,6 +30,8 @@ pub enum Coded {
     GgmlScales(GgmlScales),
     /// A float matrix coded lossily: it decodes to its reconstruction, not to the source.
     Lossy(LossyCoded),
+    /// A GGUF tensor of k-quant, IQ4 or FP4 blocks: codes and each side field a stream.
+    Blocks(BlocksCoded),
 }
 
 /// `x` as the nearest half, saturated at ±65504 (a lossy point can land past the largest one).
@@ -278,6 +282,417 @@ impl GgmlCoded {
     }
 }
 
+/// One stream of a [`BlocksCoded`] tensor: dtANS-coded, or its values bit-packed where coding
+/// would not shrink them.
+pub enum BlockStream {
+    Coded(DtansTensor),
+    Packed(Vec<u8>),
+}
+
+impl BlockStream {
+    fn stored_bytes(&self) -> usize {
+        match self {
+            BlockStream::Coded(t) => t.stored_bytes(),
+            BlockStream::Packed(b) => b.len(),
+        }
+    }
+}
+
+/// How a field's values are coded: its payload, and the values as the payload's element bytes.
+fn field_payload(kind: FieldKind) -> Payload {
+    match kind {
+        FieldKind::Half => Payload::Fp16,
+        FieldKind::Bits(b) => Payload::Int(b.max(2)),
+    }
+}
+
+fn field_bits(kind: FieldKind) -> u32 {
+    match kind {
+        FieldKind::Half => 16,
+        FieldKind::Bits(b) => u32::from(b),
+    }
+}
+
+/// A field's values bit-packed (halves as little-endian u16).
+fn pack_field(kind: FieldKind, v: &[u16]) -> Vec<u8> {
+    match kind {
+        FieldKind::Half => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        FieldKind::Bits(b) => {
+            let bytes: Vec<u8> = v.iter().map(|&x| x as u8).collect();
+            crate::kquants::pack_bits(&bytes, u32::from(b))
+        }
+    }
+}
+
+fn unpack_field(kind: FieldKind, b: &[u8], n: usize) -> Option<Vec<u16>> {
+    match kind {
+        FieldKind::Half => (b.len() == 2 * n).then(|| to_u16(b)),
+        FieldKind::Bits(bits) => crate::kquants::unpack_bits(b, u32::from(bits), n)
+            .map(|v| v.into_iter().map(u16::from).collect()),
+    }
+}
+
+/// A field's `n` values as the [`scale_matrix_shape`] matrix of its payload: codes and raw bytes.
+fn field_matrix(
+    kind: FieldKind,
+    v: &[u16],
+) -> entrollm_codec::Result<(usize, usize, Vec<u8>, Vec<u8>)> {
+    let (rows, cols) = scale_matrix_shape(v.len());
+    let last = v.last().copied().unwrap_or(0);
+    let padded = v
+        .iter()
+        .copied()
+        .chain(std::iter::repeat(last))
+        .take(rows * cols);
+    Ok(match kind {
+        FieldKind::Half => {
+            let bytes: Vec<u8> = padded.flat_map(u16::to_le_bytes).collect();
+            let (codes, raw) = Payload::Fp16.symbolize(&bytes)?;
+            (rows, cols, codes, raw)
+        }
+        FieldKind::Bits(_) => (rows, cols, padded.map(|x| x as u8).collect(), Vec::new()),
+    })
+}
+
+/// A GGUF tensor of [`KType`] blocks, losslessly: its codes (one per weight, weight order) as a
+/// `rows × cols` int payload, and each of the blocks' side fields ([`KType::fields`]: the f16
+/// super-scales, the unpacked sub-block scales and mins) as its own stream, each dtANS-coded where
+/// that is smaller and bit-packed otherwise. It decodes to the original block bytes.
+pub struct BlocksCoded {
+    pub ty: KType,
+    pub rows: usize,
+    pub cols: usize,
+    pub codes: BlockStream,
+    pub fields: Vec<BlockStream>,
+}
+
+impl BlocksCoded {
+    /// The shape a container records for this tensor: `[rows, bytes per row]` of U8.
+    pub fn stored_shape(ty: KType, rows: usize, cols: usize) -> Vec<usize> {
+        vec![rows, cols / ty.block_weights() * ty.block_bytes()]
+    }
+
+    fn check_shape(ty: KType, rows: usize, cols: usize, s: &Split) -> entrollm_codec::Result<()> {
+        if !cols.is_multiple_of(ty.block_weights()) || s.codes.len() != rows * cols {
+            return Err(CodecError::Shape(format!(
+                "{} weights of {} blocks for a {rows}×{cols} tensor (rows must be whole blocks of {})",
+                s.codes.len(),
+                ty.name(),
+                ty.block_weights()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Codes the blocks `bytes` of a `rows × cols` tensor: the codes with `coding` (or the coding
+    /// predicted smallest), each field in the coding predicted smallest; a stream whose coding is
+    /// not smaller than its packed values is stored packed.
+    pub fn encode(
+        ty: KType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+        coding: Option<entrollm_codec::dtans::Coding>,
+    ) -> entrollm_codec::Result<(Self, Split)> {
+        let s = crate::kquants::split(ty, bytes).map_err(CodecError::Shape)?;
+        Self::check_shape(ty, rows, cols, &s)?;
+        let payload = Payload::Int(ty.code_bits() as u8);
+        let packed = crate::kquants::pack_bits(&s.codes, ty.code_bits());
+        let coding = match coding {
+            Some(c) => c,
+            None => {
+                entrollm_codec::dtans::choose_coding_and_width(payload, rows, cols, &s.codes)?.0
+            }
+        };
+        let t = DtansTensor::encode(payload, rows, cols, &s.codes, &[], coding)?;
+        let codes = match t.stored_bytes() < packed.len() {
+            true => BlockStream::Coded(t),
+            false => BlockStream::Packed(packed),
+        };
+        let fields = s
+            .fields
+            .iter()
+            .zip(ty.fields())
+            .map(|(v, f)| -> entrollm_codec::Result<BlockStream> {
+                let packed = pack_field(f.kind, v);
+                let p = field_payload(f.kind);
+                let (r, c, codes, raw) = field_matrix(f.kind, v)?;
+                let (coding, predicted) =
+                    entrollm_codec::dtans::choose_coding_and_width(p, r, c, &codes)?;
+                if predicted >= packed.len() as f64 {
+                    return Ok(BlockStream::Packed(packed));
+                }
+                let t = DtansTensor::encode(p, r, c, &codes, &raw, coding)?;
+                Ok(match t.stored_bytes() < packed.len() {
+                    true => BlockStream::Coded(t),
+                    false => BlockStream::Packed(packed),
+                })
+            })
+            .collect::<entrollm_codec::Result<Vec<_>>>()?;
+        Ok((
+            BlocksCoded {
+                ty,
+                rows,
+                cols,
+                codes,
+                fields,
+            },
+            s,
+        ))
+    }
+
+    /// Predicted stored bytes of [`Self::encode`] (from histograms, no coding), and the entropy
+    /// bound in bits a weight: the codes' entropy plus each field's at its own value entropy.
+    pub fn predict(
+        ty: KType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> entrollm_codec::Result<(f64, BlocksEntropy)> {
+        let s = crate::kquants::split(ty, bytes).map_err(CodecError::Shape)?;
+        Self::check_shape(ty, rows, cols, &s)?;
+        let payload = Payload::Int(ty.code_bits() as u8);
+        let packed = (s.codes.len() * ty.code_bits() as usize).div_ceil(8) as f64;
+        let coded =
+            entrollm_codec::dtans::choose_coding_and_width(payload, rows, cols, &s.codes)?.1;
+        let mut bytes_out = coded.min(packed);
+        for (v, f) in s.fields.iter().zip(ty.fields()) {
+            let packed = (v.len() * field_bits(f.kind) as usize).div_ceil(8) as f64;
+            let (r, c, codes, _) = field_matrix(f.kind, v)?;
+            let p = entrollm_codec::dtans::choose_coding_and_width(
+                field_payload(f.kind),
+                r,
+                c,
+                &codes,
+            )?
+            .1;
+            // The raw low bytes of halves are stored beside their coded high bytes.
+            let raw = if f.kind == FieldKind::Half {
+                (r * c) as f64
+            } else {
+                0.0
+            };
+            bytes_out += (p + raw).min(packed);
+        }
+        Ok((bytes_out, BlocksEntropy::of(&s)))
+    }
+
+    /// The codes and fields as [`crate::kquants::join`] takes them.
+    fn split(&self) -> entrollm_codec::Result<Split> {
+        let n_codes = self.rows * self.cols;
+        let n_blocks = n_codes / self.ty.block_weights();
+        let corrupt = |what: String| CodecError::Corrupt(what);
+        let codes = match &self.codes {
+            BlockStream::Coded(t) => t.decode()?,
+            BlockStream::Packed(b) => crate::kquants::unpack_bits(b, self.ty.code_bits(), n_codes)
+                .ok_or_else(|| corrupt(format!("{} packed codes are not {n_codes}", b.len())))?,
+        };
+        let fields = self
+            .fields
+            .iter()
+            .zip(self.ty.fields())
+            .map(|(stream, f)| {
+                let n = n_blocks * f.per_block;
+                match stream {
+                    BlockStream::Coded(t) => {
+                        let v = t.decode()?;
+                        Ok(match f.kind {
+                            FieldKind::Half => to_u16(&v[..2 * n.min(v.len() / 2)]),
+                            FieldKind::Bits(_) => {
+                                v[..n.min(v.len())].iter().map(|&x| u16::from(x)).collect()
+                            }
+                        })
+                    }
+                    BlockStream::Packed(b) => unpack_field(f.kind, b, n).ok_or_else(|| {
+                        corrupt(format!(
+                            "field {}: {} packed bytes do not hold {n} values",
+                            f.name,
+                            b.len()
+                        ))
+                    }),
+                }
+            })
+            .collect::<entrollm_codec::Result<Vec<_>>>()?;
+        Ok(Split {
+            ty: self.ty,
+            codes,
+            fields,
+        })
+    }
+
+    fn decode(&self) -> entrollm_codec::Result<Vec<u8>> {
+        crate::kquants::join(&self.split()?).map_err(CodecError::Corrupt)
+    }
+
+    fn stored_bytes(&self) -> usize {
+        self.codes.stored_bytes()
+            + self
+                .fields
+                .iter()
+                .map(BlockStream::stored_bytes)
+                .sum::<usize>()
+    }
+
+    /// Each stream's name, stored bytes and whether it is dtANS-coded (not packed).
+    pub fn streams(&self) -> Vec<(&'static str, usize, bool)> {
+        let names = std::iter::once("codes").chain(self.ty.fields().iter().map(|f| f.name));
+        names
+            .zip(std::iter::once(&self.codes).chain(&self.fields))
+            .map(|(n, s)| (n, s.stored_bytes(), matches!(s, BlockStream::Coded(_))))
+            .collect()
+    }
+
+    fn params(&self) -> Value {
+        let p = |s: &BlockStream| match s {
+            BlockStream::Coded(t) => serde_json::to_value(t.params()).expect("params serialise"),
+            BlockStream::Packed(_) => json!({ "packed": true }),
+        };
+        let fields: serde_json::Map<String, Value> = self
+            .fields
+            .iter()
+            .zip(self.ty.fields())
+            .map(|(s, f)| (f.name.to_string(), p(s)))
+            .collect();
+        json!({
+            "type": self.ty, "rows": self.rows, "cols": self.cols,
+            "codes": p(&self.codes), "fields": fields,
+        })
+    }
+
+    fn arrays(&self) -> Vec<(String, ArrayDtype, Cow<'_, [u8]>)> {
+        let mut v = Vec::new();
+        let names = std::iter::once("codes").chain(self.ty.fields().iter().map(|f| f.name));
+        for (name, s) in names.zip(std::iter::once(&self.codes).chain(&self.fields)) {
+            match s {
+                BlockStream::Coded(t) => v.extend(
+                    dtans_arrays(t)
+                        .into_iter()
+                        .map(|(n, d, b)| (format!("{name}_{n}"), d, b)),
+                ),
+                BlockStream::Packed(b) => {
+                    v.push((name.to_string(), ArrayDtype::U8, Cow::Borrowed(&b[..])))
+                }
+            }
+        }
+        v
+    }
+
+    fn from_stored<'a>(
+        dtype: Dtype,
+        shape: &[usize],
+        params: &Value,
+        array: impl Fn(&str, ArrayDtype) -> Result<&'a [u8]>,
+    ) -> Result<Self> {
+        let err = FormatError::Usage;
+        let ty: KType = serde_json::from_value(params["type"].clone())
+            .map_err(|e| err(format!("bad block type: {e}")))?;
+        let dim = |k: &str| {
+            params[k]
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| err(format!("{DTANS_BLOCKS} params lack '{k}'")))
+        };
+        let (rows, cols) = (dim("rows")?, dim("cols")?);
+        let n_codes = rows
+            .checked_mul(cols)
+            .filter(|&n| n <= 1 << 40)
+            .ok_or_else(|| err(format!("{rows}×{cols} is too large")))?;
+        if dtype != Dtype::U8
+            || !cols.is_multiple_of(ty.block_weights())
+            || shape != Self::stored_shape(ty, rows, cols)
+        {
+            return Err(err(format!(
+                "{} blocks of {rows}×{cols} weights are stored as U8 {:?}, not {dtype:?} {shape:?}",
+                ty.name(),
+                Self::stored_shape(ty, rows, cols)
+            )));
+        }
+        let n_blocks = n_codes / ty.block_weights();
+        let stream = |name: &str,
+                      p: &Value,
+                      payload: Payload,
+                      want: (usize, usize),
+                      packed_len: usize|
+         -> Result<BlockStream> {
+            if p.get("packed").and_then(Value::as_bool) == Some(true) {
+                let b = array(name, ArrayDtype::U8)?;
+                if b.len() != packed_len {
+                    return Err(err(format!(
+                        "array '{name}' holds {} bytes, {packed_len} expected",
+                        b.len()
+                    )));
+                }
+                return Ok(BlockStream::Packed(b.to_vec()));
+            }
+            let dp = dtans_params(p)?;
+            if dp.payload != payload || (dp.rows, dp.cols) != want {
+                return Err(err(format!(
+                    "stream '{name}' is {:?} {}×{}, not {payload:?} {}×{}",
+                    dp.payload, dp.rows, dp.cols, want.0, want.1
+                )));
+            }
+            Ok(BlockStream::Coded(dtans_from_arrays(&dp, |a, d| {
+                array(&format!("{name}_{a}"), d)
+            })?))
+        };
+        let codes = stream(
+            "codes",
+            &params["codes"],
+            Payload::Int(ty.code_bits() as u8),
+            (rows, cols),
+            (n_codes * ty.code_bits() as usize).div_ceil(8),
+        )?;
+        let fields = ty
+            .fields()
+            .iter()
+            .map(|f| {
+                let n = n_blocks * f.per_block;
+                stream(
+                    f.name,
+                    &params["fields"][f.name],
+                    field_payload(f.kind),
+                    scale_matrix_shape(n),
+                    (n * field_bits(f.kind) as usize).div_ceil(8),
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(BlocksCoded {
+            ty,
+            rows,
+            cols,
+            codes,
+            fields,
+        })
+    }
+}
+
+/// The entropy of a split tensor: its codes' (bits a code) and the bound in bits a weight.
+#[derive(Clone, Copy, Debug)]
+pub struct BlocksEntropy {
+    pub code_bits: f64,
+    pub side_bits_per_weight: f64,
+}
+
+impl BlocksEntropy {
+    pub fn of(s: &Split) -> BlocksEntropy {
+        use entrollm_codec::histogram::{byte_histogram, entropy_bits, u16_entropy_bits};
+        let weights = s.codes.len().max(1) as f64;
+        let side: f64 = s
+            .fields
+            .iter()
+            .map(|v| u16_entropy_bits(v) * v.len() as f64)
+            .sum::<f64>();
+        BlocksEntropy {
+            code_bits: entropy_bits(&byte_histogram(&s.codes)),
+            side_bits_per_weight: side / weights,
+        }
+    }
+
+    pub fn bound_bpw(&self) -> f64 {
+        self.code_bits + self.side_bits_per_weight
+    }
+}
+
 fn u16_bytes(v: &[u16]) -> Cow<'_, [u8]> {
     Cow::Owned(v.iter().flat_map(|w| w.to_le_bytes()).collect())
 }
@@ -362,6 +777,7 @@ impl Coded {
             Coded::Ggml(_) => DTANS_GGML,
             Coded::GgmlScales(_) => GGML_SCALES,
             Coded::Lossy(_) => LOSSY,
+            Coded::Blocks(_) => DTANS_BLOCKS,
         }
     }
 
@@ -391,6 +807,7 @@ impl Coded {
                 "cols": l.tensor.cols,
                 "bits_per_weight": l.tensor.bits_per_weight(),
             }),
+            Coded::Blocks(b) => b.params(),
         };
         v["stats"] = stats;
         v
@@ -426,6 +843,7 @@ impl Coded {
                 v
             }
             Coded::Lossy(l) => vec![a("data", ArrayDtype::U8, Cow::Owned(l.tensor.to_bytes()))],
+            Coded::Blocks(b) => b.arrays(),
             Coded::Df11(t) => vec![
                 a("luts", ArrayDtype::U8, Cow::Borrowed(&t.luts[..])),
                 a(
@@ -602,9 +1020,12 @@ impl Coded {
                 }
                 Ok(Coded::Lossy(LossyCoded { dtype, tensor }))
             }
+            DTANS_BLOCKS => Ok(Coded::Blocks(BlocksCoded::from_stored(
+                dtype, shape, c.params, array,
+            )?)),
             other => Err(err(format!(
                 "unknown coder '{other}' (this entrollm knows {DTANS}, {DTANS_GGML}, {GGML_SCALES}, \
-                 {DF11} and {LOSSY})"
+                 {DTANS_BLOCKS}, {DF11} and {LOSSY})"
             ))),
         }
     }
@@ -623,6 +1044,7 @@ impl Coded {
             .map_err(entrollm_codec::CodecError::Corrupt),
             Coded::GgmlScales(g) => g.decode(),
             Coded::Lossy(l) => l.decode(),
+            Coded::Blocks(b) => b.decode(),
         }
     }
 
@@ -633,7 +1055,9 @@ impl Coded {
     ) -> entrollm_codec::Result<(Vec<u8>, Option<entrollm_codec::dtans::SizeBreakdown>)> {
         match self {
             Coded::Dtans(t) => t.decode_with_breakdown().map(|(d, b)| (d, Some(b))),
-            Coded::Df11(_) | Coded::GgmlScales(_) | Coded::Lossy(_) => Ok((self.decode()?, None)),
+            Coded::Df11(_) | Coded::GgmlScales(_) | Coded::Lossy(_) | Coded::Blocks(_) => {
+                Ok((self.decode()?, None))
+            }
             Coded::Ggml(g) => {
                 let (codes, b) = g.codes.decode_with_breakdown()?;
                 let bytes = pack_codes(&QuantCodes {
@@ -657,6 +1081,7 @@ impl Coded {
             }
             Coded::GgmlScales(g) => g.stored_bytes(),
             Coded::Lossy(l) => l.tensor.stored_bytes(),
+            Coded::Blocks(b) => b.stored_bytes(),
         }
     }
 }
@@ -727,6 +1152,141 @@ mod tests {
             out.extend((0..block.block_bytes() - scale_bytes(block)).map(|_| next() as u8));
         }
         out
+    }
+
+    /// Blocks of `ty` as a quantiser writes them: codes peaked at the middle of their range,
+    /// super-scales of a narrow range, sub-block scales skewed; `rows × cols` weights.
+    fn kblocks(ty: KType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed | 1;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let n = rows * cols / ty.block_weights();
+        let bits = ty.code_bits();
+        let mid = 1u64 << (bits - 1);
+        let codes: Vec<u8> = (0..rows * cols)
+            .map(|_| {
+                // A sum of three uniforms: peaked at the middle code.
+                let r = next();
+                let spread = 1u64 << bits.saturating_sub(2);
+                let v = mid + (r % spread) + ((r >> 16) % spread) + ((r >> 32) % spread);
+                (v - (3 * spread / 2).min(v)).min((1 << bits) - 1) as u8
+            })
+            .collect();
+        let fields = ty
+            .fields()
+            .iter()
+            .map(|f| {
+                (0..n * f.per_block)
+                    .map(|_| match f.kind {
+                        FieldKind::Half => 0x1c00u16 + (next() % 0x300) as u16,
+                        FieldKind::Bits(b) => {
+                            let top = (1u64 << b) - 1;
+                            (top / 2 + next() % (top / 4 + 1)).min(top) as u16
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        crate::kquants::join(&Split { ty, codes, fields }).unwrap()
+    }
+
+    #[test]
+    fn split_blocks_round_trip_through_the_container_for_every_type() {
+        for (i, ty) in KType::ALL.into_iter().enumerate() {
+            let w = ty.block_weights();
+            for (rows, cols) in [(1, w), (3, 3 * w), (37, 2 * w), (256, 1024)] {
+                for noise in [false, true] {
+                    let bytes = match noise {
+                        false => kblocks(ty, rows, cols, 11 + i as u64),
+                        // Uniform bytes: nothing codes smaller, everything is stored packed.
+                        true => kblocks(ty, 1, w, 1)
+                            .iter()
+                            .cycle()
+                            .zip(0u64..)
+                            .map(|(_, k)| (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+                            .take(rows * cols / w * ty.block_bytes())
+                            .collect(),
+                    };
+                    let what = format!("{ty:?} {rows}x{cols} noise {noise}");
+                    let (b, _) = BlocksCoded::encode(ty, rows, cols, &bytes, None).unwrap();
+                    let coded = Coded::Blocks(b);
+                    assert_eq!(coded.decode().unwrap(), bytes, "{what}");
+                    let params = coded.params(json!({}));
+                    let arrays = coded.arrays();
+                    let shape = BlocksCoded::stored_shape(ty, rows, cols);
+                    let back =
+                        Coded::from_stored(Dtype::U8, &shape, &stored(&coded, &arrays, &params))
+                            .unwrap();
+                    assert_eq!(back.decode().unwrap(), bytes, "{what} stored");
+                    let actual = coded.stored_bytes() as f64;
+                    // Packed streams never cost more than the blocks.
+                    assert!(actual <= bytes.len() as f64 + 8.0, "{what}: {actual}");
+                    let (predicted, h) = BlocksCoded::predict(ty, rows, cols, &bytes).unwrap();
+                    assert!(
+                        (predicted - actual).abs() <= 0.05 * actual + 1024.0,
+                        "{what}: predicted {predicted}, stored {actual}"
+                    );
+                    if rows * cols >= 256 * 1024 && !noise {
+                        assert!(actual < 0.9 * bytes.len() as f64, "{what}: {actual}");
+                        let bpw = actual * 8.0 / (rows * cols) as f64;
+                        assert!(bpw >= h.bound_bpw() - 0.01, "{what}: {bpw} below the bound");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn damaged_split_blocks_are_errors() {
+        let (ty, rows, cols) = (KType::Q4K, 64, 1024);
+        let bytes = kblocks(ty, rows, cols, 5);
+        let coded = Coded::Blocks(BlocksCoded::encode(ty, rows, cols, &bytes, None).unwrap().0);
+        let params = coded.params(json!({}));
+        let arrays = coded.arrays();
+        let shape = BlocksCoded::stored_shape(ty, rows, cols);
+        let err = |p: &Value, a: &[(String, ArrayDtype, Cow<'_, [u8]>)], shape: &[usize]| {
+            match Coded::from_stored(Dtype::U8, shape, &stored(&coded, a, p)) {
+                Err(e) => e.to_string(),
+                Ok(c) => match c.decode() {
+                    Err(e) => e.to_string(),
+                    Ok(b) => panic!("accepted; decodes {} bytes", b.len()),
+                },
+            }
+        };
+        assert!(err(&params, &arrays, &[rows, 1]).contains("stored as U8"));
+        let mut p = params.clone();
+        p["type"] = json!("Q9_K");
+        assert!(err(&p, &arrays, &shape).contains("block type"));
+        let mut p = params.clone();
+        p["rows"] = json!(rows + 32);
+        assert!(err(&p, &arrays, &shape).contains("stored as U8"));
+        for name in ["codes_stream", "d_tiles", "sc_stream"] {
+            if arrays.iter().any(|(n, ..)| n == name) {
+                let without: Vec<_> = arrays.iter().filter(|(n, ..)| n != name).cloned().collect();
+                assert!(err(&params, &without, &shape).contains(name), "{name}");
+            }
+        }
+        assert!(
+            params["codes"].get("packed").is_none(),
+            "skewed codes code smaller"
+        );
+        let mut p = params.clone();
+        p["codes"] = json!({ "packed": true });
+        assert!(err(&p, &arrays, &shape).contains("'codes'"));
+        // A truncated codes stream.
+        let cut: Vec<_> = arrays
+            .iter()
+            .map(|(n, d, b)| match n.as_str() {
+                "codes_stream" => (n.clone(), *d, Cow::Owned(b[..b.len() / 2].to_vec())),
+                _ => (n.clone(), *d, b.clone()),
+            })
+            .collect();
+        let e = err(&params, &cut, &shape);
+        assert!(!e.is_empty());
     }
 
     #[test]
