@@ -9,6 +9,10 @@ text is noise; memory and speed are what they measure.
 
     python3 tools/gen_qwen2_gguf.py --tokenizer-from SmolLM2.gguf -o qwen2-7b-f16.gguf [--layers N]
 
+`--tiny` writes a one-layer Qwen2 of k-quant-sized dimensions (hidden 256, 4 heads, 2 KV heads,
+FFN 512, the tokenizer's vocabulary padded to 512) in F32, for llama-quantize to make the small
+k-quant test files of crates/model/tests/data (tools/gen_kquant_testdata.sh).
+
 Tensors are generated and written one at a time (the file is 15 GB; memory stays under 2 GB).
 """
 import argparse
@@ -17,6 +21,7 @@ import numpy as np
 import gguf
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTER, VOCAB = 3584, 28, 28, 4, 18944, 152064
+MATRIX_DTYPE = np.float16
 
 
 def tensors(layers):
@@ -48,7 +53,7 @@ def values(shape, kind, rng):
     if kind == "bias":
         return (rng.standard_normal(shape, np.float32) * 0.01).astype(np.float32)
     rows, cols = shape
-    out = np.empty(shape, np.float16)
+    out = np.empty(shape, MATRIX_DTYPE)
     std = 1.0 / np.sqrt(cols)
     for r in range(0, rows, 4096):
         n = min(4096, rows - r)
@@ -63,7 +68,12 @@ def main():
     ap.add_argument("-o", "--output", required=True)
     ap.add_argument("--layers", type=int, default=LAYERS)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--tiny", action="store_true", help="a one-layer F32 Qwen2 of 256 columns")
     a = ap.parse_args()
+    global HIDDEN, HEADS, KV_HEADS, INTER, VOCAB, MATRIX_DTYPE
+    if a.tiny:
+        HIDDEN, HEADS, KV_HEADS, INTER, VOCAB, MATRIX_DTYPE = 256, 4, 2, 512, 512, np.float32
+        a.layers = 1
 
     src = gguf.GGUFReader(a.tokenizer_from)
 
@@ -80,7 +90,7 @@ def main():
     types += [int(gguf.TokenType.UNUSED)] * pad
 
     w = gguf.GGUFWriter(a.output, "qwen2")
-    w.add_name("synthetic Qwen2-7B shape")
+    w.add_name("synthetic tiny Qwen2" if a.tiny else "synthetic Qwen2-7B shape")
     w.add_context_length(32768)
     w.add_embedding_length(HIDDEN)
     w.add_block_count(a.layers)
@@ -89,7 +99,7 @@ def main():
     w.add_head_count_kv(KV_HEADS)
     w.add_rope_freq_base(1_000_000.0)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if a.tiny else gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(field("tokenizer.ggml.pre"))
     w.add_token_list(tokens)
@@ -102,7 +112,7 @@ def main():
 
     plan = list(tensors(a.layers))
     for name, shape, kind in plan:
-        dtype = np.float16 if kind == "matrix" else np.float32
+        dtype = MATRIX_DTYPE if kind == "matrix" else np.float32
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         w.add_tensor_info(name, shape, np.dtype(dtype), nbytes)
     w.write_header_to_file()

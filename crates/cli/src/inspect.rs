@@ -39,6 +39,7 @@ fn coding_label(coder: &str, p: &Value) -> String {
             p["stats"]["target_bits"],
             100.0 * p["stats"]["rel_l2"].as_f64().unwrap_or(f64::NAN)
         ),
+        "dtans-blocks" => format!("dtans-blocks {}", p["type"].as_str().unwrap_or("?")),
         c => c.to_string(),
     }
 }
@@ -228,6 +229,17 @@ fn container(a: &Args) -> Result<(Vec<Value>, Option<Value>)> {
                         per("tile_index_bytes") + per("table_bytes"),
                     ));
                 }
+                // Split blocks: each stream's share, `=` where it is stored packed.
+                if let Some(streams) = stats.get("streams").and_then(Value::as_array) {
+                    for s in streams {
+                        let bpw = s["bits_per_weight"].as_f64().unwrap_or(0.0);
+                        let how = if s["coded"] == true { "" } else { "=" };
+                        detail.push_str(&format!(
+                            "; {}{how} {bpw:.3}",
+                            s["name"].as_str().unwrap_or("?")
+                        ));
+                    }
+                }
                 r["detail"] = json!(detail);
             }
         }
@@ -369,6 +381,28 @@ fn gguf_source(a: &Args) -> Result<Vec<Value>> {
                             ));
                         }
                     }
+                    Ok(r)
+                }
+                (_, ty) if matrix && ty.ktype().is_some_and(|k| cols % k.block_weights() == 0) => {
+                    let k = ty.ktype().expect("checked");
+                    let mut r = row(None)?;
+                    if rows * cols < MIN_ELEMENTS {
+                        return Ok(r);
+                    }
+                    let (p, h) = entrollm_format::coded::BlocksCoded::predict(k, rows, cols, data)
+                        .map_err(|e| {
+                            anyhow::anyhow!("{}: tensor {}: {e}", a.path.display(), t.name)
+                        })?;
+                    let bpw = p * 8.0 / (rows * cols) as f64;
+                    r["entropy_bits"] = json!(h.code_bits);
+                    r["entropy_bound_bpw"] = json!(h.bound_bpw());
+                    r["predicted_bits_per_weight"] = json!(bpw);
+                    r["detail"] = json!(if p < data.len() as f64 {
+                        r["predicted_bytes"] = json!(p);
+                        format!("would code: dtans-blocks, {bpw:.3} bits/weight")
+                    } else {
+                        format!("stays plain (dtans-blocks would take {bpw:.3} bits/weight)")
+                    });
                     Ok(r)
                 }
                 (_, GgmlType::F16 | GgmlType::BF16) if matrix => {

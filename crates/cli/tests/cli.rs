@@ -878,14 +878,93 @@ fn gguf_of_every_block_type_round_trips() {
         assert_eq!(r["dtype"], ty, "{r}");
         assert_eq!(r["shape"], serde_json::json!([2, 256]), "{r}");
     }
-    // K-quants are stored as they are; whatever coding would not shrink stays plain too.
-    assert!(row("Q4_K")["coder"].is_null());
+    // Whatever coding would not shrink stays plain.
     assert!(
         tensors.iter().all(
             |t| t["coder"].is_null() || t["stored_bytes"].as_f64() < t["source_bytes"].as_f64()
         ),
         "a coded tensor is smaller than its source"
     );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A model quantised by llama.cpp's own `llama-quantize`, one type a matrix (Q2_K … Q6_K, IQ4_NL,
+/// IQ4_XS, Q8_0; tools/gen_kquant_testdata.sh): the container restores the GGUF byte for byte,
+/// codes the k-quant matrices where that pays (`dtans-blocks`: codes and side fields), reports
+/// each one's entropy bound, and runs with the GGUF's tokens, decoded at load and kept coded.
+#[test]
+fn llama_quantize_k_quants_round_trip_and_run_like_the_gguf() {
+    let gguf = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/data/gguf_kquants.gguf")
+        .canonicalize()
+        .unwrap();
+    let gs = gguf.to_str().unwrap();
+    let d = tmp("gguf-kquants");
+    let (c, back) = (d.join("c"), d.join("back"));
+    let cs = c.to_str().unwrap();
+    ok(&["compress", gs, "-o", cs]);
+    ok(&["decompress", cs, "-o", back.to_str().unwrap()]);
+    assert!(
+        std::fs::read(back.join("gguf_kquants.gguf")).unwrap() == std::fs::read(&gguf).unwrap(),
+        "the restored GGUF differs"
+    );
+    let info: serde_json::Value =
+        serde_json::from_slice(&ok(&["inspect", cs, "--json"]).stdout).unwrap();
+    let tensors = info["tensors"].as_array().unwrap();
+    let row = |name: &str| tensors.iter().find(|t| t["name"] == name).unwrap();
+    let mut coded = 0;
+    for (name, ty) in [
+        ("blk.0.attn_q.weight", "Q2_K"),
+        ("blk.0.attn_k.weight", "Q3_K"),
+        ("blk.0.attn_v.weight", "Q4_K"),
+        ("blk.0.attn_output.weight", "Q5_K"),
+        ("blk.0.ffn_gate.weight", "Q6_K"),
+        ("blk.0.ffn_up.weight", "IQ4_NL"),
+        ("blk.0.ffn_down.weight", "IQ4_XS"),
+    ] {
+        let r = row(name);
+        assert_eq!(r["dtype"], ty, "{r}");
+        if r["coder"] == "dtans-blocks" {
+            coded += 1;
+            assert!(
+                r["stored_bytes"].as_f64() < r["source_bytes"].as_f64(),
+                "{r}"
+            );
+            let (bound, bpw) = (
+                r["entropy_bound_bpw"].as_f64().unwrap(),
+                r["bits_per_weight"].as_f64().unwrap(),
+            );
+            assert!(bound > 1.0 && bound <= bpw, "{r}");
+            assert!(r["detail"].as_str().unwrap().contains("codes"), "{r}");
+        } else {
+            assert!(r["coder"].is_null(), "{r}");
+        }
+    }
+    assert!(coded >= 3, "{coded} of the k-quant matrices coded smaller");
+    assert!(info["totals"]["stored_bytes"].as_f64() < info["totals"]["source_bytes"].as_f64());
+    for prompt in ["hello world", "the cat"] {
+        let run = |m: &str, extra: &[&str]| {
+            let mut args = vec![
+                "run",
+                m,
+                "-p",
+                prompt,
+                "--max-tokens",
+                "12",
+                "--device",
+                "cpu",
+            ];
+            args.extend_from_slice(extra);
+            String::from_utf8(ok(&args).stdout).unwrap()
+        };
+        let reference = run(gs, &[]);
+        assert_eq!(run(cs, &[]), reference, "{prompt}: decoded at load");
+        assert_eq!(
+            run(cs, &["--keep-coded"]),
+            reference,
+            "{prompt}: kept coded"
+        );
+    }
     std::fs::remove_dir_all(&d).unwrap();
 }
 

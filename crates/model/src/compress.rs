@@ -18,8 +18,9 @@ use entrollm_codec::histogram::{byte_histogram, entropy_bits};
 use entrollm_codec::lossy::{LossyTensor, Quantizer};
 use entrollm_codec::{CodecError, Payload};
 use entrollm_format::checksum::StreamingChecksum;
-use entrollm_format::coded::{payload_of, Coded, GgmlCoded, GgmlScales, LossyCoded};
+use entrollm_format::coded::{payload_of, BlocksCoded, Coded, GgmlCoded, GgmlScales, LossyCoded};
 use entrollm_format::ggml_blocks::{unpack_codes, BlockType, QK};
+use entrollm_format::kquants::KType;
 use entrollm_format::{
     checksum, Checkpoint, ContainerWriter, Dtype, FormEntry, FormatError, SafetensorsFile,
     SourceFile, SourceSegment, TensorView, WriterOptions,
@@ -549,6 +550,8 @@ pub enum SourceForm {
     Floats(Payload),
     /// GGUF blocks carrying integer codes and per-block scales.
     Blocks(BlockType),
+    /// GGUF k-quant, IQ4 or FP4 blocks, split into codes and side fields.
+    Split(KType),
 }
 
 /// A `rows × cols` matrix as the source stores it.
@@ -603,6 +606,20 @@ pub fn code_tensor(m: &Matrix<'_>, coder: Coder, coding: Option<Coding>) -> Resu
                 }
             }
             (coded, q.codes, side_bits, stats)
+        }
+        (SourceForm::Split(ty), Coder::Dtans) => {
+            let (b, split) = BlocksCoded::encode(ty, rows, cols, m.bytes, coding)?;
+            let h = entrollm_format::coded::BlocksEntropy::of(&split);
+            let n = (rows * cols) as f64;
+            let streams: Vec<Value> = b
+                .streams()
+                .into_iter()
+                .map(|(name, bytes, coded)| {
+                    json!({ "name": name, "bits_per_weight": bytes as f64 * 8.0 / n, "coded": coded })
+                })
+                .collect();
+            let stats = json!({ "streams": streams });
+            (Coded::Blocks(b), split.codes, h.side_bits_per_weight, stats)
         }
         (form, Coder::Df11) => {
             return Err(CompressError::Usage(format!(
@@ -1026,6 +1043,8 @@ pub fn is_gguf(path: &Path) -> bool {
 enum Storage {
     /// Integer codes of a block type, dtANS-coded, scales beside.
     Codes(BlockType),
+    /// Codes and side fields of a k-quant, IQ4 or FP4 type, each coded where that pays.
+    Split(KType),
     /// An F16/BF16 matrix coded as floats.
     Floats(Dtype),
     /// Stored as it is, as this dtype and shape.
@@ -1037,6 +1056,12 @@ fn storage(info: &GgufTensorInfo, min_elements: usize) -> Storage {
     let matrix = info.dims.len() >= 2 && numel >= min_elements;
     match info.ggml_type {
         t if matrix && t.block_type().is_some() => Storage::Codes(t.block_type().unwrap()),
+        t if matrix
+            && t.ktype()
+                .is_some_and(|k| info.row_len() % k.block_weights() == 0) =>
+        {
+            Storage::Split(t.ktype().unwrap())
+        }
         GgmlType::F16 if matrix => Storage::Floats(Dtype::F16),
         GgmlType::BF16 if matrix => Storage::Floats(Dtype::BF16),
         GgmlType::F32 => Storage::Plain(Dtype::F32, info.hf_shape()),
@@ -1051,6 +1076,7 @@ fn storage(info: &GgufTensorInfo, min_elements: usize) -> Storage {
 fn gguf_values_kind(info: &GgufTensorInfo, storage: &Storage) -> &'static str {
     match storage {
         Storage::Codes(_) => "int",
+        Storage::Split(_) => "ggml",
         Storage::Floats(dtype) => values_kind(*dtype),
         Storage::Plain(..) => match info.ggml_type {
             GgmlType::F16 => "f16",
@@ -1230,6 +1256,14 @@ fn compress_gguf(
                 Dtype::U8,
                 GgmlCoded::stored_shape(block, rows, cols),
                 block.bits_per_weight(),
+            ),
+            Storage::Split(ty) => (
+                Dtype::U8,
+                vec![data.len()],
+                SourceForm::Split(ty),
+                Dtype::U8,
+                BlocksCoded::stored_shape(ty, rows, cols),
+                ty.bits_per_weight(),
             ),
             Storage::Floats(dtype) => (
                 dtype,

@@ -4,6 +4,7 @@
 use super::types::GgmlType;
 use crate::error::{ModelError, Result};
 pub use entrollm_format::ggml_blocks::{pack_codes, BlockType, QuantCodes};
+pub use entrollm_format::kquants::KType;
 
 impl GgmlType {
     /// The code-bearing block type this is (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), or `None`.
@@ -16,6 +17,14 @@ impl GgmlType {
             GgmlType::Q8_0 => BlockType::Q8_0,
             _ => return None,
         })
+    }
+}
+
+impl GgmlType {
+    /// The block type [`entrollm_format::kquants`] splits into codes and fields (the k-quants,
+    /// IQ4_NL/IQ4_XS, MXFP4/NVFP4), or `None`.
+    pub fn ktype(self) -> Option<KType> {
+        KType::from_name(self.name())
     }
 }
 
@@ -91,6 +100,64 @@ mod tests {
                 let m = if block.has_m() { -1.5 } else { 0.0 };
                 let expected = 0.125 * (c - block.offset() as i32) as f32 + m;
                 assert_eq!(y, expected, "{ty} element {i}");
+            }
+        }
+    }
+
+    /// Each split code is its own weight's: changing code `j` changes dequantised weight `j` only.
+    #[test]
+    fn split_codes_are_in_weight_order() {
+        use entrollm_format::kquants::{join, split, FieldKind};
+        let mut s = 0x0bad_cafe_1234_5678u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for ty in GgmlType::ALL {
+            let Some(kt) = ty.ktype() else { continue };
+            assert_eq!(
+                (kt.block_weights(), kt.block_bytes()),
+                ty.block_layout(),
+                "{ty}"
+            );
+            if crate::gguf::dequant::block_fn(ty).is_none() {
+                continue;
+            }
+            let bytes: Vec<u8> = (0..3 * kt.block_bytes()).map(|_| next() as u8).collect();
+            let mut sp = split(kt, &bytes).unwrap();
+            // Finite, non-zero scales, so that every code moves its weight.
+            for (v, f) in sp.fields.iter_mut().zip(kt.fields()) {
+                for x in v.iter_mut() {
+                    *x = match f.kind {
+                        FieldKind::Half => {
+                            half::f16::from_f32(0.25 + (next() % 8) as f32 / 64.0).to_bits()
+                        }
+                        FieldKind::Bits(b) => 1 + (next() % ((1 << b) - 1) as u64) as u16,
+                    };
+                    // Q3_K's and IQ4_XS's 6-bit scales are offset by 32.
+                    if matches!(kt, KType::Q3K | KType::Iq4Xs) && f.name == "sc" && *x == 32 {
+                        *x = 33;
+                    }
+                }
+            }
+            let dequant = |sp: &entrollm_format::kquants::Split| {
+                let b = join(sp).unwrap();
+                let mut y = vec![0f32; sp.codes.len()];
+                dequantize("t", ty, &b, &mut y).unwrap();
+                y
+            };
+            let base = dequant(&sp);
+            let top = (1u32 << kt.code_bits()) as u8;
+            for _ in 0..64 {
+                let j = (next() % sp.codes.len() as u64) as usize;
+                let mut changed = sp.clone();
+                changed.codes[j] = (changed.codes[j] + 1) % top;
+                let y = dequant(&changed);
+                for (i, (a, b)) in base.iter().zip(&y).enumerate() {
+                    assert_eq!(a != b, i == j, "{ty}: code {j} moved weight {i}");
+                }
             }
         }
     }
