@@ -43,6 +43,21 @@ LATER_SCALE_FIELDS = {T.Q2_K: [80, 82], T.Q3_K: [108], T.IQ4_NL: [0], T.IQ4_XS: 
 later_rng = np.random.default_rng(20261202)
 
 
+# The FP4 types' scales are bytes, not f16: MXFP4's E8M0 exponent is kept near one (random bytes
+# overflow to infinities), NVFP4's E4M3 scales are finite whatever their bytes.
+FP4_TYPES = [T.MXFP4, T.NVFP4]
+fp4_rng = np.random.default_rng(20261210)
+
+
+def fp4_blocks(qtype, rows, cols):
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    n_blocks = rows * cols // block
+    raw = fp4_rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    if qtype == T.MXFP4:
+        raw[:, 0] = fp4_rng.integers(110, 136, size=n_blocks, dtype=np.uint8)
+    return raw.reshape(rows, cols // block * size)
+
+
 def random_blocks(qtype, rows, cols, gen, fields):
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     n_blocks = rows * cols // block
@@ -70,6 +85,10 @@ def write_dequant_file():
         (q, later_rng, LATER_SCALE_FIELDS) for q in LATER_SCALE_FIELDS
     ]:
         raw = random_blocks(qtype, rows, cols, gen, fields)
+        w.add_tensor(qtype.name, raw, raw_dtype=qtype)
+        w.add_tensor(qtype.name + ".expected", gguf.quants.dequantize(raw, qtype).astype(np.float32))
+    for qtype in FP4_TYPES:
+        raw = fp4_blocks(qtype, rows, cols)
         w.add_tensor(qtype.name, raw, raw_dtype=qtype)
         w.add_tensor(qtype.name + ".expected", gguf.quants.dequantize(raw, qtype).astype(np.float32))
     finish(w, path)

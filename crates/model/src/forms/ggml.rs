@@ -1,10 +1,10 @@
 //! `ggml`: a GGUF tensor's quantised blocks exactly as the file stores them — every ggml type
 //! [`crate::gguf::dequantize`] handles (legacy Q4_0…Q8_0, the k-quants Q2_K…Q6_K, IQ4_NL,
-//! IQ4_XS) — served from the file's own bytes, so a quantised model is resident at about its
-//! file size instead of four bytes a weight. The product dequantises a row's blocks with ggml's
-//! own arithmetic (`gguf::dequant`, checked bit for bit against gguf-py) into a buffer and
-//! multiplies it with the f32 activations: the logits are those of the f32 model made of
-//! ggml's dequantised weights, to f32 rounding.
+//! IQ4_XS, the FP4 types MXFP4 and NVFP4) — served from the file's own bytes, so a quantised
+//! model is resident at about its file size instead of four bytes a weight. The product
+//! dequantises a row's blocks with ggml's own arithmetic (`gguf::dequant`, checked bit for bit
+//! against gguf-py) into a buffer and multiplies it with the f32 activations: the logits are
+//! those of the f32 model made of ggml's dequantised weights, to f32 rounding.
 
 use super::{Candidate, DeviceKind, Form, Source, Values};
 use crate::error::{ModelError, Result};
@@ -56,7 +56,7 @@ impl PartialEq for BlockBytes {
 }
 
 /// The types this form runs.
-pub const FUSED: [GgmlType; 12] = [
+pub const FUSED: [GgmlType; 14] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -69,6 +69,8 @@ pub const FUSED: [GgmlType; 12] = [
     GgmlType::Q6_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::MXFP4,
+    GgmlType::NVFP4,
 ];
 
 /// Elements that `bytes` of whole `ty` blocks hold (`None`: not whole blocks).
@@ -256,7 +258,7 @@ impl Form for GgmlForm {
         "ggml"
     }
     fn describe(&self) -> &'static str {
-        "GGUF quantised blocks as the file stores them (legacy types, k-quants, IQ4_NL/XS)"
+        "GGUF quantised blocks as the file stores them (legacy types, k-quants, IQ4_NL/XS, MXFP4, NVFP4)"
     }
     fn runs_on(&self, device: DeviceKind) -> bool {
         device == DeviceKind::Cpu
@@ -358,7 +360,9 @@ trait Kind {
     fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]);
 }
 
-use crate::gguf::dequant::{f16_at, q3k_scales, scale_min_k4, IQ4NL_VALUES};
+use crate::gguf::dequant::{
+    e8m0_half, f16_at, q3k_scales, scale_min_k4, ue4m3_half, FP4_VALUES, IQ4NL_VALUES,
+};
 
 struct Q4_0;
 impl Kind for Q4_0 {
@@ -485,6 +489,46 @@ impl Kind for Iq4Xs {
                 | (((scales_h >> (2 * ib)) & 3) << 4);
             a[ib] = d * (ls - 32) as f32;
             iq4_codes(&qs[16 * ib..16 * ib + 16], &mut q[32 * ib..32 * ib + 32]);
+        }
+    }
+}
+
+/// MXFP4: the codes are the doubled E2M1 values themselves, the factor the halved E8M0 scale.
+struct Mxfp4;
+impl Kind for Mxfp4 {
+    const BS: usize = 32;
+    const TS: usize = 17;
+    const G: usize = 32;
+    const MINS: bool = false;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
+        a[0] = e8m0_half(b[0]);
+        let qs = &b[1..17];
+        for j in 0..16 {
+            q[j] = FP4_VALUES[(qs[j] & 0x0F) as usize];
+            q[j + 16] = FP4_VALUES[(qs[j] >> 4) as usize];
+        }
+    }
+}
+
+/// NVFP4: four sub-blocks of 16, each its own halved E4M3 factor and 8 bytes of codes (low
+/// nibbles its first 8, high nibbles its last 8).
+struct Nvfp4;
+impl Kind for Nvfp4 {
+    const BS: usize = 64;
+    const TS: usize = 36;
+    const G: usize = 16;
+    const MINS: bool = false;
+    #[inline(always)]
+    fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], _m: &mut [f32]) {
+        let qs = &b[4..36];
+        for s in 0..4 {
+            a[s] = ue4m3_half(b[s]);
+            for j in 0..8 {
+                let v = qs[8 * s + j];
+                q[16 * s + j] = FP4_VALUES[(v & 0x0F) as usize];
+                q[16 * s + 8 + j] = FP4_VALUES[(v >> 4) as usize];
+            }
         }
     }
 }
@@ -1086,6 +1130,8 @@ fn kernels_for(ty: GgmlType, isa: Isa) -> Option<Kernels> {
         GgmlType::Q6_K => kernels!(Q6K, isa),
         GgmlType::IQ4_NL => kernels!(Iq4Nl, isa),
         GgmlType::IQ4_XS => kernels!(Iq4Xs, isa),
+        GgmlType::MXFP4 => kernels!(Mxfp4, isa),
+        GgmlType::NVFP4 => kernels!(Nvfp4, isa),
         _ => return None,
     })
 }
@@ -1096,7 +1142,8 @@ mod tests {
     use super::super::*;
     use super::*;
 
-    /// Random blocks of `ty` with finite, small f16 scales where the type has them.
+    /// Random blocks of `ty` with finite, small f16 scales where the type has them (MXFP4: an
+    /// E8M0 scale near one; NVFP4's E4M3 scales are finite whatever their bytes).
     pub(crate) fn random_blocks(rng: &mut Rng, ty: GgmlType, blocks: usize) -> Vec<u8> {
         let (_, ts) = ty.block_layout();
         let mut out: Vec<u8> = (0..blocks * ts).map(|_| rng.next() as u8).collect();
@@ -1116,11 +1163,15 @@ mod tests {
             for &a in at {
                 b[a..a + 2].copy_from_slice(&f16(rng.normal() * 0.01));
             }
+            if ty == GgmlType::MXFP4 {
+                // 2^-18 … 2^7: random bytes would overflow to infinities or flush to zero.
+                b[0] = 110 + (rng.next() % 26) as u8;
+            }
         }
         out
     }
 
-    const TYPES: [GgmlType; 12] = FUSED;
+    const TYPES: [GgmlType; 14] = FUSED;
 
     fn source(rng: &mut Rng, ty: GgmlType, rows: usize, blocks_per_row: usize) -> Source {
         let bytes = random_blocks(rng, ty, rows * blocks_per_row);

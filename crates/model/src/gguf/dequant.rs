@@ -7,7 +7,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 /// The types [`dequantize`] handles.
-pub const DEQUANTIZABLE: [GgmlType; 15] = [
+pub const DEQUANTIZABLE: [GgmlType; 17] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -23,6 +23,8 @@ pub const DEQUANTIZABLE: [GgmlType; 15] = [
     GgmlType::Q3_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::MXFP4,
+    GgmlType::NVFP4,
 ];
 
 /// Tensors with at least this many elements are dequantised in parallel.
@@ -49,6 +51,8 @@ pub fn block_fn(ty: GgmlType) -> Option<BlockFn> {
         GgmlType::Q3_K => q3_k,
         GgmlType::IQ4_NL => iq4_nl,
         GgmlType::IQ4_XS => iq4_xs,
+        GgmlType::MXFP4 => mxfp4,
+        GgmlType::NVFP4 => nvfp4,
         _ => return None,
     })
 }
@@ -349,6 +353,64 @@ fn iq4_xs(b: &[u8], y: &mut [f32]) {
     }
 }
 
+/// The 16 values MXFP4 and NVFP4 codes index (ggml's `kvalues_mxfp4`): the E2M1 values doubled,
+/// so that they are integers; the scales are halved to match.
+pub(crate) const FP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// ggml's `ggml_e8m0_to_fp32_half`: half the E8M0 scale `2^(e − 127)`, built from its bits (the
+/// two smallest are subnormal; 255, E8M0's NaN, is not special-cased, as in ggml).
+#[inline(always)]
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    f32::from_bits(if e < 2 {
+        0x0020_0000 << e
+    } else {
+        (e as u32 - 1) << 23
+    })
+}
+
+/// ggml's `ggml_ue4m3_to_fp32`: half the unsigned E4M3 scale `x` (bias 7; bit 7 is ignored).
+/// 0x7F, E4M3's NaN, decodes to zero as ggml decodes it. Built from its bits: ggml's `ldexpf`
+/// arithmetic is exact, so the bits are the same.
+#[inline(always)]
+pub(crate) fn ue4m3_half(x: u8) -> f32 {
+    if x == 0x7F {
+        return 0.0;
+    }
+    let (exp, man) = ((x >> 3) as u32 & 0xF, x as u32 & 7);
+    match exp {
+        // man · 2^-9 · 0.5 (zero for 0x00 and 0x80), exact.
+        0 => man as f32 * (1.0 / 1024.0),
+        // (1 + man/8) · 2^(exp − 7) · 0.5: biased exponent exp − 8 + 127.
+        _ => f32::from_bits(((exp + 119) << 23) | (man << 20)),
+    }
+}
+
+/// MXFP4: blocks of 32, one E8M0 scale (`e qs[16]`); low nibbles the first 16 values, high
+/// nibbles the next 16.
+fn mxfp4(b: &[u8], y: &mut [f32]) {
+    let d = e8m0_half(b[0]);
+    let qs = &b[1..17];
+    for j in 0..16 {
+        y[j] = FP4_VALUES[(qs[j] & 0xf) as usize] as f32 * d;
+        y[j + 16] = FP4_VALUES[(qs[j] >> 4) as usize] as f32 * d;
+    }
+}
+
+/// NVFP4: blocks of 64 in four sub-blocks of 16, each with an unsigned E4M3 scale
+/// (`d[4] qs[32]`); sub-block s's bytes are `qs[8s..8s + 8]`, low nibbles its first 8 values,
+/// high nibbles its last 8.
+fn nvfp4(b: &[u8], y: &mut [f32]) {
+    let qs = &b[4..36];
+    for s in 0..4 {
+        let d = ue4m3_half(b[s]);
+        let (q, y) = (&qs[8 * s..8 * s + 8], &mut y[16 * s..16 * s + 16]);
+        for j in 0..8 {
+            y[j] = FP4_VALUES[(q[j] & 0xf) as usize] as f32 * d;
+            y[j + 8] = FP4_VALUES[(q[j] >> 4) as usize] as f32 * d;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -548,6 +610,196 @@ mod tests {
             let s = sc[8 * n + l / 16 + 2 * k] as f32;
             assert_eq!(ye, 0.5 * s * q as f32, "element {e}");
         }
+    }
+
+    #[test]
+    fn fp4_scales_decode_as_ggml_defines_them() {
+        for e in 0..=255u8 {
+            // 2^(e − 128), computed in f64 (exact there; e < 2 are f32 subnormals).
+            let want = 2f64.powi(e as i32 - 128) as f32;
+            assert_eq!(e8m0_half(e).to_bits(), want.to_bits(), "e8m0 {e}");
+        }
+        for x in 0..=255u8 {
+            let (exp, man) = (((x >> 3) & 0xF) as i32, (x & 7) as f64);
+            let raw = match exp {
+                0 => man * 2f64.powi(-9),
+                _ => (1.0 + man / 8.0) * 2f64.powi(exp - 7),
+            };
+            let want = if x == 0x7F { 0.0 } else { (raw * 0.5) as f32 };
+            assert_eq!(ue4m3_half(x).to_bits(), want.to_bits(), "ue4m3 {x:#04x}");
+        }
+    }
+
+    #[test]
+    fn mxfp4_block_low_nibbles_first() {
+        // e = 127: a scale of one half, so the values are E2M1's own.
+        let mut b = vec![127u8];
+        b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let y = deq(GgmlType::MXFP4, &b);
+        for j in 0..16 {
+            assert_eq!(y[j], FP4_VALUES[j] as f32 * 0.5, "low {j}");
+            assert_eq!(y[j + 16], FP4_VALUES[15 - j] as f32 * 0.5, "high {j}");
+        }
+    }
+
+    #[test]
+    fn nvfp4_block_sub_blocks_of_sixteen() {
+        // Scales 0.5·{1, 2, 1.125, 480}: E4M3 0x38, 0x40, 0x39 and 0xFF (bit 7 ignored).
+        let d = [0x38u8, 0x40, 0x39, 0xFF];
+        let mut b = d.to_vec();
+        // Sub-block s's byte j: low nibble (j + s) mod 16, high nibble 15 − j.
+        b.extend((0..32u8).map(|i| ((i % 8 + i / 8) % 16) | ((15 - i % 8) << 4)));
+        let y = deq(GgmlType::NVFP4, &b);
+        let scale = [0.5f32, 1.0, 0.5625, 240.0];
+        for s in 0..4 {
+            for j in 0..8 {
+                let lo = FP4_VALUES[(j + s) % 16] as f32 * scale[s];
+                assert_eq!(y[16 * s + j], lo, "sub-block {s} low {j}");
+                let hi = FP4_VALUES[15 - j] as f32 * scale[s];
+                assert_eq!(y[16 * s + 8 + j], hi, "sub-block {s} high {j}");
+            }
+        }
+    }
+
+    // Blocks with edge scales (MXFP4 e = 0, 1, 2, 127, 254, 255; NVFP4 d = 0, 1, 7, 8, 0x7E,
+    // 0x7F, 0x80, 0xFF and some ordinary ones), every code in both nibbles, and the bits of
+    // their dequantisation by gguf-py 0.19.0 (`gguf.quants.dequantize`): infinities where the
+    // largest E8M0 scales overflow, negative zeros where a zero NVFP4 scale meets a negative code.
+    const MXFP4_BLOCKS: [[u8; 17]; 6] = [
+        [
+            0x00, 0xf0, 0xe1, 0xd2, 0xc3, 0xb4, 0xa5, 0x96, 0x87, 0x78, 0x69, 0x5a, 0x4b, 0x3c,
+            0x2d, 0x1e, 0x0f,
+        ],
+        [
+            0x01, 0x21, 0x12, 0x03, 0xf4, 0xe5, 0xd6, 0xc7, 0xb8, 0xa9, 0x9a, 0x8b, 0x7c, 0x6d,
+            0x5e, 0x4f, 0x30,
+        ],
+        [
+            0x02, 0x52, 0x43, 0x34, 0x25, 0x16, 0x07, 0xf8, 0xe9, 0xda, 0xcb, 0xbc, 0xad, 0x9e,
+            0x8f, 0x70, 0x61,
+        ],
+        [
+            0x7f, 0x83, 0x74, 0x65, 0x56, 0x47, 0x38, 0x29, 0x1a, 0x0b, 0xfc, 0xed, 0xde, 0xcf,
+            0xb0, 0xa1, 0x92,
+        ],
+        [
+            0xfe, 0xb4, 0xa5, 0x96, 0x87, 0x78, 0x69, 0x5a, 0x4b, 0x3c, 0x2d, 0x1e, 0x0f, 0xf0,
+            0xe1, 0xd2, 0xc3,
+        ],
+        [
+            0xff, 0xe5, 0xd6, 0xc7, 0xb8, 0xa9, 0x9a, 0x8b, 0x7c, 0x6d, 0x5e, 0x4f, 0x30, 0x21,
+            0x12, 0x03, 0xf4,
+        ],
+    ];
+    const MXFP4_EXPECTED: [u32; 192] = [
+        0x00000000, 0x00200000, 0x00400000, 0x00600000, 0x00800000, 0x00c00000, 0x01000000,
+        0x01400000, 0x00000000, 0x80200000, 0x80400000, 0x80600000, 0x80800000, 0x80c00000,
+        0x81000000, 0x81400000, 0x81400000, 0x81000000, 0x80c00000, 0x80800000, 0x80600000,
+        0x80400000, 0x80200000, 0x00000000, 0x01400000, 0x01000000, 0x00c00000, 0x00800000,
+        0x00600000, 0x00400000, 0x00200000, 0x00000000, 0x00400000, 0x00800000, 0x00c00000,
+        0x01000000, 0x01400000, 0x01800000, 0x01c00000, 0x00000000, 0x80400000, 0x80800000,
+        0x80c00000, 0x81000000, 0x81400000, 0x81800000, 0x81c00000, 0x00000000, 0x00800000,
+        0x00400000, 0x00000000, 0x81c00000, 0x81800000, 0x81400000, 0x81000000, 0x80c00000,
+        0x80800000, 0x80400000, 0x00000000, 0x01c00000, 0x01800000, 0x01400000, 0x01000000,
+        0x00c00000, 0x01000000, 0x01400000, 0x01800000, 0x01c00000, 0x02000000, 0x02400000,
+        0x00000000, 0x80800000, 0x81000000, 0x81400000, 0x81800000, 0x81c00000, 0x82000000,
+        0x82400000, 0x00000000, 0x00800000, 0x01c00000, 0x01800000, 0x01400000, 0x01000000,
+        0x00800000, 0x00000000, 0x82400000, 0x82000000, 0x81c00000, 0x81800000, 0x81400000,
+        0x81000000, 0x80800000, 0x00000000, 0x02400000, 0x02000000, 0x3fc00000, 0x40000000,
+        0x40400000, 0x40800000, 0x40c00000, 0x00000000, 0xbf000000, 0xbf800000, 0xbfc00000,
+        0xc0000000, 0xc0400000, 0xc0800000, 0xc0c00000, 0x00000000, 0x3f000000, 0x3f800000,
+        0x00000000, 0x40c00000, 0x40800000, 0x40400000, 0x40000000, 0x3fc00000, 0x3f800000,
+        0x3f000000, 0x00000000, 0xc0c00000, 0xc0800000, 0xc0400000, 0xc0000000, 0xbfc00000,
+        0xbf800000, 0xbf000000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x00000000,
+        0xfe800000, 0xff000000, 0xff400000, 0xff800000, 0xff800000, 0xff800000, 0xff800000,
+        0x00000000, 0x7e800000, 0x7f000000, 0x7f400000, 0xff400000, 0xff000000, 0xfe800000,
+        0x00000000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f400000, 0x7f000000,
+        0x7e800000, 0x00000000, 0xff800000, 0xff800000, 0xff800000, 0xff800000, 0x7f800000,
+        0x7f800000, 0x7f800000, 0x00000000, 0xff000000, 0xff800000, 0xff800000, 0xff800000,
+        0xff800000, 0xff800000, 0xff800000, 0x00000000, 0x7f000000, 0x7f800000, 0x7f800000,
+        0x7f800000, 0xff800000, 0xff800000, 0xff800000, 0xff800000, 0xff800000, 0xff000000,
+        0x00000000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000,
+        0x7f000000, 0x00000000, 0xff800000,
+    ];
+    const NVFP4_BLOCKS: [[u8; 36]; 3] = [
+        [
+            0x00, 0x01, 0x07, 0x08, 0x00, 0x71, 0xe2, 0x53, 0xc4, 0x35, 0xa6, 0x17, 0x88, 0xf9,
+            0x6a, 0xdb, 0x4c, 0xbd, 0x2e, 0x9f, 0x00, 0x71, 0xe2, 0x53, 0xc4, 0x35, 0xa6, 0x17,
+            0x88, 0xf9, 0x6a, 0xdb, 0x4c, 0xbd, 0x2e, 0x9f,
+        ],
+        [
+            0x7e, 0x7f, 0x80, 0xff, 0x15, 0x86, 0xf7, 0x68, 0xd9, 0x4a, 0xbb, 0x2c, 0x9d, 0x0e,
+            0x7f, 0xe0, 0x51, 0xc2, 0x33, 0xa4, 0x15, 0x86, 0xf7, 0x68, 0xd9, 0x4a, 0xbb, 0x2c,
+            0x9d, 0x0e, 0x7f, 0xe0, 0x51, 0xc2, 0x33, 0xa4,
+        ],
+        [
+            0x38, 0x47, 0x0f, 0x55, 0x2a, 0x9b, 0x0c, 0x7d, 0xee, 0x5f, 0xc0, 0x31, 0xa2, 0x13,
+            0x84, 0xf5, 0x66, 0xd7, 0x48, 0xb9, 0x2a, 0x9b, 0x0c, 0x7d, 0xee, 0x5f, 0xc0, 0x31,
+            0xa2, 0x13, 0x84, 0xf5, 0x66, 0xd7, 0x48, 0xb9,
+        ],
+    ];
+    const NVFP4_EXPECTED: [u32; 192] = [
+        0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000,
+        0x00000000, 0x00000000, 0x00000000, 0x80000000, 0x00000000, 0x80000000, 0x00000000,
+        0x80000000, 0x00000000, 0x00000000, 0xba800000, 0xbb000000, 0xbb400000, 0xbb800000,
+        0xbbc00000, 0xbc000000, 0xbc400000, 0x00000000, 0xbc400000, 0x3c000000, 0xbbc00000,
+        0x3b800000, 0xbb400000, 0x3b000000, 0xba800000, 0x00000000, 0x3be00000, 0x3c600000,
+        0x3ca80000, 0x3ce00000, 0x3d280000, 0x3d600000, 0x3da80000, 0x00000000, 0x3da80000,
+        0xbd600000, 0x3d280000, 0xbce00000, 0x3ca80000, 0xbc600000, 0x3be00000, 0x00000000,
+        0xbc000000, 0xbc800000, 0xbcc00000, 0xbd000000, 0xbd400000, 0xbd800000, 0xbdc00000,
+        0x00000000, 0xbdc00000, 0x3d800000, 0xbd400000, 0x3d000000, 0xbcc00000, 0x3c800000,
+        0xbc000000, 0x44a80000, 0x44e00000, 0x45280000, 0x00000000, 0xc3600000, 0xc3e00000,
+        0xc4280000, 0xc4600000, 0x43600000, 0x00000000, 0xc5280000, 0x44e00000, 0xc4a80000,
+        0x44600000, 0xc4280000, 0x43e00000, 0x80000000, 0x80000000, 0x80000000, 0x00000000,
+        0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x80000000, 0x00000000, 0x00000000,
+        0x80000000, 0x00000000, 0x80000000, 0x00000000, 0x80000000, 0x00000000, 0x00000000,
+        0x00000000, 0x00000000, 0x80000000, 0x80000000, 0x80000000, 0x80000000, 0x00000000,
+        0x00000000, 0x80000000, 0x00000000, 0x80000000, 0x00000000, 0x80000000, 0x00000000,
+        0xc4b40000, 0xc4f00000, 0xc5340000, 0x00000000, 0x43700000, 0x43f00000, 0x44340000,
+        0x44700000, 0xc3700000, 0x00000000, 0x45340000, 0xc4f00000, 0x44b40000, 0xc4700000,
+        0x44340000, 0xc3f00000, 0xbf800000, 0xbfc00000, 0xc0000000, 0xc0400000, 0xc0800000,
+        0xc0c00000, 0x00000000, 0x3f000000, 0x3f800000, 0xbf000000, 0x00000000, 0x40c00000,
+        0xc0800000, 0x40400000, 0xc0000000, 0x3fc00000, 0x40700000, 0x40b40000, 0x40f00000,
+        0x41340000, 0x41700000, 0x41b40000, 0x00000000, 0xbff00000, 0xc0700000, 0x3ff00000,
+        0x00000000, 0xc1b40000, 0x41700000, 0xc1340000, 0x40f00000, 0xc0b40000, 0xbcf00000,
+        0xbd340000, 0xbd700000, 0xbdb40000, 0xbdf00000, 0xbe340000, 0x00000000, 0x3c700000,
+        0x3cf00000, 0xbc700000, 0x00000000, 0x3e340000, 0xbdf00000, 0x3db40000, 0xbd700000,
+        0x3d340000, 0x41500000, 0x419c0000, 0x41d00000, 0x421c0000, 0x42500000, 0x429c0000,
+        0x00000000, 0xc0d00000, 0xc1500000, 0x40d00000, 0x00000000, 0xc29c0000, 0x42500000,
+        0xc21c0000, 0x41d00000, 0xc19c0000,
+    ];
+    fn assert_bits(ty: GgmlType, blocks: &[u8], expected: &[u32]) {
+        let y = deq(ty, blocks);
+        assert_eq!(y.len(), expected.len());
+        for (i, (&y, &want)) in y.iter().zip(expected).enumerate() {
+            let want = f32::from_bits(want);
+            // Both sides are NaN-free here; a NaN would match any NaN, whatever its payload.
+            let same = y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan());
+            assert!(
+                same,
+                "{ty} element {i}: ours {y:e} ({:#010x}), gguf-py {want:e}",
+                y.to_bits()
+            );
+        }
+    }
+
+    #[test]
+    fn fp4_blocks_match_gguf_py_bit_for_bit() {
+        assert_bits(
+            GgmlType::MXFP4,
+            MXFP4_BLOCKS.as_flattened(),
+            &MXFP4_EXPECTED,
+        );
+        assert_bits(
+            GgmlType::NVFP4,
+            NVFP4_BLOCKS.as_flattened(),
+            &NVFP4_EXPECTED,
+        );
+        // The edges are there: infinities from e = 254 and 255, negative zeros from d = 0.
+        assert!(MXFP4_EXPECTED[128..]
+            .iter()
+            .any(|&b| f32::from_bits(b) == f32::INFINITY));
+        assert!(NVFP4_EXPECTED[..16].contains(&0x8000_0000));
     }
 
     #[test]
