@@ -15,6 +15,7 @@ pub mod lossy;
 pub mod matvec;
 pub mod palette;
 pub mod payload;
+pub mod rans;
 #[cfg(test)]
 mod test_rng;
 
