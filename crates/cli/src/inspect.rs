@@ -229,14 +229,14 @@ fn container(a: &Args) -> Result<(Vec<Value>, Option<Value>)> {
                         per("tile_index_bytes") + per("table_bytes"),
                     ));
                 }
-                // Split blocks: each stream's share, `=` where it is stored packed.
+                // Split blocks: each stream's share and coding.
                 if let Some(streams) = stats.get("streams").and_then(Value::as_array) {
                     for s in streams {
-                        let bpw = s["bits_per_weight"].as_f64().unwrap_or(0.0);
-                        let how = if s["coded"] == true { "" } else { "=" };
                         detail.push_str(&format!(
-                            "; {}{how} {bpw:.3}",
-                            s["name"].as_str().unwrap_or("?")
+                            "; {} {:.3} {}",
+                            s["name"].as_str().unwrap_or("?"),
+                            s["bits_per_weight"].as_f64().unwrap_or(0.0),
+                            s["coding"].as_str().unwrap_or("?")
                         ));
                     }
                 }
@@ -379,6 +379,24 @@ fn gguf_source(a: &Args) -> Result<Vec<Value>> {
                             r["detail"] = json!(format!(
                                 "would code its scales alone: ggml-scales, {bpw:.3} bits/weight"
                             ));
+                        }
+                    }
+                    // Where codes and scales split and rANS-coded save more than the margin
+                    // dtANS is preferred by, compress takes them (`dtans-blocks`).
+                    if r["entropy_bits"].is_number() {
+                        let ty = entrollm_format::kquants::KType::from_name(block.name())
+                            .expect("legacy types split");
+                        let (p, _) =
+                            entrollm_format::coded::BlocksCoded::predict(ty, rows, cols, data)?;
+                        let now = r["predicted_bytes"].as_f64().unwrap_or(data.len() as f64);
+                        let margin =
+                            entrollm_format::coded::RANS_MARGIN_BITS * (rows * cols) as f64 / 8.0;
+                        if p + margin < now {
+                            let bpw = p * 8.0 / (rows * cols) as f64;
+                            r["predicted_bytes"] = json!(p);
+                            r["predicted_bits_per_weight"] = json!(bpw);
+                            r["detail"] =
+                                json!(format!("would code: dtans-blocks, {bpw:.3} bits/weight"));
                         }
                     }
                     Ok(r)

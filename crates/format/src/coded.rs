@@ -8,6 +8,7 @@ use crate::{Dtype, FormatError, Result};
 use entrollm_codec::df11::Df11Tensor;
 use entrollm_codec::dtans::{DtansParams, DtansTensor};
 use entrollm_codec::lossy::LossyTensor;
+use entrollm_codec::rans::RansStream;
 use entrollm_codec::{CodecError, Payload};
 use serde_json::{json, Value};
 use std::borrow::Cow;
@@ -282,10 +283,15 @@ impl GgmlCoded {
     }
 }
 
-/// One stream of a [`BlocksCoded`] tensor: dtANS-coded, or its values bit-packed where coding
-/// would not shrink them.
+/// One stream of a [`BlocksCoded`] tensor: dtANS-coded (codes only: the form fused kernels
+/// decode), rANS-coded, or its values bit-packed where no coding shrinks them.
 pub enum BlockStream {
     Coded(DtansTensor),
+    /// rANS over the values (the high bytes of halves), with halves' low bytes `raw` beside.
+    Rans {
+        stream: RansStream,
+        raw: Vec<u8>,
+    },
     Packed(Vec<u8>),
 }
 
@@ -293,19 +299,45 @@ impl BlockStream {
     fn stored_bytes(&self) -> usize {
         match self {
             BlockStream::Coded(t) => t.stored_bytes(),
+            BlockStream::Rans { stream, raw } => stream.stored_bytes() + raw.len(),
             BlockStream::Packed(b) => b.len(),
+        }
+    }
+
+    fn params(&self) -> Value {
+        match self {
+            BlockStream::Coded(t) => serde_json::to_value(t.params()).expect("params serialise"),
+            BlockStream::Rans { .. } => json!({ "rans": true }),
+            BlockStream::Packed(_) => json!({ "packed": true }),
+        }
+    }
+
+    fn arrays<'s>(&'s self, name: &str) -> Vec<(String, ArrayDtype, Cow<'s, [u8]>)> {
+        let a = |n: &str, d, b| (format!("{name}_{n}"), d, b);
+        match self {
+            BlockStream::Coded(t) => dtans_arrays(t)
+                .into_iter()
+                .map(|(n, d, b)| a(&n, d, b))
+                .collect(),
+            BlockStream::Rans { stream, raw } => {
+                let mut v = vec![
+                    a("freqs", ArrayDtype::U8, u16_bytes(&stream.freqs)),
+                    a("offsets", ArrayDtype::U32, u32_bytes(&stream.offsets)),
+                    a("words", ArrayDtype::U8, u16_bytes(&stream.words)),
+                ];
+                if !raw.is_empty() {
+                    v.push(a("raw", ArrayDtype::U8, Cow::Borrowed(&raw[..])));
+                }
+                v
+            }
+            BlockStream::Packed(b) => {
+                vec![(name.to_string(), ArrayDtype::U8, Cow::Borrowed(&b[..]))]
+            }
         }
     }
 }
 
-/// How a field's values are coded: its payload, and the values as the payload's element bytes.
-fn field_payload(kind: FieldKind) -> Payload {
-    match kind {
-        FieldKind::Half => Payload::Fp16,
-        FieldKind::Bits(b) => Payload::Int(b.max(2)),
-    }
-}
-
+/// Bits of a field's value.
 fn field_bits(kind: FieldKind) -> u32 {
     match kind {
         FieldKind::Half => 16,
@@ -332,32 +364,86 @@ fn unpack_field(kind: FieldKind, b: &[u8], n: usize) -> Option<Vec<u16>> {
     }
 }
 
-/// A field's `n` values as the [`scale_matrix_shape`] matrix of its payload: codes and raw bytes.
-fn field_matrix(
-    kind: FieldKind,
-    v: &[u16],
-) -> entrollm_codec::Result<(usize, usize, Vec<u8>, Vec<u8>)> {
-    let (rows, cols) = scale_matrix_shape(v.len());
-    let last = v.last().copied().unwrap_or(0);
-    let padded = v
-        .iter()
-        .copied()
-        .chain(std::iter::repeat(last))
-        .take(rows * cols);
-    Ok(match kind {
-        FieldKind::Half => {
-            let bytes: Vec<u8> = padded.flat_map(u16::to_le_bytes).collect();
-            let (codes, raw) = Payload::Fp16.symbolize(&bytes)?;
-            (rows, cols, codes, raw)
-        }
-        FieldKind::Bits(_) => (rows, cols, padded.map(|x| x as u8).collect(), Vec::new()),
+/// A field's values as rANS symbols (the high bytes of halves), their alphabet, and the raw low
+/// bytes of halves.
+fn field_symbols(kind: FieldKind, v: &[u16]) -> (Vec<u8>, usize, Vec<u8>) {
+    match kind {
+        FieldKind::Half => (
+            v.iter().map(|&x| (x >> 8) as u8).collect(),
+            256,
+            v.iter().map(|&x| x as u8).collect(),
+        ),
+        FieldKind::Bits(b) => (v.iter().map(|&x| x as u8).collect(), 1 << b, Vec::new()),
+    }
+}
+
+fn counts(symbols: &[u8], alphabet: usize) -> Vec<u64> {
+    entrollm_codec::histogram::byte_histogram(symbols)[..alphabet].to_vec()
+}
+
+/// dtANS is kept for codes unless rANS is smaller by this many bits a weight: dtANS codes are
+/// what a fused product can decode in place.
+pub const RANS_MARGIN_BITS: f64 = 0.03;
+
+/// Which coding a split tensor's codes get, with its predicted bytes.
+enum CodesChoice {
+    Dtans(entrollm_codec::dtans::Coding, f64),
+    Rans(f64),
+    Packed(f64),
+}
+
+fn choose_codes(
+    ty: KType,
+    rows: usize,
+    cols: usize,
+    codes: &[u8],
+    coding: Option<entrollm_codec::dtans::Coding>,
+) -> entrollm_codec::Result<CodesChoice> {
+    let payload = Payload::Int(ty.code_bits() as u8);
+    if let Some(c) = coding {
+        let p = DtansTensor::predict_bytes(payload, rows, cols, codes, c)?;
+        return Ok(CodesChoice::Dtans(c, p));
+    }
+    let packed = (codes.len() * ty.code_bits() as usize).div_ceil(8) as f64;
+    let rans = RansStream::predict_bytes(&counts(codes, 1 << ty.code_bits()))?;
+    let (c, dtans) = entrollm_codec::dtans::choose_coding_and_width(payload, rows, cols, codes)?;
+    let margin = RANS_MARGIN_BITS * codes.len() as f64 / 8.0;
+    Ok(if dtans < packed && dtans <= rans + margin {
+        CodesChoice::Dtans(c, dtans)
+    } else if rans < packed {
+        CodesChoice::Rans(rans)
+    } else {
+        CodesChoice::Packed(packed)
     })
+}
+
+/// A field's stream: rANS where it is smaller than the packed values.
+fn code_field(kind: FieldKind, v: &[u16]) -> entrollm_codec::Result<BlockStream> {
+    let packed = pack_field(kind, v);
+    let (symbols, alphabet, raw) = field_symbols(kind, v);
+    if v.is_empty() {
+        return Ok(BlockStream::Packed(packed));
+    }
+    let stream = RansStream::encode(&symbols, alphabet)?;
+    Ok(match stream.stored_bytes() + raw.len() < packed.len() {
+        true => BlockStream::Rans { stream, raw },
+        false => BlockStream::Packed(packed),
+    })
+}
+
+fn predict_field(kind: FieldKind, v: &[u16]) -> entrollm_codec::Result<f64> {
+    let packed = (v.len() * field_bits(kind) as usize).div_ceil(8) as f64;
+    if v.is_empty() {
+        return Ok(packed);
+    }
+    let (symbols, alphabet, raw) = field_symbols(kind, v);
+    Ok((RansStream::predict_bytes(&counts(&symbols, alphabet))? + raw.len() as f64).min(packed))
 }
 
 /// A GGUF tensor of [`KType`] blocks, losslessly: its codes (one per weight, weight order) as a
 /// `rows × cols` int payload, and each of the blocks' side fields ([`KType::fields`]: the f16
-/// super-scales, the unpacked sub-block scales and mins) as its own stream, each dtANS-coded where
-/// that is smaller and bit-packed otherwise. It decodes to the original block bytes.
+/// super-scales, the unpacked sub-block scales and mins) as its own stream, each in the coding
+/// that stores it smallest. It decodes to the original block bytes.
 pub struct BlocksCoded {
     pub ty: KType,
     pub rows: usize,
@@ -384,9 +470,9 @@ impl BlocksCoded {
         Ok(())
     }
 
-    /// Codes the blocks `bytes` of a `rows × cols` tensor: the codes with `coding` (or the coding
-    /// predicted smallest), each field in the coding predicted smallest; a stream whose coding is
-    /// not smaller than its packed values is stored packed.
+    /// Codes the blocks `bytes` of a `rows × cols` tensor: the codes with `coding` (dtANS) or in
+    /// the coding predicted smallest, each field with rANS where that is smaller. A stream is
+    /// stored packed where its coding would not be smaller.
     pub fn encode(
         ty: KType,
         rows: usize,
@@ -398,36 +484,31 @@ impl BlocksCoded {
         Self::check_shape(ty, rows, cols, &s)?;
         let payload = Payload::Int(ty.code_bits() as u8);
         let packed = crate::kquants::pack_bits(&s.codes, ty.code_bits());
-        let coding = match coding {
-            Some(c) => c,
-            None => {
-                entrollm_codec::dtans::choose_coding_and_width(payload, rows, cols, &s.codes)?.0
+        let codes = match choose_codes(ty, rows, cols, &s.codes, coding)? {
+            CodesChoice::Dtans(c, _) => {
+                let t = DtansTensor::encode(payload, rows, cols, &s.codes, &[], c)?;
+                match coding.is_some() || t.stored_bytes() < packed.len() {
+                    true => BlockStream::Coded(t),
+                    false => BlockStream::Packed(packed),
+                }
             }
-        };
-        let t = DtansTensor::encode(payload, rows, cols, &s.codes, &[], coding)?;
-        let codes = match t.stored_bytes() < packed.len() {
-            true => BlockStream::Coded(t),
-            false => BlockStream::Packed(packed),
+            CodesChoice::Rans(_) => {
+                let stream = RansStream::encode(&s.codes, 1 << ty.code_bits())?;
+                match stream.stored_bytes() < packed.len() {
+                    true => BlockStream::Rans {
+                        stream,
+                        raw: Vec::new(),
+                    },
+                    false => BlockStream::Packed(packed),
+                }
+            }
+            CodesChoice::Packed(_) => BlockStream::Packed(packed),
         };
         let fields = s
             .fields
             .iter()
             .zip(ty.fields())
-            .map(|(v, f)| -> entrollm_codec::Result<BlockStream> {
-                let packed = pack_field(f.kind, v);
-                let p = field_payload(f.kind);
-                let (r, c, codes, raw) = field_matrix(f.kind, v)?;
-                let (coding, predicted) =
-                    entrollm_codec::dtans::choose_coding_and_width(p, r, c, &codes)?;
-                if predicted >= packed.len() as f64 {
-                    return Ok(BlockStream::Packed(packed));
-                }
-                let t = DtansTensor::encode(p, r, c, &codes, &raw, coding)?;
-                Ok(match t.stored_bytes() < packed.len() {
-                    true => BlockStream::Coded(t),
-                    false => BlockStream::Packed(packed),
-                })
-            })
+            .map(|(v, f)| code_field(f.kind, v))
             .collect::<entrollm_codec::Result<Vec<_>>>()?;
         Ok((
             BlocksCoded {
@@ -451,30 +532,13 @@ impl BlocksCoded {
     ) -> entrollm_codec::Result<(f64, BlocksEntropy)> {
         let s = crate::kquants::split(ty, bytes).map_err(CodecError::Shape)?;
         Self::check_shape(ty, rows, cols, &s)?;
-        let payload = Payload::Int(ty.code_bits() as u8);
-        let packed = (s.codes.len() * ty.code_bits() as usize).div_ceil(8) as f64;
-        let coded =
-            entrollm_codec::dtans::choose_coding_and_width(payload, rows, cols, &s.codes)?.1;
-        let mut bytes_out = coded.min(packed);
+        let mut total = match choose_codes(ty, rows, cols, &s.codes, None)? {
+            CodesChoice::Dtans(_, p) | CodesChoice::Rans(p) | CodesChoice::Packed(p) => p,
+        };
         for (v, f) in s.fields.iter().zip(ty.fields()) {
-            let packed = (v.len() * field_bits(f.kind) as usize).div_ceil(8) as f64;
-            let (r, c, codes, _) = field_matrix(f.kind, v)?;
-            let p = entrollm_codec::dtans::choose_coding_and_width(
-                field_payload(f.kind),
-                r,
-                c,
-                &codes,
-            )?
-            .1;
-            // The raw low bytes of halves are stored beside their coded high bytes.
-            let raw = if f.kind == FieldKind::Half {
-                (r * c) as f64
-            } else {
-                0.0
-            };
-            bytes_out += (p + raw).min(packed);
+            total += predict_field(f.kind, v)?;
         }
-        Ok((bytes_out, BlocksEntropy::of(&s)))
+        Ok((total, BlocksEntropy::of(&s)))
     }
 
     /// The codes and fields as [`crate::kquants::join`] takes them.
@@ -484,24 +548,41 @@ impl BlocksCoded {
         let corrupt = |what: String| CodecError::Corrupt(what);
         let codes = match &self.codes {
             BlockStream::Coded(t) => t.decode()?,
+            BlockStream::Rans { stream, .. } => stream.decode()?,
             BlockStream::Packed(b) => crate::kquants::unpack_bits(b, self.ty.code_bits(), n_codes)
                 .ok_or_else(|| corrupt(format!("{} packed codes are not {n_codes}", b.len())))?,
         };
+        if codes.len() != n_codes {
+            return Err(corrupt(format!(
+                "{} codes for {n_codes} weights",
+                codes.len()
+            )));
+        }
         let fields = self
             .fields
             .iter()
             .zip(self.ty.fields())
             .map(|(stream, f)| {
                 let n = n_blocks * f.per_block;
-                match stream {
-                    BlockStream::Coded(t) => {
-                        let v = t.decode()?;
-                        Ok(match f.kind {
-                            FieldKind::Half => to_u16(&v[..2 * n.min(v.len() / 2)]),
-                            FieldKind::Bits(_) => {
-                                v[..n.min(v.len())].iter().map(|&x| u16::from(x)).collect()
+                let v = match stream {
+                    BlockStream::Rans { stream, raw } => {
+                        let hi = stream.decode()?;
+                        match f.kind {
+                            FieldKind::Half if raw.len() == hi.len() => hi
+                                .iter()
+                                .zip(raw)
+                                .map(|(&h, &l)| u16::from(h) << 8 | u16::from(l))
+                                .collect(),
+                            FieldKind::Half => {
+                                return Err(corrupt(format!(
+                                    "field {}: {} raw bytes for {} values",
+                                    f.name,
+                                    raw.len(),
+                                    hi.len()
+                                )))
                             }
-                        })
+                            FieldKind::Bits(_) => hi.into_iter().map(u16::from).collect(),
+                        }
                     }
                     BlockStream::Packed(b) => unpack_field(f.kind, b, n).ok_or_else(|| {
                         corrupt(format!(
@@ -509,8 +590,12 @@ impl BlocksCoded {
                             f.name,
                             b.len()
                         ))
-                    }),
-                }
+                    })?,
+                    BlockStream::Coded(_) => {
+                        return Err(corrupt(format!("field {} cannot be dtANS-coded", f.name)))
+                    }
+                };
+                Ok(v)
             })
             .collect::<entrollm_codec::Result<Vec<_>>>()?;
         Ok(Split {
@@ -524,7 +609,7 @@ impl BlocksCoded {
         crate::kquants::join(&self.split()?).map_err(CodecError::Corrupt)
     }
 
-    fn stored_bytes(&self) -> usize {
+    pub fn stored_bytes(&self) -> usize {
         self.codes.stored_bytes()
             + self
                 .fields
@@ -533,48 +618,41 @@ impl BlocksCoded {
                 .sum::<usize>()
     }
 
-    /// Each stream's name, stored bytes and whether it is dtANS-coded (not packed).
-    pub fn streams(&self) -> Vec<(&'static str, usize, bool)> {
+    /// Each stream's name, stored bytes and coding (`dtans`, `rans` or `packed`).
+    pub fn streams(&self) -> Vec<(&'static str, usize, &'static str)> {
         let names = std::iter::once("codes").chain(self.ty.fields().iter().map(|f| f.name));
         names
             .zip(std::iter::once(&self.codes).chain(&self.fields))
-            .map(|(n, s)| (n, s.stored_bytes(), matches!(s, BlockStream::Coded(_))))
+            .map(|(n, s)| {
+                let how = match s {
+                    BlockStream::Coded(_) => "dtans",
+                    BlockStream::Rans { .. } => "rans",
+                    BlockStream::Packed(_) => "packed",
+                };
+                (n, s.stored_bytes(), how)
+            })
             .collect()
     }
 
     fn params(&self) -> Value {
-        let p = |s: &BlockStream| match s {
-            BlockStream::Coded(t) => serde_json::to_value(t.params()).expect("params serialise"),
-            BlockStream::Packed(_) => json!({ "packed": true }),
-        };
         let fields: serde_json::Map<String, Value> = self
             .fields
             .iter()
             .zip(self.ty.fields())
-            .map(|(s, f)| (f.name.to_string(), p(s)))
+            .map(|(s, f)| (f.name.to_string(), s.params()))
             .collect();
         json!({
             "type": self.ty, "rows": self.rows, "cols": self.cols,
-            "codes": p(&self.codes), "fields": fields,
+            "codes": self.codes.params(), "fields": fields,
         })
     }
 
     fn arrays(&self) -> Vec<(String, ArrayDtype, Cow<'_, [u8]>)> {
-        let mut v = Vec::new();
         let names = std::iter::once("codes").chain(self.ty.fields().iter().map(|f| f.name));
-        for (name, s) in names.zip(std::iter::once(&self.codes).chain(&self.fields)) {
-            match s {
-                BlockStream::Coded(t) => v.extend(
-                    dtans_arrays(t)
-                        .into_iter()
-                        .map(|(n, d, b)| (format!("{name}_{n}"), d, b)),
-                ),
-                BlockStream::Packed(b) => {
-                    v.push((name.to_string(), ArrayDtype::U8, Cow::Borrowed(&b[..])))
-                }
-            }
-        }
-        v
+        names
+            .zip(std::iter::once(&self.codes).chain(&self.fields))
+            .flat_map(|(name, s)| s.arrays(name))
+            .collect()
     }
 
     fn from_stored<'a>(
@@ -608,52 +686,85 @@ impl BlocksCoded {
             )));
         }
         let n_blocks = n_codes / ty.block_weights();
-        let stream = |name: &str,
-                      p: &Value,
-                      payload: Payload,
-                      want: (usize, usize),
-                      packed_len: usize|
-         -> Result<BlockStream> {
-            if p.get("packed").and_then(Value::as_bool) == Some(true) {
-                let b = array(name, ArrayDtype::U8)?;
-                if b.len() != packed_len {
-                    return Err(err(format!(
-                        "array '{name}' holds {} bytes, {packed_len} expected",
-                        b.len()
-                    )));
-                }
-                return Ok(BlockStream::Packed(b.to_vec()));
-            }
-            let dp = dtans_params(p)?;
-            if dp.payload != payload || (dp.rows, dp.cols) != want {
+        let flag = |p: &Value, k: &str| p.get(k).and_then(Value::as_bool) == Some(true);
+        // A rANS stream of `n` symbols of `alphabet`, with `raw` low bytes for halves.
+        let rans = |name: &str, n: usize, alphabet: usize, raw: bool| -> Result<BlockStream> {
+            let a = |k: &str, d| array(&format!("{name}_{k}"), d);
+            let stream = RansStream {
+                n,
+                freqs: to_u16(a("freqs", ArrayDtype::U8)?),
+                offsets: to_u32(a("offsets", ArrayDtype::U32)?),
+                words: to_u16(a("words", ArrayDtype::U8)?),
+            };
+            stream
+                .validate()
+                .map_err(|e| err(format!("stream '{name}': {e}")))?;
+            if stream.freqs.len() != alphabet {
                 return Err(err(format!(
-                    "stream '{name}' is {:?} {}×{}, not {payload:?} {}×{}",
-                    dp.payload, dp.rows, dp.cols, want.0, want.1
+                    "stream '{name}' has a table of {} symbols, not {alphabet}",
+                    stream.freqs.len()
                 )));
             }
-            Ok(BlockStream::Coded(dtans_from_arrays(&dp, |a, d| {
-                array(&format!("{name}_{a}"), d)
-            })?))
+            let raw = match raw {
+                true => a("raw", ArrayDtype::U8)?.to_vec(),
+                false => Vec::new(),
+            };
+            if !raw.is_empty() && raw.len() != n {
+                return Err(err(format!(
+                    "stream '{name}' has {} raw bytes for {n} values",
+                    raw.len()
+                )));
+            }
+            Ok(BlockStream::Rans { stream, raw })
         };
-        let codes = stream(
-            "codes",
-            &params["codes"],
-            Payload::Int(ty.code_bits() as u8),
-            (rows, cols),
-            (n_codes * ty.code_bits() as usize).div_ceil(8),
-        )?;
+        let packed = |name: &str, len: usize| -> Result<BlockStream> {
+            let b = array(name, ArrayDtype::U8)?;
+            if b.len() != len {
+                return Err(err(format!(
+                    "array '{name}' holds {} bytes, {len} expected",
+                    b.len()
+                )));
+            }
+            Ok(BlockStream::Packed(b.to_vec()))
+        };
+        let p = &params["codes"];
+        let payload = Payload::Int(ty.code_bits() as u8);
+        let codes = if flag(p, "packed") {
+            packed("codes", (n_codes * ty.code_bits() as usize).div_ceil(8))?
+        } else if flag(p, "rans") {
+            rans("codes", n_codes, 1 << ty.code_bits(), false)?
+        } else {
+            let dp = dtans_params(p)?;
+            if dp.payload != payload || (dp.rows, dp.cols) != (rows, cols) {
+                return Err(err(format!(
+                    "stream 'codes' is {:?} {}×{}, not {payload:?} {rows}×{cols}",
+                    dp.payload, dp.rows, dp.cols
+                )));
+            }
+            BlockStream::Coded(dtans_from_arrays(&dp, |a, d| {
+                array(&format!("codes_{a}"), d)
+            })?)
+        };
         let fields = ty
             .fields()
             .iter()
             .map(|f| {
                 let n = n_blocks * f.per_block;
-                stream(
-                    f.name,
-                    &params["fields"][f.name],
-                    field_payload(f.kind),
-                    scale_matrix_shape(n),
-                    (n * field_bits(f.kind) as usize).div_ceil(8),
-                )
+                let p = &params["fields"][f.name];
+                if flag(p, "rans") {
+                    let (alphabet, raw) = match f.kind {
+                        FieldKind::Half => (256, true),
+                        FieldKind::Bits(b) => (1 << b, false),
+                    };
+                    rans(f.name, n, alphabet, raw)
+                } else if flag(p, "packed") {
+                    packed(f.name, (n * field_bits(f.kind) as usize).div_ceil(8))
+                } else {
+                    Err(err(format!(
+                        "field '{}' is neither rans nor packed",
+                        f.name
+                    )))
+                }
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(BlocksCoded {
@@ -1264,11 +1375,21 @@ mod tests {
         let mut p = params.clone();
         p["rows"] = json!(rows + 32);
         assert!(err(&p, &arrays, &shape).contains("stored as U8"));
-        for name in ["codes_stream", "d_tiles", "sc_stream"] {
-            if arrays.iter().any(|(n, ..)| n == name) {
-                let without: Vec<_> = arrays.iter().filter(|(n, ..)| n != name).cloned().collect();
-                assert!(err(&params, &without, &shape).contains(name), "{name}");
-            }
+        // Every array is needed, and a truncated one is an error.
+        for (name, ..) in &arrays {
+            let without: Vec<_> = arrays.iter().filter(|(n, ..)| n != name).cloned().collect();
+            assert!(
+                err(&params, &without, &shape).contains(name.as_str()),
+                "{name}"
+            );
+            let cut: Vec<_> = arrays
+                .iter()
+                .map(|(n, d, b)| match n == name {
+                    true => (n.clone(), *d, Cow::Owned(b[..b.len() / 2 / 4 * 4].to_vec())),
+                    false => (n.clone(), *d, b.clone()),
+                })
+                .collect();
+            assert!(!err(&params, &cut, &shape).is_empty(), "{name} cut");
         }
         assert!(
             params["codes"].get("packed").is_none(),
@@ -1277,16 +1398,9 @@ mod tests {
         let mut p = params.clone();
         p["codes"] = json!({ "packed": true });
         assert!(err(&p, &arrays, &shape).contains("'codes'"));
-        // A truncated codes stream.
-        let cut: Vec<_> = arrays
-            .iter()
-            .map(|(n, d, b)| match n.as_str() {
-                "codes_stream" => (n.clone(), *d, Cow::Owned(b[..b.len() / 2].to_vec())),
-                _ => (n.clone(), *d, b.clone()),
-            })
-            .collect();
-        let e = err(&params, &cut, &shape);
-        assert!(!e.is_empty());
+        let mut p = params.clone();
+        p["fields"]["sc"] = json!({ "dtans": true });
+        assert!(err(&p, &arrays, &shape).contains("'sc'"));
     }
 
     #[test]

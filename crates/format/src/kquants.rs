@@ -1,11 +1,13 @@
-//! The integer codes and side fields of the ggml block types beyond the legacy five: the k-quants
-//! (Q2_K … Q6_K), IQ4_NL / IQ4_XS and MXFP4 / NVFP4, for lossless re-coding of GGUF tensors.
+//! The integer codes and side fields of the code-bearing ggml block types: the legacy five (Q4_0 …
+//! Q8_0), the k-quants (Q2_K … Q6_K), IQ4_NL / IQ4_XS and MXFP4 / NVFP4, for lossless re-coding
+//! of GGUF tensors.
 //! [`split`] turns whole blocks into one code per weight (weight order) and the blocks' other
 //! fields as separate streams (each block's f16 scales, its packed 4/6/8-bit sub-block scales
 //! unpacked to one value each); [`join`] rebuilds the exact original bytes. Every bit of a block is
 //! in exactly one code or field value, so the two are inverse on any bytes.
 //!
-//! Codes: Q2_K 0..=3, Q3_K 0..=7 (`low | high << 2`, the weight `dl·(code − 4)`), Q4_K 0..=15,
+//! Codes: the legacy types as [`crate::ggml_blocks`] gives them (Q8_0 the i8's bit pattern),
+//! Q2_K 0..=3, Q3_K 0..=7 (`low | high << 2`, the weight `dl·(code − 4)`), Q4_K 0..=15,
 //! Q5_K 0..=31, Q6_K 0..=63 (the weight `d·sc·(code − 32)`), IQ4_NL / IQ4_XS the 4-bit index into
 //! ggml's non-linear table, MXFP4 / NVFP4 the E2M1 nibble.
 
@@ -14,6 +16,16 @@ use serde::{Deserialize, Serialize};
 /// A code-bearing ggml block type split by this module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum KType {
+    #[serde(rename = "Q4_0")]
+    Q4_0,
+    #[serde(rename = "Q4_1")]
+    Q4_1,
+    #[serde(rename = "Q5_0")]
+    Q5_0,
+    #[serde(rename = "Q5_1")]
+    Q5_1,
+    #[serde(rename = "Q8_0")]
+    Q8_0,
     #[serde(rename = "Q2_K")]
     Q2K,
     #[serde(rename = "Q3_K")]
@@ -72,7 +84,12 @@ pub struct Split {
 }
 
 impl KType {
-    pub const ALL: [KType; 9] = [
+    pub const ALL: [KType; 14] = [
+        KType::Q4_0,
+        KType::Q4_1,
+        KType::Q5_0,
+        KType::Q5_1,
+        KType::Q8_0,
         KType::Q2K,
         KType::Q3K,
         KType::Q4K,
@@ -87,6 +104,11 @@ impl KType {
     /// ggml's name of the type.
     pub fn name(self) -> &'static str {
         match self {
+            KType::Q4_0 => "Q4_0",
+            KType::Q4_1 => "Q4_1",
+            KType::Q5_0 => "Q5_0",
+            KType::Q5_1 => "Q5_1",
+            KType::Q8_0 => "Q8_0",
             KType::Q2K => "Q2_K",
             KType::Q3K => "Q3_K",
             KType::Q4K => "Q4_K",
@@ -107,6 +129,7 @@ impl KType {
     /// Weights per block.
     pub fn block_weights(self) -> usize {
         match self {
+            KType::Q4_0 | KType::Q4_1 | KType::Q5_0 | KType::Q5_1 | KType::Q8_0 => 32,
             KType::Iq4Nl | KType::Mxfp4 => 32,
             KType::Nvfp4 => 64,
             _ => 256,
@@ -116,6 +139,11 @@ impl KType {
     /// Bytes per block.
     pub fn block_bytes(self) -> usize {
         match self {
+            KType::Q4_0 => 18,
+            KType::Q4_1 => 20,
+            KType::Q5_0 => 22,
+            KType::Q5_1 => 24,
+            KType::Q8_0 => 34,
             KType::Q2K => 84,
             KType::Q3K => 110,
             KType::Q4K => 144,
@@ -133,8 +161,9 @@ impl KType {
         match self {
             KType::Q2K => 2,
             KType::Q3K => 3,
-            KType::Q5K => 5,
+            KType::Q5K | KType::Q5_0 | KType::Q5_1 => 5,
             KType::Q6K => 6,
+            KType::Q8_0 => 8,
             _ => 4,
         }
     }
@@ -147,10 +176,13 @@ impl KType {
         const Q4K: [Field; 4] = [D, DMIN, field("sc", 8, Bits(6)), field("mn", 8, Bits(6))];
         const Q6K: [Field; 2] = [D, field("sc", 16, Bits(8))];
         const IQ4NL: [Field; 1] = [D];
+        const DM: [Field; 2] = [D, field("m", 1, Half)];
         const IQ4XS: [Field; 2] = [D, field("sc", 8, Bits(6))];
         const MXFP4: [Field; 1] = [field("e", 1, Bits(8))];
         const NVFP4: [Field; 1] = [field("d", 4, Bits(8))];
         match self {
+            KType::Q4_0 | KType::Q5_0 | KType::Q8_0 => &IQ4NL,
+            KType::Q4_1 | KType::Q5_1 => &DM,
             KType::Q2K => &Q2K,
             KType::Q3K => &Q3K,
             KType::Q4K | KType::Q5K => &Q4K,
@@ -235,6 +267,28 @@ fn q3_pack(s: &[u16], p: &mut [u8]) {
 /// One block's bytes `b` to its codes `w` and field values `f` (fields concatenated in order).
 fn split_block(ty: KType, b: &[u8], w: &mut [u8], f: &mut [u16]) {
     match ty {
+        KType::Q4_0 | KType::Q4_1 | KType::Q5_0 | KType::Q5_1 => {
+            let m = matches!(ty, KType::Q4_1 | KType::Q5_1);
+            f[0] = half_at(b, 0);
+            let mut at = 2;
+            if m {
+                f[1] = half_at(b, 2);
+                at = 4;
+            }
+            if matches!(ty, KType::Q5_0 | KType::Q5_1) {
+                let qh = u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+                nibbles_split(&b[at + 4..at + 20], w);
+                for (j, w) in w.iter_mut().enumerate() {
+                    *w |= (((qh >> j) & 1) as u8) << 4;
+                }
+            } else {
+                nibbles_split(&b[at..at + 16], w);
+            }
+        }
+        KType::Q8_0 => {
+            f[0] = half_at(b, 0);
+            w.copy_from_slice(&b[2..34]);
+        }
         KType::Q4K | KType::Q5K => {
             f[0] = half_at(b, 0);
             f[1] = half_at(b, 2);
@@ -325,6 +379,29 @@ fn split_block(ty: KType, b: &[u8], w: &mut [u8], f: &mut [u16]) {
 /// The inverse of [`split_block`]: codes `w` and fields `f` to the block's bytes `b`.
 fn join_block(ty: KType, w: &[u8], f: &[u16], b: &mut [u8]) {
     match ty {
+        KType::Q4_0 | KType::Q4_1 | KType::Q5_0 | KType::Q5_1 => {
+            let m = matches!(ty, KType::Q4_1 | KType::Q5_1);
+            put_half(b, 0, f[0]);
+            let mut at = 2;
+            if m {
+                put_half(b, 2, f[1]);
+                at = 4;
+            }
+            if matches!(ty, KType::Q5_0 | KType::Q5_1) {
+                let qh = w
+                    .iter()
+                    .enumerate()
+                    .fold(0u32, |acc, (j, &c)| acc | (u32::from(c >> 4) << j));
+                b[at..at + 4].copy_from_slice(&qh.to_le_bytes());
+                nibbles_join(w, &mut b[at + 4..at + 20]);
+            } else {
+                nibbles_join(w, &mut b[at..at + 16]);
+            }
+        }
+        KType::Q8_0 => {
+            put_half(b, 0, f[0]);
+            b[2..34].copy_from_slice(w);
+        }
         KType::Q4K | KType::Q5K => {
             put_half(b, 0, f[0]);
             put_half(b, 2, f[1]);

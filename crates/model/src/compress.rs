@@ -18,7 +18,9 @@ use entrollm_codec::histogram::{byte_histogram, entropy_bits};
 use entrollm_codec::lossy::{LossyTensor, Quantizer};
 use entrollm_codec::{CodecError, Payload};
 use entrollm_format::checksum::StreamingChecksum;
-use entrollm_format::coded::{payload_of, BlocksCoded, Coded, GgmlCoded, GgmlScales, LossyCoded};
+use entrollm_format::coded::{
+    payload_of, BlocksCoded, Coded, GgmlCoded, GgmlScales, LossyCoded, RANS_MARGIN_BITS,
+};
 use entrollm_format::ggml_blocks::{unpack_codes, BlockType, QK};
 use entrollm_format::kquants::KType;
 use entrollm_format::{
@@ -598,6 +600,7 @@ pub fn code_tensor(m: &Matrix<'_>, coder: Coder, coding: Option<Coding>) -> Resu
                 d: q.d,
                 m: q.m,
             });
+            let mut stats = stats;
             // Codes that do not code smaller may still have scales that do.
             if coding.is_none() && coded.stored_bytes() >= m.bytes.len() {
                 let s = Coded::GgmlScales(GgmlScales::encode(block, rows, cols, m.bytes)?);
@@ -605,20 +608,23 @@ pub fn code_tensor(m: &Matrix<'_>, coder: Coder, coding: Option<Coding>) -> Resu
                     coded = s;
                 }
             }
+            // Narrow matrices: rANS codes and scales beside dtANS's per-tile costs. Taken where it
+            // saves more than the margin by which dtANS (fused-served) is preferred.
+            if coding.is_none() {
+                let ty = KType::from_name(block.name()).expect("legacy types split");
+                let (b, _) = BlocksCoded::encode(ty, rows, cols, m.bytes, None)?;
+                let margin = (RANS_MARGIN_BITS * (rows * cols) as f64 / 8.0) as usize;
+                if b.stored_bytes() + margin < coded.stored_bytes().min(m.bytes.len()) {
+                    stats = blocks_stats(&b, rows * cols);
+                    coded = Coded::Blocks(b);
+                }
+            }
             (coded, q.codes, side_bits, stats)
         }
         (SourceForm::Split(ty), Coder::Dtans) => {
             let (b, split) = BlocksCoded::encode(ty, rows, cols, m.bytes, coding)?;
             let h = entrollm_format::coded::BlocksEntropy::of(&split);
-            let n = (rows * cols) as f64;
-            let streams: Vec<Value> = b
-                .streams()
-                .into_iter()
-                .map(|(name, bytes, coded)| {
-                    json!({ "name": name, "bits_per_weight": bytes as f64 * 8.0 / n, "coded": coded })
-                })
-                .collect();
-            let stats = json!({ "streams": streams });
+            let stats = blocks_stats(&b, rows * cols);
             (Coded::Blocks(b), split.codes, h.side_bits_per_weight, stats)
         }
         (form, Coder::Df11) => {
@@ -640,6 +646,19 @@ pub fn code_tensor(m: &Matrix<'_>, coder: Coder, coding: Option<Coding>) -> Resu
     stats["entropy_bound_bpw"] = json!(entropy + side_bits);
     stats["bits_per_weight"] = json!(coded.stored_bytes() as f64 * 8.0 / (rows * cols) as f64);
     Ok((coded, stats))
+}
+
+/// What the manifest records of a split tensor's streams (`inspect` shows them).
+fn blocks_stats(b: &BlocksCoded, weights: usize) -> Value {
+    let streams: Vec<Value> = b
+        .streams()
+        .into_iter()
+        .map(|(name, bytes, coding)| {
+            let bpw = bytes as f64 * 8.0 / weights as f64;
+            json!({ "name": name, "bits_per_weight": bpw, "coding": coding })
+        })
+        .collect();
+    json!({ "streams": streams })
 }
 
 /// dtANS-codes the symbols of a `rows × cols` payload with the given coding or the one predicted

@@ -149,11 +149,11 @@ mod tests {
                 y
             };
             let base = dequant(&sp);
-            let top = (1u32 << kt.code_bits()) as u8;
+            let top = 1u16 << kt.code_bits();
             for _ in 0..64 {
                 let j = (next() % sp.codes.len() as u64) as usize;
                 let mut changed = sp.clone();
-                changed.codes[j] = (changed.codes[j] + 1) % top;
+                changed.codes[j] = ((u16::from(changed.codes[j]) + 1) % top) as u8;
                 let y = dequant(&changed);
                 for (i, (a, b)) in base.iter().zip(&y).enumerate() {
                     assert_eq!(a != b, i == j, "{ty}: code {j} moved weight {i}");
