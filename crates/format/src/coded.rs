@@ -287,10 +287,11 @@ impl GgmlCoded {
 /// decode), rANS-coded, or its values bit-packed where no coding shrinks them.
 pub enum BlockStream {
     Coded(DtansTensor),
-    /// rANS over the values (the high bytes of halves), with halves' low bytes `raw` beside.
+    /// rANS over the values; for halves over their high bytes, the low bytes (`low`) a second
+    /// rANS stream (a quantiser's scales are far from uniform in both).
     Rans {
         stream: RansStream,
-        raw: Vec<u8>,
+        low: Option<RansStream>,
     },
     Packed(Vec<u8>),
 }
@@ -299,7 +300,9 @@ impl BlockStream {
     fn stored_bytes(&self) -> usize {
         match self {
             BlockStream::Coded(t) => t.stored_bytes(),
-            BlockStream::Rans { stream, raw } => stream.stored_bytes() + raw.len(),
+            BlockStream::Rans { stream, low } => {
+                stream.stored_bytes() + low.as_ref().map_or(0, RansStream::stored_bytes)
+            }
             BlockStream::Packed(b) => b.len(),
         }
     }
@@ -319,14 +322,21 @@ impl BlockStream {
                 .into_iter()
                 .map(|(n, d, b)| a(&n, d, b))
                 .collect(),
-            BlockStream::Rans { stream, raw } => {
-                let mut v = vec![
-                    a("freqs", ArrayDtype::U8, u16_bytes(&stream.freqs)),
-                    a("offsets", ArrayDtype::U32, u32_bytes(&stream.offsets)),
-                    a("words", ArrayDtype::U8, u16_bytes(&stream.words)),
-                ];
-                if !raw.is_empty() {
-                    v.push(a("raw", ArrayDtype::U8, Cow::Borrowed(&raw[..])));
+            BlockStream::Rans { stream, low } => {
+                let rans = |p: &str, r: &'s RansStream| {
+                    vec![
+                        a(&format!("{p}freqs"), ArrayDtype::U8, u16_bytes(&r.freqs)),
+                        a(
+                            &format!("{p}offsets"),
+                            ArrayDtype::U32,
+                            u32_bytes(&r.offsets),
+                        ),
+                        a(&format!("{p}words"), ArrayDtype::U8, u16_bytes(&r.words)),
+                    ]
+                };
+                let mut v = rans("", stream);
+                if let Some(low) = low {
+                    v.extend(rans("low_", low));
                 }
                 v
             }
@@ -364,16 +374,16 @@ fn unpack_field(kind: FieldKind, b: &[u8], n: usize) -> Option<Vec<u16>> {
     }
 }
 
-/// A field's values as rANS symbols (the high bytes of halves), their alphabet, and the raw low
+/// A field's values as rANS symbols (the high bytes of halves) with their alphabet, and the low
 /// bytes of halves.
-fn field_symbols(kind: FieldKind, v: &[u16]) -> (Vec<u8>, usize, Vec<u8>) {
+fn field_symbols(kind: FieldKind, v: &[u16]) -> (Vec<u8>, usize, Option<Vec<u8>>) {
     match kind {
         FieldKind::Half => (
             v.iter().map(|&x| (x >> 8) as u8).collect(),
             256,
-            v.iter().map(|&x| x as u8).collect(),
+            Some(v.iter().map(|&x| x as u8).collect()),
         ),
-        FieldKind::Bits(b) => (v.iter().map(|&x| x as u8).collect(), 1 << b, Vec::new()),
+        FieldKind::Bits(b) => (v.iter().map(|&x| x as u8).collect(), 1 << b, None),
     }
 }
 
@@ -420,13 +430,15 @@ fn choose_codes(
 /// A field's stream: rANS where it is smaller than the packed values.
 fn code_field(kind: FieldKind, v: &[u16]) -> entrollm_codec::Result<BlockStream> {
     let packed = pack_field(kind, v);
-    let (symbols, alphabet, raw) = field_symbols(kind, v);
     if v.is_empty() {
         return Ok(BlockStream::Packed(packed));
     }
+    let (symbols, alphabet, low) = field_symbols(kind, v);
     let stream = RansStream::encode(&symbols, alphabet)?;
-    Ok(match stream.stored_bytes() + raw.len() < packed.len() {
-        true => BlockStream::Rans { stream, raw },
+    let low = low.map(|l| RansStream::encode(&l, 256)).transpose()?;
+    let s = BlockStream::Rans { stream, low };
+    Ok(match s.stored_bytes() < packed.len() {
+        true => s,
         false => BlockStream::Packed(packed),
     })
 }
@@ -436,8 +448,12 @@ fn predict_field(kind: FieldKind, v: &[u16]) -> entrollm_codec::Result<f64> {
     if v.is_empty() {
         return Ok(packed);
     }
-    let (symbols, alphabet, raw) = field_symbols(kind, v);
-    Ok((RansStream::predict_bytes(&counts(&symbols, alphabet))? + raw.len() as f64).min(packed))
+    let (symbols, alphabet, low) = field_symbols(kind, v);
+    let low = match low {
+        Some(l) => RansStream::predict_bytes(&counts(&l, 256))?,
+        None => 0.0,
+    };
+    Ok((RansStream::predict_bytes(&counts(&symbols, alphabet))? + low).min(packed))
 }
 
 /// A GGUF tensor of [`KType`] blocks, losslessly: its codes (one per weight, weight order) as a
@@ -495,10 +511,7 @@ impl BlocksCoded {
             CodesChoice::Rans(_) => {
                 let stream = RansStream::encode(&s.codes, 1 << ty.code_bits())?;
                 match stream.stored_bytes() < packed.len() {
-                    true => BlockStream::Rans {
-                        stream,
-                        raw: Vec::new(),
-                    },
+                    true => BlockStream::Rans { stream, low: None },
                     false => BlockStream::Packed(packed),
                 }
             }
@@ -565,23 +578,31 @@ impl BlocksCoded {
             .map(|(stream, f)| {
                 let n = n_blocks * f.per_block;
                 let v = match stream {
-                    BlockStream::Rans { stream, raw } => {
+                    BlockStream::Rans { stream, low } => {
                         let hi = stream.decode()?;
-                        match f.kind {
-                            FieldKind::Half if raw.len() == hi.len() => hi
-                                .iter()
-                                .zip(raw)
-                                .map(|(&h, &l)| u16::from(h) << 8 | u16::from(l))
-                                .collect(),
-                            FieldKind::Half => {
+                        match (f.kind, low) {
+                            (FieldKind::Half, Some(low)) => {
+                                let lo = low.decode()?;
+                                if lo.len() != hi.len() {
+                                    return Err(corrupt(format!(
+                                        "field {}: {} low bytes for {} values",
+                                        f.name,
+                                        lo.len(),
+                                        hi.len()
+                                    )));
+                                }
+                                hi.iter()
+                                    .zip(&lo)
+                                    .map(|(&h, &l)| u16::from(h) << 8 | u16::from(l))
+                                    .collect()
+                            }
+                            (FieldKind::Bits(_), None) => hi.into_iter().map(u16::from).collect(),
+                            _ => {
                                 return Err(corrupt(format!(
-                                    "field {}: {} raw bytes for {} values",
-                                    f.name,
-                                    raw.len(),
-                                    hi.len()
+                                    "field {}: low bytes are for f16 fields only",
+                                    f.name
                                 )))
                             }
-                            FieldKind::Bits(_) => hi.into_iter().map(u16::from).collect(),
                         }
                     }
                     BlockStream::Packed(b) => unpack_field(f.kind, b, n).ok_or_else(|| {
@@ -687,9 +708,9 @@ impl BlocksCoded {
         }
         let n_blocks = n_codes / ty.block_weights();
         let flag = |p: &Value, k: &str| p.get(k).and_then(Value::as_bool) == Some(true);
-        // A rANS stream of `n` symbols of `alphabet`, with `raw` low bytes for halves.
-        let rans = |name: &str, n: usize, alphabet: usize, raw: bool| -> Result<BlockStream> {
-            let a = |k: &str, d| array(&format!("{name}_{k}"), d);
+        // A rANS stream of `n` symbols of `alphabet` (arrays `NAME_PREFIXfreqs` …).
+        let one = |name: &str, prefix: &str, n: usize, alphabet: usize| -> Result<RansStream> {
+            let a = |k: &str, d| array(&format!("{name}_{prefix}{k}"), d);
             let stream = RansStream {
                 n,
                 freqs: to_u16(a("freqs", ArrayDtype::U8)?),
@@ -705,17 +726,14 @@ impl BlocksCoded {
                     stream.freqs.len()
                 )));
             }
-            let raw = match raw {
-                true => a("raw", ArrayDtype::U8)?.to_vec(),
-                false => Vec::new(),
-            };
-            if !raw.is_empty() && raw.len() != n {
-                return Err(err(format!(
-                    "stream '{name}' has {} raw bytes for {n} values",
-                    raw.len()
-                )));
-            }
-            Ok(BlockStream::Rans { stream, raw })
+            Ok(stream)
+        };
+        // With `halves`, the high bytes' stream and the low bytes' (`NAME_low_*`).
+        let rans = |name: &str, n: usize, alphabet: usize, halves: bool| -> Result<BlockStream> {
+            Ok(BlockStream::Rans {
+                stream: one(name, "", n, alphabet)?,
+                low: halves.then(|| one(name, "low_", n, 256)).transpose()?,
+            })
         };
         let packed = |name: &str, len: usize| -> Result<BlockStream> {
             let b = array(name, ArrayDtype::U8)?;
