@@ -10,6 +10,7 @@ pub mod error;
 pub mod eval;
 pub mod forms;
 pub mod gguf;
+pub mod hf_quant;
 pub mod load;
 pub mod rates;
 pub mod sampler;

@@ -118,31 +118,39 @@ fn container_config(reader: &ContainerReader) -> Result<ModelConfig> {
     ModelConfig::from_hf_json(&text)
 }
 
-fn read_config(dir: &Path) -> Result<ModelConfig> {
+/// A checkpoint directory's config and the scheme its integer matrices are packed by.
+fn read_config(dir: &Path) -> Result<(ModelConfig, Option<crate::hf_quant::Scheme>)> {
     let path = dir.join("config.json");
     let text = entrollm_format::input::read_text_limited(&path, entrollm_format::input::JSON_LIMIT)
         .map_err(|e| ModelError::Io {
             path: path.clone(),
             error: e,
         })?;
-    ModelConfig::from_hf_json(&text)
+    Ok((
+        ModelConfig::from_hf_json(&text)?,
+        crate::hf_quant::Scheme::from_config_json(&text)?,
+    ))
 }
 
 fn format_err(path: &Path, e: entrollm_format::FormatError) -> ModelError {
     ModelError::format(path, e.to_string())
 }
 
-/// An HF checkpoint directory (config.json + safetensors).
+/// An HF checkpoint directory (config.json + safetensors); integer matrices packed by
+/// compressed-tensors, GPTQ or AWQ are served as their codes ([`crate::hf_quant`]).
 pub struct SafetensorsSource {
     ckpt: Checkpoint,
     config: ModelConfig,
+    quant: Option<crate::hf_quant::Scheme>,
 }
 
 impl SafetensorsSource {
     pub fn open(dir: &Path) -> Result<Self> {
+        let (config, quant) = read_config(dir)?;
         Ok(SafetensorsSource {
             ckpt: Checkpoint::open(dir).map_err(|e| format_err(dir, e))?,
-            config: read_config(dir)?,
+            config,
+            quant,
         })
     }
 }
@@ -152,6 +160,11 @@ impl TensorSource for SafetensorsSource {
         Ok(self.config.clone())
     }
     fn tensor(&self, name: &str) -> Result<Option<HostTensor>> {
+        if let Some(q) = &self.quant {
+            if let Some(m) = q.matrix(&self.ckpt, name)? {
+                return Ok(Some(m));
+            }
+        }
         let Some(t) = self.ckpt.get(name) else {
             return Ok(None);
         };

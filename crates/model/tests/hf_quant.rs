@@ -1,0 +1,280 @@
+//! Integer-quantised HF checkpoints (compressed-tensors pack-quantized, GPTQ, AWQ GEMM) against
+//! the packers' own dequantisation and transformers' logits, from the files
+//! tools/gen_hf_quant_testdata.py wrote; and hostile tensors and configs.
+
+use entrollm_format::{Dtype, SafetensorsFile, TensorView};
+use entrollm_model::hf_quant::{Scheme, Tensors};
+use entrollm_model::load::SafetensorsSource;
+use entrollm_model::{build_model, Engine, HostTensor, Linear};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/hfq")
+        .join(name)
+}
+
+fn scheme(qcfg: &serde_json::Value) -> Result<Option<Scheme>, entrollm_model::ModelError> {
+    Scheme::from_config_json(&serde_json::json!({ "quantization_config": qcfg }).to_string())
+}
+
+fn linear(t: HostTensor) -> Arc<dyn Linear> {
+    match t {
+        HostTensor::Linear(m) => m,
+        _ => panic!("not a matrix"),
+    }
+}
+
+fn f32s(v: &TensorView) -> Vec<f32> {
+    assert_eq!(v.dtype, Dtype::F32);
+    v.bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn every_case_reads_back_as_the_reference_dequantisation_bit_for_bit() {
+    let file = SafetensorsFile::open(&data("matrices.safetensors")).unwrap();
+    let cases: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(data("matrices.json")).unwrap()).unwrap();
+    assert!(cases.len() >= 14);
+    for case in &cases {
+        let name = case["name"].as_str().unwrap();
+        let s = scheme(&case["quantization_config"]).unwrap().unwrap();
+        let m = linear(s.matrix(&file, &format!("{name}.weight")).unwrap().unwrap());
+        assert_eq!(m.form().form, "int", "{name}");
+        let r = file.get(&format!("{name}.ref")).unwrap();
+        let want = f32s(&r);
+        assert_eq!((m.rows(), m.cols()), (r.shape[0], r.shape[1]), "{name}");
+        let mut row = vec![0f32; m.cols()];
+        for i in 0..m.rows() {
+            m.row(i, &mut row);
+            for (c, (&a, &b)) in row.iter().zip(&want[i * m.cols()..]).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{name} ({i}, {c}): {a} vs reference {b}"
+                );
+            }
+        }
+        // The product is that matrix's, within f32 rounding.
+        let x: Vec<f32> = (0..m.cols())
+            .map(|i| ((i * 37 % 17) as f32 - 8.0) / 8.0)
+            .collect();
+        let mut y = vec![0f32; m.rows()];
+        m.matvec(&x, &mut y);
+        for (i, &y) in y.iter().enumerate() {
+            let exact: f64 = want[i * m.cols()..(i + 1) * m.cols()]
+                .iter()
+                .zip(&x)
+                .map(|(&w, &x)| w as f64 * x as f64)
+                .sum();
+            assert!(
+                (y as f64 - exact).abs() < 1e-5,
+                "{name} row {i}: {y} vs {exact}"
+            );
+        }
+        // Codes and group scales, not floats: well under the f32 matrix's bytes.
+        assert!(
+            m.stored_bytes() * 2 < 4 * m.rows() * m.cols(),
+            "{name}: {} bytes",
+            m.stored_bytes()
+        );
+    }
+}
+
+fn logits_match_transformers(fmt: &str) {
+    let src = SafetensorsSource::open(&data(fmt)).unwrap();
+    let w = build_model(&src).unwrap();
+    for l in &w.layers {
+        for m in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {
+            assert_eq!(m.form().form, "int", "{fmt}");
+        }
+    }
+    let expected: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(data(&format!("{fmt}.expected.json"))).unwrap(),
+    )
+    .unwrap();
+    let prompt: Vec<u32> = expected["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let want: Vec<f32> = expected["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    let mut engine = Engine::new(w, 64).unwrap();
+    let got = engine.prefill(&prompt).unwrap();
+    assert_eq!(got.len(), want.len());
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst <= 5e-4, "{fmt}: logits differ by {worst}");
+}
+
+#[test]
+fn compressed_tensors_model_logits_match_transformers() {
+    logits_match_transformers("ct");
+}
+
+#[test]
+fn gptq_model_logits_match_transformers() {
+    logits_match_transformers("gptq");
+}
+
+#[test]
+fn awq_model_logits_match_transformers() {
+    logits_match_transformers("awq");
+}
+
+/// Tensors in memory, for hostile inputs.
+struct Mem(HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>);
+
+impl Tensors for Mem {
+    fn get(&self, name: &str) -> Option<TensorView<'_>> {
+        self.0.get_key_value(name).map(|(n, (d, s, b))| TensorView {
+            name: n,
+            dtype: *d,
+            shape: s,
+            bytes: b,
+        })
+    }
+}
+
+impl Mem {
+    fn from_file(file: &SafetensorsFile, prefix: &str, as_prefix: &str) -> Mem {
+        Mem(file
+            .tensors()
+            .filter_map(|t| {
+                let rest = t.name.strip_prefix(prefix)?;
+                Some((
+                    format!("{as_prefix}{rest}"),
+                    (t.dtype, t.shape.to_vec(), t.bytes.to_vec()),
+                ))
+            })
+            .collect())
+    }
+}
+
+fn case_config(name: &str) -> serde_json::Value {
+    let cases: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(data("matrices.json")).unwrap()).unwrap();
+    cases.into_iter().find(|c| c["name"] == name).unwrap()["quantization_config"].clone()
+}
+
+fn err(s: &Scheme, t: &Mem) -> String {
+    match s.matrix(t, "m.weight") {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn hostile_tensors_are_errors_naming_tensor_and_field() {
+    let file = SafetensorsFile::open(&data("matrices.safetensors")).unwrap();
+    // GPTQ without qzeros.
+    let s = scheme(&case_config("gptq_4_asym_g64_v1")).unwrap().unwrap();
+    let mut t = Mem::from_file(&file, "gptq_4_asym_g64_v1", "m");
+    assert!(s.matrix(&t, "m.weight").is_ok());
+    t.0.remove("m.qzeros");
+    let e = err(&s, &t);
+    assert!(e.contains("m.qzeros") && e.contains("missing"), "{e}");
+    // Scales of the wrong shape.
+    let mut t = Mem::from_file(&file, "gptq_4_asym_g64_v1", "m");
+    t.0.get_mut("m.scales").unwrap().1 = vec![2, 32];
+    let e = err(&s, &t);
+    assert!(e.contains("m.scales") && e.contains("shape"), "{e}");
+    // qweight of the wrong dtype.
+    let mut t = Mem::from_file(&file, "gptq_4_asym_g64_v1", "m");
+    t.0.get_mut("m.qweight").unwrap().0 = Dtype::F32;
+    let e = err(&s, &t);
+    assert!(e.contains("m.qweight") && e.contains("dtype"), "{e}");
+    // g_idx groups of unequal sizes.
+    let mut t = Mem::from_file(&file, "gptq_4_asym_g64_v1", "m");
+    t.0.get_mut("m.g_idx").unwrap().2[..4].copy_from_slice(&1i32.to_le_bytes());
+    let e = err(&s, &t);
+    assert!(e.contains("m.g_idx") && e.contains("group"), "{e}");
+    // compressed-tensors asymmetric without zero points, and a wrong weight_shape.
+    let s = scheme(&case_config("ct_int4_asym_g64")).unwrap().unwrap();
+    let mut t = Mem::from_file(&file, "ct_int4_asym_g64", "m");
+    assert!(s.matrix(&t, "m.weight").is_ok());
+    t.0.remove("m.weight_zero_point");
+    let e = err(&s, &t);
+    assert!(
+        e.contains("m.weight_zero_point") && e.contains("missing"),
+        "{e}"
+    );
+    let mut t = Mem::from_file(&file, "ct_int4_asym_g64", "m");
+    t.0.get_mut("m.weight_shape").unwrap().2[..8].copy_from_slice(&17i64.to_le_bytes());
+    let e = err(&s, &t);
+    assert!(e.contains("m.weight_packed") && e.contains("shape"), "{e}");
+    // AWQ with the wrong number of scales.
+    let s = scheme(&case_config("awq_g64")).unwrap().unwrap();
+    let mut t = Mem::from_file(&file, "awq_g64", "m");
+    assert!(s.matrix(&t, "m.weight").is_ok());
+    let sc = t.0.get_mut("m.scales").unwrap();
+    sc.1 = vec![3, 16];
+    sc.2.truncate(3 * 16 * 2);
+    let e = err(&s, &t);
+    assert!(e.contains("m.scales") && e.contains("shape"), "{e}");
+    // A packed matrix with a scheme of other bits reads a shape it does not have.
+    let mut cfg = case_config("gptq_4_asym_g64_v1");
+    cfg["bits"] = 8.into();
+    let s = scheme(&cfg).unwrap().unwrap();
+    let t = Mem::from_file(&file, "gptq_4_asym_g64_v1", "m");
+    let e = err(&s, &t);
+    assert!(e.contains("m.qweight") && e.contains("shape"), "{e}");
+}
+
+#[test]
+fn unread_configs_are_errors_naming_the_field() {
+    let bad = |qcfg: serde_json::Value, field: &str| {
+        let e = scheme(&qcfg).unwrap_err().to_string();
+        assert!(e.contains(field), "{e} (wanted {field})");
+    };
+    let mut c = case_config("gptq_4_asym_g64_v1");
+    c["bits"] = 7.into();
+    bad(c, "quantization_config.bits");
+    let mut c = case_config("gptq_4_asym_g64_v1");
+    c["checkpoint_format"] = "marlin".into();
+    bad(c, "quantization_config.checkpoint_format");
+    let mut c = case_config("awq_g64");
+    c["version"] = "exllama".into();
+    bad(c, "quantization_config.version");
+    let mut c = case_config("awq_g64");
+    c["bits"] = 3.into();
+    bad(c, "quantization_config.bits");
+    let mut c = case_config("ct_int4_asym_g64");
+    c["format"] = "marlin-24".into();
+    bad(c, "quantization_config.format");
+    let mut c = case_config("ct_int4_asym_g64");
+    c["config_groups"]["group_0"]["weights"]["num_bits"] = 7.into();
+    // 7 bits are within what compressed-tensors packs (2 to 8): read.
+    assert!(scheme(&c).unwrap().is_some());
+    c["config_groups"]["group_0"]["weights"]["num_bits"] = 9.into();
+    bad(c, "config_groups.group_0.weights.num_bits");
+    let mut c = case_config("ct_int4_asym_g64");
+    c["config_groups"]["group_0"]["weights"]["strategy"] = "tensor".into();
+    bad(c, "config_groups.group_0.weights.strategy");
+    bad(
+        serde_json::json!({"quant_method": "bitsandbytes"}),
+        "quant_method",
+    );
+    // FP8 compressed-tensors is no integer scheme (its tensors are read by their dtype).
+    let fp8 = serde_json::json!({
+        "quant_method": "compressed-tensors", "format": "float-quantized",
+        "config_groups": { "group_0": { "targets": ["Linear"],
+            "weights": { "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": true } } },
+        "ignore": ["lm_head"],
+    });
+    assert_eq!(scheme(&fp8).unwrap(), None);
+}
