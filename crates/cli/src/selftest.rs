@@ -24,15 +24,22 @@ pub struct Args {
     /// SmolLM2-135M GGUF for the end-to-end checks (default: where scripts/fetch-smollm2 puts it).
     #[arg(long)]
     smollm2: Option<PathBuf>,
+    /// Quantised GGUF files the `ggml` part serves as their blocks against the CPU engine (logits
+    /// and greedy tokens; repeat for several; default: the SmolLM2 GGUF where present).
+    #[arg(long)]
+    gguf: Vec<PathBuf>,
     /// Run only these parts (repeat or comma-separate; default: all, in this order): `kernels`
     /// (every kernel against its CPU reference), `engine` (the forward pass, GPU vs CPU),
     /// `coded` (the coded forward pass against the dense one), `dtans` (the dtANS-LLM kernels),
-    /// `encoder` (the GPU encoder against the CPU's), `lossy` (the lossy-matrix kernels).
+    /// `encoder` (the GPU encoder against the CPU's), `lossy` (the lossy-matrix kernels), `ggml` (the
+    /// GGUF-block kernels, every ggml type).
     #[arg(long, value_delimiter = ',', value_parser = PARTS.to_vec())]
     part: Vec<String>,
 }
 
-const PARTS: [&str; 6] = ["kernels", "engine", "coded", "dtans", "encoder", "lossy"];
+const PARTS: [&str; 7] = [
+    "kernels", "engine", "coded", "dtans", "encoder", "lossy", "ggml",
+];
 
 pub fn run(a: Args) -> Result<()> {
     if !a.gpu {
@@ -107,6 +114,30 @@ pub fn run(a: Args) -> Result<()> {
             "lossy kernels",
             entrollm_cuda::lossy_selftest::selftest(&dev, a.seed),
         );
+    }
+    if runs("ggml") {
+        failed |= summarise(
+            "ggml kernels",
+            entrollm_cuda::ggml_selftest::selftest(&dev, a.seed),
+        );
+        let files = match a.gguf.is_empty() {
+            true => gguf.iter().cloned().collect(),
+            false => a.gguf.clone(),
+        };
+        for path in files {
+            let (mut cases, mut notes) = (Vec::new(), Vec::new());
+            let r = entrollm_cuda::engine_selftest::gguf_served(
+                &dev, &path, 24, &mut cases, &mut notes,
+            )
+            .map(|()| SelftestReport {
+                device: dev.info().name.clone(),
+                cases,
+            });
+            for n in notes {
+                println!("  {n}");
+            }
+            failed |= summarise(&format!("{} served as its blocks", path.display()), r);
+        }
     }
     if failed {
         bail!("GPU selftest failed");

@@ -64,11 +64,6 @@ __device__ __forceinline__ unsigned short f32_to_f16_bits(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
-__device__ __forceinline__ float f16_bits_to_f32(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
 
 // The value served: the decoded weight at the container's precision.
 __device__ __forceinline__ float lossy_round(float w) {

@@ -1147,9 +1147,55 @@ pub fn smollm2_greedy(
 ) -> Result<()> {
     let (w, tok) = entrollm_model::load::open_model(path, false).map_err(model_err)?;
     let w = bf16_rounded(&w)?;
-    let max_seq = 256;
-    let mut ce = Engine::new(w.clone_shallow(), max_seq).map_err(model_err)?;
     let gm = GpuModel::upload(dev, &w)?;
+    greedy_against_cpu(dev, "smollm2_greedy", w, gm, &tok, n_new, cases, notes)
+}
+
+/// A quantised GGUF served as its blocks (form `ggml`: `ggml_mv` for the steps, prefill through
+/// their BF16 dequantisation) against the CPU engine on the same blocks: the logits of a prefill
+/// and of 8 graph steps, then greedy tokens from each of [`SMOLLM2_PROMPTS`] as
+/// [`smollm2_greedy`] judges them. Part `ggml` of `selftest --gpu`, for each `--gguf`.
+pub fn gguf_served(
+    dev: &Arc<GpuDevice>,
+    path: &Path,
+    n_new: usize,
+    cases: &mut Vec<CaseResult>,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let (w, tok) = entrollm_model::load::open_model(path, false).map_err(model_err)?;
+    let label = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let ids = tok
+        .encode(
+            "The quick brown fox jumps over the lazy dog. In 1905, Einstein",
+            true,
+        )
+        .map_err(model_err)?;
+    let served = Some(Serving::default());
+    compare_logits(dev, &label, w.clone_shallow(), served, &ids, 8, 5e-2, cases)?;
+    let (gm, n) = GpuModel::upload_served(dev, &w, Serving::default())?;
+    notes.push(format!("{label}: {n} launches served as held"));
+    greedy_against_cpu(dev, "gguf_greedy", w, gm, &tok, n_new, cases, notes)
+}
+
+/// Greedy tokens of the CPU engine on `w` and of the GPU on `gm` (the same model) from each of
+/// [`SMOLLM2_PROMPTS`]: a divergence passes only where the CPU's logits of the two tokens are
+/// within 0.5 (a near-tie rounding decides).
+#[allow(clippy::too_many_arguments)]
+fn greedy_against_cpu(
+    dev: &Arc<GpuDevice>,
+    kernel: &str,
+    w: ModelWeights,
+    gm: GpuModel,
+    tok: &entrollm_model::tokenizer::Tokenizer,
+    n_new: usize,
+    cases: &mut Vec<CaseResult>,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let max_seq = 256;
+    let mut ce = Engine::new(w, max_seq).map_err(model_err)?;
     let mut ge = GpuEngine::new(Arc::clone(dev), gm, max_seq)?;
     for (i, prompt) in SMOLLM2_PROMPTS.iter().enumerate() {
         let ids = tok.encode(prompt, true).map_err(model_err)?;
@@ -1192,7 +1238,7 @@ pub fn smollm2_greedy(
             tok.decode(&gpu).unwrap_or_default()
         ));
         cases.push(CaseResult {
-            kernel: "smollm2_greedy".into(),
+            kernel: kernel.into(),
             shape: format!("prompt {i}, {n_new} tokens: {what}"),
             rel_l2: if ok { 0.0 } else { f64::INFINITY },
             tolerance: 0.0,

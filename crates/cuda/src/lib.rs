@@ -8,6 +8,7 @@
 pub mod bench;
 pub mod bench_coded;
 pub mod bench_fp8;
+pub mod bench_ggml;
 pub mod bench_lossy;
 pub mod coded;
 pub mod device;
@@ -18,6 +19,7 @@ pub mod engine_selftest;
 pub mod error;
 pub mod forms;
 pub mod gemm;
+pub mod ggml_selftest;
 pub mod jit;
 pub mod linear;
 pub mod lossy_selftest;

@@ -169,6 +169,7 @@ pub fn all_variants() -> Vec<KernelVariant> {
     v.extend(crate::dtans_selftest::builtin_variants());
     v.push(crate::ops::dtans_encode::variant());
     v.extend(crate::ops::lossy::all_variants());
+    v.extend(crate::ops::ggml::all_variants());
     v
 }
 

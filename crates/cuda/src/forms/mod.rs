@@ -8,11 +8,13 @@
 //! by row as the fused SwiGLU epilogue reads them). Load policies ([`Upload`]) let a form take
 //! matrices held in another: FP8 codes palette-packed at load (`--fp8`), BF16 matrices
 //! palette-packed (`--bf16 palette`) or dtANS-coded at load (`--code-at-load`). Lossy-coded
-//! matrices (`compress --bits`) are served coded where the model holds them so (`--keep-coded`).
+//! matrices (`compress --bits`) are served coded where the model holds them so (`--keep-coded`),
+//! a quantised GGUF's blocks as the file stores them.
 
 pub mod bf16;
 pub mod dtans;
 pub mod fp8;
+pub mod ggml;
 pub mod lossy;
 pub mod pal_bf16;
 
@@ -78,12 +80,13 @@ pub trait GpuForm: Sync {
 }
 
 /// The GPU forms, in the order a launch is offered to them: forms held as such first (a coded
-/// matrix stays coded, FP8 codes stay FP8), then the load policies that change a BF16 matrix's
+/// matrix stays coded, FP8 codes and GGUF blocks stay as stored), then the load policies that change a BF16 matrix's
 /// form, then dense BF16.
 pub fn all() -> &'static [&'static dyn GpuForm] {
-    static ALL: [&dyn GpuForm; 6] = [
+    static ALL: [&dyn GpuForm; 7] = [
         &dtans::HELD,
         &lossy::HELD,
+        &ggml::HELD,
         &fp8::FP8,
         &dtans::AT_LOAD,
         &pal_bf16::PAL_BF16,

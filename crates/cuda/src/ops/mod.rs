@@ -13,6 +13,7 @@ pub mod elementwise;
 pub mod forward;
 pub mod gemv;
 pub mod gemv_fp8;
+pub mod ggml;
 pub mod lossy;
 pub mod rope;
 

@@ -87,6 +87,46 @@ pub(crate) fn to_f32(ty: GgmlType, bytes: &BlockBytes) -> Vec<f32> {
     out
 }
 
+/// `blocks` random blocks of `ty` from `seed` (test and selftest matrices): random bytes, with
+/// finite, small f16 scales where the type keeps them (MXFP4: an E8M0 scale near one; NVFP4's
+/// E4M3 scales are finite whatever their bytes).
+pub fn synth_blocks(ty: GgmlType, blocks: usize, seed: u64) -> Vec<u8> {
+    // splitmix64: bytes, and uniforms for the scales.
+    let mut s = seed;
+    let mut next = move || {
+        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let (_, ts) = ty.block_layout();
+    let mut out: Vec<u8> = (0..blocks * ts).map(|_| next() as u8).collect();
+    // Where each type keeps its f16 super-scales (ggml-common.h).
+    let at: &[usize] = match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::IQ4_XS => &[0],
+        _ => &[],
+    };
+    for b in out.chunks_exact_mut(ts) {
+        for &a in at {
+            // Uniform in ±0.02: the scales of weights of about 0.01–0.1.
+            let u = (next() >> 11) as f32 / (1u64 << 53) as f32;
+            let v = half::f16::from_f32((2.0 * u - 1.0) * 0.02);
+            b[a..a + 2].copy_from_slice(&v.to_bits().to_le_bytes());
+        }
+        if ty == GgmlType::MXFP4 {
+            // 2^-18 … 2^7: random bytes would overflow to infinities or flush to zero.
+            b[0] = 110 + (next() % 26) as u8;
+        }
+    }
+    out
+}
+
 /// A matrix of ggml blocks, each row a whole number of blocks.
 pub struct GgmlLinear {
     rows: usize,
@@ -103,6 +143,16 @@ pub struct GgmlLinear {
 }
 
 impl GgmlLinear {
+    /// The ggml type of its blocks.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Its blocks, row-major: each row `cols / block size` whole blocks.
+    pub fn blocks(&self) -> &[u8] {
+        self.bytes.bytes()
+    }
+
     fn row_blocks(&self, r: usize) -> &[u8] {
         &self.bytes.bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
@@ -260,8 +310,9 @@ impl Form for GgmlForm {
     fn describe(&self) -> &'static str {
         "GGUF quantised blocks as the file stores them (legacy types, k-quants, IQ4_NL/XS, MXFP4, NVFP4)"
     }
-    fn runs_on(&self, device: DeviceKind) -> bool {
-        device == DeviceKind::Cpu
+    fn runs_on(&self, _device: DeviceKind) -> bool {
+        // GPU: `ggml_mv` / `ggml_dequant` (entrollm_cuda::forms::ggml), every type of FUSED.
+        true
     }
     fn accepts(&self, src: &Source) -> bool {
         matches!(src.values, Values::Ggml { .. })
@@ -1142,33 +1193,8 @@ mod tests {
     use super::super::*;
     use super::*;
 
-    /// Random blocks of `ty` with finite, small f16 scales where the type has them (MXFP4: an
-    /// E8M0 scale near one; NVFP4's E4M3 scales are finite whatever their bytes).
     pub(crate) fn random_blocks(rng: &mut Rng, ty: GgmlType, blocks: usize) -> Vec<u8> {
-        let (_, ts) = ty.block_layout();
-        let mut out: Vec<u8> = (0..blocks * ts).map(|_| rng.next() as u8).collect();
-        let f16 = |v: f32| half::f16::from_f32(v).to_bits().to_le_bytes();
-        for b in out.chunks_exact_mut(ts) {
-            // Where each type keeps its f16 super-scales (ggml-common.h).
-            let at: &[usize] = match ty {
-                GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
-                GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
-                GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-                GgmlType::Q6_K => &[208],
-                GgmlType::Q2_K => &[80, 82],
-                GgmlType::Q3_K => &[108],
-                GgmlType::IQ4_XS => &[0],
-                _ => &[],
-            };
-            for &a in at {
-                b[a..a + 2].copy_from_slice(&f16(rng.normal() * 0.01));
-            }
-            if ty == GgmlType::MXFP4 {
-                // 2^-18 … 2^7: random bytes would overflow to infinities or flush to zero.
-                b[0] = 110 + (rng.next() % 26) as u8;
-            }
-        }
-        out
+        synth_blocks(ty, blocks, rng.next())
     }
 
     const TYPES: [GgmlType; 14] = FUSED;

@@ -1,0 +1,248 @@
+//! GGUF quantised blocks (model form `ggml`: a quantised GGUF's matrices as the file stores them)
+//! served as they are: batch-1 products by `ggml_mv` (`kernels/ggml.cu`) over the blocks, prefill
+//! by dequantising them into the shared BF16 workspace (`ggml_dequant`) for the dense path's
+//! GEMM. A launch's parts (q/k/v; gate and up as halves [gate; up]) may be of different types (a
+//! Q4_K_M file's q and v): consecutive parts of one type are one device matrix, each multiplied by
+//! its type's kernel into its rows of the output. The decode step's fusions are small kernels
+//! around the products on the model's shared scratch (`forms::fused_product`).
+
+use super::{GpuForm, Upload};
+use crate::device::GpuDevice;
+use crate::engine_coded::LoadReport;
+use crate::error::{GpuError, Result};
+use crate::gemm::Gemm;
+use crate::linear::{DtansScratch, GpuLinear, GpuMatrix, SharedScratch};
+use crate::ops::forward::GemvFusion;
+use crate::ops::ggml::{launch_dequant, launch_mv, types, GpuGgml};
+use crate::plan::{LaunchForm, LinearDesc, MatvecLaunch};
+use cudarc::driver::CudaSlice;
+use entrollm_model::forms::ggml::GgmlLinear;
+use entrollm_model::gguf::GgmlType;
+use entrollm_model::weights::Linear;
+use std::sync::Arc;
+
+/// Matrices held as ggml blocks, served as they are.
+pub struct Held;
+pub static HELD: Held = Held;
+
+impl GpuForm for Held {
+    fn name(&self) -> &'static str {
+        "ggml"
+    }
+
+    fn upload(
+        &self,
+        up: &Upload<'_>,
+        parts: &[&dyn Linear],
+        halves: bool,
+        report: &mut LoadReport,
+    ) -> Result<Option<GpuLinear>> {
+        let mut held = Vec::with_capacity(parts.len());
+        for p in parts {
+            match p.as_any().downcast_ref::<GgmlLinear>() {
+                Some(g) if types().contains(&g.ty()) => held.push(g),
+                _ => return Ok(None),
+            }
+        }
+        let cols = held[0].cols();
+        if held.iter().any(|g| g.cols() != cols)
+            || (halves && (held.len() != 2 || held[0].rows() != held[1].rows()))
+        {
+            return Ok(None);
+        }
+        // Consecutive parts of one type: one device matrix.
+        let mut segs: Vec<(GgmlType, usize, Vec<u8>)> = Vec::new();
+        for g in held {
+            match segs.last_mut() {
+                Some((ty, rows, bytes)) if *ty == g.ty() => {
+                    *rows += g.rows();
+                    bytes.extend_from_slice(g.blocks());
+                }
+                _ => segs.push((g.ty(), g.rows(), g.blocks().to_vec())),
+            }
+        }
+        let segs = segs
+            .into_iter()
+            .map(|(ty, rows, bytes)| GpuGgml::upload(up.dev, ty, rows, cols, &bytes))
+            .collect::<Result<Vec<_>>>()?;
+        let l = GgmlGpuLinear::new(segs, halves, Arc::clone(up.scratch))?;
+        report.served += 1;
+        Ok(Some(GpuLinear::new(l)))
+    }
+}
+
+/// A launch's parts as ggml blocks on the device: row-stacked matrices of one type each.
+pub struct GgmlGpuLinear {
+    segs: Vec<GpuGgml>,
+    halves: bool,
+    scratch: SharedScratch,
+}
+
+impl GgmlGpuLinear {
+    fn new(segs: Vec<GpuGgml>, halves: bool, scratch: SharedScratch) -> Result<Self> {
+        let first = segs
+            .first()
+            .ok_or_else(|| GpuError::invalid("ggml linear", "no parts"))?;
+        let (r, k) = (segs.iter().map(|s| s.rows).sum::<usize>(), first.cols);
+        let s = scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if s.y.len() < r || s.xn.len() < k {
+            return Err(GpuError::invalid(
+                "ggml linear",
+                format!(
+                    "scratch of {} outputs / {} inputs is too small for {r}×{k}",
+                    s.y.len(),
+                    s.xn.len()
+                ),
+            ));
+        }
+        drop(s);
+        Ok(GgmlGpuLinear {
+            segs,
+            halves,
+            scratch,
+        })
+    }
+
+    fn rows(&self) -> usize {
+        self.segs.iter().map(|s| s.rows).sum()
+    }
+
+    fn cols(&self) -> usize {
+        self.segs[0].cols
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DtansScratch> {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mv_into(&self, dev: &GpuDevice, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<()> {
+        let mut at = 0;
+        for s in &self.segs {
+            launch_mv(dev, s, x, y, at)?;
+            at += s.rows;
+        }
+        Ok(())
+    }
+}
+
+impl GpuMatrix for GgmlGpuLinear {
+    fn desc(&self) -> LinearDesc {
+        LinearDesc::new(
+            GgmlLaunch {
+                types: self.segs.iter().map(|s| (s.ty, s.rows)).collect(),
+                halves: self.halves,
+            },
+            self.rows(),
+            self.cols(),
+        )
+    }
+
+    fn stored_bytes(&self) -> usize {
+        self.segs.iter().map(|s| s.stored_bytes()).sum()
+    }
+
+    fn device_bytes(&self) -> usize {
+        self.segs.iter().map(|s| s.device_bytes()).sum()
+    }
+
+    fn matvec_fused(
+        &self,
+        dev: &GpuDevice,
+        x: &CudaSlice<f32>,
+        norm: Option<(&CudaSlice<f32>, f32)>,
+        fusion: GemvFusion,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let shape = (self.rows(), self.cols());
+        let mut guard = self.lock();
+        super::fused_product(
+            dev,
+            "ggml matvec",
+            &mut guard,
+            shape,
+            self.halves,
+            x,
+            norm,
+            fusion,
+            y,
+            |input, out, _err| self.mv_into(dev, input, out),
+        )
+    }
+
+    fn matmul(
+        &self,
+        dev: &GpuDevice,
+        gemm: &Gemm,
+        x: &CudaSlice<u16>,
+        y: &mut CudaSlice<f32>,
+        m: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let mut s = self.lock();
+        let (rows, cols) = (self.rows(), self.cols());
+        if s.w.len() < rows * cols {
+            return Err(GpuError::invalid(
+                "ggml matmul",
+                format!(
+                    "the dequantisation workspace holds {} weights, a {rows}×{cols} matrix needs {}",
+                    s.w.len(),
+                    rows * cols
+                ),
+            ));
+        }
+        let mut at = 0;
+        for seg in &self.segs {
+            launch_dequant(dev, seg, &mut s.w, at)?;
+            at += seg.rows * seg.cols;
+        }
+        gemm.matmul(&s.w, x, y, m, rows, cols, accumulate)
+    }
+
+    fn gate_up_halves(&self) -> bool {
+        self.halves
+    }
+
+    fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear> {
+        let segs = self
+            .segs
+            .iter()
+            .map(|s| s.duplicate(dev))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(GpuLinear::new(GgmlGpuLinear {
+            segs,
+            halves: self.halves,
+            scratch: Arc::clone(&self.scratch),
+        }))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A launch of ggml blocks in the decode step: one `ggml_mv` per run of parts of one type (its
+/// type and rows), gate/up as `halves`.
+#[derive(Debug)]
+pub struct GgmlLaunch {
+    pub types: Vec<(GgmlType, usize)>,
+    pub halves: bool,
+}
+
+impl LaunchForm for GgmlLaunch {
+    fn name(&self) -> &'static str {
+        "ggml"
+    }
+    fn matvec(&self, m: &MatvecLaunch<'_>, push: &mut dyn FnMut(&'static str, String)) {
+        // GgmlGpuLinear::matvec_fused: each run's product into its rows, inside the fusions.
+        super::fused_product_launches(m, self.halves, push, |x, y, push| {
+            let mut at = 0;
+            for &(ty, rows) in &self.types {
+                push(
+                    "ggml_mv",
+                    format!("{} {ty} rows {at}..{} {x}->{y}", m.label, at + rows),
+                );
+                at += rows;
+            }
+        });
+    }
+}

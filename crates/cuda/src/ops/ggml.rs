@@ -1,0 +1,219 @@
+//! GGUF quantised blocks on the device (`kernels/ggml.cu`, model form `ggml`): `ggml_mv`
+//! multiplies one vector by a matrix of one ggml type's blocks as the file stores them (one warp a
+//! row), `ggml_dequant` writes the matrix as BF16 for prefill's GEMM. One module per type. Their
+//! selftest against the CPU form (`GgmlLinear`'s product and `gguf::dequantize`) is
+//! `ggml_selftest`.
+//!
+//! Tolerances: the dequantisation is bit-exact (the CPU's f32 weights rounded to BF16); the
+//! product is f32 sums in another order than the CPU's.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use entrollm_model::forms::ggml::FUSED;
+use entrollm_model::gguf::GgmlType;
+
+use crate::device::GpuDevice;
+use crate::error::{DriverContext, GpuError, Result};
+use crate::jit::{KernelSource, KernelVariant};
+
+pub static GGML: KernelSource = KernelSource {
+    name: "ggml.cu",
+    source: include_str!("../../kernels/ggml.cu"),
+};
+
+/// Rows (warps) a block of `ggml_mv`.
+pub const WARPS: u32 = 4;
+/// Bytes past a matrix's blocks its buffer holds: `load8` reads whole aligned words.
+const PAD: usize = 16;
+
+/// The types the kernels run: every type the CPU form runs.
+pub fn types() -> &'static [GgmlType] {
+    &FUSED
+}
+
+/// The compiled module of `ty`'s kernels.
+pub fn variant(ty: GgmlType) -> KernelVariant {
+    KernelVariant::new(
+        &GGML,
+        vec![("GGML_TYPE", ty.id() as i64), ("GGML_WARPS", WARPS as i64)],
+    )
+}
+
+/// Every variant (one a type).
+pub fn all_variants() -> Vec<KernelVariant> {
+    types().iter().map(|&t| variant(t)).collect()
+}
+
+/// One ggml type's row-major blocks on the device.
+pub struct GpuGgml {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    row_bytes: usize,
+    bytes: CudaSlice<u8>,
+}
+
+impl GpuGgml {
+    /// `bytes`, `rows` rows of whole `ty` blocks of `cols` elements, on the device. An error when
+    /// the kernels do not run `ty` or the bytes are not that shape.
+    pub fn upload(
+        dev: &GpuDevice,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<GpuGgml> {
+        let (bs, ts) = ty.block_layout();
+        if !types().contains(&ty) {
+            return Err(GpuError::invalid(
+                "ggml upload",
+                format!("no GPU kernel for ggml type {ty}"),
+            ));
+        }
+        let row_bytes = cols / bs * ts;
+        if rows == 0
+            || cols == 0
+            || !cols.is_multiple_of(bs)
+            || bytes.len() != rows * row_bytes
+            || rows > i32::MAX as usize
+            || cols > i32::MAX as usize
+        {
+            return Err(GpuError::invalid(
+                "ggml upload",
+                format!(
+                    "{} bytes are not {rows} rows of {cols} {ty} weights (blocks of {bs} in {ts} bytes)",
+                    bytes.len()
+                ),
+            ));
+        }
+        let mut padded = Vec::with_capacity(bytes.len() + PAD);
+        padded.extend_from_slice(bytes);
+        padded.resize(bytes.len() + PAD, 0);
+        let what = || format!("uploading a {rows}×{cols} {ty} matrix");
+        Ok(GpuGgml {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            bytes: dev.stream().clone_htod(&padded).while_(what)?,
+        })
+    }
+
+    /// Bytes of the blocks (what a batch-1 product reads).
+    pub fn stored_bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+
+    pub fn device_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// A copy in new device memory (device-to-device).
+    pub fn duplicate(&self, dev: &GpuDevice) -> Result<GpuGgml> {
+        let what = || format!("copying a {}×{} {} matrix", self.rows, self.cols, self.ty);
+        Ok(GpuGgml {
+            bytes: dev.stream().clone_dtod(&self.bytes).while_(what)?,
+            ..*self
+        })
+    }
+}
+
+/// The kernels' `GgmlParams`, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+struct GgmlParams {
+    w: u64,
+    x: u64,
+    y: u64,
+    out: u64,
+    row_bytes: i64,
+    rows: i32,
+    cols: i32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernels' parameter struct.
+unsafe impl DeviceRepr for GgmlParams {}
+
+fn launch(
+    dev: &GpuDevice,
+    op: &'static str,
+    m: &GpuGgml,
+    p: GgmlParams,
+    lc: LaunchConfig,
+) -> Result<()> {
+    let f = dev.function(&variant(m.ty), op)?;
+    let stream = dev.stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&p);
+    // SAFETY: `p` matches the kernel's parameter struct; its pointers are live device buffers of
+    // the sizes the callers checked against the matrix's shape.
+    unsafe { b.launch(lc) }
+        .while_(|| format!("launching {op} on a {}×{} {} matrix", m.rows, m.cols, m.ty))?;
+    Ok(())
+}
+
+/// `y[at..at + rows] = W·x`.
+pub fn launch_mv(
+    dev: &GpuDevice,
+    m: &GpuGgml,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    at: usize,
+) -> Result<()> {
+    const OP: &str = "ggml_mv";
+    super::check_len(OP, "x", x, m.cols)?;
+    super::check_len(OP, "y", y, at + m.rows)?;
+    let stream = dev.stream();
+    let (w, _gw) = m.bytes.device_ptr(stream);
+    let (xp, _gx) = x.device_ptr(stream);
+    let (yp, _gy) = y.device_ptr_mut(stream);
+    let p = GgmlParams {
+        w,
+        x: xp,
+        y: yp + 4 * at as u64,
+        out: 0,
+        row_bytes: m.row_bytes as i64,
+        rows: m.rows as i32,
+        cols: m.cols as i32,
+    };
+    let lc = LaunchConfig {
+        grid_dim: (m.rows.div_ceil(WARPS as usize) as u32, 1, 1),
+        block_dim: (WARPS * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, OP, m, p, lc)
+}
+
+/// `out[at..at + rows·cols]` = W's weights as BF16 bits, row-major (`at` a multiple of 8).
+pub fn launch_dequant(
+    dev: &GpuDevice,
+    m: &GpuGgml,
+    out: &mut CudaSlice<u16>,
+    at: usize,
+) -> Result<()> {
+    const OP: &str = "ggml_dequant";
+    let n = m.rows * m.cols;
+    if !at.is_multiple_of(8) {
+        return Err(GpuError::invalid(
+            OP,
+            format!("output offset {at} is not a multiple of 8"),
+        ));
+    }
+    super::check_len(OP, "out", out, at + n)?;
+    let stream = dev.stream();
+    let (w, _gw) = m.bytes.device_ptr(stream);
+    let (o, _go) = out.device_ptr_mut(stream);
+    let p = GgmlParams {
+        w,
+        out: o + 2 * at as u64,
+        row_bytes: m.row_bytes as i64,
+        rows: m.rows as i32,
+        cols: m.cols as i32,
+        ..Default::default()
+    };
+    let lc = LaunchConfig {
+        grid_dim: (super::grid_for(n / 8, 256), 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, OP, m, p, lc)
+}
