@@ -1077,7 +1077,7 @@ fn storage(info: &GgufTensorInfo, min_elements: usize) -> Storage {
         t if matrix && t.block_type().is_some() => Storage::Codes(t.block_type().unwrap()),
         t if matrix
             && t.ktype()
-                .is_some_and(|k| info.row_len() % k.block_weights() == 0) =>
+                .is_some_and(|k| info.row_len().is_multiple_of(k.block_weights())) =>
         {
             Storage::Split(t.ktype().unwrap())
         }

@@ -72,7 +72,7 @@ impl GpuGgml {
         let row_bytes = cols / bs * ts;
         if rows == 0
             || cols == 0
-            || !cols.is_multiple_of(bs)
+            || cols % bs != 0
             || bytes.len() != rows * row_bytes
             || rows > i32::MAX as usize
             || cols > i32::MAX as usize
@@ -192,7 +192,7 @@ pub fn launch_dequant(
 ) -> Result<()> {
     const OP: &str = "ggml_dequant";
     let n = m.rows * m.cols;
-    if !at.is_multiple_of(8) {
+    if at % 8 != 0 {
         return Err(GpuError::invalid(
             OP,
             format!("output offset {at} is not a multiple of 8"),
