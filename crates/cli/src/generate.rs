@@ -54,8 +54,9 @@ pub enum Backend {
 impl Backend {
     /// Builds the engine for `weights` on `device` with a context of `ctx` tokens; with `code`, the
     /// GPU codes the dense BF16 matrices at load with that plan; matrices are kept as `serving`
-    /// says (see [`upload_gpu`]), or, with `dense_when_fits`, dtANS-coded BF16 matrices served
-    /// dense where that fits ([`dense_if_it_fits`]); the GPU decode step is put together as
+    /// says (see [`upload_gpu`]), or, with `dense_when_fits`, dtANS-coded BF16 matrices and a
+    /// GGUF's quantised blocks served dense where that fits ([`dense_if_it_fits`]); the GPU decode
+    /// step is put together as
     /// `decode` says.
     pub fn new(
         weights: ModelWeights,
@@ -160,7 +161,10 @@ fn dense_if_it_fits(
         l.flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
             .chain([&weights.lm_head])
     };
-    if !mats().any(|m| m.form().form == "dtans") || serving != Serving::default() {
+    // Coded BF16 matrices, and a GGUF's quantised blocks (whose GPU product is slower than the
+    // dense GEMV: bench/RESULTS.md).
+    let held = |f: &str| f == "dtans" || f == "ggml";
+    if !mats().any(|m| held(m.form().form)) || serving != Serving::default() {
         return Ok(serving);
     }
     if mats().any(|m| entrollm_cuda::forms::is_fp8(&**m)) {
@@ -172,8 +176,8 @@ fn dense_if_it_fits(
     let gb = |b: u64| b as f64 / 1e9;
     if dense_fits(dense, reserved, free) {
         eprintln!(
-            "cuda: coded matrices served dense, the faster form where it fits ({:.2} GB of weights \
-             and {:.2} GB reserved of {:.2} GB free; --keep-coded serves them coded)",
+            "cuda: coded or quantised matrices served dense, the faster form where it fits ({:.2} GB \
+             of weights and {:.2} GB reserved of {:.2} GB free; --keep-coded serves them as stored)",
             gb(dense),
             gb(reserved),
             gb(free)
@@ -181,8 +185,8 @@ fn dense_if_it_fits(
         return Ok(Serving::DECODED);
     }
     eprintln!(
-        "cuda: coded matrices served coded: dense they would take {:.2} GB beside {:.2} GB \
-         reserved, more than {:.2} GB free allows (--budget plans the fastest forms that fit)",
+        "cuda: coded or quantised matrices served as stored: dense they would take {:.2} GB beside \
+         {:.2} GB reserved, more than {:.2} GB free allows (--budget plans the fastest forms that fit)",
         gb(dense),
         gb(reserved),
         gb(free)
@@ -364,7 +368,8 @@ pub struct ModelArgs {
     decode_at_load: bool,
     /// Containers: keep the coded matrices coded in memory, decoded inside every product (the
     /// container's size in memory; on the CPU a fraction of the decoded speed; on the GPU the
-    /// default where the dense form does not fit).
+    /// default where the dense form does not fit). Quantised GGUF files on the GPU: serve their
+    /// blocks as stored (the file's size; slower than dense BF16, the default where it fits).
     #[arg(long, conflicts_with = "decode_at_load")]
     keep_coded: bool,
     /// CPU, GGUF: what the quantised matrices multiply: `f32` activations (exact: the products of

@@ -83,19 +83,8 @@ impl GgmlGpuLinear {
         let first = segs
             .first()
             .ok_or_else(|| GpuError::invalid("ggml linear", "no parts"))?;
-        let (r, k) = (segs.iter().map(|s| s.rows).sum::<usize>(), first.cols);
-        let s = scratch.lock().unwrap_or_else(|e| e.into_inner());
-        if s.y.len() < r || s.xn.len() < k {
-            return Err(GpuError::invalid(
-                "ggml linear",
-                format!(
-                    "scratch of {} outputs / {} inputs is too small for {r}×{k}",
-                    s.y.len(),
-                    s.xn.len()
-                ),
-            ));
-        }
-        drop(s);
+        let shape = (segs.iter().map(|s| s.rows).sum::<usize>(), first.cols);
+        super::check_scratch("ggml linear", &scratch, shape)?;
         Ok(GgmlGpuLinear {
             segs,
             halves,
@@ -178,24 +167,25 @@ impl GpuMatrix for GgmlGpuLinear {
         m: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let mut s = self.lock();
-        let (rows, cols) = (self.rows(), self.cols());
-        if s.w.len() < rows * cols {
-            return Err(GpuError::invalid(
-                "ggml matmul",
-                format!(
-                    "the dequantisation workspace holds {} weights, a {rows}×{cols} matrix needs {}",
-                    s.w.len(),
-                    rows * cols
-                ),
-            ));
-        }
-        let mut at = 0;
-        for seg in &self.segs {
-            launch_dequant(dev, seg, &mut s.w, at)?;
-            at += seg.rows * seg.cols;
-        }
-        gemm.matmul(&s.w, x, y, m, rows, cols, accumulate)
+        let shape = (self.rows(), self.cols());
+        super::workspace_matmul(
+            "ggml matmul",
+            &self.scratch,
+            shape,
+            gemm,
+            x,
+            y,
+            m,
+            accumulate,
+            |s| {
+                let mut at = 0;
+                for seg in &self.segs {
+                    launch_dequant(dev, seg, &mut s.w, at)?;
+                    at += seg.rows * seg.cols;
+                }
+                Ok(())
+            },
+        )
     }
 
     fn gate_up_halves(&self) -> bool {

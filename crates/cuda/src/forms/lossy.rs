@@ -87,19 +87,8 @@ impl LossyGpuLinear {
         let first = parts
             .first()
             .ok_or_else(|| GpuError::invalid("lossy linear", "no parts"))?;
-        let (r, k) = (parts.iter().map(|p| p.rows).sum::<usize>(), first.cols);
-        let s = scratch.lock().unwrap_or_else(|e| e.into_inner());
-        if s.y.len() < r || s.xn.len() < k {
-            return Err(GpuError::invalid(
-                "lossy linear",
-                format!(
-                    "scratch of {} outputs / {} inputs is too small for {r}×{k}",
-                    s.y.len(),
-                    s.xn.len()
-                ),
-            ));
-        }
-        drop(s);
+        let shape = (parts.iter().map(|p| p.rows).sum::<usize>(), first.cols);
+        super::check_scratch("lossy linear", &scratch, shape)?;
         Ok(LossyGpuLinear {
             parts,
             halves,
@@ -186,25 +175,25 @@ impl GpuMatrix for LossyGpuLinear {
         m: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let mut s = self.lock();
-        let s = &mut *s;
-        let (rows, cols) = (self.rows(), self.cols());
-        if s.w.len() < rows * cols {
-            return Err(GpuError::invalid(
-                "lossy matmul",
-                format!(
-                    "the dequantisation workspace holds {} weights, a {rows}×{cols} matrix needs {}",
-                    s.w.len(),
-                    rows * cols
-                ),
-            ));
-        }
-        let mut at = 0;
-        for p in &self.parts {
-            launch_decode(dev, p, LossyOut::Bf16, &mut s.w, at, Some(&mut s.err))?;
-            at += p.rows * p.cols;
-        }
-        gemm.matmul(&s.w, x, y, m, rows, cols, accumulate)
+        let shape = (self.rows(), self.cols());
+        super::workspace_matmul(
+            "lossy matmul",
+            &self.scratch,
+            shape,
+            gemm,
+            x,
+            y,
+            m,
+            accumulate,
+            |s| {
+                let mut at = 0;
+                for p in &self.parts {
+                    launch_decode(dev, p, LossyOut::Bf16, &mut s.w, at, Some(&mut s.err))?;
+                    at += p.rows * p.cols;
+                }
+                Ok(())
+            },
+        )
     }
 
     fn gate_up_halves(&self) -> bool {

@@ -143,6 +143,56 @@ pub(crate) fn stack<T: Copy>(
     Some((rows, cols, out))
 }
 
+/// Errors unless the shared scratch takes products of `rows` outputs and `cols` inputs (a held
+/// matrix's upload, `what` naming it).
+pub(crate) fn check_scratch(
+    what: &'static str,
+    scratch: &SharedScratch,
+    (rows, cols): (usize, usize),
+) -> Result<()> {
+    let s = scratch.lock().unwrap_or_else(|e| e.into_inner());
+    if s.y.len() < rows || s.xn.len() < cols {
+        return Err(GpuError::invalid(
+            what,
+            format!(
+                "scratch of {} outputs / {} inputs is too small for {rows}×{cols}",
+                s.y.len(),
+                s.xn.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Prefill of a matrix held in a form without a GEMM of its own: `decode` writes its `rows × cols`
+/// BF16 weights into the shared workspace (given the scratch), then the dense GEMM multiplies them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn workspace_matmul(
+    what: &'static str,
+    scratch: &SharedScratch,
+    (rows, cols): (usize, usize),
+    gemm: &crate::gemm::Gemm,
+    x: &CudaSlice<u16>,
+    y: &mut CudaSlice<f32>,
+    m: usize,
+    accumulate: bool,
+    decode: impl FnOnce(&mut DtansScratch) -> Result<()>,
+) -> Result<()> {
+    let mut s = scratch.lock().unwrap_or_else(|e| e.into_inner());
+    if s.w.len() < rows * cols {
+        return Err(GpuError::invalid(
+            what,
+            format!(
+                "the dequantisation workspace holds {} weights, a {rows}×{cols} matrix needs {}",
+                s.w.len(),
+                rows * cols
+            ),
+        ));
+    }
+    decode(&mut s)?;
+    gemm.matmul(&s.w, x, y, m, rows, cols, accumulate)
+}
+
 /// A coded matrix's batch-1 product with the decode step's fusions, on the model's shared scratch:
 /// the RMSNorm of x into the scratch input (`norm`), `product(input, out, err)` into y itself when
 /// plain, else into the scratch output, then SwiGLU of the (gate, up) rows (`halves`: [gate; up],

@@ -341,7 +341,8 @@ impl Form for GgmlForm {
         super::stream_cost_us(device, bytes)
             + match device {
                 DeviceKind::Cpu => weights as f64 * 2.0e-3,
-                DeviceKind::Cuda => 0.0,
+                // ggml_mv is bound by its decode arithmetic, not the stream (bench/RESULTS.md).
+                DeviceKind::Cuda => weights as f64 * 0.6e-6,
             }
     }
 }
