@@ -5,13 +5,13 @@
 # the Llama-3.1-8B matrices beside our dense BF16 GEMV (ggml_gpu timing), then whole models: the
 # llama-quantize test model of every k-quant type and a synthetic Qwen2-7B-shaped checkpoint (the
 # CPU's 7B: tools/gen_qwen2_gguf.py, seed 7) quantised here by llama-quantize to Q4_K_M and Q6_K,
-# logits and greedy tokens on the GPU against the CPU engine on the same file (selftest --gguf),
-# and GPU decode tok/s against
-# the same checkpoint's F16 (served BF16).
+# logits and greedy tokens on the GPU against the CPU engine on the same file (selftest --gguf;
+# `run`'s text compared as well for the test model, where a near-tie may part them), and GPU
+# decode tok/s against the same checkpoint's F16 (served BF16).
 #   bash bench/h200-ggml.sh DIR   DIR: entrollm.xz, ggml_gpu.xz, cache.tar.xz, llama-quantize.xz,
 #   gguf-*.whl, smol-tokenizer.gguf (SmolLM2's tokenizer, no tensors), libgomp.so.1 (llama-quantize's,
-#   where the machine lacks it). Outputs in $OUT. STAGE=kernels (selftest: PARTS, default all; timing; the test model)
-#   | models (the 7B) | all (default).
+#   where the machine lacks it). Outputs in $OUT. STAGE=kernels (selftest: PARTS, default all;
+#   timing; the test model) | models (the 7B) | all (default).
 D=${1:-.dev/ggml}; W=/tmp/ggml
 . "$(dirname "$0")/h200-setup.sh"
 unxz $D/ggml_gpu.xz $W/ggml_gpu
@@ -21,7 +21,7 @@ PROMPT="The history of the city begins"
 greedy() {  # greedy FILE TAG: the same prompt on the CPU engine and the GPU, tokens compared
   el "== greedy $2: cpu"; timeout 300 $B run $1 --device cpu --prompt "$PROMPT" -n ${N:-32} > $OUT/$2-cpu.txt 2> $OUT/$2-cpu.err; el "rc $?"
   el "== greedy $2: cuda"; timeout 300 $B run $1 --device cuda --prompt "$PROMPT" -n ${N:-32} > $OUT/$2-cuda.txt 2> $OUT/$2-cuda.err; el "rc $?"
-  tail -2 $OUT/$2-cpu.err $OUT/$2-cuda.err | tee -a $OUT/log
+  tail -n 2 $OUT/$2-cpu.err $OUT/$2-cuda.err | tee -a $OUT/log
   if cmp -s $OUT/$2-cpu.txt $OUT/$2-cuda.txt; then el "$2: GPU text identical to the CPU's"; else el "$2: GPU text DIFFERS from the CPU's"; fi
 }
 bench() {  # bench FILE TAG
