@@ -9,8 +9,8 @@
 # `run`'s text compared as well for the test model, where a near-tie may part them), and GPU
 # decode tok/s against the same checkpoint's F16 (served BF16).
 #   bash bench/h200-ggml.sh DIR   DIR: entrollm.xz, ggml_gpu.xz, cache.tar.xz, llama-quantize.xz,
-#   gguf-*.whl, smol-tokenizer.gguf (SmolLM2's tokenizer, no tensors), libgomp.so.1 (llama-quantize's,
-#   where the machine lacks it). Outputs in $OUT. STAGE=kernels (selftest: PARTS, default all;
+#   gguf-*.whl, smol-tokenizer.gguf (tools/gguf_tokenizer_only.py of SmolLM2's GGUF), libgomp.so.1
+#   (llama-quantize's, where the machine lacks it). Outputs in $OUT. STAGE=kernels (selftest: PARTS, default all;
 #   timing; the test model) | models (the 7B) | all (default).
 D=${1:-.dev/ggml}; W=/tmp/ggml
 . "$(dirname "$0")/h200-setup.sh"
