@@ -161,10 +161,10 @@ fn dense_if_it_fits(
         l.flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
             .chain([&weights.lm_head])
     };
-    // Coded BF16 matrices, and a GGUF's quantised blocks (whose GPU product is slower than the
-    // dense GEMV: bench/RESULTS.md).
-    let held = |f: &str| f == "dtans" || f == "ggml";
-    if !mats().any(|m| held(m.form().form)) || serving != Serving::default() {
+    let faster_dense = |m: &Arc<dyn entrollm_model::weights::Linear>| {
+        entrollm_model::forms::by_name(m.form().form).is_ok_and(|f| f.dense_is_faster_on_gpu())
+    };
+    if !mats().any(faster_dense) || serving != Serving::default() {
         return Ok(serving);
     }
     if mats().any(|m| entrollm_cuda::forms::is_fp8(&**m)) {

@@ -385,7 +385,9 @@ fn gguf_source(a: &Args) -> Result<Vec<Value>> {
                     // dtANS is preferred by, compress takes them (`dtans-blocks`).
                     if r["entropy_bits"].is_number() {
                         let ty = entrollm_format::kquants::KType::from_name(block.name())
-                            .expect("legacy types split");
+                            .ok_or_else(|| {
+                                anyhow::anyhow!("{} blocks do not split", block.name())
+                            })?;
                         let (p, _) =
                             entrollm_format::coded::BlocksCoded::predict(ty, rows, cols, data)?;
                         let now = r["predicted_bytes"].as_f64().unwrap_or(data.len() as f64);

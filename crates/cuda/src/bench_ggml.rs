@@ -42,7 +42,7 @@ pub fn time_ggml(
     let bytes = blocks.len();
     let copies = (2 * dev.info().l2_bytes as usize) / bytes.max(1) + 1;
     let mats: Vec<GpuGgml> = (0..copies)
-        .map(|_| GpuGgml::upload(dev, ty, rows, cols, &blocks))
+        .map(|_| GpuGgml::upload(dev, ty, rows, cols, &[&blocks]))
         .collect::<Result<_>>()?;
     let x = Rng::new(seed ^ 1).normals(cols, 1.0);
     let (want, _) = reference(ty, rows, cols, &blocks, &x)?;

@@ -76,7 +76,7 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
             debug_assert_eq!(bytes.len(), rows * cols / bs * ts);
             let x = rng.normals(cols, 1.0);
             let (want_y, want_w) = reference(ty, rows, cols, &bytes, &x)?;
-            let m = GpuGgml::upload(dev, ty, rows, cols, &bytes)?;
+            let m = GpuGgml::upload(dev, ty, rows, cols, &[&bytes])?;
 
             // Dequantisation into an offset of a larger buffer, bit for bit.
             let at = 8;

@@ -611,7 +611,9 @@ pub fn code_tensor(m: &Matrix<'_>, coder: Coder, coding: Option<Coding>) -> Resu
             // Narrow matrices: rANS codes and scales beside dtANS's per-tile costs. Taken where it
             // saves more than the margin by which dtANS (fused-served) is preferred.
             if coding.is_none() {
-                let ty = KType::from_name(block.name()).expect("legacy types split");
+                let ty = KType::from_name(block.name()).ok_or_else(|| {
+                    ModelError::Unsupported(format!("{} blocks do not split", block.name()))
+                })?;
                 let (b, _) = BlocksCoded::encode(ty, rows, cols, m.bytes, None)?;
                 let margin = (RANS_MARGIN_BITS * (rows * cols) as f64 / 8.0) as usize;
                 if b.stored_bytes() + margin < coded.stored_bytes().min(m.bytes.len()) {

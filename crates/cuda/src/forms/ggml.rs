@@ -51,19 +51,19 @@ impl GpuForm for Held {
             return Ok(None);
         }
         // Consecutive parts of one type: one device matrix.
-        let mut segs: Vec<(GgmlType, usize, Vec<u8>)> = Vec::new();
+        let mut segs: Vec<(GgmlType, usize, Vec<&[u8]>)> = Vec::new();
         for g in held {
             match segs.last_mut() {
                 Some((ty, rows, bytes)) if *ty == g.ty() => {
                     *rows += g.rows();
-                    bytes.extend_from_slice(g.blocks());
+                    bytes.push(g.blocks());
                 }
-                _ => segs.push((g.ty(), g.rows(), g.blocks().to_vec())),
+                _ => segs.push((g.ty(), g.rows(), vec![g.blocks()])),
             }
         }
         let segs = segs
-            .into_iter()
-            .map(|(ty, rows, bytes)| GpuGgml::upload(up.dev, ty, rows, cols, &bytes))
+            .iter()
+            .map(|(ty, rows, bytes)| GpuGgml::upload(up.dev, *ty, *rows, cols, bytes))
             .collect::<Result<Vec<_>>>()?;
         let l = GgmlGpuLinear::new(segs, halves, Arc::clone(up.scratch))?;
         report.served += 1;

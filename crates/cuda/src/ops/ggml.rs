@@ -53,15 +53,17 @@ pub struct GpuGgml {
 }
 
 impl GpuGgml {
-    /// `bytes`, `rows` rows of whole `ty` blocks of `cols` elements, on the device. An error when
-    /// the kernels do not run `ty` or the bytes are not that shape.
+    /// `rows` rows of whole `ty` blocks of `cols` elements on the device, given as the row-stacked
+    /// parts' bytes in order (copied once, into the padded buffer uploaded). An error when the
+    /// kernels do not run `ty` or the bytes are not that shape.
     pub fn upload(
         dev: &GpuDevice,
         ty: GgmlType,
         rows: usize,
         cols: usize,
-        bytes: &[u8],
+        parts: &[&[u8]],
     ) -> Result<GpuGgml> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
         let (bs, ts) = ty.block_layout();
         if !types().contains(&ty) {
             return Err(GpuError::invalid(
@@ -73,21 +75,22 @@ impl GpuGgml {
         if rows == 0
             || cols == 0
             || cols % bs != 0
-            || bytes.len() != rows * row_bytes
+            || len != rows * row_bytes
             || rows > i32::MAX as usize
             || cols > i32::MAX as usize
         {
             return Err(GpuError::invalid(
                 "ggml upload",
                 format!(
-                    "{} bytes are not {rows} rows of {cols} {ty} weights (blocks of {bs} in {ts} bytes)",
-                    bytes.len()
+                    "{len} bytes are not {rows} rows of {cols} {ty} weights (blocks of {bs} in {ts} bytes)"
                 ),
             ));
         }
-        let mut padded = Vec::with_capacity(bytes.len() + PAD);
-        padded.extend_from_slice(bytes);
-        padded.resize(bytes.len() + PAD, 0);
+        let mut padded = Vec::with_capacity(len + PAD);
+        for p in parts {
+            padded.extend_from_slice(p);
+        }
+        padded.resize(len + PAD, 0);
         let what = || format!("uploading a {rows}×{cols} {ty} matrix");
         Ok(GpuGgml {
             ty,

@@ -91,14 +91,12 @@ pub(crate) fn to_f32(ty: GgmlType, bytes: &BlockBytes) -> Vec<f32> {
 /// finite, small f16 scales where the type keeps them (MXFP4: an E8M0 scale near one; NVFP4's
 /// E4M3 scales are finite whatever their bytes).
 pub fn synth_blocks(ty: GgmlType, blocks: usize, seed: u64) -> Vec<u8> {
-    // splitmix64: bytes, and uniforms for the scales.
+    // A SplitMix64 stream: bytes, and uniforms for the scales.
     let mut s = seed;
     let mut next = move || {
+        let r = crate::synth::splitmix(s);
         s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        r
     };
     let (_, ts) = ty.block_layout();
     let mut out: Vec<u8> = (0..blocks * ts).map(|_| next() as u8).collect();
@@ -344,6 +342,10 @@ impl Form for GgmlForm {
                 // ggml_mv is bound by its decode arithmetic, not the stream (bench/RESULTS.md).
                 DeviceKind::Cuda => weights as f64 * 0.6e-6,
             }
+    }
+    fn dense_is_faster_on_gpu(&self) -> bool {
+        // ggml_mv against the dense GEMV, every type (bench/RESULTS.md).
+        true
     }
 }
 
