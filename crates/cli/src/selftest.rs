@@ -32,13 +32,14 @@ pub struct Args {
     /// (every kernel against its CPU reference), `engine` (the forward pass, GPU vs CPU),
     /// `coded` (the coded forward pass against the dense one), `dtans` (the dtANS-LLM kernels),
     /// `encoder` (the GPU encoder against the CPU's), `lossy` (the lossy-matrix kernels), `ggml` (the
-    /// GGUF-block kernels, every ggml type).
+    /// GGUF-block kernels, every ggml type), `int` (the integer-code kernels: GPTQ, AWQ,
+    /// compressed-tensors).
     #[arg(long, value_delimiter = ',', value_parser = PARTS.to_vec())]
     part: Vec<String>,
 }
 
-const PARTS: [&str; 7] = [
-    "kernels", "engine", "coded", "dtans", "encoder", "lossy", "ggml",
+const PARTS: [&str; 8] = [
+    "kernels", "engine", "coded", "dtans", "encoder", "lossy", "ggml", "int",
 ];
 
 pub fn run(a: Args) -> Result<()> {
@@ -138,6 +139,12 @@ pub fn run(a: Args) -> Result<()> {
             }
             failed |= summarise(&format!("{} served as its blocks", path.display()), r);
         }
+    }
+    if runs("int") {
+        failed |= summarise(
+            "int kernels",
+            entrollm_cuda::int_selftest::selftest(&dev, a.seed),
+        );
     }
     if failed {
         bail!("GPU selftest failed");

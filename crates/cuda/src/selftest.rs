@@ -170,6 +170,7 @@ pub fn all_variants() -> Vec<KernelVariant> {
     v.push(crate::ops::dtans_encode::variant());
     v.extend(crate::ops::lossy::all_variants());
     v.extend(crate::ops::ggml::all_variants());
+    v.extend(crate::ops::int::all_variants());
     v
 }
 

@@ -42,6 +42,7 @@ fn lossy_gpu_selftest() {
 fn lossy_precompile() {
     let mut variants = entrollm_cuda::selftest::all_variants();
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
+    variants.extend(entrollm_cuda::bench_int::bench_variants());
     common::precompile(&variants);
 }
 

@@ -820,6 +820,16 @@ impl ColumnOrdered {
         }
     }
 
+    /// The matrix in its stored column order.
+    pub fn inner(&self) -> &dyn Linear {
+        &*self.inner
+    }
+
+    /// The original column of each stored column.
+    pub fn perm(&self) -> &[u32] {
+        &self.perm
+    }
+
     fn gather(&self, x: &[f32], out: &mut [f32]) {
         for (o, &p) in out.iter_mut().zip(&self.perm) {
             *o = x[p as usize];

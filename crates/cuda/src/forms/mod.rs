@@ -9,12 +9,14 @@
 //! matrices held in another: FP8 codes palette-packed at load (`--fp8`), BF16 matrices
 //! palette-packed (`--bf16 palette`) or dtANS-coded at load (`--code-at-load`). Lossy-coded
 //! matrices (`compress --bits`) are served coded where the model holds them so (`--keep-coded`),
-//! a quantised GGUF's blocks as the file stores them.
+//! a quantised GGUF's blocks as the file stores them, integer codes (GPTQ, AWQ,
+//! compressed-tensors) as their codes.
 
 pub mod bf16;
 pub mod dtans;
 pub mod fp8;
 pub mod ggml;
+pub mod int;
 pub mod lossy;
 pub mod pal_bf16;
 
@@ -80,13 +82,14 @@ pub trait GpuForm: Sync {
 }
 
 /// The GPU forms, in the order a launch is offered to them: forms held as such first (a coded
-/// matrix stays coded, FP8 codes and GGUF blocks stay as stored), then the load policies that change a BF16 matrix's
+/// matrix stays coded, FP8 codes, GGUF blocks and integer codes stay as stored), then the load policies that change a BF16 matrix's
 /// form, then dense BF16.
 pub fn all() -> &'static [&'static dyn GpuForm] {
-    static ALL: [&dyn GpuForm; 7] = [
+    static ALL: [&dyn GpuForm; 8] = [
         &dtans::HELD,
         &lossy::HELD,
         &ggml::HELD,
+        &int::HELD,
         &fp8::FP8,
         &dtans::AT_LOAD,
         &pal_bf16::PAL_BF16,

@@ -14,6 +14,7 @@ pub mod forward;
 pub mod gemv;
 pub mod gemv_fp8;
 pub mod ggml;
+pub mod int;
 pub mod lossy;
 pub mod rope;
 

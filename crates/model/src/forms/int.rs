@@ -52,6 +52,22 @@ pub struct IntLinear {
 }
 
 impl IntLinear {
+    /// Bits a code.
+    pub fn bits(&self) -> u8 {
+        self.payload.code_bits() as u8
+    }
+
+    /// The group scales, mins and offset the codes are dequantised with.
+    pub fn groups(&self) -> &GroupScales {
+        &self.groups
+    }
+
+    /// The codes, one a byte, row-major, as the source holds them (signed ones in two's
+    /// complement of [`Self::bits`] bits).
+    pub fn codes(&self) -> Vec<u8> {
+        (0..self.rows * self.cols).map(|i| self.code(i)).collect()
+    }
+
     fn nibbles(&self) -> bool {
         self.payload.code_bits() <= 4
     }
@@ -145,7 +161,7 @@ impl Linear for IntLinear {
         }
     }
     fn source(&self) -> Result<Source> {
-        let codes = (0..self.rows * self.cols).map(|i| self.code(i)).collect();
+        let codes = self.codes();
         Source::new(
             self.rows,
             self.cols,
@@ -176,10 +192,10 @@ impl Form for IntForm {
         "int"
     }
     fn describe(&self) -> &'static str {
-        "integer codes with group scales, uncoded (GGUF legacy blocks)"
+        "integer codes with group scales, uncoded (GGUF legacy blocks; GPTQ, AWQ, compressed-tensors)"
     }
-    fn runs_on(&self, device: DeviceKind) -> bool {
-        device == DeviceKind::Cpu
+    fn runs_on(&self, _device: DeviceKind) -> bool {
+        true
     }
     fn accepts(&self, src: &Source) -> bool {
         matches!(src.values, Values::Int { .. })
