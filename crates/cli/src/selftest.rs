@@ -28,6 +28,11 @@ pub struct Args {
     /// and greedy tokens; repeat for several; default: the SmolLM2 GGUF where present).
     #[arg(long)]
     gguf: Vec<PathBuf>,
+    /// HF checkpoint directories of integer matrices (GPTQ, AWQ, compressed-tensors) the `int`
+    /// part serves as their codes against the CPU engine (logits; repeat for several; default:
+    /// the test checkpoints under crates/model/tests/data/hfq where present).
+    #[arg(long)]
+    hf: Vec<PathBuf>,
     /// Run only these parts (repeat or comma-separate; default: all, in this order): `kernels`
     /// (every kernel against its CPU reference), `engine` (the forward pass, GPU vs CPU),
     /// `coded` (the coded forward pass against the dense one), `dtans` (the dtANS-LLM kernels),
@@ -145,6 +150,27 @@ pub fn run(a: Args) -> Result<()> {
             "int kernels",
             entrollm_cuda::int_selftest::selftest(&dev, a.seed),
         );
+        let dirs: Vec<PathBuf> = match a.hf.is_empty() {
+            true => ["ct", "gptq", "awq"]
+                .iter()
+                .map(|f| PathBuf::from("crates/model/tests/data/hfq").join(f))
+                .filter(|d| d.join("config.json").is_file())
+                .collect(),
+            false => a.hf.clone(),
+        };
+        for dir in dirs {
+            let (mut cases, mut notes) = (Vec::new(), Vec::new());
+            let r =
+                entrollm_cuda::engine_selftest::hf_int_served(&dev, &dir, &mut cases, &mut notes)
+                    .map(|()| SelftestReport {
+                        device: dev.info().name.clone(),
+                        cases,
+                    });
+            for n in notes {
+                println!("  {n}");
+            }
+            failed |= summarise(&format!("{} served as its codes", dir.display()), r);
+        }
     }
     if failed {
         bail!("GPU selftest failed");

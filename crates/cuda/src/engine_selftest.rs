@@ -1180,6 +1180,54 @@ pub fn gguf_served(
     greedy_against_cpu(dev, "gguf_greedy", w, gm, &tok, n_new, cases, notes)
 }
 
+/// An HF checkpoint of integer matrices (GPTQ, AWQ, compressed-tensors pack-quantized) served as
+/// their codes (form `int`: `int_mv` for the steps, prefill through their BF16 dequantisation)
+/// against the CPU engine on the same codes: the logits of a prefill and of 8 graph steps from
+/// fixed token ids (the checkpoint needs no tokenizer), and that some launch was served as codes.
+/// Part `int` of `selftest --gpu`, for each `--hf`.
+pub fn hf_int_served(
+    dev: &Arc<GpuDevice>,
+    dir: &Path,
+    cases: &mut Vec<CaseResult>,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let w = entrollm_model::load::open_weights(dir, false).map_err(model_err)?;
+    let label = dir.display().to_string();
+    let vocab = w.config.vocab_size as u32;
+    let ids: Vec<u32> = [1u32, 17, 42, 99, 5, 200, 77, 3, 128, 64]
+        .iter()
+        .map(|&t| t % vocab)
+        .collect();
+    let (gm, n) = GpuModel::upload_served(dev, &w, Serving::default())?;
+    let ints = gm
+        .desc(dev.info().sm_count)
+        .layers
+        .iter()
+        .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
+        .filter(|d| d.form_name() == "int")
+        .count();
+    drop(gm);
+    notes.push(format!(
+        "{label}: {n} launches served as held, {ints} of them as integer codes"
+    ));
+    cases.push(CaseResult {
+        kernel: "int_served".into(),
+        shape: format!("{label}: {ints} launches as integer codes"),
+        rel_l2: if ints > 0 { 0.0 } else { f64::INFINITY },
+        tolerance: 0.0,
+    });
+    compare_logits(
+        dev,
+        &label,
+        w,
+        Some(Serving::default()),
+        &ids,
+        8,
+        5e-2,
+        cases,
+    )
+}
+
 /// Greedy tokens of the CPU engine on `w` and of the GPU on `gm` (the same model) from each of
 /// [`SMOLLM2_PROMPTS`]: a divergence passes only where the CPU's logits of the two tokens are
 /// within 0.5 (a near-tie rounding decides).
