@@ -10,6 +10,7 @@ use crate::forms::{Form, GroupScales, Source, Values};
 use crate::weights::{HostTensor, Linear};
 use entrollm_codec::Payload;
 use entrollm_format::{Dtype, TensorView};
+use rayon::prelude::*;
 use std::sync::Arc;
 
 /// The tensors of a checkpoint, by name.
@@ -683,12 +684,22 @@ fn read_gptq(
         _ => None,
     };
     let src_col = |k: usize| perm.as_ref().map_or(k, |p| p[k] as usize);
+    // Blocks of outputs in parallel, each input's words of a block read together (adjacent).
+    const BLOCK: usize = 32;
     let mut codes = vec![0u8; rows * cols];
-    for (o, row) in codes.chunks_exact_mut(cols).enumerate() {
-        for (k, q) in row.iter_mut().enumerate() {
-            *q = field(|w| qweight[w * rows + o], src_col(k), bits);
-        }
-    }
+    codes
+        .par_chunks_mut(BLOCK * cols)
+        .enumerate()
+        .for_each(|(b, block)| {
+            let o0 = b * BLOCK;
+            let n = block.len() / cols;
+            for k in 0..cols {
+                let src = src_col(k);
+                for i in 0..n {
+                    block[i * cols + k] = field(|w| qweight[w * rows + o0 + i], src, bits);
+                }
+            }
+        });
     let mut scales = vec![0f32; rows * n_groups];
     let mut zeros = vec![0i32; rows * n_groups];
     for g in 0..n_groups {

@@ -14,6 +14,7 @@ use entrollm_model::forms::GroupScales;
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::jit::{KernelSource, KernelVariant};
+use rayon::prelude::*;
 use std::sync::Mutex;
 
 pub static INT: KernelSource = KernelSource {
@@ -105,11 +106,10 @@ impl Layout {
 }
 
 /// `rows` rows of unsigned codes (`code(r, c)`, below 2^bits) in the kernels' layout.
-pub fn pack(l: &Layout, rows: usize, code: impl Fn(usize, usize) -> u32) -> Vec<u32> {
+pub fn pack(l: &Layout, rows: usize, code: impl Fn(usize, usize) -> u32 + Sync) -> Vec<u32> {
     let rw = l.row_words();
     let mut w = vec![0u32; rows * rw];
-    for r in 0..rows {
-        let row = &mut w[r * rw..(r + 1) * rw];
+    w.par_chunks_mut(rw).enumerate().for_each(|(r, row)| {
         for c in 0..l.cols {
             let (i, sh) = l.locate(c);
             let v = code(r, c) as u64 & ((1u64 << l.bits) - 1);
@@ -119,7 +119,7 @@ pub fn pack(l: &Layout, rows: usize, code: impl Fn(usize, usize) -> u32) -> Vec<
                 row[i + 1] |= (both >> 32) as u32;
             }
         }
-    }
+    });
     w
 }
 

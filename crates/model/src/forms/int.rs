@@ -65,7 +65,16 @@ impl IntLinear {
     /// The codes, one a byte, row-major, as the source holds them (signed ones in two's
     /// complement of [`Self::bits`] bits).
     pub fn codes(&self) -> Vec<u8> {
-        (0..self.rows * self.cols).map(|i| self.code(i)).collect()
+        let mut out = vec![0u8; self.rows * self.cols];
+        out.par_chunks_mut(1 << 16)
+            .enumerate()
+            .for_each(|(k, chunk)| {
+                let base = k << 16;
+                for (i, o) in chunk.iter_mut().enumerate() {
+                    *o = self.code(base + i);
+                }
+            });
+        out
     }
 
     fn nibbles(&self) -> bool {
