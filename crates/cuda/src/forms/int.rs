@@ -167,7 +167,11 @@ impl GpuMatrix for IntGpuLinear {
     fn desc(&self) -> LinearDesc {
         LinearDesc::new(
             IntLaunch {
-                segments: self.segs.iter().map(|s| (s.bits, s.rows)).collect(),
+                segments: self
+                    .segs
+                    .iter()
+                    .map(|s| (s.bits, s.rows, s.gathers()))
+                    .collect(),
                 halves: self.halves,
             },
             self.rows(),
@@ -259,11 +263,11 @@ impl GpuMatrix for IntGpuLinear {
     }
 }
 
-/// A launch of integer codes in the decode step: one `int_mv` per segment (its code width and
-/// rows), gate/up as `halves`.
+/// A launch of integer codes in the decode step: one `int_mv` per segment (its code width, rows,
+/// and whether its input is gathered into its column order first), gate/up as `halves`.
 #[derive(Debug)]
 pub struct IntLaunch {
-    pub segments: Vec<(u8, usize)>,
+    pub segments: Vec<(u8, usize, bool)>,
     pub halves: bool,
 }
 
@@ -275,7 +279,10 @@ impl LaunchForm for IntLaunch {
         // IntGpuLinear::matvec_fused: each segment's product into its rows, inside the fusions.
         super::fused_product_launches(m, self.halves, push, |x, y, push| {
             let mut at = 0;
-            for &(bits, rows) in &self.segments {
+            for &(bits, rows, gathers) in &self.segments {
+                if gathers {
+                    push("int_gather", format!("{} {x}->xg", m.label));
+                }
                 push(
                     "int_mv",
                     format!("{} int{bits} rows {at}..{} {x}->{y}", m.label, at + rows),

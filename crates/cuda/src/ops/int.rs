@@ -298,6 +298,11 @@ impl GpuInt {
         self.stored
     }
 
+    /// Whether a product gathers its input into the stored column order first.
+    pub fn gathers(&self) -> bool {
+        self.perm.is_some()
+    }
+
     pub fn device_bytes(&self) -> usize {
         4 * (self.words.len() + self.table.len())
             + self.perm.as_ref().map_or(0, |(k, _)| 8 * k.len())
