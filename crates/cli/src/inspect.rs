@@ -4,7 +4,7 @@
 use anyhow::Result;
 use entrollm_codec::histogram::{byte_histogram, entropy_bits};
 use entrollm_format::coded::{payload_of, GgmlScales};
-use entrollm_format::{Checkpoint, ContainerReader, StoredData};
+use entrollm_format::{Checkpoint, ContainerReader, Dtype, StoredData};
 use entrollm_model::gguf::{gguf_container_header, is_gguf_container};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -40,6 +40,11 @@ fn coding_label(coder: &str, p: &Value) -> String {
             100.0 * p["stats"]["rel_l2"].as_f64().unwrap_or(f64::NAN)
         ),
         "dtans-blocks" => format!("dtans-blocks {}", p["type"].as_str().unwrap_or("?")),
+        "rans-fields" => format!(
+            "rans-fields of {} bits, {:.3} bits a field",
+            p["bits"],
+            p["stats"]["bits_per_field"].as_f64().unwrap_or(f64::NAN)
+        ),
         c => c.to_string(),
     }
 }
@@ -318,16 +323,40 @@ fn checkpoint(a: &Args) -> Result<Vec<Value>> {
                     MIN_ELEMENTS,
                 )
             };
-            match payload_of(t.dtype).filter(|_| t.shape.len() == 2) {
+            let matrix = t.shape.len() == 2 && !entrollm_model::compress::is_side_tensor(t.name);
+            match payload_of(t.dtype).filter(|_| matrix) {
                 Some(p) => {
                     let (codes, _) = p.symbolize(t.bytes)?;
                     let side = if p.has_raw() { 8.0 } else { 0.0 };
                     row(Some((p, t.shape[0], t.shape[1], &codes[..], side)))
                 }
-                None => row(None),
+                None => fields_row(row(None)?, t.dtype, t.bytes),
             }
         })
         .collect()
+}
+
+/// A tensor no matrix form holds (packed integer codes, group scales): what `compress` would
+/// store of it as fields ([`entrollm_model::compress::fields_choice`]).
+fn fields_row(mut r: Value, dtype: Dtype, bytes: &[u8]) -> Result<Value> {
+    let numel = r["numel"].as_f64().unwrap_or(0.0);
+    if numel < MIN_ELEMENTS as f64 {
+        return Ok(r);
+    }
+    let Some((bits, predicted, h)) = entrollm_model::compress::fields_choice(dtype, bytes)? else {
+        return Ok(r);
+    };
+    let per_element = dtype.bits() as f64 / f64::from(bits);
+    let bpw = predicted * 8.0 / numel;
+    r["entropy_bits"] = json!(h);
+    r["entropy_bound_bpw"] = json!(h * per_element);
+    r["predicted_bits_per_weight"] = json!(bpw);
+    r["predicted_bytes"] = json!(predicted);
+    r["detail"] = json!(format!(
+        "would code: rans-fields of {bits} bits, {:.3} bits a field",
+        bpw / per_element
+    ));
+    Ok(r)
 }
 
 /// A GGUF file's tensors: block codes (Q4_0 … Q8_0) and F16/BF16 matrices as `compress` codes them.

@@ -33,30 +33,31 @@ pub struct RansStream {
     pub words: Vec<u16>,
 }
 
-/// Frequencies summing to 2^PROB_BITS that minimise the coded size of `counts` (each occurring
+/// Frequencies summing to 2^`bits` that minimise the coded size of `counts` (each occurring
 /// symbol at least 1): proportional shares, then single-slot moves by marginal cost.
-pub fn normalise(counts: &[u64]) -> Result<Vec<u16>> {
+pub fn normalise_to(counts: &[u64], bits: u32) -> Result<Vec<u16>> {
     let total: u64 = counts.iter().sum();
     let used = counts.iter().filter(|&&c| c > 0).count();
+    let m = 1u32 << bits.min(PROB_BITS);
     if total == 0 {
         return Err(CodecError::Shape("no symbols to code".into()));
     }
-    if used as u32 > M {
+    if used as u32 > m {
         return Err(CodecError::Shape(format!(
-            "{used} distinct symbols exceed the 2^{PROB_BITS} slots"
+            "{used} distinct symbols exceed the {m} slots"
         )));
     }
     let mut f: Vec<u32> = counts
         .iter()
         .map(|&c| match c {
             0 => 0,
-            c => ((c as f64 * M as f64 / total as f64).floor() as u32).max(1),
+            c => ((c as f64 * m as f64 / total as f64).floor() as u32).max(1),
         })
         .collect();
     let gain = |c: u64, f: u32| c as f64 * ((f + 1) as f64 / f as f64).log2();
     let loss = |c: u64, f: u32| c as f64 * (f as f64 / (f - 1) as f64).log2();
     let mut sum: u32 = f.iter().sum();
-    while sum < M {
+    while sum < m {
         let s = (0..f.len())
             .filter(|&s| counts[s] > 0)
             .max_by(|&a, &b| gain(counts[a], f[a]).total_cmp(&gain(counts[b], f[b])))
@@ -64,7 +65,7 @@ pub fn normalise(counts: &[u64]) -> Result<Vec<u16>> {
         f[s] += 1;
         sum += 1;
     }
-    while sum > M {
+    while sum > m {
         let s = (0..f.len())
             .filter(|&s| f[s] > 1)
             .min_by(|&a, &b| loss(counts[a], f[a]).total_cmp(&loss(counts[b], f[b])))
@@ -73,6 +74,202 @@ pub fn normalise(counts: &[u64]) -> Result<Vec<u16>> {
         sum -= 1;
     }
     Ok(f.into_iter().map(|x| x as u16).collect())
+}
+
+/// [`normalise_to`] at the coder's full precision, 2^[`PROB_BITS`].
+pub fn normalise(counts: &[u64]) -> Result<Vec<u16>> {
+    normalise_to(counts, PROB_BITS)
+}
+
+/// Bits of coding `counts` with frequencies `f` summing to 2^`bits`.
+fn cross_entropy_bits(counts: &[u64], f: &[u16], bits: u32) -> f64 {
+    counts
+        .iter()
+        .zip(f)
+        .filter(|(&c, _)| c > 0)
+        .map(|(&c, &f)| c as f64 * (f64::from(bits) - f64::from(f).log2()))
+        .sum()
+}
+
+/// The model that stores `counts` smallest, table included: frequencies at the precision 2^k
+/// (k ≤ [`PROB_BITS`]) that minimises coded bits plus table bytes, scaled to 2^PROB_BITS for the
+/// coder. A short stream cannot pay for a fine table; a long one gains from it.
+fn best_model(counts: &[u64]) -> Result<(Vec<u16>, f64)> {
+    let used = counts.iter().filter(|&&c| c > 0).count().max(1);
+    let lowest = usize::BITS - (used - 1).leading_zeros();
+    let mut best: Option<(Vec<u16>, f64)> = None;
+    for k in lowest..=PROB_BITS {
+        let f = normalise_to(counts, k)?;
+        let bytes = cross_entropy_bits(counts, &f, k) / 8.0;
+        let scaled: Vec<u16> = f.iter().map(|&x| x << (PROB_BITS - k)).collect();
+        let total = bytes + table_bytes(&scaled).len() as f64;
+        if best.as_ref().is_none_or(|(_, b)| total < *b) {
+            best = Some((scaled, total));
+        }
+    }
+    Ok(best.expect("one precision is tried"))
+}
+
+/// LSB-first bit writer of a table.
+struct Bits {
+    out: Vec<u8>,
+    acc: u64,
+    n: u32,
+}
+
+impl Bits {
+    fn put(&mut self, v: u64, bits: u32) {
+        debug_assert!(bits <= 32);
+        self.acc |= v << self.n;
+        self.n += bits;
+        while self.n >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.n -= 8;
+        }
+    }
+    /// Elias gamma of `v ≥ 1`.
+    fn gamma(&mut self, v: u32) {
+        let len = 31 - v.leading_zeros();
+        self.put(0, len);
+        self.put(1, 1);
+        self.put(u64::from(v) & ((1 << len) - 1), len);
+    }
+    fn rice(&mut self, v: u32, r: u32) {
+        for _ in 0..v >> r {
+            self.put(0, 1);
+        }
+        self.put(1, 1);
+        self.put(u64::from(v) & ((1 << r) - 1), r);
+    }
+    fn finish(mut self) -> Vec<u8> {
+        if self.n > 0 {
+            self.out.push(self.acc as u8);
+        }
+        self.out
+    }
+}
+
+/// LSB-first bit reader of a table; reading past its end is an error.
+struct BitReader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl BitReader<'_> {
+    fn bit(&mut self) -> std::result::Result<u32, String> {
+        let byte = self.b.get(self.at / 8).ok_or("the table ends early")?;
+        let v = (byte >> (self.at % 8)) & 1;
+        self.at += 1;
+        Ok(u32::from(v))
+    }
+    fn get(&mut self, bits: u32) -> std::result::Result<u32, String> {
+        (0..bits).try_fold(0, |v, i| Ok(v | self.bit()? << i))
+    }
+    fn gamma(&mut self) -> std::result::Result<u32, String> {
+        let mut len = 0;
+        while self.bit()? == 0 {
+            len += 1;
+            if len > 16 {
+                return Err("a table count is out of range".into());
+            }
+        }
+        Ok(1 << len | self.get(len)?)
+    }
+    fn rice(&mut self, r: u32) -> std::result::Result<u32, String> {
+        let mut q = 0u32;
+        while self.bit()? == 0 {
+            q += 1;
+            if q << r > M {
+                return Err("a table frequency is out of range".into());
+            }
+        }
+        Ok(q << r | self.get(r)?)
+    }
+}
+
+/// The frequency table as stored: a byte of the shift s (all frequencies are multiples of 2^s)
+/// and the Rice parameter r, then bits (LSB first): gamma(symbols used), gamma(1 + absent
+/// symbols before each used one), and Rice_r(f/2^s − 1) for each used symbol but the last, whose
+/// frequency is what remains of 2^(15−s). No symbols coded: an empty table.
+pub fn table_bytes(freqs: &[u16]) -> Vec<u8> {
+    let used: Vec<(usize, u32)> = freqs
+        .iter()
+        .enumerate()
+        .filter(|(_, &f)| f > 0)
+        .map(|(s, &f)| (s, u32::from(f)))
+        .collect();
+    if used.is_empty() {
+        return Vec::new();
+    }
+    let shift = used
+        .iter()
+        .map(|&(_, f)| f.trailing_zeros())
+        .min()
+        .expect("a symbol is used")
+        .min(PROB_BITS);
+    let values: Vec<u32> = used[..used.len() - 1]
+        .iter()
+        .map(|&(_, f)| (f >> shift) - 1)
+        .collect();
+    let rice_bits = |r: u32| -> u64 { values.iter().map(|&v| u64::from((v >> r) + 1 + r)).sum() };
+    let r = (0..15).min_by_key(|&r| rice_bits(r)).expect("a parameter");
+    let mut w = Bits {
+        out: vec![(shift | r << 4) as u8],
+        acc: 0,
+        n: 0,
+    };
+    w.gamma(used.len() as u32);
+    let mut next = 0;
+    for &(s, _) in &used {
+        w.gamma((s - next + 1) as u32);
+        next = s + 1;
+    }
+    for &v in &values {
+        w.rice(v, r);
+    }
+    w.finish()
+}
+
+/// Frequencies of an `alphabet`-symbol stream from [`table_bytes`]; a damaged table is an error.
+pub fn table_freqs(b: &[u8], alphabet: usize) -> Result<Vec<u16>> {
+    let mut f = vec![0u16; alphabet];
+    let Some((&head, rest)) = b.split_first() else {
+        return Ok(f);
+    };
+    let corrupt = |m: String| CodecError::Corrupt(format!("rANS table: {m}"));
+    let (shift, r) = (u32::from(head & 15), u32::from(head >> 4));
+    let mut rd = BitReader { b: rest, at: 0 };
+    let used = rd.gamma().map_err(corrupt)? as usize;
+    if used > alphabet {
+        return Err(corrupt(format!(
+            "{used} symbols in an alphabet of {alphabet}"
+        )));
+    }
+    let mut symbols = Vec::with_capacity(used);
+    let mut next = 0usize;
+    for _ in 0..used {
+        let s = next + rd.gamma().map_err(corrupt)? as usize - 1;
+        if s >= alphabet {
+            return Err(corrupt(format!("symbol {s} outside the alphabet")));
+        }
+        symbols.push(s);
+        next = s + 1;
+    }
+    let mut left = M >> shift;
+    for &s in &symbols[..used - 1] {
+        let v = rd.rice(r).map_err(corrupt)? + 1;
+        if v >= left {
+            return Err(corrupt("frequencies exceed the total".into()));
+        }
+        left -= v;
+        f[s] = (v << shift) as u16;
+    }
+    f[symbols[used - 1]] = (left << shift) as u16;
+    if (rd.at + 7) / 8 != rest.len() {
+        return Err(corrupt("bytes left after the table".into()));
+    }
+    Ok(f)
 }
 
 fn starts(freqs: &[u16]) -> Vec<u32> {
@@ -129,7 +326,7 @@ impl RansStream {
         counts.truncate(alphabet);
         let freqs = match symbols.is_empty() {
             true => vec![0; alphabet],
-            false => normalise(&counts)?,
+            false => best_model(&counts)?.0,
         };
         let start = starts(&freqs);
         let chunks: Vec<Vec<u16>> = symbols
@@ -152,29 +349,23 @@ impl RansStream {
         })
     }
 
-    /// Bytes the stream stores: frequencies, offsets, words.
+    /// Bytes the stream stores: its table ([`table_bytes`]), offsets, words.
     pub fn stored_bytes(&self) -> usize {
-        2 * self.freqs.len() + 4 * self.offsets.len() + 2 * self.words.len()
+        table_bytes(&self.freqs).len() + 4 * self.offsets.len() + 2 * self.words.len()
     }
 
     /// Predicted stored bytes of coding symbols with histogram `counts` (`counts.len()` the
-    /// alphabet): the normalised model's cross-entropy, plus the states, offsets and table.
+    /// alphabet): the chosen model's cross-entropy and table, plus the states and offsets.
     pub fn predict_bytes(counts: &[u64]) -> Result<f64> {
         let n: u64 = counts.iter().sum();
         if n == 0 {
-            return Ok(2.0 * counts.len() as f64);
+            return Ok(0.0);
         }
-        let f = normalise(counts)?;
-        let bits: f64 = counts
-            .iter()
-            .zip(&f)
-            .filter(|(&c, _)| c > 0)
-            .map(|(&c, &f)| c as f64 * (M as f64 / f64::from(f)).log2())
-            .sum();
+        let (_, bytes) = best_model(counts)?;
         let chunks = (n as usize).div_ceil(CHUNK);
         // Each state flushes 32 bits and starts with up to 16 unused ones.
         let per_chunk = 4.0 + (STATES * 4) as f64 + STATES as f64;
-        Ok(bits / 8.0 + chunks as f64 * per_chunk + 2.0 * counts.len() as f64)
+        Ok(bytes + chunks as f64 * per_chunk)
     }
 
     /// Checks the structure (sizes, frequencies, offsets) without decoding.
@@ -343,6 +534,86 @@ mod tests {
         assert_eq!(f.iter().map(|&x| u32::from(x)).sum::<u32>(), M);
         assert!(f[0] >= 1 && f[1] == 0 && f[3] >= 1 && f[4] == 0);
         assert!(normalise(&[0, 0]).is_err());
+    }
+
+    #[test]
+    fn tables_round_trip_at_every_precision_and_sparsity() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        assert!(table_bytes(&[0; 16]).is_empty());
+        assert_eq!(table_freqs(&[], 16).unwrap(), vec![0; 16]);
+        for case in 0..400 {
+            let alphabet = [1usize, 2, 16, 32, 64, 255, 256][case % 7];
+            let n = 1 + (next() % 200_000) as usize;
+            // A random sparsity and skew: some symbols absent, the rest of random weight.
+            let keep = 1 + next() % 8;
+            let counts: Vec<u64> = (0..alphabet)
+                .map(|s| match s == 0 || next() % 8 < keep {
+                    true => 1 + next() % (1 + (next() % n as u64)),
+                    false => 0,
+                })
+                .collect();
+            let k = 8 + (case as u32 % 8);
+            let used = counts.iter().filter(|&&c| c > 0).count();
+            let k = k.max(usize::BITS - (used - 1).leading_zeros());
+            let f: Vec<u16> = normalise_to(&counts, k)
+                .unwrap()
+                .iter()
+                .map(|&x| x << (PROB_BITS - k))
+                .collect();
+            let t = table_bytes(&f);
+            assert_eq!(table_freqs(&t, alphabet).unwrap(), f, "case {case}");
+            let (best, bytes) = best_model(&counts).unwrap();
+            assert_eq!(best.iter().map(|&x| u32::from(x)).sum::<u32>(), M);
+            assert_eq!(table_freqs(&table_bytes(&best), alphabet).unwrap(), best);
+            assert!(bytes > 0.0);
+        }
+    }
+
+    #[test]
+    fn short_streams_get_small_tables() {
+        // 3456 near-uniform bytes (a small matrix's scale low bytes): the 15-bit table would be
+        // 512 bytes; a coarse one costs little more than the values themselves.
+        let v: Vec<u8> = skewed(3456 * 7, 256, 5)
+            .chunks(7)
+            .map(|c| {
+                c.iter()
+                    .fold(0u8, |a, &b| a.wrapping_mul(31).wrapping_add(b))
+            })
+            .collect();
+        let r = RansStream::encode(&v, 256).unwrap();
+        assert_eq!(r.decode().unwrap(), v);
+        assert!(r.stored_bytes() < 3456 + 200, "{}", r.stored_bytes());
+        let counts: Vec<u64> = byte_histogram(&v).to_vec();
+        let p = RansStream::predict_bytes(&counts).unwrap();
+        assert!((p - r.stored_bytes() as f64).abs() < 40.0, "{p}");
+    }
+
+    #[test]
+    fn damaged_tables_are_errors_or_tables() {
+        let v = skewed(50_000, 64, 3);
+        let r = RansStream::encode(&v, 64).unwrap();
+        let t = table_bytes(&r.freqs);
+        for cut in 0..t.len() {
+            assert!(table_freqs(&t[..cut], 64).is_err() || cut == 0);
+        }
+        let mut long = t.clone();
+        long.push(0);
+        assert!(table_freqs(&long, 64).is_err());
+        assert!(table_freqs(&t, 8).is_err());
+        for k in 0..8 * t.len() {
+            let mut bad = t.clone();
+            bad[k / 8] ^= 1 << (k % 8);
+            if let Ok(f) = table_freqs(&bad, 64) {
+                let sum: u32 = f.iter().map(|&x| u32::from(x)).sum();
+                assert_eq!(sum, M, "a table that parses sums to the total");
+            }
+        }
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub const DTANS_GGML: &str = "dtans-ggml";
 pub const GGML_SCALES: &str = "ggml-scales";
 pub const LOSSY: &str = "lossy";
 pub const DTANS_BLOCKS: &str = "dtans-blocks";
+pub const RANS_FIELDS: &str = "rans-fields";
 
 /// A tensor in one of the codec's coded forms.
 pub enum Coded {
@@ -33,6 +34,8 @@ pub enum Coded {
     Lossy(LossyCoded),
     /// A GGUF tensor of k-quant, IQ4 or FP4 blocks: codes and each side field a stream.
     Blocks(BlocksCoded),
+    /// Any other tensor as a stream of its bytes' fields (packed integer codes, group scales).
+    Fields(FieldsCoded),
 }
 
 /// `x` as the nearest half, saturated at ±65504 (a lossy point can land past the largest one).
@@ -325,7 +328,11 @@ impl BlockStream {
             BlockStream::Rans { stream, low } => {
                 let rans = |p: &str, r: &'s RansStream| {
                     vec![
-                        a(&format!("{p}freqs"), ArrayDtype::U8, u16_bytes(&r.freqs)),
+                        a(
+                            &format!("{p}table"),
+                            ArrayDtype::U8,
+                            Cow::Owned(entrollm_codec::rans::table_bytes(&r.freqs)),
+                        ),
                         a(
                             &format!("{p}offsets"),
                             ArrayDtype::U32,
@@ -456,6 +463,65 @@ fn predict_field(kind: FieldKind, v: &[u16]) -> entrollm_codec::Result<f64> {
     Ok((RansStream::predict_bytes(&counts(&symbols, alphabet))? + low).min(packed))
 }
 
+/// The `n` values of a field's stream (named `name` in errors).
+fn decode_field(
+    kind: FieldKind,
+    stream: &BlockStream,
+    n: usize,
+    name: &str,
+) -> entrollm_codec::Result<Vec<u16>> {
+    let corrupt = |what: String| CodecError::Corrupt(what);
+    // A stream's own errors, named.
+    let named = |e: CodecError| match e {
+        CodecError::Corrupt(m) | CodecError::Shape(m) | CodecError::Unsupported(m) => {
+            corrupt(format!("stream '{name}': {m}"))
+        }
+    };
+    let v: Vec<u16> = match stream {
+        BlockStream::Rans { stream, low } => {
+            let hi = stream.decode().map_err(named)?;
+            match (kind, low) {
+                (FieldKind::Half, Some(low)) => {
+                    let lo = low.decode().map_err(named)?;
+                    if lo.len() != hi.len() {
+                        return Err(corrupt(format!(
+                            "field {name}: {} low bytes for {} values",
+                            lo.len(),
+                            hi.len()
+                        )));
+                    }
+                    hi.iter()
+                        .zip(&lo)
+                        .map(|(&h, &l)| u16::from(h) << 8 | u16::from(l))
+                        .collect()
+                }
+                (FieldKind::Bits(_), None) => hi.into_iter().map(u16::from).collect(),
+                _ => {
+                    return Err(corrupt(format!(
+                        "field {name}: low bytes are for f16 fields only"
+                    )))
+                }
+            }
+        }
+        BlockStream::Packed(b) => unpack_field(kind, b, n).ok_or_else(|| {
+            corrupt(format!(
+                "field {name}: {} packed bytes do not hold {n} values",
+                b.len()
+            ))
+        })?,
+        BlockStream::Coded(_) => {
+            return Err(corrupt(format!("field {name} cannot be dtANS-coded")))
+        }
+    };
+    if v.len() != n {
+        return Err(corrupt(format!(
+            "field {name}: {} values, {n} expected",
+            v.len()
+        )));
+    }
+    Ok(v)
+}
+
 /// A GGUF tensor of [`KType`] blocks, losslessly: its codes (one per weight, weight order) as a
 /// `rows × cols` int payload, and each of the blocks' side fields ([`KType::fields`]: the f16
 /// super-scales, the unpacked sub-block scales and mins) as its own stream, each in the coding
@@ -577,46 +643,7 @@ impl BlocksCoded {
             .zip(self.ty.fields())
             .map(|(stream, f)| {
                 let n = n_blocks * f.per_block;
-                let v = match stream {
-                    BlockStream::Rans { stream, low } => {
-                        let hi = stream.decode()?;
-                        match (f.kind, low) {
-                            (FieldKind::Half, Some(low)) => {
-                                let lo = low.decode()?;
-                                if lo.len() != hi.len() {
-                                    return Err(corrupt(format!(
-                                        "field {}: {} low bytes for {} values",
-                                        f.name,
-                                        lo.len(),
-                                        hi.len()
-                                    )));
-                                }
-                                hi.iter()
-                                    .zip(&lo)
-                                    .map(|(&h, &l)| u16::from(h) << 8 | u16::from(l))
-                                    .collect()
-                            }
-                            (FieldKind::Bits(_), None) => hi.into_iter().map(u16::from).collect(),
-                            _ => {
-                                return Err(corrupt(format!(
-                                    "field {}: low bytes are for f16 fields only",
-                                    f.name
-                                )))
-                            }
-                        }
-                    }
-                    BlockStream::Packed(b) => unpack_field(f.kind, b, n).ok_or_else(|| {
-                        corrupt(format!(
-                            "field {}: {} packed bytes do not hold {n} values",
-                            f.name,
-                            b.len()
-                        ))
-                    })?,
-                    BlockStream::Coded(_) => {
-                        return Err(corrupt(format!("field {} cannot be dtANS-coded", f.name)))
-                    }
-                };
-                Ok(v)
+                decode_field(f.kind, stream, n, f.name)
             })
             .collect::<entrollm_codec::Result<Vec<_>>>()?;
         Ok(Split {
@@ -707,50 +734,16 @@ impl BlocksCoded {
             )));
         }
         let n_blocks = n_codes / ty.block_weights();
-        let flag = |p: &Value, k: &str| p.get(k).and_then(Value::as_bool) == Some(true);
-        // A rANS stream of `n` symbols of `alphabet` (arrays `NAME_PREFIXfreqs` …).
-        let one = |name: &str, prefix: &str, n: usize, alphabet: usize| -> Result<RansStream> {
-            let a = |k: &str, d| array(&format!("{name}_{prefix}{k}"), d);
-            let stream = RansStream {
-                n,
-                freqs: to_u16(a("freqs", ArrayDtype::U8)?),
-                offsets: to_u32(a("offsets", ArrayDtype::U32)?),
-                words: to_u16(a("words", ArrayDtype::U8)?),
-            };
-            stream
-                .validate()
-                .map_err(|e| err(format!("stream '{name}': {e}")))?;
-            if stream.freqs.len() != alphabet {
-                return Err(err(format!(
-                    "stream '{name}' has a table of {} symbols, not {alphabet}",
-                    stream.freqs.len()
-                )));
-            }
-            Ok(stream)
-        };
-        // With `halves`, the high bytes' stream and the low bytes' (`NAME_low_*`).
-        let rans = |name: &str, n: usize, alphabet: usize, halves: bool| -> Result<BlockStream> {
-            Ok(BlockStream::Rans {
-                stream: one(name, "", n, alphabet)?,
-                low: halves.then(|| one(name, "low_", n, 256)).transpose()?,
-            })
-        };
-        let packed = |name: &str, len: usize| -> Result<BlockStream> {
-            let b = array(name, ArrayDtype::U8)?;
-            if b.len() != len {
-                return Err(err(format!(
-                    "array '{name}' holds {} bytes, {len} expected",
-                    b.len()
-                )));
-            }
-            Ok(BlockStream::Packed(b.to_vec()))
-        };
         let p = &params["codes"];
         let payload = Payload::Int(ty.code_bits() as u8);
-        let codes = if flag(p, "packed") {
-            packed("codes", (n_codes * ty.code_bits() as usize).div_ceil(8))?
-        } else if flag(p, "rans") {
-            rans("codes", n_codes, 1 << ty.code_bits(), false)?
+        let codes = if is_flag(p, "packed") || is_flag(p, "rans") {
+            stream_from_stored(
+                "codes",
+                FieldKind::Bits(ty.code_bits() as u8),
+                n_codes,
+                p,
+                &array,
+            )?
         } else {
             let dp = dtans_params(p)?;
             if dp.payload != payload || (dp.rows, dp.cols) != (rows, cols) {
@@ -768,21 +761,7 @@ impl BlocksCoded {
             .iter()
             .map(|f| {
                 let n = n_blocks * f.per_block;
-                let p = &params["fields"][f.name];
-                if flag(p, "rans") {
-                    let (alphabet, raw) = match f.kind {
-                        FieldKind::Half => (256, true),
-                        FieldKind::Bits(b) => (1 << b, false),
-                    };
-                    rans(f.name, n, alphabet, raw)
-                } else if flag(p, "packed") {
-                    packed(f.name, (n * field_bits(f.kind) as usize).div_ceil(8))
-                } else {
-                    Err(err(format!(
-                        "field '{}' is neither rans nor packed",
-                        f.name
-                    )))
-                }
+                stream_from_stored(f.name, f.kind, n, &params["fields"][f.name], &array)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(BlocksCoded {
@@ -792,6 +771,184 @@ impl BlocksCoded {
             codes,
             fields,
         })
+    }
+}
+
+fn is_flag(p: &Value, k: &str) -> bool {
+    p.get(k).and_then(Value::as_bool) == Some(true)
+}
+
+/// A stream of `n` values of `kind` named `name`, rANS-coded or packed as `p` says, from its
+/// arrays: `NAME` packed; `NAME_table`, `NAME_offsets`, `NAME_words` (and for halves the low
+/// bytes' `NAME_low_*`) rANS-coded.
+fn stream_from_stored<'a>(
+    name: &str,
+    kind: FieldKind,
+    n: usize,
+    p: &Value,
+    array: &impl Fn(&str, ArrayDtype) -> Result<&'a [u8]>,
+) -> Result<BlockStream> {
+    let err = FormatError::Usage;
+    // A rANS stream of `n` symbols of `alphabet` (arrays `NAME_PREFIXtable` …).
+    let one = |prefix: &str, alphabet: usize| -> Result<RansStream> {
+        let a = |k: &str, d| array(&format!("{name}_{prefix}{k}"), d);
+        // Containers before the compact tables stored each frequency as a u16 (`freqs`).
+        let freqs = match a("table", ArrayDtype::U8) {
+            Ok(t) => entrollm_codec::rans::table_freqs(t, alphabet)
+                .map_err(|e| err(format!("stream '{name}': {e}")))?,
+            Err(e) => to_u16(a("freqs", ArrayDtype::U8).map_err(|_| e)?),
+        };
+        let stream = RansStream {
+            n,
+            freqs,
+            offsets: to_u32(a("offsets", ArrayDtype::U32)?),
+            words: to_u16(a("words", ArrayDtype::U8)?),
+        };
+        stream
+            .validate()
+            .map_err(|e| err(format!("stream '{name}': {e}")))?;
+        if stream.freqs.len() != alphabet {
+            return Err(err(format!(
+                "stream '{name}' has a table of {} symbols, not {alphabet}",
+                stream.freqs.len()
+            )));
+        }
+        Ok(stream)
+    };
+    if is_flag(p, "rans") {
+        let (alphabet, halves) = match kind {
+            FieldKind::Half => (256, true),
+            FieldKind::Bits(b) => (1 << b, false),
+        };
+        Ok(BlockStream::Rans {
+            stream: one("", alphabet)?,
+            low: halves.then(|| one("low_", 256)).transpose()?,
+        })
+    } else if is_flag(p, "packed") {
+        let len = n
+            .checked_mul(field_bits(kind) as usize)
+            .ok_or_else(|| err(format!("stream '{name}' of {n} values is too large")))?
+            .div_ceil(8);
+        let b = array(name, ArrayDtype::U8)?;
+        if b.len() != len {
+            return Err(err(format!(
+                "array '{name}' holds {} bytes, {len} expected",
+                b.len()
+            )));
+        }
+        Ok(BlockStream::Packed(b.to_vec()))
+    } else {
+        Err(err(format!("stream '{name}' is neither rans nor packed")))
+    }
+}
+
+/// A tensor that no matrix form holds, stored as its bytes' fields: `bits`-bit fields (1, 2, 4
+/// or 8, LSB first in each byte) or, at 16, little-endian halves (high and low bytes two
+/// streams), as one stream, rANS-coded or packed where coding does not shrink it. Packed integer
+/// codes (GPTQ and AWQ `qweight` and `qzeros`, compressed-tensors `weight_packed`) code near
+/// their codes' entropy at their code width; any width decodes to the same bytes.
+pub struct FieldsCoded {
+    pub bits: u32,
+    /// The tensor's bytes.
+    pub len: usize,
+    pub stream: BlockStream,
+}
+
+/// The field widths [`FieldsCoded`] reads.
+pub const FIELD_WIDTHS: [u32; 5] = [1, 2, 4, 8, 16];
+
+impl FieldsCoded {
+    fn kind(bits: u32) -> FieldKind {
+        match bits {
+            16 => FieldKind::Half,
+            b => FieldKind::Bits(b as u8),
+        }
+    }
+
+    fn fields(bytes: &[u8], bits: u32) -> entrollm_codec::Result<Vec<u16>> {
+        if !FIELD_WIDTHS.contains(&bits) || (bytes.len() * 8) % bits as usize != 0 {
+            return Err(CodecError::Shape(format!(
+                "{} bytes are not whole {bits}-bit fields",
+                bytes.len()
+            )));
+        }
+        let n = bytes.len() * 8 / bits as usize;
+        unpack_field(Self::kind(bits), bytes, n)
+            .ok_or_else(|| CodecError::Shape(format!("{} bytes", bytes.len())))
+    }
+
+    /// Codes `bytes` as `bits`-bit fields.
+    pub fn encode(bytes: &[u8], bits: u32) -> entrollm_codec::Result<Self> {
+        let v = Self::fields(bytes, bits)?;
+        Ok(FieldsCoded {
+            bits,
+            len: bytes.len(),
+            stream: code_field(Self::kind(bits), &v)?,
+        })
+    }
+
+    /// Predicted stored bytes of [`Self::encode`] at `bits`, and the fields' entropy in bits a
+    /// field (halves: at their 16-bit values' entropy).
+    pub fn predict(bytes: &[u8], bits: u32) -> entrollm_codec::Result<(f64, f64)> {
+        let v = Self::fields(bytes, bits)?;
+        let h = match bits {
+            16 => entrollm_codec::histogram::u16_entropy_bits(&v),
+            _ => {
+                let b: Vec<u8> = v.iter().map(|&x| x as u8).collect();
+                use entrollm_codec::histogram::{byte_histogram, entropy_bits};
+                entropy_bits(&byte_histogram(&b))
+            }
+        };
+        Ok((predict_field(Self::kind(bits), &v)?, h))
+    }
+
+    pub fn decode(&self) -> entrollm_codec::Result<Vec<u8>> {
+        let kind = Self::kind(self.bits);
+        let n = self.len * 8 / self.bits as usize;
+        Ok(pack_field(
+            kind,
+            &decode_field(kind, &self.stream, n, "fields")?,
+        ))
+    }
+
+    pub fn stored_bytes(&self) -> usize {
+        self.stream.stored_bytes()
+    }
+
+    /// The stream's coding: `rans` or `packed`.
+    pub fn coding(&self) -> &'static str {
+        match self.stream {
+            BlockStream::Rans { .. } => "rans",
+            BlockStream::Packed(_) => "packed",
+            BlockStream::Coded(_) => "dtans",
+        }
+    }
+
+    fn from_stored<'a>(
+        dtype: Dtype,
+        shape: &[usize],
+        params: &Value,
+        array: impl Fn(&str, ArrayDtype) -> Result<&'a [u8]>,
+    ) -> Result<Self> {
+        let err = FormatError::Usage;
+        let len = crate::dtype::tensor_byte_len(dtype, shape).map_err(err)?;
+        let bits = params["bits"]
+            .as_u64()
+            .and_then(|b| u32::try_from(b).ok())
+            .filter(|b| FIELD_WIDTHS.contains(b))
+            .ok_or_else(|| {
+                err(format!(
+                    "{RANS_FIELDS} 'bits' is not one of {FIELD_WIDTHS:?}"
+                ))
+            })?;
+        if (len * 8) % bits as usize != 0 {
+            return Err(err(format!(
+                "{dtype:?} {shape:?} is not whole {bits}-bit fields"
+            )));
+        }
+        let n = len * 8 / bits as usize;
+        let stream = stream_from_stored("fields", Self::kind(bits), n, &params["stream"], &array)?;
+        Ok(FieldsCoded { bits, len, stream })
     }
 }
 
@@ -907,6 +1064,7 @@ impl Coded {
             Coded::GgmlScales(_) => GGML_SCALES,
             Coded::Lossy(_) => LOSSY,
             Coded::Blocks(_) => DTANS_BLOCKS,
+            Coded::Fields(_) => RANS_FIELDS,
         }
     }
 
@@ -937,6 +1095,7 @@ impl Coded {
                 "bits_per_weight": l.tensor.bits_per_weight(),
             }),
             Coded::Blocks(b) => b.params(),
+            Coded::Fields(f) => json!({ "bits": f.bits, "stream": f.stream.params() }),
         };
         v["stats"] = stats;
         v
@@ -973,6 +1132,7 @@ impl Coded {
             }
             Coded::Lossy(l) => vec![a("data", ArrayDtype::U8, Cow::Owned(l.tensor.to_bytes()))],
             Coded::Blocks(b) => b.arrays(),
+            Coded::Fields(f) => f.stream.arrays("fields"),
             Coded::Df11(t) => vec![
                 a("luts", ArrayDtype::U8, Cow::Borrowed(&t.luts[..])),
                 a(
@@ -1152,9 +1312,12 @@ impl Coded {
             DTANS_BLOCKS => Ok(Coded::Blocks(BlocksCoded::from_stored(
                 dtype, shape, c.params, array,
             )?)),
+            RANS_FIELDS => Ok(Coded::Fields(FieldsCoded::from_stored(
+                dtype, shape, c.params, array,
+            )?)),
             other => Err(err(format!(
                 "unknown coder '{other}' (this entrollm knows {DTANS}, {DTANS_GGML}, {GGML_SCALES}, \
-                 {DTANS_BLOCKS}, {DF11} and {LOSSY})"
+                 {DTANS_BLOCKS}, {RANS_FIELDS}, {DF11} and {LOSSY})"
             ))),
         }
     }
@@ -1174,6 +1337,7 @@ impl Coded {
             Coded::GgmlScales(g) => g.decode(),
             Coded::Lossy(l) => l.decode(),
             Coded::Blocks(b) => b.decode(),
+            Coded::Fields(f) => f.decode(),
         }
     }
 
@@ -1184,9 +1348,11 @@ impl Coded {
     ) -> entrollm_codec::Result<(Vec<u8>, Option<entrollm_codec::dtans::SizeBreakdown>)> {
         match self {
             Coded::Dtans(t) => t.decode_with_breakdown().map(|(d, b)| (d, Some(b))),
-            Coded::Df11(_) | Coded::GgmlScales(_) | Coded::Lossy(_) | Coded::Blocks(_) => {
-                Ok((self.decode()?, None))
-            }
+            Coded::Df11(_)
+            | Coded::GgmlScales(_)
+            | Coded::Lossy(_)
+            | Coded::Blocks(_)
+            | Coded::Fields(_) => Ok((self.decode()?, None)),
             Coded::Ggml(g) => {
                 let (codes, b) = g.codes.decode_with_breakdown()?;
                 let bytes = pack_codes(&QuantCodes {
@@ -1211,6 +1377,7 @@ impl Coded {
             Coded::GgmlScales(g) => g.stored_bytes(),
             Coded::Lossy(l) => l.tensor.stored_bytes(),
             Coded::Blocks(b) => b.stored_bytes(),
+            Coded::Fields(f) => f.stored_bytes(),
         }
     }
 }
@@ -1419,6 +1586,119 @@ mod tests {
         let mut p = params.clone();
         p["fields"]["sc"] = json!({ "dtans": true });
         assert!(err(&p, &arrays, &shape).contains("'sc'"));
+    }
+
+    /// Bytes of `n` 4-bit codes skewed around 8 (a quantiser's), packed two a byte.
+    fn skewed_nibbles(n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut code = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            // A sum of three uniforms: near-Gaussian codes in 0..=15.
+            let v = (s & 7) + (s >> 8 & 7) + (s >> 16 & 3);
+            v as u8
+        };
+        (0..n / 2).map(|_| code() | code() << 4).collect()
+    }
+
+    #[test]
+    fn fields_round_trip_at_every_width_through_the_container() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut rand = |n: usize| -> Vec<u8> {
+            (0..n)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    s as u8
+                })
+                .collect()
+        };
+        let cases: Vec<(Dtype, Vec<usize>, Vec<u8>)> = vec![
+            (Dtype::I32, vec![64, 96], skewed_nibbles(64 * 96 * 8, 1)),
+            (Dtype::I32, vec![3, 5], rand(60)),
+            (Dtype::U8, vec![1], rand(1)),
+            (Dtype::F16, vec![7, 9], rand(126)),
+            (Dtype::I32, vec![0, 4], Vec::new()),
+            (Dtype::I64, vec![33], vec![0; 264]),
+        ];
+        for (dtype, shape, bytes) in &cases {
+            for bits in FIELD_WIDTHS {
+                if (bytes.len() * 8) % bits as usize != 0 {
+                    assert!(FieldsCoded::encode(bytes, bits).is_err());
+                    continue;
+                }
+                let f = FieldsCoded::encode(bytes, bits).unwrap();
+                let (predicted, _) = FieldsCoded::predict(bytes, bits).unwrap();
+                assert!(
+                    (predicted - f.stored_bytes() as f64).abs() <= 64.0 + 0.01 * bytes.len() as f64,
+                    "{dtype:?} {bits}: predicted {predicted}, stored {}",
+                    f.stored_bytes()
+                );
+                let coded = Coded::Fields(f);
+                let params = coded.params(json!({}));
+                let arrays = coded.arrays();
+                let back =
+                    Coded::from_stored(*dtype, shape, &stored(&coded, &arrays, &params)).unwrap();
+                assert_eq!(&back.decode().unwrap(), bytes, "{dtype:?} {shape:?} {bits}");
+            }
+        }
+        // Packed 4-bit codes code near their entropy at their width, and smaller than at others.
+        let bytes = &cases[0].2;
+        let (best, h) = FIELD_WIDTHS[..4]
+            .iter()
+            .map(|&b| (b, FieldsCoded::encode(bytes, b).unwrap().stored_bytes()))
+            .min_by_key(|&(_, n)| n)
+            .map(|(b, _)| (b, FieldsCoded::predict(bytes, b).unwrap().1))
+            .unwrap();
+        assert_eq!(best, 4);
+        let f = FieldsCoded::encode(bytes, 4).unwrap();
+        let per_code = f.stored_bytes() as f64 * 8.0 / (bytes.len() * 2) as f64;
+        assert!(per_code < h + 0.01, "{per_code} bits a code, entropy {h}");
+    }
+
+    #[test]
+    fn damaged_fields_are_errors() {
+        let bytes = skewed_nibbles(20_000, 3);
+        let coded = Coded::Fields(FieldsCoded::encode(&bytes, 4).unwrap());
+        let params = coded.params(json!({}));
+        let arrays = coded.arrays();
+        let shape = [bytes.len() / 4];
+        let err = |p: &Value, a: &[(String, ArrayDtype, Cow<'_, [u8]>)], shape: &[usize]| {
+            match Coded::from_stored(Dtype::I32, shape, &stored(&coded, a, p)) {
+                Err(e) => e.to_string(),
+                Ok(c) => match c.decode() {
+                    Err(e) => e.to_string(),
+                    Ok(b) => panic!("accepted; decodes {} bytes", b.len()),
+                },
+            }
+        };
+        for (name, ..) in &arrays {
+            let without: Vec<_> = arrays.iter().filter(|(n, ..)| n != name).cloned().collect();
+            assert!(
+                err(&params, &without, &shape).contains(name.as_str()),
+                "{name}"
+            );
+            let cut: Vec<_> = arrays
+                .iter()
+                .map(|(n, d, b)| match n == name {
+                    true => (n.clone(), *d, Cow::Owned(b[..b.len() / 2 / 4 * 4].to_vec())),
+                    false => (n.clone(), *d, b.clone()),
+                })
+                .collect();
+            assert!(!err(&params, &cut, &shape).is_empty(), "{name} cut");
+        }
+        let e = err(&params, &arrays, &[shape[0] + 1]);
+        assert!(e.contains("fields"), "{e}");
+        for bad in [json!(3), json!(32), json!("4"), Value::Null] {
+            let mut p = params.clone();
+            p["bits"] = bad;
+            assert!(err(&p, &arrays, &shape).contains("bits"));
+        }
+        let mut p = params.clone();
+        p["stream"] = json!({ "dtans": true });
+        assert!(err(&p, &arrays, &shape).contains("neither"));
     }
 
     #[test]

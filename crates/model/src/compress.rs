@@ -19,7 +19,8 @@ use entrollm_codec::lossy::{LossyTensor, Quantizer};
 use entrollm_codec::{CodecError, Payload};
 use entrollm_format::checksum::StreamingChecksum;
 use entrollm_format::coded::{
-    payload_of, BlocksCoded, Coded, GgmlCoded, GgmlScales, LossyCoded, RANS_MARGIN_BITS,
+    payload_of, BlocksCoded, Coded, FieldsCoded, GgmlCoded, GgmlScales, LossyCoded,
+    RANS_MARGIN_BITS,
 };
 use entrollm_format::ggml_blocks::{unpack_codes, BlockType, QK};
 use entrollm_format::kquants::KType;
@@ -650,6 +651,62 @@ pub fn code_tensor(m: &Matrix<'_>, coder: Coder, coding: Option<Coding>) -> Resu
     Ok((coded, stats))
 }
 
+/// Whether `name` is a quantised checkpoint's side tensor rather than a weight matrix: GPTQ and
+/// AWQ `scales`/`qzeros`/`qweight`/`g_idx`, compressed-tensors `weight_scale`/`weight_packed`/…:
+/// anything of a module's but its `weight`.
+pub fn is_side_tensor(name: &str) -> bool {
+    let last = name.rsplit('.').next().unwrap_or(name);
+    last != "weight" && name.contains('.')
+}
+
+/// The field width that stores a tensor no matrix form holds smallest ([`FieldsCoded`]), its
+/// predicted bytes and the fields' entropy (bits a field); `None` for dtypes it does not read
+/// or where no width would store it in less than 97 % of its bytes. Integers are tried at 1, 2,
+/// 4 and 8 bits (packed codes code near their entropy at their own width), 16-bit floats as
+/// halves.
+pub fn fields_choice(dtype: Dtype, bytes: &[u8]) -> Result<Option<(u32, f64, f64)>> {
+    let widths: &[u32] = match dtype {
+        Dtype::I8 | Dtype::U8 | Dtype::I16 | Dtype::U16 | Dtype::I32 | Dtype::U32 => &[1, 2, 4, 8],
+        Dtype::I64 | Dtype::U64 | Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::F8E8M0 => &[1, 2, 4, 8],
+        Dtype::F16 | Dtype::BF16 => &[16],
+        _ => return Ok(None),
+    };
+    let mut best: Option<(u32, f64, f64)> = None;
+    for &w in widths {
+        let (p, h) = FieldsCoded::predict(bytes, w)?;
+        if best.is_none_or(|(_, b, _)| p < b) {
+            best = Some((w, p, h));
+        }
+    }
+    Ok(best.filter(|&(_, p, _)| p < 0.97 * bytes.len() as f64))
+}
+
+/// A tensor no matrix form holds, as its fields at the width [`fields_choice`] picks, checked to
+/// decode to its bytes; `None` where that would not store it smaller.
+fn code_fields(dtype: Dtype, bytes: &[u8]) -> Result<Option<(Coded, Value)>> {
+    let Some((bits, predicted, h)) = fields_choice(dtype, bytes)? else {
+        return Ok(None);
+    };
+    let f = FieldsCoded::encode(bytes, bits)?;
+    if f.stored_bytes() >= bytes.len() {
+        return Ok(None);
+    }
+    if f.decode()? != bytes {
+        return Err(CompressError::Mismatch);
+    }
+    let n = (bytes.len() * 8 / bits as usize).max(1) as f64;
+    let per_element = dtype.bits() as f64 / f64::from(bits);
+    let stats = json!({
+        "predicted_bytes": predicted.round(),
+        "coding": f.coding(),
+        "bits_per_field": f.stored_bytes() as f64 * 8.0 / n,
+        "entropy_bits": h,
+        "entropy_bound_bpw": h * per_element,
+        "bits_per_weight": f.stored_bytes() as f64 * 8.0 * per_element / n,
+    });
+    Ok(Some((Coded::Fields(f), stats)))
+}
+
 /// What the manifest records of a split tensor's streams (`inspect` shows them).
 fn blocks_stats(b: &BlocksCoded, weights: usize) -> Value {
     let streams: Vec<Value> = b
@@ -908,8 +965,14 @@ fn compress_safetensors(
                     && (opts.coder == Coder::Dtans || t.dtype == Dtype::BF16),
             ),
         };
-        let Some(payload) = payload_of(t.dtype).filter(|_| codable && t.shape.len() >= 2) else {
-            return Ok(None);
+        // Matrices are `….weight`; scales and packed codes beside them code as fields.
+        let matrix = t.shape.len() >= 2 && !is_side_tensor(t.name);
+        let Some(payload) = payload_of(t.dtype).filter(|_| codable && matrix) else {
+            if !codable || numel < opts.min_elements {
+                return Ok(None);
+            }
+            let coded = code_fields(t.dtype, t.bytes).map_err(CompressError::in_tensor(t.name))?;
+            return Ok(coded.map(|(c, stats)| (c, stats, checksum(t.bytes))));
         };
         let rows = t.shape[0];
         let m = Matrix {

@@ -10,7 +10,7 @@ use crate::weights::{
     TensorSource, F16,
 };
 use entrollm_format::coded::Coded;
-use entrollm_format::{Checkpoint, ContainerReader, Dtype, StoredData};
+use entrollm_format::{Checkpoint, ContainerReader, Dtype, StoredData, TensorView};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -108,14 +108,20 @@ fn dense_fp8(name: &str, shape: &[usize], bytes: &[u8]) -> Result<Arc<dyn Linear
     Ok(Arc::new(DenseFp8::new(name, rows, cols, bytes.to_vec())?))
 }
 
-/// A container's `config.json`, checked against the manifest's checksum.
-fn container_config(reader: &ContainerReader) -> Result<ModelConfig> {
+/// A container's `config.json`, checked against the manifest's checksum, and the scheme its
+/// integer matrices are packed by.
+fn container_config(
+    reader: &ContainerReader,
+) -> Result<(ModelConfig, Option<crate::hf_quant::Scheme>)> {
     let bytes = reader
         .read_verbatim("config.json", entrollm_format::input::JSON_LIMIT)
         .map_err(|e| format_err(reader.dir(), e))?;
     let text = String::from_utf8(bytes)
         .map_err(|_| ModelError::format(reader.dir().join("config.json"), "not UTF-8 text"))?;
-    ModelConfig::from_hf_json(&text)
+    Ok((
+        ModelConfig::from_hf_json(&text)?,
+        crate::hf_quant::Scheme::from_config_json(&text)?,
+    ))
 }
 
 /// A checkpoint directory's config and the scheme its integer matrices are packed by.
@@ -184,6 +190,8 @@ pub use crate::forms::dtans::{CodedLinear, GroupScales};
 pub struct ContainerSource {
     reader: ContainerReader,
     config: ModelConfig,
+    /// How the source checkpoint packed its integer matrices (GPTQ, AWQ, compressed-tensors).
+    quant: Option<crate::hf_quant::Scheme>,
     fused: bool,
     /// Coded matrices whose container records a serving form stay coded whatever their coder
     /// (a DFloat11 matrix too), to be re-formed from there.
@@ -195,8 +203,10 @@ pub struct ContainerSource {
 impl ContainerSource {
     pub fn open(dir: &Path, fused: bool) -> Result<Self> {
         let reader = ContainerReader::open(dir).map_err(|e| format_err(dir, e))?;
+        let (config, quant) = container_config(&reader)?;
         Ok(ContainerSource {
-            config: container_config(&reader)?,
+            config,
+            quant,
             reader,
             fused,
             forms: false,
@@ -207,6 +217,66 @@ impl ContainerSource {
     pub fn reader(&self) -> &ContainerReader {
         &self.reader
     }
+
+    /// Tensor `name`'s bytes as the source stored them (decoded where coded), checked.
+    fn source_bytes(&self, name: &str) -> Result<(Dtype, Vec<usize>, Vec<u8>)> {
+        let dir = self.reader.dir();
+        let t = self.reader.tensor(name).map_err(|e| format_err(dir, e))?;
+        let bytes = match &t.data {
+            StoredData::Plain(b) => b.to_vec(),
+            StoredData::Coded(c) => Coded::from_stored(t.dtype, t.shape, c)
+                .and_then(|c| {
+                    c.decode()
+                        .map_err(|e| entrollm_format::FormatError::Usage(e.to_string()))
+                })
+                .map_err(|e| ModelError::tensor(name, e.to_string()))?,
+        };
+        self.reader
+            .verify_checksum(name, &bytes)
+            .map_err(|e| format_err(dir, e))?;
+        Ok((t.dtype, t.shape.to_vec(), bytes))
+    }
+
+    /// Matrix `name` where the source held it packed by its quantisation scheme: the packed
+    /// tensors beside it (`….qweight`, `….scales` …) decoded and read as the source's reader
+    /// reads them.
+    fn quantised(&self, q: &crate::hf_quant::Scheme, name: &str) -> Result<Option<HostTensor>> {
+        let Some(prefix) = name.strip_suffix(".weight") else {
+            return Ok(None);
+        };
+        let dot = format!("{prefix}.");
+        let parts: Vec<&str> = self
+            .reader
+            .names()
+            .filter(|n| n.starts_with(&dot) && n[dot.len()..].find('.').is_none() && *n != name)
+            .collect();
+        if parts.is_empty() {
+            return Ok(None);
+        }
+        let mut owned = OwnedTensors::default();
+        for p in parts {
+            let (dtype, shape, bytes) = self.source_bytes(p)?;
+            owned.0.insert(p.to_string(), (dtype, shape, bytes));
+        }
+        q.matrix(&owned, name)
+    }
+}
+
+/// Tensors decoded from a container, for [`crate::hf_quant`]'s readers.
+#[derive(Default)]
+struct OwnedTensors(std::collections::BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>);
+
+impl crate::hf_quant::Tensors for OwnedTensors {
+    fn get(&self, name: &str) -> Option<TensorView<'_>> {
+        self.0
+            .get_key_value(name)
+            .map(|(n, (dtype, shape, bytes))| TensorView {
+                name: n,
+                dtype: *dtype,
+                shape,
+                bytes,
+            })
+    }
 }
 
 impl TensorSource for ContainerSource {
@@ -214,6 +284,11 @@ impl TensorSource for ContainerSource {
         Ok(self.config.clone())
     }
     fn tensor(&self, name: &str) -> Result<Option<HostTensor>> {
+        if let Some(q) = &self.quant {
+            if !self.reader.names().any(|n| n == name) {
+                return self.quantised(q, name);
+            }
+        }
         if !self.reader.names().any(|n| n == name) {
             return Ok(None);
         }

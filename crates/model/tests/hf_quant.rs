@@ -278,3 +278,88 @@ fn unread_configs_are_errors_naming_the_field() {
     });
     assert_eq!(scheme(&fp8).unwrap(), None);
 }
+
+/// Each packed checkpoint compressed: its packed codes stored as rANS-coded fields near their
+/// entropy, the container served as the same integer matrices (logits bit for bit those of the
+/// source) and decompressed to the source's files byte for byte.
+#[test]
+fn packed_checkpoints_code_serve_and_restore_bit_for_bit() {
+    use entrollm_format::{restore_sources, ContainerReader, StoredData};
+    use entrollm_model::compress::{compress, CompressOptions, NoProgress};
+    use entrollm_model::load::ContainerSource;
+    for fmt in ["ct", "gptq", "awq"] {
+        let dir = std::env::temp_dir().join(format!("entrollm-hfq-{fmt}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let opts = CompressOptions {
+            min_elements: 1024,
+            ..CompressOptions::default()
+        };
+        compress(&data(fmt), &dir.join("c"), &opts, &mut NoProgress).unwrap();
+        let r = ContainerReader::open(&dir.join("c")).unwrap();
+        let mut fields = 0;
+        for t in r.tensors() {
+            if let StoredData::Coded(c) = &t.data {
+                if c.coder == "rans-fields" {
+                    fields += 1;
+                    let stats = &c.params["stats"];
+                    let (bpf, h) = (
+                        stats["bits_per_field"].as_f64().unwrap(),
+                        stats["entropy_bits"].as_f64().unwrap(),
+                    );
+                    // Packed codes at their entropy, but for the tables of these small tensors.
+                    let codes = t.name.ends_with("qweight") || t.name.ends_with("weight_packed");
+                    assert!(
+                        !codes || bpf < h + 0.1,
+                        "{fmt} {}: {bpf} bits a field, entropy {h}",
+                        t.name
+                    );
+                }
+            }
+        }
+        assert!(fields >= 3, "{fmt}: {fields} tensors coded as fields");
+
+        let logits = |w: entrollm_model::ModelWeights| {
+            for l in &w.layers {
+                assert_eq!(l.gate.form().form, "int", "{fmt}");
+            }
+            let mut e = Engine::new(w, 16).unwrap();
+            e.prefill(&[1, 5, 9, 77, 3]).unwrap()
+        };
+        let want = logits(build_model(&SafetensorsSource::open(&data(fmt)).unwrap()).unwrap());
+        // Decoded at load: the float matrices dense, as the source holds them.
+        let got =
+            logits(build_model(&ContainerSource::open(&dir.join("c"), false).unwrap()).unwrap());
+        assert!(
+            want.iter()
+                .zip(&got)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{fmt}: the container's logits differ from the source's"
+        );
+
+        let back = dir.join("back");
+        restore_sources(
+            &r,
+            &back,
+            false,
+            |t| -> Result<std::borrow::Cow<[u8]>, entrollm_format::FormatError> {
+                match &t.data {
+                    StoredData::Plain(b) => Ok(std::borrow::Cow::Borrowed(*b)),
+                    StoredData::Coded(c) => Ok(std::borrow::Cow::Owned(
+                        entrollm_format::coded::Coded::from_stored(t.dtype, t.shape, c)?
+                            .decode()
+                            .map_err(|e| entrollm_format::FormatError::Usage(e.to_string()))?,
+                    )),
+                }
+            },
+            None,
+        )
+        .unwrap();
+        for f in ["model.safetensors", "config.json"] {
+            assert!(
+                std::fs::read(back.join(f)).unwrap() == std::fs::read(data(fmt).join(f)).unwrap(),
+                "{fmt}: {f} differs"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
