@@ -27,22 +27,26 @@ if [ "$STAGE" = all ] || [ "$STAGE" = kernels ]; then
   el "== int_gpu_timing"; timeout ${TIMING_S:-300} $W/int_gpu --ignored --nocapture --test-threads=1 --exact int_gpu_timing > $OUT/timing.log 2>&1; el "rc $?"
   grep -E "x[0-9]+ |^shape|FAIL|panicked" $OUT/timing.log | tee -a $OUT/log
 fi
-if [ "$STAGE" = all ] || [ "$STAGE" = models ]; then
-  M=${MODELS:-/tmp/int-models}; mkdir -p $M
+M=${MODELS:-/tmp/int-models}
+gptq() {  # the BF16 8B and its GPTQ int4 g128, where not made yet
+  mkdir -p $M
   [ -f $M/bf16/config.json ] || { el "== synth llama-3.1-8b bf16"; timeout 300 $B synth --shape llama-3.1-8b -o $M/bf16 > $OUT/synth.log 2>&1; el "rc $?"; }
   [ -f $M/gptq/config.json ] || { el "== gen_gptq_checkpoint int4 g128"; timeout 400 python3 tools/gen_gptq_checkpoint.py $M/bf16 $M/gptq > $OUT/gptq.log 2>&1; el "rc $? $(du -sb $M/gptq | cut -f1) bytes"; tail -n 2 $OUT/gptq.log | tee -a $OUT/log; }
+}
+if [ "$STAGE" = all ] || [ "$STAGE" = models ]; then
+  gptq
   bench $M/gptq gptq-int4-g128
   [ -f $M/gptq.c/entrollm.json ] || { el "== compress gptq"; RAYON_NUM_THREADS=16 timeout 300 $B compress $M/gptq -o $M/gptq.c > $OUT/compress-gptq.log 2>&1; el "rc $?"; tail -n 2 $OUT/compress-gptq.log | tee -a $OUT/log; }
   $B inspect $M/gptq.c --json > $OUT/inspect-gptq.json && python3 tools/quant_sizes.py $OUT/inspect-gptq.json | tee -a $OUT/log
   bench $M/gptq.c gptq-container
   bench $M/bf16 bf16
-  if [ -n "${FP8:-1}" ]; then
+  if [ -n "${FP8-1}" ]; then
     [ -f $M/fp8/config.json ] || { el "== synth llama-3.1-8b fp8"; timeout 300 $B synth --shape llama-3.1-8b --dtype fp8-e4m3 -o $M/fp8 > $OUT/synth-fp8.log 2>&1; el "rc $?"; }
     bench $M/fp8 fp8
   fi
 fi
 if [ "$STAGE" = tune ]; then
-  M=${MODELS:-/tmp/int-models}
+  gptq
   el "== tune gptq --device cuda"; RAYON_NUM_THREADS=16 timeout ${TUNE_S:-300} $B tune $M/gptq --device cuda -o $OUT/tune.json > $OUT/tune.log 2>&1; el "rc $?"
   tail -n 6 $OUT/tune.log | tee -a $OUT/log
   for b in 100% ${BUDGETS:-}; do

@@ -342,7 +342,7 @@ impl DtansLinear {
     fn candidates(&self) -> Vec<DtansConfig> {
         let t = &self.parts[0];
         let kind = DtansKind::of(t.payload, &t.coding, t.cols, t.groups().map(|g| g.group));
-        launch_candidates(&kind, self.mvm)
+        grouped_launch_candidates(&kind, self.mvm, t.groups().is_some())
     }
 
     pub fn rows(&self) -> usize {
@@ -510,6 +510,19 @@ impl GpuMatrix for DtansLinear {
 /// the fast addressing, each at the widest unroll that fits without spilling; 16 warps with two
 /// blocks resident per SM (registers capped); and the tuned table's launches of the same kernel.
 /// Each compiles for the kind as the selftest's do (JIT, cached).
+/// [`launch_candidates`] of a matrix with group scales (`groups`) or without: those whose unroll
+/// applies them.
+pub fn grouped_launch_candidates(
+    kind: &DtansKind,
+    current: DtansConfig,
+    groups: bool,
+) -> Vec<DtansConfig> {
+    launch_candidates(kind, current)
+        .into_iter()
+        .filter(|c| c.fits_groups(groups))
+        .collect()
+}
+
 pub fn launch_candidates(kind: &DtansKind, current: DtansConfig) -> Vec<DtansConfig> {
     let fits =
         |c: &DtansConfig| c.fits(kind) && kind.shared_bytes(*c, DtansOut::Mvm) <= MAX_SHARED_BYTES;
@@ -615,6 +628,35 @@ impl LaunchForm for DtansLaunch {
 mod tests {
     use super::*;
     use crate::linear::{launch_names, pick_launch};
+
+    /// Integer codes with group scales (GPTQ's int4 in groups of 128, a tuner's Pair coding of
+    /// them): every candidate launches, the current one first.
+    #[test]
+    fn grouped_candidates_apply_their_groups() {
+        use entrollm_codec::dtans::{Coding, Mode};
+        for (bits, mode, log2_m, sc, t, group) in [
+            (4, Mode::Pair, 12, 2048, Some(16), 128),
+            (4, Mode::Single, 8, 256, None, 32),
+            (2, Mode::Quad, 10, 1024, None, 4096),
+        ] {
+            let coding = Coding {
+                mode,
+                log2_m,
+                sc,
+                t,
+            };
+            let (p, cols) = (Payload::Int(bits), 4096);
+            let kind = DtansKind::of(p, &coding, cols, Some(group));
+            let current =
+                dtans_config_for(p, &coding, 4096, cols, Some(group), DtansOut::Mvm).unwrap();
+            let v = grouped_launch_candidates(&kind, current, true);
+            assert_eq!(v[0], current, "{coding}");
+            assert!(v.len() > 1, "{coding}: {v:?}");
+            for c in &v {
+                assert!(c.fits(&kind) && c.fits_groups(true), "{coding}: {c}");
+            }
+        }
+    }
 
     #[test]
     fn launch_candidates_fit_their_kernel_and_start_with_the_current() {

@@ -105,6 +105,12 @@ impl DtansConfig {
             && (kind.sc / kind.k / 4) % uq == 0
     }
 
+    /// Whether this unroll applies group scales (`groups`): their epilogue runs once per 8
+    /// quartets, the default unroll.
+    pub fn fits_groups(&self, groups: bool) -> bool {
+        !groups || self.unroll == 0 || self.unroll == 8
+    }
+
     /// Bytes per shared table entry for `kind`: as configured, else 4 for BF16 Single (fewer
     /// shared-memory wavefronts per lookup: faster on the large Llama-8B launches, H200
     /// 2026-11-30) and 16 otherwise (BF16 Pair: 16 was faster than 4 and 8 on every launch).
@@ -339,7 +345,7 @@ fn launch(
         || cfg.warps > 32
         || cfg.min_warps > 64
         || !cfg.fits(&kind)
-        || (cfg.unroll != 0 && cfg.unroll != 8 && mats[0].groups.is_some())
+        || !cfg.fits_groups(mats[0].groups.is_some())
     {
         return Err(GpuError::invalid(
             op,
