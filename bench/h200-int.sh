@@ -50,9 +50,9 @@ if [ "$STAGE" = tune ]; then
   el "== tune gptq --device cuda"; RAYON_NUM_THREADS=16 timeout ${TUNE_S:-300} $B tune $M/gptq --device cuda -o $OUT/tune.json > $OUT/tune.log 2>&1; el "rc $?"
   tail -n 6 $OUT/tune.log | tee -a $OUT/log
   for b in 100% ${BUDGETS:-}; do
-    el "== bench gptq --tune --budget $b"; timeout 200 $B bench $M/gptq --tune $OUT/tune.json --budget $b --json > $OUT/plan-$b.json 2> $OUT/plan-$b.err; el "rc $?"
-    tail -c 1500 $OUT/plan-$b.json | tee -a $OUT/log; echo | tee -a $OUT/log
-    grep -E "^(qkv|o|gate_up|down|lm_head|embed) |^plan:" $OUT/plan-$b.err | tee -a $OUT/log
+    el "== bench gptq --tune --budget $b"; timeout 200 $B bench $M/gptq --tune $OUT/tune.json --budget $b --json > $OUT/plan-${b//%/pct}.json 2> $OUT/plan-${b//%/pct}.err; el "rc $?"
+    tail -c 1500 $OUT/plan-${b//%/pct}.json | tee -a $OUT/log; echo | tee -a $OUT/log
+    grep -E "^(qkv|o|gate_up|down|lm_head|embed) |^plan:" $OUT/plan-${b//%/pct}.err | tee -a $OUT/log
   done
 fi
 el done
