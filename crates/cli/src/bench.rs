@@ -26,8 +26,17 @@ use entrollm_model::load::{open_weights_with, LoadOptions};
 use entrollm_model::synth::{shared_layer_weights, SynthShape};
 use entrollm_model::ModelConfig;
 
-/// HBM read bandwidth of the H200 measured with a sum kernel (bench/RESULTS.md), the share's denominator.
-const H200_HBM_GBPS: f64 = 4330.0;
+/// The share's denominator: a GPU's HBM read bandwidth (GB/s) and where the figure comes from,
+/// by the name the driver reports; `None` for other GPUs (no share is claimed).
+fn hbm_gbps(name: &str) -> Option<(f64, &'static str)> {
+    if name.contains("H200") {
+        Some((4330.0, "the H200's, measured with a sum kernel (bench/RESULTS.md)"))
+    } else if name.contains("H100") && name.contains("HBM3") {
+        Some((3350.0, "the H100 SXM's nominal 3.35 TB/s"))
+    } else {
+        None
+    }
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -416,7 +425,7 @@ pub fn run(a: Args) -> Result<()> {
             "decode_ms_per_token": step_s * 1e3,
             "weight_bytes_per_token": bytes_per_token,
             "achieved_gb_s": gbps,
-            "hbm_share": gbps / H200_HBM_GBPS,
+            "hbm_share": hbm_gbps(&info.name).map(|(peak, _)| gbps / peak),
             "prompt_prefill_s": mpre,
             "prompt_prefill_tok_s": a.prompt_len as f64 / mpre,
             "prefill_len": a.prefill_len,
@@ -471,10 +480,13 @@ pub fn run(a: Args) -> Result<()> {
             "step        one CUDA graph per token ({})",
             e.decode_layout()
         );
+        let share = match hbm_gbps(&info.name) {
+            Some((peak, of)) => format!(", {:.1} % of {of}", 100.0 * gbps / peak),
+            None => String::new(),
+        };
         println!(
-            "bandwidth   {gbps:.0} GB/s of weights ({:.2} GB/token), {:.1} % of the H200's {H200_HBM_GBPS:.0} GB/s",
+            "bandwidth   {gbps:.0} GB/s of weights ({:.2} GB/token){share}",
             gb(bytes_per_token),
-            100.0 * gbps / H200_HBM_GBPS
         );
         println!(
             "prefill     {:.0} tok/s for the {}-token prompt ({:.1} ms)",
