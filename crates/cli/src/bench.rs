@@ -30,7 +30,10 @@ use entrollm_model::ModelConfig;
 /// by the name the driver reports; `None` for other GPUs (no share is claimed).
 fn hbm_gbps(name: &str) -> Option<(f64, &'static str)> {
     if name.contains("H200") {
-        Some((4330.0, "the H200's, measured with a sum kernel (bench/RESULTS.md)"))
+        Some((
+            4330.0,
+            "the H200's, measured with a sum kernel (bench/RESULTS.md)",
+        ))
     } else if name.contains("H100") && name.contains("HBM3") {
         Some((3350.0, "the H100 SXM's nominal 3.35 TB/s"))
     } else {

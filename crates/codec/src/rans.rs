@@ -266,7 +266,7 @@ pub fn table_freqs(b: &[u8], alphabet: usize) -> Result<Vec<u16>> {
         f[s] = (v << shift) as u16;
     }
     f[symbols[used - 1]] = (left << shift) as u16;
-    if (rd.at + 7) / 8 != rest.len() {
+    if rd.at.div_ceil(8) != rest.len() {
         return Err(corrupt("bytes left after the table".into()));
     }
     Ok(f)

@@ -1,6 +1,7 @@
 //! The integer-code kernels (`ops::int`) against the CPU form (`forms::int`), on fresh random codes
 //! of every width the kernels run and every way a weight is made of its code (scaled, offset,
-//! signed, with mins), groups of 32/64/128 columns and whole rows, columns in stored order and
+//! signed, with mins), groups of 16/32/64/128 columns and whole rows (16: GGUF Q2_K/Q3_K/Q6_K as
+//! codes), columns in stored order and
 //! permuted (GPTQ's act order), ragged shapes included:
 //! `int_dequant` bit for bit the CPU form's weights rounded to BF16; `int_mv` within
 //! f32-summation tolerance of the CPU form's product, into an offset of its output as a launch's
@@ -101,7 +102,7 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
         for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
             // Each shape one kind and one group size, the kinds and groups cycling over the shapes.
             let (name, signed, offset, mins) = KINDS[(si + bits as usize) % KINDS.len()];
-            let group = [32, 64, 128, cols][si % 4];
+            let group = [32, 64, 128, cols, 16][si % 5];
             // Every third shape with its columns stored in another order (GPTQ's act order).
             let ordered = si % 3 == 1;
             let shape = format!(

@@ -866,7 +866,7 @@ impl FieldsCoded {
     }
 
     fn fields(bytes: &[u8], bits: u32) -> entrollm_codec::Result<Vec<u16>> {
-        if !FIELD_WIDTHS.contains(&bits) || (bytes.len() * 8) % bits as usize != 0 {
+        if !FIELD_WIDTHS.contains(&bits) || !(bytes.len() * 8).is_multiple_of(bits as usize) {
             return Err(CodecError::Shape(format!(
                 "{} bytes are not whole {bits}-bit fields",
                 bytes.len()
@@ -941,7 +941,7 @@ impl FieldsCoded {
                     "{RANS_FIELDS} 'bits' is not one of {FIELD_WIDTHS:?}"
                 ))
             })?;
-        if (len * 8) % bits as usize != 0 {
+        if !(len * 8).is_multiple_of(bits as usize) {
             return Err(err(format!(
                 "{dtype:?} {shape:?} is not whole {bits}-bit fields"
             )));

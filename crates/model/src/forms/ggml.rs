@@ -87,6 +87,67 @@ pub(crate) fn to_f32(ty: GgmlType, bytes: &BlockBytes) -> Vec<f32> {
     out
 }
 
+/// Blocks of a type whose weights are a code times its group's scale, plus the group's min
+/// (Q4_0 … Q8_0, Q2_K … Q6_K) as integer codes with f32 group scales and mins, each the f32
+/// product ggml forms (`d · sc`, `dmin · m`), so that `scale · (code − offset) + min` is ggml's
+/// dequantisation bit for bit; `None` for other types (IQ4, FP4: their codes index tables).
+pub fn int_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
+    use entrollm_format::kquants::{split, KType};
+    let kt = KType::from_name(ty.name())?;
+    // (columns a group, the codes' offset, signed codes, whether groups have mins)
+    let (group, offset, signed, mins) = match kt {
+        KType::Q4_0 => (32, 8.0, false, false),
+        KType::Q5_0 => (32, 16.0, false, false),
+        KType::Q8_0 => (32, 0.0, true, false),
+        KType::Q4_1 | KType::Q5_1 => (32, 0.0, false, true),
+        KType::Q2K => (16, 0.0, false, true),
+        KType::Q3K => (16, 4.0, false, false),
+        KType::Q4K | KType::Q5K => (32, 0.0, false, true),
+        KType::Q6K => (16, 32.0, false, false),
+        KType::Iq4Nl | KType::Iq4Xs | KType::Mxfp4 | KType::Nvfp4 => return None,
+    };
+    let sp = split(kt, bytes).ok()?;
+    let half = |h: u16| half::f16::from_bits(h).to_f32();
+    let per = kt.block_weights() / group;
+    let blocks = sp.codes.len() / kt.block_weights();
+    let (mut sc, mut mn) = (Vec::with_capacity(blocks * per), Vec::new());
+    let f = &sp.fields;
+    for b in 0..blocks {
+        let d = half(f[0][b]);
+        match kt {
+            KType::Q4_0 | KType::Q5_0 | KType::Q8_0 => sc.push(d),
+            KType::Q4_1 | KType::Q5_1 => {
+                sc.push(d);
+                mn.push(half(f[1][b]));
+            }
+            KType::Q2K | KType::Q4K | KType::Q5K => {
+                let dmin = half(f[1][b]);
+                let r = b * per..(b + 1) * per;
+                for (&s, &m) in f[2][r.clone()].iter().zip(&f[3][r]) {
+                    sc.push(d * f32::from(s));
+                    mn.push(-(dmin * f32::from(m)));
+                }
+            }
+            KType::Q3K => sc.extend((b * per..(b + 1) * per).map(|j| d * (f[1][j] as f32 - 32.0))),
+            KType::Q6K => {
+                sc.extend((b * per..(b + 1) * per).map(|j| d * f32::from(f[1][j] as u8 as i8)))
+            }
+            _ => return None,
+        }
+    }
+    Some(Values::Int {
+        payload: entrollm_codec::Payload::Int(kt.code_bits() as u8),
+        codes: sp.codes,
+        groups: super::GroupScales {
+            group,
+            scales: sc,
+            mins: mins.then_some(mn),
+            offset,
+            signed,
+        },
+    })
+}
+
 /// `blocks` random blocks of `ty` from `seed` (test and selftest matrices): random bytes, with
 /// finite, small f16 scales where the type keeps them (MXFP4: an E8M0 scale near one; NVFP4's
 /// E4M3 scales are finite whatever their bytes).
@@ -1214,6 +1275,58 @@ mod tests {
             },
         )
         .unwrap()
+    }
+
+    /// The types whose weights are codes times group scales, held as integer codes: the same
+    /// weights, and in the `int` form the same products within f32 rounding.
+    #[test]
+    fn linear_types_as_int_codes_are_the_same_weights() {
+        use super::super::int::INT;
+        let mut rng = Rng::new(29);
+        let mut converted = 0;
+        for ty in TYPES {
+            let linear = int_values(ty, &[]).is_some();
+            for (rows, blocks) in [(1, 1), (5, 2), (17, 3)] {
+                let src = source(&mut rng, ty, rows, blocks);
+                assert_eq!(INT.accepts(&src), linear, "{ty:?}");
+                if !linear {
+                    assert!(INT.variants(&src).unwrap().is_empty());
+                    continue;
+                }
+                converted += 1;
+                let g = GGML.encode(&src, "").unwrap();
+                let i = INT.encode(&src, "").unwrap();
+                assert_eq!(i.form().form, "int");
+                let (mut a, mut b) = (vec![0f32; src.cols], vec![0f32; src.cols]);
+                for r in 0..rows {
+                    g.row(r, &mut a);
+                    i.row(r, &mut b);
+                    // Bit for bit, but for the sign of zeros: ggml's (q − 8)·d is −0 for
+                    // negative d, the int form adds its (absent) min.
+                    for c in 0..src.cols {
+                        assert!(
+                            a[c].to_bits() == b[c].to_bits() || a[c] == 0.0 && b[c] == 0.0,
+                            "{ty:?} ({r}, {c}): {} vs {}",
+                            a[c],
+                            b[c]
+                        );
+                    }
+                }
+                let x: Vec<f32> = (0..src.cols).map(|_| rng.normal()).collect();
+                let (mut ya, mut yb) = (vec![0f32; rows], vec![0f32; rows]);
+                g.matvec(&x, &mut ya);
+                i.matvec(&x, &mut yb);
+                for (p, q) in ya.iter().zip(&yb) {
+                    assert!(
+                        (p - q).abs() <= 1e-4 * p.abs().max(1.0),
+                        "{ty:?}: {p} vs {q}"
+                    );
+                }
+                let p = INT.variants(&src).unwrap()[0].predicted_bytes;
+                assert_eq!(p as usize, i.stored_bytes(), "{ty:?}");
+            }
+        }
+        assert_eq!(converted, 10 * 3);
     }
 
     #[test]

@@ -206,10 +206,20 @@ impl Form for IntForm {
     fn runs_on(&self, _device: DeviceKind) -> bool {
         true
     }
+    /// Integer codes, and GGUF blocks of the types whose weights are codes times group scales
+    /// ([`super::ggml::int_values`]).
     fn accepts(&self, src: &Source) -> bool {
-        matches!(src.values, Values::Int { .. })
+        match &src.values {
+            Values::Int { .. } => true,
+            Values::Ggml { ty, .. } => super::ggml::int_values(*ty, &[]).is_some(),
+            _ => false,
+        }
     }
     fn variants(&self, src: &Source) -> Result<Vec<Candidate>> {
+        let Some(src) = as_int(src) else {
+            return Ok(Vec::new());
+        };
+        let src = &*src;
         let Values::Int {
             payload, groups, ..
         } = &src.values
@@ -230,6 +240,8 @@ impl Form for IntForm {
     }
     fn encode(&self, src: &Source, variant: &str) -> Result<Arc<dyn Linear>> {
         check_variant(variant)?;
+        let int = as_int(src);
+        let src = int.as_deref().unwrap_or(src);
         let Values::Int {
             payload,
             codes,
@@ -271,6 +283,19 @@ impl Form for IntForm {
 
 fn check_variant(variant: &str) -> Result<()> {
     super::no_variants("int", variant)
+}
+
+/// `src` as integer codes: as it is, or its GGUF blocks converted; `None` where neither.
+fn as_int(src: &Source) -> Option<std::borrow::Cow<'_, Source>> {
+    match &src.values {
+        Values::Int { .. } => Some(std::borrow::Cow::Borrowed(src)),
+        Values::Ggml { ty, bytes } => Some(std::borrow::Cow::Owned(Source {
+            rows: src.rows,
+            cols: src.cols,
+            values: super::ggml::int_values(*ty, bytes.bytes())?,
+        })),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
