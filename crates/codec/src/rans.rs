@@ -399,7 +399,13 @@ impl RansStream {
     /// The symbols, chunks decoded in parallel. Damaged streams are errors, never panics.
     pub fn decode(&self) -> Result<Vec<u8>> {
         self.validate()?;
-        let mut out = vec![0u8; self.n];
+        // A one-symbol model codes any number of symbols in a few words: the count is the
+        // stream's to claim, so memory for it is asked for, not assumed.
+        let mut out = Vec::new();
+        out.try_reserve_exact(self.n).map_err(|_| {
+            CodecError::Corrupt(format!("{} rANS symbols do not fit in memory", self.n))
+        })?;
+        out.resize(self.n, 0);
         if self.n == 0 {
             return Ok(out);
         }

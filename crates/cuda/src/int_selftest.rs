@@ -177,3 +177,79 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
         cases,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{packed, random_int};
+    use crate::ops::int::{unpack, IntPacked, Kind, BITS};
+    use crate::selftest::{rel_l2, Rng};
+
+    /// The kernels' arithmetic in Rust over the packed arrays: the product (f32, a step's four
+    /// products then the group's terms) and the dequantised weights.
+    fn emulate(p: &IntPacked, x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let (l, cols) = (&p.layout, p.layout.cols);
+        let stride = if p.kind == Kind::Mins { 2 } else { 1 };
+        let mut y = vec![0f32; p.rows];
+        let mut w = vec![0f32; p.rows * cols];
+        for r in 0..p.rows {
+            for c in (0..cols).step_by(4) {
+                let q: Vec<f32> = (0..4)
+                    .map(|e| unpack(l, &p.words, r, c + e) as f32)
+                    .collect();
+                let at = (r * p.groups_per_row + (c >> p.group_shift)) * stride;
+                let (s, m) = (p.table[at], if stride == 2 { p.table[at + 1] } else { 0.0 });
+                let d: f32 = (0..4).map(|e| q[e] * x[c + e]).sum();
+                let xs: f32 = x[c..c + 4].iter().sum();
+                y[r] += match p.kind {
+                    Kind::Scaled => s * d,
+                    Kind::Offset => s * (d - p.offset * xs),
+                    Kind::Mins => s * (d - p.offset * xs) + m * xs,
+                };
+                for e in 0..4 {
+                    w[r * cols + c + e] = s * (q[e] - p.offset) + m;
+                }
+            }
+        }
+        (y, w)
+    }
+
+    #[test]
+    fn kernel_arithmetic_matches_the_cpu_form() {
+        let mut rng = Rng::new(5);
+        let kinds = [
+            (false, 0.0, false),
+            (false, 8.0, false),
+            (true, 0.0, false),
+            (true, -1.0, false),
+            (false, 0.0, true),
+        ];
+        for (i, bits) in BITS.into_iter().enumerate() {
+            for (j, (rows, cols)) in [(3, 100), (5, 576), (2, 1028), (4, 2304)]
+                .into_iter()
+                .enumerate()
+            {
+                let kind = kinds[(i + j) % kinds.len()];
+                let group = [32, 16, 128, cols][j];
+                let m = random_int(&mut rng, bits, rows, cols, group, kind).unwrap();
+                let p = packed(&*m).unwrap();
+                let x = rng.normals(cols, 1.0);
+                let (y, w) = emulate(&p, &x);
+                let mut want = vec![0f32; rows];
+                m.matvec(&x, &mut want);
+                let err = rel_l2(&y, &want);
+                assert!(err < 1e-5, "int{bits} {rows}x{cols} {kind:?}: {err}");
+                let mut row = vec![0f32; cols];
+                for r in 0..rows {
+                    m.row(r, &mut row);
+                    for c in 0..cols {
+                        assert_eq!(
+                            w[r * cols + c].to_bits(),
+                            row[c].to_bits(),
+                            "int{bits} {kind:?} ({r}, {c})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
