@@ -1560,22 +1560,7 @@ mod tests {
         let mut p = params.clone();
         p["rows"] = json!(rows + 32);
         assert!(err(&p, &arrays, &shape).contains("stored as U8"));
-        // Every array is needed, and a truncated one is an error.
-        for (name, ..) in &arrays {
-            let without: Vec<_> = arrays.iter().filter(|(n, ..)| n != name).cloned().collect();
-            assert!(
-                err(&params, &without, &shape).contains(name.as_str()),
-                "{name}"
-            );
-            let cut: Vec<_> = arrays
-                .iter()
-                .map(|(n, d, b)| match n == name {
-                    true => (n.clone(), *d, Cow::Owned(b[..b.len() / 2 / 4 * 4].to_vec())),
-                    false => (n.clone(), *d, b.clone()),
-                })
-                .collect();
-            assert!(!err(&params, &cut, &shape).is_empty(), "{name} cut");
-        }
+        each_array_is_needed(&arrays, |a| err(&params, a, &shape));
         assert!(
             params["codes"].get("packed").is_none(),
             "skewed codes code smaller"
@@ -1586,6 +1571,25 @@ mod tests {
         let mut p = params.clone();
         p["fields"]["sc"] = json!({ "dtans": true });
         assert!(err(&p, &arrays, &shape).contains("'sc'"));
+    }
+
+    type Arrays<'a> = [(String, ArrayDtype, Cow<'a, [u8]>)];
+
+    /// Every array of a coded tensor is needed (reading without it is an error naming it), and
+    /// one cut short is an error; `err` reads a tensor of these arrays.
+    fn each_array_is_needed(arrays: &Arrays<'_>, err: impl Fn(&Arrays<'_>) -> String) {
+        for (name, ..) in arrays {
+            let without: Vec<_> = arrays.iter().filter(|(n, ..)| n != name).cloned().collect();
+            assert!(err(&without).contains(name.as_str()), "{name}");
+            let cut: Vec<_> = arrays
+                .iter()
+                .map(|(n, d, b)| match n == name {
+                    true => (n.clone(), *d, Cow::Owned(b[..b.len() / 2 / 4 * 4].to_vec())),
+                    false => (n.clone(), *d, b.clone()),
+                })
+                .collect();
+            assert!(!err(&cut).is_empty(), "{name} cut");
+        }
     }
 
     /// Bytes of `n` 4-bit codes skewed around 8 (a quantiser's), packed two a byte.
@@ -1674,21 +1678,7 @@ mod tests {
                 },
             }
         };
-        for (name, ..) in &arrays {
-            let without: Vec<_> = arrays.iter().filter(|(n, ..)| n != name).cloned().collect();
-            assert!(
-                err(&params, &without, &shape).contains(name.as_str()),
-                "{name}"
-            );
-            let cut: Vec<_> = arrays
-                .iter()
-                .map(|(n, d, b)| match n == name {
-                    true => (n.clone(), *d, Cow::Owned(b[..b.len() / 2 / 4 * 4].to_vec())),
-                    false => (n.clone(), *d, b.clone()),
-                })
-                .collect();
-            assert!(!err(&params, &cut, &shape).is_empty(), "{name} cut");
-        }
+        each_array_is_needed(&arrays, |a| err(&params, a, &shape));
         let e = err(&params, &arrays, &[shape[0] + 1]);
         assert!(e.contains("fields"), "{e}");
         for bad in [json!(3), json!(32), json!("4"), Value::Null] {
