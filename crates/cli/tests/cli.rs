@@ -2199,3 +2199,34 @@ fn allow_lossy_meets_a_budget_lossless_forms_cannot() {
         "{e}"
     );
 }
+
+/// A GPTQ checkpoint through the CLI: compressed with its packed codes as fields, inspected,
+/// decompressed to the same files; `--budget` (forms per stored tensor) refused with the fix.
+#[test]
+fn gptq_checkpoint_compresses_inspects_and_restores() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/hfq/gptq");
+    let d = tmp("gptq");
+    let c = d.join("c");
+    let (s, cs) = (src.to_str().unwrap(), c.to_str().unwrap());
+    let err = fails(&[
+        "compress", s, "-o", cs, "--budget", "1GB", "--device", "cpu",
+    ]);
+    assert!(
+        err.contains("packed integer codes") && err.contains("--budget"),
+        "{err}"
+    );
+    assert!(!c.exists(), "a refused compress leaves nothing");
+    ok(&["compress", s, "-o", cs, "--min-elements", "1024"]);
+    let out = ok(&["inspect", cs]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("rans-fields of 4 bits"), "{table}");
+    let back = d.join("back");
+    ok(&["decompress", cs, "-o", back.to_str().unwrap()]);
+    for f in ["model.safetensors", "config.json"] {
+        assert!(
+            std::fs::read(back.join(f)).unwrap() == std::fs::read(src.join(f)).unwrap(),
+            "{f} differs"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -796,6 +796,20 @@ fn source_forms<'a>(
         *n == "lm_head.weight" && opts.forms.get("model.embed_tokens.weight") == opts.forms.get(*n)
     };
     let missing: Vec<&str> = missing.into_iter().filter(|n| !tied(n)).take(5).collect();
+    // A GPTQ/AWQ/compressed-tensors matrix is stored as its packed tensors, which carry no form.
+    let packed = |n: &&str| {
+        n.strip_suffix(".weight").is_some_and(|p| {
+            ["qweight", "weight_packed"]
+                .iter()
+                .any(|t| names.contains(format!("{p}.{t}").as_str()))
+        })
+    };
+    if let Some(n) = missing.iter().find(|n| packed(n)) {
+        return Err(CompressError::Usage(format!(
+            "{}: matrix {n} is stored as packed integer codes (GPTQ, AWQ or compressed-tensors),              which a container keeps as they are, not in planned forms; compress without              --plan/--budget and give --budget or --plan to run, chat, serve or bench instead",
+            src.display()
+        )));
+    }
     match missing.is_empty() {
         true => Ok(out),
         false => Err(CompressError::Usage(format!(
