@@ -300,6 +300,15 @@ pub enum BlockStream {
 }
 
 impl BlockStream {
+    /// `dtans`, `rans` or `packed`.
+    fn coding(&self) -> &'static str {
+        match self {
+            BlockStream::Coded(_) => "dtans",
+            BlockStream::Rans { .. } => "rans",
+            BlockStream::Packed(_) => "packed",
+        }
+    }
+
     fn stored_bytes(&self) -> usize {
         match self {
             BlockStream::Coded(t) => t.stored_bytes(),
@@ -671,14 +680,7 @@ impl BlocksCoded {
         let names = std::iter::once("codes").chain(self.ty.fields().iter().map(|f| f.name));
         names
             .zip(std::iter::once(&self.codes).chain(&self.fields))
-            .map(|(n, s)| {
-                let how = match s {
-                    BlockStream::Coded(_) => "dtans",
-                    BlockStream::Rans { .. } => "rans",
-                    BlockStream::Packed(_) => "packed",
-                };
-                (n, s.stored_bytes(), how)
-            })
+            .map(|(n, s)| (n, s.stored_bytes(), s.coding()))
             .collect()
     }
 
@@ -917,11 +919,7 @@ impl FieldsCoded {
 
     /// The stream's coding: `rans` or `packed`.
     pub fn coding(&self) -> &'static str {
-        match self.stream {
-            BlockStream::Rans { .. } => "rans",
-            BlockStream::Packed(_) => "packed",
-            BlockStream::Coded(_) => "dtans",
-        }
+        self.stream.coding()
     }
 
     fn from_stored<'a>(
