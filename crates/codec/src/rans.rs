@@ -76,11 +76,6 @@ pub fn normalise_to(counts: &[u64], bits: u32) -> Result<Vec<u16>> {
     Ok(f.into_iter().map(|x| x as u16).collect())
 }
 
-/// [`normalise_to`] at the coder's full precision, 2^[`PROB_BITS`].
-pub fn normalise(counts: &[u64]) -> Result<Vec<u16>> {
-    normalise_to(counts, PROB_BITS)
-}
-
 /// Bits of coding `counts` with frequencies `f` summing to 2^`bits`.
 fn cross_entropy_bits(counts: &[u64], f: &[u16], bits: u32) -> f64 {
     counts
@@ -536,21 +531,16 @@ mod tests {
     #[test]
     fn normalised_frequencies_sum_to_the_table_and_keep_every_symbol() {
         let counts = [1u64, 0, 1_000_000, 3, 0, 7];
-        let f = normalise(&counts).unwrap();
+        let f = normalise_to(&counts, PROB_BITS).unwrap();
         assert_eq!(f.iter().map(|&x| u32::from(x)).sum::<u32>(), M);
         assert!(f[0] >= 1 && f[1] == 0 && f[3] >= 1 && f[4] == 0);
-        assert!(normalise(&[0, 0]).is_err());
+        assert!(normalise_to(&[0, 0], PROB_BITS).is_err());
     }
 
     #[test]
     fn tables_round_trip_at_every_precision_and_sparsity() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = crate::test_rng::Rng(0x9e37_79b9_7f4a_7c15);
+        let mut next = move || rng.next();
         assert!(table_bytes(&[0; 16]).is_empty());
         assert_eq!(table_freqs(&[], 16).unwrap(), vec![0; 16]);
         for case in 0..400 {

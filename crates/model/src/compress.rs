@@ -806,7 +806,9 @@ fn source_forms<'a>(
     };
     if let Some(n) = missing.iter().find(|n| packed(n)) {
         return Err(CompressError::Usage(format!(
-            "{}: matrix {n} is stored as packed integer codes (GPTQ, AWQ or compressed-tensors),              which a container keeps as they are, not in planned forms; compress without              --plan/--budget and give --budget or --plan to run, chat, serve or bench instead",
+            "{}: matrix {n} is stored as packed integer codes (GPTQ, AWQ or compressed-tensors), \
+             which a container keeps as they are, not in planned forms; compress without \
+             --plan/--budget and give --budget or --plan to run, chat, serve or bench instead",
             src.display()
         )));
     }

@@ -24,6 +24,23 @@ impl Tensors for entrollm_format::Checkpoint {
     }
 }
 
+/// Tensors held in memory by name (dtype, shape, bytes): a container's decoded ones.
+#[derive(Default)]
+pub struct OwnedTensors(pub std::collections::BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>);
+
+impl Tensors for OwnedTensors {
+    fn get(&self, name: &str) -> Option<TensorView<'_>> {
+        self.0
+            .get_key_value(name)
+            .map(|(n, (dtype, shape, bytes))| TensorView {
+                name: n,
+                dtype: *dtype,
+                shape,
+                bytes,
+            })
+    }
+}
+
 impl Tensors for entrollm_format::SafetensorsFile {
     fn get(&self, name: &str) -> Option<TensorView<'_>> {
         entrollm_format::SafetensorsFile::get(self, name)

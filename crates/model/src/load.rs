@@ -10,7 +10,7 @@ use crate::weights::{
     TensorSource, F16,
 };
 use entrollm_format::coded::Coded;
-use entrollm_format::{Checkpoint, ContainerReader, Dtype, StoredData, TensorView};
+use entrollm_format::{Checkpoint, ContainerReader, Dtype, StoredData};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -218,7 +218,8 @@ impl ContainerSource {
         &self.reader
     }
 
-    /// Tensor `name`'s bytes as the source stored them (decoded where coded), checked.
+    /// Tensor `name`'s bytes as the source stored them (decoded where coded), checked unless
+    /// [`LoadOptions::verify`] is off.
     fn source_bytes(&self, name: &str) -> Result<(Dtype, Vec<usize>, Vec<u8>)> {
         let dir = self.reader.dir();
         let t = self.reader.tensor(name).map_err(|e| format_err(dir, e))?;
@@ -231,9 +232,11 @@ impl ContainerSource {
                 })
                 .map_err(|e| ModelError::tensor(name, e.to_string()))?,
         };
-        self.reader
-            .verify_checksum(name, &bytes)
-            .map_err(|e| format_err(dir, e))?;
+        if self.verify {
+            self.reader
+                .verify_checksum(name, &bytes)
+                .map_err(|e| format_err(dir, e))?;
+        }
         Ok((t.dtype, t.shape.to_vec(), bytes))
     }
 
@@ -253,7 +256,7 @@ impl ContainerSource {
         if parts.is_empty() {
             return Ok(None);
         }
-        let mut owned = OwnedTensors::default();
+        let mut owned = crate::hf_quant::OwnedTensors::default();
         for p in parts {
             let (dtype, shape, bytes) = self.source_bytes(p)?;
             owned.0.insert(p.to_string(), (dtype, shape, bytes));
@@ -262,35 +265,16 @@ impl ContainerSource {
     }
 }
 
-/// Tensors decoded from a container, for [`crate::hf_quant`]'s readers.
-#[derive(Default)]
-struct OwnedTensors(std::collections::BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>);
-
-impl crate::hf_quant::Tensors for OwnedTensors {
-    fn get(&self, name: &str) -> Option<TensorView<'_>> {
-        self.0
-            .get_key_value(name)
-            .map(|(n, (dtype, shape, bytes))| TensorView {
-                name: n,
-                dtype: *dtype,
-                shape,
-                bytes,
-            })
-    }
-}
-
 impl TensorSource for ContainerSource {
     fn config(&self) -> Result<ModelConfig> {
         Ok(self.config.clone())
     }
     fn tensor(&self, name: &str) -> Result<Option<HostTensor>> {
-        if let Some(q) = &self.quant {
-            if !self.reader.names().any(|n| n == name) {
-                return self.quantised(q, name);
-            }
-        }
         if !self.reader.names().any(|n| n == name) {
-            return Ok(None);
+            return match &self.quant {
+                Some(q) => self.quantised(q, name),
+                None => Ok(None),
+            };
         }
         let dir = self.reader.dir();
         let t = self.reader.tensor(name).map_err(|e| format_err(dir, e))?;

@@ -3,10 +3,9 @@
 //! tools/gen_hf_quant_testdata.py wrote; and hostile tensors and configs.
 
 use entrollm_format::{Dtype, SafetensorsFile, TensorView};
-use entrollm_model::hf_quant::{Scheme, Tensors};
+use entrollm_model::hf_quant::{OwnedTensors, Scheme};
 use entrollm_model::load::SafetensorsSource;
 use entrollm_model::{build_model, Engine, HostTensor, Linear};
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -137,23 +136,12 @@ fn awq_model_logits_match_transformers() {
 }
 
 /// Tensors in memory, for hostile inputs.
-struct Mem(HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>);
+type Mem = OwnedTensors;
 
-impl Tensors for Mem {
-    fn get(&self, name: &str) -> Option<TensorView<'_>> {
-        self.0.get_key_value(name).map(|(n, (d, s, b))| TensorView {
-            name: n,
-            dtype: *d,
-            shape: s,
-            bytes: b,
-        })
-    }
-}
-
-impl Mem {
-    fn from_file(file: &SafetensorsFile, prefix: &str, as_prefix: &str) -> Mem {
-        Mem(file
-            .tensors()
+/// The tensors of `file` named `prefix…`, renamed `as_prefix…`.
+fn mem_from_file(file: &SafetensorsFile, prefix: &str, as_prefix: &str) -> Mem {
+    OwnedTensors(
+        file.tensors()
             .filter_map(|t| {
                 let rest = t.name.strip_prefix(prefix)?;
                 Some((
@@ -161,8 +149,8 @@ impl Mem {
                     (t.dtype, t.shape.to_vec(), t.bytes.to_vec()),
                 ))
             })
-            .collect())
-    }
+            .collect(),
+    )
 }
 
 fn case_config(name: &str) -> serde_json::Value {
@@ -183,29 +171,29 @@ fn hostile_tensors_are_errors_naming_tensor_and_field() {
     let file = SafetensorsFile::open(&data("matrices.safetensors")).unwrap();
     // GPTQ without qzeros.
     let s = scheme(&case_config("gptq_4_asym_g64_v1")).unwrap().unwrap();
-    let mut t = Mem::from_file(&file, "gptq_4_asym_g64_v1", "m");
+    let mut t = mem_from_file(&file, "gptq_4_asym_g64_v1", "m");
     assert!(s.matrix(&t, "m.weight").is_ok());
     t.0.remove("m.qzeros");
     let e = err(&s, &t);
     assert!(e.contains("m.qzeros") && e.contains("missing"), "{e}");
     // Scales of the wrong shape.
-    let mut t = Mem::from_file(&file, "gptq_4_asym_g64_v1", "m");
+    let mut t = mem_from_file(&file, "gptq_4_asym_g64_v1", "m");
     t.0.get_mut("m.scales").unwrap().1 = vec![2, 32];
     let e = err(&s, &t);
     assert!(e.contains("m.scales") && e.contains("shape"), "{e}");
     // qweight of the wrong dtype.
-    let mut t = Mem::from_file(&file, "gptq_4_asym_g64_v1", "m");
+    let mut t = mem_from_file(&file, "gptq_4_asym_g64_v1", "m");
     t.0.get_mut("m.qweight").unwrap().0 = Dtype::F32;
     let e = err(&s, &t);
     assert!(e.contains("m.qweight") && e.contains("dtype"), "{e}");
     // g_idx groups of unequal sizes.
-    let mut t = Mem::from_file(&file, "gptq_4_asym_g64_v1", "m");
+    let mut t = mem_from_file(&file, "gptq_4_asym_g64_v1", "m");
     t.0.get_mut("m.g_idx").unwrap().2[..4].copy_from_slice(&1i32.to_le_bytes());
     let e = err(&s, &t);
     assert!(e.contains("m.g_idx") && e.contains("group"), "{e}");
     // compressed-tensors asymmetric without zero points, and a wrong weight_shape.
     let s = scheme(&case_config("ct_int4_asym_g64")).unwrap().unwrap();
-    let mut t = Mem::from_file(&file, "ct_int4_asym_g64", "m");
+    let mut t = mem_from_file(&file, "ct_int4_asym_g64", "m");
     assert!(s.matrix(&t, "m.weight").is_ok());
     t.0.remove("m.weight_zero_point");
     let e = err(&s, &t);
@@ -213,13 +201,13 @@ fn hostile_tensors_are_errors_naming_tensor_and_field() {
         e.contains("m.weight_zero_point") && e.contains("missing"),
         "{e}"
     );
-    let mut t = Mem::from_file(&file, "ct_int4_asym_g64", "m");
+    let mut t = mem_from_file(&file, "ct_int4_asym_g64", "m");
     t.0.get_mut("m.weight_shape").unwrap().2[..8].copy_from_slice(&17i64.to_le_bytes());
     let e = err(&s, &t);
     assert!(e.contains("m.weight_packed") && e.contains("shape"), "{e}");
     // AWQ with the wrong number of scales.
     let s = scheme(&case_config("awq_g64")).unwrap().unwrap();
-    let mut t = Mem::from_file(&file, "awq_g64", "m");
+    let mut t = mem_from_file(&file, "awq_g64", "m");
     assert!(s.matrix(&t, "m.weight").is_ok());
     let sc = t.0.get_mut("m.scales").unwrap();
     sc.1 = vec![3, 16];
@@ -230,7 +218,7 @@ fn hostile_tensors_are_errors_naming_tensor_and_field() {
     let mut cfg = case_config("gptq_4_asym_g64_v1");
     cfg["bits"] = 8.into();
     let s = scheme(&cfg).unwrap().unwrap();
-    let t = Mem::from_file(&file, "gptq_4_asym_g64_v1", "m");
+    let t = mem_from_file(&file, "gptq_4_asym_g64_v1", "m");
     let e = err(&s, &t);
     assert!(e.contains("m.qweight") && e.contains("shape"), "{e}");
 }

@@ -505,11 +505,6 @@ impl GpuMatrix for DtansLinear {
     }
 }
 
-/// The decode-matvec launches the tuner tries for a coding's kernel `kind`, `current` first: 8,
-/// 16 or 32 warps (one 32-row band each) per block with the default or 16-byte table entries and
-/// the fast addressing, each at the widest unroll that fits without spilling; 16 warps with two
-/// blocks resident per SM (registers capped); and the tuned table's launches of the same kernel.
-/// Each compiles for the kind as the selftest's do (JIT, cached).
 /// [`launch_candidates`] of a matrix with group scales (`groups`) or without: those whose unroll
 /// applies them.
 pub fn grouped_launch_candidates(
@@ -523,6 +518,11 @@ pub fn grouped_launch_candidates(
         .collect()
 }
 
+/// The decode-matvec launches the tuner tries for a coding's kernel `kind`, `current` first: 8,
+/// 16 or 32 warps (one 32-row band each) per block with the default or 16-byte table entries and
+/// the fast addressing, each at the widest unroll that fits without spilling; 16 warps with two
+/// blocks resident per SM (registers capped); and the tuned table's launches of the same kernel.
+/// Each compiles for the kind as the selftest's do (JIT, cached).
 pub fn launch_candidates(kind: &DtansKind, current: DtansConfig) -> Vec<DtansConfig> {
     let fits =
         |c: &DtansConfig| c.fits(kind) && kind.shared_bytes(*c, DtansOut::Mvm) <= MAX_SHARED_BYTES;

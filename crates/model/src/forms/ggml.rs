@@ -87,14 +87,21 @@ pub(crate) fn to_f32(ty: GgmlType, bytes: &BlockBytes) -> Vec<f32> {
     out
 }
 
-/// Blocks of a type whose weights are a code times its group's scale, plus the group's min
-/// (Q4_0 … Q8_0, Q2_K … Q6_K) as integer codes with f32 group scales and mins, each the f32
-/// product ggml forms (`d · sc`, `dmin · m`), so that `scale · (code − offset) + min` is ggml's
-/// dequantisation bit for bit; `None` for other types (IQ4, FP4: their codes index tables).
-pub fn int_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
-    use entrollm_format::kquants::{split, KType};
+/// How [`int_values`] holds a type's blocks: columns a group, the codes' offset, whether codes
+/// are signed and groups have mins, and the codes' width.
+pub struct IntLayout {
+    pub group: usize,
+    pub offset: f32,
+    pub signed: bool,
+    pub mins: bool,
+    pub bits: u32,
+}
+
+/// The layout [`int_values`] gives `ty`'s blocks, with the split's type; `None` for types whose
+/// codes index tables (IQ4, FP4).
+pub fn int_layout(ty: GgmlType) -> Option<(entrollm_format::kquants::KType, IntLayout)> {
+    use entrollm_format::kquants::KType;
     let kt = KType::from_name(ty.name())?;
-    // (columns a group, the codes' offset, signed codes, whether groups have mins)
     let (group, offset, signed, mins) = match kt {
         KType::Q4_0 => (32, 8.0, false, false),
         KType::Q5_0 => (32, 16.0, false, false),
@@ -106,6 +113,24 @@ pub fn int_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
         KType::Q6K => (16, 32.0, false, false),
         KType::Iq4Nl | KType::Iq4Xs | KType::Mxfp4 | KType::Nvfp4 => return None,
     };
+    let l = IntLayout {
+        group,
+        offset,
+        signed,
+        mins,
+        bits: kt.code_bits(),
+    };
+    Some((kt, l))
+}
+
+/// Blocks of a type whose weights are a code times its group's scale, plus the group's min
+/// (Q4_0 … Q8_0, Q2_K … Q6_K) as integer codes with f32 group scales and mins, each the f32
+/// product ggml forms (`d · sc`, `dmin · m`), so that `scale · (code − offset) + min` is ggml's
+/// dequantisation bit for bit; `None` for other types (IQ4, FP4: their codes index tables).
+pub fn int_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
+    use entrollm_format::kquants::{split, KType};
+    let (kt, l) = int_layout(ty)?;
+    let (group, offset, signed, mins) = (l.group, l.offset, l.signed, l.mins);
     let sp = split(kt, bytes).ok()?;
     let half = |h: u16| half::f16::from_bits(h).to_f32();
     let per = kt.block_weights() / group;
@@ -136,7 +161,7 @@ pub fn int_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
         }
     }
     Some(Values::Int {
-        payload: entrollm_codec::Payload::Int(kt.code_bits() as u8),
+        payload: entrollm_codec::Payload::Int(l.bits as u8),
         codes: sp.codes,
         groups: super::GroupScales {
             group,
@@ -1285,7 +1310,7 @@ mod tests {
         let mut rng = Rng::new(29);
         let mut converted = 0;
         for ty in TYPES {
-            let linear = int_values(ty, &[]).is_some();
+            let linear = int_layout(ty).is_some();
             for (rows, blocks) in [(1, 1), (5, 2), (17, 3)] {
                 let src = source(&mut rng, ty, rows, blocks);
                 assert_eq!(INT.accepts(&src), linear, "{ty:?}");

@@ -189,8 +189,8 @@ impl Linear for IntLinear {
     }
 }
 
-fn packed_bytes(src: &Source, payload: Payload) -> usize {
-    match payload.code_bits() <= 4 {
+fn packed_bytes(src: &Source, code_bits: u32) -> usize {
+    match code_bits <= 4 {
         true => src.weights().div_ceil(2),
         false => src.weights(),
     }
@@ -211,24 +211,28 @@ impl Form for IntForm {
     fn accepts(&self, src: &Source) -> bool {
         match &src.values {
             Values::Int { .. } => true,
-            Values::Ggml { ty, .. } => super::ggml::int_values(*ty, &[]).is_some(),
+            Values::Ggml { ty, .. } => super::ggml::int_layout(*ty).is_some(),
             _ => false,
         }
     }
     fn variants(&self, src: &Source) -> Result<Vec<Candidate>> {
-        let Some(src) = as_int(src) else {
-            return Ok(Vec::new());
-        };
-        let src = &*src;
-        let Values::Int {
-            payload, groups, ..
-        } = &src.values
-        else {
-            return Ok(Vec::new());
+        let bytes = match &src.values {
+            Values::Int {
+                payload, groups, ..
+            } => packed_bytes(src, payload.code_bits()) + groups.bytes(),
+            // GGUF blocks: sized from their layout, not converted.
+            Values::Ggml { ty, .. } => match super::ggml::int_layout(*ty) {
+                Some((_, l)) => {
+                    let groups = src.rows * src.cols.div_ceil(l.group);
+                    packed_bytes(src, l.bits) + 4 * groups * (1 + usize::from(l.mins))
+                }
+                None => return Ok(Vec::new()),
+            },
+            _ => return Ok(Vec::new()),
         };
         Ok(vec![Candidate {
             variant: String::new(),
-            predicted_bytes: (packed_bytes(src, *payload) + groups.bytes()) as f64,
+            predicted_bytes: bytes as f64,
         }])
     }
     fn predict(&self, src: &Source, variant: &str) -> Result<f64> {
