@@ -8,14 +8,19 @@
 # logits and greedy tokens on the GPU against the CPU engine on the same file (selftest --gguf;
 # `run`'s text compared as well for the test model, where a near-tie may part them), and GPU
 # decode tok/s against the same checkpoint's F16 (served BF16).
-#   bash bench/h200-ggml.sh DIR   DIR: entrollm.xz, ggml_gpu.xz, cache.tar.xz, llama-quantize.xz,
-#   gguf-*.whl, smol-tokenizer.gguf (tools/gguf_tokenizer_only.py of SmolLM2's GGUF), libgomp.so.1
-#   (llama-quantize's, where the machine lacks it). Outputs in $OUT. STAGE=kernels (selftest: PARTS, default all;
-#   timing; the test model) | models (the 7B) | all (default).
+#   bash bench/h200-ggml.sh DIR   DIR: entrollm.xz, cache.tar.xz, llama-quantize.xz and the shared
+#   libraries it loads (libllama*, libggml*, libgomp.so.1), gguf-*.whl, smol-tokenizer.gguf
+#   (tools/gguf_tokenizer_only.py of SmolLM2's GGUF); ggml_gpu.xz / int_gpu.xz where their cold-cache
+#   timings are wanted. Outputs in $OUT. STAGE=kernels (selftest: PARTS, default all;
+#   timing; the test model) | models (the 7B) | all (default: both) | tune (below).
+# SHAPE=qwen2-7b | llama-3.1-8b (tools/gen_qwen2_gguf.py --shape), QUANTS="Q4_K_M Q6_K" (llama-quantize
+# types; NVFP4: the decoder linears NVFP4 by --tensor-type, the rest Q8_0). Models are kept in
+# $MODELS/$SHAPE between the calls of one warm lease. STAGE=tune: `tune --device cuda` of $TUNE (the
+# first of QUANTS), `bench` at its fastest plan, the file compressed and served from the container,
+# and with FP8_SHAPE=llama-3.1-8b the same shape's FP8 twin (`synth --dtype fp8-e4m3`) beside.
 D=${1:-.dev/ggml}; W=/tmp/ggml
 . "$(dirname "$0")/h200-setup.sh"
-unxz $D/ggml_gpu.xz $W/ggml_gpu
-unxz $D/llama-quantize.xz $W/llama-quantize; mkdir -p $W/lib && cp $D/libgomp.so.1 $W/lib/
+unxz $D/llama-quantize.xz $W/llama-quantize; mkdir -p $W/lib && cp $D/lib*.so* $W/lib/
 STAGE=${STAGE:-all}
 PROMPT="The history of the city begins"
 greedy() {  # greedy FILE TAG: the same prompt on the CPU engine and the GPU, tokens compared
@@ -28,23 +33,48 @@ bench() {  # bench FILE TAG
   el "== bench $2"; timeout 300 $B bench $1 --json > $OUT/bench-$2.json 2> $OUT/bench-$2.err; el "rc $?"
   tail -c 1500 $OUT/bench-$2.json | tee -a $OUT/log; echo | tee -a $OUT/log
 }
-if [ "$STAGE" != models ]; then
+if [ "$STAGE" = all ] || [ "$STAGE" = kernels ]; then
   el "== selftest --gpu ${PARTS:+--part $PARTS}"; timeout 300 $B selftest --gpu ${PARTS:+--part $PARTS} --gguf crates/model/tests/data/gguf_kquants.gguf > $OUT/selftest.log 2>&1; el "rc $?"
   grep -E "kernels|cases|FAIL|passed|failed|served|prompt" $OUT/selftest.log | tail -40 | tee -a $OUT/log
-  el "== ggml_gpu_timing"; timeout ${TIMING_S:-300} $W/ggml_gpu --ignored --nocapture --test-threads=1 --exact ggml_gpu_timing > $OUT/timing.log 2>&1; el "rc $?"
-  grep -E "x[0-9]+ |^shape|FAIL|panicked" $OUT/timing.log | tee -a $OUT/log
+  for t in ggml int; do  # each timing binary the bundle has
+    [ -f $D/${t}_gpu.xz ] || continue; unxz $D/${t}_gpu.xz $W/${t}_gpu
+    el "== ${t}_gpu_timing"; timeout ${TIMING_S:-300} $W/${t}_gpu --ignored --nocapture --test-threads=1 --exact ${t}_gpu_timing > $OUT/timing-$t.log 2>&1; el "rc $?"
+    grep -E "x[0-9]+ |^shape|FAIL|panicked" $OUT/timing-$t.log | tee -a $OUT/log
+  done
   greedy crates/model/tests/data/gguf_kquants.gguf tiny-kquants
 fi
-if [ "$STAGE" != kernels ]; then
-  el "== synthetic Qwen2-7B F16 GGUF"
+SHAPE=${SHAPE:-qwen2-7b}; QUANTS=${QUANTS:-Q4_K_M Q6_K}; M=${MODELS:-/tmp/ggml-models}/$SHAPE; mkdir -p $M
+quant() {  # quant Q: $M/Q.gguf from the F16 file, where not made yet (NVFP4: the linears, Q8_0 beside)
+  [ -f $M/$1.gguf ] && return
+  local over="" ty=$1
+  [ $1 = NVFP4 ] && { ty=Q8_0; over=$(for t in attn_q attn_k attn_v attn_output ffn_gate ffn_up ffn_down; do printf -- '--tensor-type %s=nvfp4 ' $t; done); }
+  el "== llama-quantize $1"; LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$W/lib timeout 300 $W/llama-quantize $over $M/f16.gguf $M/$1.gguf $ty 16 > $OUT/quantize-$1.log 2>&1; el "rc $? $(stat -c %s $M/$1.gguf 2>/dev/null) bytes"
+}
+if [ "$STAGE" = all ] || [ "$STAGE" = models ]; then
   python3 -m pip install -q --no-deps --no-compile --target /tmp/site $D/gguf-*.whl > $OUT/pip.log 2>&1
-  PYTHONPATH=/tmp/site timeout 400 python3 tools/gen_qwen2_gguf.py --tokenizer-from $D/smol-tokenizer.gguf -o $W/f16.gguf > $OUT/gen.log 2>&1; el "rc $?"
-  for q in Q4_K_M Q6_K; do
-    el "== llama-quantize $q"; LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$W/lib timeout 300 $W/llama-quantize $W/f16.gguf $W/$q.gguf $q 16 > $OUT/quantize-$q.log 2>&1; el "rc $? $(stat -c %s $W/$q.gguf 2>/dev/null) bytes"
-  done
-  el "== selftest --gpu --part ggml --gguf Q4_K_M"; timeout 400 $B selftest --gpu --part ggml --gguf $W/Q4_K_M.gguf > $OUT/selftest-7b.log 2>&1; el "rc $?"
-  grep -E "cases|FAIL|passed|failed|served|prompt" $OUT/selftest-7b.log | tail -20 | tee -a $OUT/log
-  for q in Q4_K_M Q6_K; do bench $W/$q.gguf qwen7b-$q; done
-  bench $W/f16.gguf qwen7b-F16
+  if [ ! -f $M/f16.gguf ]; then
+    el "== synthetic $SHAPE F16 GGUF"
+    PYTHONPATH=/tmp/site timeout 400 python3 tools/gen_qwen2_gguf.py --shape $SHAPE --tokenizer-from $D/smol-tokenizer.gguf -o $M/f16.gguf > $OUT/gen.log 2>&1; el "rc $?"
+  fi
+  for q in $QUANTS; do quant $q; done
+  q1=${QUANTS%% *}
+  el "== selftest --gpu --part ggml --gguf $q1"; timeout 400 $B selftest --gpu --part ggml --gguf $M/$q1.gguf > $OUT/selftest-$q1.log 2>&1; el "rc $?"
+  grep -E "cases|FAIL|passed|failed|served|prompt" $OUT/selftest-$q1.log | tail -20 | tee -a $OUT/log
+  for q in $QUANTS; do bench $M/$q.gguf $SHAPE-$q; done
+  bench $M/f16.gguf $SHAPE-F16
+fi
+if [ "$STAGE" = tune ]; then  # TUNE (default the first of QUANTS): tuned, compressed and served from the container; FP8 twin
+  q=${TUNE:-${QUANTS%% *}}
+  el "== tune $q --device cuda"; RAYON_NUM_THREADS=16 timeout ${TUNE_S:-300} $B tune $M/$q.gguf --device cuda -o $OUT/tune-$q.json > $OUT/tune-$q.log 2>&1; el "rc $?"
+  tail -n 6 $OUT/tune-$q.log | tee -a $OUT/log
+  el "== bench $q --tune --budget 100%"; timeout 200 $B bench $M/$q.gguf --tune $OUT/tune-$q.json --budget 100% --json > $OUT/plan-$q.json 2> $OUT/plan-$q.err; el "rc $?"
+  tail -c 1500 $OUT/plan-$q.json | tee -a $OUT/log; echo | tee -a $OUT/log
+  grep -E "^(qkv|o|gate_up|down|lm_head|embed) |^plan:" $OUT/plan-$q.err | tee -a $OUT/log
+  el "== compress $q"; RAYON_NUM_THREADS=16 timeout 300 $B compress $M/$q.gguf -o $M/$q.c > $OUT/compress-$q.log 2>&1; el "rc $?"; tail -n 2 $OUT/compress-$q.log | tee -a $OUT/log
+  bench $M/$q.c $SHAPE-$q-container
+  if [ -n "${FP8_SHAPE:-}" ]; then
+    [ -f $M/fp8/config.json ] || { el "== synth $FP8_SHAPE fp8"; timeout 300 $B synth --shape $FP8_SHAPE --dtype fp8-e4m3 -o $M/fp8 > $OUT/synth-fp8.log 2>&1; el "rc $?"; }
+    bench $M/fp8 $FP8_SHAPE-fp8
+  fi
 fi
 el done

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""A synthetic Qwen2-7B-shaped checkpoint written as an F16 GGUF with the `gguf` package, for
-llama.cpp's `llama-quantize` to turn into the quantisations users download (Q4_K_M ...).
+"""A synthetic Qwen2-7B-shaped (or Llama-3.1-8B-shaped) checkpoint written as an F16 GGUF with the
+`gguf` package, for llama.cpp's `llama-quantize` to turn into the quantisations users download
+(Q4_K_M ...).
 
 No complete real 7B GGUF ships in a registry, so the shapes, metadata and tokenizer are real
-(Qwen2-7B's dimensions; SmolLM2's BPE tokenizer, padded with unused tokens to Qwen2's 152,064)
-and the weights random: Gaussian matrices with a per-row spread, unit norms, small biases. Their
-text is noise; memory and speed are what they measure.
+(Qwen2-7B's dimensions, or Llama-3.1-8B's with `--shape llama-3.1-8b`; SmolLM2's BPE tokenizer,
+padded with unused tokens to the model's vocabulary) and the weights random: Gaussian matrices
+with a per-row spread, unit norms, small biases (Qwen2's). Their text is noise; memory and speed
+are what they measure.
 
     python3 tools/gen_qwen2_gguf.py --tokenizer-from SmolLM2.gguf -o qwen2-7b-f16.gguf [--layers N]
+        [--shape qwen2-7b | llama-3.1-8b]
 
 `--tiny` writes a one-layer Qwen2 of k-quant-sized dimensions (hidden 256, 4 heads, 2 KV heads,
 FFN 512, the tokenizer's vocabulary padded to 512) in F32, for llama-quantize to make the small
@@ -20,8 +23,15 @@ import argparse
 import numpy as np
 import gguf
 
-HIDDEN, LAYERS, HEADS, KV_HEADS, INTER, VOCAB = 3584, 28, 28, 4, 18944, 152064
+# Set by main from SHAPES (or --tiny).
+HIDDEN = HEADS = KV_HEADS = INTER = VOCAB = None
 MATRIX_DTYPE = np.float16
+# Per shape: architecture, dimensions as above, RoPE base, RMSNorm epsilon, context, q/k/v biases.
+SHAPES = {
+    "qwen2-7b": ("qwen2", (3584, 28, 28, 4, 18944, 152064), 1_000_000.0, 1e-6, 32768, True),
+    "llama-3.1-8b": ("llama", (4096, 32, 32, 8, 14336, 128256), 500_000.0, 1e-5, 131072, False),
+}
+BIASES = True
 
 
 def tensors(layers):
@@ -33,11 +43,14 @@ def tensors(layers):
         p = f"blk.{i}."
         yield p + "attn_norm.weight", (HIDDEN,), "norm"
         yield p + "attn_q.weight", (HIDDEN, HIDDEN), "matrix"
-        yield p + "attn_q.bias", (HIDDEN,), "bias"
+        if BIASES:
+            yield p + "attn_q.bias", (HIDDEN,), "bias"
         yield p + "attn_k.weight", (kv, HIDDEN), "matrix"
-        yield p + "attn_k.bias", (kv,), "bias"
+        if BIASES:
+            yield p + "attn_k.bias", (kv,), "bias"
         yield p + "attn_v.weight", (kv, HIDDEN), "matrix"
-        yield p + "attn_v.bias", (kv,), "bias"
+        if BIASES:
+            yield p + "attn_v.bias", (kv,), "bias"
         yield p + "attn_output.weight", (HIDDEN, HIDDEN), "matrix"
         yield p + "ffn_norm.weight", (HIDDEN,), "norm"
         yield p + "ffn_gate.weight", (INTER, HIDDEN), "matrix"
@@ -66,12 +79,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokenizer-from", required=True, help="a GGUF with a gpt2-style tokenizer")
     ap.add_argument("-o", "--output", required=True)
-    ap.add_argument("--layers", type=int, default=LAYERS)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2-7b")
+    ap.add_argument("--layers", type=int, help="fewer layers than the shape's")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--tiny", action="store_true", help="a one-layer F32 Qwen2 of 256 columns")
     a = ap.parse_args()
-    global HIDDEN, HEADS, KV_HEADS, INTER, VOCAB, MATRIX_DTYPE
+    global HIDDEN, HEADS, KV_HEADS, INTER, VOCAB, MATRIX_DTYPE, BIASES
+    arch, dims, rope_base, eps, context, BIASES = SHAPES[a.shape]
+    HIDDEN, layers, HEADS, KV_HEADS, INTER, VOCAB = dims
+    a.layers = a.layers or layers
     if a.tiny:
+        arch, BIASES = "qwen2", True
         HIDDEN, HEADS, KV_HEADS, INTER, VOCAB, MATRIX_DTYPE = 256, 4, 2, 512, 512, np.float32
         a.layers = 1
 
@@ -89,16 +107,16 @@ def main():
     tokens += [f"<|unused_{i}|>" for i in range(pad)]
     types += [int(gguf.TokenType.UNUSED)] * pad
 
-    w = gguf.GGUFWriter(a.output, "qwen2")
-    w.add_name("synthetic tiny Qwen2" if a.tiny else "synthetic Qwen2-7B shape")
-    w.add_context_length(32768)
+    w = gguf.GGUFWriter(a.output, arch)
+    w.add_name("synthetic tiny Qwen2" if a.tiny else f"synthetic {a.shape} shape")
+    w.add_context_length(context)
     w.add_embedding_length(HIDDEN)
     w.add_block_count(a.layers)
     w.add_feed_forward_length(INTER)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
-    w.add_rope_freq_base(1_000_000.0)
-    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(rope_base)
+    w.add_layer_norm_rms_eps(eps)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if a.tiny else gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(field("tokenizer.ggml.pre"))
