@@ -307,6 +307,10 @@ impl Linear for GgmlLinear {
     fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
         let (rows, cols, rb) = (self.rows, self.cols, self.row_bytes);
         assert_eq!((x.len(), y.len()), (n * cols, n * rows), "matmul shapes");
+        if n == 1 {
+            // A decode step: the product straight into `y`, without the batch's buffers.
+            return self.matvec(x, y);
+        }
         let xs: Vec<&[f32]> = x.chunks_exact(cols).collect();
         let quantised: Vec<(Vec<i8>, Vec<f32>)> = match self.q8 {
             true => xs.iter().map(|x| quantize_q8(x)).collect(),
@@ -1142,6 +1146,223 @@ fn q4k_q8_avx2(rows: &[u8], rb: usize, x: &[Q8In], s: &[&[f32]], out: &mut [f32]
     }
 }
 
+/// The legacy 32-weight blocks the AVX2 kernels below read in place (no decode into a code
+/// array): one scale (f16) at byte 0, Q4_1's min after it, then the codes.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Legacy {
+    Q4_0 = 0,
+    Q4_1 = 1,
+    Q8_0 = 2,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Legacy {
+    const fn from_u8(t: u8) -> Legacy {
+        match t {
+            0 => Legacy::Q4_0,
+            1 => Legacy::Q4_1,
+            _ => Legacy::Q8_0,
+        }
+    }
+
+    /// The block's scale and (Q4_1) min, by F16C (exact, as [`f16_at`]).
+    /// Safety: F16C present; `b` points at a whole block.
+    #[inline(always)]
+    unsafe fn scales(self, b: *const u8) -> (f32, f32) {
+        use std::arch::x86_64::*;
+        let h = std::ptr::read_unaligned(b as *const u32);
+        let f = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
+        (_mm_cvtss_f32(f), _mm_cvtss_f32(_mm_movehdup_ps(f)))
+    }
+
+    /// Bytes of a block, and where its codes start.
+    const fn layout(self) -> (usize, usize) {
+        match self {
+            Legacy::Q4_0 => (18, 2),
+            Legacy::Q4_1 => (20, 4),
+            Legacy::Q8_0 => (34, 2),
+        }
+    }
+
+    /// The block's 32 codes as bytes in element order: Q4_0's signed (`q − 8`), Q4_1's
+    /// unsigned, Q8_0's as stored.
+    /// Safety: AVX2 present; `b` points at a whole block.
+    #[inline(always)]
+    unsafe fn codes(self, b: *const u8) -> std::arch::x86_64::__m256i {
+        use std::arch::x86_64::*;
+        let at = b.add(self.layout().1);
+        match self {
+            Legacy::Q8_0 => _mm256_loadu_si256(at as *const __m256i),
+            _ => {
+                let v = _mm_loadu_si128(at as *const __m128i);
+                let m4 = _mm_set1_epi8(0x0F);
+                let lo = _mm_and_si128(v, m4);
+                let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+                let c = _mm256_set_m128i(hi, lo);
+                match self {
+                    Legacy::Q4_0 => _mm256_sub_epi8(c, _mm256_set1_epi8(8)),
+                    _ => c,
+                }
+            }
+        }
+    }
+}
+
+/// How far ahead of the block being multiplied the legacy kernels prefetch (bytes).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH: usize = 4096;
+
+/// One legacy type's product with f32 activations on AVX2: per block the codes widened to f32
+/// in registers, `Σ q·x` in two chains, times the block's scale (`a·Σq·x + m·Σx`, as
+/// [`rows_dot`] regroups it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy_f32_avx2_n<const T: u8, const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    xs: &[&[f32]],
+    xsum: &[&[f32]],
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let t = Legacy::from_u8(T);
+    let ts = t.layout().0;
+    let mins = t == Legacy::Q4_1;
+    assert!(xs.len() == N && (!mins || xsum.len() == N));
+    let blocks = row_bytes / ts;
+    assert!(xs.iter().all(|x| x.len() >= blocks * 32));
+    assert!(!mins || xsum.iter().all(|s| s.len() >= blocks));
+    for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut off = [0f32; N];
+        for (bi, b) in row.chunks_exact(ts).enumerate() {
+            _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
+            let c = t.codes(b.as_ptr());
+            let (c_lo, c_hi) = (_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+            let w = [
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c_lo)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c_lo, 8))),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c_hi)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c_hi, 8))),
+            ];
+            let (a, m) = t.scales(b.as_ptr());
+            let a = _mm256_set1_ps(a);
+            for v in 0..N {
+                // SAFETY: 32·bi + 32 ≤ blocks·32 ≤ xs[v].len(), checked above.
+                let x = xs[v].as_ptr().add(32 * bi);
+                let s0 = _mm256_fmadd_ps(
+                    w[2],
+                    _mm256_loadu_ps(x.add(16)),
+                    _mm256_mul_ps(w[0], _mm256_loadu_ps(x)),
+                );
+                let s1 = _mm256_fmadd_ps(
+                    w[3],
+                    _mm256_loadu_ps(x.add(24)),
+                    _mm256_mul_ps(w[1], _mm256_loadu_ps(x.add(8))),
+                );
+                acc[v] = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), a, acc[v]);
+                if mins {
+                    off[v] += m * xsum[v][bi];
+                }
+            }
+        }
+        for v in 0..N {
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[v]);
+            out[r * N + v] = lanes.iter().sum::<f32>() + off[v];
+        }
+    }
+}
+
+/// One legacy type's `q8` product on AVX2: per block 32 products by one `maddubs` (Q4_1's codes
+/// unsigned as they are; signed ones through |q| and x signed as q), times `a·d`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy_q8_avx2_n<const T: u8, const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    x: &[Q8In],
+    xsum: &[&[f32]],
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let t = Legacy::from_u8(T);
+    let ts = t.layout().0;
+    let mins = t == Legacy::Q4_1;
+    assert!(x.len() == N && (!mins || xsum.len() == N));
+    let blocks = row_bytes / ts;
+    assert!(x
+        .iter()
+        .all(|x| x.q.len() >= blocks * 32 && x.d.len() >= blocks));
+    assert!(!mins || xsum.iter().all(|s| s.len() >= blocks));
+    let ones = _mm256_set1_epi16(1);
+    for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut off = [0f32; N];
+        for (bi, b) in row.chunks_exact(ts).enumerate() {
+            _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
+            let c = t.codes(b.as_ptr());
+            let (a, m) = t.scales(b.as_ptr());
+            let (cu, sgn) = match t {
+                Legacy::Q4_1 => (c, None),
+                _ => (_mm256_abs_epi8(c), Some(c)),
+            };
+            for v in 0..N {
+                // SAFETY: 32·bi + 32 ≤ blocks·32 ≤ x[v].q.len(), checked above.
+                let xv = _mm256_loadu_si256(x[v].q.as_ptr().add(32 * bi) as *const __m256i);
+                let xv = match sgn {
+                    Some(c) => _mm256_sign_epi8(xv, c),
+                    None => xv,
+                };
+                // |q| ≤ 128 and |x| ≤ 127: a pair of products fits in i16 (no saturation).
+                let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(cu, xv), ones);
+                let f = _mm256_set1_ps(a * x[v].d[bi]);
+                acc[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), f, acc[v]);
+                if mins {
+                    off[v] += m * xsum[v][bi];
+                }
+            }
+        }
+        for v in 0..N {
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[v]);
+            out[r * N + v] = lanes.iter().sum::<f32>() + off[v];
+        }
+    }
+}
+
+/// The in-place AVX2 kernels of a legacy type, as [`Kernels`]' entries.
+#[cfg(target_arch = "x86_64")]
+macro_rules! legacy_avx2 {
+    ($t:path) => {{
+        const T: u8 = $t as u8;
+        fn rows(rows: &[u8], rb: usize, xs: &[&[f32]], s: &[&[f32]], out: &mut [f32]) {
+            // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
+            unsafe {
+                match xs.len() {
+                    1 => legacy_f32_avx2_n::<T, 1>(rows, rb, xs, s, out),
+                    2 => legacy_f32_avx2_n::<T, 2>(rows, rb, xs, s, out),
+                    3 => legacy_f32_avx2_n::<T, 3>(rows, rb, xs, s, out),
+                    _ => legacy_f32_avx2_n::<T, VECS>(rows, rb, xs, s, out),
+                }
+            }
+        }
+        fn rows_q8(rows: &[u8], rb: usize, x: &[Q8In], s: &[&[f32]], out: &mut [f32]) {
+            // SAFETY: as above.
+            unsafe {
+                match x.len() {
+                    1 => legacy_q8_avx2_n::<T, 1>(rows, rb, x, s, out),
+                    2 => legacy_q8_avx2_n::<T, 2>(rows, rb, x, s, out),
+                    3 => legacy_q8_avx2_n::<T, 3>(rows, rb, x, s, out),
+                    _ => legacy_q8_avx2_n::<T, VECS>(rows, rb, x, s, out),
+                }
+            }
+        }
+        (rows as RowsFn, rows_q8 as RowsQ8Fn)
+    }};
+}
+
 /// The `q8` variant's product kernel of one type on one ISA (see [`rows_dot`]).
 type RowsQ8Fn = fn(&[u8], usize, &[Q8In], &[&[f32]], &mut [f32]);
 
@@ -1247,12 +1468,26 @@ impl Isa {
 
 /// The fused kernels of `ty` on `isa`, or `None` where the type has none.
 fn kernels_for(ty: GgmlType, isa: Isa) -> Option<Kernels> {
+    // The legacy types most files hold read in place on AVX2.
+    #[cfg(target_arch = "x86_64")]
+    let legacy = |k: Kernels, (rows, rows_q8): (RowsFn, RowsQ8Fn)| match isa {
+        Isa::Avx2 => Kernels { rows, rows_q8, ..k },
+        Isa::Portable => k,
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let legacy = |k: Kernels, _: ()| k;
+    #[cfg(not(target_arch = "x86_64"))]
+    macro_rules! legacy_avx2 {
+        ($t:path) => {
+            ()
+        };
+    }
     Some(match ty {
-        GgmlType::Q4_0 => kernels!(Q4_0, isa),
-        GgmlType::Q4_1 => kernels!(Q4_1, isa),
+        GgmlType::Q4_0 => legacy(kernels!(Q4_0, isa), legacy_avx2!(Legacy::Q4_0)),
+        GgmlType::Q4_1 => legacy(kernels!(Q4_1, isa), legacy_avx2!(Legacy::Q4_1)),
         GgmlType::Q5_0 => kernels!(Q5_0, isa),
         GgmlType::Q5_1 => kernels!(Q5_1, isa),
-        GgmlType::Q8_0 => kernels!(Q8_0, isa),
+        GgmlType::Q8_0 => legacy(kernels!(Q8_0, isa), legacy_avx2!(Legacy::Q8_0)),
         GgmlType::Q2_K => kernels!(Q2K, isa),
         GgmlType::Q3_K => kernels!(Q3K, isa),
         GgmlType::Q4_K => {
