@@ -208,18 +208,27 @@ impl Engine {
         let c = &self.weights.config;
         let n = x.len() / c.hidden_size;
         rms_norm(x, &layer.attn_norm, c.rms_norm_eps, &mut b.normed);
-        for (proj, bias, out) in [
-            (&layer.q, &layer.q_bias, &mut b.q),
-            (&layer.k, &layer.k_bias, &mut b.k),
-            (&layer.v, &layer.v_bias, &mut b.v),
-        ] {
-            proj.matmul(&b.normed, n, out);
+        let normed = &b.normed;
+        let project = |proj: &Arc<dyn crate::weights::Linear>,
+                       bias: &Option<Vec<f32>>,
+                       out: &mut Vec<f32>| {
+            proj.matmul(normed, n, out);
             if let Some(bias) = bias {
                 for row in out.chunks_mut(bias.len()) {
                     add_assign(row, bias);
                 }
             }
-        }
+        };
+        // One parallel region for the three (a thread done with its share of q goes on to k).
+        rayon::join(
+            || project(&layer.q, &layer.q_bias, &mut b.q),
+            || {
+                rayon::join(
+                    || project(&layer.k, &layer.k_bias, &mut b.k),
+                    || project(&layer.v, &layer.v_bias, &mut b.v),
+                )
+            },
+        );
         rope.apply(&mut b.q, c.head_dim, c.rope_style);
         rope.apply(&mut b.k, c.head_dim, c.rope_style);
         self.keys[layer_index].extend_from_slice(&b.k);
@@ -291,8 +300,10 @@ impl LayerBuffers {
 fn mlp_block(c: &ModelConfig, layer: &LayerWeights, x: &mut [f32], b: &mut LayerBuffers) {
     let n = x.len() / c.hidden_size;
     rms_norm(x, &layer.mlp_norm, c.rms_norm_eps, &mut b.normed);
-    layer.gate.matmul(&b.normed, n, &mut b.gate);
-    layer.up.matmul(&b.normed, n, &mut b.up);
+    rayon::join(
+        || layer.gate.matmul(&b.normed, n, &mut b.gate),
+        || layer.up.matmul(&b.normed, n, &mut b.up),
+    );
     b.gate
         .par_chunks_mut(ELEMENTWISE_TASK)
         .zip(b.up.par_chunks(ELEMENTWISE_TASK))
