@@ -50,13 +50,16 @@ quant() {  # quant Q: $M/Q.gguf from the F16 file, where not made yet (NVFP4: th
   [ $1 = NVFP4 ] && { ty=Q8_0; over=$(for t in attn_q attn_k attn_v attn_output ffn_gate ffn_up ffn_down; do printf -- '--tensor-type %s=nvfp4 ' $t; done); }
   el "== llama-quantize $1"; LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$W/lib timeout 300 $W/llama-quantize $over $M/f16.gguf $M/$1.gguf $ty 16 > $OUT/quantize-$1.log 2>&1; el "rc $? $(stat -c %s $M/$1.gguf 2>/dev/null) bytes"
 }
-if [ "$STAGE" = all ] || [ "$STAGE" = models ]; then
+models() {  # the F16 file and its quantisations, where not made yet
   python3 -m pip install -q --no-deps --no-compile --target /tmp/site $D/gguf-*.whl > $OUT/pip.log 2>&1
   if [ ! -f $M/f16.gguf ]; then
     el "== synthetic $SHAPE F16 GGUF"
     PYTHONPATH=/tmp/site timeout 400 python3 tools/gen_qwen2_gguf.py --shape $SHAPE --tokenizer-from $D/smol-tokenizer.gguf -o $M/f16.gguf > $OUT/gen.log 2>&1; el "rc $?"
   fi
   for q in $QUANTS; do quant $q; done
+}
+if [ "$STAGE" = all ] || [ "$STAGE" = models ]; then
+  models
   q1=${QUANTS%% *}
   el "== selftest --gpu --part ggml --gguf $q1"; timeout 400 $B selftest --gpu --part ggml --gguf $M/$q1.gguf > $OUT/selftest-$q1.log 2>&1; el "rc $?"
   grep -E "cases|FAIL|passed|failed|served|prompt" $OUT/selftest-$q1.log | tail -20 | tee -a $OUT/log
@@ -64,7 +67,7 @@ if [ "$STAGE" = all ] || [ "$STAGE" = models ]; then
   bench $M/f16.gguf $SHAPE-F16
 fi
 if [ "$STAGE" = tune ]; then  # TUNE (default the first of QUANTS): tuned, compressed and served from the container; FP8 twin
-  q=${TUNE:-${QUANTS%% *}}
+  q=${TUNE:-${QUANTS%% *}}; QUANTS=$q models
   el "== tune $q --device cuda"; RAYON_NUM_THREADS=16 timeout ${TUNE_S:-300} $B tune $M/$q.gguf --device cuda -o $OUT/tune-$q.json > $OUT/tune-$q.log 2>&1; el "rc $?"
   tail -n 6 $OUT/tune-$q.log | tee -a $OUT/log
   el "== bench $q --tune --budget 100%"; timeout 200 $B bench $M/$q.gguf --tune $OUT/tune-$q.json --budget 100% --json > $OUT/plan-$q.json 2> $OUT/plan-$q.err; el "rc $?"

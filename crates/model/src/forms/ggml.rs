@@ -1133,6 +1133,169 @@ unsafe fn q4k_q8_avx2_n<const N: usize>(
     }
 }
 
+/// Q4_K's product with f32 activations on AVX2, reading the nibbles in place: each 32-byte
+/// group of codes holds two sub-blocks (low and high nibbles), widened to f32 in registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_f32_avx2_n<const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    xs: &[&[f32]],
+    xsum: &[&[f32]],
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    assert!(xs.len() == N && xsum.len() == N);
+    let blocks = row_bytes / 144;
+    assert!(xs.iter().all(|x| x.len() >= blocks * 256));
+    assert!(xsum.iter().all(|s| s.len() >= blocks * 8));
+    let mask = _mm256_set1_epi8(0x0F);
+    let (mut a, mut m) = ([0f32; 16], [0f32; 16]);
+    for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut off = [0f32; N];
+        for (bi, b) in row.chunks_exact(144).enumerate() {
+            for l in 0..3 {
+                _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH + 64 * l) as *const i8);
+            }
+            k4_scales(b, &mut a, &mut m);
+            let c0 = bi * 256;
+            for c in 0..4 {
+                // SAFETY: 16 + 32·c + 32 ≤ 144.
+                let v = _mm256_loadu_si256(b.as_ptr().add(16 + 32 * c) as *const __m256i);
+                let lo = widen32(_mm256_and_si256(v, mask));
+                let hi = widen32(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask));
+                let (al, ah) = (_mm256_set1_ps(a[2 * c]), _mm256_set1_ps(a[2 * c + 1]));
+                for i in 0..N {
+                    // SAFETY: c0 + 64·c + 64 ≤ blocks·256 ≤ xs[i].len(), checked above.
+                    let x = xs[i].as_ptr().add(c0 + 64 * c);
+                    acc[i] = _mm256_fmadd_ps(dot32(&lo, x), al, acc[i]);
+                    acc[i] = _mm256_fmadd_ps(dot32(&hi, x.add(32)), ah, acc[i]);
+                }
+            }
+            for i in 0..N {
+                for s in 0..8 {
+                    off[i] += m[s] * xsum[i][c0 / 32 + s];
+                }
+            }
+        }
+        for i in 0..N {
+            let mut v = [0f32; 8];
+            _mm256_storeu_ps(v.as_mut_ptr(), acc[i]);
+            out[r * N + i] = v.iter().sum::<f32>() + off[i];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn q4k_f32_avx2(rows: &[u8], rb: usize, x: &[&[f32]], s: &[&[f32]], out: &mut [f32]) {
+    // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
+    unsafe {
+        match x.len() {
+            1 => q4k_f32_avx2_n::<1>(rows, rb, x, s, out),
+            2 => q4k_f32_avx2_n::<2>(rows, rb, x, s, out),
+            3 => q4k_f32_avx2_n::<3>(rows, rb, x, s, out),
+            _ => q4k_f32_avx2_n::<VECS>(rows, rb, x, s, out),
+        }
+    }
+}
+
+/// Q6_K's product with f32 activations on AVX2, its codes put together in registers (low four
+/// bits from `ql`, high two from `qh`, as ggml's dequantisation does) and widened to f32; a
+/// sub-block is 16 weights, so each 32 codes carry two scales.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_f32_avx2_n<const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    xs: &[&[f32]],
+    _xsum: &[&[f32]],
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    assert!(xs.len() == N);
+    let blocks = row_bytes / 210;
+    assert!(xs.iter().all(|x| x.len() >= blocks * 256));
+    let (m4, m3, k32) = (
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(0x03),
+        _mm256_set1_epi8(32),
+    );
+    for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        for (bi, b) in row.chunks_exact(210).enumerate() {
+            for l in 0..4 {
+                _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH + 64 * l) as *const i8);
+            }
+            let p = b.as_ptr();
+            let d = f16_at(b, 208);
+            let c0 = bi * 256;
+            for n in 0..2 {
+                // SAFETY: 64·n + 64 ≤ 128 and 128 + 32·n + 32 ≤ 192, within the 210-byte block.
+                let ql0 = _mm256_loadu_si256(p.add(64 * n) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(p.add(64 * n + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+                let high = |shift: i32| {
+                    let h = match shift {
+                        0 => qh,
+                        2 => _mm256_srli_epi16(qh, 2),
+                        4 => _mm256_srli_epi16(qh, 4),
+                        _ => _mm256_srli_epi16(qh, 6),
+                    };
+                    _mm256_slli_epi16(_mm256_and_si256(h, m3), 4)
+                };
+                let codes = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
+                ];
+                for (k, &c) in codes.iter().enumerate() {
+                    let w = widen32(_mm256_sub_epi8(c, k32));
+                    // Sub-blocks 8n + 2k and 8n + 2k + 1 (16 weights each).
+                    let s = 8 * n + 2 * k;
+                    let sa = _mm256_set1_ps(d * (b[192 + s] as i8) as f32);
+                    let sb = _mm256_set1_ps(d * (b[193 + s] as i8) as f32);
+                    for i in 0..N {
+                        // SAFETY: c0 + 128·n + 32·k + 32 ≤ blocks·256 ≤ xs[i].len().
+                        let x = xs[i].as_ptr().add(c0 + 128 * n + 32 * k);
+                        let ea = _mm256_fmadd_ps(
+                            w[1],
+                            _mm256_loadu_ps(x.add(8)),
+                            _mm256_mul_ps(w[0], _mm256_loadu_ps(x)),
+                        );
+                        let eb = _mm256_fmadd_ps(
+                            w[3],
+                            _mm256_loadu_ps(x.add(24)),
+                            _mm256_mul_ps(w[2], _mm256_loadu_ps(x.add(16))),
+                        );
+                        acc[i] = _mm256_fmadd_ps(ea, sa, acc[i]);
+                        acc[i] = _mm256_fmadd_ps(eb, sb, acc[i]);
+                    }
+                }
+            }
+        }
+        for i in 0..N {
+            let mut v = [0f32; 8];
+            _mm256_storeu_ps(v.as_mut_ptr(), acc[i]);
+            out[r * N + i] = v.iter().sum::<f32>();
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn q6k_f32_avx2(rows: &[u8], rb: usize, x: &[&[f32]], s: &[&[f32]], out: &mut [f32]) {
+    // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
+    unsafe {
+        match x.len() {
+            1 => q6k_f32_avx2_n::<1>(rows, rb, x, s, out),
+            2 => q6k_f32_avx2_n::<2>(rows, rb, x, s, out),
+            3 => q6k_f32_avx2_n::<3>(rows, rb, x, s, out),
+            _ => q6k_f32_avx2_n::<VECS>(rows, rb, x, s, out),
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn q4k_q8_avx2(rows: &[u8], rb: usize, x: &[Q8In], s: &[&[f32]], out: &mut [f32]) {
     // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
@@ -1238,30 +1401,13 @@ unsafe fn legacy_f32_avx2_n<const T: u8, const N: usize>(
         let mut off = [0f32; N];
         for (bi, b) in row.chunks_exact(ts).enumerate() {
             _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
-            let c = t.codes(b.as_ptr());
-            let (c_lo, c_hi) = (_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
-            let w = [
-                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c_lo)),
-                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c_lo, 8))),
-                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c_hi)),
-                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c_hi, 8))),
-            ];
+            let w = widen32(t.codes(b.as_ptr()));
             let (a, m) = t.scales(b.as_ptr());
             let a = _mm256_set1_ps(a);
             for v in 0..N {
                 // SAFETY: 32·bi + 32 ≤ blocks·32 ≤ xs[v].len(), checked above.
                 let x = xs[v].as_ptr().add(32 * bi);
-                let s0 = _mm256_fmadd_ps(
-                    w[2],
-                    _mm256_loadu_ps(x.add(16)),
-                    _mm256_mul_ps(w[0], _mm256_loadu_ps(x)),
-                );
-                let s1 = _mm256_fmadd_ps(
-                    w[3],
-                    _mm256_loadu_ps(x.add(24)),
-                    _mm256_mul_ps(w[1], _mm256_loadu_ps(x.add(8))),
-                );
-                acc[v] = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), a, acc[v]);
+                acc[v] = _mm256_fmadd_ps(dot32(&w, x), a, acc[v]);
                 if mins {
                     off[v] += m * xsum[v][bi];
                 }
@@ -1273,6 +1419,40 @@ unsafe fn legacy_f32_avx2_n<const T: u8, const N: usize>(
             out[r * N + v] = lanes.iter().sum::<f32>() + off[v];
         }
     }
+}
+
+/// 32 signed byte codes as four vectors of eight f32.
+/// Safety: AVX2 present.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn widen32(c: std::arch::x86_64::__m256i) -> [std::arch::x86_64::__m256; 4] {
+    use std::arch::x86_64::*;
+    let (lo, hi) = (_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    [
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))),
+    ]
+}
+
+/// `Σ w·x` over 32 elements, as eight partial sums (two chains).
+/// Safety: AVX2 and FMA present; `x` points at 32 f32.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dot32(w: &[std::arch::x86_64::__m256; 4], x: *const f32) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let s0 = _mm256_fmadd_ps(
+        w[2],
+        _mm256_loadu_ps(x.add(16)),
+        _mm256_mul_ps(w[0], _mm256_loadu_ps(x)),
+    );
+    let s1 = _mm256_fmadd_ps(
+        w[3],
+        _mm256_loadu_ps(x.add(24)),
+        _mm256_mul_ps(w[1], _mm256_loadu_ps(x.add(8))),
+    );
+    _mm256_add_ps(s0, s1)
 }
 
 /// One legacy type's `q8` product on AVX2: per block 32 products by one `maddubs` (Q4_1's codes
@@ -1495,6 +1675,7 @@ fn kernels_for(ty: GgmlType, isa: Isa) -> Option<Kernels> {
             match isa {
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => Kernels {
+                    rows: q4k_f32_avx2,
                     rows_q8: q4k_q8_avx2,
                     ..k
                 },
@@ -1502,7 +1683,17 @@ fn kernels_for(ty: GgmlType, isa: Isa) -> Option<Kernels> {
             }
         }
         GgmlType::Q5_K => kernels!(Q5K, isa),
-        GgmlType::Q6_K => kernels!(Q6K, isa),
+        GgmlType::Q6_K => {
+            let k = kernels!(Q6K, isa);
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => Kernels {
+                    rows: q6k_f32_avx2,
+                    ..k
+                },
+                Isa::Portable => k,
+            }
+        }
         GgmlType::IQ4_NL => kernels!(Iq4Nl, isa),
         GgmlType::IQ4_XS => kernels!(Iq4Xs, isa),
         GgmlType::MXFP4 => kernels!(Mxfp4, isa),
