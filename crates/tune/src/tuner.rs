@@ -569,7 +569,11 @@ pub fn tune(
     let mut sizes: BTreeMap<(String, Vec<usize>), Vec<Option<u64>>> = BTreeMap::new();
     for l in &all {
         let key = l.shape_key();
-        let t = &timed[&key];
+        // No form has a kernel for this launch on this device (a GGUF's token embedding on the
+        // GPU): it is left out, and served as the model builder serves it.
+        let Some(t) = timed.get(&key) else {
+            continue;
+        };
         let ptrs = l
             .matrices
             .iter()
@@ -1072,6 +1076,45 @@ mod tests {
             let bytes: usize = make()?.iter().map(|m| m.stored_bytes()).sum();
             Ok(Some((1.0 + bytes as f64 * 1e-3).into()))
         }
+    }
+
+    /// A launch that no form can be timed for on the device is left out of the tune (the
+    /// others are all there), not a panic.
+    #[test]
+    fn a_launch_no_form_times_is_left_out() {
+        struct NoEmbed;
+        impl LaunchTimer for NoEmbed {
+            fn device(&self) -> DeviceId {
+                Building.device()
+            }
+            fn protocol(&self) -> String {
+                "test: no embedding kernel".into()
+            }
+            fn time(
+                &self,
+                l: &TimedLaunch,
+                make: &dyn Fn() -> Result<Vec<Arc<dyn Linear>>>,
+            ) -> Result<Option<Timing>> {
+                match l.launch {
+                    Launch::Embed => Ok(None),
+                    _ => Building.time(l, make),
+                }
+            }
+        }
+        let w = entrollm_model::build_model(&Tiny).unwrap();
+        let id = crate::planner::model_id(&w, "tiny").unwrap();
+        let opts = TuneOptions {
+            max_variants_per_form: 1,
+            step_overhead: false,
+        };
+        let t = tune(&w, id, None, &NoEmbed, &opts, &mut |_| {}).unwrap();
+        let all = entrollm_model::forms::layout::launches(&w);
+        assert!(t.launches.iter().all(|l| l.launch != "embed"));
+        assert_eq!(
+            t.launches.len(),
+            all.iter().filter(|l| l.launch != Launch::Embed).count()
+        );
+        assert!(t.launches.iter().all(|l| !l.points.is_empty()));
     }
 
     /// A model whose down projections are lossy-coded: each is timed as held (nothing can be
