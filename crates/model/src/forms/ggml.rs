@@ -1310,13 +1310,16 @@ fn q4k_q8_avx2(rows: &[u8], rb: usize, x: &[Q8In], s: &[&[f32]], out: &mut [f32]
 }
 
 /// The legacy 32-weight blocks the AVX2 kernels below read in place (no decode into a code
-/// array): one scale (f16) at byte 0, Q4_1's min after it, then the codes.
+/// array): one scale (f16) at byte 0, the min after it (Q4_1, Q5_1), the fifth bits (Q5_x), then
+/// the codes.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Legacy {
     Q4_0 = 0,
     Q4_1 = 1,
     Q8_0 = 2,
+    Q5_0 = 3,
+    Q5_1 = 4,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -1325,11 +1328,18 @@ impl Legacy {
         match t {
             0 => Legacy::Q4_0,
             1 => Legacy::Q4_1,
+            3 => Legacy::Q5_0,
+            4 => Legacy::Q5_1,
             _ => Legacy::Q8_0,
         }
     }
 
-    /// The block's scale and (Q4_1) min, by F16C (exact, as [`f16_at`]).
+    /// Whether the codes are unsigned with a min (the others are signed, without one).
+    const fn mins(self) -> bool {
+        matches!(self, Legacy::Q4_1 | Legacy::Q5_1)
+    }
+
+    /// The block's scale and (Q4_1, Q5_1) min, by F16C (exact, as [`f16_at`]).
     /// Safety: F16C present; `b` points at a whole block.
     #[inline(always)]
     unsafe fn scales(self, b: *const u8) -> (f32, f32) {
@@ -1345,11 +1355,13 @@ impl Legacy {
             Legacy::Q4_0 => (18, 2),
             Legacy::Q4_1 => (20, 4),
             Legacy::Q8_0 => (34, 2),
+            Legacy::Q5_0 => (22, 6),
+            Legacy::Q5_1 => (24, 8),
         }
     }
 
-    /// The block's 32 codes as bytes in element order: Q4_0's signed (`q − 8`), Q4_1's
-    /// unsigned, Q8_0's as stored.
+    /// The block's 32 codes as bytes in element order: Q4_0's and Q5_0's signed (`q − 8`,
+    /// `q − 16`), Q4_1's and Q5_1's unsigned, Q8_0's as stored.
     /// Safety: AVX2 present; `b` points at a whole block.
     #[inline(always)]
     unsafe fn codes(self, b: *const u8) -> std::arch::x86_64::__m256i {
@@ -1365,6 +1377,29 @@ impl Legacy {
                 let c = _mm256_set_m128i(hi, lo);
                 match self {
                     Legacy::Q4_0 => _mm256_sub_epi8(c, _mm256_set1_epi8(8)),
+                    Legacy::Q5_0 | Legacy::Q5_1 => {
+                        // Element i's fifth bit is bit i of the u32 before the codes: each byte
+                        // i picks byte i / 8 of it and tests bit i % 8 (llama.cpp's
+                        // bytes_from_bits_32).
+                        let qh = std::ptr::read_unaligned(at.sub(4) as *const u32);
+                        let spread = _mm256_shuffle_epi8(
+                            _mm256_set1_epi32(qh as i32),
+                            _mm256_set_epi64x(
+                                0x0303_0303_0303_0303,
+                                0x0202_0202_0202_0202,
+                                0x0101_0101_0101_0101,
+                                0,
+                            ),
+                        );
+                        let bit =
+                            _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+                        let set = _mm256_cmpeq_epi8(bit, _mm256_set1_epi64x(-1));
+                        let c = _mm256_or_si256(c, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+                        match self {
+                            Legacy::Q5_0 => _mm256_sub_epi8(c, _mm256_set1_epi8(16)),
+                            _ => c,
+                        }
+                    }
                     _ => c,
                 }
             }
@@ -1391,7 +1426,7 @@ unsafe fn legacy_f32_avx2_n<const T: u8, const N: usize>(
     use std::arch::x86_64::*;
     let t = Legacy::from_u8(T);
     let ts = t.layout().0;
-    let mins = t == Legacy::Q4_1;
+    let mins = t.mins();
     assert!(xs.len() == N && (!mins || xsum.len() == N));
     let blocks = row_bytes / ts;
     assert!(xs.iter().all(|x| x.len() >= blocks * 32));
@@ -1469,7 +1504,7 @@ unsafe fn legacy_q8_avx2_n<const T: u8, const N: usize>(
     use std::arch::x86_64::*;
     let t = Legacy::from_u8(T);
     let ts = t.layout().0;
-    let mins = t == Legacy::Q4_1;
+    let mins = t.mins();
     assert!(x.len() == N && (!mins || xsum.len() == N));
     let blocks = row_bytes / ts;
     assert!(x
@@ -1485,7 +1520,7 @@ unsafe fn legacy_q8_avx2_n<const T: u8, const N: usize>(
             let c = t.codes(b.as_ptr());
             let (a, m) = t.scales(b.as_ptr());
             let (cu, sgn) = match t {
-                Legacy::Q4_1 => (c, None),
+                Legacy::Q4_1 | Legacy::Q5_1 => (c, None),
                 _ => (_mm256_abs_epi8(c), Some(c)),
             };
             for v in 0..N {
@@ -1665,8 +1700,8 @@ fn kernels_for(ty: GgmlType, isa: Isa) -> Option<Kernels> {
     Some(match ty {
         GgmlType::Q4_0 => legacy(kernels!(Q4_0, isa), legacy_avx2!(Legacy::Q4_0)),
         GgmlType::Q4_1 => legacy(kernels!(Q4_1, isa), legacy_avx2!(Legacy::Q4_1)),
-        GgmlType::Q5_0 => kernels!(Q5_0, isa),
-        GgmlType::Q5_1 => kernels!(Q5_1, isa),
+        GgmlType::Q5_0 => legacy(kernels!(Q5_0, isa), legacy_avx2!(Legacy::Q5_0)),
+        GgmlType::Q5_1 => legacy(kernels!(Q5_1, isa), legacy_avx2!(Legacy::Q5_1)),
         GgmlType::Q8_0 => legacy(kernels!(Q8_0, isa), legacy_avx2!(Legacy::Q8_0)),
         GgmlType::Q2_K => kernels!(Q2K, isa),
         GgmlType::Q3_K => kernels!(Q3K, isa),
