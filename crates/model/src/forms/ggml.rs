@@ -1096,6 +1096,9 @@ unsafe fn q4k_q8_avx2_n<const N: usize>(
         let mut acc = [_mm256_setzero_ps(); N];
         let mut off = [0f32; N];
         for (bi, b) in row.chunks_exact(144).enumerate() {
+            for l in 0..3 {
+                _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH + 64 * l) as *const i8);
+            }
             k4_scales(b, &mut a, &mut m);
             let c0 = bi * 256;
             for c in 0..4 {
@@ -1292,6 +1295,97 @@ fn q6k_f32_avx2(rows: &[u8], rb: usize, x: &[&[f32]], s: &[&[f32]], out: &mut [f
             2 => q6k_f32_avx2_n::<2>(rows, rb, x, s, out),
             3 => q6k_f32_avx2_n::<3>(rows, rb, x, s, out),
             _ => q6k_f32_avx2_n::<VECS>(rows, rb, x, s, out),
+        }
+    }
+}
+
+/// Q6_K's `q8` product on AVX2: the codes put together in registers as in
+/// [`q6k_f32_avx2_n`], 32 products a step by one `maddubs` (|q| times x signed as q); the
+/// lanes of each half carry one 16-weight sub-block, scaled by its own factor.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_q8_avx2_n<const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    x: &[Q8In],
+    _xsum: &[&[f32]],
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    assert!(x.len() == N);
+    let blocks = row_bytes / 210;
+    assert!(x
+        .iter()
+        .all(|x| x.q.len() >= blocks * 256 && x.d.len() >= blocks * 8));
+    let (m4, m3, k32, ones) = (
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(0x03),
+        _mm256_set1_epi8(32),
+        _mm256_set1_epi16(1),
+    );
+    for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        for (bi, b) in row.chunks_exact(210).enumerate() {
+            for l in 0..4 {
+                _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH + 64 * l) as *const i8);
+            }
+            let p = b.as_ptr();
+            let d = f16_at(b, 208);
+            let c0 = bi * 256;
+            for n in 0..2 {
+                // SAFETY: 64·n + 64 ≤ 128 and 128 + 32·n + 32 ≤ 192, within the 210-byte block.
+                let ql0 = _mm256_loadu_si256(p.add(64 * n) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(p.add(64 * n + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+                let high = |h: __m256i| _mm256_slli_epi16(_mm256_and_si256(h, m3), 4);
+                let codes = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(qh)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(_mm256_srli_epi16(qh, 2))),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        high(_mm256_srli_epi16(qh, 4)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        high(_mm256_srli_epi16(qh, 6)),
+                    ),
+                ];
+                for (k, &c) in codes.iter().enumerate() {
+                    let q = _mm256_sub_epi8(c, k32);
+                    let qa = _mm256_abs_epi8(q);
+                    let s = 8 * n + 2 * k;
+                    let (sa, sb) = (d * (b[192 + s] as i8) as f32, d * (b[193 + s] as i8) as f32);
+                    let e = c0 + 128 * n + 32 * k;
+                    for i in 0..N {
+                        // SAFETY: e + 32 ≤ blocks·256 ≤ x[i].q.len(), checked above.
+                        let xv = _mm256_loadu_si256(x[i].q.as_ptr().add(e) as *const __m256i);
+                        // |q| ≤ 32 and |x| ≤ 127: a pair of products fits in i16.
+                        let p = _mm256_maddubs_epi16(qa, _mm256_sign_epi8(xv, q));
+                        let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+                        let dx = x[i].d[e / 32];
+                        let f = _mm256_set_m128(_mm_set1_ps(sb * dx), _mm_set1_ps(sa * dx));
+                        acc[i] = _mm256_fmadd_ps(sums, f, acc[i]);
+                    }
+                }
+            }
+        }
+        for i in 0..N {
+            let mut v = [0f32; 8];
+            _mm256_storeu_ps(v.as_mut_ptr(), acc[i]);
+            out[r * N + i] = v.iter().sum::<f32>();
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn q6k_q8_avx2(rows: &[u8], rb: usize, x: &[Q8In], s: &[&[f32]], out: &mut [f32]) {
+    // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
+    unsafe {
+        match x.len() {
+            1 => q6k_q8_avx2_n::<1>(rows, rb, x, s, out),
+            2 => q6k_q8_avx2_n::<2>(rows, rb, x, s, out),
+            3 => q6k_q8_avx2_n::<3>(rows, rb, x, s, out),
+            _ => q6k_q8_avx2_n::<VECS>(rows, rb, x, s, out),
         }
     }
 }
@@ -1724,6 +1818,7 @@ fn kernels_for(ty: GgmlType, isa: Isa) -> Option<Kernels> {
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => Kernels {
                     rows: q6k_f32_avx2,
+                    rows_q8: q6k_q8_avx2,
                     ..k
                 },
                 Isa::Portable => k,
