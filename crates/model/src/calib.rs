@@ -138,6 +138,9 @@ impl Linear for Recorder {
     fn values_kind(&self) -> &'static str {
         self.inner.values_kind()
     }
+    fn layout_tag(&self) -> Option<&'static str> {
+        self.inner.layout_tag()
+    }
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

@@ -907,6 +907,9 @@ impl Linear for ColumnOrdered {
     fn values_kind(&self) -> &'static str {
         self.inner.values_kind()
     }
+    fn layout_tag(&self) -> Option<&'static str> {
+        self.inner.layout_tag()
+    }
     fn reform(&self, make: &dyn Fn(&Source) -> Result<Arc<dyn Linear>>) -> Result<Arc<dyn Linear>> {
         let inner = self.inner.reform(make)?;
         Ok(Arc::new(ColumnOrdered::new(

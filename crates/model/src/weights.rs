@@ -33,6 +33,11 @@ pub trait Linear: Send + Sync {
     fn source(&self) -> Result<Source>;
     /// [`Values::kind`](crate::forms::Values::kind) of [`source`](Self::source), without decoding.
     fn values_kind(&self) -> &'static str;
+    /// What besides its shape and values' kind sets the speed of its forms (a GGUF tensor's block
+    /// type): the tuner times launches that differ in it apart.
+    fn layout_tag(&self) -> Option<&'static str> {
+        None
+    }
     /// The same matrix with its values in another form: `make` turns the values into the new
     /// inner matrix; wrappers (row scales, row order) wrap it again.
     fn reform(&self, make: &dyn Fn(&Source) -> Result<Arc<dyn Linear>>) -> Result<Arc<dyn Linear>> {
@@ -314,6 +319,9 @@ impl Linear for RowScaled {
     }
     fn values_kind(&self) -> &'static str {
         self.inner.values_kind()
+    }
+    fn layout_tag(&self) -> Option<&'static str> {
+        self.inner.layout_tag()
     }
     fn reform(&self, make: &dyn Fn(&Source) -> Result<Arc<dyn Linear>>) -> Result<Arc<dyn Linear>> {
         let inner = self.inner.reform(make)?;

@@ -715,6 +715,9 @@ impl Linear for Switched {
     fn values_kind(&self) -> &'static str {
         self.active().values_kind()
     }
+    fn layout_tag(&self) -> Option<&'static str> {
+        self.active().layout_tag()
+    }
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

@@ -386,6 +386,9 @@ impl Linear for GgmlLinear {
     fn values_kind(&self) -> &'static str {
         "ggml"
     }
+    fn layout_tag(&self) -> Option<&'static str> {
+        Some(self.ty.name())
+    }
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

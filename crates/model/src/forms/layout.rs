@@ -22,11 +22,15 @@ pub struct LaunchInstance {
 }
 
 impl LaunchInstance {
-    /// Launches with equal keys have the same shapes and source kinds: timed once.
+    /// Launches with equal keys have the same shapes, source kinds and layouts (a GGUF tensor's
+    /// block type): timed once.
     pub fn shape_key(&self) -> String {
         let mut key = self.launch.name().to_string();
         for m in &self.matrices {
             key += &format!(":{}x{}", m.rows(), m.cols());
+            if let Some(tag) = m.layout_tag() {
+                key += &format!("({tag})");
+            }
         }
         format!("{key}:{}", self.matrices[0].values_kind())
     }
@@ -209,6 +213,35 @@ pub fn apply(
 mod tests {
     use super::*;
     use crate::synth::{shared_layer_weights, SynthShape};
+
+    /// A GGUF's layers of one shape in different block types (a Q4_K_M file's Q4_K and Q6_K
+    /// down projections) are timed apart; the same type shares its key.
+    #[test]
+    fn gguf_block_types_part_shape_keys() {
+        use crate::forms::ggml::{synth_blocks, BlockBytes, GGML};
+        use crate::forms::{Form, Values};
+        use crate::gguf::GgmlType;
+        let down = |ty: GgmlType| {
+            let (rows, cols) = (4, 512);
+            let bytes = synth_blocks(ty, rows * cols / ty.block_size(), 3);
+            let values = Values::Ggml {
+                ty,
+                bytes: BlockBytes::from_vec(bytes),
+            };
+            let m = GGML
+                .encode(&crate::forms::Source::new(rows, cols, values).unwrap(), "")
+                .unwrap();
+            LaunchInstance {
+                id: "layers.0.down".into(),
+                launch: Launch::Down,
+                tensors: vec!["down".into()],
+                matrices: vec![m],
+            }
+            .shape_key()
+        };
+        assert_ne!(down(GgmlType::Q4_K), down(GgmlType::Q6_K));
+        assert_eq!(down(GgmlType::Q4_K), down(GgmlType::Q4_K));
+    }
 
     #[test]
     fn shared_matrices_are_reformed_once_and_stay_shared() {

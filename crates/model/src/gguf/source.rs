@@ -658,6 +658,9 @@ impl Linear for RowPermuted {
     fn values_kind(&self) -> &'static str {
         self.inner.values_kind()
     }
+    fn layout_tag(&self) -> Option<&'static str> {
+        self.inner.layout_tag()
+    }
     fn reform(
         &self,
         make: &dyn Fn(&crate::forms::Source) -> Result<Arc<dyn Linear>>,
