@@ -900,6 +900,27 @@ impl Acc for Avx2 {
     }
 }
 
+/// `$kernel` instantiated for the batch's vector count (`n`): one copy per count, so that the
+/// accumulators stay in registers.
+macro_rules! by_vecs {
+    ($kernel:ident::<$t:ident>, $n:expr, $($arg:expr),*) => {
+        match $n {
+            1 => $kernel::<$t, 1>($($arg),*),
+            2 => $kernel::<$t, 2>($($arg),*),
+            3 => $kernel::<$t, 3>($($arg),*),
+            _ => $kernel::<$t, VECS>($($arg),*),
+        }
+    };
+    ($kernel:ident, $n:expr, $($arg:expr),*) => {
+        match $n {
+            1 => $kernel::<1>($($arg),*),
+            2 => $kernel::<2>($($arg),*),
+            3 => $kernel::<3>($($arg),*),
+            _ => $kernel::<VECS>($($arg),*),
+        }
+    };
+}
+
 /// Most vectors one pass over a row block multiplies (their sums stay in registers).
 const VECS: usize = 4;
 
@@ -1132,9 +1153,7 @@ unsafe fn q4k_q8_avx2_n<const N: usize>(
             }
         }
         for i in 0..N {
-            let mut v = [0f32; 8];
-            _mm256_storeu_ps(v.as_mut_ptr(), acc[i]);
-            out[r * N + i] = v.iter().sum::<f32>() + off[i];
+            out[r * N + i] = hsum(acc[i]) + off[i];
         }
     }
 }
@@ -1186,9 +1205,7 @@ unsafe fn q4k_f32_avx2_n<const N: usize>(
             }
         }
         for i in 0..N {
-            let mut v = [0f32; 8];
-            _mm256_storeu_ps(v.as_mut_ptr(), acc[i]);
-            out[r * N + i] = v.iter().sum::<f32>() + off[i];
+            out[r * N + i] = hsum(acc[i]) + off[i];
         }
     }
 }
@@ -1196,14 +1213,35 @@ unsafe fn q4k_f32_avx2_n<const N: usize>(
 #[cfg(target_arch = "x86_64")]
 fn q4k_f32_avx2(rows: &[u8], rb: usize, x: &[&[f32]], s: &[&[f32]], out: &mut [f32]) {
     // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
-    unsafe {
-        match x.len() {
-            1 => q4k_f32_avx2_n::<1>(rows, rb, x, s, out),
-            2 => q4k_f32_avx2_n::<2>(rows, rb, x, s, out),
-            3 => q4k_f32_avx2_n::<3>(rows, rb, x, s, out),
-            _ => q4k_f32_avx2_n::<VECS>(rows, rb, x, s, out),
-        }
-    }
+    unsafe { by_vecs!(q4k_f32_avx2_n, x.len(), rows, rb, x, s, out) }
+}
+
+/// Half `n` of a Q6_K block's codes as four groups of 32 unsigned bytes in element order
+/// (`q + 32`): low four bits from `ql`, high two from `qh`, as ggml's dequantisation puts them.
+/// Safety: AVX2 present; `p` points at a whole 210-byte block, `n` < 2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn q6k_codes(p: *const u8, n: usize) -> [std::arch::x86_64::__m256i; 4] {
+    use std::arch::x86_64::*;
+    let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x03));
+    // 64·n + 64 ≤ 128 and 128 + 32·n + 32 ≤ 192: within the block.
+    let ql0 = _mm256_loadu_si256(p.add(64 * n) as *const __m256i);
+    let ql1 = _mm256_loadu_si256(p.add(64 * n + 32) as *const __m256i);
+    let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+    let high = |h: __m256i| _mm256_slli_epi16(_mm256_and_si256(h, m3), 4);
+    let low = |l: __m256i| _mm256_and_si256(l, m4);
+    [
+        _mm256_or_si256(low(ql0), high(qh)),
+        _mm256_or_si256(low(ql1), high(_mm256_srli_epi16(qh, 2))),
+        _mm256_or_si256(
+            low(_mm256_srli_epi16(ql0, 4)),
+            high(_mm256_srli_epi16(qh, 4)),
+        ),
+        _mm256_or_si256(
+            low(_mm256_srli_epi16(ql1, 4)),
+            high(_mm256_srli_epi16(qh, 6)),
+        ),
+    ]
 }
 
 /// Q6_K's product with f32 activations on AVX2, its codes put together in registers (low four
@@ -1222,11 +1260,7 @@ unsafe fn q6k_f32_avx2_n<const N: usize>(
     assert!(xs.len() == N);
     let blocks = row_bytes / 210;
     assert!(xs.iter().all(|x| x.len() >= blocks * 256));
-    let (m4, m3, k32) = (
-        _mm256_set1_epi8(0x0F),
-        _mm256_set1_epi8(0x03),
-        _mm256_set1_epi8(32),
-    );
+    let k32 = _mm256_set1_epi8(32);
     for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
         let mut acc = [_mm256_setzero_ps(); N];
         for (bi, b) in row.chunks_exact(210).enumerate() {
@@ -1237,25 +1271,7 @@ unsafe fn q6k_f32_avx2_n<const N: usize>(
             let d = f16_at(b, 208);
             let c0 = bi * 256;
             for n in 0..2 {
-                // SAFETY: 64·n + 64 ≤ 128 and 128 + 32·n + 32 ≤ 192, within the 210-byte block.
-                let ql0 = _mm256_loadu_si256(p.add(64 * n) as *const __m256i);
-                let ql1 = _mm256_loadu_si256(p.add(64 * n + 32) as *const __m256i);
-                let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
-                let high = |shift: i32| {
-                    let h = match shift {
-                        0 => qh,
-                        2 => _mm256_srli_epi16(qh, 2),
-                        4 => _mm256_srli_epi16(qh, 4),
-                        _ => _mm256_srli_epi16(qh, 6),
-                    };
-                    _mm256_slli_epi16(_mm256_and_si256(h, m3), 4)
-                };
-                let codes = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
-                ];
+                let codes = q6k_codes(p, n);
                 for (k, &c) in codes.iter().enumerate() {
                     let w = widen32(_mm256_sub_epi8(c, k32));
                     // Sub-blocks 8n + 2k and 8n + 2k + 1 (16 weights each).
@@ -1282,9 +1298,7 @@ unsafe fn q6k_f32_avx2_n<const N: usize>(
             }
         }
         for i in 0..N {
-            let mut v = [0f32; 8];
-            _mm256_storeu_ps(v.as_mut_ptr(), acc[i]);
-            out[r * N + i] = v.iter().sum::<f32>();
+            out[r * N + i] = hsum(acc[i]);
         }
     }
 }
@@ -1292,14 +1306,7 @@ unsafe fn q6k_f32_avx2_n<const N: usize>(
 #[cfg(target_arch = "x86_64")]
 fn q6k_f32_avx2(rows: &[u8], rb: usize, x: &[&[f32]], s: &[&[f32]], out: &mut [f32]) {
     // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
-    unsafe {
-        match x.len() {
-            1 => q6k_f32_avx2_n::<1>(rows, rb, x, s, out),
-            2 => q6k_f32_avx2_n::<2>(rows, rb, x, s, out),
-            3 => q6k_f32_avx2_n::<3>(rows, rb, x, s, out),
-            _ => q6k_f32_avx2_n::<VECS>(rows, rb, x, s, out),
-        }
-    }
+    unsafe { by_vecs!(q6k_f32_avx2_n, x.len(), rows, rb, x, s, out) }
 }
 
 /// Q6_K's `q8` product on AVX2: the codes put together in registers as in
@@ -1320,12 +1327,7 @@ unsafe fn q6k_q8_avx2_n<const N: usize>(
     assert!(x
         .iter()
         .all(|x| x.q.len() >= blocks * 256 && x.d.len() >= blocks * 8));
-    let (m4, m3, k32, ones) = (
-        _mm256_set1_epi8(0x0F),
-        _mm256_set1_epi8(0x03),
-        _mm256_set1_epi8(32),
-        _mm256_set1_epi16(1),
-    );
+    let (k32, ones) = (_mm256_set1_epi8(32), _mm256_set1_epi16(1));
     for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
         let mut acc = [_mm256_setzero_ps(); N];
         for (bi, b) in row.chunks_exact(210).enumerate() {
@@ -1336,23 +1338,7 @@ unsafe fn q6k_q8_avx2_n<const N: usize>(
             let d = f16_at(b, 208);
             let c0 = bi * 256;
             for n in 0..2 {
-                // SAFETY: 64·n + 64 ≤ 128 and 128 + 32·n + 32 ≤ 192, within the 210-byte block.
-                let ql0 = _mm256_loadu_si256(p.add(64 * n) as *const __m256i);
-                let ql1 = _mm256_loadu_si256(p.add(64 * n + 32) as *const __m256i);
-                let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
-                let high = |h: __m256i| _mm256_slli_epi16(_mm256_and_si256(h, m3), 4);
-                let codes = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(qh)),
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(_mm256_srli_epi16(qh, 2))),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                        high(_mm256_srli_epi16(qh, 4)),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                        high(_mm256_srli_epi16(qh, 6)),
-                    ),
-                ];
+                let codes = q6k_codes(p, n);
                 for (k, &c) in codes.iter().enumerate() {
                     let q = _mm256_sub_epi8(c, k32);
                     let qa = _mm256_abs_epi8(q);
@@ -1373,9 +1359,7 @@ unsafe fn q6k_q8_avx2_n<const N: usize>(
             }
         }
         for i in 0..N {
-            let mut v = [0f32; 8];
-            _mm256_storeu_ps(v.as_mut_ptr(), acc[i]);
-            out[r * N + i] = v.iter().sum::<f32>();
+            out[r * N + i] = hsum(acc[i]);
         }
     }
 }
@@ -1383,27 +1367,13 @@ unsafe fn q6k_q8_avx2_n<const N: usize>(
 #[cfg(target_arch = "x86_64")]
 fn q6k_q8_avx2(rows: &[u8], rb: usize, x: &[Q8In], s: &[&[f32]], out: &mut [f32]) {
     // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
-    unsafe {
-        match x.len() {
-            1 => q6k_q8_avx2_n::<1>(rows, rb, x, s, out),
-            2 => q6k_q8_avx2_n::<2>(rows, rb, x, s, out),
-            3 => q6k_q8_avx2_n::<3>(rows, rb, x, s, out),
-            _ => q6k_q8_avx2_n::<VECS>(rows, rb, x, s, out),
-        }
-    }
+    unsafe { by_vecs!(q6k_q8_avx2_n, x.len(), rows, rb, x, s, out) }
 }
 
 #[cfg(target_arch = "x86_64")]
 fn q4k_q8_avx2(rows: &[u8], rb: usize, x: &[Q8In], s: &[&[f32]], out: &mut [f32]) {
     // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
-    unsafe {
-        match x.len() {
-            1 => q4k_q8_avx2_n::<1>(rows, rb, x, s, out),
-            2 => q4k_q8_avx2_n::<2>(rows, rb, x, s, out),
-            3 => q4k_q8_avx2_n::<3>(rows, rb, x, s, out),
-            _ => q4k_q8_avx2_n::<VECS>(rows, rb, x, s, out),
-        }
-    }
+    unsafe { by_vecs!(q4k_q8_avx2_n, x.len(), rows, rb, x, s, out) }
 }
 
 /// The legacy 32-weight blocks the AVX2 kernels below read in place (no decode into a code
@@ -1546,11 +1516,19 @@ unsafe fn legacy_f32_avx2_n<const T: u8, const N: usize>(
             }
         }
         for v in 0..N {
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[v]);
-            out[r * N + v] = lanes.iter().sum::<f32>() + off[v];
+            out[r * N + v] = hsum(acc[v]) + off[v];
         }
     }
+}
+
+/// The sum of a vector's eight lanes.
+/// Safety: AVX present.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn hsum(v: std::arch::x86_64::__m256) -> f32 {
+    let mut lanes = [0f32; 8];
+    std::arch::x86_64::_mm256_storeu_ps(lanes.as_mut_ptr(), v);
+    lanes.iter().sum()
 }
 
 /// 32 signed byte codes as four vectors of eight f32.
@@ -1637,9 +1615,7 @@ unsafe fn legacy_q8_avx2_n<const T: u8, const N: usize>(
             }
         }
         for v in 0..N {
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[v]);
-            out[r * N + v] = lanes.iter().sum::<f32>() + off[v];
+            out[r * N + v] = hsum(acc[v]) + off[v];
         }
     }
 }
@@ -1651,25 +1627,11 @@ macro_rules! legacy_avx2 {
         const T: u8 = $t as u8;
         fn rows(rows: &[u8], rb: usize, xs: &[&[f32]], s: &[&[f32]], out: &mut [f32]) {
             // SAFETY: picked only where the CPU has AVX2, FMA and F16C (`Isa::detect`).
-            unsafe {
-                match xs.len() {
-                    1 => legacy_f32_avx2_n::<T, 1>(rows, rb, xs, s, out),
-                    2 => legacy_f32_avx2_n::<T, 2>(rows, rb, xs, s, out),
-                    3 => legacy_f32_avx2_n::<T, 3>(rows, rb, xs, s, out),
-                    _ => legacy_f32_avx2_n::<T, VECS>(rows, rb, xs, s, out),
-                }
-            }
+            unsafe { by_vecs!(legacy_f32_avx2_n::<T>, xs.len(), rows, rb, xs, s, out) }
         }
         fn rows_q8(rows: &[u8], rb: usize, x: &[Q8In], s: &[&[f32]], out: &mut [f32]) {
             // SAFETY: as above.
-            unsafe {
-                match x.len() {
-                    1 => legacy_q8_avx2_n::<T, 1>(rows, rb, x, s, out),
-                    2 => legacy_q8_avx2_n::<T, 2>(rows, rb, x, s, out),
-                    3 => legacy_q8_avx2_n::<T, 3>(rows, rb, x, s, out),
-                    _ => legacy_q8_avx2_n::<T, VECS>(rows, rb, x, s, out),
-                }
-            }
+            unsafe { by_vecs!(legacy_q8_avx2_n::<T>, x.len(), rows, rb, x, s, out) }
         }
         (rows as RowsFn, rows_q8 as RowsQ8Fn)
     }};
