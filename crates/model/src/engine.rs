@@ -27,6 +27,8 @@ pub struct Engine {
     /// Per layer: values of positions `0..pos`, `[pos, kv_dim]`.
     values: Vec<Vec<f32>>,
     pos: usize,
+    /// q/k/v (and gate/up) multiplied in one parallel region; off, one after another.
+    concurrent_launches: bool,
 }
 
 /// Bytes an engine for `max_seq_len` tokens allocates beside the weights: its KV cache and the
@@ -75,7 +77,14 @@ impl Engine {
             values,
             pos: 0,
             weights,
+            concurrent_launches: true,
         })
+    }
+
+    /// Every launch's products one after another (the tuner times each launch inside decode
+    /// steps, and a step's time is then the sum of its launches' and the rest).
+    pub fn one_launch_at_a_time(&mut self) {
+        self.concurrent_launches = false;
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -189,7 +198,7 @@ impl Engine {
         let mut buffers = LayerBuffers::new(c, n);
         for (layer_index, layer) in weights.layers.iter().enumerate() {
             self.attention_block(layer_index, layer, &rope, &mut x, &mut buffers);
-            mlp_block(c, layer, &mut x, &mut buffers);
+            mlp_block(c, layer, &mut x, &mut buffers, self.concurrent_launches);
         }
         self.pos += n;
         x
@@ -219,16 +228,22 @@ impl Engine {
                 }
             }
         };
-        // One parallel region for the three (a thread done with its share of q goes on to k).
-        rayon::join(
-            || project(&layer.q, &layer.q_bias, &mut b.q),
-            || {
-                rayon::join(
-                    || project(&layer.k, &layer.k_bias, &mut b.k),
-                    || project(&layer.v, &layer.v_bias, &mut b.v),
-                )
-            },
-        );
+        if self.concurrent_launches {
+            // One parallel region for the three (a thread done with its share of q goes on to k).
+            rayon::join(
+                || project(&layer.q, &layer.q_bias, &mut b.q),
+                || {
+                    rayon::join(
+                        || project(&layer.k, &layer.k_bias, &mut b.k),
+                        || project(&layer.v, &layer.v_bias, &mut b.v),
+                    )
+                },
+            );
+        } else {
+            project(&layer.q, &layer.q_bias, &mut b.q);
+            project(&layer.k, &layer.k_bias, &mut b.k);
+            project(&layer.v, &layer.v_bias, &mut b.v);
+        }
         rope.apply(&mut b.q, c.head_dim, c.rope_style);
         rope.apply(&mut b.k, c.head_dim, c.rope_style);
         self.keys[layer_index].extend_from_slice(&b.k);
@@ -297,13 +312,24 @@ impl LayerBuffers {
 }
 
 /// `x += down(silu(gate(h)) · up(h))` with `h` the normed `x`.
-fn mlp_block(c: &ModelConfig, layer: &LayerWeights, x: &mut [f32], b: &mut LayerBuffers) {
+fn mlp_block(
+    c: &ModelConfig,
+    layer: &LayerWeights,
+    x: &mut [f32],
+    b: &mut LayerBuffers,
+    concurrent: bool,
+) {
     let n = x.len() / c.hidden_size;
     rms_norm(x, &layer.mlp_norm, c.rms_norm_eps, &mut b.normed);
-    rayon::join(
-        || layer.gate.matmul(&b.normed, n, &mut b.gate),
-        || layer.up.matmul(&b.normed, n, &mut b.up),
-    );
+    if concurrent {
+        rayon::join(
+            || layer.gate.matmul(&b.normed, n, &mut b.gate),
+            || layer.up.matmul(&b.normed, n, &mut b.up),
+        );
+    } else {
+        layer.gate.matmul(&b.normed, n, &mut b.gate);
+        layer.up.matmul(&b.normed, n, &mut b.up);
+    }
     b.gate
         .par_chunks_mut(ELEMENTWISE_TASK)
         .zip(b.up.par_chunks(ELEMENTWISE_TASK))

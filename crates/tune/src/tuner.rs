@@ -859,6 +859,7 @@ fn time_in_steps(
     // The context is started again when full, so attention stays at a chat's lengths.
     let context = (8 + warmup + protocol.max_steps).min(w.config.max_position_embeddings);
     let mut e = Engine::new(Arc::new(model), context).map_err(err)?;
+    e.one_launch_at_a_time();
     let prompt: Vec<u32> = (1..9).collect();
     let mut logits = e.prefill(&prompt).map_err(err)?;
     let mut samples: BTreeMap<(usize, usize), (Vec<f64>, usize)> = BTreeMap::new();
@@ -954,6 +955,7 @@ fn fresh(m: &Arc<dyn Linear>, form: &dyn Form, variant: &str) -> Result<Arc<dyn 
 pub fn measure_step_us(w: &ModelWeights, steps: usize) -> Result<f64> {
     let shared = Arc::new(clone_weights(w));
     let mut e = Engine::new(shared, 64 + steps).map_err(err)?;
+    e.one_launch_at_a_time();
     let prompt: Vec<u32> = (1..9).collect();
     let mut logits = e.prefill(&prompt).map_err(err)?;
     let mut times = Vec::with_capacity(steps);
