@@ -99,6 +99,7 @@ fn main() {
             });
         }
     }
+    let mut pool = rayon::ThreadPoolBuilder::new().stack_size(WORKER_STACK);
     if let Some(n) = cli.threads {
         // Far past any core count a machine has; more only stalls the machine creating them.
         const MAX_THREADS: usize = 1024;
@@ -106,20 +107,11 @@ fn main() {
             eprintln!("error: --threads {n}: expected 1 to {MAX_THREADS} (default: all cores)");
             std::process::exit(1);
         }
-        if let Err(e) = rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .stack_size(WORKER_STACK)
-            .build_global()
-        {
-            eprintln!("error: --threads {n}: cannot start the threads: {e}");
-            std::process::exit(1);
-        }
+        pool = pool.num_threads(n);
     }
-    if cli.threads.is_none() {
-        // Cannot fail: nothing has used the global pool yet.
-        let _ = rayon::ThreadPoolBuilder::new()
-            .stack_size(WORKER_STACK)
-            .build_global();
+    if let Err(e) = pool.build_global() {
+        eprintln!("error: cannot start the worker threads (--threads): {e}");
+        std::process::exit(1);
     }
     let result = match cli.command {
         Command::Synth(a) => synth::run(a),

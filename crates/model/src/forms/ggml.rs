@@ -1120,9 +1120,7 @@ unsafe fn q4k_q8_avx2_n<const N: usize>(
         let mut acc = [_mm256_setzero_ps(); N];
         let mut off = [0f32; N];
         for (bi, b) in row.chunks_exact(144).enumerate() {
-            for l in 0..3 {
-                _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH + 64 * l) as *const i8);
-            }
+            prefetch_ahead(b, 3);
             k4_scales(b, &mut a, &mut m);
             let c0 = bi * 256;
             for c in 0..4 {
@@ -1180,9 +1178,7 @@ unsafe fn q4k_f32_avx2_n<const N: usize>(
         let mut acc = [_mm256_setzero_ps(); N];
         let mut off = [0f32; N];
         for (bi, b) in row.chunks_exact(144).enumerate() {
-            for l in 0..3 {
-                _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH + 64 * l) as *const i8);
-            }
+            prefetch_ahead(b, 3);
             k4_scales(b, &mut a, &mut m);
             let c0 = bi * 256;
             for c in 0..4 {
@@ -1264,9 +1260,7 @@ unsafe fn q6k_f32_avx2_n<const N: usize>(
     for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
         let mut acc = [_mm256_setzero_ps(); N];
         for (bi, b) in row.chunks_exact(210).enumerate() {
-            for l in 0..4 {
-                _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH + 64 * l) as *const i8);
-            }
+            prefetch_ahead(b, 4);
             let p = b.as_ptr();
             let d = f16_at(b, 208);
             let c0 = bi * 256;
@@ -1331,9 +1325,7 @@ unsafe fn q6k_q8_avx2_n<const N: usize>(
     for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
         let mut acc = [_mm256_setzero_ps(); N];
         for (bi, b) in row.chunks_exact(210).enumerate() {
-            for l in 0..4 {
-                _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH + 64 * l) as *const i8);
-            }
+            prefetch_ahead(b, 4);
             let p = b.as_ptr();
             let d = f16_at(b, 208);
             let c0 = bi * 256;
@@ -1474,9 +1466,21 @@ impl Legacy {
     }
 }
 
-/// How far ahead of the block being multiplied the legacy kernels prefetch (bytes).
+/// How far ahead of the block being multiplied the in-place kernels prefetch (bytes).
 #[cfg(target_arch = "x86_64")]
 const PREFETCH: usize = 4096;
+
+/// The `lines` cache lines [`PREFETCH`] bytes past the start of `block` asked for (a block's
+/// worth: the rows stream faster than the hardware prefetcher brings them).
+/// Safety: SSE present (any x86-64); the addresses are only hints, never read.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn prefetch_ahead(block: &[u8], lines: usize) {
+    use std::arch::x86_64::*;
+    for l in 0..lines {
+        _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(PREFETCH + 64 * l) as *const i8);
+    }
+}
 
 /// One legacy type's product with f32 activations on AVX2: per block the codes widened to f32
 /// in registers, `Σ q·x` in two chains, times the block's scale (`a·Σq·x + m·Σx`, as
@@ -1502,7 +1506,7 @@ unsafe fn legacy_f32_avx2_n<const T: u8, const N: usize>(
         let mut acc = [_mm256_setzero_ps(); N];
         let mut off = [0f32; N];
         for (bi, b) in row.chunks_exact(ts).enumerate() {
-            _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
+            prefetch_ahead(b, 1);
             let w = widen32(t.codes(b.as_ptr()));
             let (a, m) = t.scales(b.as_ptr());
             let a = _mm256_set1_ps(a);
@@ -1591,7 +1595,7 @@ unsafe fn legacy_q8_avx2_n<const T: u8, const N: usize>(
         let mut acc = [_mm256_setzero_ps(); N];
         let mut off = [0f32; N];
         for (bi, b) in row.chunks_exact(ts).enumerate() {
-            _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
+            prefetch_ahead(b, 1);
             let c = t.codes(b.as_ptr());
             let (a, m) = t.scales(b.as_ptr());
             let (cu, sgn) = match t {
@@ -1742,57 +1746,44 @@ impl Isa {
 
 /// The fused kernels of `ty` on `isa`, or `None` where the type has none.
 fn kernels_for(ty: GgmlType, isa: Isa) -> Option<Kernels> {
-    // The legacy types most files hold read in place on AVX2.
-    #[cfg(target_arch = "x86_64")]
-    let legacy = |k: Kernels, (rows, rows_q8): (RowsFn, RowsQ8Fn)| match isa {
-        Isa::Avx2 => Kernels { rows, rows_q8, ..k },
-        Isa::Portable => k,
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let legacy = |k: Kernels, _: ()| k;
-    #[cfg(not(target_arch = "x86_64"))]
-    macro_rules! legacy_avx2 {
-        ($t:path) => {
-            ()
-        };
-    }
-    Some(match ty {
-        GgmlType::Q4_0 => legacy(kernels!(Q4_0, isa), legacy_avx2!(Legacy::Q4_0)),
-        GgmlType::Q4_1 => legacy(kernels!(Q4_1, isa), legacy_avx2!(Legacy::Q4_1)),
-        GgmlType::Q5_0 => legacy(kernels!(Q5_0, isa), legacy_avx2!(Legacy::Q5_0)),
-        GgmlType::Q5_1 => legacy(kernels!(Q5_1, isa), legacy_avx2!(Legacy::Q5_1)),
-        GgmlType::Q8_0 => legacy(kernels!(Q8_0, isa), legacy_avx2!(Legacy::Q8_0)),
+    let k = match ty {
+        GgmlType::Q4_0 => kernels!(Q4_0, isa),
+        GgmlType::Q4_1 => kernels!(Q4_1, isa),
+        GgmlType::Q5_0 => kernels!(Q5_0, isa),
+        GgmlType::Q5_1 => kernels!(Q5_1, isa),
+        GgmlType::Q8_0 => kernels!(Q8_0, isa),
         GgmlType::Q2_K => kernels!(Q2K, isa),
         GgmlType::Q3_K => kernels!(Q3K, isa),
-        GgmlType::Q4_K => {
-            let k = kernels!(Q4K, isa);
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => Kernels {
-                    rows: q4k_f32_avx2,
-                    rows_q8: q4k_q8_avx2,
-                    ..k
-                },
-                Isa::Portable => k,
-            }
-        }
+        GgmlType::Q4_K => kernels!(Q4K, isa),
         GgmlType::Q5_K => kernels!(Q5K, isa),
-        GgmlType::Q6_K => {
-            let k = kernels!(Q6K, isa);
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => Kernels {
-                    rows: q6k_f32_avx2,
-                    rows_q8: q6k_q8_avx2,
-                    ..k
-                },
-                Isa::Portable => k,
-            }
-        }
+        GgmlType::Q6_K => kernels!(Q6K, isa),
         GgmlType::IQ4_NL => kernels!(Iq4Nl, isa),
         GgmlType::IQ4_XS => kernels!(Iq4Xs, isa),
         GgmlType::MXFP4 => kernels!(Mxfp4, isa),
         GgmlType::NVFP4 => kernels!(Nvfp4, isa),
+        _ => return None,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        if let Some((rows, rows_q8)) = in_place_avx2(ty) {
+            return Some(Kernels { rows, rows_q8, ..k });
+        }
+    }
+    Some(k)
+}
+
+/// The types whose blocks the AVX2 kernels read in place (the types most files hold), in place of
+/// the decode-then-multiply ones.
+#[cfg(target_arch = "x86_64")]
+fn in_place_avx2(ty: GgmlType) -> Option<(RowsFn, RowsQ8Fn)> {
+    Some(match ty {
+        GgmlType::Q4_0 => legacy_avx2!(Legacy::Q4_0),
+        GgmlType::Q4_1 => legacy_avx2!(Legacy::Q4_1),
+        GgmlType::Q5_0 => legacy_avx2!(Legacy::Q5_0),
+        GgmlType::Q5_1 => legacy_avx2!(Legacy::Q5_1),
+        GgmlType::Q8_0 => legacy_avx2!(Legacy::Q8_0),
+        GgmlType::Q4_K => (q4k_f32_avx2, q4k_q8_avx2),
+        GgmlType::Q6_K => (q6k_f32_avx2, q6k_q8_avx2),
         _ => return None,
     })
 }
