@@ -263,6 +263,17 @@ impl GgmlLinear {
         }
     }
 
+    /// `x` quantised as llama.cpp quantises it for this type, and the sums the offsets multiply
+    /// (llama.cpp's block sums: so that a q8 product is the product with those activations).
+    fn quantise(&self, x: &[f32]) -> (Q8Acts, Vec<f32>) {
+        let a = self.kernels.act.quantise(x);
+        let sums = match self.kernels.mins {
+            true => a.group_sums(self.kernels.group),
+            false => Vec::new(),
+        };
+        (a, sums)
+    }
+
     /// Rows a task takes: about 256K weights (fewer where there are few rows: at least
     /// sixteen tasks per thread), at least one row. Smaller tasks cost more in scheduling than they
     /// balance: a 7B's step is some 250,000 tasks at 32K weights.
@@ -282,22 +293,16 @@ impl Linear for GgmlLinear {
     }
     fn matvec(&self, x: &[f32], y: &mut [f32]) {
         assert_eq!((x.len(), y.len()), (self.cols, self.rows), "matvec shapes");
-        let (xq, xd) = match self.q8 {
-            true => quantize_q8(x),
-            false => (Vec::new(), Vec::new()),
-        };
-        // The offsets multiply the sums of the activations as the codes hold them (llama.cpp's
-        // block sums), so that a q8 product is exactly the product with those activations.
-        let xsum = match self.q8 {
-            true => self.xsum(&dequantize_q8(&xq, &xd)),
-            false => self.xsum(x),
+        let (acts, xsum) = match self.q8 {
+            true => self.quantise(x),
+            false => (Q8Acts::default(), self.xsum(x)),
         };
         let per = self.rows_per_task();
         let rb = self.row_bytes;
         y.par_chunks_mut(per).enumerate().for_each(|(chunk, ys)| {
             let rows = &self.bytes.bytes()[chunk * per * rb..(chunk * per + ys.len()) * rb];
             match self.q8 {
-                true => (self.kernels.rows_q8)(rows, rb, &[Q8In { q: &xq, d: &xd }], &[&xsum], ys),
+                true => (self.kernels.rows_q8)(rows, rb, &[acts.input()], &[&xsum], ys),
                 false => (self.kernels.rows)(rows, rb, &[x], &[&xsum], ys),
             }
         });
@@ -312,16 +317,9 @@ impl Linear for GgmlLinear {
             return self.matvec(x, y);
         }
         let xs: Vec<&[f32]> = x.chunks_exact(cols).collect();
-        let quantised: Vec<(Vec<i8>, Vec<f32>)> = match self.q8 {
-            true => xs.iter().map(|x| quantize_q8(x)).collect(),
-            false => Vec::new(),
-        };
-        let sums: Vec<Vec<f32>> = match self.q8 {
-            true => quantised
-                .iter()
-                .map(|(q, d)| self.xsum(&dequantize_q8(q, d)))
-                .collect(),
-            false => xs.iter().map(|x| self.xsum(x)).collect(),
+        let (quantised, sums): (Vec<Q8Acts>, Vec<Vec<f32>>) = match self.q8 {
+            true => xs.iter().map(|x| self.quantise(x)).unzip(),
+            false => (Vec::new(), xs.iter().map(|x| self.xsum(x)).collect()),
         };
         let per = self.rows_per_task();
         let parts: Vec<Vec<f32>> = (0..rows.div_ceil(per))
@@ -337,10 +335,7 @@ impl Linear for GgmlLinear {
                     let k = v1 - v0;
                     let out_k = &mut tmp[..(r1 - r0) * k];
                     if self.q8 {
-                        let x: Vec<Q8In> = quantised[v0..v1]
-                            .iter()
-                            .map(|(q, d)| Q8In { q, d })
-                            .collect();
+                        let x: Vec<Q8In> = quantised[v0..v1].iter().map(Q8Acts::input).collect();
                         (self.kernels.rows_q8)(block, rb, &x, &sum, out_k);
                     } else {
                         (self.kernels.rows)(block, rb, &xs[v0..v1], &sum, out_k);
@@ -977,32 +972,140 @@ unsafe fn rows_dot_n<K: Kind, A: Acc, const N: usize>(
     }
 }
 
-/// Activations quantised as llama.cpp quantises them for its integer dot products (Q8_0):
-/// per 32 elements a scale `d = max|x| / 127` and codes `round(x / d)`.
-pub(crate) fn quantize_q8(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
-    let mut q = vec![0i8; x.len()];
-    let mut d = Vec::with_capacity(x.len().div_ceil(32));
-    for (x, q) in x.chunks(32).zip(q.chunks_mut(32)) {
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let s = amax / 127.0;
-        let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
-        for (q, &v) in q.iter_mut().zip(x) {
-            *q = (v * inv).round() as i8;
+/// How llama.cpp quantises the activations of a product with a weight type (ggml's
+/// `vec_dot_type`), bit for bit as its x86 code does, so that `--activations q8` multiplies what
+/// llama.cpp multiplies.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum ActQuant {
+    /// Q8_0: per 32, codes `round_even(x·(127/max|x|))` and the scale `f16(max|x|/127)`.
+    Q8_0,
+    /// Q8_1: Q8_0's codes and scale, and each block's sum `f16(d·Σq)` with `d` before its
+    /// rounding to f16 (what the offsets of Q4_1 and Q5_1 multiply).
+    Q8_1,
+    /// Q8_K: per 256, `iscale = −127/m` for `m` the value of largest magnitude, codes
+    /// `min(127, round_even(x·iscale))`, the f32 scale `1/iscale` (k-quants, IQ4_XS).
+    Q8K,
+}
+
+/// One vector's 8-bit activations: codes, the scale of each 32 (Q8_K's repeated over its 256),
+/// and what each 32's codes sum to times their scale (Q8_1: its f16 block sum).
+#[derive(Default)]
+pub(crate) struct Q8Acts {
+    q: Vec<i8>,
+    d: Vec<f32>,
+    sums: Vec<f32>,
+}
+
+impl ActQuant {
+    /// The activation quantiser of weight type `ty` (Q8_0 where ggml has no other).
+    fn of(ty: GgmlType) -> ActQuant {
+        match ty {
+            GgmlType::Q4_1 | GgmlType::Q5_1 => ActQuant::Q8_1,
+            GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::IQ4_XS => ActQuant::Q8K,
+            _ => ActQuant::Q8_0,
         }
-        d.push(s);
     }
-    (q, d)
+
+    /// `x` (a whole number of the quantiser's blocks) quantised.
+    pub(crate) fn quantise(self, x: &[f32]) -> Q8Acts {
+        let mut a = Q8Acts {
+            q: vec![0i8; x.len()],
+            d: Vec::with_capacity(x.len().div_ceil(32)),
+            sums: Vec::with_capacity(x.len().div_ceil(32)),
+        };
+        match self {
+            ActQuant::Q8_0 | ActQuant::Q8_1 => {
+                for (x, q) in x.chunks(32).zip(a.q.chunks_mut(32)) {
+                    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let d = amax / 127.0;
+                    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+                    for (q, &v) in q.iter_mut().zip(x) {
+                        *q = (v * id).round_ties_even() as i8;
+                    }
+                    let sum: i32 = q.iter().map(|&q| q as i32).sum();
+                    let dh = f16_round(d);
+                    a.d.push(dh);
+                    a.sums.push(match self {
+                        ActQuant::Q8_1 => f16_round(d * sum as f32),
+                        _ => dh * sum as f32,
+                    });
+                }
+            }
+            ActQuant::Q8K => {
+                for (x, q) in x.chunks(256).zip(a.q.chunks_mut(256)) {
+                    let (mut amax, mut max) = (0f32, 0f32);
+                    for &v in x {
+                        if v.abs() > amax {
+                            (amax, max) = (v.abs(), v);
+                        }
+                    }
+                    let d = match amax {
+                        0.0 => 0.0,
+                        _ => {
+                            let iscale = -127.0 / max;
+                            for (q, &v) in q.iter_mut().zip(x) {
+                                *q = ((v * iscale).round_ties_even() as i32).min(127) as i8;
+                            }
+                            1.0 / iscale
+                        }
+                    };
+                    for q in q.chunks(32) {
+                        a.d.push(d);
+                        a.sums
+                            .push(d * q.iter().map(|&q| q as i32).sum::<i32>() as f32);
+                    }
+                }
+            }
+        }
+        a
+    }
 }
 
-/// The activations [`quantize_q8`]'s codes and scales stand for.
-pub(crate) fn dequantize_q8(q: &[i8], d: &[f32]) -> Vec<f32> {
-    q.iter()
-        .enumerate()
-        .map(|(i, &q)| q as f32 * d[i / 32])
-        .collect()
+/// `x` rounded to the nearest IEEE half (what ggml stores a Q8_0 or Q8_1 scale as).
+fn f16_round(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
 }
 
-/// One vector's 8-bit activations: codes `q` and their per-32 scales `d` ([`quantize_q8`]).
+impl Q8Acts {
+    fn input(&self) -> Q8In<'_> {
+        Q8In {
+            q: &self.q,
+            d: &self.d,
+        }
+    }
+
+    /// The activations the codes stand for.
+    #[cfg(test)]
+    fn values(&self) -> Vec<f32> {
+        self.q
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| q as f32 * self.d[i / 32])
+            .collect()
+    }
+
+    /// The sums the offsets of sub-blocks of `group` (16 or 32) multiply.
+    fn group_sums(&self, group: usize) -> Vec<f32> {
+        match group {
+            32 => self.sums.clone(),
+            _ => self
+                .q
+                .chunks(group)
+                .enumerate()
+                .map(|(g, q)| {
+                    self.d[g * group / 32] * q.iter().map(|&q| q as i32).sum::<i32>() as f32
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One vector's 8-bit activations as the kernels read them: codes `q` and their per-32 scales `d`.
 #[derive(Clone, Copy)]
 struct Q8In<'a> {
     q: &'a [i8],
@@ -1655,10 +1758,12 @@ struct Kernels {
     /// Sub-block elements (what `xsum` sums over), and whether `xsum` is read.
     group: usize,
     mins: bool,
+    /// How the q8 variant quantises the activations.
+    act: ActQuant,
 }
 
 macro_rules! kernels {
-    ($k:ty, $isa:expr) => {{
+    ($k:ty, $isa:expr, $ty:expr) => {{
         fn portable(rows: &[u8], rb: usize, xs: &[&[f32]], xsum: &[&[f32]], out: &mut [f32]) {
             // SAFETY: the portable accumulator needs no ISA.
             unsafe { rows_dot::<$k, [f32; 8]>(rows, rb, xs, xsum, out) }
@@ -1709,6 +1814,7 @@ macro_rules! kernels {
             rows_q8,
             group: <$k>::G,
             mins: <$k>::MINS,
+            act: ActQuant::of($ty),
         }
     }};
 }
@@ -1747,20 +1853,20 @@ impl Isa {
 /// The fused kernels of `ty` on `isa`, or `None` where the type has none.
 fn kernels_for(ty: GgmlType, isa: Isa) -> Option<Kernels> {
     let k = match ty {
-        GgmlType::Q4_0 => kernels!(Q4_0, isa),
-        GgmlType::Q4_1 => kernels!(Q4_1, isa),
-        GgmlType::Q5_0 => kernels!(Q5_0, isa),
-        GgmlType::Q5_1 => kernels!(Q5_1, isa),
-        GgmlType::Q8_0 => kernels!(Q8_0, isa),
-        GgmlType::Q2_K => kernels!(Q2K, isa),
-        GgmlType::Q3_K => kernels!(Q3K, isa),
-        GgmlType::Q4_K => kernels!(Q4K, isa),
-        GgmlType::Q5_K => kernels!(Q5K, isa),
-        GgmlType::Q6_K => kernels!(Q6K, isa),
-        GgmlType::IQ4_NL => kernels!(Iq4Nl, isa),
-        GgmlType::IQ4_XS => kernels!(Iq4Xs, isa),
-        GgmlType::MXFP4 => kernels!(Mxfp4, isa),
-        GgmlType::NVFP4 => kernels!(Nvfp4, isa),
+        GgmlType::Q4_0 => kernels!(Q4_0, isa, ty),
+        GgmlType::Q4_1 => kernels!(Q4_1, isa, ty),
+        GgmlType::Q5_0 => kernels!(Q5_0, isa, ty),
+        GgmlType::Q5_1 => kernels!(Q5_1, isa, ty),
+        GgmlType::Q8_0 => kernels!(Q8_0, isa, ty),
+        GgmlType::Q2_K => kernels!(Q2K, isa, ty),
+        GgmlType::Q3_K => kernels!(Q3K, isa, ty),
+        GgmlType::Q4_K => kernels!(Q4K, isa, ty),
+        GgmlType::Q5_K => kernels!(Q5K, isa, ty),
+        GgmlType::Q6_K => kernels!(Q6K, isa, ty),
+        GgmlType::IQ4_NL => kernels!(Iq4Nl, isa, ty),
+        GgmlType::IQ4_XS => kernels!(Iq4Xs, isa, ty),
+        GgmlType::MXFP4 => kernels!(Mxfp4, isa, ty),
+        GgmlType::NVFP4 => kernels!(Nvfp4, isa, ty),
         _ => return None,
     };
     #[cfg(target_arch = "x86_64")]
@@ -1932,14 +2038,31 @@ mod tests {
                     m.matmul(&x, n, &mut y);
                     for v in 0..n {
                         let xv = &x[v * src.cols..(v + 1) * src.cols];
+                        let act = ActQuant::of(ty);
+                        let acts = act.quantise(xv);
                         let seen = match q8 {
-                            true => {
-                                let (q, d) = quantize_q8(xv);
-                                dequantize_q8(&q, &d)
-                            }
+                            true => acts.values(),
                             false => xv.to_vec(),
                         };
-                        let want = reference_matvec(&*m, &seen);
+                        let mut want = reference_matvec(&*m, &seen);
+                        if q8 && act == ActQuant::Q8_1 {
+                            // Q8_1's offsets multiply its f16 block sums, not the sums of `seen`:
+                            // each block's min (the f16 after the scale) times the difference.
+                            for (r, w) in want.iter_mut().enumerate() {
+                                let Values::Ggml { bytes, .. } = &src.values else {
+                                    unreachable!()
+                                };
+                                let ts = ty.block_layout().1;
+                                let row = &bytes.bytes()[r * blocks * ts..];
+                                for b in 0..blocks {
+                                    let blk = &row[b * ts..];
+                                    let mn = half::f16::from_le_bytes([blk[2], blk[3]]).to_f64();
+                                    let q: i32 =
+                                        acts.q[32 * b..32 * b + 32].iter().map(|&q| q as i32).sum();
+                                    *w += mn * (acts.sums[b] as f64 - acts.d[b] as f64 * q as f64);
+                                }
+                            }
+                        }
                         let mut yv = vec![0f32; rows];
                         m.matvec(xv, &mut yv);
                         assert_eq!(yv, y[v * rows..(v + 1) * rows], "{ty} {isa:?} vector {v}");
@@ -1979,27 +2102,57 @@ mod tests {
     #[test]
     fn activations_quantise_to_the_nearest_code_of_their_block_scale() {
         let mut rng = Rng::new(5);
-        let mut x: Vec<f32> = (0..100).map(|_| rng.normal() * 3.0).collect();
-        x[32..64].fill(0.0); // a block of zeros: scale 0, codes 0
-        let (q, d) = quantize_q8(&x);
-        assert_eq!((q.len(), d.len()), (100, 4));
-        assert_eq!(d[1], 0.0);
-        for (i, (&x, &q)) in x.iter().zip(&q).enumerate() {
-            let s = d[i / 32];
-            assert!(
-                (x - q as f32 * s).abs() <= s / 2.0 * (1.0 + 1e-6),
-                "{i}: {x} {q} {s}"
-            );
-            assert!(q.unsigned_abs() <= 127);
-        }
-        // The largest magnitude of each block is ±127.
-        for (b, c) in q.chunks(32).enumerate().filter(|(b, _)| *b != 1) {
+        for act in [ActQuant::Q8_0, ActQuant::Q8_1, ActQuant::Q8K] {
+            let block = if act == ActQuant::Q8K { 256 } else { 32 };
+            let mut x: Vec<f32> = (0..4 * block).map(|_| rng.normal() * 3.0).collect();
+            x[block..2 * block].fill(0.0); // a block of zeros: scale 0, codes 0
+            let a = act.quantise(&x);
             assert_eq!(
-                c.iter().map(|q| q.unsigned_abs()).max(),
-                Some(127),
-                "block {b}"
+                (a.q.len(), a.d.len(), a.sums.len()),
+                (x.len(), x.len() / 32, x.len() / 32)
             );
+            assert!(a.d[block / 32..2 * block / 32].iter().all(|&d| d == 0.0));
+            for (i, (&x, &q)) in x.iter().zip(&a.q).enumerate() {
+                let s = a.d[i / 32].abs();
+                // Q8_0/Q8_1 round with 127/max|x| and store the scale in f16: within half a
+                // code and the scale's rounding.
+                let tol = s / 2.0 * (1.0 + 1e-6) + 127.0 * s * 2f32.powi(-11);
+                assert!(
+                    (x - q as f32 * a.d[i / 32]).abs() <= tol,
+                    "{act:?} {i}: {x} {q} {s}"
+                );
+                assert!(q.unsigned_abs() <= 127);
+            }
+            // The largest magnitude of each block is ±127.
+            for (b, c) in a.q.chunks(block).enumerate().filter(|(b, _)| *b != 1) {
+                let m = c.iter().map(|q| q.unsigned_abs()).max();
+                assert_eq!(m, Some(127), "{act:?} block {b}");
+            }
+            // Sums: Q8_1's the f16 of the unrounded scale times the codes' sum.
+            for (g, q) in a.q.chunks(32).enumerate() {
+                let sum = q.iter().map(|&q| q as i32).sum::<i32>() as f32;
+                let amax = x[32 * g..32 * g + 32]
+                    .iter()
+                    .fold(0f32, |m, v| m.max(v.abs()));
+                match act {
+                    ActQuant::Q8_1 => assert_eq!(a.sums[g], f16_round(amax / 127.0 * sum)),
+                    _ => assert_eq!(a.sums[g], a.d[g] * sum),
+                }
+            }
         }
+        // ggml's values: Q8_K's scale is −max/127 for the value of largest magnitude (here −2),
+        // Q8_0's f16(max|x|/127); halves round to even.
+        let mut x = vec![0f32; 256];
+        x[0] = -2.0;
+        x[1] = 1.0;
+        let k = ActQuant::Q8K.quantise(&x);
+        assert_eq!((k.d[0], k.q[0], k.q[1]), (1.0 / (-127.0 / -2.0), -127, 64));
+        let mut y = vec![0f32; 32];
+        y[0] = 127.0;
+        y[1] = 2.5;
+        y[2] = -0.5;
+        let z = ActQuant::Q8_0.quantise(&y);
+        assert_eq!((z.d[0], z.q[1], z.q[2]), (1.0, 2, 0));
     }
 
     #[test]
