@@ -15,9 +15,10 @@
 #   timing; the test model) | models (the 7B) | all (default: both) | tune (below).
 # SHAPE=qwen2-7b | llama-3.1-8b (tools/gen_qwen2_gguf.py --shape), QUANTS="Q4_K_M Q6_K" (llama-quantize
 # types; NVFP4: the decoder linears NVFP4 by --tensor-type, the rest Q8_0). Models are kept in
-# $MODELS/$SHAPE between the calls of one warm lease. STAGE=tune: `tune --device cuda` of $TUNE (the
-# first of QUANTS), `bench` at its fastest plan, the file compressed and served from the container,
-# and with FP8_SHAPE=llama-3.1-8b the same shape's FP8 twin (`synth --dtype fp8-e4m3`) beside.
+# $MODELS/$SHAPE between the calls of one warm lease (SELFTEST=0: the models stage without its
+# selftest). STAGE=tune: `tune --device cuda` of each of $TUNE (default QUANTS), `bench` at its
+# fastest plan; COMPRESS=1: the first compressed and served from the container; with
+# FP8_SHAPE=llama-3.1-8b the same shape's FP8 twin (`synth --dtype fp8-e4m3`) beside.
 D=${1:-.dev/ggml}; W=/tmp/ggml
 . "$(dirname "$0")/h200-setup.sh"
 unxz $D/llama-quantize.xz $W/llama-quantize; mkdir -p $W/lib && cp $D/lib*.so* $W/lib/
@@ -61,20 +62,27 @@ models() {  # the F16 file and its quantisations, where not made yet
 if [ "$STAGE" = all ] || [ "$STAGE" = models ]; then
   models
   q1=${QUANTS%% *}
-  el "== selftest --gpu --part ggml --gguf $q1"; timeout 400 $B selftest --gpu --part ggml --gguf $M/$q1.gguf > $OUT/selftest-$q1.log 2>&1; el "rc $?"
-  grep -E "cases|FAIL|passed|failed|served|prompt" $OUT/selftest-$q1.log | tail -20 | tee -a $OUT/log
+  if [ "${SELFTEST:-1}" = 1 ]; then
+    el "== selftest --gpu --part ggml --gguf $q1"; timeout 400 $B selftest --gpu --part ggml --gguf $M/$q1.gguf > $OUT/selftest-$q1.log 2>&1; el "rc $?"
+    grep -E "cases|FAIL|passed|failed|served|prompt" $OUT/selftest-$q1.log | tail -20 | tee -a $OUT/log
+  fi
   for q in $QUANTS; do bench $M/$q.gguf $SHAPE-$q; done
   bench $M/f16.gguf $SHAPE-F16
 fi
-if [ "$STAGE" = tune ]; then  # TUNE (default the first of QUANTS): tuned, compressed and served from the container; FP8 twin
-  q=${TUNE:-${QUANTS%% *}}; QUANTS=$q models
-  el "== tune $q --device cuda"; RAYON_NUM_THREADS=16 timeout ${TUNE_S:-300} $B tune $M/$q.gguf --device cuda -o $OUT/tune-$q.json > $OUT/tune-$q.log 2>&1; el "rc $?"
-  tail -n 6 $OUT/tune-$q.log | tee -a $OUT/log
-  el "== bench $q --tune --budget 100%"; timeout 200 $B bench $M/$q.gguf --tune $OUT/tune-$q.json --budget 100% --json > $OUT/plan-$q.json 2> $OUT/plan-$q.err; el "rc $?"
-  tail -c 1500 $OUT/plan-$q.json | tee -a $OUT/log; echo | tee -a $OUT/log
-  grep -E "^(qkv|o|gate_up|down|lm_head|embed) |^plan:" $OUT/plan-$q.err | tee -a $OUT/log
-  el "== compress $q"; RAYON_NUM_THREADS=16 timeout 300 $B compress $M/$q.gguf -o $M/$q.c > $OUT/compress-$q.log 2>&1; el "rc $?"; tail -n 2 $OUT/compress-$q.log | tee -a $OUT/log
-  bench $M/$q.c $SHAPE-$q-container
+if [ "$STAGE" = tune ]; then  # each of TUNE (default QUANTS) tuned and served at its fastest plan; COMPRESS=1: the first compressed and served from the container; FP8 twin
+  TUNE=${TUNE:-$QUANTS}; QUANTS=$TUNE models
+  for q in $TUNE; do
+    el "== tune $q --device cuda"; RAYON_NUM_THREADS=16 timeout ${TUNE_S:-300} $B tune $M/$q.gguf --device cuda -o $OUT/tune-$q.json > $OUT/tune-$q.log 2>&1; el "rc $?"
+    tail -n 3 $OUT/tune-$q.log | tee -a $OUT/log
+    el "== bench $q --tune --budget 100%"; timeout 200 $B bench $M/$q.gguf --tune $OUT/tune-$q.json --budget 100% --json > $OUT/plan-$q.json 2> $OUT/plan-$q.err; el "rc $?"
+    tail -c 600 $OUT/plan-$q.json | tee -a $OUT/log; echo | tee -a $OUT/log
+    grep -E "^(qkv|o|gate_up|down|lm_head|embed) |^plan:" $OUT/plan-$q.err | tee -a $OUT/log
+  done
+  if [ "${COMPRESS:-0}" = 1 ]; then
+    q=${TUNE%% *}
+    el "== compress $q"; RAYON_NUM_THREADS=16 timeout 300 $B compress $M/$q.gguf -o $M/$q.c > $OUT/compress-$q.log 2>&1; el "rc $?"; tail -n 2 $OUT/compress-$q.log | tee -a $OUT/log
+    bench $M/$q.c $SHAPE-$q-container
+  fi
   if [ -n "${FP8_SHAPE:-}" ]; then
     [ -f $M/fp8/config.json ] || { el "== synth $FP8_SHAPE fp8"; timeout 300 $B synth --shape $FP8_SHAPE --dtype fp8-e4m3 -o $M/fp8 > $OUT/synth-fp8.log 2>&1; el "rc $?"; }
     bench $M/fp8 $FP8_SHAPE-fp8
