@@ -1,7 +1,11 @@
-//! Integer-quantised HF checkpoints: compressed-tensors `pack-quantized`, GPTQ and AWQ GEMM.
+//! Quantised HF checkpoints: compressed-tensors `pack-quantized`, `int-quantized`,
+//! `nvfp4-pack-quantized` and `mxfp4-pack-quantized`, GPTQ and AWQ GEMM.
 //!
-//! Each packed matrix is read into its integer codes and group scales and served by the `int`
-//! form as they are (never dequantised to a float copy). Every layout is read as its reference
+//! Each integer matrix is read into its integer codes and group scales and served by the `int`
+//! form as they are; FP4 matrices are repacked (bits moved, nothing rounded) into ggml's MXFP4 and
+//! NVFP4 blocks and served by the `ggml` form, NVFP4's per-tensor global scale applied to the
+//! product's output (as llama.cpp's converter keeps it beside the blocks). None is dequantised to
+//! a float copy. Every layout is read as its reference
 //! packer writes it (docs/formats.md says which and where); a layout or tensor this does not
 //! read exactly is an error naming the tensor and the field.
 
@@ -49,6 +53,17 @@ impl Tensors for entrollm_format::SafetensorsFile {
 
 /// compressed-tensors' weight arguments of one config group.
 #[derive(Clone, Debug, PartialEq)]
+pub enum WeightArgs {
+    /// Integer codes: `packed` (`pack-quantized`: bit fields in int32 words) or one a byte
+    /// (`int-quantized`: int8 values).
+    Int { args: IntArgs, packed: bool },
+    /// FP4 E2M1 codes two a byte: `nvfp4-pack-quantized` (FP8 E4M3 scales per 16 and a global
+    /// scale) or `mxfp4-pack-quantized` (E8M0 scales per 32).
+    Fp4 { nv: bool },
+}
+
+/// Integer weight arguments.
+#[derive(Clone, Debug, PartialEq)]
 pub struct IntArgs {
     bits: u32,
     symmetric: bool,
@@ -59,8 +74,10 @@ pub struct IntArgs {
 /// How a checkpoint's integer matrices are packed, from `quantization_config`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Scheme {
-    /// compressed-tensors `pack-quantized`: weight arguments by target.
-    Compressed { groups: Vec<(Vec<String>, IntArgs)> },
+    /// compressed-tensors: weight arguments by target.
+    Compressed {
+        groups: Vec<(Vec<String>, WeightArgs)>,
+    },
     /// GPTQ; `v1`: qzeros stored minus one (`checkpoint_format: "gptq"`).
     Gptq {
         bits: u32,
@@ -150,11 +167,38 @@ impl Scheme {
         };
         let m = match self {
             Scheme::Compressed { groups } => {
-                if t.get(&format!("{prefix}.weight_packed")).is_none() {
+                let packed = t.get(&format!("{prefix}.weight_packed")).is_some();
+                let int8 = t
+                    .get(name)
+                    .is_some_and(|v| v.dtype == Dtype::I8 && v.shape.len() == 2);
+                if !packed && !int8 {
                     return Ok(None);
                 }
-                let args = compressed_args(groups, prefix)?;
-                read_compressed(t, prefix, args)?
+                match (compressed_args(groups, prefix)?, packed) {
+                    (WeightArgs::Int { args, packed: true }, true) => {
+                        read_compressed(t, prefix, args)?
+                    }
+                    (
+                        WeightArgs::Int {
+                            args,
+                            packed: false,
+                        },
+                        false,
+                    ) => read_int_quantized(t, prefix, args)?,
+                    (WeightArgs::Fp4 { nv }, true) => read_fp4(t, prefix, *nv)?,
+                    (_, true) => {
+                        return Err(ModelError::tensor(
+                            format!("{prefix}.weight_packed"),
+                            "packed, but the config's format for this module is int-quantized",
+                        ))
+                    }
+                    (_, false) => {
+                        return Err(ModelError::tensor(
+                            name,
+                            "int8 values, but the config's format for this module is packed",
+                        ))
+                    }
+                }
             }
             Scheme::Gptq { bits, group, v1 } => {
                 if t.get(&format!("{prefix}.qweight")).is_none() {
@@ -197,12 +241,36 @@ fn compressed(q: &serde_json::Map<String, serde_json::Value>) -> Result<Option<S
             return Err(cfg_err(&field("weights"), "missing or not an object"));
         };
         let ty = get_str(w, "type")?.unwrap_or("int");
-        match (format, ty) {
-            (Some("float-quantized") | Some("dense"), _) | (_, "float") => {
+        let wf = |f: &str| field(&format!("weights.{f}"));
+        let fp4 = match (format, ty) {
+            (Some("nvfp4-pack-quantized"), "float") => Some((true, 16)),
+            (Some("mxfp4-pack-quantized"), "float") => Some((false, 32)),
+            _ => None,
+        };
+        if let Some((nv, group)) = fp4 {
+            if get_usize(w, "num_bits")? != Some(4) {
+                return Err(cfg_err(&wf("num_bits"), "FP4 formats have 4 bits"));
+            }
+            if get_usize(w, "group_size")? != Some(group) {
+                return Err(cfg_err(
+                    &wf("group_size"),
+                    format!("{} has groups of {group}", format.unwrap_or("")),
+                ));
+            }
+            if !get_bool(w, "symmetric")?.unwrap_or(true) {
+                return Err(cfg_err(&wf("symmetric"), "asymmetric FP4 is not read"));
+            }
+            out.push((targets(g, &field)?, WeightArgs::Fp4 { nv }));
+            continue;
+        }
+        let packed = match (format, ty) {
+            (Some("float-quantized") | Some("dense") | Some("naive-quantized"), _)
+            | (None, "float") => {
                 floats += 1;
                 continue;
             }
-            (Some("pack-quantized"), "int") => {}
+            (Some("pack-quantized"), "int") => true,
+            (Some("int-quantized"), "int") => false,
             (Some(f), _) => {
                 let at = match g.contains_key("format") {
                     true => field("format"),
@@ -210,12 +278,14 @@ fn compressed(q: &serde_json::Map<String, serde_json::Value>) -> Result<Option<S
                 };
                 return Err(cfg_err(
                     &at,
-                    format!("'{f}' is not read (read: pack-quantized; float-quantized FP8)"),
+                    format!(
+                        "'{f}' is not read (read: pack-quantized, int-quantized, \
+                         nvfp4-pack-quantized, mxfp4-pack-quantized; float-quantized FP8)"
+                    ),
                 ));
             }
             (None, _) => return Err(cfg_err("format", "missing")),
-        }
-        let wf = |f: &str| field(&format!("weights.{f}"));
+        };
         let bits = match get_usize(w, "num_bits")? {
             Some(b @ 2..=8) => b as u32,
             Some(b) => {
@@ -252,20 +322,15 @@ fn compressed(q: &serde_json::Map<String, serde_json::Value>) -> Result<Option<S
                 "dynamic weight quantisation is not read",
             ));
         }
-        let targets = match g.get("targets") {
-            Some(serde_json::Value::Array(a)) => a
-                .iter()
-                .map(|v| v.as_str().map(str::to_string))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| cfg_err(&field("targets"), "not a list of names"))?,
-            _ => return Err(cfg_err(&field("targets"), "missing or not a list")),
-        };
         out.push((
-            targets,
-            IntArgs {
-                bits,
-                symmetric,
-                group,
+            targets(g, &field)?,
+            WeightArgs::Int {
+                args: IntArgs {
+                    bits,
+                    symmetric,
+                    group,
+                },
+                packed,
             },
         ));
     }
@@ -273,6 +338,21 @@ fn compressed(q: &serde_json::Map<String, serde_json::Value>) -> Result<Option<S
         return Ok(None);
     }
     Ok(Some(Scheme::Compressed { groups: out }))
+}
+
+/// A config group's `targets`.
+fn targets(
+    g: &serde_json::Map<String, serde_json::Value>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<Vec<String>> {
+    match g.get("targets") {
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| cfg_err(&field("targets"), "not a list of names")),
+        _ => Err(cfg_err(&field("targets"), "missing or not a list")),
+    }
 }
 
 /// Whether compressed-tensors target `t` names module `m`: `Linear` (every linear layer), the
@@ -299,7 +379,10 @@ fn target_matches(t: &str, m: &str) -> Result<bool> {
 
 /// The weight arguments that apply to module `prefix`: the one scheme where every group has
 /// the same, else the group whose targets match it.
-fn compressed_args<'a>(groups: &'a [(Vec<String>, IntArgs)], prefix: &str) -> Result<&'a IntArgs> {
+fn compressed_args<'a>(
+    groups: &'a [(Vec<String>, WeightArgs)],
+    prefix: &str,
+) -> Result<&'a WeightArgs> {
     if let Some((_, first)) = groups.first() {
         if groups.iter().all(|(_, a)| a == first) {
             return Ok(first);
@@ -550,6 +633,239 @@ fn read_compressed(t: &dyn Tensors, prefix: &str, args: &IntArgs) -> Result<Arc<
         perm: None,
     }
     .into_linear(&packed_name)
+}
+
+/// compressed-tensors `int-quantized` (compressors/naive_quantized): `weight` int8 `[out, in]`,
+/// each value `q` in `[−2^(bits−1), 2^(bits−1))`; `weight_scale` `[out, groups]`;
+/// `weight_zero_point` (asymmetric) int8 `[out, groups]`. Dequantised as `(q − z)·s`.
+fn read_int_quantized(t: &dyn Tensors, prefix: &str, args: &IntArgs) -> Result<Arc<dyn Linear>> {
+    let bits = args.bits;
+    let name = format!("{prefix}.weight");
+    let v = need(t, &name)?;
+    let (rows, cols) = match v.shape[..] {
+        [r, c] if r > 0 && c > 0 => (r, c),
+        _ => {
+            return Err(ModelError::tensor(
+                &name,
+                format!("shape {:?} is not a matrix", v.shape),
+            ))
+        }
+    };
+    let half = 1i32 << (bits - 1);
+    let in_range = |what: &str, i: usize, q: i32| -> Result<u8> {
+        match (-half..half).contains(&q) {
+            true => Ok((q + half) as u8),
+            false => Err(ModelError::tensor(
+                what,
+                format!(
+                    "element {i} is {q}, outside the {bits}-bit range [{}, {}]",
+                    -half,
+                    half - 1
+                ),
+            )),
+        }
+    };
+    let codes = v
+        .bytes
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| in_range(&name, i, b as i8 as i32))
+        .collect::<Result<Vec<u8>>>()?;
+    let group = args.group.unwrap_or(cols);
+    let n_groups = cols.div_ceil(group);
+    let scales = floats(t, &format!("{prefix}.weight_scale"), &[rows, n_groups])?;
+    let zp_name = format!("{prefix}.weight_zero_point");
+    let zeros = match (args.symmetric, t.get(&zp_name)) {
+        (true, None) => vec![half; rows * n_groups],
+        (true, Some(_)) => {
+            return Err(ModelError::tensor(
+                &zp_name,
+                "present, but the config's weights are symmetric",
+            ))
+        }
+        (false, None) => {
+            return Err(ModelError::tensor(
+                &zp_name,
+                "missing: asymmetric weights need their zero points",
+            ))
+        }
+        (false, Some(z)) => {
+            if z.dtype != Dtype::I8 {
+                return Err(ModelError::tensor(
+                    &zp_name,
+                    format!("dtype {} (read: I8)", z.dtype.name()),
+                ));
+            }
+            check_shape(&zp_name, z.shape, &[rows, n_groups])?;
+            z.bytes
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| in_range(&zp_name, i, b as i8 as i32).map(i32::from))
+                .collect::<Result<Vec<i32>>>()?
+        }
+    };
+    Unpacked {
+        rows,
+        cols,
+        bits,
+        codes,
+        group,
+        scales,
+        zeros,
+        perm: None,
+    }
+    .into_linear(&name)
+}
+
+/// compressed-tensors `nvfp4-pack-quantized` and `mxfp4-pack-quantized` (compressors/nvfp4,
+/// mxfp4): `weight_packed` uint8 `[out, in/2]`, element 2i in the low nibble of byte i and 2i+1
+/// in the high one, each an E2M1 code (bit 3 the sign, bits 0–2 the magnitude's index: the order
+/// of ggml's `kvalues_mxfp4`). NVFP4: `weight_scale` FP8 E4M3 `[out, in/16]` and
+/// `weight_global_scale` F32 `[1]`, dequantised as `fp4·(s/global)`; MXFP4: `weight_scale` uint8
+/// E8M0 `[out, in/32]`, dequantised as `fp4·2^(e−127)`. Repacked into ggml's blocks as llama.cpp's
+/// converter repacks them (`repack_mxfp4_blocks`, `_nvfp4_pack`); NVFP4's `1/global` scales the
+/// product's rows.
+fn read_fp4(t: &dyn Tensors, prefix: &str, nv: bool) -> Result<Arc<dyn Linear>> {
+    use crate::forms::ggml::{BlockBytes, GGML};
+    use crate::gguf::GgmlType;
+    let pname = format!("{prefix}.weight_packed");
+    let p = need(t, &pname)?;
+    if p.dtype != Dtype::U8 {
+        return Err(ModelError::tensor(
+            &pname,
+            format!("dtype {} (read: U8)", p.dtype.name()),
+        ));
+    }
+    let (rows, half_cols) = match p.shape[..] {
+        [r, h] if r > 0 && h > 0 => (r, h),
+        _ => {
+            return Err(ModelError::tensor(
+                &pname,
+                format!("shape {:?} is not a matrix", p.shape),
+            ))
+        }
+    };
+    let cols = 2 * half_cols;
+    let (ty, block, group) = match nv {
+        true => (GgmlType::NVFP4, 64, 16),
+        false => (GgmlType::MXFP4, 32, 32),
+    };
+    if !cols.is_multiple_of(block) {
+        return Err(ModelError::tensor(
+            &pname,
+            format!("{cols} columns: ggml's {ty} blocks hold {block} (not read otherwise)"),
+        ));
+    }
+    if let Some(shape) = t.get(&format!("{prefix}.weight_shape")) {
+        let dims: Vec<i64> = match shape.dtype {
+            Dtype::I64 => shape
+                .bytes
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+                .collect(),
+            _ => shape
+                .bytes
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes(b.try_into().unwrap()) as i64)
+                .collect(),
+        };
+        if dims != [rows as i64, cols as i64] {
+            return Err(ModelError::tensor(
+                format!("{prefix}.weight_shape"),
+                format!("{dims:?}, but the packed codes are [{rows}, {cols}]"),
+            ));
+        }
+    }
+    let sname = format!("{prefix}.weight_scale");
+    let sv = need(t, &sname)?;
+    let want = if nv { Dtype::F8E4M3 } else { Dtype::U8 };
+    if sv.dtype != want {
+        return Err(ModelError::tensor(
+            &sname,
+            format!("dtype {} (read: {})", sv.dtype.name(), want.name()),
+        ));
+    }
+    check_shape(&sname, sv.shape, &[rows, cols / group])?;
+    // ggml reads NVFP4's scales unsigned and E8M0's 255 (NaN) as a number: refuse both.
+    let bad = |b: u8| match nv {
+        true => b & 0x80 != 0 || b == 0x7F,
+        false => b == 0xFF,
+    };
+    if let Some(i) = sv.bytes.iter().position(|&b| bad(b)) {
+        return Err(ModelError::tensor(
+            &sname,
+            format!(
+                "element {i} (0x{:02x}) is {}",
+                sv.bytes[i],
+                if nv { "negative or NaN" } else { "NaN" }
+            ),
+        ));
+    }
+    let code = |r: usize, c: usize| {
+        let b = p.bytes[r * half_cols + c / 2];
+        if c % 2 == 0 {
+            b & 15
+        } else {
+            b >> 4
+        }
+    };
+    let per_row = cols / group;
+    let mut out = Vec::with_capacity(rows * cols / block * ty.block_layout().1);
+    for r in 0..rows {
+        for c0 in (0..cols).step_by(block) {
+            match nv {
+                true => {
+                    out.extend_from_slice(&sv.bytes[r * per_row + c0 / 16..][..4]);
+                    for c in (c0..c0 + 64).step_by(16) {
+                        out.extend((0..8).map(|j| code(r, c + j) | code(r, c + j + 8) << 4));
+                    }
+                }
+                false => {
+                    out.push(sv.bytes[r * per_row + c0 / 32]);
+                    out.extend((0..16).map(|j| code(r, c0 + j) | code(r, c0 + j + 16) << 4));
+                }
+            }
+        }
+    }
+    let src = Source::new(
+        rows,
+        cols,
+        Values::Ggml {
+            ty,
+            bytes: BlockBytes::from_vec(out),
+        },
+    )
+    .map_err(|e| ModelError::tensor(&pname, e.to_string()))?;
+    let m = GGML
+        .encode(&src, "")
+        .map_err(|e| ModelError::tensor(&pname, e.to_string()))?;
+    if !nv {
+        return Ok(m);
+    }
+    let gname = format!("{prefix}.weight_global_scale");
+    let g = need(t, &gname)?;
+    if g.dtype != Dtype::F32 || g.bytes.len() != 4 {
+        return Err(ModelError::tensor(
+            &gname,
+            format!(
+                "dtype {} shape {:?} (read: one F32)",
+                g.dtype.name(),
+                g.shape
+            ),
+        ));
+    }
+    let global = f32::from_le_bytes(g.bytes.try_into().unwrap());
+    if !(global.is_finite() && global > 0.0) {
+        return Err(ModelError::tensor(
+            &gname,
+            format!("{global} is not a positive number"),
+        ));
+    }
+    Ok(Arc::new(crate::weights::RowScaled::new(
+        &gname,
+        m,
+        vec![1.0 / global; rows],
+    )?))
 }
 
 fn gptq(q: &serde_json::Map<String, serde_json::Value>) -> Result<Scheme> {

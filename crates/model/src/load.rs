@@ -241,8 +241,8 @@ impl ContainerSource {
     }
 
     /// Matrix `name` where the source held it packed by its quantisation scheme: the packed
-    /// tensors beside it (`….qweight`, `….scales` …) decoded and read as the source's reader
-    /// reads them.
+    /// tensors beside it (`….qweight`, `….scales` …, and `name` itself where it holds int8
+    /// codes) decoded and read as the source's reader reads them.
     fn quantised(&self, q: &crate::hf_quant::Scheme, name: &str) -> Result<Option<HostTensor>> {
         let Some(prefix) = name.strip_suffix(".weight") else {
             return Ok(None);
@@ -251,7 +251,7 @@ impl ContainerSource {
         let parts: Vec<&str> = self
             .reader
             .names()
-            .filter(|n| n.starts_with(&dot) && n[dot.len()..].find('.').is_none() && *n != name)
+            .filter(|n| (n.starts_with(&dot) && n[dot.len()..].find('.').is_none()) || *n == name)
             .collect();
         if parts.is_empty() {
             return Ok(None);
@@ -278,6 +278,10 @@ impl TensorSource for ContainerSource {
         }
         let dir = self.reader.dir();
         let t = self.reader.tensor(name).map_err(|e| format_err(dir, e))?;
+        if let (Some(q), Dtype::I8) = (&self.quant, t.dtype) {
+            // compressed-tensors int-quantized: the int8 values are the matrix's codes.
+            return self.quantised(q, name);
+        }
         let fp8_scale = || self.tensor(&format!("{name}_scale"));
         match &t.data {
             StoredData::Plain(b) => {

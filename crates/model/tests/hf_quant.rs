@@ -85,12 +85,20 @@ fn every_case_reads_back_as_the_reference_dequantisation_bit_for_bit() {
     }
 }
 
+/// The form a format's decoder matrices are served in.
+fn served_form(fmt: &str) -> &'static str {
+    match fmt {
+        "nvfp4" | "mxfp4" => "ggml",
+        _ => "int",
+    }
+}
+
 fn logits_match_transformers(fmt: &str) {
     let src = SafetensorsSource::open(&data(fmt)).unwrap();
     let w = build_model(&src).unwrap();
     for l in &w.layers {
         for m in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {
-            assert_eq!(m.form().form, "int", "{fmt}");
+            assert_eq!(m.form().form, served_form(fmt), "{fmt}");
         }
     }
     let expected: serde_json::Value = serde_json::from_str(
@@ -133,6 +141,13 @@ fn gptq_model_logits_match_transformers() {
 #[test]
 fn awq_model_logits_match_transformers() {
     logits_match_transformers("awq");
+}
+
+#[test]
+fn nvfp4_mxfp4_and_int8_model_logits_match_transformers() {
+    for fmt in ["nvfp4", "mxfp4", "intq"] {
+        logits_match_transformers(fmt);
+    }
 }
 
 /// Tensors in memory, for hostile inputs.
@@ -275,7 +290,7 @@ fn packed_checkpoints_code_serve_and_restore_bit_for_bit() {
     use entrollm_format::{restore_sources, ContainerReader, StoredData};
     use entrollm_model::compress::{compress, CompressOptions, NoProgress};
     use entrollm_model::load::ContainerSource;
-    for fmt in ["ct", "gptq", "awq"] {
+    for fmt in ["ct", "gptq", "awq", "nvfp4", "mxfp4", "intq"] {
         let dir = std::env::temp_dir().join(format!("entrollm-hfq-{fmt}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let opts = CompressOptions {
@@ -308,7 +323,7 @@ fn packed_checkpoints_code_serve_and_restore_bit_for_bit() {
 
         let logits = |w: entrollm_model::ModelWeights| {
             for l in &w.layers {
-                assert_eq!(l.gate.form().form, "int", "{fmt}");
+                assert_eq!(l.gate.form().form, served_form(fmt), "{fmt}");
             }
             let mut e = Engine::new(w, 16).unwrap();
             e.prefill(&[1, 5, 9, 77, 3]).unwrap()
@@ -350,4 +365,171 @@ fn packed_checkpoints_code_serve_and_restore_bit_for_bit() {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+fn fp4_cases() -> Vec<serde_json::Value> {
+    serde_json::from_str(&std::fs::read_to_string(data("fp4.json")).unwrap()).unwrap()
+}
+
+/// compressed-tensors NVFP4, MXFP4 and int-quantized matrices (tools/gen_hf_fp4_testdata.py:
+/// compressed-tensors' own quantiser and compressors) against its dequantisation: MXFP4 and int8
+/// values bit for bit (but for E2M1's negative zero); NVFP4's `fp4·s` scaled by `1/global` after
+/// the product, within two ulps of the reference's `fp4·(s/global)`. FP4 is served as ggml
+/// blocks, int8 values as `int` codes.
+#[test]
+fn fp4_and_int8_matrices_read_back_as_the_reference_dequantisation() {
+    let file = SafetensorsFile::open(&data("fp4.safetensors")).unwrap();
+    let cases = fp4_cases();
+    assert_eq!(cases.len(), 7);
+    for case in &cases {
+        let name = case["name"].as_str().unwrap();
+        let s = scheme(&case["quantization_config"]).unwrap().unwrap();
+        let m = linear(s.matrix(&file, &format!("{name}.weight")).unwrap().unwrap());
+        let nv = name.contains("nvfp4");
+        let form = if name.contains("fp4") { "ggml" } else { "int" };
+        assert_eq!(m.form().form, form, "{name}");
+        let r = file.get(&format!("{name}.ref")).unwrap();
+        let want = f32s(&r);
+        assert_eq!((m.rows(), m.cols()), (r.shape[0], r.shape[1]), "{name}");
+        let mut row = vec![0f32; m.cols()];
+        for i in 0..m.rows() {
+            m.row(i, &mut row);
+            for (c, (&a, &b)) in row.iter().zip(&want[i * m.cols()..]).enumerate() {
+                let ok = match nv {
+                    true => (a - b).abs() <= b.abs() * 2.5e-7,
+                    // E2M1's negative zero reads as ggml's zero.
+                    false => a.to_bits() == b.to_bits() || (a == 0.0 && b == 0.0),
+                };
+                assert!(ok, "{name} ({i}, {c}): {a} vs reference {b}");
+            }
+        }
+        let x: Vec<f32> = (0..m.cols())
+            .map(|i| ((i * 37 % 17) as f32 - 8.0) / 8.0)
+            .collect();
+        let mut y = vec![0f32; m.rows()];
+        m.matvec(&x, &mut y);
+        for (i, &y) in y.iter().enumerate() {
+            let w = &want[i * m.cols()..(i + 1) * m.cols()];
+            let exact: f64 = w.iter().zip(&x).map(|(&w, &x)| w as f64 * x as f64).sum();
+            let size: f64 = w
+                .iter()
+                .zip(&x)
+                .map(|(&w, &x)| (w as f64 * x as f64).abs())
+                .sum();
+            assert!(
+                (y as f64 - exact).abs() <= 1e-6 * size.max(1.0),
+                "{name} row {i}: {y} vs {exact}"
+            );
+        }
+        assert!(
+            m.stored_bytes() * 2 < 4 * m.rows() * m.cols(),
+            "{name}: {} bytes",
+            m.stored_bytes()
+        );
+    }
+}
+
+#[test]
+fn hostile_fp4_and_int8_tensors_are_errors_naming_the_tensor() {
+    let file = SafetensorsFile::open(&data("fp4.safetensors")).unwrap();
+    let cfg = |name: &str| {
+        let c = fp4_cases().into_iter().find(|c| c["name"] == name).unwrap();
+        scheme(&c["quantization_config"]).unwrap().unwrap()
+    };
+    // NVFP4: a negative scale, a NaN scale, a zero global scale, columns not whole blocks.
+    let s = cfg("ct_nvfp4_24x128");
+    let base = mem_from_file(&file, "ct_nvfp4_24x128", "m");
+    assert!(s.matrix(&base, "m.weight").is_ok());
+    for (b, what) in [(0x80 | 0x38, "negative"), (0x7F, "NaN")] {
+        let mut t = mem_from_file(&file, "ct_nvfp4_24x128", "m");
+        t.0.get_mut("m.weight_scale").unwrap().2[5] = b;
+        let e = err(&s, &t);
+        assert!(
+            e.contains("m.weight_scale") && e.contains("element 5") && e.contains(what),
+            "{e}"
+        );
+    }
+    let mut t = mem_from_file(&file, "ct_nvfp4_24x128", "m");
+    t.0.get_mut("m.weight_global_scale").unwrap().2 = 0f32.to_le_bytes().to_vec();
+    let e = err(&s, &t);
+    assert!(
+        e.contains("m.weight_global_scale") && e.contains("positive"),
+        "{e}"
+    );
+    let mut t = mem_from_file(&file, "ct_nvfp4_24x128", "m");
+    t.0.remove("m.weight_global_scale");
+    let e = err(&s, &t);
+    assert!(
+        e.contains("m.weight_global_scale") && e.contains("missing"),
+        "{e}"
+    );
+    let mut t = mem_from_file(&file, "ct_nvfp4_24x128", "m");
+    let p = t.0.get_mut("m.weight_packed").unwrap();
+    p.1 = vec![64, 24];
+    let e = err(&s, &t);
+    assert!(
+        e.contains("m.weight_packed") && e.contains("48 columns"),
+        "{e}"
+    );
+    // MXFP4: scales of the wrong dtype and shape, a NaN exponent.
+    let s = cfg("ct_mxfp4_10x96");
+    let mut t = mem_from_file(&file, "ct_mxfp4_10x96", "m");
+    assert!(s.matrix(&t, "m.weight").is_ok());
+    t.0.get_mut("m.weight_scale").unwrap().0 = Dtype::I8;
+    let e = err(&s, &t);
+    assert!(e.contains("m.weight_scale") && e.contains("dtype"), "{e}");
+    let mut t = mem_from_file(&file, "ct_mxfp4_10x96", "m");
+    t.0.get_mut("m.weight_scale").unwrap().1 = vec![5, 6];
+    let e = err(&s, &t);
+    assert!(e.contains("m.weight_scale") && e.contains("shape"), "{e}");
+    let mut t = mem_from_file(&file, "ct_mxfp4_10x96", "m");
+    t.0.get_mut("m.weight_scale").unwrap().2[7] = 0xFF;
+    let e = err(&s, &t);
+    assert!(e.contains("m.weight_scale") && e.contains("NaN"), "{e}");
+    // int-quantized: a value outside its bits, a zero point missing, packed codes for it.
+    let s = cfg("ct_intq_int4_asym_g32");
+    let mut t = mem_from_file(&file, "ct_intq_int4_asym_g32", "m");
+    assert!(s.matrix(&t, "m.weight").is_ok());
+    t.0.get_mut("m.weight").unwrap().2[3] = 9;
+    let e = err(&s, &t);
+    assert!(
+        e.contains("m.weight") && e.contains("element 3 is 9"),
+        "{e}"
+    );
+    let mut t = mem_from_file(&file, "ct_intq_int4_asym_g32", "m");
+    t.0.remove("m.weight_zero_point");
+    let e = err(&s, &t);
+    assert!(
+        e.contains("m.weight_zero_point") && e.contains("missing"),
+        "{e}"
+    );
+    let t = mem_from_file(&file, "ct_mxfp4_10x96", "m");
+    let e = err(&s, &t);
+    assert!(
+        e.contains("m.weight_packed") && e.contains("int-quantized"),
+        "{e}"
+    );
+}
+
+#[test]
+fn fp4_configs_name_the_field_they_break() {
+    let nv = fp4_cases()[0]["quantization_config"].clone();
+    let mut c = nv.clone();
+    c["config_groups"]["group_0"]["weights"]["group_size"] = 32.into();
+    let e = scheme(&c).unwrap_err().to_string();
+    assert!(
+        e.contains("config_groups.group_0.weights.group_size"),
+        "{e}"
+    );
+    let mut c = nv.clone();
+    c["config_groups"]["group_0"]["weights"]["num_bits"] = 8.into();
+    let e = scheme(&c).unwrap_err().to_string();
+    assert!(e.contains("config_groups.group_0.weights.num_bits"), "{e}");
+    let mut c = nv;
+    c["format"] = "mxfp6-pack-quantized".into();
+    let e = scheme(&c).unwrap_err().to_string();
+    assert!(
+        e.contains("mxfp6-pack-quantized") && e.contains("nvfp4-pack-quantized"),
+        "{e}"
+    );
 }
