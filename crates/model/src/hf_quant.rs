@@ -803,7 +803,7 @@ fn read_fp4(t: &dyn Tensors, prefix: &str, nv: bool) -> Result<Arc<dyn Linear>> 
     }
     let code = |r: usize, c: usize| {
         let b = p.bytes[r * half_cols + c / 2];
-        if c % 2 == 0 {
+        if c.is_multiple_of(2) {
             b & 15
         } else {
             b >> 4
