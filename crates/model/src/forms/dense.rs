@@ -31,7 +31,7 @@ pub(crate) fn to_f32(src: &Source) -> Vec<f32> {
             codes
                 .iter()
                 .enumerate()
-                .map(|(i, &c)| d.apply(*payload, i / cols, i % cols, cols, c as f32))
+                .map(|(i, &c)| d.apply(*payload, i / cols, i % cols, cols, payload.to_f32(c, 0)))
                 .collect()
         }
         Values::Ggml { ty, bytes } => super::ggml::to_f32(*ty, bytes),

@@ -129,7 +129,7 @@ impl Linear for CodedLinear {
             (Payload::Bf16, None) => Values::Bf16(u16s()),
             (Payload::Fp16, None) => Values::F16(u16s()),
             (Payload::Fp8E4m3, None) => Values::Fp8(bytes),
-            (Payload::Int(_), Some(g)) => Values::Int {
+            (Payload::Int(_) | Payload::Fp4E2m1, Some(g)) => Values::Int {
                 payload: self.t.payload,
                 codes: bytes,
                 groups: g.clone(),
@@ -158,8 +158,22 @@ impl Linear for CodedLinear {
 pub struct DtansForm;
 pub static DTANS: DtansForm = DtansForm;
 
+/// `src` as the values this coder codes: as it is, or a GGUF tensor's blocks as their codes and
+/// group scales ([`super::ggml::coded_values`]).
+fn coded_source(src: &Source) -> Option<std::borrow::Cow<'_, Source>> {
+    match &src.values {
+        Values::Ggml { ty, bytes } => Some(std::borrow::Cow::Owned(Source {
+            rows: src.rows,
+            cols: src.cols,
+            values: super::ggml::coded_values(*ty, bytes.bytes())?,
+        })),
+        _ => Some(std::borrow::Cow::Borrowed(src)),
+    }
+}
+
 /// The payload, symbols and raw bytes of a source this coder accepts.
 fn symbols(src: &Source) -> Option<(Payload, Vec<u8>, Vec<u8>)> {
+    let src = coded_source(src)?;
     let le = |v: &[u16]| -> Vec<u8> { v.iter().flat_map(|w| w.to_le_bytes()).collect() };
     let (payload, bytes) = match &src.values {
         Values::Bf16(v) => (Payload::Bf16, le(v)),
@@ -186,8 +200,8 @@ fn plain_bytes(src: &Source) -> f64 {
 }
 
 fn side_bytes(src: &Source) -> f64 {
-    match &src.values {
-        Values::Int { groups, .. } => groups.bytes() as f64,
+    match coded_source(src).as_deref().map(|s| &s.values) {
+        Some(Values::Int { groups, .. }) => groups.bytes() as f64,
         _ => 0.0,
     }
 }
@@ -293,6 +307,7 @@ impl Form for DtansForm {
     }
     fn encode(&self, src: &Source, variant: &str) -> Result<Arc<dyn Linear>> {
         let coding = parse(variant)?;
+        let src = &*coded_source(src).ok_or_else(|| not_accepted(src))?;
         let (payload, codes, raw) = symbols(src).ok_or_else(|| not_accepted(src))?;
         let t = DtansTensor::encode(payload, src.rows, src.cols, &codes, &raw, coding)
             .map_err(|e| ModelError::Unsupported(format!("dtans {variant}: {e}")))?;
@@ -304,10 +319,14 @@ impl Form for DtansForm {
     }
     fn stored(&self, variant: &str, values: &str) -> Result<Option<super::Stored>> {
         let coding = parse(variant)?;
-        Ok((values != "f32").then_some(super::Stored::Coded {
-            coder: crate::compress::Coder::Dtans,
-            coding: Some(coding),
-        }))
+        // A GGUF tensor's blocks are stored as the container stores them (their exact bytes) and
+        // coded from them at load.
+        Ok(
+            (values != "f32" && values != "ggml").then_some(super::Stored::Coded {
+                coder: crate::compress::Coder::Dtans,
+                coding: Some(coding),
+            }),
+        )
     }
     fn default_cost_us(&self, device: DeviceKind, weights: usize, bytes: f64) -> f64 {
         super::stream_cost_us(device, bytes)
@@ -393,5 +412,68 @@ mod tests {
         .unwrap();
         check_all_forms(&src, &mut rng);
         assert!(DTANS.encode(&src, "auto").is_err());
+    }
+
+    /// A GGUF tensor's blocks coded as their codes with group scales (integer codes of the legacy
+    /// and k-quant types, MXFP4's and NVFP4's E2M1 codes): the same weights as ggml's
+    /// dequantisation (but for the sign of zeros), the product within f32 rounding, on ragged
+    /// row counts; IQ4's table-indexed codes are not taken. Stored by a container as blocks.
+    #[test]
+    fn gguf_blocks_code_as_their_codes_and_scales() {
+        use crate::gguf::GgmlType;
+        let mut rng = Rng::new(9);
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::MXFP4,
+            GgmlType::NVFP4,
+        ] {
+            for (rows, blocks) in [(1, 1), (5, 3), (17, 2)] {
+                let bs = ty.block_size();
+                let bytes = crate::forms::ggml::synth_blocks(ty, rows * blocks, rng.next());
+                let src = Source::new(
+                    rows,
+                    blocks * bs,
+                    Values::Ggml {
+                        ty,
+                        bytes: crate::forms::ggml::BlockBytes::from_vec(bytes),
+                    },
+                )
+                .unwrap();
+                // Pairs of wider codes keep their 16 most frequent values (the rest escape).
+                let pair = match ty {
+                    GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                        "pair:10:128"
+                    }
+                    GgmlType::Q4_K | GgmlType::MXFP4 | GgmlType::NVFP4 => "pair:10:128",
+                    _ => "pair:10:128:16",
+                };
+                for v in ["single:8:64", pair] {
+                    check_variant(&DTANS, &src, v, &mut rng);
+                }
+            }
+        }
+        let iq4 =
+            Source::new(
+                1,
+                32,
+                Values::Ggml {
+                    ty: GgmlType::IQ4_NL,
+                    bytes: crate::forms::ggml::BlockBytes::from_vec(
+                        crate::forms::ggml::synth_blocks(GgmlType::IQ4_NL, 1, 1),
+                    ),
+                },
+            )
+            .unwrap();
+        assert!(DTANS.encode(&iq4, "single:10:64").is_err());
+        assert!(DTANS.variants(&iq4).unwrap().is_empty());
+        assert!(DTANS.stored("single:10:64", "ggml").unwrap().is_none());
     }
 }

@@ -123,6 +123,59 @@ pub fn int_layout(ty: GgmlType) -> Option<(entrollm_format::kquants::KType, IntL
     Some((kt, l))
 }
 
+/// A type's blocks as the codes an entropy coder codes and the group scales that make them
+/// weights: [`int_values`]' integer codes, or MXFP4's and NVFP4's E2M1 codes (payload
+/// `Fp4E2m1`, one a byte) with f32 scales per 32 (`2^(e−127)`) or 16 (the unsigned E4M3 scale),
+/// whose products with the codes' values are ggml's weights exactly; `None` for IQ4 (codes index
+/// a non-uniform table).
+pub fn coded_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
+    if let Some(v) = int_values(ty, bytes) {
+        return Some(v);
+    }
+    let (bs, ts) = ty.block_layout();
+    let (group, sub) = match ty {
+        GgmlType::MXFP4 => (32, 1),
+        GgmlType::NVFP4 => (16, 4),
+        _ => return None,
+    };
+    if !bytes.len().is_multiple_of(ts) {
+        return None;
+    }
+    let blocks = bytes.len() / ts;
+    let (mut codes, mut scales) = (
+        Vec::with_capacity(blocks * bs),
+        Vec::with_capacity(blocks * sub),
+    );
+    for b in bytes.chunks_exact(ts) {
+        match ty {
+            GgmlType::MXFP4 => {
+                scales.push(2.0 * crate::gguf::dequant::e8m0_half(b[0]));
+                codes.extend(b[1..17].iter().map(|q| q & 15));
+                codes.extend(b[1..17].iter().map(|q| q >> 4));
+            }
+            _ => {
+                for s in 0..4 {
+                    scales.push(2.0 * crate::gguf::dequant::ue4m3_half(b[s]));
+                    let q = &b[4 + 8 * s..12 + 8 * s];
+                    codes.extend(q.iter().map(|q| q & 15));
+                    codes.extend(q.iter().map(|q| q >> 4));
+                }
+            }
+        }
+    }
+    Some(Values::Int {
+        payload: entrollm_codec::Payload::Fp4E2m1,
+        codes,
+        groups: super::GroupScales {
+            group,
+            scales,
+            mins: None,
+            offset: 0.0,
+            signed: false,
+        },
+    })
+}
+
 /// Blocks of a type whose weights are a code times its group's scale, plus the group's min
 /// (Q4_0 … Q8_0, Q2_K … Q6_K) as integer codes with f32 group scales and mins, each the f32
 /// product ggml forms (`d · sc`, `dmin · m`), so that `scale · (code − offset) + min` is ggml's

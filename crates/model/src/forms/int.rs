@@ -210,7 +210,8 @@ impl Form for IntForm {
     /// ([`super::ggml::int_values`]).
     fn accepts(&self, src: &Source) -> bool {
         match &src.values {
-            Values::Int { .. } => true,
+            // Integer codes only (FP4 codes are values, not integers).
+            Values::Int { payload, .. } => matches!(payload, Payload::Int(_)),
             Values::Ggml { ty, .. } => super::ggml::int_layout(*ty).is_some(),
             _ => false,
         }
@@ -230,6 +231,9 @@ impl Form for IntForm {
             },
             _ => return Ok(Vec::new()),
         };
+        if !self.accepts(src) {
+            return Ok(Vec::new());
+        }
         Ok(vec![Candidate {
             variant: String::new(),
             predicted_bytes: bytes as f64,
@@ -257,6 +261,11 @@ impl Form for IntForm {
                 src.values.kind()
             )));
         };
+        if !matches!(payload, Payload::Int(_)) {
+            return Err(ModelError::Unsupported(
+                "int holds integer codes only, not FP4 values".into(),
+            ));
+        }
         groups
             .dequant()
             .check(src.rows, src.cols)
