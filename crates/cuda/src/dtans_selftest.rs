@@ -210,6 +210,22 @@ fn selftest_cases() -> Vec<Case> {
         mins: false,
         signed: false,
     });
+    // A GGUF tensor's blocks coded as their codes (forms::ggml::coded_values): k-quants' groups of
+    // 16 (Q2_K with mins, Q6_K's 6-bit codes), MXFP4's and NVFP4's E2M1 values per 32 and 16.
+    v.push(int(2, Mode::Pair, 8, 256, 16, true, false));
+    v.push(int(6, Mode::Single, 9, 256, 16, false, false));
+    for (group, mode) in [(32, Mode::Pair), (16, Mode::Pair), (16, Mode::Single)] {
+        v.push(Case {
+            payload: Payload::Fp4E2m1,
+            mode,
+            log2_m: 8,
+            sc: 256,
+            t: None,
+            group: Some(group),
+            mins: false,
+            signed: false,
+        });
+    }
     v
 }
 
@@ -371,7 +387,11 @@ impl DtansChecker<'_> {
                         group: if g == usize::MAX { cols } else { g },
                         scales: s,
                         mins: m.as_deref(),
-                        offset: if c.signed { 0.0 } else { 8.0 },
+                        offset: if c.signed || c.payload == Payload::Fp4E2m1 {
+                            0.0
+                        } else {
+                            8.0
+                        },
                         signed: c.signed,
                     },
                 })
