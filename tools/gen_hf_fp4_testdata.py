@@ -26,8 +26,9 @@ from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
 from compressed_tensors.quantization import QuantizationScheme
 from compressed_tensors.quantization.lifecycle.forward import dequantize
 from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
-from compressed_tensors.quantization import QuantizationArgs
 from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+
+from gen_hf_quant_testdata import ct_config, ct_pack, model
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "crates", "model", "tests", "data", "hfq")
 torch.manual_seed(11)
@@ -65,22 +66,8 @@ def fp4(w, preset, compressor, fmt):
 
 
 def intq(w, bits, symmetric, group, sdtype):
-    strategy = "group" if group else "channel"
-    args = QuantizationArgs(num_bits=bits, type="int", symmetric=symmetric, strategy=strategy,
-                            group_size=group)
-    scheme = QuantizationScheme(targets=["Linear"], weights=args)
-    out_f, in_f = w.shape
-    g = group or in_f
-    wg = w.to(sdtype).reshape(out_f, in_f // g, g)
-    scale, zp = calculate_qparams(wg.amin(-1), wg.amax(-1), args)
-    sd = {"weight": w.to(sdtype), "weight_scale": scale.to(sdtype)}
-    if not symmetric:
-        sd["weight_zero_point"] = zp.to(torch.int8)
-    packed = IntQuantizationCompressor.compress(sd, scheme)
-    back = dict(packed)
-    back["weight_scale"] = packed["weight_scale"].float()
-    ref = IntQuantizationCompressor.decompress(back, scheme)["weight"].float()
-    return packed, config("int-quantized", args), ref
+    packed, weights, ref = ct_pack(w, bits, symmetric, group, sdtype, IntQuantizationCompressor)
+    return packed, {**ct_config(weights), "format": "int-quantized"}, ref
 
 
 def main():
@@ -116,7 +103,6 @@ def main():
     for k, v in sorted(tensors.items()):
         print(k, v.dtype, tuple(v.shape))
 
-    from gen_hf_quant_testdata import model
     torch.manual_seed(12)
     model("nvfp4", lambda w: fp4(w, "NVFP4A16", NVFP4PackedCompressor, "nvfp4-pack-quantized"))
     model("mxfp4", lambda w: fp4(w, "MXFP4A16", MXFP4PackedCompressor, "mxfp4-pack-quantized"))

@@ -39,8 +39,9 @@ np.random.seed(7)
 
 
 # ---------------------------------------------------------------- compressed-tensors
-def ct_pack(w, bits, symmetric, group, sdtype):
-    """(tensors, config weights, reference f32) of w [out, in] by compressed-tensors."""
+def ct_pack(w, bits, symmetric, group, sdtype, compressor=PackedQuantizationCompressor):
+    """(tensors, config weights, reference f32) of w [out, in] by compressed-tensors (`compressor`:
+    pack-quantized's, or int-quantized's IntQuantizationCompressor)."""
     strategy = "group" if group else "channel"
     args = QuantizationArgs(num_bits=bits, type="int", symmetric=symmetric, strategy=strategy,
                             group_size=group)
@@ -52,11 +53,11 @@ def ct_pack(w, bits, symmetric, group, sdtype):
     sd = {"weight": w.to(sdtype), "weight_scale": scale.to(sdtype)}
     if not symmetric:
         sd["weight_zero_point"] = zp.to(torch.int8)
-    packed = PackedQuantizationCompressor.compress(sd, scheme)
+    packed = compressor.compress(sd, scheme)
     # The reference dequantisation, in f32 (its arithmetic: `(x_q - zero_point) * scale`).
     back = dict(packed)
     back["weight_scale"] = packed["weight_scale"].float()
-    ref = PackedQuantizationCompressor.decompress(back, scheme)["weight"].float()
+    ref = compressor.decompress(back, scheme)["weight"].float()
     weights = {"num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": strategy,
                "group_size": group, "dynamic": False}
     return packed, weights, ref

@@ -536,6 +536,30 @@ impl Unpacked {
     }
 }
 
+/// A compressed-tensors matrix's zero points in code units, `n` of them: `2^(bits−1)` each where
+/// its weights are symmetric (and it has none), else `read` of `….weight_zero_point`.
+fn zero_points(
+    t: &dyn Tensors,
+    prefix: &str,
+    args: &IntArgs,
+    n: usize,
+    read: impl FnOnce(&str) -> Result<Vec<i32>>,
+) -> Result<Vec<i32>> {
+    let zp_name = format!("{prefix}.weight_zero_point");
+    match (args.symmetric, t.get(&zp_name).is_some()) {
+        (true, false) => Ok(vec![1i32 << (args.bits - 1); n]),
+        (true, true) => Err(ModelError::tensor(
+            &zp_name,
+            "present, but the config's weights are symmetric",
+        )),
+        (false, false) => Err(ModelError::tensor(
+            &zp_name,
+            "missing: asymmetric weights need their zero points",
+        )),
+        (false, true) => read(&zp_name),
+    }
+}
+
 /// compressed-tensors `pack-quantized` (compressors/pack_quantized): `weight_packed` int32
 /// `[out, ⌈in·bits/32⌉]`, codes along each row stored `q + 2^(bits−1)`; `weight_scale`
 /// `[out, groups]`; `weight_zero_point` (asymmetric) int32 `[⌈out·bits/32⌉, groups]` packed the
@@ -583,38 +607,17 @@ fn read_compressed(t: &dyn Tensors, prefix: &str, args: &IntArgs) -> Result<Arc<
     let group = args.group.unwrap_or(cols);
     let n_groups = cols.div_ceil(group);
     let scales = floats(t, &format!("{prefix}.weight_scale"), &[rows, n_groups])?;
-    let half = 1i32 << (bits - 1);
-    let zp_name = format!("{prefix}.weight_zero_point");
-    let zeros = match (args.symmetric, t.get(&zp_name)) {
-        (true, None) => vec![half; rows * n_groups],
-        (true, Some(_)) => {
-            return Err(ModelError::tensor(
-                &zp_name,
-                "present, but the config's weights are symmetric",
-            ))
-        }
-        (false, None) => {
-            return Err(ModelError::tensor(
-                &zp_name,
-                "missing: asymmetric weights need their zero points",
-            ))
-        }
-        (false, Some(_)) => {
-            let zp = words(
-                t,
-                &zp_name,
-                &[(rows * bits as usize).div_ceil(32), n_groups],
-            )?;
-            let mut z = vec![0i32; rows * n_groups];
-            for g in 0..n_groups {
-                for (r, z) in z.iter_mut().skip(g).step_by(n_groups).enumerate() {
-                    // Stored `z + 2^(bits−1)` like the codes: the sum is the zero in code units.
-                    *z = field(|k| zp[k * n_groups + g], r, bits) as i32;
-                }
+    let zeros = zero_points(t, prefix, args, rows * n_groups, |zp_name| {
+        let zp = words(t, zp_name, &[(rows * bits as usize).div_ceil(32), n_groups])?;
+        let mut z = vec![0i32; rows * n_groups];
+        for g in 0..n_groups {
+            for (r, z) in z.iter_mut().skip(g).step_by(n_groups).enumerate() {
+                // Stored `z + 2^(bits−1)` like the codes: the sum is the zero in code units.
+                *z = field(|k| zp[k * n_groups + g], r, bits) as i32;
             }
-            z
         }
-    };
+        Ok(z)
+    })?;
     let mut codes = vec![0u8; rows * cols];
     for (r, row) in codes.chunks_exact_mut(cols).enumerate() {
         let w = &packed[r * per_row..(r + 1) * per_row];
@@ -674,36 +677,21 @@ fn read_int_quantized(t: &dyn Tensors, prefix: &str, args: &IntArgs) -> Result<A
     let group = args.group.unwrap_or(cols);
     let n_groups = cols.div_ceil(group);
     let scales = floats(t, &format!("{prefix}.weight_scale"), &[rows, n_groups])?;
-    let zp_name = format!("{prefix}.weight_zero_point");
-    let zeros = match (args.symmetric, t.get(&zp_name)) {
-        (true, None) => vec![half; rows * n_groups],
-        (true, Some(_)) => {
+    let zeros = zero_points(t, prefix, args, rows * n_groups, |zp_name| {
+        let z = need(t, zp_name)?;
+        if z.dtype != Dtype::I8 {
             return Err(ModelError::tensor(
-                &zp_name,
-                "present, but the config's weights are symmetric",
-            ))
+                zp_name,
+                format!("dtype {} (read: I8)", z.dtype.name()),
+            ));
         }
-        (false, None) => {
-            return Err(ModelError::tensor(
-                &zp_name,
-                "missing: asymmetric weights need their zero points",
-            ))
-        }
-        (false, Some(z)) => {
-            if z.dtype != Dtype::I8 {
-                return Err(ModelError::tensor(
-                    &zp_name,
-                    format!("dtype {} (read: I8)", z.dtype.name()),
-                ));
-            }
-            check_shape(&zp_name, z.shape, &[rows, n_groups])?;
-            z.bytes
-                .iter()
-                .enumerate()
-                .map(|(i, &b)| in_range(&zp_name, i, b as i8 as i32).map(i32::from))
-                .collect::<Result<Vec<i32>>>()?
-        }
-    };
+        check_shape(zp_name, z.shape, &[rows, n_groups])?;
+        z.bytes
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| in_range(zp_name, i, b as i8 as i32).map(i32::from))
+            .collect()
+    })?;
     Unpacked {
         rows,
         cols,

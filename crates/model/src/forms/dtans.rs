@@ -422,19 +422,10 @@ mod tests {
     fn gguf_blocks_code_as_their_codes_and_scales() {
         use crate::gguf::GgmlType;
         let mut rng = Rng::new(9);
-        for ty in [
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_1,
-            GgmlType::Q8_0,
-            GgmlType::Q2_K,
-            GgmlType::Q3_K,
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-            GgmlType::MXFP4,
-            GgmlType::NVFP4,
-        ] {
+        let coded = crate::forms::ggml::FUSED
+            .into_iter()
+            .filter(|t| !matches!(t, GgmlType::IQ4_NL | GgmlType::IQ4_XS));
+        for ty in coded {
             for (rows, blocks) in [(1, 1), (5, 3), (17, 2)] {
                 let bs = ty.block_size();
                 let bytes = crate::forms::ggml::synth_blocks(ty, rows * blocks, rng.next());
