@@ -170,6 +170,7 @@ impl Engine {
                 format!("token id {bad} is outside the vocabulary ({vocab})"),
             ));
         }
+        let _awake = Awake::new();
         for (chunk_index, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
             let offset = chunk_index * PREFILL_CHUNK;
             let hidden = self.forward_layers(chunk);
@@ -361,29 +362,218 @@ fn attention(
         .enumerate()
         .for_each(|(index, (out, q))| {
             let (token, head) = (index / heads, index % heads);
-            let kv_offset = (head / group) * d;
-            let len = start + token + 1;
-            let mut scores: Vec<f32> = (0..len)
-                .map(|t| dot(q, &keys[t * kv_dim + kv_offset..][..d]) * scale)
-                .collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for s in &mut scores {
-                *s = (*s - max).exp();
-                sum += *s;
+            let kv = KvHead {
+                keys,
+                values,
+                stride: kv_dim,
+                offset: (head / group) * d,
+                len: start + token + 1,
+            };
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: AVX2 is present.
+                return unsafe { attend_avx2(q, &kv, scale, out) };
             }
-            out.fill(0.0);
-            for (t, &s) in scores.iter().enumerate() {
-                let weight = s / sum;
-                let v = &values[t * kv_dim + kv_offset..][..d];
-                for (o, &v) in out.iter_mut().zip(v) {
-                    *o += weight * v;
-                }
-            }
+            attend(q, &kv, scale, out)
         });
 }
 
+/// While it lives, the pool's other threads look for work instead of sleeping: a decode step is
+/// some two hundred parallel products, and waking a sleeping thread for each (a futex wake and a
+/// context switch) cost a tenth of a small model's step. Only from inside the pool (the CLI runs
+/// its decode loops there), one at a time, with no more threads than cores; elsewhere it does
+/// nothing.
+///
+/// A spinning thread runs the pool's tasks through `rayon::yield_now`, so it must start at the
+/// top of its thread: one started beneath a waiting task would hold that task until the step
+/// ends, and the step waits for the task. So `new` waits (briefly) for every spinner to start
+/// before the step queues any task, and a spinner started later, or beneath another, returns.
+struct Awake {
+    shared: Arc<AwakeState>,
+}
+
+struct AwakeState {
+    stop: std::sync::atomic::AtomicBool,
+    started: std::sync::atomic::AtomicUsize,
+}
+
+/// Whether an [`Awake`] lives (one at a time).
+static AWAKE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+thread_local! {
+    /// Whether this thread runs a spinner.
+    static SPINNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl Awake {
+    /// How long `new` waits for the other threads to start spinning (a sleeping thread's wake).
+    const START_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+
+    fn new() -> Option<Awake> {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let me = rayon::current_thread_index()?;
+        let threads = rayon::current_num_threads();
+        let others = threads - 1;
+        // More threads than cores: a spinner would take a core from a thread with work.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if others == 0 || threads > cores || AWAKE.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let shared = Arc::new(AwakeState {
+            stop: AtomicBool::new(false),
+            started: AtomicUsize::new(0),
+        });
+        let state = Arc::clone(&shared);
+        rayon::spawn_broadcast(move |ctx| {
+            if ctx.index() == me || SPINNING.get() {
+                return;
+            }
+            state.started.fetch_add(1, Ordering::AcqRel);
+            SPINNING.set(true);
+            while !state.stop.load(Ordering::Acquire) {
+                if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                    std::hint::spin_loop();
+                }
+            }
+            SPINNING.set(false);
+        });
+        let awake = Awake { shared };
+        let t0 = std::time::Instant::now();
+        while awake.shared.started.load(Ordering::Acquire) < others {
+            if t0.elapsed() > Self::START_WAIT {
+                // Dropped: those that started stop, later ones return at once.
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+        Some(awake)
+    }
+}
+
+impl Drop for Awake {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        self.shared.stop.store(true, Ordering::Release);
+        AWAKE.store(false, Ordering::Release);
+    }
+}
+
+/// One key/value head's cached positions `0..len`: position t's vectors at `t·stride + offset`.
+struct KvHead<'a> {
+    keys: &'a [f32],
+    values: &'a [f32],
+    stride: usize,
+    offset: usize,
+    len: usize,
+}
+
+/// [`attend`] on AVX2, the same operations in the same order (the same sums, bit for bit): the
+/// query and the output held in registers, four keys' dot products at once (their chains of
+/// additions overlap). Heads of 32, 64, 96 or 128 elements; others: [`attend`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn attend_avx2(q: &[f32], kv: &KvHead, scale: f32, out: &mut [f32]) {
+    match q.len() {
+        32 => attend_avx2_w::<4>(q, kv, scale, out),
+        64 => attend_avx2_w::<8>(q, kv, scale, out),
+        96 => attend_avx2_w::<12>(q, kv, scale, out),
+        128 => attend_avx2_w::<16>(q, kv, scale, out),
+        _ => attend(q, kv, scale, out),
+    }
+}
+
+/// [`attend_avx2`] for heads of `8·W` elements.
+/// Safety: AVX2 present.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn attend_avx2_w<const W: usize>(q: &[f32], kv: &KvHead, scale: f32, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let d = 8 * W;
+    assert!(q.len() == d && out.len() == d && kv.len > 0);
+    assert!((kv.len - 1) * kv.stride + kv.offset + d <= kv.keys.len().min(kv.values.len()));
+    let qv: [__m256; W] = std::array::from_fn(|i| _mm256_loadu_ps(q.as_ptr().add(8 * i)));
+    // `dot`'s lanes summed in its order (its empty tail added).
+    let total = |acc: __m256| {
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        lanes.iter().sum::<f32>() + 0.0
+    };
+    let at = |base: &[f32], t: usize| base.as_ptr().add(t * kv.stride + kv.offset);
+    let mut scores = vec![0f32; kv.len];
+    let mut t = 0;
+    while t + 4 <= kv.len {
+        let k = [
+            at(kv.keys, t),
+            at(kv.keys, t + 1),
+            at(kv.keys, t + 2),
+            at(kv.keys, t + 3),
+        ];
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (i, &qi) in qv.iter().enumerate() {
+            for j in 0..4 {
+                let p = _mm256_mul_ps(qi, _mm256_loadu_ps(k[j].add(8 * i)));
+                acc[j] = _mm256_add_ps(acc[j], p);
+            }
+        }
+        for j in 0..4 {
+            scores[t + j] = total(acc[j]) * scale;
+        }
+        t += 4;
+    }
+    for (t, s) in scores.iter_mut().enumerate().skip(t) {
+        let k = at(kv.keys, t);
+        let mut acc = _mm256_setzero_ps();
+        for (i, &qi) in qv.iter().enumerate() {
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(qi, _mm256_loadu_ps(k.add(8 * i))));
+        }
+        *s = total(acc) * scale;
+    }
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for s in &mut scores {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    let mut o = [_mm256_setzero_ps(); W];
+    for (t, &s) in scores.iter().enumerate() {
+        let weight = _mm256_set1_ps(s / sum);
+        let v = at(kv.values, t);
+        for (i, o) in o.iter_mut().enumerate() {
+            *o = _mm256_add_ps(*o, _mm256_mul_ps(weight, _mm256_loadu_ps(v.add(8 * i))));
+        }
+    }
+    for (i, o) in o.iter().enumerate() {
+        _mm256_storeu_ps(out.as_mut_ptr().add(8 * i), *o);
+    }
+}
+
+/// One query's softmax-weighted sum of its head's cached values.
+#[inline(always)]
+fn attend(q: &[f32], kv: &KvHead, scale: f32, out: &mut [f32]) {
+    let d = q.len();
+    // A plain loop: iterator adapters would be compiled apart, without the caller's features.
+    let mut scores = vec![0f32; kv.len];
+    for (t, s) in scores.iter_mut().enumerate() {
+        *s = dot(q, &kv.keys[t * kv.stride + kv.offset..][..d]) * scale;
+    }
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for s in &mut scores {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    out.fill(0.0);
+    for (t, &s) in scores.iter().enumerate() {
+        let weight = s / sum;
+        let v = &kv.values[t * kv.stride + kv.offset..][..d];
+        for (o, &v) in out.iter_mut().zip(v) {
+            *o += weight * v;
+        }
+    }
+}
+
 /// Dot product with eight partial sums, so it vectorises.
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (a_body, a_tail) = a.split_at(a.len() - a.len() % 8);
@@ -501,6 +691,50 @@ impl RopeAngles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The AVX2 attention against the portable one, bit for bit, on fresh random heads of every
+    /// width it takes and some it leaves to the portable code, ragged lengths included.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn attention_on_avx2_is_the_portable_attention_bit_for_bit() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        for d in [32, 64, 96, 128, 8, 40, 72, 12, 136] {
+            for len in [1, 2, 3, 4, 5, 7, 8, 9, 31] {
+                let (heads, stride) = (3, 3 * d + 5);
+                let keys: Vec<f32> = (0..len * stride).map(|_| 3.0 * next()).collect();
+                let values: Vec<f32> = (0..len * stride).map(|_| next()).collect();
+                let q: Vec<f32> = (0..d).map(|_| next()).collect();
+                for head in 0..heads {
+                    let kv = KvHead {
+                        keys: &keys,
+                        values: &values,
+                        stride,
+                        offset: head * d,
+                        len,
+                    };
+                    let (mut a, mut b) = (vec![0f32; d], vec![1f32; d]);
+                    attend(&q, &kv, 0.125, &mut a);
+                    // SAFETY: AVX2 is present (checked above).
+                    unsafe { attend_avx2(&q, &kv, 0.125, &mut b) };
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&a),
+                        bits(&b),
+                        "head dim {d}, {len} positions, head {head}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn dot_matches_naive_sum_for_all_tails() {

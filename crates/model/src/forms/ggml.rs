@@ -277,6 +277,9 @@ pub struct GgmlLinear {
     /// The `q8` variant: activations quantised to 8 bits per 32 (llama.cpp's precision, integer
     /// dot products) instead of multiplied in f32.
     q8: bool,
+    /// The blocks repacked for the `q8` products on AVX-512 VNNI (Q4_0, Q4_1, Q8_0).
+    #[cfg(target_arch = "x86_64")]
+    tiles: Option<tiles::Tiles>,
 }
 
 impl GgmlLinear {
@@ -333,7 +336,23 @@ impl GgmlLinear {
     fn rows_per_task(&self) -> usize {
         let by_size = (1 << 18) / self.cols;
         let by_threads = self.rows.div_ceil(16 * rayon::current_num_threads());
-        by_size.min(by_threads).max(1)
+        let per = by_size.min(by_threads).max(1);
+        #[cfg(target_arch = "x86_64")]
+        if self.tiles.is_some() {
+            return per.next_multiple_of(tiles::TILE);
+        }
+        per
+    }
+
+    /// The `q8` products of rows `r0..r0 + out.len() / x.len()` (`r0` where a task starts).
+    fn rows_q8(&self, r0: usize, x: &[Q8In], xsum: &[&[f32]], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(t) = &self.tiles {
+            // SAFETY: tiles are made only where `Isa::detect` found AVX-512 VNNI.
+            return unsafe { t.rows_q8(r0, x, xsum, out) };
+        }
+        let (rb, r1) = (self.row_bytes, r0 + out.len() / x.len());
+        (self.kernels.rows_q8)(&self.bytes.bytes()[r0 * rb..r1 * rb], rb, x, xsum, out)
     }
 }
 
@@ -352,13 +371,15 @@ impl Linear for GgmlLinear {
         };
         let per = self.rows_per_task();
         let rb = self.row_bytes;
-        y.par_chunks_mut(per).enumerate().for_each(|(chunk, ys)| {
-            let rows = &self.bytes.bytes()[chunk * per * rb..(chunk * per + ys.len()) * rb];
-            match self.q8 {
-                true => (self.kernels.rows_q8)(rows, rb, &[acts.input()], &[&xsum], ys),
-                false => (self.kernels.rows)(rows, rb, &[x], &[&xsum], ys),
-            }
-        });
+        y.par_chunks_mut(per)
+            .enumerate()
+            .for_each(|(chunk, ys)| match self.q8 {
+                true => self.rows_q8(chunk * per, &[acts.input()], &[&xsum], ys),
+                false => {
+                    let rows = &self.bytes.bytes()[chunk * per * rb..(chunk * per + ys.len()) * rb];
+                    (self.kernels.rows)(rows, rb, &[x], &[&xsum], ys)
+                }
+            });
     }
     /// Each block is decoded once for up to four vectors (prefill); every vector's sums are
     /// those `matvec` makes, bit for bit.
@@ -389,7 +410,7 @@ impl Linear for GgmlLinear {
                     let out_k = &mut tmp[..(r1 - r0) * k];
                     if self.q8 {
                         let x: Vec<Q8In> = quantised[v0..v1].iter().map(Q8Acts::input).collect();
-                        (self.kernels.rows_q8)(block, rb, &x, &sum, out_k);
+                        self.rows_q8(r0, &x, &sum, out_k);
                     } else {
                         (self.kernels.rows)(block, rb, &xs[v0..v1], &sum, out_k);
                     }
@@ -528,7 +549,14 @@ impl GgmlForm {
                 src.cols
             )));
         }
+        #[cfg(target_arch = "x86_64")]
+        let tiles = match q8 && isa == Isa::Avx512Vnni {
+            true => tiles::Tiles::new(*ty, bytes.bytes(), src.rows, src.cols / bs),
+            false => None,
+        };
         Ok(Arc::new(GgmlLinear {
+            #[cfg(target_arch = "x86_64")]
+            tiles,
             rows: src.rows,
             cols: src.cols,
             ty: *ty,
@@ -1047,6 +1075,8 @@ pub(crate) struct Q8Acts {
     q: Vec<i8>,
     d: Vec<f32>,
     sums: Vec<f32>,
+    /// The codes' integer sums a block of 32.
+    qsum: Vec<i32>,
 }
 
 impl ActQuant {
@@ -1066,10 +1096,28 @@ impl ActQuant {
 
     /// `x` (a whole number of the quantiser's blocks) quantised.
     pub(crate) fn quantise(self, x: &[f32]) -> Q8Acts {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present.
+            return unsafe { self.quantise_avx2(x) };
+        }
+        self.quantise_with(x)
+    }
+
+    /// [`ActQuant::quantise`] compiled for AVX2 (rounding by `vroundps`: the same codes).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn quantise_avx2(self, x: &[f32]) -> Q8Acts {
+        self.quantise_with(x)
+    }
+
+    #[inline(always)]
+    fn quantise_with(self, x: &[f32]) -> Q8Acts {
         let mut a = Q8Acts {
             q: vec![0i8; x.len()],
             d: Vec::with_capacity(x.len().div_ceil(32)),
             sums: Vec::with_capacity(x.len().div_ceil(32)),
+            qsum: Vec::with_capacity(x.len().div_ceil(32)),
         };
         match self {
             ActQuant::Q8_0 | ActQuant::Q8_1 => {
@@ -1083,6 +1131,7 @@ impl ActQuant {
                     let sum: i32 = q.iter().map(|&q| q as i32).sum();
                     let dh = f16_round(d);
                     a.d.push(dh);
+                    a.qsum.push(sum);
                     a.sums.push(match self {
                         ActQuant::Q8_1 => f16_round(d * sum as f32),
                         _ => dh * sum as f32,
@@ -1108,9 +1157,10 @@ impl ActQuant {
                         }
                     };
                     for q in q.chunks(32) {
+                        let sum = q.iter().map(|&q| q as i32).sum::<i32>();
                         a.d.push(d);
-                        a.sums
-                            .push(d * q.iter().map(|&q| q as i32).sum::<i32>() as f32);
+                        a.qsum.push(sum);
+                        a.sums.push(d * sum as f32);
                     }
                 }
             }
@@ -1129,6 +1179,7 @@ impl Q8Acts {
         Q8In {
             q: &self.q,
             d: &self.d,
+            qsum: &self.qsum,
         }
     }
 
@@ -1158,11 +1209,14 @@ impl Q8Acts {
     }
 }
 
-/// One vector's 8-bit activations as the kernels read them: codes `q` and their per-32 scales `d`.
+/// One vector's 8-bit activations as the kernels read them: codes `q`, their per-32 scales `d`
+/// and sums `qsum`.
 #[derive(Clone, Copy)]
 struct Q8In<'a> {
     q: &'a [i8],
     d: &'a [f32],
+    /// The codes' integer sums a block of 32.
+    qsum: &'a [i32],
 }
 
 impl<'a> Q8In<'a> {
@@ -1170,6 +1224,7 @@ impl<'a> Q8In<'a> {
         Q8In {
             q: &self.q[c0..c0 + n],
             d: &self.d[c0 / 32..(c0 + n).div_ceil(32)],
+            qsum: &self.qsum[c0 / 32..(c0 + n).div_ceil(32)],
         }
     }
 }
@@ -1286,7 +1341,7 @@ unsafe fn q4k_q8_avx2_n<const N: usize>(
                 let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
                 for i in 0..N {
                     let e = c0 + 64 * c;
-                    let Q8In { q: xq, d: xd } = x[i];
+                    let Q8In { q: xq, d: xd, .. } = x[i];
                     assert!(xq.len() >= e + 64 && xd.len() > e / 32 + 1);
                     // SAFETY: e + 64 ≤ xq.len(), checked above.
                     let xl = _mm256_loadu_si256(xq.as_ptr().add(e) as *const __m256i);
@@ -1859,7 +1914,7 @@ macro_rules! kernels {
         }
         let (rows, rows_q8): (RowsFn, RowsQ8Fn) = match $isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => (avx2, avx2_q8),
+            Isa::Avx2 | Isa::Avx512Vnni => (avx2, avx2_q8),
             Isa::Portable => (portable, portable_q8),
         };
         Kernels {
@@ -1878,6 +1933,10 @@ pub(crate) enum Isa {
     Portable,
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// AVX2's kernels, with the q8 products of Q4_0, Q4_1 and Q8_0 on AVX-512 VNNI over tiles
+    /// (`ggml_tiles.rs`).
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
 }
 
 impl Isa {
@@ -1886,6 +1945,9 @@ impl Isa {
         {
             use std::arch::is_x86_feature_detected as has;
             if has!("avx2") && has!("fma") && has!("f16c") {
+                if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+                    return Isa::Avx512Vnni;
+                }
                 return Isa::Avx2;
             }
         }
@@ -1896,8 +1958,14 @@ impl Isa {
     #[cfg(test)]
     pub(crate) fn available() -> Vec<Isa> {
         let mut v = vec![Isa::Portable];
-        if Isa::detect() != Isa::Portable {
-            v.push(Isa::detect());
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Isa::detect() != Isa::Portable {
+                v.push(Isa::Avx2);
+            }
+            if Isa::detect() == Isa::Avx512Vnni {
+                v.push(Isa::Avx512Vnni);
+            }
         }
         v
     }
@@ -1923,7 +1991,7 @@ fn kernels_for(ty: GgmlType, isa: Isa) -> Option<Kernels> {
         _ => return None,
     };
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa != Isa::Portable {
         if let Some((rows, rows_q8)) = in_place_avx2(ty) {
             return Some(Kernels { rows, rows_q8, ..k });
         }
@@ -1946,6 +2014,10 @@ fn in_place_avx2(ty: GgmlType) -> Option<(RowsFn, RowsQ8Fn)> {
         _ => return None,
     })
 }
+
+#[cfg(target_arch = "x86_64")]
+#[path = "ggml_tiles.rs"]
+mod tiles;
 
 #[cfg(test)]
 mod tests {
