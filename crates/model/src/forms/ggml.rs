@@ -277,7 +277,7 @@ pub struct GgmlLinear {
     /// The `q8` variant: activations quantised to 8 bits per 32 (llama.cpp's precision, integer
     /// dot products) instead of multiplied in f32.
     q8: bool,
-    /// The blocks repacked for the `q8` products on AVX-512 VNNI (Q4_0, Q4_1, Q8_0).
+    /// The blocks repacked for the `q8` products on AVX-512 VNNI (Q4_0, Q4_1, Q8_0, Q4_K).
     #[cfg(target_arch = "x86_64")]
     tiles: Option<tiles::Tiles>,
 }
@@ -330,12 +330,13 @@ impl GgmlLinear {
         (a, sums)
     }
 
-    /// Rows a task takes: about 256K weights (fewer where there are few rows: at least
-    /// sixteen tasks per thread), at least one row. Smaller tasks cost more in scheduling than they
-    /// balance: a 7B's step is some 250,000 tasks at 32K weights.
+    /// Rows a task takes: about 256K weights (fewer where there are few rows: at least two
+    /// tasks per thread), at least one row. Smaller tasks cost more in scheduling than they
+    /// balance: a 7B's step is some 250,000 tasks at 32K weights; with the threads kept awake
+    /// through a forward, SmolLM2's products ran faster at two tasks a thread than at sixteen.
     fn rows_per_task(&self) -> usize {
         let by_size = (1 << 18) / self.cols;
-        let by_threads = self.rows.div_ceil(16 * rayon::current_num_threads());
+        let by_threads = self.rows.div_ceil(2 * rayon::current_num_threads());
         let per = by_size.min(by_threads).max(1);
         #[cfg(target_arch = "x86_64")]
         if self.tiles.is_some() {
@@ -554,6 +555,10 @@ impl GgmlForm {
             true => tiles::Tiles::new(*ty, bytes.bytes(), src.rows, src.cols / bs),
             false => None,
         };
+        #[cfg(target_arch = "x86_64")]
+        if tiles.is_some() {
+            release_pages(bytes.bytes());
+        }
         Ok(Arc::new(GgmlLinear {
             #[cfg(target_arch = "x86_64")]
             tiles,
@@ -1933,8 +1938,8 @@ pub(crate) enum Isa {
     Portable,
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    /// AVX2's kernels, with the q8 products of Q4_0, Q4_1 and Q8_0 on AVX-512 VNNI over tiles
-    /// (`ggml_tiles.rs`).
+    /// AVX2's kernels, with the q8 products of Q4_0, Q4_1, Q8_0 and Q4_K on AVX-512 VNNI over
+    /// tiles (`ggml_tiles.rs`).
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
 }
@@ -2018,6 +2023,30 @@ fn in_place_avx2(ty: GgmlType) -> Option<(RowsFn, RowsQ8Fn)> {
 #[cfg(target_arch = "x86_64")]
 #[path = "ggml_tiles.rs"]
 mod tiles;
+
+/// Asks the kernel to drop `bytes`' pages from the process's resident set once tiles hold them
+/// (a model would otherwise be resident twice: the file's map and the tiles). Only a hint, and
+/// harmless: a file map's pages come back from the file if read again (a container written
+/// from the model, an embedding row), anonymous pages without swap stay as they are.
+#[cfg(target_os = "linux")]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn release_pages(bytes: &[u8]) {
+    const PAGE: usize = 4096;
+    let (start, end) = (
+        bytes.as_ptr() as usize,
+        bytes.as_ptr() as usize + bytes.len(),
+    );
+    let (first, last) = (start.next_multiple_of(PAGE), end / PAGE * PAGE);
+    if last > first {
+        // SAFETY: the range lies inside `bytes`, page-aligned; MADV_PAGEOUT never changes what
+        // the pages hold.
+        unsafe { libc::madvise(first as *mut libc::c_void, last - first, libc::MADV_PAGEOUT) };
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn release_pages(_: &[u8]) {}
 
 #[cfg(test)]
 mod tests {

@@ -1,11 +1,12 @@
-//! The `q8` products of Q4_0, Q4_1 and Q8_0 on AVX-512 VNNI over the blocks repacked at load in
+//! The `q8` products of Q4_0, Q4_1, Q8_0 and Q4_K on AVX-512 VNNI over the blocks repacked at load in
 //! tiles of 16 rows (llama.cpp repacks them likewise for its VNNI kernels): per tile and block,
 //! the 16 rows' codes interleaved four bytes a row, so that one `vpdpbusd` multiplies four codes
 //! of all 16 rows by four broadcast activation bytes, then the rows' 16 f16 scales (and Q4_1's
-//! mins) as one vector. A block's products for 16 rows then cost what one row's did in place.
-//! The tiles hold the same bytes as the blocks (plus padding to whole cache lines).
+//! mins) as one vector (Q4_K: its 6-bit sub-block scales and mins as bytes, its two f16 scales).
+//! A block's products for 16 rows then cost what one row's did in place. The tiles hold the same
+//! bytes as the blocks, give or take a few percent (whole cache lines; Q4_K's scales unpacked).
 
-use super::{GgmlType, Q8In};
+use super::{scale_min_k4, GgmlType, Q8In};
 
 /// Rows a tile holds.
 pub(super) const TILE: usize = 16;
@@ -16,6 +17,7 @@ enum Kind {
     Q4_0,
     Q4_1,
     Q8_0,
+    Q4K,
 }
 
 impl Kind {
@@ -24,6 +26,7 @@ impl Kind {
             GgmlType::Q4_0 => Some(Kind::Q4_0),
             GgmlType::Q4_1 => Some(Kind::Q4_1),
             GgmlType::Q8_0 => Some(Kind::Q8_0),
+            GgmlType::Q4_K => Some(Kind::Q4K),
             _ => None,
         }
     }
@@ -33,28 +36,39 @@ impl Kind {
             Kind::Q4_0 => (18, 2),
             Kind::Q4_1 => (20, 4),
             Kind::Q8_0 => (34, 2),
+            Kind::Q4K => (144, 16),
         }
     }
-    /// Bytes of a tile's codes of one block (16 rows × 32 codes, nibbles packed as stored).
+    /// Weights a block holds.
+    fn len(self) -> usize {
+        match self {
+            Kind::Q4K => 256,
+            _ => 32,
+        }
+    }
+    /// Bytes of a tile's codes of one block (16 rows' codes, nibbles packed as stored).
     fn code_bytes(self) -> usize {
         match self {
             Kind::Q8_0 => 512,
+            Kind::Q4K => 2048,
             _ => 256,
         }
     }
-    /// 64-byte lines of one (tile, block) record: codes, 16 f16 scales, 16 f16 mins (Q4_1).
+    /// 64-byte lines of one (tile, block) record: codes, 16 f16 scales, 16 f16 mins (Q4_1);
+    /// Q4_K: codes, 8 × 16 scale bytes, 8 × 16 min bytes, 16 f16 `d`, 16 f16 `dmin`.
     fn lines(self) -> usize {
         match self {
             Kind::Q4_0 => 5,
             Kind::Q4_1 => 5,
             Kind::Q8_0 => 9,
+            Kind::Q4K => 37,
         }
     }
     /// What the tiles' unsigned codes exceed the true codes by: `Σ q·x = Σ u·x − B·Σ x`.
     fn bias(self) -> i32 {
         match self {
             Kind::Q4_0 => 8,
-            Kind::Q4_1 => 0,
+            Kind::Q4_1 | Kind::Q4K => 0,
             Kind::Q8_0 => 128,
         }
     }
@@ -101,6 +115,21 @@ impl Tiles {
                             }
                         }
                     }
+                    Kind::Q4K => {
+                        // Load 8c + g: bytes 4g..4g+4 of the 32 that hold sub-blocks 2c (low
+                        // nibbles) and 2c + 1 (high).
+                        for l in 0..32 {
+                            rec[64 * l + 4 * j..][..4].copy_from_slice(&codes[4 * l..][..4]);
+                        }
+                        for sb in 0..8 {
+                            let (sc, m) = scale_min_k4(sb, &blk[4..16]);
+                            rec[cb + 16 * sb + j] = sc;
+                            rec[cb + 128 + 16 * sb + j] = m;
+                        }
+                        rec[cb + 256 + 2 * j..][..2].copy_from_slice(&blk[..2]);
+                        rec[cb + 288 + 2 * j..][..2].copy_from_slice(&blk[2..4]);
+                        continue;
+                    }
                     _ => {
                         for g in 0..4 {
                             rec[64 * g + 4 * j..][..4].copy_from_slice(&codes[4 * g..][..4]);
@@ -131,9 +160,10 @@ impl Tiles {
         let rows = out.len() / n;
         assert!(r0 + rows <= self.rows);
         let b = self.blocks;
+        let l = self.kind.len();
         assert!(x
             .iter()
-            .all(|x| x.q.len() >= 32 * b && x.d.len() >= b && x.qsum.len() >= b));
+            .all(|x| x.q.len() >= l * b && x.d.len() >= l / 32 * b && x.qsum.len() >= l / 32 * b));
         assert!(self.kind != Kind::Q4_1 || (xsum.len() == n && xsum.iter().all(|s| s.len() >= b)));
         for t in 0..rows.div_ceil(TILE) {
             let here = TILE.min(rows - t * TILE);
@@ -147,10 +177,14 @@ impl Tiles {
                     _ => &[],
                 };
                 let tile = r0 / TILE + t;
-                let sums = match k {
-                    1 => self.tile::<1>(tile, xs, ms).to_vec(),
-                    2 => self.tile::<2>(tile, xs, ms).to_vec(),
-                    3 => self.tile::<3>(tile, xs, ms).to_vec(),
+                let sums = match (self.kind, k) {
+                    (Kind::Q4K, 1) => self.tile_q4k::<1>(tile, xs).to_vec(),
+                    (Kind::Q4K, 2) => self.tile_q4k::<2>(tile, xs).to_vec(),
+                    (Kind::Q4K, 3) => self.tile_q4k::<3>(tile, xs).to_vec(),
+                    (Kind::Q4K, _) => self.tile_q4k::<4>(tile, xs).to_vec(),
+                    (_, 1) => self.tile::<1>(tile, xs, ms).to_vec(),
+                    (_, 2) => self.tile::<2>(tile, xs, ms).to_vec(),
+                    (_, 3) => self.tile::<3>(tile, xs, ms).to_vec(),
                     _ => self.tile::<4>(tile, xs, ms).to_vec(),
                 };
                 for (v, s) in sums.iter().enumerate() {
@@ -236,6 +270,76 @@ impl Tiles {
         let mut r = [[0f32; TILE]; N];
         for v in 0..N {
             _mm512_storeu_ps(r[v].as_mut_ptr(), _mm512_add_ps(acc[v], accm[v]));
+        }
+        r
+    }
+
+    /// [`Tiles::tile`] for Q4_K: per sub-block of 32, `Σ q·x` of 16 rows by `vpdpbusd`, times
+    /// the rows' 6-bit scales (integers: a block's sum fits in 32 bits), less the mins times the
+    /// activations' sums; then `d·dx` and `dmin·dx` (ggml's Q4_K × Q8_K product).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    #[inline]
+    unsafe fn tile_q4k<const N: usize>(&self, t: usize, x: &[Q8In]) -> [[f32; TILE]; N] {
+        use std::arch::x86_64::*;
+        let per = Kind::Q4K.lines();
+        let cb = Kind::Q4K.code_bytes();
+        let m4 = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut accm = [_mm512_setzero_ps(); N];
+        let base = self.lines.as_ptr().add(t * self.blocks * per) as *const u8;
+        let bytes16 = |p: *const u8| _mm512_cvtepu8_epi32(_mm_load_si128(p as *const __m128i));
+        for b in 0..self.blocks {
+            let rec = base.add(b * per * 64);
+            let mut isum = [_mm512_setzero_si512(); N];
+            let mut msum = [_mm512_setzero_si512(); N];
+            for c in 0..4 {
+                // Sub-blocks 2c and 2c + 1, two chains each.
+                let mut s = [[_mm512_setzero_si512(); 4]; N];
+                for g in 0..8 {
+                    let l = rec.add(64 * (8 * c + g));
+                    _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(2 * per * 64) as *const i8);
+                    let v = _mm512_load_si512(l as *const __m512i);
+                    let lo = _mm512_and_si512(v, m4);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                    for (xv, s) in x.iter().zip(s.iter_mut()) {
+                        // SAFETY: 256·b + 64c + 32 + 4g + 4 ≤ 256·blocks ≤ xv.q.len().
+                        let at = |k: usize| {
+                            _mm512_set1_epi32(std::ptr::read_unaligned(
+                                xv.q.as_ptr().add(256 * b + 64 * c + k) as *const i32,
+                            ))
+                        };
+                        s[g % 2] = _mm512_dpbusd_epi32(s[g % 2], lo, at(4 * g));
+                        s[2 + g % 2] = _mm512_dpbusd_epi32(s[2 + g % 2], hi, at(32 + 4 * g));
+                    }
+                }
+                let sc0 = bytes16(rec.add(cb + 16 * (2 * c)));
+                let sc1 = bytes16(rec.add(cb + 16 * (2 * c + 1)));
+                for (is, s) in isum.iter_mut().zip(&s) {
+                    let p0 = _mm512_mullo_epi32(_mm512_add_epi32(s[0], s[1]), sc0);
+                    let p1 = _mm512_mullo_epi32(_mm512_add_epi32(s[2], s[3]), sc1);
+                    *is = _mm512_add_epi32(*is, _mm512_add_epi32(p0, p1));
+                }
+            }
+            for sb in 0..8 {
+                let m = bytes16(rec.add(cb + 128 + 16 * sb));
+                for (ms, xv) in msum.iter_mut().zip(x) {
+                    let q = _mm512_set1_epi32(xv.qsum[8 * b + sb]);
+                    *ms = _mm512_add_epi32(*ms, _mm512_mullo_epi32(m, q));
+                }
+            }
+            let d = _mm512_cvtph_ps(_mm256_load_si256(rec.add(cb + 256) as *const __m256i));
+            let dmin = _mm512_cvtph_ps(_mm256_load_si256(rec.add(cb + 288) as *const __m256i));
+            for v in 0..N {
+                let dx = _mm512_set1_ps(x[v].d[8 * b]);
+                let f = _mm512_mul_ps(d, dx);
+                acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[v]), f, acc[v]);
+                let fm = _mm512_mul_ps(dmin, dx);
+                accm[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[v]), fm, accm[v]);
+            }
+        }
+        let mut r = [[0f32; TILE]; N];
+        for v in 0..N {
+            _mm512_storeu_ps(r[v].as_mut_ptr(), _mm512_sub_ps(acc[v], accm[v]));
         }
         r
     }
