@@ -414,8 +414,11 @@ impl Awake {
         let me = rayon::current_thread_index()?;
         let threads = rayon::current_num_threads();
         let others = threads - 1;
-        // More threads than cores: a spinner would take a core from a thread with work.
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // More threads than cores: a spinner would take a core from a thread with work. (Asked
+        // once: the answer reads the affinity mask and cgroup files.)
+        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let cores =
+            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         if others == 0 || threads > cores || AWAKE.swap(true, Ordering::AcqRel) {
             return None;
         }
@@ -528,12 +531,7 @@ unsafe fn attend_avx2_w<const W: usize>(q: &[f32], kv: &KvHead, scale: f32, out:
         }
         *s = total(acc) * scale;
     }
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for s in &mut scores {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
+    let sum = exp_shifted(&mut scores);
     let mut o = [_mm256_setzero_ps(); W];
     for (t, &s) in scores.iter().enumerate() {
         let weight = _mm256_set1_ps(s / sum);
@@ -556,12 +554,7 @@ fn attend(q: &[f32], kv: &KvHead, scale: f32, out: &mut [f32]) {
     for (t, s) in scores.iter_mut().enumerate() {
         *s = dot(q, &kv.keys[t * kv.stride + kv.offset..][..d]) * scale;
     }
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for s in &mut scores {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
+    let sum = exp_shifted(&mut scores);
     out.fill(0.0);
     for (t, &s) in scores.iter().enumerate() {
         let weight = s / sum;
@@ -570,6 +563,18 @@ fn attend(q: &[f32], kv: &KvHead, scale: f32, out: &mut [f32]) {
             *o += weight * v;
         }
     }
+}
+
+/// `scores` replaced by `exp(s − max)`; returns their sum (the softmax's denominator).
+#[inline(always)]
+fn exp_shifted(scores: &mut [f32]) -> f32 {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for s in scores {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    sum
 }
 
 /// Dot product with eight partial sums, so it vectorises.

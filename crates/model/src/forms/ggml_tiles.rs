@@ -30,20 +30,12 @@ impl Kind {
             _ => None,
         }
     }
-    /// Bytes of a stored block, and where its codes start.
-    fn block(self) -> (usize, usize) {
+    /// Where a stored block's codes start (after its f16 scale, min, Q4_K's packed scales).
+    fn codes_at(self) -> usize {
         match self {
-            Kind::Q4_0 => (18, 2),
-            Kind::Q4_1 => (20, 4),
-            Kind::Q8_0 => (34, 2),
-            Kind::Q4K => (144, 16),
-        }
-    }
-    /// Weights a block holds.
-    fn len(self) -> usize {
-        match self {
-            Kind::Q4K => 256,
-            _ => 32,
+            Kind::Q4_0 | Kind::Q8_0 => 2,
+            Kind::Q4_1 => 4,
+            Kind::Q4K => 16,
         }
     }
     /// Bytes of a tile's codes of one block (16 rows' codes, nibbles packed as stored).
@@ -84,6 +76,8 @@ pub(super) struct Tiles {
     kind: Kind,
     rows: usize,
     blocks: usize,
+    /// Weights a block holds.
+    len: usize,
     lines: Vec<Line>,
 }
 
@@ -91,7 +85,7 @@ impl Tiles {
     /// `bytes` (`rows` rows of `blocks` blocks of `ty`) repacked, or `None` for another type.
     pub(super) fn new(ty: GgmlType, bytes: &[u8], rows: usize, blocks: usize) -> Option<Tiles> {
         let kind = Kind::of(ty)?;
-        let (ts, at) = kind.block();
+        let ((len, ts), at) = (ty.block_layout(), kind.codes_at());
         assert_eq!(bytes.len(), rows * blocks * ts, "ggml tile source size");
         let per = kind.lines();
         let tiles = rows.div_ceil(TILE);
@@ -146,6 +140,7 @@ impl Tiles {
             kind,
             rows,
             blocks,
+            len,
             lines,
         })
     }
@@ -160,7 +155,7 @@ impl Tiles {
         let rows = out.len() / n;
         assert!(r0 + rows <= self.rows);
         let b = self.blocks;
-        let l = self.kind.len();
+        let l = self.len;
         assert!(x
             .iter()
             .all(|x| x.q.len() >= l * b && x.d.len() >= l / 32 * b && x.qsum.len() >= l / 32 * b));
@@ -177,20 +172,22 @@ impl Tiles {
                     _ => &[],
                 };
                 let tile = r0 / TILE + t;
-                let sums = match (self.kind, k) {
-                    (Kind::Q4K, 1) => self.tile_q4k::<1>(tile, xs).to_vec(),
-                    (Kind::Q4K, 2) => self.tile_q4k::<2>(tile, xs).to_vec(),
-                    (Kind::Q4K, 3) => self.tile_q4k::<3>(tile, xs).to_vec(),
-                    (Kind::Q4K, _) => self.tile_q4k::<4>(tile, xs).to_vec(),
-                    (_, 1) => self.tile::<1>(tile, xs, ms).to_vec(),
-                    (_, 2) => self.tile::<2>(tile, xs, ms).to_vec(),
-                    (_, 3) => self.tile::<3>(tile, xs, ms).to_vec(),
-                    _ => self.tile::<4>(tile, xs, ms).to_vec(),
-                };
-                for (v, s) in sums.iter().enumerate() {
-                    for j in 0..here {
-                        o[j * n + v0 + v] = s[j];
+                let mut put = |sums: &[[f32; TILE]]| {
+                    for (v, s) in sums.iter().enumerate() {
+                        for (j, &s) in s[..here].iter().enumerate() {
+                            o[j * n + v0 + v] = s;
+                        }
                     }
+                };
+                match (self.kind, k) {
+                    (Kind::Q4K, 1) => put(&self.tile_q4k::<1>(tile, xs)),
+                    (Kind::Q4K, 2) => put(&self.tile_q4k::<2>(tile, xs)),
+                    (Kind::Q4K, 3) => put(&self.tile_q4k::<3>(tile, xs)),
+                    (Kind::Q4K, _) => put(&self.tile_q4k::<4>(tile, xs)),
+                    (_, 1) => put(&self.tile::<1>(tile, xs, ms)),
+                    (_, 2) => put(&self.tile::<2>(tile, xs, ms)),
+                    (_, 3) => put(&self.tile::<3>(tile, xs, ms)),
+                    _ => put(&self.tile::<4>(tile, xs, ms)),
                 }
                 v0 += k;
             }
