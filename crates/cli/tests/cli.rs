@@ -1,6 +1,8 @@
 //! End-to-end tests of the `entrollm` binary: synth → compress → decompress is bit-exact for every
 //! coder and dtype, and damaged containers fail with a message naming the tensor (never a panic).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -34,11 +36,8 @@ fn fails(args: &[&str]) -> String {
     err
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("entrollm-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn tmp(name: &str) -> common::Scratch {
+    common::Scratch::new("cli", name)
 }
 
 /// Copies the files of directory `from` into `to` (created).
@@ -121,7 +120,6 @@ fn synth_compress_decompress_is_bit_exact() {
             "{coder} {dtype}: {bpw} bits/weight"
         );
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// Coding in parallel does not change the container: one and two threads write the same bytes.
@@ -155,7 +153,6 @@ fn compress_output_does_not_depend_on_the_thread_count() {
     }
     assert!(std::fs::read_dir(d.join("c1")).unwrap().count() > 3);
     assert_same_dirs(&d.join("c1"), &d.join("c2"));
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -309,7 +306,6 @@ fn damaged_containers_fail_naming_the_tensor() {
         "-o",
         good.to_str().unwrap(),
     ]);
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -381,7 +377,6 @@ fn fp8_and_mixed_dtype_checkpoint_round_trips() {
         "df11",
     ]);
     assert!(err.contains("BF16"), "{err}");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// SmolLM2-135M-Instruct (fetched by scripts/fetch-smollm2; the test fails with how to get it).
@@ -571,7 +566,6 @@ fn container_runs_through_the_fused_decode_matvec_like_the_original() {
             logits = engines.iter_mut().map(|e| e.step(t).unwrap()).collect();
         }
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// The acceptance check for GGUF sources: SmolLM2's Q4_1 GGUF → container → the same GGUF
@@ -660,7 +654,6 @@ fn smollm2_gguf_container_is_lossless_and_runs_like_the_gguf() {
     let (pg, pc) = (ppl(gs), ppl(cs));
     assert!(pg.contains("perplexity"), "{pg}");
     assert_eq!(pc.replace(cs, gs), pg, "perplexity GGUF vs container");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// What a llama.cpp user types works, and what they see: the short flags and aliases, a system
@@ -809,7 +802,6 @@ fn llama_cpp_flags_stops_and_the_first_ten_minutes() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names.len(), 2, "nothing left beside the outputs: {names:?}");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// A GGUF with a zero tail longer than a container restores is refused before any work, with the
@@ -852,7 +844,6 @@ fn gguf_with_a_long_zero_tail_is_refused_before_any_work() {
         "--min-elements",
         "256",
     ]);
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// Every ggml type of the reader's golden file (F32, F16, the Q4/Q5/Q8 block types, k-quants),
@@ -895,7 +886,6 @@ fn gguf_of_every_block_type_round_trips() {
         ),
         "a coded tensor is smaller than its source"
     );
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// A model quantised by llama.cpp's own `llama-quantize`, one type a matrix (Q2_K … Q6_K, IQ4_NL,
@@ -975,7 +965,6 @@ fn llama_quantize_k_quants_round_trip_and_run_like_the_gguf() {
             "{prompt}: kept coded"
         );
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -1090,7 +1079,6 @@ fn outputs_overlapping_their_input_are_refused_and_the_source_kept() {
         assert!(err.contains("the input"), "{out}: {err}");
     }
     assert!(c.join("entrollm.json").is_file() && !inside.exists());
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// A thread count past any machine's is a clean error (exit 1) at once, not a stalled machine.
@@ -1202,7 +1190,6 @@ fn compress_keeps_every_file_or_names_the_one_it_cannot() {
         assert!(leftovers.is_empty(), "{leftovers:?}");
         std::fs::remove_file(&p).unwrap();
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// A safetensors file of one `rows × cols` BF16 matrix with Gaussian-like values (enough work
@@ -1296,7 +1283,6 @@ fn interrupted_compress_leaves_nothing() {
     ]);
     assert!(partials().is_empty(), "{:?}", partials());
     assert!(out.join("entrollm.json").is_file());
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// Runs the binary, failing the test if it runs past `secs` (a hang); returns (exit code, stderr).
@@ -1413,7 +1399,6 @@ fn fifos_and_devices_as_inputs_are_refused_not_read() {
         "a FIFO",
     );
     assert!(!back.exists() && !out.exists());
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// The byte range of tensor `key` in a safetensors file.
@@ -1520,7 +1505,6 @@ fn loading_a_container_checks_plain_tensors_files_and_the_gguf_header() {
         ]);
         assert!(err.contains("stored header"), "{err}");
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// A checkpoint of more tensors than a container's manifest can hold is refused before any work,
@@ -1565,7 +1549,6 @@ fn too_many_tensors_are_refused_before_any_work() {
         "{err}"
     );
     assert!(!out.exists());
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// `compress --bits`: matrices coded lossily at the rate asked, the embedding and norms exact;
@@ -1731,7 +1714,6 @@ fn lossy_containers_code_at_the_rate_asked_and_restore_their_reconstruction() {
         "tcq7",
     ]);
     assert!(e.contains("--quantizer"), "{e}");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// `--tile-weights` sets the lossy tile size: smaller tiles are stored (and still hit the rate),
@@ -2228,5 +2210,4 @@ fn gptq_checkpoint_compresses_inspects_and_restores() {
             "{f} differs"
         );
     }
-    let _ = std::fs::remove_dir_all(&d);
 }

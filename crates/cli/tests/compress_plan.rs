@@ -3,6 +3,8 @@
 //! them with the source's greedy tokens, decompresses to the source bit for bit; a plan of
 //! another model is refused naming both; a tight budget stores smaller forms than a loose one.
 
+mod common;
+
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,11 +28,8 @@ fn ok(args: &[&str]) -> Output {
     out
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("entrollm-cplan-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn tmp(name: &str) -> common::Scratch {
+    common::Scratch::new("cplan", name)
 }
 
 fn json(path: &Path) -> Value {
@@ -343,7 +342,6 @@ fn compress_plan_on_a_synthetic_model() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("a tune file of a cpu device"));
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 fn smollm2() -> Option<PathBuf> {
@@ -413,5 +411,4 @@ fn compress_plan_on_smollm2() {
             l["id"]
         );
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }

@@ -4,6 +4,8 @@
 //! links, FIFOs, /dev/zero). Each case is a clean error naming the file or tensor (exit 1, never a
 //! panic, abort or hang) or a correct result, and nothing is left behind.
 
+mod common;
+
 use entrollm_model::load::{open_weights_with, LoadOptions};
 use entrollm_model::Engine;
 use serde_json::Value;
@@ -11,11 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("entrollm-hostile-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn tmp(name: &str) -> common::Scratch {
+    common::Scratch::new("hostile", name)
 }
 
 /// Runs the binary with a deadline: (exit code, stderr). A hang is a failure.
@@ -115,7 +114,7 @@ fn safetensors_boundaries(bytes: &[u8]) -> (Vec<usize>, Vec<(String, usize, usiz
 
 /// A synthetic checkpoint and its container, made once per test.
 struct Fixture {
-    dir: PathBuf,
+    dir: common::Scratch,
     src: PathBuf,
     container: PathBuf,
 }
@@ -237,7 +236,6 @@ fn a_flipped_byte_in_any_tensor_is_refused_naming_it_or_changes_nothing() {
         "{} tensors: {refused} refused naming the tensor, {same} served unchanged",
         spans.len()
     );
-    std::fs::remove_dir_all(&f.dir).unwrap();
 }
 
 #[test]
@@ -306,7 +304,6 @@ fn truncated_and_header_damaged_containers_fail_cleanly_leaving_nothing() {
         cases += 1;
     }
     eprintln!("{cases} damaged containers");
-    std::fs::remove_dir_all(&f.dir).unwrap();
 }
 
 #[test]
@@ -456,7 +453,6 @@ fn edited_manifests_links_fifos_and_devices_fail_cleanly_leaving_nothing() {
             }
         }
     }
-    std::fs::remove_dir_all(&f.dir).unwrap();
 }
 
 #[test]
@@ -539,7 +535,6 @@ fn damaged_safetensors_sources_are_refused_before_any_output() {
         only(&f.dir, &["src", "c", "damaged"]);
     }
     eprintln!("{} damaged safetensors sources", variants.len());
-    std::fs::remove_dir_all(&f.dir).unwrap();
 }
 
 #[test]
@@ -594,7 +589,6 @@ fn truncated_and_damaged_gguf_sources_are_refused_before_any_output() {
         only(&dir, &["damaged.gguf"]);
     }
     eprintln!("{} damaged GGUF files", cases.len());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// stdout of `entrollm ARGS`, or its exit code and stderr.
@@ -681,5 +675,4 @@ fn run_on_smollm2s_container_with_a_flipped_byte_gives_the_same_text_or_names_th
     }
     assert!(refused > 40, "{refused} refused, {same} the same");
     eprintln!("run: {refused} refused naming the tensor, {same} the same text");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

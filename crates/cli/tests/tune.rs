@@ -3,6 +3,8 @@
 //! budget naming the smallest size; the real test model run under three budgets gives the
 //! source's greedy tokens (every form is lossless).
 
+mod common;
+
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -25,11 +27,8 @@ fn ok(args: &[&str]) -> Output {
     out
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("entrollm-tune-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn tmp(name: &str) -> common::Scratch {
+    common::Scratch::new("tune", name)
 }
 
 fn json(path: &std::path::Path) -> Value {
@@ -154,7 +153,6 @@ fn tune_resume_and_plans_on_a_synthetic_model() {
     let out = entrollm(&["tune", other.to_str().unwrap(), "--device", "cpu", "-o", ts]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("another model"));
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 fn smollm2() -> Option<PathBuf> {

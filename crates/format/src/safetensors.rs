@@ -884,7 +884,7 @@ mod tests {
                 prop_assert_eq!(v.bytes, b.as_slice());
                 prop_assert_eq!(&f.file_bytes()[f.data_offset(n).unwrap() as usize..][..b.len()], b.as_slice());
             }
-            std::fs::remove_file(&path).unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
         }
     }
 

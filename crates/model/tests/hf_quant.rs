@@ -2,6 +2,8 @@
 //! the packers' own dequantisation and transformers' logits, from the files
 //! tools/gen_hf_quant_testdata.py wrote; and hostile tensors and configs.
 
+mod common;
+
 use entrollm_format::{Dtype, SafetensorsFile, TensorView};
 use entrollm_model::hf_quant::{OwnedTensors, Scheme};
 use entrollm_model::load::SafetensorsSource;
@@ -291,8 +293,8 @@ fn packed_checkpoints_code_serve_and_restore_bit_for_bit() {
     use entrollm_model::compress::{compress, CompressOptions, NoProgress};
     use entrollm_model::load::ContainerSource;
     for fmt in ["ct", "gptq", "awq", "nvfp4", "mxfp4", "intq"] {
-        let dir = std::env::temp_dir().join(format!("entrollm-hfq-{fmt}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = common::Scratch::new(&format!("hfq-{fmt}"));
+        let dir = &scratch.0;
         let opts = CompressOptions {
             min_elements: 1024,
             ..CompressOptions::default()
@@ -363,7 +365,6 @@ fn packed_checkpoints_code_serve_and_restore_bit_for_bit() {
                 "{fmt}: {f} differs"
             );
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 

@@ -1,4 +1,5 @@
-//! What the integration tests share.
+//! What the integration tests share (each test uses some of it).
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 
@@ -12,4 +13,22 @@ pub fn smollm2_gguf() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// A fresh directory under the system temp dir, removed when dropped (passed or panicked).
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("entrollm-model-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
