@@ -5,7 +5,6 @@
 use crate::config::{ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::weights::{LayerWeights, ModelWeights};
-use rayon::prelude::*;
 use std::sync::Arc;
 
 /// Tokens per forward chunk: bounds activation memory on long prompts (each weight is read once
@@ -85,6 +84,12 @@ impl Engine {
     /// steps, and a step's time is then the sum of its launches' and the rest).
     pub fn one_launch_at_a_time(&mut self) {
         self.concurrent_launches = false;
+    }
+
+    /// Whether q/k/v (and gate/up) go to rayon as one region: not while the crew runs the
+    /// products (each is already spread over every thread, cheaply).
+    fn concurrent(&self) -> bool {
+        self.concurrent_launches && !crate::crew::leading()
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -170,7 +175,7 @@ impl Engine {
                 format!("token id {bad} is outside the vocabulary ({vocab})"),
             ));
         }
-        let _awake = Awake::new();
+        let _awake = crate::crew::Awake::new();
         for (chunk_index, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
             let offset = chunk_index * PREFILL_CHUNK;
             let hidden = self.forward_layers(chunk);
@@ -199,7 +204,7 @@ impl Engine {
         let mut buffers = LayerBuffers::new(c, n);
         for (layer_index, layer) in weights.layers.iter().enumerate() {
             self.attention_block(layer_index, layer, &rope, &mut x, &mut buffers);
-            mlp_block(c, layer, &mut x, &mut buffers, self.concurrent_launches);
+            mlp_block(c, layer, &mut x, &mut buffers, self.concurrent());
         }
         self.pos += n;
         x
@@ -229,7 +234,7 @@ impl Engine {
                 }
             }
         };
-        if self.concurrent_launches {
+        if self.concurrent() {
             // One parallel region for the three (a thread done with its share of q goes on to k).
             rayon::join(
                 || project(&layer.q, &layer.q_bias, &mut b.q),
@@ -331,14 +336,13 @@ fn mlp_block(
         layer.gate.matmul(&b.normed, n, &mut b.gate);
         layer.up.matmul(&b.normed, n, &mut b.up);
     }
-    b.gate
-        .par_chunks_mut(ELEMENTWISE_TASK)
-        .zip(b.up.par_chunks(ELEMENTWISE_TASK))
-        .for_each(|(g, u)| {
-            for (g, &u) in g.iter_mut().zip(u) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
-        });
+    let up = &b.up;
+    crate::crew::chunks_mut(&mut b.gate, ELEMENTWISE_TASK, |i, g| {
+        let u = &up[i * ELEMENTWISE_TASK..][..g.len()];
+        for (g, &u) in g.iter_mut().zip(u) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+    });
     layer.down.matmul(&b.gate, n, &mut b.normed);
     add_assign(x, &b.normed);
 }
@@ -357,108 +361,23 @@ fn attention(
     let (d, heads, kv_dim) = (c.head_dim, c.num_heads, c.kv_dim());
     let group = heads / c.num_kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
-    out.par_chunks_mut(d)
-        .zip(q.par_chunks(d))
-        .enumerate()
-        .for_each(|(index, (out, q))| {
-            let (token, head) = (index / heads, index % heads);
-            let kv = KvHead {
-                keys,
-                values,
-                stride: kv_dim,
-                offset: (head / group) * d,
-                len: start + token + 1,
-            };
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: AVX2 is present.
-                return unsafe { attend_avx2(q, &kv, scale, out) };
-            }
-            attend(q, &kv, scale, out)
-        });
-}
-
-/// While it lives, the pool's other threads look for work instead of sleeping: a decode step is
-/// some two hundred parallel products, and waking a sleeping thread for each (a futex wake and a
-/// context switch) cost a tenth of a small model's step. Only from inside the pool (the CLI runs
-/// its decode loops there), one at a time, with no more threads than cores; elsewhere it does
-/// nothing.
-///
-/// A spinning thread runs the pool's tasks through `rayon::yield_now`, so it must start at the
-/// top of its thread: one started beneath a waiting task would hold that task until the step
-/// ends, and the step waits for the task. So `new` waits (briefly) for every spinner to start
-/// before the step queues any task, and a spinner started later, or beneath another, returns.
-struct Awake {
-    shared: Arc<AwakeState>,
-}
-
-struct AwakeState {
-    stop: std::sync::atomic::AtomicBool,
-    started: std::sync::atomic::AtomicUsize,
-}
-
-/// Whether an [`Awake`] lives (one at a time).
-static AWAKE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-thread_local! {
-    /// Whether this thread runs a spinner.
-    static SPINNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-impl Awake {
-    /// How long `new` waits for the other threads to start spinning (a sleeping thread's wake).
-    const START_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
-
-    fn new() -> Option<Awake> {
-        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-        let me = rayon::current_thread_index()?;
-        let threads = rayon::current_num_threads();
-        let others = threads - 1;
-        // More threads than cores: a spinner would take a core from a thread with work. (Asked
-        // once: the answer reads the affinity mask and cgroup files.)
-        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let cores =
-            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        if others == 0 || threads > cores || AWAKE.swap(true, Ordering::AcqRel) {
-            return None;
+    crate::crew::chunks_mut(out, d, |index, out| {
+        let q = &q[index * d..][..d];
+        let (token, head) = (index / heads, index % heads);
+        let kv = KvHead {
+            keys,
+            values,
+            stride: kv_dim,
+            offset: (head / group) * d,
+            len: start + token + 1,
+        };
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present.
+            return unsafe { attend_avx2(q, &kv, scale, out) };
         }
-        let shared = Arc::new(AwakeState {
-            stop: AtomicBool::new(false),
-            started: AtomicUsize::new(0),
-        });
-        let state = Arc::clone(&shared);
-        rayon::spawn_broadcast(move |ctx| {
-            if ctx.index() == me || SPINNING.get() {
-                return;
-            }
-            state.started.fetch_add(1, Ordering::AcqRel);
-            SPINNING.set(true);
-            while !state.stop.load(Ordering::Acquire) {
-                if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                    std::hint::spin_loop();
-                }
-            }
-            SPINNING.set(false);
-        });
-        let awake = Awake { shared };
-        let t0 = std::time::Instant::now();
-        while awake.shared.started.load(Ordering::Acquire) < others {
-            if t0.elapsed() > Self::START_WAIT {
-                // Dropped: those that started stop, later ones return at once.
-                return None;
-            }
-            std::hint::spin_loop();
-        }
-        Some(awake)
-    }
-}
-
-impl Drop for Awake {
-    fn drop(&mut self) {
-        use std::sync::atomic::Ordering;
-        self.shared.stop.store(true, Ordering::Release);
-        AWAKE.store(false, Ordering::Release);
-    }
+        attend(q, &kv, scale, out)
+    });
 }
 
 /// One key/value head's cached positions `0..len`: position t's vectors at `t·stride + offset`.
@@ -601,15 +520,14 @@ fn add_assign(x: &mut [f32], y: &[f32]) {
 /// RMSNorm of each `weight.len()`-wide row of `x` into `out`: `x / sqrt(mean(x²) + eps) · weight`.
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let width = weight.len();
-    out.par_chunks_mut(width)
-        .zip(x.par_chunks(width))
-        .for_each(|(out, x)| {
-            let mean_square = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / width as f64;
-            let inv_rms = (1.0 / (mean_square + eps as f64).sqrt()) as f32;
-            for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
-                *o = v * inv_rms * w;
-            }
-        });
+    crate::crew::chunks_mut(out, width, |i, out| {
+        let x = &x[i * width..][..width];
+        let mean_square = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / width as f64;
+        let inv_rms = (1.0 / (mean_square + eps as f64).sqrt()) as f32;
+        for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+            *o = v * inv_rms * w;
+        }
+    });
 }
 
 /// RoPE inverse frequencies of the `head_dim / 2` rotated pairs, `θ^(−2i/d)`, with the config's

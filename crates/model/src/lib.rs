@@ -5,6 +5,7 @@ pub mod chat;
 pub mod coding_plan;
 pub mod compress;
 pub mod config;
+mod crew;
 pub mod engine;
 pub mod error;
 pub mod eval;

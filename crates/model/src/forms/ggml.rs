@@ -372,15 +372,13 @@ impl Linear for GgmlLinear {
         };
         let per = self.rows_per_task();
         let rb = self.row_bytes;
-        y.par_chunks_mut(per)
-            .enumerate()
-            .for_each(|(chunk, ys)| match self.q8 {
-                true => self.rows_q8(chunk * per, &[acts.input()], &[&xsum], ys),
-                false => {
-                    let rows = &self.bytes.bytes()[chunk * per * rb..(chunk * per + ys.len()) * rb];
-                    (self.kernels.rows)(rows, rb, &[x], &[&xsum], ys)
-                }
-            });
+        crate::crew::chunks_mut(y, per, |chunk, ys| match self.q8 {
+            true => self.rows_q8(chunk * per, &[acts.input()], &[&xsum], ys),
+            false => {
+                let rows = &self.bytes.bytes()[chunk * per * rb..(chunk * per + ys.len()) * rb];
+                (self.kernels.rows)(rows, rb, &[x], &[&xsum], ys)
+            }
+        });
     }
     /// Each block is decoded once for up to four vectors (prefill); every vector's sums are
     /// those `matvec` makes, bit for bit.
@@ -2182,7 +2180,8 @@ mod tests {
         let mut rng = Rng::new(seed);
         for isa in Isa::available() {
             for ty in TYPES {
-                for (rows, blocks) in [(1, 1), (2, 5), (7, 3), (40, 2), (5, 9)] {
+                for (rows, blocks) in [(1, 1), (2, 5), (7, 3), (40, 2), (5, 9), (150, 3), (300, 2)]
+                {
                     let src = source(&mut rng, ty, rows, blocks);
                     let m = GGML.encode_on(&src, isa, q8).unwrap();
                     assert_eq!(m.form().variant, if q8 { Q8 } else { "" });

@@ -2,14 +2,19 @@
 //! tiles of 16 rows (llama.cpp repacks them likewise for its VNNI kernels): per tile and block,
 //! the 16 rows' codes interleaved four bytes a row, so that one `vpdpbusd` multiplies four codes
 //! of all 16 rows by four broadcast activation bytes, then the rows' 16 f16 scales (and Q4_1's
-//! mins) as one vector (Q4_K: its 6-bit sub-block scales and mins as bytes, its two f16 scales).
-//! A block's products for 16 rows then cost what one row's did in place. The tiles hold the same
-//! bytes as the blocks, give or take a few percent (whole cache lines; Q4_K's scales unpacked).
+//! mins) as one vector (Q4_K: its 6-bit sub-block scales and mins as bytes, its two f16 scales;
+//! Q4_0 and Q8_0: two blocks' scales in one line). A block's products for 16 rows then cost what
+//! one row's did in place. The tiles hold the same bytes as the blocks, give or take a few
+//! percent (whole cache lines; Q4_K's scales unpacked). A decode step's products, bound by how
+//! fast the weights stream in, take four tiles at a time: four streams, each prefetched ahead.
 
 use super::{scale_min_k4, GgmlType, Q8In};
 
 /// Rows a tile holds.
 pub(super) const TILE: usize = 16;
+
+/// How far ahead of the record being multiplied each stream prefetches (bytes).
+const PREFETCH: usize = 4096;
 
 /// The block types kept as tiles.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -47,13 +52,36 @@ impl Kind {
         }
     }
     /// 64-byte lines of one (tile, block) record: codes, 16 f16 scales, 16 f16 mins (Q4_1);
-    /// Q4_K: codes, 8 × 16 scale bytes, 8 × 16 min bytes, 16 f16 `d`, 16 f16 `dmin`.
-    fn lines(self) -> usize {
+    /// Q4_K: codes, 8 × 16 scale bytes, 8 × 16 min bytes, 16 f16 `d`, 16 f16 `dmin`. Q4_0 and
+    /// Q8_0 keep two blocks a record (both blocks' codes, then one line of both blocks' 16
+    /// scales), so that their scales fill a line: [`Kind::lines`] is then half a record.
+    fn paired(self) -> bool {
+        matches!(self, Kind::Q4_0 | Kind::Q8_0)
+    }
+    /// Bytes of a tile of `blocks` blocks.
+    fn tile_bytes(self, blocks: usize) -> usize {
+        match self.paired() {
+            true => blocks.div_ceil(2) * (2 * self.code_bytes() + 64),
+            false => blocks * self.record_bytes(),
+        }
+    }
+    /// Bytes of one unpaired record.
+    fn record_bytes(self) -> usize {
         match self {
-            Kind::Q4_0 => 5,
-            Kind::Q4_1 => 5,
-            Kind::Q8_0 => 9,
-            Kind::Q4K => 37,
+            Kind::Q4_1 => 256 + 64,
+            Kind::Q4K => 2048 + 5 * 64,
+            _ => self.code_bytes() + 64,
+        }
+    }
+    /// Where block `b`'s codes and scales start in its tile (bytes).
+    fn at(self, b: usize) -> (usize, usize) {
+        let cb = self.code_bytes();
+        match self.paired() {
+            true => {
+                let pair = (b / 2) * (2 * cb + 64);
+                (pair + (b % 2) * cb, pair + 2 * cb + (b % 2) * 32)
+            }
+            false => (b * self.record_bytes(), b * self.record_bytes() + cb),
         }
     }
     /// What the tiles' unsigned codes exceed the true codes by: `Σ q·x = Σ u·x − B·Σ x`.
@@ -87,52 +115,56 @@ impl Tiles {
         let kind = Kind::of(ty)?;
         let ((len, ts), at) = (ty.block_layout(), kind.codes_at());
         assert_eq!(bytes.len(), rows * blocks * ts, "ggml tile source size");
-        let per = kind.lines();
+        let tb = kind.tile_bytes(blocks);
         let tiles = rows.div_ceil(TILE);
-        let mut lines = vec![Line([0; 64]); tiles * blocks * per];
-        let cb = kind.code_bytes();
-        for (i, rec) in lines.chunks_exact_mut(per).enumerate() {
-            let (t, b) = (i / blocks, i % blocks);
-            // SAFETY: `Line` is 64 plain bytes; the record is `per` whole lines.
-            let rec: &mut [u8] =
-                unsafe { std::slice::from_raw_parts_mut(rec.as_mut_ptr() as *mut u8, per * 64) };
-            for j in 0..TILE.min(rows - t * TILE) {
-                let blk = &bytes[((t * TILE + j) * blocks + b) * ts..][..ts];
-                let codes = &blk[at..];
-                // Load g holds, at lane j, codes 4g..4g+4 of row j: stored nibble pairs (code k
-                // and k + 16) for the 4-bit types, `q + 128` for Q8_0.
-                match kind {
-                    Kind::Q8_0 => {
-                        for g in 0..8 {
-                            for i in 0..4 {
-                                rec[64 * g + 4 * j + i] = codes[4 * g + i] ^ 0x80;
+        let mut lines = vec![Line([0; 64]); tiles * tb / 64];
+        // SAFETY: `Line` is 64 plain bytes.
+        let all: &mut [u8] = unsafe {
+            std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, lines.len() * 64)
+        };
+        for (t, tile) in all.chunks_exact_mut(tb).enumerate() {
+            for b in 0..blocks {
+                let (c, s) = kind.at(b);
+                for j in 0..TILE.min(rows - t * TILE) {
+                    let blk = &bytes[((t * TILE + j) * blocks + b) * ts..][..ts];
+                    let codes = &blk[at..];
+                    // Load g holds, at lane j, codes 4g..4g+4 of row j: stored nibble pairs
+                    // (code k and k + 16) for the 4-bit types, `q + 128` for Q8_0.
+                    match kind {
+                        Kind::Q8_0 => {
+                            for g in 0..8 {
+                                for i in 0..4 {
+                                    tile[c + 64 * g + 4 * j + i] = codes[4 * g + i] ^ 0x80;
+                                }
+                            }
+                        }
+                        Kind::Q4K => {
+                            // Load 8c + g: bytes 4g..4g+4 of the 32 that hold sub-blocks 2c
+                            // (low nibbles) and 2c + 1 (high).
+                            for l in 0..32 {
+                                tile[c + 64 * l + 4 * j..][..4]
+                                    .copy_from_slice(&codes[4 * l..][..4]);
+                            }
+                            for sb in 0..8 {
+                                let (sc, m) = scale_min_k4(sb, &blk[4..16]);
+                                tile[s + 16 * sb + j] = sc;
+                                tile[s + 128 + 16 * sb + j] = m;
+                            }
+                            tile[s + 256 + 2 * j..][..2].copy_from_slice(&blk[..2]);
+                            tile[s + 288 + 2 * j..][..2].copy_from_slice(&blk[2..4]);
+                            continue;
+                        }
+                        _ => {
+                            for g in 0..4 {
+                                tile[c + 64 * g + 4 * j..][..4]
+                                    .copy_from_slice(&codes[4 * g..][..4]);
                             }
                         }
                     }
-                    Kind::Q4K => {
-                        // Load 8c + g: bytes 4g..4g+4 of the 32 that hold sub-blocks 2c (low
-                        // nibbles) and 2c + 1 (high).
-                        for l in 0..32 {
-                            rec[64 * l + 4 * j..][..4].copy_from_slice(&codes[4 * l..][..4]);
-                        }
-                        for sb in 0..8 {
-                            let (sc, m) = scale_min_k4(sb, &blk[4..16]);
-                            rec[cb + 16 * sb + j] = sc;
-                            rec[cb + 128 + 16 * sb + j] = m;
-                        }
-                        rec[cb + 256 + 2 * j..][..2].copy_from_slice(&blk[..2]);
-                        rec[cb + 288 + 2 * j..][..2].copy_from_slice(&blk[2..4]);
-                        continue;
+                    tile[s + 2 * j..][..2].copy_from_slice(&blk[..2]);
+                    if kind == Kind::Q4_1 {
+                        tile[s + 32 + 2 * j..][..2].copy_from_slice(&blk[2..4]);
                     }
-                    _ => {
-                        for g in 0..4 {
-                            rec[64 * g + 4 * j..][..4].copy_from_slice(&codes[4 * g..][..4]);
-                        }
-                    }
-                }
-                rec[cb + 2 * j..][..2].copy_from_slice(&blk[..2]);
-                if kind == Kind::Q4_1 {
-                    rec[cb + 32 + 2 * j..][..2].copy_from_slice(&blk[2..4]);
                 }
             }
         }
@@ -160,6 +192,9 @@ impl Tiles {
             .iter()
             .all(|x| x.q.len() >= l * b && x.d.len() >= l / 32 * b && x.qsum.len() >= l / 32 * b));
         assert!(self.kind != Kind::Q4_1 || (xsum.len() == n && xsum.iter().all(|s| s.len() >= b)));
+        if n == 1 {
+            return self.rows_one(r0 / TILE, &x[0], xsum.first().copied().unwrap_or(&[]), out);
+        }
         for t in 0..rows.div_ceil(TILE) {
             let here = TILE.min(rows - t * TILE);
             let o = &mut out[t * TILE * n..(t * TILE + here) * n];
@@ -194,6 +229,100 @@ impl Tiles {
         }
     }
 
+    /// [`Tiles::rows_q8`] with one vector: tiles four at a time from `t0` (four streams of
+    /// records, each activation word broadcast once for all four).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    unsafe fn rows_one(&self, t0: usize, x: &Q8In, xsum: &[f32], out: &mut [f32]) {
+        let mut t = 0;
+        let tiles = out.len().div_ceil(TILE);
+        while t < tiles {
+            let group = (tiles - t).min(4);
+            let put = |out: &mut [f32], sums: &[[f32; TILE]]| {
+                for (c, s) in sums.iter().enumerate() {
+                    let o = &mut out[(t + c) * TILE..];
+                    let here = TILE.min(o.len());
+                    o[..here].copy_from_slice(&s[..here]);
+                }
+            };
+            match (self.kind, group) {
+                (Kind::Q4K, 4) => put(out, &self.group_q4k::<4>(t0 + t, x)),
+                (Kind::Q4K, 3) => put(out, &self.group_q4k::<3>(t0 + t, x)),
+                (Kind::Q4K, 2) => put(out, &self.group_q4k::<2>(t0 + t, x)),
+                (Kind::Q4K, _) => put(out, &self.group_q4k::<1>(t0 + t, x)),
+                (_, 4) => put(out, &self.group::<4>(t0 + t, x, xsum)),
+                (_, 3) => put(out, &self.group::<3>(t0 + t, x, xsum)),
+                (_, 2) => put(out, &self.group::<2>(t0 + t, x, xsum)),
+                (_, _) => put(out, &self.group::<1>(t0 + t, x, xsum)),
+            }
+            t += group;
+        }
+    }
+
+    /// The 16 row sums of each of tiles `t0..t0 + T` with one vector: [`Tiles::tile`]'s
+    /// arithmetic (the same sums, bit for bit), the tiles interleaved block by block.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    #[inline]
+    unsafe fn group<const T: usize>(&self, t0: usize, x: &Q8In, xsum: &[f32]) -> [[f32; TILE]; T] {
+        use std::arch::x86_64::*;
+        let kind = self.kind;
+        let cl = kind.code_bytes() / 64;
+        let (m4, bias) = (_mm512_set1_epi8(0x0F), kind.bias());
+        let mut acc = [_mm512_setzero_ps(); T];
+        let mut accm = [_mm512_setzero_ps(); T];
+        let tb = kind.tile_bytes(self.blocks);
+        let base = (self.lines.as_ptr() as *const u8).add(t0 * tb);
+        for b in 0..self.blocks {
+            // SAFETY: 32·b + 32 ≤ x.q.len() (checked by the caller).
+            let bx: [__m512i; 8] = std::array::from_fn(|k| {
+                _mm512_set1_epi32(std::ptr::read_unaligned(
+                    x.q.as_ptr().add(32 * b + 4 * k) as *const i32
+                ))
+            });
+            let (dx, ms) = (_mm512_set1_ps(x.d[b]), xsum.get(b).copied().unwrap_or(0.0));
+            let (co, so) = kind.at(b);
+            for c in 0..T {
+                let (rec, sc) = (base.add(c * tb + co), base.add(c * tb + so));
+                for l in 0..cl {
+                    _mm_prefetch::<_MM_HINT_T0>(rec.wrapping_add(PREFETCH + 64 * l) as *const i8);
+                }
+                _mm_prefetch::<_MM_HINT_T0>(sc.wrapping_add(PREFETCH) as *const i8);
+                let mut s = [_mm512_setzero_si512(); 2];
+                match kind {
+                    Kind::Q8_0 => {
+                        for g in 0..8 {
+                            let v = _mm512_load_si512(rec.add(64 * g) as *const __m512i);
+                            s[g % 2] = _mm512_dpbusd_epi32(s[g % 2], v, bx[g]);
+                        }
+                    }
+                    _ => {
+                        for g in 0..4 {
+                            let v = _mm512_load_si512(rec.add(64 * g) as *const __m512i);
+                            let lo = _mm512_and_si512(v, m4);
+                            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                            s[0] = _mm512_dpbusd_epi32(s[0], lo, bx[g]);
+                            s[1] = _mm512_dpbusd_epi32(s[1], hi, bx[4 + g]);
+                        }
+                    }
+                }
+                let d = _mm512_cvtph_ps(_mm256_load_si256(sc as *const __m256i));
+                let mut q = _mm512_add_epi32(s[0], s[1]);
+                if kind == Kind::Q4_1 {
+                    let m = _mm512_cvtph_ps(_mm256_load_si256(sc.add(32) as *const __m256i));
+                    accm[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(ms), accm[c]);
+                } else {
+                    q = _mm512_sub_epi32(q, _mm512_set1_epi32(bias * x.qsum[b]));
+                }
+                let f = _mm512_mul_ps(d, dx);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), f, acc[c]);
+            }
+        }
+        let mut r = [[0f32; TILE]; T];
+        for c in 0..T {
+            _mm512_storeu_ps(r[c].as_mut_ptr(), _mm512_add_ps(acc[c], accm[c]));
+        }
+        r
+    }
+
     /// The 16 row sums of tile `t` with each of `N` vectors.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
     #[inline]
@@ -205,17 +334,20 @@ impl Tiles {
     ) -> [[f32; TILE]; N] {
         use std::arch::x86_64::*;
         let kind = self.kind;
-        let per = kind.lines();
-        let cb = kind.code_bytes();
+        let cl = kind.code_bytes() / 64;
         let (m4, bias) = (_mm512_set1_epi8(0x0F), kind.bias());
         let mut acc = [_mm512_setzero_ps(); N];
         let mut accm = [_mm512_setzero_ps(); N];
-        let base = self.lines.as_ptr().add(t * self.blocks * per) as *const u8;
+        let tb = kind.tile_bytes(self.blocks);
+        let base = (self.lines.as_ptr() as *const u8).add(t * tb);
         #[allow(clippy::needless_range_loop)] // `b` indexes the records and four inputs
         for b in 0..self.blocks {
-            let rec = base.add(b * per * 64);
-            // Sixteen records ahead (some 5 KiB, as the in-place kernels' distance).
-            _mm_prefetch::<_MM_HINT_T0>(rec.wrapping_add(16 * per * 64) as *const i8);
+            let (co, so) = kind.at(b);
+            let (rec, sc) = (base.add(co), base.add(so));
+            for l in 0..cl {
+                _mm_prefetch::<_MM_HINT_T0>(rec.wrapping_add(PREFETCH + 64 * l) as *const i8);
+            }
+            _mm_prefetch::<_MM_HINT_T0>(sc.wrapping_add(PREFETCH) as *const i8);
             let mut s = [[_mm512_setzero_si512(); 2]; N];
             let bx = |v: usize, k: usize| {
                 // SAFETY: k + 4 ≤ 32, and x[v] holds 32·blocks codes (checked by the caller).
@@ -244,11 +376,9 @@ impl Tiles {
                     }
                 }
             }
-            let d = _mm512_cvtph_ps(_mm256_load_si256(rec.add(cb) as *const __m256i));
+            let d = _mm512_cvtph_ps(_mm256_load_si256(sc as *const __m256i));
             let m = match kind {
-                Kind::Q4_1 => {
-                    _mm512_cvtph_ps(_mm256_load_si256(rec.add(cb + 32) as *const __m256i))
-                }
+                Kind::Q4_1 => _mm512_cvtph_ps(_mm256_load_si256(sc.add(32) as *const __m256i)),
                 _ => _mm512_setzero_ps(),
             };
             for v in 0..N {
@@ -278,66 +408,105 @@ impl Tiles {
     #[inline]
     unsafe fn tile_q4k<const N: usize>(&self, t: usize, x: &[Q8In]) -> [[f32; TILE]; N] {
         use std::arch::x86_64::*;
-        let per = Kind::Q4K.lines();
-        let cb = Kind::Q4K.code_bytes();
-        let m4 = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); N];
         let mut accm = [_mm512_setzero_ps(); N];
-        let base = self.lines.as_ptr().add(t * self.blocks * per) as *const u8;
-        let bytes16 = |p: *const u8| _mm512_cvtepu8_epi32(_mm_load_si128(p as *const __m128i));
         for b in 0..self.blocks {
-            let rec = base.add(b * per * 64);
-            let mut isum = [_mm512_setzero_si512(); N];
-            let mut msum = [_mm512_setzero_si512(); N];
-            for c in 0..4 {
-                // Sub-blocks 2c and 2c + 1, two chains each.
-                let mut s = [[_mm512_setzero_si512(); 4]; N];
-                for g in 0..8 {
-                    let l = rec.add(64 * (8 * c + g));
-                    _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(2 * per * 64) as *const i8);
-                    let v = _mm512_load_si512(l as *const __m512i);
-                    let lo = _mm512_and_si512(v, m4);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-                    for (xv, s) in x.iter().zip(s.iter_mut()) {
-                        // SAFETY: 256·b + 64c + 32 + 4g + 4 ≤ 256·blocks ≤ xv.q.len().
-                        let at = |k: usize| {
-                            _mm512_set1_epi32(std::ptr::read_unaligned(
-                                xv.q.as_ptr().add(256 * b + 64 * c + k) as *const i32,
-                            ))
-                        };
-                        s[g % 2] = _mm512_dpbusd_epi32(s[g % 2], lo, at(4 * g));
-                        s[2 + g % 2] = _mm512_dpbusd_epi32(s[2 + g % 2], hi, at(32 + 4 * g));
-                    }
-                }
-                let sc0 = bytes16(rec.add(cb + 16 * (2 * c)));
-                let sc1 = bytes16(rec.add(cb + 16 * (2 * c + 1)));
-                for (is, s) in isum.iter_mut().zip(&s) {
-                    let p0 = _mm512_mullo_epi32(_mm512_add_epi32(s[0], s[1]), sc0);
-                    let p1 = _mm512_mullo_epi32(_mm512_add_epi32(s[2], s[3]), sc1);
-                    *is = _mm512_add_epi32(*is, _mm512_add_epi32(p0, p1));
-                }
-            }
-            for sb in 0..8 {
-                let m = bytes16(rec.add(cb + 128 + 16 * sb));
-                for (ms, xv) in msum.iter_mut().zip(x) {
-                    let q = _mm512_set1_epi32(xv.qsum[8 * b + sb]);
-                    *ms = _mm512_add_epi32(*ms, _mm512_mullo_epi32(m, q));
-                }
-            }
-            let d = _mm512_cvtph_ps(_mm256_load_si256(rec.add(cb + 256) as *const __m256i));
-            let dmin = _mm512_cvtph_ps(_mm256_load_si256(rec.add(cb + 288) as *const __m256i));
-            for v in 0..N {
-                let dx = _mm512_set1_ps(x[v].d[8 * b]);
-                let f = _mm512_mul_ps(d, dx);
-                acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[v]), f, acc[v]);
-                let fm = _mm512_mul_ps(dmin, dx);
-                accm[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[v]), fm, accm[v]);
-            }
+            self.block_q4k::<N>(t, b, x, &mut acc, &mut accm);
         }
         let mut r = [[0f32; TILE]; N];
         for v in 0..N {
             _mm512_storeu_ps(r[v].as_mut_ptr(), _mm512_sub_ps(acc[v], accm[v]));
         }
         r
+    }
+
+    /// [`Tiles::tile_q4k`] with one vector for tiles `t0..t0 + T`, block by block (`T` streams).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    #[inline]
+    unsafe fn group_q4k<const T: usize>(&self, t0: usize, x: &Q8In) -> [[f32; TILE]; T] {
+        use std::arch::x86_64::*;
+        let mut acc = [[_mm512_setzero_ps(); 1]; T];
+        let mut accm = [[_mm512_setzero_ps(); 1]; T];
+        let x = std::slice::from_ref(x);
+        for b in 0..self.blocks {
+            for c in 0..T {
+                self.block_q4k::<1>(t0 + c, b, x, &mut acc[c], &mut accm[c]);
+            }
+        }
+        let mut r = [[0f32; TILE]; T];
+        for c in 0..T {
+            _mm512_storeu_ps(r[c].as_mut_ptr(), _mm512_sub_ps(acc[c][0], accm[c][0]));
+        }
+        r
+    }
+
+    /// Block `b` of tile `t` with each of `N` vectors, added to `acc` (scales) and `accm`
+    /// (mins).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    #[inline]
+    unsafe fn block_q4k<const N: usize>(
+        &self,
+        t: usize,
+        b: usize,
+        x: &[Q8In],
+        acc: &mut [std::arch::x86_64::__m512; N],
+        accm: &mut [std::arch::x86_64::__m512; N],
+    ) {
+        use std::arch::x86_64::*;
+        let kind = Kind::Q4K;
+        let cb = kind.code_bytes();
+        let m4 = _mm512_set1_epi8(0x0F);
+        let bytes16 = |p: *const u8| _mm512_cvtepu8_epi32(_mm_load_si128(p as *const __m128i));
+        let rec =
+            (self.lines.as_ptr() as *const u8).add(t * kind.tile_bytes(self.blocks) + kind.at(b).0);
+        let mut isum = [_mm512_setzero_si512(); N];
+        let mut msum = [_mm512_setzero_si512(); N];
+        for c in 0..4 {
+            // Sub-blocks 2c and 2c + 1, two chains each.
+            let mut s = [[_mm512_setzero_si512(); 4]; N];
+            for g in 0..8 {
+                let l = rec.add(64 * (8 * c + g));
+                _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(PREFETCH) as *const i8);
+                let v = _mm512_load_si512(l as *const __m512i);
+                let lo = _mm512_and_si512(v, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                for (xv, s) in x.iter().zip(s.iter_mut()) {
+                    // SAFETY: 256·b + 64c + 32 + 4g + 4 ≤ 256·blocks ≤ xv.q.len().
+                    let at = |k: usize| {
+                        _mm512_set1_epi32(std::ptr::read_unaligned(
+                            xv.q.as_ptr().add(256 * b + 64 * c + k) as *const i32,
+                        ))
+                    };
+                    s[g % 2] = _mm512_dpbusd_epi32(s[g % 2], lo, at(4 * g));
+                    s[2 + g % 2] = _mm512_dpbusd_epi32(s[2 + g % 2], hi, at(32 + 4 * g));
+                }
+            }
+            let sc0 = bytes16(rec.add(cb + 16 * (2 * c)));
+            let sc1 = bytes16(rec.add(cb + 16 * (2 * c + 1)));
+            for (is, s) in isum.iter_mut().zip(&s) {
+                let p0 = _mm512_mullo_epi32(_mm512_add_epi32(s[0], s[1]), sc0);
+                let p1 = _mm512_mullo_epi32(_mm512_add_epi32(s[2], s[3]), sc1);
+                *is = _mm512_add_epi32(*is, _mm512_add_epi32(p0, p1));
+            }
+        }
+        for l in 32..kind.record_bytes() / 64 {
+            _mm_prefetch::<_MM_HINT_T0>(rec.add(64 * l).wrapping_add(PREFETCH) as *const i8);
+        }
+        for sb in 0..8 {
+            let m = bytes16(rec.add(cb + 128 + 16 * sb));
+            for (ms, xv) in msum.iter_mut().zip(x) {
+                let q = _mm512_set1_epi32(xv.qsum[8 * b + sb]);
+                *ms = _mm512_add_epi32(*ms, _mm512_mullo_epi32(m, q));
+            }
+        }
+        let d = _mm512_cvtph_ps(_mm256_load_si256(rec.add(cb + 256) as *const __m256i));
+        let dmin = _mm512_cvtph_ps(_mm256_load_si256(rec.add(cb + 288) as *const __m256i));
+        for v in 0..N {
+            let dx = _mm512_set1_ps(x[v].d[8 * b]);
+            let f = _mm512_mul_ps(d, dx);
+            acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[v]), f, acc[v]);
+            let fm = _mm512_mul_ps(dmin, dx);
+            accm[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[v]), fm, accm[v]);
+        }
     }
 }
