@@ -33,8 +33,11 @@ pub struct Args {
     /// Output container directory (must not exist or be empty, unless --overwrite).
     #[arg(short, long)]
     output: PathBuf,
-    /// dtans (dtANS-LLM, every float dtype) or df11 (DFloat11 layout, BF16 only).
-    #[arg(long, default_value = "dtans")]
+    /// auto (dtANS-LLM, but a BF16/F16 matrix it would code more than 0.1 bit a weight over its
+    /// entropy bound, as narrow ones, rANS beside its raw bytes where smaller: stored smaller,
+    /// served decoded), dtans (every matrix dtANS: what fused products decode in place) or df11
+    /// (DFloat11 layout, BF16 only).
+    #[arg(long, default_value = "auto")]
     coder: String,
     /// dtANS coding: "auto" (smallest predicted size per tensor) or MODE:LOG2M:SC[:T], e.g.
     /// pair:12:512:64 (mode single|pair|quad, table 2^8..2^12, slice width, values kept).
@@ -142,6 +145,7 @@ fn options(a: &Args) -> Result<CompressOptions> {
     Ok(CompressOptions {
         lossy,
         coder: Coder::parse(&a.coder).map_err(|e| anyhow!(e))?,
+        dtans_only: a.coder == "dtans",
         plan,
         min_elements: a.min_elements,
         shard_size: a.shard_size,

@@ -40,6 +40,10 @@ fn coding_label(coder: &str, p: &Value) -> String {
             100.0 * p["stats"]["rel_l2"].as_f64().unwrap_or(f64::NAN)
         ),
         "dtans-blocks" => format!("dtans-blocks {}", p["type"].as_str().unwrap_or("?")),
+        "rans-floats" => format!(
+            "rans-floats: codes {}, raw bytes as stored",
+            p["stats"]["coding"].as_str().unwrap_or("?")
+        ),
         "rans-fields" => format!(
             "rans-fields of {} bits, {:.3} bits a field",
             p["bits"],
@@ -291,13 +295,24 @@ fn source_row(
     r["entropy_bound_bpw"] = json!(h + side_bpw);
     let (coding, predicted) =
         entrollm_codec::dtans::choose_coding_and_width(payload, rows, cols, codes)?;
-    let coded_bpw = predicted * 8.0 / numel as f64 + side_bpw;
+    // A float payload's raw bytes are in dtANS's prediction; block scales are not.
+    let side = if payload.has_raw() {
+        0.0
+    } else {
+        side_bpw * numel as f64 / 8.0
+    };
+    let (coder, predicted) =
+        match entrollm_model::compress::floats_instead(payload, codes, predicted)? {
+            Some(p) => ("rans-floats".to_string(), p),
+            None => (format!("dtans {coding}"), predicted + side),
+        };
+    let coded_bpw = predicted * 8.0 / numel as f64;
     r["predicted_bits_per_weight"] = json!(coded_bpw);
     r["detail"] = json!(if coded_bpw < bpw {
-        r["predicted_bytes"] = json!(predicted + side_bpw * numel as f64 / 8.0);
-        format!("would code: dtans {coding}, {coded_bpw:.3} bits/weight")
+        r["predicted_bytes"] = json!(predicted);
+        format!("would code: {coder}, {coded_bpw:.3} bits/weight")
     } else {
-        format!("stays plain (dtans {coding} would take {coded_bpw:.3} bits/weight)")
+        format!("stays plain ({coder} would take {coded_bpw:.3} bits/weight)")
     });
     Ok(r)
 }

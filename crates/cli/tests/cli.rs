@@ -174,6 +174,8 @@ fn damaged_containers_fail_naming_the_tensor() {
         src.to_str().unwrap(),
         "-o",
         good.to_str().unwrap(),
+        "--coder",
+        "dtans",
     ]);
     let copy = |name: &str| {
         let p = d.join(name);
@@ -524,7 +526,9 @@ fn container_runs_through_the_fused_decode_matvec_like_the_original() {
         ];
         args.extend_from_slice(dtype);
         ok(&args);
-        ok(&["compress", src.to_str().unwrap(), "-o", c.to_str().unwrap()]);
+        // Every matrix dtANS: what the fused decode-matvec serves.
+        let (s, cs) = (src.to_str().unwrap(), c.to_str().unwrap());
+        ok(&["compress", s, "-o", cs, "--coder", "dtans"]);
         let dense = build_model(&SafetensorsSource::open(&src).unwrap()).unwrap();
         let fused = build_model(&ContainerSource::open(&c, true).unwrap()).unwrap();
         let decoded = build_model(&ContainerSource::open(&c, false).unwrap()).unwrap();

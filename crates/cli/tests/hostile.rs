@@ -136,6 +136,9 @@ fn fixture(name: &str) -> Fixture {
         src.to_str().unwrap(),
         "-o",
         container.to_str().unwrap(),
+        // dtANS throughout: the manifest edits are of its fields.
+        "--coder",
+        "dtans",
     ]);
     Fixture {
         dir,

@@ -21,6 +21,7 @@ pub const GGML_SCALES: &str = "ggml-scales";
 pub const LOSSY: &str = "lossy";
 pub const DTANS_BLOCKS: &str = "dtans-blocks";
 pub const RANS_FIELDS: &str = "rans-fields";
+pub const RANS_FLOATS: &str = "rans-floats";
 
 /// A tensor in one of the codec's coded forms.
 pub enum Coded {
@@ -36,6 +37,8 @@ pub enum Coded {
     Blocks(BlocksCoded),
     /// Any other tensor as a stream of its bytes' fields (packed integer codes, group scales).
     Fields(FieldsCoded),
+    /// A 16-bit float matrix as rANS over its codes beside its raw bytes (narrow matrices).
+    Floats(FloatsCoded),
 }
 
 /// `x` as the nearest half, saturated at ±65504 (a lossy point can land past the largest one).
@@ -950,6 +953,96 @@ impl FieldsCoded {
     }
 }
 
+/// A BF16 or F16 matrix as rANS over its codes (BF16: the exponents; F16: the high bytes) beside
+/// its raw bytes as they are (sign and mantissa): the codes' entropy plus one table a tensor.
+/// dtANS pays per lane and per slice for what a fused product needs (about half a bit a weight
+/// at 384–576 columns); where that does not pay, a matrix is stored this way and served decoded.
+pub struct FloatsCoded {
+    pub payload: Payload,
+    /// The codes: rANS, or the bytes where coding does not shrink them.
+    pub codes: BlockStream,
+    pub raw: Vec<u8>,
+}
+
+impl FloatsCoded {
+    /// The payloads it stores: those with a raw byte.
+    pub fn stores(payload: Payload) -> bool {
+        payload.has_raw()
+    }
+
+    fn check(payload: Payload) -> entrollm_codec::Result<()> {
+        match Self::stores(payload) {
+            true => Ok(()),
+            false => Err(CodecError::Unsupported(format!(
+                "{RANS_FLOATS} stores BF16 and F16 matrices, not {payload:?}"
+            ))),
+        }
+    }
+
+    /// Codes a tensor's bytes.
+    pub fn encode(payload: Payload, bytes: &[u8]) -> entrollm_codec::Result<Self> {
+        Self::check(payload)?;
+        let (codes, raw) = payload.symbolize(bytes)?;
+        let v: Vec<u16> = codes.iter().map(|&c| u16::from(c)).collect();
+        Ok(FloatsCoded {
+            payload,
+            codes: code_field(FieldKind::Bits(8), &v)?,
+            raw,
+        })
+    }
+
+    /// Predicted stored bytes of [`Self::encode`] for the payload's `codes` (one raw byte each).
+    pub fn predict(payload: Payload, codes: &[u8]) -> entrollm_codec::Result<f64> {
+        Self::check(payload)?;
+        let v: Vec<u16> = codes.iter().map(|&c| u16::from(c)).collect();
+        Ok(predict_field(FieldKind::Bits(8), &v)? + codes.len() as f64)
+    }
+
+    pub fn decode(&self) -> entrollm_codec::Result<Vec<u8>> {
+        let codes = decode_field(FieldKind::Bits(8), &self.codes, self.raw.len(), "codes")?;
+        Ok(codes
+            .iter()
+            .zip(&self.raw)
+            .flat_map(|(&c, &r)| self.payload.join16(c as u8, r).to_le_bytes())
+            .collect())
+    }
+
+    pub fn stored_bytes(&self) -> usize {
+        self.codes.stored_bytes() + self.raw.len()
+    }
+
+    /// The codes' coding: `rans` or `packed`.
+    pub fn coding(&self) -> &'static str {
+        self.codes.coding()
+    }
+
+    fn from_stored<'a>(
+        dtype: Dtype,
+        shape: &[usize],
+        params: &Value,
+        array: impl Fn(&str, ArrayDtype) -> Result<&'a [u8]>,
+    ) -> Result<Self> {
+        let err = FormatError::Usage;
+        let payload = payload_of(dtype)
+            .filter(|&p| Self::stores(p))
+            .ok_or_else(|| err(format!("{RANS_FLOATS} stores BF16 and F16, not {dtype:?}")))?;
+        let n = crate::dtype::tensor_byte_len(dtype, shape).map_err(err)? / 2;
+        let raw = array("raw", ArrayDtype::U8)?;
+        if raw.len() != n {
+            return Err(err(format!(
+                "array 'raw' holds {} bytes, {n} expected",
+                raw.len()
+            )));
+        }
+        let codes = stream_from_stored("codes", FieldKind::Bits(8), n, &params["stream"], &array)?;
+        Ok(FloatsCoded {
+            payload,
+            codes,
+            raw: raw.to_vec(),
+        })
+    }
+}
+
 /// The entropy of a split tensor: its codes' (bits a code) and the bound in bits a weight.
 #[derive(Clone, Copy, Debug)]
 pub struct BlocksEntropy {
@@ -1063,6 +1156,7 @@ impl Coded {
             Coded::Lossy(_) => LOSSY,
             Coded::Blocks(_) => DTANS_BLOCKS,
             Coded::Fields(_) => RANS_FIELDS,
+            Coded::Floats(_) => RANS_FLOATS,
         }
     }
 
@@ -1094,6 +1188,7 @@ impl Coded {
             }),
             Coded::Blocks(b) => b.params(),
             Coded::Fields(f) => json!({ "bits": f.bits, "stream": f.stream.params() }),
+            Coded::Floats(f) => json!({ "stream": f.codes.params() }),
         };
         v["stats"] = stats;
         v
@@ -1131,6 +1226,11 @@ impl Coded {
             Coded::Lossy(l) => vec![a("data", ArrayDtype::U8, Cow::Owned(l.tensor.to_bytes()))],
             Coded::Blocks(b) => b.arrays(),
             Coded::Fields(f) => f.stream.arrays("fields"),
+            Coded::Floats(f) => {
+                let mut v = f.codes.arrays("codes");
+                v.push(a("raw", ArrayDtype::U8, Cow::Borrowed(&f.raw[..])));
+                v
+            }
             Coded::Df11(t) => vec![
                 a("luts", ArrayDtype::U8, Cow::Borrowed(&t.luts[..])),
                 a(
@@ -1313,9 +1413,12 @@ impl Coded {
             RANS_FIELDS => Ok(Coded::Fields(FieldsCoded::from_stored(
                 dtype, shape, c.params, array,
             )?)),
+            RANS_FLOATS => Ok(Coded::Floats(FloatsCoded::from_stored(
+                dtype, shape, c.params, array,
+            )?)),
             other => Err(err(format!(
                 "unknown coder '{other}' (this entrollm knows {DTANS}, {DTANS_GGML}, {GGML_SCALES}, \
-                 {DTANS_BLOCKS}, {RANS_FIELDS}, {DF11} and {LOSSY})"
+                 {DTANS_BLOCKS}, {RANS_FIELDS}, {RANS_FLOATS}, {DF11} and {LOSSY})"
             ))),
         }
     }
@@ -1336,6 +1439,7 @@ impl Coded {
             Coded::Lossy(l) => l.decode(),
             Coded::Blocks(b) => b.decode(),
             Coded::Fields(f) => f.decode(),
+            Coded::Floats(f) => f.decode(),
         }
     }
 
@@ -1350,7 +1454,8 @@ impl Coded {
             | Coded::GgmlScales(_)
             | Coded::Lossy(_)
             | Coded::Blocks(_)
-            | Coded::Fields(_) => Ok((self.decode()?, None)),
+            | Coded::Fields(_)
+            | Coded::Floats(_) => Ok((self.decode()?, None)),
             Coded::Ggml(g) => {
                 let (codes, b) = g.codes.decode_with_breakdown()?;
                 let bytes = pack_codes(&QuantCodes {
@@ -1376,6 +1481,7 @@ impl Coded {
             Coded::Lossy(l) => l.tensor.stored_bytes(),
             Coded::Blocks(b) => b.stored_bytes(),
             Coded::Fields(f) => f.stored_bytes(),
+            Coded::Floats(f) => f.stored_bytes(),
         }
     }
 }
@@ -1687,6 +1793,104 @@ mod tests {
         let mut p = params.clone();
         p["stream"] = json!({ "dtans": true });
         assert!(err(&p, &arrays, &shape).contains("neither"));
+    }
+
+    /// BF16/F16 bytes of `n` weights ~ N(0, 0.02²), with every special value planted (zeros of
+    /// both signs, infinities, NaNs, subnormals) so the codes' split is checked at the edges.
+    fn float_bytes(payload: Payload, n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut unif = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut v: Vec<u16> = (0..n)
+            .map(|_| {
+                let (a, b) = (unif().max(1e-300), unif());
+                let x = (0.02 * (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()) as f32;
+                match payload {
+                    Payload::Bf16 => half::bf16::from_f32(x).to_bits(),
+                    _ => half::f16::from_f32(x).to_bits(),
+                }
+            })
+            .collect();
+        let specials = [
+            0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC1, 0x0001, 0x8001, 0x7C00, 0xFFFF,
+        ];
+        for (i, &x) in specials.iter().enumerate().take(n) {
+            v[i * 7 % n] = x;
+        }
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// Narrow float matrices: rANS over the codes beside the raw bytes decodes bit for bit through
+    /// the container, within 0.02 bit a weight of the bound at 384 × 384, its size as predicted.
+    #[test]
+    fn floats_round_trip_through_the_container_at_their_bound() {
+        for (payload, dtype) in [(Payload::Bf16, Dtype::BF16), (Payload::Fp16, Dtype::F16)] {
+            for (rows, cols) in [(384, 384), (3, 5), (1, 1)] {
+                let bytes = float_bytes(payload, rows * cols, rows as u64);
+                let f = FloatsCoded::encode(payload, &bytes).unwrap();
+                let (codes, _) = payload.symbolize(&bytes).unwrap();
+                let predicted = FloatsCoded::predict(payload, &codes).unwrap();
+                assert!(
+                    (predicted - f.stored_bytes() as f64).abs()
+                        <= 64.0 + 0.001 * bytes.len() as f64,
+                    "{dtype:?}: predicted {predicted}, stored {}",
+                    f.stored_bytes()
+                );
+                if rows * cols > 1000 {
+                    use entrollm_codec::histogram::{byte_histogram, entropy_bits};
+                    let n = (rows * cols) as f64;
+                    let bound = entropy_bits(&byte_histogram(&codes)) + 8.0;
+                    let bpw = f.stored_bytes() as f64 * 8.0 / n;
+                    assert!(
+                        bpw < bound + 0.02,
+                        "{dtype:?}: {bpw} bits a weight, bound {bound}"
+                    );
+                    assert_eq!(f.coding(), "rans");
+                }
+                let coded = Coded::Floats(f);
+                let params = coded.params(json!({}));
+                let arrays = coded.arrays();
+                let shape = [rows, cols];
+                let back = Coded::from_stored(dtype, &shape, &stored(&coded, &arrays, &params));
+                assert_eq!(
+                    back.unwrap().decode().unwrap(),
+                    bytes,
+                    "{dtype:?} {rows}x{cols}"
+                );
+            }
+        }
+        assert!(FloatsCoded::encode(Payload::Fp8E4m3, &[1, 2]).is_err());
+    }
+
+    #[test]
+    fn damaged_floats_are_errors() {
+        let bytes = float_bytes(Payload::Bf16, 384 * 64, 9);
+        let coded = Coded::Floats(FloatsCoded::encode(Payload::Bf16, &bytes).unwrap());
+        let params = coded.params(json!({}));
+        let arrays = coded.arrays();
+        let shape = [384, 64];
+        let err =
+            |p: &Value, a: &Arrays<'_>, shape: &[usize], dtype: Dtype| match Coded::from_stored(
+                dtype,
+                shape,
+                &stored(&coded, a, p),
+            ) {
+                Err(e) => e.to_string(),
+                Ok(c) => match c.decode() {
+                    Err(e) => e.to_string(),
+                    Ok(b) => panic!("accepted; decodes {} bytes", b.len()),
+                },
+            };
+        each_array_is_needed(&arrays, |a| err(&params, a, &shape, Dtype::BF16));
+        assert!(err(&params, &arrays, &[384, 65], Dtype::BF16).contains("raw"));
+        assert!(err(&params, &arrays, &shape, Dtype::F32).contains("BF16 and F16"));
+        let mut p = params.clone();
+        p["stream"] = json!({ "dtans": true });
+        assert!(err(&p, &arrays, &shape, Dtype::BF16).contains("neither"));
     }
 
     #[test]

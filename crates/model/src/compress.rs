@@ -19,7 +19,7 @@ use entrollm_codec::lossy::{LossyTensor, Quantizer};
 use entrollm_codec::{CodecError, Payload};
 use entrollm_format::checksum::StreamingChecksum;
 use entrollm_format::coded::{
-    payload_of, BlocksCoded, Coded, FieldsCoded, GgmlCoded, GgmlScales, LossyCoded,
+    payload_of, BlocksCoded, Coded, FieldsCoded, FloatsCoded, GgmlCoded, GgmlScales, LossyCoded,
     RANS_MARGIN_BITS,
 };
 use entrollm_format::ggml_blocks::{unpack_codes, BlockType, QK};
@@ -47,9 +47,9 @@ pub enum Coder {
 impl Coder {
     pub fn parse(s: &str) -> Result<Coder, String> {
         match s {
-            "dtans" => Ok(Coder::Dtans),
+            "auto" | "dtans" => Ok(Coder::Dtans),
             "df11" => Ok(Coder::Df11),
-            c => Err(format!("unknown coder '{c}': use dtans or df11")),
+            c => Err(format!("unknown coder '{c}': use auto, dtans or df11")),
         }
     }
 }
@@ -58,6 +58,9 @@ impl Coder {
 #[derive(Clone, Debug)]
 pub struct CompressOptions {
     pub coder: Coder,
+    /// Every float matrix dtANS-coded (what fused products decode), none as `rans-floats`
+    /// ([`floats_instead`]): `--coder dtans`.
+    pub dtans_only: bool,
     /// The dtANS coding of each tensor (`None`: the one predicted smallest).
     pub plan: CodingPlan,
     /// Tensors with fewer elements stay uncoded.
@@ -463,6 +466,7 @@ impl Default for CompressOptions {
     fn default() -> Self {
         CompressOptions {
             coder: Coder::Dtans,
+            dtans_only: false,
             plan: CodingPlan::uniform(None),
             min_elements: 4096,
             shard_size: entrollm_format::container::DEFAULT_SHARD_SIZE_LIMIT,
@@ -566,17 +570,56 @@ pub struct Matrix<'a> {
     pub bytes: &'a [u8],
 }
 
+/// Bits a weight over its bound that a float matrix's dtANS coding may take before the matrix is
+/// stored as rANS beside its raw bytes instead ([`FloatsCoded`], served decoded).
+pub const FLOATS_SLACK_BITS: f64 = 0.1;
+
+/// Where a float matrix of `payload` whose dtANS coding takes `dtans` bytes is stored as
+/// [`FloatsCoded`] instead: past [`FLOATS_SLACK_BITS`] over its bound, where that is smaller.
+/// Its predicted bytes, or `None` where dtANS stays.
+pub fn floats_instead(payload: Payload, codes: &[u8], dtans: f64) -> Result<Option<f64>> {
+    if !FloatsCoded::stores(payload) {
+        return Ok(None);
+    }
+    let n = codes.len() as f64;
+    let bound = (entropy_bits(&byte_histogram(codes)) + 8.0) * n / 8.0;
+    if dtans <= bound + FLOATS_SLACK_BITS * n / 8.0 {
+        return Ok(None);
+    }
+    let p = FloatsCoded::predict(payload, codes)?;
+    Ok((p < dtans).then_some(p))
+}
+
 /// Codes one matrix with `coder` (dtANS with `coding`, or the coding predicted smallest when
 /// `None`) and checks that the coded form decodes to the matrix's bytes. Returns the coded form
 /// and its statistics, as the manifest records them.
-pub fn code_tensor(m: &Matrix<'_>, coder: Coder, coding: Option<Coding>) -> Result<(Coded, Value)> {
+/// Float matrices past [`FLOATS_SLACK_BITS`] over their bound may be stored `rans-floats` where
+/// `narrow_floats` (and `coding` is `None`).
+pub fn code_tensor(
+    m: &Matrix<'_>,
+    coder: Coder,
+    coding: Option<Coding>,
+    narrow_floats: bool,
+) -> Result<(Coded, Value)> {
     let (rows, cols) = (m.rows, m.cols);
     let (coded, codes, side_bits, stats) = match (m.form, coder) {
         (SourceForm::Floats(payload), Coder::Dtans) => {
             let (codes, raw) = payload.symbolize(m.bytes)?;
-            let (d, stats) = code_dtans(payload, rows, cols, &codes, &raw, coding)?;
+            let (d, mut stats) = code_dtans(payload, rows, cols, &codes, &raw, coding)?;
             let side_bits = if payload.has_raw() { 8.0 } else { 0.0 };
-            (Coded::Dtans(d), codes, side_bits, stats)
+            let mut coded = Coded::Dtans(d);
+            // Narrow matrices: dtANS (what fused products decode) is kept within
+            // FLOATS_SLACK_BITS of the bound; past it, rANS beside the raw bytes where smaller.
+            if coding.is_none() && narrow_floats {
+                if let Some(predicted) =
+                    floats_instead(payload, &codes, coded.stored_bytes() as f64)?
+                {
+                    let f = FloatsCoded::encode(payload, m.bytes)?;
+                    stats = json!({ "predicted_bytes": predicted.round(), "coding": f.coding() });
+                    coded = Coded::Floats(f);
+                }
+            }
+            (coded, codes, side_bits, stats)
         }
         (SourceForm::Floats(Payload::Bf16), Coder::Df11) => {
             let (codes, _) = Payload::Bf16.symbolize(m.bytes)?;
@@ -997,8 +1040,8 @@ fn compress_safetensors(
             cols: numel / rows,
             bytes: t.bytes,
         };
-        let (coded, stats) =
-            code_tensor(&m, coder, coding).map_err(CompressError::in_tensor(t.name))?;
+        let (coded, stats) = code_tensor(&m, coder, coding, !opts.dtans_only)
+            .map_err(CompressError::in_tensor(t.name))?;
         Ok(Some((coded, stats, checksum(t.bytes))))
     };
     let limits = Window::of_pool(opts.in_flight_bytes);
@@ -1385,8 +1428,8 @@ fn compress_gguf(
             Some(Stored::Coded { coder, coding }) => (coder, coding, true),
             None => (Coder::Dtans, opts.plan.coding_for(&info.name), false),
         };
-        let (coded, mut stats) =
-            code_tensor(&m, coder, coding).map_err(CompressError::in_tensor(&info.name))?;
+        let (coded, mut stats) = code_tensor(&m, coder, coding, !planned && !opts.dtans_only)
+            .map_err(CompressError::in_tensor(&info.name))?;
         // A planned coding is stored even where it does not shrink the tensor: the plan chose it.
         if !planned && coded.stored_bytes() >= data.len() {
             return Ok(GgufReady::Plain(plain_dtype, plain_shape));
@@ -1551,6 +1594,41 @@ fn receive<R>(rx: &mpsc::Receiver<Done<R>>) -> Done<R> {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
+
+    /// Float matrices keep dtANS (what fused products decode) within FLOATS_SLACK_BITS of their
+    /// bound; a narrow one, where dtANS's per-lane and per-slice costs are past it, is stored as
+    /// rANS beside its raw bytes, within the slack, and decodes to its bytes.
+    #[test]
+    fn narrow_float_matrices_code_within_the_slack_of_their_bound() {
+        use crate::synth::{fill_tensor_16, SynthDtype, SynthKind, SynthTensor};
+        for (rows, cols, narrow) in [(384, 384, true), (576, 576, true), (64, 8192, false)] {
+            let t = SynthTensor {
+                name: "m".into(),
+                shape: vec![rows, cols],
+                kind: SynthKind::Matrix { sigma: 0.02 },
+            };
+            let mut bytes = vec![0u8; rows * cols * 2];
+            fill_tensor_16(&t, 3, SynthDtype::Bf16, &mut bytes);
+            let m = Matrix {
+                form: SourceForm::Floats(Payload::Bf16),
+                rows,
+                cols,
+                bytes: &bytes,
+            };
+            let (coded, stats) = code_tensor(&m, Coder::Dtans, None, true).unwrap();
+            let want = if narrow { "rans-floats" } else { "dtans" };
+            assert_eq!(coded.coder(), want, "{rows}x{cols}");
+            let (bpw, bound) = (
+                stats["bits_per_weight"].as_f64().unwrap(),
+                stats["entropy_bound_bpw"].as_f64().unwrap(),
+            );
+            assert!(
+                bpw <= bound + FLOATS_SLACK_BITS,
+                "{rows}x{cols}: {bpw} against {bound}"
+            );
+            assert_eq!(coded.decode().unwrap(), bytes);
+        }
+    }
 
     fn pool(threads: usize) -> rayon::ThreadPool {
         rayon::ThreadPoolBuilder::new()
@@ -1747,8 +1825,9 @@ mod tests {
         assert_eq!(stored(&l0("self_attn.k_proj")), "dtans pair:8:64:12");
         assert_eq!(stored(&l0("self_attn.o_proj")), "df11");
         assert_eq!(stored(&l0("mlp.down_proj")), "plain");
-        // No storage for dense f32: coded as without a plan (the default coder).
-        assert!(stored(&l0("mlp.gate_proj")).starts_with("dtans"));
+        // No storage for dense f32: coded as without a plan (the default coder: at 192 columns
+        // rANS beside the raw bytes, dtANS being past its slack there).
+        assert_eq!(stored(&l0("mlp.gate_proj")), "rans-floats");
         assert_eq!(r.form("model.layers.1.mlp.down_proj.weight"), None);
 
         let served = open_weights_with(&dst, LoadOptions::default()).unwrap();
@@ -1772,7 +1851,8 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(as_stored.layers[0].gate.form().form, "dtans");
+        // (`rans-floats` is served decoded.)
+        assert_eq!(as_stored.layers[0].gate.form().form, "dense");
 
         // The served weights are the source's: the same products.
         let plain = open_weights_with(&src, LoadOptions::default()).unwrap();
