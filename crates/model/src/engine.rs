@@ -1,6 +1,7 @@
 //! The CPU reference engine: the Llama/Qwen2/Mistral forward pass over [`ModelWeights`], with an
 //! f32 KV cache. Prompts run as batches (one matmul per weight per chunk, causal attention);
-//! decoding runs one token at a time. Work is spread over rayon's global pool.
+//! decoding runs one token at a time. Work is spread over rayon's global pool, through the crew
+//! ([`crate::crew`]) while a forward runs on a pool thread.
 
 use crate::config::{ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
