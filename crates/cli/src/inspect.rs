@@ -303,7 +303,7 @@ fn source_row(
     };
     let (coder, predicted) =
         match entrollm_model::compress::floats_instead(payload, codes, predicted)? {
-            Some(p) => ("rans-floats".to_string(), p),
+            Some(p) => (entrollm_format::coded::RANS_FLOATS.to_string(), p),
             None => (format!("dtans {coding}"), predicted + side),
         };
     let coded_bpw = predicted * 8.0 / numel as f64;

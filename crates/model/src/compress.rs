@@ -574,7 +574,7 @@ pub struct Matrix<'a> {
 /// stored as rANS beside its raw bytes instead ([`FloatsCoded`], served decoded).
 pub const FLOATS_SLACK_BITS: f64 = 0.1;
 
-/// Where a float matrix of `payload` whose dtANS coding takes `dtans` bytes is stored as
+/// Where a float matrix of `payload` whose dtANS coding would take `dtans` bytes is stored as
 /// [`FloatsCoded`] instead: past [`FLOATS_SLACK_BITS`] over its bound, where that is smaller.
 /// Its predicted bytes, or `None` where dtANS stays.
 pub fn floats_instead(payload: Payload, codes: &[u8], dtans: f64) -> Result<Option<f64>> {
@@ -605,20 +605,28 @@ pub fn code_tensor(
     let (coded, codes, side_bits, stats) = match (m.form, coder) {
         (SourceForm::Floats(payload), Coder::Dtans) => {
             let (codes, raw) = payload.symbolize(m.bytes)?;
-            let (d, mut stats) = code_dtans(payload, rows, cols, &codes, &raw, coding)?;
             let side_bits = if payload.has_raw() { 8.0 } else { 0.0 };
-            let mut coded = Coded::Dtans(d);
+            let (chosen, predicted) = dtans_coding(payload, rows, cols, &codes, coding)?;
             // Narrow matrices: dtANS (what fused products decode) is kept within
             // FLOATS_SLACK_BITS of the bound; past it, rANS beside the raw bytes where smaller.
-            if coding.is_none() && narrow_floats {
-                if let Some(predicted) =
-                    floats_instead(payload, &codes, coded.stored_bytes() as f64)?
-                {
+            let floats = match coding.is_none() && narrow_floats {
+                true => floats_instead(payload, &codes, predicted)?,
+                false => None,
+            };
+            let (coded, stats) = match floats {
+                Some(p) => {
                     let f = FloatsCoded::encode(payload, m.bytes)?;
-                    stats = json!({ "predicted_bytes": predicted.round(), "coding": f.coding() });
-                    coded = Coded::Floats(f);
+                    let stats = json!({ "predicted_bytes": p.round(), "coding": f.coding() });
+                    (Coded::Floats(f), stats)
                 }
-            }
+                None => {
+                    let d = DtansTensor::encode(payload, rows, cols, &codes, &raw, chosen)?;
+                    (
+                        Coded::Dtans(d),
+                        json!({ "predicted_bytes": predicted.round() }),
+                    )
+                }
+            };
             (coded, codes, side_bits, stats)
         }
         (SourceForm::Floats(Payload::Bf16), Coder::Df11) => {
@@ -773,16 +781,27 @@ fn code_dtans(
     raw: &[u8],
     coding: Option<Coding>,
 ) -> Result<(DtansTensor, Value)> {
-    let (coding, predicted) = match coding {
+    let (coding, predicted) = dtans_coding(payload, rows, cols, codes, coding)?;
+    // (The size breakdown comes from the verifying decode.)
+    let d = DtansTensor::encode(payload, rows, cols, codes, raw, coding)?;
+    Ok((d, json!({ "predicted_bytes": predicted.round() })))
+}
+
+/// The given dtANS coding, or the one predicted smallest, with its predicted bytes.
+fn dtans_coding(
+    payload: Payload,
+    rows: usize,
+    cols: usize,
+    codes: &[u8],
+    coding: Option<Coding>,
+) -> Result<(Coding, f64)> {
+    Ok(match coding {
         Some(c) => (
             c,
             DtansTensor::predict_bytes(payload, rows, cols, codes, c)?,
         ),
         None => choose_coding_and_width(payload, rows, cols, codes)?,
-    };
-    // (The size breakdown comes from the verifying decode.)
-    let d = DtansTensor::encode(payload, rows, cols, codes, raw, coding)?;
-    Ok((d, json!({ "predicted_bytes": predicted.round() })))
+    })
 }
 
 /// The values kind ([`Values::kind`](crate::forms::Values::kind)) a loader sees in a matrix

@@ -230,7 +230,7 @@ impl Tiles {
     }
 
     /// [`Tiles::rows_q8`] with one vector: tiles four at a time from `t0` (four streams of
-    /// records, each activation word broadcast once for all four).
+    /// records).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
     unsafe fn rows_one(&self, t0: usize, x: &Q8In, xsum: &[f32], out: &mut [f32]) {
         let mut t = 0;
@@ -258,67 +258,31 @@ impl Tiles {
         }
     }
 
-    /// The 16 row sums of each of tiles `t0..t0 + T` with one vector: [`Tiles::tile`]'s
-    /// arithmetic (the same sums, bit for bit), the tiles interleaved block by block.
+    /// The 16 row sums of each of tiles `t0..t0 + T` with one vector, block by block (`T`
+    /// streams): [`Tiles::tile`]'s sums, bit for bit.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
     #[inline]
     unsafe fn group<const T: usize>(&self, t0: usize, x: &Q8In, xsum: &[f32]) -> [[f32; TILE]; T] {
         use std::arch::x86_64::*;
-        let kind = self.kind;
-        let cl = kind.code_bytes() / 64;
-        let (m4, bias) = (_mm512_set1_epi8(0x0F), kind.bias());
-        let mut acc = [_mm512_setzero_ps(); T];
-        let mut accm = [_mm512_setzero_ps(); T];
-        let tb = kind.tile_bytes(self.blocks);
-        let base = (self.lines.as_ptr() as *const u8).add(t0 * tb);
+        let mut acc = [[_mm512_setzero_ps(); 1]; T];
+        let mut accm = [[_mm512_setzero_ps(); 1]; T];
         for b in 0..self.blocks {
-            // SAFETY: 32·b + 32 ≤ x.q.len() (checked by the caller).
-            let bx: [__m512i; 8] = std::array::from_fn(|k| {
+            // Each activation word broadcast once for the T tiles.
+            let words: [__m512i; 8] = std::array::from_fn(|k| {
+                // SAFETY: 32·b + 32 ≤ x.q.len() (checked by the caller).
                 _mm512_set1_epi32(std::ptr::read_unaligned(
                     x.q.as_ptr().add(32 * b + 4 * k) as *const i32
                 ))
             });
-            let (dx, ms) = (_mm512_set1_ps(x.d[b]), xsum.get(b).copied().unwrap_or(0.0));
-            let (co, so) = kind.at(b);
+            let bx = |_: usize, k: usize| words[k / 4];
+            let x = std::slice::from_ref(x);
             for c in 0..T {
-                let (rec, sc) = (base.add(c * tb + co), base.add(c * tb + so));
-                for l in 0..cl {
-                    _mm_prefetch::<_MM_HINT_T0>(rec.wrapping_add(PREFETCH + 64 * l) as *const i8);
-                }
-                _mm_prefetch::<_MM_HINT_T0>(sc.wrapping_add(PREFETCH) as *const i8);
-                let mut s = [_mm512_setzero_si512(); 2];
-                match kind {
-                    Kind::Q8_0 => {
-                        for g in 0..8 {
-                            let v = _mm512_load_si512(rec.add(64 * g) as *const __m512i);
-                            s[g % 2] = _mm512_dpbusd_epi32(s[g % 2], v, bx[g]);
-                        }
-                    }
-                    _ => {
-                        for g in 0..4 {
-                            let v = _mm512_load_si512(rec.add(64 * g) as *const __m512i);
-                            let lo = _mm512_and_si512(v, m4);
-                            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-                            s[0] = _mm512_dpbusd_epi32(s[0], lo, bx[g]);
-                            s[1] = _mm512_dpbusd_epi32(s[1], hi, bx[4 + g]);
-                        }
-                    }
-                }
-                let d = _mm512_cvtph_ps(_mm256_load_si256(sc as *const __m256i));
-                let mut q = _mm512_add_epi32(s[0], s[1]);
-                if kind == Kind::Q4_1 {
-                    let m = _mm512_cvtph_ps(_mm256_load_si256(sc.add(32) as *const __m256i));
-                    accm[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(ms), accm[c]);
-                } else {
-                    q = _mm512_sub_epi32(q, _mm512_set1_epi32(bias * x.qsum[b]));
-                }
-                let f = _mm512_mul_ps(d, dx);
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), f, acc[c]);
+                self.block::<1>(t0 + c, b, x, &[xsum], bx, &mut acc[c], &mut accm[c]);
             }
         }
         let mut r = [[0f32; TILE]; T];
         for c in 0..T {
-            _mm512_storeu_ps(r[c].as_mut_ptr(), _mm512_add_ps(acc[c], accm[c]));
+            _mm512_storeu_ps(r[c].as_mut_ptr(), _mm512_add_ps(acc[c][0], accm[c][0]));
         }
         r
     }
@@ -333,72 +297,89 @@ impl Tiles {
         xsum: &[&[f32]],
     ) -> [[f32; TILE]; N] {
         use std::arch::x86_64::*;
-        let kind = self.kind;
-        let cl = kind.code_bytes() / 64;
-        let (m4, bias) = (_mm512_set1_epi8(0x0F), kind.bias());
         let mut acc = [_mm512_setzero_ps(); N];
         let mut accm = [_mm512_setzero_ps(); N];
-        let tb = kind.tile_bytes(self.blocks);
-        let base = (self.lines.as_ptr() as *const u8).add(t * tb);
-        #[allow(clippy::needless_range_loop)] // `b` indexes the records and four inputs
         for b in 0..self.blocks {
-            let (co, so) = kind.at(b);
-            let (rec, sc) = (base.add(co), base.add(so));
-            for l in 0..cl {
-                _mm_prefetch::<_MM_HINT_T0>(rec.wrapping_add(PREFETCH + 64 * l) as *const i8);
-            }
-            _mm_prefetch::<_MM_HINT_T0>(sc.wrapping_add(PREFETCH) as *const i8);
-            let mut s = [[_mm512_setzero_si512(); 2]; N];
             let bx = |v: usize, k: usize| {
                 // SAFETY: k + 4 ≤ 32, and x[v] holds 32·blocks codes (checked by the caller).
                 _mm512_set1_epi32(std::ptr::read_unaligned(
                     x[v].q.as_ptr().add(32 * b + k) as *const i32
                 ))
             };
-            match kind {
-                Kind::Q8_0 => {
-                    for g in 0..8 {
-                        let c = _mm512_load_si512(rec.add(64 * g) as *const __m512i);
-                        for (v, s) in s.iter_mut().enumerate() {
-                            s[g % 2] = _mm512_dpbusd_epi32(s[g % 2], c, bx(v, 4 * g));
-                        }
-                    }
-                }
-                _ => {
-                    for g in 0..4 {
-                        let c = _mm512_load_si512(rec.add(64 * g) as *const __m512i);
-                        let lo = _mm512_and_si512(c, m4);
-                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(c), m4);
-                        for (v, s) in s.iter_mut().enumerate() {
-                            s[0] = _mm512_dpbusd_epi32(s[0], lo, bx(v, 4 * g));
-                            s[1] = _mm512_dpbusd_epi32(s[1], hi, bx(v, 16 + 4 * g));
-                        }
-                    }
-                }
-            }
-            let d = _mm512_cvtph_ps(_mm256_load_si256(sc as *const __m256i));
-            let m = match kind {
-                Kind::Q4_1 => _mm512_cvtph_ps(_mm256_load_si256(sc.add(32) as *const __m256i)),
-                _ => _mm512_setzero_ps(),
-            };
-            for v in 0..N {
-                let mut q = _mm512_add_epi32(s[v][0], s[v][1]);
-                if kind != Kind::Q4_1 {
-                    // The codes' bias times the activations' sum.
-                    q = _mm512_sub_epi32(q, _mm512_set1_epi32(bias * x[v].qsum[b]));
-                }
-                let f = _mm512_mul_ps(d, _mm512_set1_ps(x[v].d[b]));
-                acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), f, acc[v]);
-                if kind == Kind::Q4_1 {
-                    accm[v] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[v][b]), accm[v]);
-                }
-            }
+            self.block::<N>(t, b, x, xsum, bx, &mut acc, &mut accm);
         }
         let mut r = [[0f32; TILE]; N];
         for v in 0..N {
             _mm512_storeu_ps(r[v].as_mut_ptr(), _mm512_add_ps(acc[v], accm[v]));
         }
         r
+    }
+
+    /// Block `b` of tile `t` (Q4_0, Q4_1, Q8_0) with each of `N` vectors, added to `acc` (codes
+    /// times scales) and `accm` (Q4_1's mins times `xsum`); `bx(v, k)`: vector `v`'s activation
+    /// bytes `k..k + 4` of the block, broadcast.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)] // the block's place, its inputs, two accumulators
+    unsafe fn block<const N: usize>(
+        &self,
+        t: usize,
+        b: usize,
+        x: &[Q8In],
+        xsum: &[&[f32]],
+        bx: impl Fn(usize, usize) -> std::arch::x86_64::__m512i,
+        acc: &mut [std::arch::x86_64::__m512; N],
+        accm: &mut [std::arch::x86_64::__m512; N],
+    ) {
+        use std::arch::x86_64::*;
+        let kind = self.kind;
+        let (m4, bias) = (_mm512_set1_epi8(0x0F), kind.bias());
+        let tile = (self.lines.as_ptr() as *const u8).add(t * kind.tile_bytes(self.blocks));
+        let (co, so) = kind.at(b);
+        let (rec, sc) = (tile.add(co), tile.add(so));
+        for l in 0..kind.code_bytes() / 64 {
+            _mm_prefetch::<_MM_HINT_T0>(rec.wrapping_add(PREFETCH + 64 * l) as *const i8);
+        }
+        _mm_prefetch::<_MM_HINT_T0>(sc.wrapping_add(PREFETCH) as *const i8);
+        let mut s = [[_mm512_setzero_si512(); 2]; N];
+        match kind {
+            Kind::Q8_0 => {
+                for g in 0..8 {
+                    let c = _mm512_load_si512(rec.add(64 * g) as *const __m512i);
+                    for (v, s) in s.iter_mut().enumerate() {
+                        s[g % 2] = _mm512_dpbusd_epi32(s[g % 2], c, bx(v, 4 * g));
+                    }
+                }
+            }
+            _ => {
+                for g in 0..4 {
+                    let c = _mm512_load_si512(rec.add(64 * g) as *const __m512i);
+                    let lo = _mm512_and_si512(c, m4);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(c), m4);
+                    for (v, s) in s.iter_mut().enumerate() {
+                        s[0] = _mm512_dpbusd_epi32(s[0], lo, bx(v, 4 * g));
+                        s[1] = _mm512_dpbusd_epi32(s[1], hi, bx(v, 16 + 4 * g));
+                    }
+                }
+            }
+        }
+        let d = _mm512_cvtph_ps(_mm256_load_si256(sc as *const __m256i));
+        let m = match kind {
+            Kind::Q4_1 => _mm512_cvtph_ps(_mm256_load_si256(sc.add(32) as *const __m256i)),
+            _ => _mm512_setzero_ps(),
+        };
+        for v in 0..N {
+            let mut q = _mm512_add_epi32(s[v][0], s[v][1]);
+            if kind != Kind::Q4_1 {
+                // The codes' bias times the activations' sum.
+                q = _mm512_sub_epi32(q, _mm512_set1_epi32(bias * x[v].qsum[b]));
+            }
+            let f = _mm512_mul_ps(d, _mm512_set1_ps(x[v].d[b]));
+            acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), f, acc[v]);
+            if kind == Kind::Q4_1 {
+                accm[v] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[v][b]), accm[v]);
+            }
+        }
     }
 
     /// [`Tiles::tile`] for Q4_K: per sub-block of 32, `Σ q·x` of 16 rows by `vpdpbusd`, times
