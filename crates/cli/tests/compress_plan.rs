@@ -367,7 +367,8 @@ fn compress_plan_on_smollm2() {
     let plan = json(&plan_path);
     let c = d.join("c");
     ok(&["compress", s(&gguf), "-o", s(&c), "--plan", s(&plan_path)]);
-    check_inspect(&c, &plan, &|n| entrollm_model::gguf::gguf_tensor_name(n));
+    let llama = entrollm_model::config::Arch::Llama.family();
+    check_inspect(&c, &plan, &|n| llama.gguf_name(n));
     assert_eq!(served_forms(&c), plan_forms(&plan));
     let run = |m: &Path| {
         let out = ok(&[

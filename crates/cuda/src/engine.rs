@@ -32,7 +32,7 @@ use rayon::prelude::*;
 use entrollm_model::config::RopeStyle;
 use entrollm_model::engine::rope_inv_freq;
 use entrollm_model::weights::{Linear, ModelWeights};
-use entrollm_model::{DenseBf16 as CpuDenseBf16, LayerWeights, ModelConfig};
+use entrollm_model::{DenseBf16 as CpuDenseBf16, ModelConfig};
 
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
@@ -273,23 +273,11 @@ pub fn bf16_rounded(w: &ModelWeights) -> Result<ModelWeights> {
     } else {
         conv("lm_head", &w.lm_head)?
     };
-    let mut layers = Vec::new();
-    for l in &w.layers {
-        layers.push(LayerWeights {
-            attn_norm: l.attn_norm.clone(),
-            q: conv("q", &l.q)?,
-            k: conv("k", &l.k)?,
-            v: conv("v", &l.v)?,
-            o: conv("o", &l.o)?,
-            q_bias: l.q_bias.clone(),
-            k_bias: l.k_bias.clone(),
-            v_bias: l.v_bias.clone(),
-            mlp_norm: l.mlp_norm.clone(),
-            gate: conv("gate", &l.gate)?,
-            up: conv("up", &l.up)?,
-            down: conv("down", &l.down)?,
-        });
-    }
+    let layers = w
+        .layers
+        .iter()
+        .map(|l| l.map_matrices(|launch, _, m| conv(launch.name(), m)))
+        .collect::<Result<Vec<_>>>()?;
     Ok(ModelWeights {
         config: w.config.clone(),
         embed,
@@ -622,6 +610,20 @@ impl GpuEngine {
     ) -> Result<Self> {
         let c = model.config.clone();
         check_supported(&c)?;
+        if let Some(window) = c.block.sliding_window {
+            // The engine attends over the whole context, which is the model's attention while
+            // the context fits in the window.
+            if max_seq > window && c.block.sliding_layers.contains(&true) {
+                return Err(GpuError::invalid(
+                    "gpu engine",
+                    format!(
+                        "this model's layers attend over a sliding window of {window} tokens and \
+                         the GPU engine over the whole context: give a context of at most \
+                         {window} (-c) or run it on the CPU (--device cpu)"
+                    ),
+                ));
+            }
+        }
         if max_seq == 0 || max_seq > c.max_position_embeddings {
             return Err(GpuError::invalid(
                 "gpu engine",

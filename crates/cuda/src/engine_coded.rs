@@ -463,6 +463,7 @@ fn synth_weights(
             gate: mat(&p("mlp.gate_proj"))?,
             up: mat(&p("mlp.up_proj"))?,
             down: mat(&p("mlp.down_proj"))?,
+            norms: Default::default(),
         });
     }
     let embed = mat("model.embed_tokens.weight")?;
@@ -917,6 +918,17 @@ fn serve(
     use entrollm_model::weights::Linear;
     let c = &w.config;
     crate::engine::check_supported(c)?;
+    let beyond = w.beyond_llama();
+    if !beyond.is_empty() {
+        return Err(GpuError::invalid(
+            "gpu model",
+            format!(
+                "the GPU engine does not run {} models yet ({}); run it on the CPU (--device cpu)",
+                c.arch.family().name,
+                beyond.join(", ")
+            ),
+        ));
+    }
     let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let max_rows = [q + 2 * kv, h, 2 * inter, c.vocab_size]
         .into_iter()

@@ -769,6 +769,7 @@ fn small_model(seed: u64) -> Result<ModelWeights> {
                 gate: m(&p("mlp.gate_proj.weight")),
                 up: m(&p("mlp.up_proj.weight")),
                 down: m(&p("mlp.down_proj.weight")),
+                norms: Default::default(),
             }
         })
         .collect();
@@ -812,22 +813,7 @@ fn fp8_weights(w: ModelWeights, top: f32, head: bool) -> Result<ModelWeights> {
     let layers = w
         .layers
         .iter()
-        .map(|l| {
-            Ok(LayerWeights {
-                attn_norm: l.attn_norm.clone(),
-                q: fp8(&l.q)?,
-                k: fp8(&l.k)?,
-                v: fp8(&l.v)?,
-                o: fp8(&l.o)?,
-                q_bias: l.q_bias.clone(),
-                k_bias: l.k_bias.clone(),
-                v_bias: l.v_bias.clone(),
-                mlp_norm: l.mlp_norm.clone(),
-                gate: fp8(&l.gate)?,
-                up: fp8(&l.up)?,
-                down: fp8(&l.down)?,
-            })
-        })
+        .map(|l| l.map_matrices(|_, _, m| fp8(m)))
         .collect::<Result<Vec<_>>>()?;
     Ok(ModelWeights {
         lm_head: if head { fp8(&w.lm_head)? } else { w.lm_head },
@@ -1305,24 +1291,7 @@ impl CloneShallow for ModelWeights {
         ModelWeights {
             config: self.config.clone(),
             embed: Arc::clone(&self.embed),
-            layers: self
-                .layers
-                .iter()
-                .map(|l| LayerWeights {
-                    attn_norm: l.attn_norm.clone(),
-                    q: Arc::clone(&l.q),
-                    k: Arc::clone(&l.k),
-                    v: Arc::clone(&l.v),
-                    o: Arc::clone(&l.o),
-                    q_bias: l.q_bias.clone(),
-                    k_bias: l.k_bias.clone(),
-                    v_bias: l.v_bias.clone(),
-                    mlp_norm: l.mlp_norm.clone(),
-                    gate: Arc::clone(&l.gate),
-                    up: Arc::clone(&l.up),
-                    down: Arc::clone(&l.down),
-                })
-                .collect(),
+            layers: self.layers.to_vec(),
             final_norm: self.final_norm.clone(),
             lm_head: Arc::clone(&self.lm_head),
         }

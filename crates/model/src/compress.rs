@@ -282,7 +282,8 @@ fn for_each_lossy_matrix(
     if is_gguf(src) {
         let file = GgufFile::open(src)?;
         let names = file.tensors().iter().map(|t| t.name.as_str());
-        let forms = source_forms(opts, src, names, crate::gguf::gguf_tensor_name)?;
+        let family = crate::gguf::family_of(&file).ok();
+        let forms = source_forms(opts, src, names, |hf| family?.gguf_name(hf))?;
         for info in file.tensors() {
             let dtype = match info.ggml_type {
                 GgmlType::F32 => Dtype::F32,
@@ -1365,7 +1366,8 @@ fn compress_gguf(
         notes: Vec::new(),
     };
     let names = file.tensors().iter().map(|t| t.name.as_str());
-    let forms = source_forms(opts, src, names, crate::gguf::gguf_tensor_name)?;
+    let family = crate::gguf::family_of(&file).ok();
+    let forms = source_forms(opts, src, names, |hf| family?.gguf_name(hf))?;
     let code = |info: &GgufTensorInfo| -> Result<GgufReady> {
         let data = file.tensor_data(info);
         let (rows, cols) = (info.n_rows(), info.row_len());

@@ -4,14 +4,8 @@
 use crate::error::{ModelError, Result};
 use serde::{Deserialize, Serialize};
 
-/// Architectures the engine runs (all decoder-only, RMSNorm, RoPE, GQA, SwiGLU).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Arch {
-    Llama,
-    Qwen2,
-    Mistral,
-}
+pub use crate::arch::{Activation, Arch};
+use crate::arch::{Family, Sliding};
 
 /// Which pairs of a head's dimensions RoPE rotates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,6 +54,88 @@ pub struct ModelConfig {
     pub attention_bias: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// What the family's block computes beyond the common one, with this checkpoint's values.
+    pub block: Block,
+}
+
+/// The parts of a block that vary between families ([`crate::arch`]); the default is Llama's.
+/// Tensors that only some families have (q/k norms, sandwich norms) are known by their presence
+/// in [`crate::weights::LayerWeights`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Block {
+    pub activation: Activation,
+    /// The embedding rows are multiplied by this (Gemma: `sqrt(hidden_size)`).
+    pub embed_scale: Option<f32>,
+    /// Scale of q·k; `None`: `1/sqrt(head_dim)`.
+    pub attn_scale: Option<f32>,
+    /// Attention logits become `cap · tanh(logit / cap)`.
+    pub attn_softcap: Option<f32>,
+    /// Final logits become `cap · tanh(logit / cap)`.
+    pub final_softcap: Option<f32>,
+    /// Positions a sliding layer attends to, its own included.
+    pub sliding_window: Option<usize>,
+    /// Per layer, whether it slides (empty: none does).
+    pub sliding_layers: Vec<bool>,
+    /// RoPE base of the sliding layers, unscaled (Gemma 3); `None`: the model's RoPE.
+    pub local_rope_theta: Option<f32>,
+    /// Leading dimensions of a head that RoPE rotates; `None`: all of them.
+    pub rotary_dim: Option<usize>,
+}
+
+impl Block {
+    fn validate(&self, c: &ModelConfig) -> Result<()> {
+        let positive = |field: &str, v: Option<f32>| -> Result<()> {
+            match v {
+                Some(v) if !(v.is_finite() && v > 0.0) => Err(ModelError::Config(format!(
+                    "{field}: {v} is not a finite value > 0"
+                ))),
+                _ => Ok(()),
+            }
+        };
+        positive("attention scale (query_pre_attn_scalar)", self.attn_scale)?;
+        positive("attn_logit_softcapping", self.attn_softcap)?;
+        positive("final_logit_softcapping", self.final_softcap)?;
+        positive("embedding scale", self.embed_scale)?;
+        if let Some(t) = self.local_rope_theta {
+            if !(t.is_finite() && t > 1.0) {
+                return Err(ModelError::Config(format!(
+                    "local RoPE base: {t} is not a finite value > 1"
+                )));
+            }
+        }
+        if !self.sliding_layers.is_empty() && self.sliding_layers.len() != c.num_layers {
+            return Err(ModelError::Config(format!(
+                "{} sliding-window layer flags for {} layers",
+                self.sliding_layers.len(),
+                c.num_layers
+            )));
+        }
+        if self.sliding_window == Some(0) {
+            return Err(ModelError::Config("sliding_window: must be ≥ 1".into()));
+        }
+        if let Some(r) = self.rotary_dim {
+            if r == 0 || r > c.head_dim || !r.is_multiple_of(2) {
+                return Err(ModelError::Config(format!(
+                    "rotary dimensions: {r} is not an even number in 2..={}",
+                    c.head_dim
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Dimensions of a head that RoPE rotates.
+    pub fn rotary_dim(&self, head_dim: usize) -> usize {
+        self.rotary_dim.unwrap_or(head_dim)
+    }
+
+    /// Whether layer `layer` attends over a sliding window, and its width.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        match self.sliding_layers.get(layer) {
+            Some(true) => self.sliding_window,
+            _ => None,
+        }
+    }
 }
 
 /// Upper bounds on sizes, far above any real checkpoint, so a corrupt or hostile config is rejected
@@ -76,15 +152,16 @@ const MAX_POSITIONS: usize = 1 << 24;
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 
 impl ModelConfig {
-    /// Parses a Hugging Face `config.json` of a Llama, Qwen2 or Mistral model and validates it.
+    /// Parses a Hugging Face `config.json` of a family the engine runs ([`crate::arch`]) and
+    /// validates it.
     ///
     /// Follows transformers' defaults: `num_key_value_heads` = `num_attention_heads`, `head_dim` =
     /// `hidden_size / num_attention_heads`, `rope_theta` = 10000; `rope_theta` and the scaling may sit
     /// at the top level with a legacy `rope_scaling` (keyed `type` or `rope_type`) or in v5's
-    /// `rope_parameters`. HF checkpoints store Q/K rows for NEOX-style RoPE, so `rope_style` is
-    /// [`RopeStyle::Neox`]. The engine attends over the full context, so a sliding-window model
-    /// (Mistral v0.1, Qwen2 with `use_sliding_window`) has `max_position_embeddings` capped at its
-    /// window: within it full attention is exact.
+    /// `rope_parameters` (per layer type where the family has two). HF checkpoints store Q/K rows
+    /// for NEOX-style RoPE, so `rope_style` is [`RopeStyle::Neox`]. Sliding windows follow
+    /// `layer_types` where the config has it, else the family's pattern. A key that changes the
+    /// forward pass in a way the family does not implement is an error naming it.
     pub fn from_hf_json(text: &str) -> Result<Self> {
         let json: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| ModelError::Config(format!("config.json is not valid JSON: {e}")))?;
@@ -93,14 +170,9 @@ impl ModelConfig {
             .ok_or_else(|| ModelError::Config("config.json is not a JSON object".into()))?;
         let fields = HfFields(obj);
 
-        let arch = fields.arch()?;
-        if let Some(act) = fields.string("hidden_act")? {
-            if act != "silu" {
-                return Err(ModelError::Unsupported(format!(
-                    "config hidden_act: {act:?} (only \"silu\" is supported)"
-                )));
-            }
-        }
+        let family = fields.family()?;
+        family.check_unread_keys(obj)?;
+        let activation = family.activation(fields.string(family.act_key)?)?;
         if fields.bool("mlp_bias")?.unwrap_or(false) {
             return Err(ModelError::Unsupported(
                 "config mlp_bias: true (MLP biases)".into(),
@@ -122,23 +194,9 @@ impl ModelConfig {
                 hidden_size / num_heads
             }
         };
-
-        let mut max_position_embeddings = fields.required_usize("max_position_embeddings")?;
-        let sliding_window_on = match arch {
-            Arch::Mistral => true,
-            Arch::Qwen2 => fields.bool("use_sliding_window")?.unwrap_or(false),
-            Arch::Llama => false,
-        };
-        if sliding_window_on {
-            if let Some(window) = fields.usize("sliding_window")? {
-                if window == 0 {
-                    return Err(ModelError::Config("sliding_window: must be ≥ 1".into()));
-                }
-                max_position_embeddings = max_position_embeddings.min(window);
-            }
-        }
-
-        let (rope_theta, rope_scaling) = fields.rope()?;
+        let num_layers = fields.required_usize("num_hidden_layers")?;
+        let (sliding_window, sliding_layers) = fields.sliding(family, num_layers)?;
+        let ((rope_theta, rope_scaling), local_rope) = fields.rope(family)?;
         let eos_token_ids = match obj.get("eos_token_id") {
             None | Some(serde_json::Value::Null) => Vec::new(),
             Some(serde_json::Value::Array(ids)) => ids
@@ -151,31 +209,82 @@ impl ModelConfig {
             None | Some(serde_json::Value::Null) => None,
             Some(v) => Some(token_id("bos_token_id", v)?),
         };
+        let softcap = |key: &str| -> Result<Option<f32>> {
+            match family.softcap {
+                true => Ok(fields.f64(key)?.map(|v| v as f32)),
+                false => Ok(None),
+            }
+        };
+        // v5 keeps the factor in `rope_parameters`.
+        let partial = match fields.f64("partial_rotary_factor")? {
+            Some(f) => Some(f),
+            None => match fields.get("rope_parameters").and_then(|p| p.as_object()) {
+                Some(p) => HfFields(p)
+                    .f64("partial_rotary_factor")
+                    .map_err(|e| ModelError::Config(format!("rope_parameters.{e}")))?,
+                None => None,
+            },
+        };
+        if !family.partial_rotary && partial.is_some_and(|f| f != 1.0) {
+            return Err(ModelError::Unsupported(format!(
+                "config partial_rotary_factor: {} in a {} model",
+                partial.unwrap_or(1.0),
+                family.name
+            )));
+        }
+        let rotary_dim = match (family.partial_rotary, partial) {
+            (true, Some(f)) if f != 1.0 => {
+                if !(f > 0.0 && f <= 1.0) {
+                    return Err(ModelError::Config(format!(
+                        "partial_rotary_factor: {f} is not in (0, 1]"
+                    )));
+                }
+                Some((head_dim as f64 * f) as usize)
+            }
+            _ => None,
+        };
 
         let config = ModelConfig {
-            arch,
+            arch: family.arch,
             vocab_size: fields.required_usize("vocab_size")?,
             hidden_size,
             intermediate_size: fields.required_usize("intermediate_size")?,
-            num_layers: fields.required_usize("num_hidden_layers")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
-            max_position_embeddings,
+            max_position_embeddings: fields.required_usize("max_position_embeddings")?,
             rms_norm_eps: fields.f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
             rope_theta: rope_theta as f32,
             rope_scaling,
             rope_style: RopeStyle::Neox,
             tie_word_embeddings: fields.bool("tie_word_embeddings")?.unwrap_or(false),
-            // Qwen2's q/k/v projections always carry biases, Mistral's never; Llama's follow
-            // `attention_bias`.
-            attention_bias: match arch {
-                Arch::Qwen2 => true,
-                Arch::Mistral => false,
-                Arch::Llama => fields.bool("attention_bias")?.unwrap_or(false),
+            attention_bias: match family.qkv_bias {
+                crate::arch::QkvBias::Always => true,
+                crate::arch::QkvBias::Never => false,
+                crate::arch::QkvBias::FromConfig => fields.bool("attention_bias")?.unwrap_or(false),
             },
             bos_token_id,
             eos_token_ids,
+            block: Block {
+                activation,
+                embed_scale: family
+                    .embed_scale
+                    .then(|| (hidden_size as f64).sqrt() as f32),
+                // transformers' Gemma configs default to 256.
+                attn_scale: match family.query_pre_attn_scalar {
+                    true => Some(
+                        (1.0 / fields.f64("query_pre_attn_scalar")?.unwrap_or(256.0).sqrt()) as f32,
+                    ),
+                    false => None,
+                },
+                attn_softcap: softcap("attn_logit_softcapping")?,
+                final_softcap: softcap("final_logit_softcapping")?,
+                sliding_window,
+                sliding_layers,
+                local_rope_theta: local_rope.map(|t| t as f32),
+                rotary_dim,
+            },
         };
         config.validate()?;
         Ok(config)
@@ -233,6 +342,7 @@ impl ModelConfig {
             )));
         }
         self.rope_scaling.validate()?;
+        self.block.validate(self)?;
         for &id in self.eos_token_ids.iter().chain(self.bos_token_id.iter()) {
             if id as usize >= self.vocab_size {
                 return Err(ModelError::Config(format!(
@@ -357,8 +467,8 @@ impl HfFields<'_> {
             .transpose()
     }
 
-    /// The architecture from `architectures[0]`, else from `model_type`.
-    fn arch(&self) -> Result<Arch> {
+    /// The family from `architectures[0]`, else from `model_type`.
+    fn family(&self) -> Result<&'static Family> {
         if let Some(list) = self.get("architectures") {
             let name = list
                 .as_array()
@@ -367,36 +477,130 @@ impl HfFields<'_> {
                 .ok_or_else(|| {
                     ModelError::Config(format!("architectures: {list} is not a list of names"))
                 })?;
-            return match name {
-                "LlamaForCausalLM" => Ok(Arch::Llama),
-                "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
-                "MistralForCausalLM" => Ok(Arch::Mistral),
-                other => Err(ModelError::Config(format!(
-                    "architectures: {other:?} is not supported (LlamaForCausalLM, \
-                     Qwen2ForCausalLM, MistralForCausalLM)"
-                ))),
-            };
+            return Family::from_hf_architecture(name);
         }
         match self.string("model_type")? {
-            Some("llama") => Ok(Arch::Llama),
-            Some("qwen2") => Ok(Arch::Qwen2),
-            Some("mistral") => Ok(Arch::Mistral),
-            Some(other) => Err(ModelError::Config(format!(
-                "model_type: {other:?} is not supported (llama, qwen2, mistral)"
-            ))),
+            Some(t) => Family::from_hf_model_type(t),
             None => Err(ModelError::Config(
                 "architectures and model_type: both missing".into(),
             )),
         }
     }
 
+    /// The sliding window and which layers use it: `layer_types` where the config has it, else
+    /// the family's rule.
+    fn sliding(&self, family: &Family, num_layers: usize) -> Result<(Option<usize>, Vec<bool>)> {
+        if family.sliding == Sliding::Never {
+            return Ok((None, Vec::new()));
+        }
+        let window = self.usize("sliding_window")?;
+        let on = match family.sliding_switch {
+            true => self.bool("use_sliding_window")?.unwrap_or(false),
+            false => window.is_some(),
+        };
+        let Some(window) = window.filter(|_| on) else {
+            return Ok((None, Vec::new()));
+        };
+        if window == 0 {
+            return Err(ModelError::Config("sliding_window: must be ≥ 1".into()));
+        }
+        let layers = match self.get("layer_types") {
+            Some(list) => {
+                let names = list.as_array().ok_or_else(|| {
+                    ModelError::Config(format!("layer_types: {list} is not a list"))
+                })?;
+                if names.len() != num_layers {
+                    return Err(ModelError::Config(format!(
+                        "layer_types: {} entries for {num_layers} layers",
+                        names.len()
+                    )));
+                }
+                names
+                    .iter()
+                    .map(|n| match n.as_str() {
+                        Some("sliding_attention") => Ok(true),
+                        Some("full_attention") => Ok(false),
+                        _ => Err(ModelError::Unsupported(format!(
+                            "config layer_types: {n} (sliding_attention and full_attention are \
+                             supported)"
+                        ))),
+                    })
+                    .collect::<Result<Vec<bool>>>()?
+            }
+            None => match family.sliding {
+                Sliding::Pattern(n) => crate::arch::sliding_pattern(
+                    self.usize("sliding_window_pattern")?.unwrap_or(n),
+                    num_layers,
+                ),
+                // transformers' Qwen2/Qwen3: layers from `max_window_layers` on slide.
+                _ if family.sliding_switch => {
+                    let from = self.usize("max_window_layers")?.unwrap_or(28);
+                    (0..num_layers).map(|i| i >= from).collect()
+                }
+                _ => vec![true; num_layers],
+            },
+        };
+        Ok((Some(window), layers))
+    }
+
     /// `rope_theta` and the frequency scaling, from v5 `rope_parameters` or the legacy top-level
     /// `rope_theta` + `rope_scaling`.
-    fn rope(&self) -> Result<(f64, RopeScaling)> {
-        let (section, params) = match self.get("rope_parameters") {
-            Some(p) => ("rope_parameters", Some(p)),
-            None => ("rope_scaling", self.get("rope_scaling")),
+    /// With the sliding layers' own RoPE base where the family has one: v5's
+    /// `rope_parameters.sliding_attention` (nested beside `full_attention`), else
+    /// `rope_local_base_freq`, else the family's default.
+    #[allow(clippy::type_complexity)]
+    fn rope(&self, family: &Family) -> Result<((f64, RopeScaling), Option<f64>)> {
+        let nested = self
+            .get("rope_parameters")
+            .and_then(|p| p.as_object())
+            .filter(|p| p.contains_key("full_attention"));
+        let Some(nested) = nested else {
+            let (section, params) = match self.get("rope_parameters") {
+                Some(p) => ("rope_parameters", Some(p)),
+                None => ("rope_scaling", self.get("rope_scaling")),
+            };
+            let local = match family.local_rope_base {
+                Some(default) => Some(self.f64("rope_local_base_freq")?.unwrap_or(default)),
+                None => None,
+            };
+            return Ok((self.rope_section(section, params)?, local));
         };
+        let global = self.rope_section(
+            "rope_parameters.full_attention",
+            nested.get("full_attention"),
+        )?;
+        let local = match nested.get("sliding_attention") {
+            None => None,
+            Some(p) => {
+                let (theta, scaling) =
+                    self.rope_section("rope_parameters.sliding_attention", Some(p))?;
+                if scaling != RopeScaling::None {
+                    return Err(ModelError::Unsupported(
+                        "config rope_parameters.sliding_attention: RoPE scaling on sliding \
+                         layers"
+                            .into(),
+                    ));
+                }
+                Some(theta)
+            }
+        };
+        if local.is_some() && family.local_rope_base.is_none() {
+            return Err(ModelError::Unsupported(format!(
+                "config rope_parameters.sliding_attention: a RoPE of its own on the sliding \
+                 layers of a {} model",
+                family.name
+            )));
+        }
+        Ok((global, local))
+    }
+
+    /// `rope_theta` and the scaling of one section (`rope_scaling`, `rope_parameters` or one of
+    /// its layer types); the theta falls back to the top-level `rope_theta`.
+    fn rope_section(
+        &self,
+        section: &str,
+        params: Option<&serde_json::Value>,
+    ) -> Result<(f64, RopeScaling)> {
         let params = params
             .map(|p| {
                 p.as_object()
@@ -583,16 +787,83 @@ mod tests {
     }
 
     #[test]
-    fn mistral_sliding_window_caps_the_context() {
+    fn mistral_slides_every_layer() {
         let c = ModelConfig::from_hf_json(MISTRAL_7B_V01).unwrap();
         assert_eq!(c.arch, Arch::Mistral);
-        assert_eq!(c.max_position_embeddings, 4096);
+        assert_eq!(c.max_position_embeddings, 32768);
+        assert_eq!(c.block.sliding_window, Some(4096));
+        assert_eq!(c.block.sliding_layers, vec![true; 32]);
+        assert_eq!(
+            (c.block.window(0), c.block.window(31)),
+            (Some(4096), Some(4096))
+        );
         let no_window = edited(
             MISTRAL_7B_V01,
             &[("sliding_window", serde_json::Value::Null)],
         );
         let c = ModelConfig::from_hf_json(&no_window).unwrap();
-        assert_eq!(c.max_position_embeddings, 32768);
+        assert_eq!((c.block.sliding_window, c.block.window(0)), (None, None));
+    }
+
+    #[test]
+    fn qwen2_slides_from_max_window_layers_when_switched_on() {
+        use serde_json::json;
+        let on = edited(
+            QWEN25_05B,
+            &[
+                ("use_sliding_window", json!(true)),
+                ("sliding_window", json!(512)),
+                ("max_window_layers", json!(20)),
+            ],
+        );
+        let c = ModelConfig::from_hf_json(&on).unwrap();
+        assert_eq!((c.block.window(19), c.block.window(20)), (None, Some(512)));
+        let types = edited(
+            &on,
+            &[("layer_types", json!(vec!["sliding_attention"; 24]))],
+        );
+        let c = ModelConfig::from_hf_json(&types).unwrap();
+        assert_eq!(c.block.window(0), Some(512));
+        let bad = edited(
+            &on,
+            &[("layer_types", json!(vec!["chunked_attention"; 24]))],
+        );
+        assert!(matches!(
+            ModelConfig::from_hf_json(&bad),
+            Err(ModelError::Unsupported(m)) if m.contains("layer_types")
+        ));
+        let short = edited(&on, &[("layer_types", json!(vec!["full_attention"; 3]))]);
+        assert!(config_error(&short).contains("layer_types: 3 entries for 24 layers"));
+    }
+
+    #[test]
+    fn gemma3_reads_its_block() {
+        let text = r#"{"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+          "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 7,
+          "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+          "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 32768,
+          "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "sliding_window": 512,
+          "final_logit_softcapping": null, "attn_logit_softcapping": null,
+          "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+          "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "vocab_size": 262144}"#;
+        let c = ModelConfig::from_hf_json(text).unwrap();
+        assert_eq!(c.arch, Arch::Gemma3);
+        assert_eq!(c.block.activation, Activation::GeluTanh);
+        assert_eq!(c.block.embed_scale, Some(640f64.sqrt() as f32));
+        assert_eq!(c.block.attn_scale, Some(1.0 / 16.0));
+        assert_eq!((c.block.attn_softcap, c.block.final_softcap), (None, None));
+        assert_eq!(
+            c.block.sliding_layers,
+            [true, true, true, true, true, false, true]
+        );
+        assert_eq!(c.block.local_rope_theta, Some(10000.0));
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        // A key Gemma 3 does not read, set: refused, named.
+        let softcapped = edited(text, &[("use_qk_norm", true.into())]);
+        assert!(matches!(
+            ModelConfig::from_hf_json(&softcapped),
+            Err(ModelError::Unsupported(m)) if m.contains("use_qk_norm")
+        ));
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The CPU reference engine: the Llama/Qwen2/Mistral forward pass over [`ModelWeights`], with an
-//! f32 KV cache. Prompts run as batches (one matmul per weight per chunk, causal attention);
+//! The CPU reference engine: the forward pass of every family ([`crate::arch`]) over
+//! [`ModelWeights`], with an f32 KV cache. Prompts run as batches (one matmul per weight per chunk, causal attention);
 //! decoding runs one token at a time. Work is spread over rayon's global pool, through the crew
 //! ([`crate::crew`]) while a forward runs on a pool thread.
 
@@ -22,6 +22,8 @@ pub struct Engine {
     max_seq_len: usize,
     /// RoPE inverse frequencies (radians per position) of each rotated pair, scaling applied.
     inv_freq: Vec<f64>,
+    /// Those of the sliding layers where they rotate with a base of their own (Gemma 3).
+    local_inv_freq: Option<Vec<f64>>,
     /// Per layer: keys of positions `0..pos`, `[pos, kv_dim]`, RoPE applied.
     keys: Vec<Vec<f32>>,
     /// Per layer: values of positions `0..pos`, `[pos, kv_dim]`.
@@ -72,6 +74,14 @@ impl Engine {
         let values = caches.split_off(c.num_layers);
         Ok(Engine {
             inv_freq: rope_inv_freq(c),
+            local_inv_freq: c.block.local_rope_theta.map(|theta| {
+                let local = ModelConfig {
+                    rope_theta: theta,
+                    rope_scaling: RopeScaling::None,
+                    ..c.clone()
+                };
+                rope_inv_freq(&local)
+            }),
             max_seq_len,
             keys: caches,
             values,
@@ -200,11 +210,22 @@ impl Engine {
         let mut x = vec![0f32; n * hidden];
         for (row, &t) in x.chunks_mut(hidden).zip(tokens) {
             weights.embed.row(t as usize, row);
+            if let Some(scale) = c.block.embed_scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         let rope = RopeAngles::new(&self.inv_freq, self.pos, n);
+        let local_rope = self
+            .local_inv_freq
+            .as_ref()
+            .map(|f| RopeAngles::new(f, self.pos, n));
         let mut buffers = LayerBuffers::new(c, n);
         for (layer_index, layer) in weights.layers.iter().enumerate() {
-            self.attention_block(layer_index, layer, &rope, &mut x, &mut buffers);
+            let rope = match (&local_rope, c.block.window(layer_index)) {
+                (Some(local), Some(_)) => local,
+                _ => &rope,
+            };
+            self.attention_block(layer_index, layer, rope, &mut x, &mut buffers);
             mlp_block(c, layer, &mut x, &mut buffers, self.concurrent());
         }
         self.pos += n;
@@ -251,12 +272,20 @@ impl Engine {
             project(&layer.k, &layer.k_bias, &mut b.k);
             project(&layer.v, &layer.v_bias, &mut b.v);
         }
-        rope.apply(&mut b.q, c.head_dim, c.rope_style);
-        rope.apply(&mut b.k, c.head_dim, c.rope_style);
+        if let Some(w) = &layer.norms.q {
+            rms_norm_in_place(&mut b.q, w, c.rms_norm_eps);
+        }
+        if let Some(w) = &layer.norms.k {
+            rms_norm_in_place(&mut b.k, w, c.rms_norm_eps);
+        }
+        let rotary = c.block.rotary_dim(c.head_dim);
+        rope.apply(&mut b.q, c.head_dim, rotary, c.rope_style);
+        rope.apply(&mut b.k, c.head_dim, rotary, c.rope_style);
         self.keys[layer_index].extend_from_slice(&b.k);
         self.values[layer_index].extend_from_slice(&b.v);
         attention(
             c,
+            c.block.window(layer_index),
             &b.q,
             &self.keys[layer_index],
             &self.values[layer_index],
@@ -264,6 +293,9 @@ impl Engine {
             &mut b.attended,
         );
         layer.o.matmul(&b.attended, n, &mut b.normed);
+        if let Some(w) = &layer.norms.post_attn {
+            rms_norm_in_place(&mut b.normed, w, c.rms_norm_eps);
+        }
         add_assign(x, &b.normed);
     }
 
@@ -284,6 +316,11 @@ impl Engine {
             );
             w.lm_head
                 .matmul(&normed[..m * h], m, &mut logits[..m * vocab]);
+            if let Some(cap) = w.config.block.final_softcap {
+                logits[..m * vocab]
+                    .iter_mut()
+                    .for_each(|l| *l = softcap(*l, cap));
+            }
             for (i, row) in logits[..m * vocab].chunks(vocab).enumerate() {
                 on_logits(chunk_index * LOGITS_CHUNK + i, row);
             }
@@ -318,7 +355,8 @@ impl LayerBuffers {
     }
 }
 
-/// `x += down(silu(gate(h)) · up(h))` with `h` the normed `x`.
+/// `x += down(act(gate(h)) · up(h))` with `h` the normed `x` (the output normed again where the
+/// family has a post-MLP norm).
 fn mlp_block(
     c: &ModelConfig,
     layer: &LayerWeights,
@@ -338,21 +376,26 @@ fn mlp_block(
         layer.up.matmul(&b.normed, n, &mut b.up);
     }
     let up = &b.up;
+    let act = c.block.activation;
     crate::crew::chunks_mut(&mut b.gate, ELEMENTWISE_TASK, |i, g| {
         let u = &up[i * ELEMENTWISE_TASK..][..g.len()];
         for (g, &u) in g.iter_mut().zip(u) {
-            *g = *g / (1.0 + (-*g).exp()) * u;
+            *g = act.apply(*g) * u;
         }
     });
     layer.down.matmul(&b.gate, n, &mut b.normed);
+    if let Some(w) = &layer.norms.post_mlp {
+        rms_norm_in_place(&mut b.normed, w, c.rms_norm_eps);
+    }
     add_assign(x, &b.normed);
 }
 
 /// Causal grouped-query attention of the chunk's queries (`q`: `[n, heads·head_dim]`, at
-/// positions `start..start + n`) over the cached keys and values of positions `0..start + n`.
-/// One task per (token, head).
+/// positions `start..start + n`) over the cached keys and values of positions `0..start + n`, or
+/// of the last `window` of them. One task per (token, head).
 fn attention(
     c: &ModelConfig,
+    window: Option<usize>,
     q: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -361,24 +404,33 @@ fn attention(
 ) {
     let (d, heads, kv_dim) = (c.head_dim, c.num_heads, c.kv_dim());
     let group = heads / c.num_kv_heads;
-    let scale = 1.0 / (d as f32).sqrt();
+    let scale = c.block.attn_scale.unwrap_or(1.0 / (d as f32).sqrt());
+    let cap = c.block.attn_softcap;
     crate::crew::chunks_mut(out, d, |index, out| {
         let q = &q[index * d..][..d];
         let (token, head) = (index / heads, index % heads);
+        let end = start + token + 1;
+        let first = window.map_or(0, |w| end.saturating_sub(w));
         let kv = KvHead {
-            keys,
-            values,
+            keys: &keys[first * kv_dim..],
+            values: &values[first * kv_dim..],
             stride: kv_dim,
             offset: (head / group) * d,
-            len: start + token + 1,
+            len: end - first,
         };
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: AVX2 is present.
-            return unsafe { attend_avx2(q, &kv, scale, out) };
+            return unsafe { attend_avx2(q, &kv, scale, cap, out) };
         }
-        attend(q, &kv, scale, out)
+        attend(q, &kv, scale, cap, out)
     });
+}
+
+/// `cap · tanh(x / cap)`: Gemma's soft-capping of attention and final logits.
+#[inline(always)]
+fn softcap(x: f32, cap: f32) -> f32 {
+    cap * (x / cap).tanh()
 }
 
 /// One key/value head's cached positions `0..len`: position t's vectors at `t·stride + offset`.
@@ -395,13 +447,13 @@ struct KvHead<'a> {
 /// additions overlap). Heads of 32, 64, 96 or 128 elements; others: [`attend`] compiled for AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn attend_avx2(q: &[f32], kv: &KvHead, scale: f32, out: &mut [f32]) {
+unsafe fn attend_avx2(q: &[f32], kv: &KvHead, scale: f32, cap: Option<f32>, out: &mut [f32]) {
     match q.len() {
-        32 => attend_avx2_w::<4>(q, kv, scale, out),
-        64 => attend_avx2_w::<8>(q, kv, scale, out),
-        96 => attend_avx2_w::<12>(q, kv, scale, out),
-        128 => attend_avx2_w::<16>(q, kv, scale, out),
-        _ => attend(q, kv, scale, out),
+        32 => attend_avx2_w::<4>(q, kv, scale, cap, out),
+        64 => attend_avx2_w::<8>(q, kv, scale, cap, out),
+        96 => attend_avx2_w::<12>(q, kv, scale, cap, out),
+        128 => attend_avx2_w::<16>(q, kv, scale, cap, out),
+        _ => attend(q, kv, scale, cap, out),
     }
 }
 
@@ -409,7 +461,13 @@ unsafe fn attend_avx2(q: &[f32], kv: &KvHead, scale: f32, out: &mut [f32]) {
 /// Safety: AVX2 present.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn attend_avx2_w<const W: usize>(q: &[f32], kv: &KvHead, scale: f32, out: &mut [f32]) {
+unsafe fn attend_avx2_w<const W: usize>(
+    q: &[f32],
+    kv: &KvHead,
+    scale: f32,
+    cap: Option<f32>,
+    out: &mut [f32],
+) {
     use std::arch::x86_64::*;
     let d = 8 * W;
     assert!(q.len() == d && out.len() == d && kv.len > 0);
@@ -451,6 +509,7 @@ unsafe fn attend_avx2_w<const W: usize>(q: &[f32], kv: &KvHead, scale: f32, out:
         }
         *s = total(acc) * scale;
     }
+    cap_scores(&mut scores, cap);
     let sum = exp_shifted(&mut scores);
     let mut o = [_mm256_setzero_ps(); W];
     for (t, &s) in scores.iter().enumerate() {
@@ -467,13 +526,14 @@ unsafe fn attend_avx2_w<const W: usize>(q: &[f32], kv: &KvHead, scale: f32, out:
 
 /// One query's softmax-weighted sum of its head's cached values.
 #[inline(always)]
-fn attend(q: &[f32], kv: &KvHead, scale: f32, out: &mut [f32]) {
+fn attend(q: &[f32], kv: &KvHead, scale: f32, cap: Option<f32>, out: &mut [f32]) {
     let d = q.len();
     // A plain loop: iterator adapters would be compiled apart, without the caller's features.
     let mut scores = vec![0f32; kv.len];
     for (t, s) in scores.iter_mut().enumerate() {
         *s = dot(q, &kv.keys[t * kv.stride + kv.offset..][..d]) * scale;
     }
+    cap_scores(&mut scores, cap);
     let sum = exp_shifted(&mut scores);
     out.fill(0.0);
     for (t, &s) in scores.iter().enumerate() {
@@ -482,6 +542,14 @@ fn attend(q: &[f32], kv: &KvHead, scale: f32, out: &mut [f32]) {
         for (o, &v) in out.iter_mut().zip(v) {
             *o += weight * v;
         }
+    }
+}
+
+/// Soft-capped attention logits, where the family caps them.
+#[inline(always)]
+fn cap_scores(scores: &mut [f32], cap: Option<f32>) {
+    if let Some(cap) = cap {
+        scores.iter_mut().for_each(|s| *s = softcap(*s, cap));
     }
 }
 
@@ -518,6 +586,12 @@ fn add_assign(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// [`rms_norm`] of `x` into itself (q/k norms per head, post norms).
+fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let input = x.to_vec();
+    rms_norm(&input, weight, eps, x);
+}
+
 /// RMSNorm of each `weight.len()`-wide row of `x` into `out`: `x / sqrt(mean(x²) + eps) · weight`.
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let width = weight.len();
@@ -531,11 +605,12 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     });
 }
 
-/// RoPE inverse frequencies of the `head_dim / 2` rotated pairs, `θ^(−2i/d)`, with the config's
+/// RoPE inverse frequencies of the `d / 2` rotated pairs (`d`: the rotated dimensions of a head),
+/// `θ^(−2i/d)`, with the config's
 /// frequency scaling (transformers' `_compute_linear_scaling_rope_parameters` and
 /// `_compute_llama3_parameters`).
 pub fn rope_inv_freq(c: &ModelConfig) -> Vec<f64> {
-    let d = c.head_dim;
+    let d = c.block.rotary_dim(c.head_dim);
     let base = c.rope_theta as f64;
     (0..d / 2)
         .map(|i| {
@@ -591,9 +666,10 @@ impl RopeAngles {
         RopeAngles { cos, sin }
     }
 
-    /// Rotates every head of `x` (`[n, heads·head_dim]`) by its token's angles.
-    fn apply(&self, x: &mut [f32], head_dim: usize, style: RopeStyle) {
-        let half = head_dim / 2;
+    /// Rotates the first `rotary` dimensions of every head of `x` (`[n, heads·head_dim]`) by its
+    /// token's angles.
+    fn apply(&self, x: &mut [f32], head_dim: usize, rotary: usize, style: RopeStyle) {
+        let half = rotary / 2;
         let heads_per_token = x.len() / (self.cos.len() / half) / head_dim;
         for (index, v) in x.chunks_mut(head_dim).enumerate() {
             let token = index / heads_per_token;
@@ -646,9 +722,10 @@ mod tests {
                         len,
                     };
                     let (mut a, mut b) = (vec![0f32; d], vec![1f32; d]);
-                    attend(&q, &kv, 0.125, &mut a);
+                    let cap = (head % 2 == 1).then_some(0.7);
+                    attend(&q, &kv, 0.125, cap, &mut a);
                     // SAFETY: AVX2 is present (checked above).
-                    unsafe { attend_avx2(&q, &kv, 0.125, &mut b) };
+                    unsafe { attend_avx2(&q, &kv, 0.125, cap, &mut b) };
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&a),
@@ -687,7 +764,7 @@ mod tests {
         let original: Vec<f32> = (0..12).map(|i| i as f32 - 5.0).collect();
         for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
             let mut x = original.clone(); // 2 tokens × 1 head × 6 dims
-            RopeAngles::new(&inv_freq, 0, 2).apply(&mut x, 6, style);
+            RopeAngles::new(&inv_freq, 0, 2).apply(&mut x, 6, 6, style);
             assert_eq!(&x[..6], &original[..6], "position 0 must not rotate");
             let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
             assert!((norm(&x[6..]) - norm(&original[6..])).abs() < 1e-3);

@@ -1,5 +1,6 @@
 //! entrollm-model: checkpoint loaders, tokenizers, chat templates and the CPU reference engine.
 
+pub mod arch;
 pub mod calib;
 pub mod chat;
 pub mod coding_plan;

@@ -566,7 +566,7 @@ pub fn recorded_forms(
         let mut form: Option<(String, &entrollm_format::FormEntry)> = None;
         for hf in &l.tensors {
             let name = match gguf {
-                true => crate::gguf::gguf_tensor_name(hf),
+                true => w.config.arch.family().gguf_name(hf),
                 false => Some(hf.clone()),
             };
             let Some((name, f)) = name.and_then(|n| reader.form(&n).map(|f| (n, f))) else {

@@ -77,6 +77,7 @@ impl SynthShape {
             attention_bias: false,
             bos_token_id: Some(if llama3 { 128000 } else { 1 }),
             eos_token_ids: vec![if llama3 { 128001 } else { 2 }],
+            block: Default::default(),
         }
     }
 }
@@ -476,6 +477,7 @@ pub fn shared_layer_weights(c: &ModelConfig, seed: u64) -> crate::Result<ModelWe
         gate: matrix(&l("mlp.gate_proj"))?,
         up: matrix(&l("mlp.up_proj"))?,
         down: matrix(&l("mlp.down_proj"))?,
+        norms: Default::default(),
     };
     let embed = matrix("model.embed_tokens.weight")?;
     let lm_head = match c.tie_word_embeddings {

@@ -66,6 +66,52 @@ pub struct LayerWeights {
     pub gate: Arc<dyn Linear>,
     pub up: Arc<dyn Linear>,
     pub down: Arc<dyn Linear>,
+    /// The norms only some families have.
+    pub norms: ExtraNorms,
+}
+
+impl LayerWeights {
+    /// The layer with every matrix replaced by `f(launch, index in the launch, matrix)` (q, k, v
+    /// are `Qkv` 0..3; gate, up are `GateUp` 0, 1); norms and biases kept.
+    pub fn map_matrices<E>(
+        &self,
+        mut f: impl FnMut(
+            crate::coding_plan::Launch,
+            usize,
+            &Arc<dyn Linear>,
+        ) -> std::result::Result<Arc<dyn Linear>, E>,
+    ) -> std::result::Result<LayerWeights, E> {
+        use crate::coding_plan::Launch;
+        Ok(LayerWeights {
+            q: f(Launch::Qkv, 0, &self.q)?,
+            k: f(Launch::Qkv, 1, &self.k)?,
+            v: f(Launch::Qkv, 2, &self.v)?,
+            o: f(Launch::O, 0, &self.o)?,
+            gate: f(Launch::GateUp, 0, &self.gate)?,
+            up: f(Launch::GateUp, 1, &self.up)?,
+            down: f(Launch::Down, 0, &self.down)?,
+            ..self.clone()
+        })
+    }
+}
+
+/// RMSNorm weights of the norms only some families have ([`crate::arch`]), as the engine
+/// multiplies them (a Gemma checkpoint's `1 + w` already added).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExtraNorms {
+    /// Per head of q and of k, before RoPE (`[head_dim]`; Qwen3, Gemma 3).
+    pub q: Option<Vec<f32>>,
+    pub k: Option<Vec<f32>>,
+    /// Of the attention's output before its residual add (Gemma).
+    pub post_attn: Option<Vec<f32>>,
+    /// Of the MLP's output before its residual add (Gemma).
+    pub post_mlp: Option<Vec<f32>>,
+}
+
+impl ExtraNorms {
+    fn vectors(&self) -> [&Option<Vec<f32>>; 4] {
+        [&self.q, &self.k, &self.post_attn, &self.post_mlp]
+    }
 }
 
 pub struct ModelWeights {
@@ -96,6 +142,11 @@ pub trait TensorSource {
     fn config(&self) -> crate::error::Result<ModelConfig>;
     /// The tensor with this HF name, or `None` if the checkpoint has no such tensor.
     fn tensor(&self, hf_name: &str) -> crate::error::Result<Option<HostTensor>>;
+    /// Whether RMSNorm weights already hold the 1 that Gemma-style families add to them
+    /// ([`crate::arch::Family::hf_norm_plus_one`]): llama.cpp's converter adds it to GGUF files.
+    fn norms_hold_the_one(&self) -> bool {
+        false
+    }
 }
 
 /// How a dense matrix stores its elements and turns one into f32 (sealed: the SIMD kernels rely
@@ -699,12 +750,16 @@ pub fn layer_tensor_name(layer: usize, suffix: &str) -> String {
     format!("model.layers.{layer}.{suffix}")
 }
 
-/// Builds the model from a loader: fetches every tensor by HF name, keeps matrices in their stored
-/// precision (or as the loader's own [`Linear`]), widens norms and biases to f32, shares one `Arc`
-/// between embedding and LM head when they are tied, and checks every shape against the config.
+/// Builds the model from a loader: fetches every tensor the family's description names, keeps
+/// matrices in their stored precision (or as the loader's own [`Linear`]), splits fused q/k/v and
+/// gate/up tensors by rows, widens norms and biases to f32 (adding the 1 of Gemma-style norms
+/// where the checkpoint does not hold it), shares one `Arc` between embedding and LM head when
+/// they are tied, and checks every shape against the config.
 pub fn build_model(source: &dyn TensorSource) -> Result<ModelWeights> {
+    use crate::arch::Role;
     let config = source.config()?;
     config.validate()?;
+    let family = config.arch.family();
     let fetch = |name: &str| -> Result<HostTensor> {
         source
             .tensor(name)?
@@ -712,40 +767,95 @@ pub fn build_model(source: &dyn TensorSource) -> Result<ModelWeights> {
     };
     let matrix = |name: &str| fetch(name).and_then(|t| host_matrix(name, t));
     let vector = |name: &str| fetch(name).and_then(|t| host_vector(name, t));
+    let plus_one = family.hf_norm_plus_one && !source.norms_hold_the_one();
+    let norm = |name: &str| -> Result<Vec<f32>> {
+        let mut v = vector(name)?;
+        if plus_one {
+            v.iter_mut().for_each(|w| *w += 1.0);
+        }
+        Ok(v)
+    };
 
     let embed = matrix("model.embed_tokens.weight")?;
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
-        let name = |suffix: &str| layer_tensor_name(i, suffix);
+        let name = |role: Role, param: &str| {
+            family
+                .hf_name(role, i, param)
+                .expect("roles asked for are the family's")
+        };
+        let has = |role| family.has(role);
         // An output-projection bias (Llama `attention_bias`) has no place in LayerWeights.
-        let o_bias = name("self_attn.o_proj.bias");
+        let o_bias = name(Role::O, "bias");
         if source.tensor(&o_bias)?.is_some() {
             return Err(ModelError::Unsupported(format!(
                 "tensor {o_bias}: biases on the attention output projection"
             )));
         }
-        let bias = |proj: &str| -> Result<Option<Vec<f32>>> {
+        let (q, k, v) = match has(Role::Qkv) {
+            true => {
+                let qkv = name(Role::Qkv, "weight");
+                let rows = [config.q_dim(), config.kv_dim(), config.kv_dim()];
+                let [q, k, v]: [Arc<dyn Linear>; 3] = split_rows(&qkv, matrix(&qkv)?, &rows)?
+                    .try_into()
+                    .map_err(|_| ModelError::tensor(&qkv, "split into three"))?;
+                (q, k, v)
+            }
+            false => (
+                matrix(&name(Role::Q, "weight"))?,
+                matrix(&name(Role::K, "weight"))?,
+                matrix(&name(Role::V, "weight"))?,
+            ),
+        };
+        let (gate, up) = match has(Role::GateUp) {
+            true => {
+                let gu = name(Role::GateUp, "weight");
+                let inter = config.intermediate_size;
+                let [gate, up]: [Arc<dyn Linear>; 2] =
+                    split_rows(&gu, matrix(&gu)?, &[inter, inter])?
+                        .try_into()
+                        .map_err(|_| ModelError::tensor(&gu, "split into two"))?;
+                (gate, up)
+            }
+            false => (
+                matrix(&name(Role::Gate, "weight"))?,
+                matrix(&name(Role::Up, "weight"))?,
+            ),
+        };
+        let bias = |role: Role| -> Result<Option<Vec<f32>>> {
             match config.attention_bias {
-                true => vector(&name(&format!("self_attn.{proj}.bias"))).map(Some),
+                true => vector(&name(role, "bias")).map(Some),
+                false => Ok(None),
+            }
+        };
+        let optional_norm = |role: Role| -> Result<Option<Vec<f32>>> {
+            match has(role) {
+                true => norm(&name(role, "weight")).map(Some),
                 false => Ok(None),
             }
         };
         layers.push(LayerWeights {
-            attn_norm: vector(&name("input_layernorm.weight"))?,
-            q: matrix(&name("self_attn.q_proj.weight"))?,
-            k: matrix(&name("self_attn.k_proj.weight"))?,
-            v: matrix(&name("self_attn.v_proj.weight"))?,
-            o: matrix(&name("self_attn.o_proj.weight"))?,
-            q_bias: bias("q_proj")?,
-            k_bias: bias("k_proj")?,
-            v_bias: bias("v_proj")?,
-            mlp_norm: vector(&name("post_attention_layernorm.weight"))?,
-            gate: matrix(&name("mlp.gate_proj.weight"))?,
-            up: matrix(&name("mlp.up_proj.weight"))?,
-            down: matrix(&name("mlp.down_proj.weight"))?,
+            attn_norm: norm(&name(Role::AttnNorm, "weight"))?,
+            q,
+            k,
+            v,
+            o: matrix(&name(Role::O, "weight"))?,
+            q_bias: bias(Role::Q)?,
+            k_bias: bias(Role::K)?,
+            v_bias: bias(Role::V)?,
+            mlp_norm: norm(&name(Role::MlpNorm, "weight"))?,
+            gate,
+            up,
+            down: matrix(&name(Role::Down, "weight"))?,
+            norms: ExtraNorms {
+                q: optional_norm(Role::QNorm)?,
+                k: optional_norm(Role::KNorm)?,
+                post_attn: optional_norm(Role::PostAttnNorm)?,
+                post_mlp: optional_norm(Role::PostMlpNorm)?,
+            },
         });
     }
-    let final_norm = vector("model.norm.weight")?;
+    let final_norm = norm("model.norm.weight")?;
     let lm_head = match config.tie_word_embeddings {
         true => Arc::clone(&embed),
         false => matrix("lm_head.weight")?,
@@ -759,6 +869,43 @@ pub fn build_model(source: &dyn TensorSource) -> Result<ModelWeights> {
     };
     weights.validate()?;
     Ok(weights)
+}
+
+/// A fused matrix split by rows into matrices of `rows[i]` rows each, every part in the form and
+/// variant of the whole.
+fn split_rows(name: &str, m: Arc<dyn Linear>, rows: &[usize]) -> Result<Vec<Arc<dyn Linear>>> {
+    if rows.iter().sum::<usize>() != m.rows() {
+        return Err(ModelError::tensor(
+            name,
+            format!(
+                "{} rows, the config implies {} ({})",
+                m.rows(),
+                rows.iter().sum::<usize>(),
+                rows.iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" + ")
+            ),
+        ));
+    }
+    if m.wrapper_bytes() > 0 {
+        return Err(ModelError::Unsupported(format!(
+            "tensor {name}: a fused matrix with row scales or a row order of its own"
+        )));
+    }
+    let id = m.form();
+    let form = crate::forms::by_name(id.form)?;
+    let parts = m
+        .source()?
+        .split_rows(rows)
+        .map_err(|e| ModelError::tensor(name, e.to_string()))?;
+    parts
+        .iter()
+        .map(|p| {
+            crate::forms::encode_checked(form, p, &id.variant)
+                .map_err(|e| ModelError::tensor(name, e.to_string()))
+        })
+        .collect()
 }
 
 impl ModelWeights {
@@ -797,11 +944,28 @@ impl ModelWeights {
                     expect_vector(&name(&format!("self_attn.{proj}.bias")), bias, len)?;
                 }
             }
+            let family = c.arch.family();
+            let role_name = |role, fallback: &str| {
+                family
+                    .hf_name(role, i, "weight")
+                    .unwrap_or_else(|| name(fallback))
+            };
+            use crate::arch::Role;
             expect_vector(
-                &name("post_attention_layernorm.weight"),
+                &role_name(Role::MlpNorm, "post_attention_layernorm.weight"),
                 &l.mlp_norm,
                 hidden,
             )?;
+            for (role, norm, len) in [
+                (Role::QNorm, &l.norms.q, c.head_dim),
+                (Role::KNorm, &l.norms.k, c.head_dim),
+                (Role::PostAttnNorm, &l.norms.post_attn, hidden),
+                (Role::PostMlpNorm, &l.norms.post_mlp, hidden),
+            ] {
+                if let Some(norm) = norm {
+                    expect_vector(&role_name(role, "norm"), norm, len)?;
+                }
+            }
             let inter = c.intermediate_size;
             expect_matrix(&name("mlp.gate_proj.weight"), &*l.gate, inter, hidden)?;
             expect_matrix(&name("mlp.up_proj.weight"), &*l.up, inter, hidden)?;
@@ -809,6 +973,38 @@ impl ModelWeights {
         }
         expect_vector("model.norm.weight", &self.final_norm, hidden)?;
         expect_matrix("lm_head.weight", &*self.lm_head, c.vocab_size, hidden)
+    }
+
+    /// The parts of this model's forward pass beyond Llama's and Qwen2's (empty for those, and
+    /// for Mistral), by name: an engine that runs only those refuses the rest, naming them.
+    /// Sliding windows are not listed: within a window, full attention is exact.
+    pub fn beyond_llama(&self) -> Vec<&'static str> {
+        let b = &self.config.block;
+        let mut out = Vec::new();
+        let any = |f: fn(&ExtraNorms) -> bool| self.layers.iter().any(|l| f(&l.norms));
+        let checks: [(bool, &'static str); 9] = [
+            (b.activation != crate::arch::Activation::Silu, "GeGLU"),
+            (b.embed_scale.is_some(), "embedding scaling"),
+            (b.attn_scale.is_some(), "a query scale of its own"),
+            (b.attn_softcap.is_some(), "attention logit soft-capping"),
+            (b.final_softcap.is_some(), "final logit soft-capping"),
+            (
+                b.local_rope_theta.is_some(),
+                "a RoPE base of the sliding layers' own",
+            ),
+            (b.rotary_dim.is_some(), "partial rotary embeddings"),
+            (any(|n| n.q.is_some() || n.k.is_some()), "q/k norms"),
+            (
+                any(|n| n.post_attn.is_some() || n.post_mlp.is_some()),
+                "post-attention and post-MLP norms",
+            ),
+        ];
+        for (present, name) in checks {
+            if present {
+                out.push(name);
+            }
+        }
+        out
     }
 
     /// Bytes of all matrices and vectors (a tied LM head counted once).
@@ -824,6 +1020,11 @@ impl ModelWeights {
                     .sum::<usize>()
                     + f32s(&l.attn_norm)
                     + f32s(&l.mlp_norm)
+                    + l.norms
+                        .vectors()
+                        .iter()
+                        .map(|n| n.as_deref().map_or(0, f32s))
+                        .sum::<usize>()
                     + [&l.q_bias, &l.k_bias, &l.v_bias]
                         .iter()
                         .map(|b| b.as_deref().map_or(0, f32s))

@@ -116,6 +116,7 @@ fn tiny_config() -> ModelConfig {
         attention_bias: false,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        block: Default::default(),
     }
 }
 

@@ -219,10 +219,11 @@ fn llama_biases_are_unpermuted() {
 #[test]
 fn unsupported_and_incomplete_files_are_clear_errors() {
     let mut w = GgufWriter::new();
-    w.meta_str("general.architecture", "gemma2");
+    w.meta_str("general.architecture", "mamba");
     let err = GgufSource::new(GgufFile::from_bytes("g.gguf", w.to_bytes()).unwrap()).unwrap_err();
     assert!(
-        matches!(&err, ModelError::Unsupported(m) if m.contains("gemma2") && m.contains("g.gguf")),
+        matches!(&err, ModelError::Unsupported(m) if m.contains("`mamba`") && m.contains("g.gguf")
+            && m.contains("gemma3")),
         "{err}"
     );
 

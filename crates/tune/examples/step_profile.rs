@@ -11,7 +11,7 @@
 use entrollm_model::forms::layout::{launches, LaunchForm};
 use entrollm_model::forms::{self, FormId, Source};
 use entrollm_model::load::{open_weights_with, LoadOptions};
-use entrollm_model::weights::{LayerWeights, Linear, ModelWeights};
+use entrollm_model::weights::{Linear, ModelWeights};
 use entrollm_model::Engine;
 use entrollm_tune::file::PlanFile;
 use entrollm_tune::tuner::{CpuTimer, LaunchTimer, TimedLaunch};
@@ -126,20 +126,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .enumerate()
         .map(|(i, l)| {
             let id = |s: &str| format!("layers.{i}.{s}");
-            LayerWeights {
-                attn_norm: l.attn_norm.clone(),
-                q: wrap(&id("qkv"), &l.q),
-                k: wrap(&id("qkv"), &l.k),
-                v: wrap(&id("qkv"), &l.v),
-                o: wrap(&id("o"), &l.o),
-                q_bias: l.q_bias.clone(),
-                k_bias: l.k_bias.clone(),
-                v_bias: l.v_bias.clone(),
-                mlp_norm: l.mlp_norm.clone(),
-                gate: wrap(&id("gate_up"), &l.gate),
-                up: wrap(&id("gate_up"), &l.up),
-                down: wrap(&id("down"), &l.down),
-            }
+            l.map_matrices(|launch, _, m| Ok::<_, ()>(wrap(&id(launch.name()), m)))
+                .expect("wrapping cannot fail")
         })
         .collect();
     let timed = ModelWeights {

@@ -756,20 +756,8 @@ fn switched_weights(
         .enumerate()
         .map(|(i, l)| {
             let id = |s: &str| format!("layers.{i}.{s}");
-            entrollm_model::LayerWeights {
-                attn_norm: l.attn_norm.clone(),
-                q: wrap(&id("qkv"), 0),
-                k: wrap(&id("qkv"), 1),
-                v: wrap(&id("qkv"), 2),
-                o: wrap(&id("o"), 0),
-                q_bias: l.q_bias.clone(),
-                k_bias: l.k_bias.clone(),
-                v_bias: l.v_bias.clone(),
-                mlp_norm: l.mlp_norm.clone(),
-                gate: wrap(&id("gate_up"), 0),
-                up: wrap(&id("gate_up"), 1),
-                down: wrap(&id("down"), 0),
-            }
+            l.map_matrices(|launch, j, _| Ok::<_, ()>(wrap(&id(launch.name()), j)))
+                .expect("wrapping cannot fail")
         })
         .collect();
     ModelWeights {

@@ -41,6 +41,12 @@ impl BlockBytes {
     pub fn bytes(&self) -> &[u8] {
         &(*self.owner).as_ref()[self.range.clone()]
     }
+
+    /// Bytes `range` of these (relative to them), sharing the owner.
+    pub fn sub(&self, range: Range<usize>) -> BlockBytes {
+        let end = (self.range.start + range.end).min(self.range.end);
+        BlockBytes::new(Arc::clone(&self.owner), self.range.start + range.start..end)
+    }
 }
 
 impl std::fmt::Debug for BlockBytes {

@@ -2,9 +2,10 @@
 //! choice per launch.
 
 use super::{by_name, reform};
+use crate::arch::Role;
 use crate::coding_plan::Launch;
 use crate::error::{ModelError, Result};
-use crate::weights::{layer_tensor_name, LayerWeights, Linear, ModelWeights};
+use crate::weights::{Linear, ModelWeights};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -45,11 +46,14 @@ impl LaunchInstance {
 pub fn launches(w: &ModelWeights) -> Vec<LaunchInstance> {
     let tied = Arc::ptr_eq(&w.embed, &w.lm_head);
     let mut out = Vec::new();
-    let one = |id: &str, launch, names: &[&str], m: &[&Arc<dyn Linear>]| LaunchInstance {
+    let many = |id: &str, launch, tensors: Vec<String>, m: &[&Arc<dyn Linear>]| LaunchInstance {
         id: id.to_string(),
         launch,
-        tensors: names.iter().map(|s| s.to_string()).collect(),
+        tensors,
         matrices: m.iter().map(|m| Arc::clone(m)).collect(),
+    };
+    let one = |id: &str, launch, names: &[&str], m: &[&Arc<dyn Linear>]| {
+        many(id, launch, names.iter().map(|s| s.to_string()).collect(), m)
     };
     if !tied {
         out.push(one(
@@ -59,36 +63,42 @@ pub fn launches(w: &ModelWeights) -> Vec<LaunchInstance> {
             &[&w.embed],
         ));
     }
+    let family = w.config.arch.family();
     for (i, l) in w.layers.iter().enumerate() {
-        let n = |s: &str| layer_tensor_name(i, s);
-        let (q, k, v) = (
-            n("self_attn.q_proj.weight"),
-            n("self_attn.k_proj.weight"),
-            n("self_attn.v_proj.weight"),
-        );
-        out.push(one(
+        // The checkpoint's names of a launch's matrices: the fused tensor where the family
+        // stores them as one.
+        let names = |fused: Role, parts: &[Role]| -> Vec<String> {
+            let roles = match family.has(fused) {
+                true => vec![fused],
+                false => parts.to_vec(),
+            };
+            roles
+                .iter()
+                .filter_map(|&r| family.hf_name(r, i, "weight"))
+                .collect()
+        };
+        out.push(many(
             &format!("layers.{i}.qkv"),
             Launch::Qkv,
-            &[&q, &k, &v],
+            names(Role::Qkv, &[Role::Q, Role::K, Role::V]),
             &[&l.q, &l.k, &l.v],
         ));
-        out.push(one(
+        out.push(many(
             &format!("layers.{i}.o"),
             Launch::O,
-            &[&n("self_attn.o_proj.weight")],
+            names(Role::O, &[]),
             &[&l.o],
         ));
-        let (g, u) = (n("mlp.gate_proj.weight"), n("mlp.up_proj.weight"));
-        out.push(one(
+        out.push(many(
             &format!("layers.{i}.gate_up"),
             Launch::GateUp,
-            &[&g, &u],
+            names(Role::GateUp, &[Role::Gate, Role::Up]),
             &[&l.gate, &l.up],
         ));
-        out.push(one(
+        out.push(many(
             &format!("layers.{i}.down"),
             Launch::Down,
-            &[&n("mlp.down_proj.weight")],
+            names(Role::Down, &[]),
             &[&l.down],
         ));
     }
@@ -176,26 +186,10 @@ pub fn apply(
         .iter()
         .enumerate()
         .map(|(i, l)| {
-            let (qkv, o, gu, dn) = (
-                format!("layers.{i}.qkv"),
-                format!("layers.{i}.o"),
-                format!("layers.{i}.gate_up"),
-                format!("layers.{i}.down"),
-            );
-            LayerWeights {
-                attn_norm: l.attn_norm.clone(),
-                q: get(&qkv, 0, &l.q),
-                k: get(&qkv, 1, &l.k),
-                v: get(&qkv, 2, &l.v),
-                o: get(&o, 0, &l.o),
-                q_bias: l.q_bias.clone(),
-                k_bias: l.k_bias.clone(),
-                v_bias: l.v_bias.clone(),
-                mlp_norm: l.mlp_norm.clone(),
-                gate: get(&gu, 0, &l.gate),
-                up: get(&gu, 1, &l.up),
-                down: get(&dn, 0, &l.down),
-            }
+            l.map_matrices(|launch, j, m| {
+                Ok::<_, ()>(get(&format!("layers.{i}.{}", launch.name()), j, m))
+            })
+            .expect("re-forming was done above")
         })
         .collect();
     let out = ModelWeights {

@@ -96,6 +96,61 @@ impl Source {
     pub fn weights(&self) -> usize {
         self.rows * self.cols
     }
+
+    /// The matrix cut by rows into parts of `rows[i]` rows (a fused q/k/v or gate/up tensor),
+    /// each exactly the values of its rows; GGUF blocks are shared, not copied.
+    pub fn split_rows(&self, rows: &[usize]) -> Result<Vec<Source>> {
+        if rows.iter().sum::<usize>() != self.rows || rows.contains(&0) {
+            return Err(ModelError::Unsupported(format!(
+                "{} rows cannot be split into {rows:?}",
+                self.rows
+            )));
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        let mut first = 0;
+        for &n in rows {
+            let (a, b) = (first * self.cols, (first + n) * self.cols);
+            let values = match &self.values {
+                Values::F32(v) => Values::F32(v[a..b].to_vec()),
+                Values::Bf16(v) => Values::Bf16(v[a..b].to_vec()),
+                Values::F16(v) => Values::F16(v[a..b].to_vec()),
+                Values::Fp8(v) => Values::Fp8(v[a..b].to_vec()),
+                Values::Int {
+                    payload,
+                    codes,
+                    groups,
+                } => {
+                    if !self.cols.is_multiple_of(groups.group) {
+                        return Err(ModelError::Unsupported(format!(
+                            "integer codes in groups of {} that straddle rows of {} cannot be \
+                             split by rows",
+                            groups.group, self.cols
+                        )));
+                    }
+                    let (ga, gb) = (a / groups.group, b / groups.group);
+                    Values::Int {
+                        payload: *payload,
+                        codes: codes[a..b].to_vec(),
+                        groups: GroupScales {
+                            scales: groups.scales[ga..gb].to_vec(),
+                            mins: groups.mins.as_ref().map(|m| m[ga..gb].to_vec()),
+                            ..groups.clone()
+                        },
+                    }
+                }
+                Values::Ggml { ty, bytes } => {
+                    let row_bytes = bytes.bytes().len() / self.rows;
+                    Values::Ggml {
+                        ty: *ty,
+                        bytes: bytes.sub(first * row_bytes..(first + n) * row_bytes),
+                    }
+                }
+            };
+            out.push(Source::new(n, self.cols, values)?);
+            first += n;
+        }
+        Ok(out)
+    }
 }
 
 /// Which form a matrix is in, and with which variant (the tunable parameters, as text).

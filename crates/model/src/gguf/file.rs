@@ -305,6 +305,16 @@ impl GgufFile {
         }
     }
 
+    /// An array of bools; `None` where the key is absent or holds a scalar (a key that may hold
+    /// a count instead, as `attention.sliding_window_pattern`).
+    pub fn get_bool_array(&self, key: &str) -> Result<Option<Vec<bool>>> {
+        match self.get(key) {
+            Some(MetaValue::Array(MetaArray::Bool(v))) => Ok(Some(v.clone())),
+            Some(v @ MetaValue::Array(_)) => Err(self.type_error(key, "an array of bools", v)),
+            _ => Ok(None),
+        }
+    }
+
     /// An array of numbers, as f32.
     pub fn get_f32_array(&self, key: &str) -> Result<Option<Vec<f32>>> {
         match self.get(key) {

@@ -28,9 +28,7 @@ pub use file::{
     GgufFile, GgufTensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS,
     MAX_TENSOR_NAME_LEN,
 };
-pub use source::{
-    fit_llama3_scaling, gguf_tensor_name, unpermute_rows, GgufSource, ROPE_FREQS_TENSOR,
-};
+pub use source::{family_of, fit_llama3_scaling, unpermute_rows, GgufSource, ROPE_FREQS_TENSOR};
 pub use types::{GgmlType, MetaArray, MetaType, MetaValue};
 pub use write::GgufWriter;
 

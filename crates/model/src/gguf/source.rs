@@ -3,7 +3,8 @@
 
 use super::file::{GgufFile, GgufTensorInfo};
 use super::types::GgmlType;
-use crate::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
+use crate::arch::{Family, Sliding};
+use crate::config::{Block, ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::weights::{HostTensor, Linear, TensorSource};
 use std::collections::HashMap;
@@ -16,12 +17,13 @@ pub const ROPE_FREQS_TENSOR: &str = "rope_freqs.weight";
 /// (Llama 3.1's value). Any value gives the same frequencies once the bands are fitted to it.
 const DEFAULT_LLAMA3_ORIGINAL_CONTEXT: usize = 8192;
 
-/// A GGUF checkpoint (architecture `llama` or `qwen2`) that hands out tensors by HF name, in HF
-/// layout: shapes in PyTorch order, llama Q/K rows un-permuted (so RoPE is [`RopeStyle::Neox`]),
-/// F32/F16/BF16 tensors in their own precision and quantized ones dequantised to F32.
+/// A GGUF checkpoint of a family the engine runs ([`crate::arch`]) that hands out tensors by HF
+/// name, in HF layout: shapes in PyTorch order, llama Q/K rows un-permuted (so RoPE is
+/// [`RopeStyle::Neox`]), F32/F16/BF16 tensors in their own precision and quantized ones served
+/// from their blocks. The config follows llama.cpp's reading of the metadata.
 pub struct GgufSource {
     file: GgufFile,
-    arch: Arch,
+    family: &'static Family,
     /// `general.architecture`, the prefix of the model's metadata keys.
     arch_key: String,
     /// Matrices served as given instead of from the file's bytes, by GGUF name (coded ones).
@@ -34,7 +36,7 @@ impl std::fmt::Debug for GgufSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GgufSource")
             .field("file", &self.file)
-            .field("arch", &self.arch)
+            .field("family", &self.family.name)
             .field("linears", &self.linears.len())
             .finish()
     }
@@ -45,31 +47,14 @@ impl GgufSource {
         Self::new(GgufFile::open(path)?)
     }
 
-    /// Wraps a parsed file; fails with [`ModelError::Unsupported`] for architectures other than
-    /// llama (which also covers Mistral) and qwen2.
+    /// Wraps a parsed file; fails with [`ModelError::Unsupported`] for an architecture the
+    /// engine does not run.
     pub fn new(file: GgufFile) -> Result<Self> {
-        let arch_key = file
-            .get_str("general.architecture")?
-            .ok_or_else(|| {
-                ModelError::format(
-                    file.path(),
-                    "metadata key `general.architecture` is missing",
-                )
-            })?
-            .to_string();
-        let arch = match arch_key.as_str() {
-            "llama" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            other => {
-                return Err(ModelError::Unsupported(format!(
-                "{}: GGUF architecture `{other}` (general.architecture); supported: llama, qwen2",
-                file.path().display()
-            )))
-            }
-        };
+        let family = family_of(&file)?;
+        let arch_key = family_key(&file)?;
         Ok(GgufSource {
             file,
-            arch,
+            family,
             arch_key,
             linears: HashMap::new(),
             ggml_variant: "",
@@ -322,39 +307,29 @@ impl GgufSource {
     }
 }
 
-/// The GGUF name of an HF tensor name, or `None` if GGUF has no counterpart.
-pub fn gguf_tensor_name(hf_name: &str) -> Option<String> {
-    let fixed = match hf_name {
-        "model.embed_tokens.weight" => Some("token_embd.weight"),
-        "model.norm.weight" => Some("output_norm.weight"),
-        "lm_head.weight" => Some("output.weight"),
-        _ => None,
-    };
-    if let Some(n) = fixed {
-        return Some(n.to_string());
-    }
-    let rest = hf_name.strip_prefix("model.layers.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    if layer.is_empty() || !layer.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let (module, param) = rest.rsplit_once('.')?;
-    if param != "weight" && param != "bias" {
-        return None;
-    }
-    let gguf_module = match module {
-        "input_layernorm" => "attn_norm",
-        "self_attn.q_proj" => "attn_q",
-        "self_attn.k_proj" => "attn_k",
-        "self_attn.v_proj" => "attn_v",
-        "self_attn.o_proj" => "attn_output",
-        "post_attention_layernorm" => "ffn_norm",
-        "mlp.gate_proj" => "ffn_gate",
-        "mlp.up_proj" => "ffn_up",
-        "mlp.down_proj" => "ffn_down",
-        _ => return None,
-    };
-    Some(format!("blk.{layer}.{gguf_module}.{param}"))
+/// `general.architecture`, the prefix of the model's metadata keys.
+fn family_key(file: &GgufFile) -> Result<String> {
+    Ok(file
+        .get_str("general.architecture")?
+        .ok_or_else(|| {
+            ModelError::format(
+                file.path(),
+                "metadata key `general.architecture` is missing",
+            )
+        })?
+        .to_string())
+}
+
+/// The family of a GGUF file (its `general.architecture`).
+pub fn family_of(file: &GgufFile) -> Result<&'static Family> {
+    let key = family_key(file)?;
+    Family::from_gguf_arch(&key).ok_or_else(|| {
+        ModelError::Unsupported(format!(
+            "{}: GGUF architecture `{key}` (general.architecture); supported: {}",
+            file.path().display(),
+            Family::gguf_arch_names()
+        ))
+    })
 }
 
 /// Undoes llama.cpp's Q/K permutation of rows (formats.md §1.8): HF row `h·D + j·D/2 + i` is GGUF
@@ -495,19 +470,98 @@ fn llama3_divisor(
     }
 }
 
+impl GgufSource {
+    /// The family's block as llama.cpp reads it from the metadata (`src/models/<arch>.cpp`):
+    /// Gemma's sliding windows (pattern 2 or 6 unless `attention.sliding_window_pattern` says
+    /// otherwise; Gemma 2 always slides, 4096 by default), soft-caps, the local RoPE base
+    /// (`rope.freq_base_swa`), the 27B's query scale; the family's activation and embedding scale.
+    fn block(
+        &self,
+        hidden: usize,
+        heads: usize,
+        layers: usize,
+        rotary_dim: Option<usize>,
+    ) -> Result<Block> {
+        let f = &self.file;
+        let family = self.family;
+        let mut block = Block {
+            activation: family.act_default,
+            embed_scale: family.embed_scale.then(|| (hidden as f32).sqrt()),
+            rotary_dim,
+            ..Block::default()
+        };
+        if family.softcap {
+            let cap = |k: &str| -> Result<Option<f32>> {
+                Ok(f.get_f32(&self.key(k))?.filter(|&c| c != 0.0))
+            };
+            block.attn_softcap = cap("attn_logit_softcapping")?;
+            block.final_softcap = cap("final_logit_softcapping")?;
+        }
+        if let Sliding::Pattern(default_pattern) = family.sliding {
+            let window = f.get_usize(&self.key("attention.sliding_window"))?;
+            // llama.cpp: Gemma 2 always slides (4096 unless stated), Gemma 3 where stated.
+            let window = match (family.arch, window) {
+                (crate::arch::Arch::Gemma2, None) => Some(4096),
+                (_, w) => w.filter(|&w| w > 0),
+            };
+            if let Some(window) = window {
+                let pattern_key = self.key("attention.sliding_window_pattern");
+                let layers = match f.get_bool_array(&pattern_key)? {
+                    Some(flags) if flags.len() == layers => flags,
+                    Some(flags) => {
+                        return Err(ModelError::Config(format!(
+                            "`{pattern_key}` has {} flags for {layers} layers",
+                            flags.len()
+                        )))
+                    }
+                    None => crate::arch::sliding_pattern(
+                        f.get_usize(&pattern_key)?.unwrap_or(default_pattern),
+                        layers,
+                    ),
+                };
+                block.sliding_window = Some(window);
+                block.sliding_layers = layers;
+                block.local_rope_theta = match family.local_rope_base {
+                    Some(default) => Some(
+                        f.get_f32(&self.key("rope.freq_base_swa"))?
+                            .unwrap_or(default as f32),
+                    ),
+                    None => f.get_f32(&self.key("rope.freq_base_swa"))?,
+                };
+            }
+        }
+        if family.query_pre_attn_scalar {
+            // llama.cpp: 1/sqrt(head_dim), but 1/sqrt(hidden/heads) for the 27B models (Gemma 2
+            // of 46 layers, Gemma 3 of 62), whose query_pre_attn_scalar is that.
+            let big = matches!(
+                (family.arch, layers),
+                (crate::arch::Arch::Gemma2, 46) | (crate::arch::Arch::Gemma3, 62)
+            );
+            if big {
+                block.attn_scale = Some(1.0 / ((hidden / heads) as f32).sqrt());
+            }
+        }
+        Ok(block)
+    }
+}
+
 impl TensorSource for GgufSource {
     fn config(&self) -> Result<ModelConfig> {
         let f = &self.file;
         let (num_heads, num_kv_heads, head_dim) = self.attention_shape()?;
-        if let Some(rot) = f.get_usize(&self.key("rope.dimension_count"))? {
-            if rot != head_dim {
+        let rotary_dim = match f.get_usize(&self.key("rope.dimension_count"))? {
+            Some(rot) if rot != head_dim && self.family.partial_rotary => Some(rot),
+            Some(rot) if rot != head_dim => {
                 return Err(ModelError::Unsupported(format!(
-                    "{}: partial rotary embeddings (`{}` = {rot}, head_dim = {head_dim})",
+                    "{}: partial rotary embeddings (`{}` = {rot}, head_dim = {head_dim}) in a {} \
+                     model",
                     f.path().display(),
-                    self.key("rope.dimension_count")
+                    self.key("rope.dimension_count"),
+                    self.family.name
                 )));
             }
-        }
+            _ => None,
+        };
         let vocab_size = match f.tensor_info("token_embd.weight") {
             Some(t) => t.ne()[1] as usize,
             None => match f.get_usize(&self.key("vocab_size"))? {
@@ -541,12 +595,15 @@ impl TensorSource for GgufSource {
                 }
             }
         }
+        let hidden_size = self.required_usize("embedding_length")?;
+        let num_layers = self.required_usize("block_count")?;
+        let block = self.block(hidden_size, num_heads, num_layers, rotary_dim)?;
         Ok(ModelConfig {
-            arch: self.arch,
+            arch: self.family.arch,
             vocab_size,
-            hidden_size: self.required_usize("embedding_length")?,
+            hidden_size,
             intermediate_size: self.required_usize("feed_forward_length")?,
-            num_layers: self.required_usize("block_count")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -559,17 +616,22 @@ impl TensorSource for GgufSource {
             attention_bias: f.tensor_info("blk.0.attn_q.bias").is_some(),
             bos_token_id: token_id("bos_token_id")?,
             eos_token_ids,
+            block,
         })
     }
 
+    fn norms_hold_the_one(&self) -> bool {
+        true
+    }
+
     fn tensor(&self, hf_name: &str) -> Result<Option<HostTensor>> {
-        let Some(name) = gguf_tensor_name(hf_name) else {
+        let Some(name) = self.family.gguf_name(hf_name) else {
             return Ok(None);
         };
         let Some(info) = self.file.tensor_info(&name) else {
             return Ok(None);
         };
-        let heads = if self.arch == Arch::Llama {
+        let heads = if self.family.gguf_qk_permuted {
             if name.contains(".attn_q.") {
                 Some(self.attention_shape()?.0)
             } else if name.contains(".attn_k.") {
@@ -716,8 +778,9 @@ mod tests {
                 "blk.3.ffn_down.weight",
             ),
         ];
+        let llama = crate::arch::Arch::Llama.family();
         for (hf, gguf) in cases {
-            assert_eq!(gguf_tensor_name(hf).as_deref(), Some(gguf), "{hf}");
+            assert_eq!(llama.gguf_name(hf).as_deref(), Some(gguf), "{hf}");
         }
         for bad in [
             "model.layers.x.mlp.up_proj.weight",
@@ -725,7 +788,7 @@ mod tests {
             "foo",
             "model.layers.",
         ] {
-            assert_eq!(gguf_tensor_name(bad), None, "{bad}");
+            assert_eq!(llama.gguf_name(bad), None, "{bad}");
         }
     }
 
