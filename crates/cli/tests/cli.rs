@@ -2215,3 +2215,86 @@ fn gptq_checkpoint_compresses_inspects_and_restores() {
         );
     }
 }
+
+/// Every family's tiny model (crates/model/tests/data/families, checked against transformers
+/// there): its safetensors checkpoint and llama.cpp's GGUFs of it compress, restore bit for bit
+/// and run from the container as from the source.
+#[test]
+fn every_family_round_trips_and_runs_like_its_source() {
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/families");
+    let d = tmp("families");
+    let run = |m: &Path| {
+        let args = [
+            "run",
+            m.to_str().unwrap(),
+            "-p",
+            "hello there",
+            "--max-tokens",
+            "8",
+        ];
+        String::from_utf8(ok(&args).stdout).unwrap()
+    };
+    for family in ["qwen3", "gemma2", "gemma3", "phi3", "mistral", "qwen3-bf16"] {
+        let src = d.join(family).join("hf");
+        std::fs::create_dir_all(&src).unwrap();
+        for f in std::fs::read_dir(data.join(family)).unwrap() {
+            let f = f.unwrap().path();
+            let name = f.file_name().unwrap().to_str().unwrap().to_string();
+            if !(name.ends_with(".gguf") || name.starts_with("golden")) {
+                std::fs::copy(&f, src.join(&name)).unwrap();
+            }
+        }
+        let (c, back) = (d.join(family).join("c"), d.join(family).join("back"));
+        round_trip(&src, &c, &back, &[]);
+        let reference = run(&src);
+        assert!(!reference.is_empty(), "{family}: no tokens");
+        assert_eq!(
+            run(&c),
+            reference,
+            "{family}: the container runs differently"
+        );
+        // The BF16 checkpoints have no GGUF of their own (their F32 twins do).
+        let ggufs: &[&str] = match family.ends_with("-bf16") {
+            true => &[],
+            false => &["model.f32.gguf", "model.q8_0.gguf"],
+        };
+        for &gguf in ggufs {
+            let g = data.join(family).join(gguf);
+            let (c, back) = (
+                d.join(family).join(gguf),
+                d.join(family).join(format!("{gguf}.back")),
+            );
+            ok(&["compress", g.to_str().unwrap(), "-o", c.to_str().unwrap()]);
+            ok(&[
+                "decompress",
+                c.to_str().unwrap(),
+                "-o",
+                back.to_str().unwrap(),
+            ]);
+            assert!(
+                std::fs::read(back.join(gguf)).unwrap() == std::fs::read(&g).unwrap(),
+                "{family} {gguf}: the restored GGUF differs"
+            );
+            assert_eq!(
+                run(&c),
+                run(&g),
+                "{family} {gguf}: the container runs differently"
+            );
+        }
+    }
+}
+
+/// A checkpoint without a tokenizer (`synth` writes none) is a plain error for the commands that
+/// turn text into tokens, and runs where none is needed.
+#[test]
+fn a_model_without_a_tokenizer_says_so() {
+    let d = tmp("no-tokenizer");
+    let m = d.join("m");
+    ok(&["synth", "--shape", "tiny", "-o", m.to_str().unwrap()]);
+    let c = d.join("c");
+    ok(&["compress", m.to_str().unwrap(), "-o", c.to_str().unwrap()]);
+    for model in [&m, &c] {
+        let err = fails(&["run", model.to_str().unwrap(), "-p", "hi"]);
+        assert!(err.contains("has no tokenizer (tokenizer.json)"), "{err}");
+    }
+}

@@ -113,6 +113,9 @@ impl Tokenizer {
             true => Some(read("tokenizer_config.json")?),
             false => None,
         };
+        if !reader.has_verbatim("tokenizer.json") {
+            return Err(no_tokenizer(dir));
+        }
         let config_path = dir.join("tokenizer_config.json");
         Self::from_bytes(
             &read("tokenizer.json")?,
@@ -123,6 +126,9 @@ impl Tokenizer {
 
     /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
+        if !dir.join("tokenizer.json").exists() {
+            return Err(no_tokenizer(dir));
+        }
         let config = dir.join("tokenizer_config.json");
         Self::from_files(
             &dir.join("tokenizer.json"),
@@ -705,6 +711,16 @@ impl StreamDecoder<'_> {
             _ => None,
         })
     }
+}
+
+/// A model directory without `tokenizer.json` (a `synth` checkpoint, or one copied without it).
+fn no_tokenizer(dir: &Path) -> ModelError {
+    ModelError::format(
+        dir,
+        "the model has no tokenizer (tokenizer.json), which turning text into tokens needs: put \
+         the checkpoint's tokenizer.json beside it (before compressing, for a container); `bench`, \
+         `tune` and `compress` need none",
+    )
 }
 
 #[cfg(test)]
