@@ -158,8 +158,7 @@ fn dense_if_it_fits(
 ) -> Result<Serving> {
     let mats = || {
         let l = weights.layers.iter();
-        l.flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
-            .chain([&weights.lm_head])
+        l.flat_map(|l| l.matrices()).chain([&weights.lm_head])
     };
     let faster_dense = |m: &Arc<dyn entrollm_model::weights::Linear>| {
         entrollm_model::forms::by_name(m.form().form).is_ok_and(|f| f.dense_is_faster_on_gpu())
@@ -647,12 +646,7 @@ fn matrix_weights(w: &ModelWeights) -> usize {
     let layers: usize = w
         .layers
         .iter()
-        .map(|l| {
-            [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
-                .map(n)
-                .iter()
-                .sum::<usize>()
-        })
+        .map(|l| l.matrices().into_iter().map(n).sum::<usize>())
         .sum();
     n(&w.embed) + head + layers
 }

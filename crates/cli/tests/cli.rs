@@ -2234,7 +2234,16 @@ fn every_family_round_trips_and_runs_like_its_source() {
         ];
         String::from_utf8(ok(&args).stdout).unwrap()
     };
-    for family in ["qwen3", "gemma2", "gemma3", "phi3", "mistral", "qwen3-bf16"] {
+    for family in [
+        "qwen3",
+        "gemma2",
+        "gemma3",
+        "phi3",
+        "mistral",
+        "mixtral",
+        "qwen3_moe",
+        "qwen3-bf16",
+    ] {
         let src = d.join(family).join("hf");
         std::fs::create_dir_all(&src).unwrap();
         for f in std::fs::read_dir(data.join(family)).unwrap() {

@@ -276,7 +276,7 @@ pub fn bf16_rounded(w: &ModelWeights) -> Result<ModelWeights> {
     let layers = w
         .layers
         .iter()
-        .map(|l| l.map_matrices(|launch, _, m| conv(launch.name(), m)))
+        .map(|l| l.map_matrices(|launch, _, m| conv(launch, m)))
         .collect::<Result<Vec<_>>>()?;
     Ok(ModelWeights {
         config: w.config.clone(),

@@ -14,6 +14,7 @@ use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor, Encode
 use entrollm_codec::Payload;
 use entrollm_model::coding_plan::{CodingPlan, Launch};
 use entrollm_model::synth::{bf16_bits, tensors, SynthTensor};
+use entrollm_model::weights::{GatedMlp, Mlp};
 use entrollm_model::ModelConfig;
 
 use crate::coded::{check_supported as check_coding, GpuDtans};
@@ -460,9 +461,11 @@ fn synth_weights(
             k_bias: None,
             v_bias: None,
             mlp_norm: norm(&p("post_attention_layernorm"))?,
-            gate: mat(&p("mlp.gate_proj"))?,
-            up: mat(&p("mlp.up_proj"))?,
-            down: mat(&p("mlp.down_proj"))?,
+            mlp: Mlp::Gated(GatedMlp {
+                gate: mat(&p("mlp.gate_proj"))?,
+                up: mat(&p("mlp.up_proj"))?,
+                down: mat(&p("mlp.down_proj"))?,
+            }),
             norms: Default::default(),
         });
     }
@@ -543,8 +546,10 @@ pub fn load_variants(
     for l in &w.layers {
         launches.push((vec![&*l.q, &*l.k, &*l.v], false, Launch::Qkv));
         launches.push((vec![&*l.o], false, Launch::O));
-        launches.push((vec![&*l.gate, &*l.up], true, Launch::GateUp));
-        launches.push((vec![&*l.down], false, Launch::Down));
+        if let Some(g) = l.mlp.gated() {
+            launches.push((vec![&*g.gate, &*g.up], true, Launch::GateUp));
+            launches.push((vec![&*g.down], false, Launch::Down));
+        }
     }
     let mut v = Vec::new();
     for (parts, halves, launch) in launches {
@@ -698,7 +703,10 @@ mod tests {
         };
         for (a, b) in [
             (&d.layers[1].q, &s.layers[1].q),
-            (&d.layers[0].up, &s.layers[0].up),
+            (
+                &d.layers[0].gated().unwrap().up,
+                &s.layers[0].gated().unwrap().up,
+            ),
         ] {
             assert!(coded(a.as_ref()).is_none() && coded(b.as_ref()).is_some());
             for r in [0, a.rows() - 1] {
@@ -722,12 +730,13 @@ mod tests {
                 qkv.iter().all(|c| *c == qkv[0]),
                 "one launch needs one coding"
             );
+            let mlp = l.gated().unwrap();
             let (g, u) = (
-                coded(l.gate.as_ref()).unwrap().0,
-                coded(l.up.as_ref()).unwrap().0,
+                coded(mlp.gate.as_ref()).unwrap().0,
+                coded(mlp.up.as_ref()).unwrap().0,
             );
             assert_eq!(g.coding, u.coding);
-            assert!(coded(l.o.as_ref()).is_some() && coded(l.down.as_ref()).is_some());
+            assert!(coded(l.o.as_ref()).is_some() && coded(mlp.down.as_ref()).is_some());
         }
     }
 
@@ -1011,7 +1020,10 @@ fn serve(
     // again; the report counts it as that layer was counted.
     let mut seen: HashMap<[usize; 7], (usize, [usize; 4])> = HashMap::new();
     for (i, l) in w.layers.iter().enumerate() {
-        let key = [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+        let g = l
+            .gated()
+            .map_err(|e| GpuError::invalid("gpu model", format!("layer {i}: {e}")))?;
+        let key = [&l.q, &l.k, &l.v, &l.o, &g.gate, &g.up, &g.down]
             .map(|m| Arc::as_ptr(m) as *const () as usize);
         let counts = |r: &LoadReport| [r.coded_at_load, r.served, r.fp8, r.bf16_palette];
         let before = counts(&r);
@@ -1063,7 +1075,7 @@ fn serve(
         )?;
         let o = serve(&[&*l.o], false, Launch::O, &what("o"), policy, &mut r)?;
         let gate_up = serve(
-            &[&*l.gate, &*l.up],
+            &[&*g.gate, &*g.up],
             true,
             Launch::GateUp,
             &what("gate_up"),
@@ -1071,7 +1083,7 @@ fn serve(
             &mut r,
         )?;
         let down = serve(
-            &[&*l.down],
+            &[&*g.down],
             false,
             Launch::Down,
             &what("down"),

@@ -19,7 +19,7 @@ use cudarc::driver::CudaSlice;
 
 use entrollm_model::config::{Arch, RopeStyle};
 use entrollm_model::synth::{fill_row, shared_layer_weights, tensors, SynthKind, SynthShape};
-use entrollm_model::weights::{Linear, ModelWeights};
+use entrollm_model::weights::{GatedMlp, Linear, Mlp, ModelWeights};
 use entrollm_model::{DenseBf16 as CpuDenseBf16, Engine, LayerWeights};
 
 use crate::device::GpuDevice;
@@ -766,9 +766,11 @@ fn small_model(seed: u64) -> Result<ModelWeights> {
                 k_bias: Some(rng.normals(c.kv_dim(), 0.3)),
                 v_bias: Some(rng.normals(c.kv_dim(), 0.3)),
                 mlp_norm: vecs[&p("post_attention_layernorm.weight")].clone(),
-                gate: m(&p("mlp.gate_proj.weight")),
-                up: m(&p("mlp.up_proj.weight")),
-                down: m(&p("mlp.down_proj.weight")),
+                mlp: Mlp::Gated(GatedMlp {
+                    gate: m(&p("mlp.gate_proj.weight")),
+                    up: m(&p("mlp.up_proj.weight")),
+                    down: m(&p("mlp.down_proj.weight")),
+                }),
                 norms: Default::default(),
             }
         })
@@ -874,7 +876,10 @@ fn fp8_served_case(
     let expected = if head_bf16 { 0 } else { fits(&w.lm_head) }
         + w.layers
             .iter()
-            .map(|l| fits(&l.q) + fits(&l.o) + fits(&l.gate) + fits(&l.down))
+            .map(|l| {
+                let g = l.gated().expect("the selftest's models are dense");
+                fits(&l.q) + fits(&l.o) + fits(&g.gate) + fits(&g.down)
+            })
             .sum::<usize>();
     cases.push(CaseResult {
         kernel: kernel.into(),
@@ -978,7 +983,10 @@ fn bf16_palette_case(
     let expected = if tied { 0 } else { fits(&w.lm_head) }
         + w.layers
             .iter()
-            .map(|l| fits(&l.q) + fits(&l.o) + fits(&l.gate) + fits(&l.down))
+            .map(|l| {
+                let g = l.gated().expect("the selftest's models are dense");
+                fits(&l.q) + fits(&l.o) + fits(&g.gate) + fits(&g.down)
+            })
             .sum::<usize>();
     cases.push(CaseResult {
         kernel: "bf16_palette_matrices".into(),

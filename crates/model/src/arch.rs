@@ -20,6 +20,8 @@ pub enum Arch {
     Gemma2,
     Gemma3,
     Phi3,
+    Mixtral,
+    Qwen3Moe,
 }
 
 /// A tensor of a layer (or of the model), by what the block does with it.
@@ -45,6 +47,12 @@ pub enum Role {
     GateUp,
     Down,
     PostMlpNorm,
+    /// A mixture of experts' router (`[experts, hidden]`).
+    Router,
+    /// Expert matrices ([`MoeSpec::experts`]).
+    ExpertGate,
+    ExpertUp,
+    ExpertDown,
 }
 
 /// The MLP's activation of the gate (`act(gate) · up`).
@@ -141,6 +149,27 @@ pub struct Family {
     pub local_rope_base: Option<f64>,
     /// `partial_rotary_factor` (HF) / `rope.dimension_count` (GGUF) may rotate part of a head.
     pub partial_rotary: bool,
+    /// A mixture of experts in place of the dense MLP.
+    pub moe: Option<MoeSpec>,
+}
+
+/// How a family's mixture of experts is named and configured.
+pub struct MoeSpec {
+    /// HF config keys of the number of experts (the first present counts; transformers 5 writes
+    /// Qwen3-MoE's as `num_local_experts`, its checkpoints have `num_experts`) and of an expert's
+    /// intermediate size.
+    pub experts_keys: &'static [&'static str],
+    pub intermediate_key: &'static str,
+    /// The HF key that switches renormalising the picked experts' weights; `None`: always.
+    pub norm_topk_key: Option<&'static str>,
+    /// Which layers have experts follows `decoder_sparse_step` and `mlp_only_layers` (Qwen); the
+    /// others keep a dense MLP (GGUF: the layers with a router).
+    pub sparse_layers: bool,
+    /// HF module of the router, GGUF module of it.
+    pub router: (&'static str, &'static str),
+    /// Expert `{}`'s gate, up and down: HF module templates; GGUF modules of the tensors that
+    /// stack every expert's (`[experts, rows, cols]`).
+    pub experts: [(Role, &'static str, &'static str); 3],
 }
 
 /// HF config keys that change the forward pass: a family that does not read one refuses a config
@@ -160,6 +189,8 @@ const MATH_KEYS: &[(&str, NeutralValue)] = &[
     ("attention_multiplier", NeutralValue::Null),
     ("num_local_experts", NeutralValue::Null),
     ("num_experts", NeutralValue::Null),
+    ("shared_expert_intermediate_size", NeutralValue::Null),
+    ("n_shared_experts", NeutralValue::Null),
     ("rope_local_base_freq", NeutralValue::Null),
     ("layer_types", NeutralValue::AllFull),
     ("use_bidirectional_attention", NeutralValue::False),
@@ -188,6 +219,16 @@ impl NeutralValue {
         }
     }
 }
+
+/// The attention and norms of a Llama block, without its MLP (a mixture of experts' families).
+const ATTENTION_TENSORS: &[(Role, &str, &str)] = &[
+    (Role::AttnNorm, "input_layernorm", "attn_norm"),
+    (Role::Q, "self_attn.q_proj", "attn_q"),
+    (Role::K, "self_attn.k_proj", "attn_k"),
+    (Role::V, "self_attn.v_proj", "attn_v"),
+    (Role::O, "self_attn.o_proj", "attn_output"),
+    (Role::MlpNorm, "post_attention_layernorm", "ffn_norm"),
+];
 
 const LLAMA_TENSORS: &[(Role, &str, &str)] = &[
     (Role::AttnNorm, "input_layernorm", "attn_norm"),
@@ -266,6 +307,7 @@ const fn family(
         query_pre_attn_scalar: false,
         local_rope_base: None,
         partial_rotary: false,
+        moe: None,
     }
 }
 
@@ -341,6 +383,69 @@ pub static FAMILIES: &[Family] = &[
         partial_rotary: true,
         ..family(Arch::Phi3, "phi3", PHI3_TENSORS)
     },
+    Family {
+        hf_architectures: &["MixtralForCausalLM"],
+        hf_model_types: &["mixtral"],
+        // llama.cpp's converter writes Mixtral as `llama` with experts.
+        gguf_archs: &["llama"],
+        gguf_qk_permuted: true,
+        sliding: Sliding::Every,
+        moe: Some(MoeSpec {
+            experts_keys: &["num_local_experts"],
+            intermediate_key: "intermediate_size",
+            norm_topk_key: None,
+            sparse_layers: false,
+            router: ("block_sparse_moe.gate", "ffn_gate_inp"),
+            experts: [
+                (
+                    Role::ExpertGate,
+                    "block_sparse_moe.experts.{}.w1",
+                    "ffn_gate_exps",
+                ),
+                (
+                    Role::ExpertUp,
+                    "block_sparse_moe.experts.{}.w3",
+                    "ffn_up_exps",
+                ),
+                (
+                    Role::ExpertDown,
+                    "block_sparse_moe.experts.{}.w2",
+                    "ffn_down_exps",
+                ),
+            ],
+        }),
+        ..family(Arch::Mixtral, "mixtral", ATTENTION_TENSORS)
+    },
+    Family {
+        hf_architectures: &["Qwen3MoeForCausalLM"],
+        hf_model_types: &["qwen3_moe"],
+        gguf_archs: &["qwen3moe"],
+        qkv_bias: QkvBias::FromConfig,
+        qk_norm: true,
+        sliding: Sliding::Every,
+        sliding_switch: true,
+        moe: Some(MoeSpec {
+            experts_keys: &["num_experts", "num_local_experts"],
+            intermediate_key: "moe_intermediate_size",
+            norm_topk_key: Some("norm_topk_prob"),
+            sparse_layers: true,
+            router: ("mlp.gate", "ffn_gate_inp"),
+            experts: [
+                (
+                    Role::ExpertGate,
+                    "mlp.experts.{}.gate_proj",
+                    "ffn_gate_exps",
+                ),
+                (Role::ExpertUp, "mlp.experts.{}.up_proj", "ffn_up_exps"),
+                (
+                    Role::ExpertDown,
+                    "mlp.experts.{}.down_proj",
+                    "ffn_down_exps",
+                ),
+            ],
+        }),
+        ..family(Arch::Qwen3Moe, "qwen3_moe", LLAMA_TENSORS)
+    },
 ];
 
 impl Arch {
@@ -364,12 +469,16 @@ pub fn family_names() -> String {
 
 impl Family {
     /// Every layer tensor: role, HF module, GGUF module.
-    fn tensors(&self) -> impl Iterator<Item = &(Role, &'static str, &'static str)> {
+    fn tensors(&self) -> impl Iterator<Item = (Role, &'static str, &'static str)> + '_ {
         let qk: &[_] = match self.qk_norm {
             true => QK_NORM_TENSORS,
             false => &[],
         };
-        self.layer_tensors.iter().chain(qk)
+        let router = self
+            .moe
+            .as_ref()
+            .map(|m| (Role::Router, m.router.0, m.router.1));
+        self.layer_tensors.iter().chain(qk).copied().chain(router)
     }
 
     /// The family of an HF `architectures[0]` name.
@@ -406,9 +515,12 @@ impl Family {
             })
     }
 
-    /// The family of a GGUF `general.architecture`, if the engine runs it.
-    pub fn from_gguf_arch(name: &str) -> Option<&'static Family> {
-        FAMILIES.iter().find(|f| f.gguf_archs.contains(&name))
+    /// The family of a GGUF `general.architecture` whose file has experts or not (llama.cpp
+    /// writes Mixtral as `llama` with experts), if the engine runs it.
+    pub fn from_gguf_arch(name: &str, experts: bool) -> Option<&'static Family> {
+        FAMILIES
+            .iter()
+            .find(|f| f.gguf_archs.contains(&name) && f.moe.is_some() == experts)
     }
 
     /// GGUF architectures the engine runs, for messages.
@@ -420,10 +532,37 @@ impl Family {
             .join(", ")
     }
 
+    /// The HF name of expert `expert`'s matrix of this role in layer `layer`.
+    pub fn hf_expert_name(&self, role: Role, layer: usize, expert: usize) -> Option<String> {
+        let spec = self.moe.as_ref()?;
+        let (_, template, _) = spec.experts.iter().find(|&&(r, _, _)| r == role)?;
+        Some(format!(
+            "model.layers.{layer}.{}.weight",
+            template.replace("{}", &expert.to_string())
+        ))
+    }
+
+    /// The GGUF tensor that stacks the experts of an HF expert matrix's name, and the expert.
+    pub fn gguf_expert(&self, hf_name: &str) -> Option<(String, usize)> {
+        let spec = self.moe.as_ref()?;
+        let rest = hf_name.strip_prefix("model.layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let module = rest.strip_suffix(".weight")?;
+        spec.experts.iter().find_map(|&(_, template, gguf)| {
+            let (head, tail) = template.split_once("{}")?;
+            let e = module.strip_prefix(head)?.strip_suffix(tail)?;
+            let expert: usize = e
+                .parse()
+                .ok()
+                .filter(|_| e.bytes().all(|b| b.is_ascii_digit()))?;
+            Some((format!("blk.{layer}.{gguf}.weight"), expert))
+        })
+    }
+
     /// Whether the family's layers have a tensor of this role.
     pub fn has(&self, role: Role) -> bool {
         matches!(role, Role::Embed | Role::FinalNorm | Role::LmHead)
-            || self.tensors().any(|&(r, _, _)| r == role)
+            || self.tensors().any(|(r, _, _)| r == role)
     }
 
     /// The HF name of a tensor (`param`: `weight` or `bias`); `layer` is ignored for the model's
@@ -435,7 +574,7 @@ impl Family {
             Role::LmHead => Some("lm_head.weight".into()),
             _ => self
                 .tensors()
-                .find(|&&(r, _, _)| r == role)
+                .find(|&(r, _, _)| r == role)
                 .map(|(_, hf, _)| format!("model.layers.{layer}.{hf}.{param}")),
         }
     }
@@ -460,7 +599,7 @@ impl Family {
         if param != "weight" && param != "bias" {
             return None;
         }
-        let (_, _, gguf) = self.tensors().find(|&&(_, hf, _)| hf == module)?;
+        let (_, _, gguf) = self.tensors().find(|&(_, hf, _)| hf == module)?;
         Some(format!("blk.{layer}.{gguf}.{param}"))
     }
 
@@ -492,6 +631,10 @@ impl Family {
             "partial_rotary_factor" => self.partial_rotary,
             "rope_local_base_freq" => self.local_rope_base.is_some(),
             "layer_types" => self.sliding != Sliding::Never,
+            "num_local_experts" | "num_experts" => self
+                .moe
+                .as_ref()
+                .is_some_and(|m| m.experts_keys.contains(&key)),
             _ => false,
         }
     }

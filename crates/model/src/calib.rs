@@ -11,7 +11,7 @@ use crate::coding_plan::Launch;
 use crate::error::{ModelError, Result};
 use crate::forms::{FormId, Source};
 use crate::load::open_model;
-use crate::weights::{Linear, ModelWeights};
+use crate::weights::{Linear, Mlp, ModelWeights};
 use crate::Engine;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -152,11 +152,14 @@ type Records = Vec<((usize, Launch), Arc<Recorder>)>;
 fn recording(mut w: ModelWeights) -> (ModelWeights, Records) {
     let mut records = vec![];
     for (i, layer) in w.layers.iter_mut().enumerate() {
+        let Mlp::Gated(mlp) = &mut layer.mlp else {
+            continue;
+        };
         for (launch, m) in [
             (Launch::Qkv, &mut layer.q),
             (Launch::O, &mut layer.o),
-            (Launch::GateUp, &mut layer.gate),
-            (Launch::Down, &mut layer.down),
+            (Launch::GateUp, &mut mlp.gate),
+            (Launch::Down, &mut mlp.down),
         ] {
             let r = Arc::new(Recorder {
                 sums: Mutex::new((vec![0.0; m.cols()], 0)),

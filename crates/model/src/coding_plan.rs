@@ -23,16 +23,19 @@ pub enum Launch {
     Down,
     LmHead,
     Embed,
+    /// A mixture of experts' router.
+    Router,
 }
 
 impl Launch {
-    pub const ALL: [Launch; 6] = [
+    pub const ALL: [Launch; 7] = [
         Launch::Qkv,
         Launch::O,
         Launch::GateUp,
         Launch::Down,
         Launch::LmHead,
         Launch::Embed,
+        Launch::Router,
     ];
 
     pub fn name(self) -> &'static str {
@@ -43,6 +46,7 @@ impl Launch {
             Launch::Down => "down",
             Launch::LmHead => "lm_head",
             Launch::Embed => "embed",
+            Launch::Router => "router",
         }
     }
 

@@ -282,8 +282,7 @@ fn for_each_lossy_matrix(
     if is_gguf(src) {
         let file = GgufFile::open(src)?;
         let names = file.tensors().iter().map(|t| t.name.as_str());
-        let family = crate::gguf::family_of(&file).ok();
-        let forms = source_forms(opts, src, names, |hf| family?.gguf_name(hf))?;
+        let forms = gguf_forms(opts, src, &file, names)?;
         for info in file.tensors() {
             let dtype = match info.ggml_type {
                 GgmlType::F32 => Dtype::F32,
@@ -838,6 +837,30 @@ fn planned_storage(forms: &Forms, name: &str, values: &str) -> Result<Option<Sto
 /// `opts.forms` by the source's tensor names (`to_source` of the HF name). Every tensor the plan
 /// names must be in the source — but a tied LM head, which the plan names beside the embedding
 /// it is — so that a plan for another model fails here rather than store nothing.
+/// [`source_forms`] of a GGUF file: the plan's HF names as the file's tensors. A GGUF stacks
+/// each layer's experts in one tensor, which the container stores in one form.
+fn gguf_forms<'a>(
+    opts: &CompressOptions,
+    src: &Path,
+    file: &GgufFile,
+    names: impl Iterator<Item = &'a str>,
+) -> Result<Forms> {
+    let family = crate::gguf::family_of(file).ok();
+    if let Some(hf) = opts
+        .forms
+        .keys()
+        .find(|hf| family.is_some_and(|f| f.gguf_expert(hf).is_some()))
+    {
+        return Err(CompressError::Usage(format!(
+            "{}: the plan gives expert matrix {hf} a form of its own, but the GGUF stacks each \
+             layer's experts in one tensor, which a container stores whole; compress without \
+             --plan/--budget and give --budget to run, chat, serve or bench instead",
+            src.display()
+        )));
+    }
+    source_forms(opts, src, names, |hf| family?.gguf_name(hf))
+}
+
 fn source_forms<'a>(
     opts: &CompressOptions,
     src: &Path,
@@ -1366,8 +1389,7 @@ fn compress_gguf(
         notes: Vec::new(),
     };
     let names = file.tensors().iter().map(|t| t.name.as_str());
-    let family = crate::gguf::family_of(&file).ok();
-    let forms = source_forms(opts, src, names, |hf| family?.gguf_name(hf))?;
+    let forms = gguf_forms(opts, src, &file, names)?;
     let code = |info: &GgufTensorInfo| -> Result<GgufReady> {
         let data = file.tensor_data(info);
         let (rows, cols) = (info.n_rows(), info.row_len());
@@ -1857,9 +1879,9 @@ mod tests {
             (&l.q, "dtans:pair:8:64:12"),
             (&l.v, "dtans:pair:8:64:12"),
             (&l.o, "df11"),
-            (&l.gate, "dense:f32"),
-            (&l.up, "dense:f32"),
-            (&l.down, "dense:bf16"),
+            (&l.gated().unwrap().gate, "dense:f32"),
+            (&l.gated().unwrap().up, "dense:f32"),
+            (&l.gated().unwrap().down, "dense:bf16"),
         ] {
             assert_eq!(m.form().to_string(), want);
         }
@@ -1873,14 +1895,21 @@ mod tests {
         )
         .unwrap();
         // (`rans-floats` is served decoded.)
-        assert_eq!(as_stored.layers[0].gate.form().form, "dense");
+        assert_eq!(
+            as_stored.layers[0].gated().unwrap().gate.form().form,
+            "dense"
+        );
 
         // The served weights are the source's: the same products.
         let plain = open_weights_with(&src, LoadOptions::default()).unwrap();
         let x: Vec<f32> = (0..config.hidden_size)
             .map(|i| (i % 7) as f32 - 3.0)
             .collect();
-        for (a, b) in [(&plain.layers[0].gate, &l.gate), (&plain.layers[0].o, &l.o)] {
+        let gate = |w: &crate::LayerWeights| Arc::clone(&w.gated().unwrap().gate);
+        for (a, b) in [
+            (gate(&plain.layers[0]), gate(l)),
+            (Arc::clone(&plain.layers[0].o), Arc::clone(&l.o)),
+        ] {
             let (mut ya, mut yb) = (vec![0f32; a.rows()], vec![0f32; b.rows()]);
             a.matvec(&x, &mut ya);
             b.matvec(&x, &mut yb);

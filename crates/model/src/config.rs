@@ -80,6 +80,52 @@ pub struct Block {
     pub local_rope_theta: Option<f32>,
     /// Leading dimensions of a head that RoPE rotates; `None`: all of them.
     pub rotary_dim: Option<usize>,
+    /// A mixture of experts in place of the dense MLP.
+    pub moe: Option<Moe>,
+}
+
+/// A mixture of experts: per token the router's softmax picks the `top_k` most probable experts
+/// (their probabilities renormalised to sum to one where `norm_topk`), whose outputs it adds up
+/// weighted by them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Moe {
+    pub experts: usize,
+    pub top_k: usize,
+    /// Rows of each expert's gate and up.
+    pub intermediate_size: usize,
+    pub norm_topk: bool,
+    /// Per layer, whether its MLP is the experts (empty: every layer's is).
+    pub layers: Vec<bool>,
+}
+
+impl Moe {
+    fn validate(&self, num_layers: usize) -> Result<()> {
+        if self.experts == 0 || self.experts > 4096 {
+            return Err(ModelError::Config(format!(
+                "number of experts: {} is out of range (1..=4096)",
+                self.experts
+            )));
+        }
+        if self.top_k == 0 || self.top_k > self.experts {
+            return Err(ModelError::Config(format!(
+                "experts per token: {} is out of range (1..={})",
+                self.top_k, self.experts
+            )));
+        }
+        if self.intermediate_size == 0 || self.intermediate_size > MAX_INTERMEDIATE {
+            return Err(ModelError::Config(format!(
+                "expert intermediate size: {} is out of range (1..={MAX_INTERMEDIATE})",
+                self.intermediate_size
+            )));
+        }
+        if !self.layers.is_empty() && self.layers.len() != num_layers {
+            return Err(ModelError::Config(format!(
+                "{} mixture-of-experts layer flags for {num_layers} layers",
+                self.layers.len()
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl Block {
@@ -113,6 +159,9 @@ impl Block {
         if self.sliding_window == Some(0) {
             return Err(ModelError::Config("sliding_window: must be ≥ 1".into()));
         }
+        if let Some(m) = &self.moe {
+            m.validate(c.num_layers)?;
+        }
         if let Some(r) = self.rotary_dim {
             if r == 0 || r > c.head_dim || !r.is_multiple_of(2) {
                 return Err(ModelError::Config(format!(
@@ -122,6 +171,13 @@ impl Block {
             }
         }
         Ok(())
+    }
+
+    /// The mixture of experts of layer `layer`, if its MLP is one.
+    pub fn moe_at(&self, layer: usize) -> Option<&Moe> {
+        self.moe
+            .as_ref()
+            .filter(|m| m.layers.is_empty() || m.layers.get(layer) == Some(&true))
     }
 
     /// Dimensions of a head that RoPE rotates.
@@ -284,6 +340,7 @@ impl ModelConfig {
                 sliding_layers,
                 local_rope_theta: local_rope.map(|t| t as f32),
                 rotary_dim,
+                moe: fields.moe(family, num_layers)?,
             },
         };
         config.validate()?;
@@ -485,6 +542,59 @@ impl HfFields<'_> {
                 "architectures and model_type: both missing".into(),
             )),
         }
+    }
+
+    /// The mixture of experts, where the family has one: its size, experts per token and which
+    /// layers have it (Qwen's `decoder_sparse_step` and `mlp_only_layers`).
+    fn moe(&self, family: &Family, num_layers: usize) -> Result<Option<Moe>> {
+        let Some(spec) = &family.moe else {
+            return Ok(None);
+        };
+        let mut experts = None;
+        for key in spec.experts_keys {
+            if let Some(n) = self.usize(key)? {
+                experts = Some(n);
+                break;
+            }
+        }
+        let experts = experts.ok_or_else(|| {
+            ModelError::Config(format!("{}: missing", spec.experts_keys.join(" or ")))
+        })?;
+        let layers = match spec.sparse_layers {
+            true => {
+                let step = self.usize("decoder_sparse_step")?.unwrap_or(1);
+                if step == 0 {
+                    return Err(ModelError::Config(
+                        "decoder_sparse_step: must be ≥ 1".into(),
+                    ));
+                }
+                let dense: Vec<usize> = match self.get("mlp_only_layers") {
+                    None => Vec::new(),
+                    Some(v) => v
+                        .as_array()
+                        .and_then(|a| a.iter().map(|x| x.as_u64().map(|x| x as usize)).collect())
+                        .ok_or_else(|| {
+                            ModelError::Config(format!(
+                                "mlp_only_layers: {v} is not a list of layers"
+                            ))
+                        })?,
+                };
+                (0..num_layers)
+                    .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
+                    .collect()
+            }
+            false => Vec::new(),
+        };
+        Ok(Some(Moe {
+            experts,
+            top_k: self.required_usize("num_experts_per_tok")?,
+            intermediate_size: self.required_usize(spec.intermediate_key)?,
+            norm_topk: match spec.norm_topk_key {
+                Some(k) => self.bool(k)?.unwrap_or(false),
+                None => true,
+            },
+            layers,
+        }))
     }
 
     /// The sliding window and which layers use it: `layer_types` where the config has it, else

@@ -5,7 +5,7 @@
 
 use crate::config::{ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
-use crate::weights::{LayerWeights, ModelWeights};
+use crate::weights::{Experts, GatedMlp, LayerWeights, Mlp, ModelWeights};
 use std::sync::Arc;
 
 /// Tokens per forward chunk: bounds activation memory on long prompts (each weight is read once
@@ -339,6 +339,8 @@ struct LayerBuffers {
     attended: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// `[n, hidden]`: the MLP's output.
+    mlp_out: Vec<f32>,
 }
 
 impl LayerBuffers {
@@ -351,12 +353,13 @@ impl LayerBuffers {
             attended: vec![0.0; n * c.q_dim()],
             gate: vec![0.0; n * c.intermediate_size],
             up: vec![0.0; n * c.intermediate_size],
+            mlp_out: vec![0.0; n * c.hidden_size],
         }
     }
 }
 
-/// `x += down(act(gate(h)) · up(h))` with `h` the normed `x` (the output normed again where the
-/// family has a post-MLP norm).
+/// `x += mlp(h)` with `h` the normed `x` (the output normed again where the family has a
+/// post-MLP norm): the gated MLP, or the routed experts' outputs weighted by the router.
 fn mlp_block(
     c: &ModelConfig,
     layer: &LayerWeights,
@@ -366,28 +369,121 @@ fn mlp_block(
 ) {
     let n = x.len() / c.hidden_size;
     rms_norm(x, &layer.mlp_norm, c.rms_norm_eps, &mut b.normed);
-    if concurrent {
-        rayon::join(
-            || layer.gate.matmul(&b.normed, n, &mut b.gate),
-            || layer.up.matmul(&b.normed, n, &mut b.up),
-        );
-    } else {
-        layer.gate.matmul(&b.normed, n, &mut b.gate);
-        layer.up.matmul(&b.normed, n, &mut b.up);
+    match &layer.mlp {
+        Mlp::Gated(g) => gated(
+            c,
+            g,
+            &b.normed,
+            n,
+            &mut b.gate,
+            &mut b.up,
+            &mut b.mlp_out,
+            concurrent,
+        ),
+        Mlp::Experts(e) => experts(c, e, &b.normed, n, &mut b.mlp_out),
     }
-    let up = &b.up;
+    if let Some(w) = &layer.norms.post_mlp {
+        rms_norm_in_place(&mut b.mlp_out, w, c.rms_norm_eps);
+    }
+    add_assign(x, &b.mlp_out);
+}
+
+/// `out = down(act(gate(h)) · up(h))` for the `n` rows of `h`; `gate` and `up` are scratch of at
+/// least `n × rows` of the gate.
+#[allow(clippy::too_many_arguments)]
+fn gated(
+    c: &ModelConfig,
+    m: &GatedMlp,
+    h: &[f32],
+    n: usize,
+    gate: &mut Vec<f32>,
+    up: &mut Vec<f32>,
+    out: &mut Vec<f32>,
+    concurrent: bool,
+) {
+    let inter = m.gate.rows();
+    gate.resize(n * inter, 0.0);
+    up.resize(n * inter, 0.0);
+    out.resize(n * m.down.rows(), 0.0);
+    let (gate, up) = (&mut gate[..n * inter], &mut up[..n * inter]);
+    if concurrent {
+        rayon::join(|| m.gate.matmul(h, n, gate), || m.up.matmul(h, n, up));
+    } else {
+        m.gate.matmul(h, n, gate);
+        m.up.matmul(h, n, up);
+    }
+    let up = &*up;
     let act = c.block.activation;
-    crate::crew::chunks_mut(&mut b.gate, ELEMENTWISE_TASK, |i, g| {
+    crate::crew::chunks_mut(gate, ELEMENTWISE_TASK, |i, g| {
         let u = &up[i * ELEMENTWISE_TASK..][..g.len()];
         for (g, &u) in g.iter_mut().zip(u) {
             *g = act.apply(*g) * u;
         }
     });
-    layer.down.matmul(&b.gate, n, &mut b.normed);
-    if let Some(w) = &layer.norms.post_mlp {
-        rms_norm_in_place(&mut b.normed, w, c.rms_norm_eps);
+    m.down.matmul(gate, n, &mut out[..n * m.down.rows()]);
+}
+
+/// A mixture of experts over the `n` rows of `h` into `out`: per token the router's softmax (in
+/// f32), its `top_k` most probable experts (ties to the lower index), their probabilities
+/// renormalised where the config says; then expert by expert, in index order, its tokens' rows
+/// through it as one batch and added to those tokens' outputs, weighted (transformers' order).
+fn experts(c: &ModelConfig, e: &Experts, h: &[f32], n: usize, out: &mut Vec<f32>) {
+    let moe = c
+        .block
+        .moe
+        .as_ref()
+        .expect("a layer of experts has a config for them");
+    let (hidden, count) = (c.hidden_size, e.experts.len());
+    let mut logits = vec![0f32; n * count];
+    e.router.matmul(h, n, &mut logits);
+    // Per expert: (token, weight) in token order.
+    let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); count];
+    for (t, row) in logits.chunks_mut(count).enumerate() {
+        let sum = exp_shifted(row);
+        row.iter_mut().for_each(|p| *p /= sum);
+        let mut order: Vec<usize> = (0..count).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        let picked = &order[..moe.top_k];
+        let total: f32 = picked.iter().map(|&x| row[x]).sum();
+        for &x in picked {
+            let w = match moe.norm_topk {
+                true => row[x] / total,
+                false => row[x],
+            };
+            routes[x].push((t, w));
+        }
     }
-    add_assign(x, &b.normed);
+    out.clear();
+    out.resize(n * hidden, 0.0);
+    let (mut gate, mut up, mut y, mut rows) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (x, route) in routes.iter().enumerate() {
+        if route.is_empty() {
+            continue;
+        }
+        rows.clear();
+        for &(t, _) in route {
+            rows.extend_from_slice(&h[t * hidden..(t + 1) * hidden]);
+        }
+        gated(
+            c,
+            &e.experts[x],
+            &rows,
+            route.len(),
+            &mut gate,
+            &mut up,
+            &mut y,
+            false,
+        );
+        for (j, &(t, w)) in route.iter().enumerate() {
+            let (o, y) = (
+                &mut out[t * hidden..(t + 1) * hidden],
+                &y[j * hidden..(j + 1) * hidden],
+            );
+            for (o, &y) in o.iter_mut().zip(y) {
+                *o += y * w;
+            }
+        }
+    }
 }
 
 /// Causal grouped-query attention of the chunk's queries (`q`: `[n, heads·head_dim]`, at

@@ -474,9 +474,11 @@ pub fn shared_layer_weights(c: &ModelConfig, seed: u64) -> crate::Result<ModelWe
         k_bias: None,
         v_bias: None,
         mlp_norm: norm(&l("post_attention_layernorm"))?,
-        gate: matrix(&l("mlp.gate_proj"))?,
-        up: matrix(&l("mlp.up_proj"))?,
-        down: matrix(&l("mlp.down_proj"))?,
+        mlp: crate::weights::Mlp::Gated(crate::weights::GatedMlp {
+            gate: matrix(&l("mlp.gate_proj"))?,
+            up: matrix(&l("mlp.up_proj"))?,
+            down: matrix(&l("mlp.down_proj"))?,
+        }),
         norms: Default::default(),
     };
     let embed = matrix("model.embed_tokens.weight")?;
@@ -505,7 +507,8 @@ mod tests {
         let c = SynthShape::Tiny.config();
         let w = shared_layer_weights(&c, 5).unwrap();
         assert_eq!(w.layers.len(), c.num_layers);
-        assert!(Arc::ptr_eq(&w.layers[0].gate, &w.layers[1].gate));
+        let gate = |i: usize| &w.layers[i].gated().unwrap().gate;
+        assert!(Arc::ptr_eq(gate(0), gate(1)));
         assert!(!Arc::ptr_eq(&w.embed, &w.lm_head));
         for (name, m) in [
             ("model.layers.0.self_attn.k_proj.weight", &w.layers[1].k),

@@ -63,33 +63,116 @@ pub struct LayerWeights {
     pub k_bias: Option<Vec<f32>>,
     pub v_bias: Option<Vec<f32>>,
     pub mlp_norm: Vec<f32>,
-    pub gate: Arc<dyn Linear>,
-    pub up: Arc<dyn Linear>,
-    pub down: Arc<dyn Linear>,
+    pub mlp: Mlp,
     /// The norms only some families have.
     pub norms: ExtraNorms,
 }
 
+/// A layer's MLP.
+#[derive(Clone)]
+pub enum Mlp {
+    /// `down(act(gate·h) ⊙ up·h)`.
+    Gated(GatedMlp),
+    /// A mixture of experts: per token a router picks `top_k` experts ([`crate::config::Moe`])
+    /// and the output is their outputs weighted by the router's probabilities.
+    Experts(Experts),
+}
+
+/// The three matrices of a gated MLP (or of one expert).
+#[derive(Clone)]
+pub struct GatedMlp {
+    pub gate: Arc<dyn Linear>,
+    pub up: Arc<dyn Linear>,
+    pub down: Arc<dyn Linear>,
+}
+
+/// A mixture of experts' router (`[experts, hidden]`) and experts.
+#[derive(Clone)]
+pub struct Experts {
+    pub router: Arc<dyn Linear>,
+    pub experts: Vec<GatedMlp>,
+}
+
+impl GatedMlp {
+    fn map<E>(
+        &self,
+        prefix: &str,
+        f: &mut impl FnMut(&str, usize, &Arc<dyn Linear>) -> std::result::Result<Arc<dyn Linear>, E>,
+    ) -> std::result::Result<GatedMlp, E> {
+        let (gate_up, down) = (format!("{prefix}gate_up"), format!("{prefix}down"));
+        Ok(GatedMlp {
+            gate: f(&gate_up, 0, &self.gate)?,
+            up: f(&gate_up, 1, &self.up)?,
+            down: f(&down, 0, &self.down)?,
+        })
+    }
+
+    pub fn matrices(&self) -> [&Arc<dyn Linear>; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+}
+
+impl Mlp {
+    /// The dense gated MLP, or `None` for a mixture of experts.
+    pub fn gated(&self) -> Option<&GatedMlp> {
+        match self {
+            Mlp::Gated(g) => Some(g),
+            Mlp::Experts(_) => None,
+        }
+    }
+
+    /// Every matrix: gate, up, down; for experts the router, then each expert's three.
+    pub fn matrices(&self) -> Vec<&Arc<dyn Linear>> {
+        match self {
+            Mlp::Gated(g) => g.matrices().to_vec(),
+            Mlp::Experts(e) => std::iter::once(&e.router)
+                .chain(e.experts.iter().flat_map(|x| x.matrices()))
+                .collect(),
+        }
+    }
+}
+
 impl LayerWeights {
-    /// The layer with every matrix replaced by `f(launch, index in the launch, matrix)` (q, k, v
-    /// are `Qkv` 0..3; gate, up are `GateUp` 0, 1); norms and biases kept.
+    /// Every matrix of the layer: q, k, v, o, then [`Mlp::matrices`].
+    pub fn matrices(&self) -> Vec<&Arc<dyn Linear>> {
+        let mut out = vec![&self.q, &self.k, &self.v, &self.o];
+        out.extend(self.mlp.matrices());
+        out
+    }
+
+    /// The dense MLP's matrices, or an error naming the layer for a mixture of experts (for
+    /// code that runs only dense MLPs).
+    pub fn gated(&self) -> Result<&GatedMlp> {
+        self.mlp.gated().ok_or_else(|| {
+            ModelError::Unsupported("a mixture-of-experts MLP where a dense one is needed".into())
+        })
+    }
+
+    /// The layer with every matrix replaced by `f(launch, index in the launch, matrix)`; the
+    /// launch is the id's tail of [`crate::forms::layout::launches`] (`qkv` with q, k, v as 0..3,
+    /// `o`, `gate_up` with gate, up as 0, 1, `down`; `router`, `experts.E.gate_up`,
+    /// `experts.E.down` in a mixture of experts); norms and biases kept.
     pub fn map_matrices<E>(
         &self,
-        mut f: impl FnMut(
-            crate::coding_plan::Launch,
-            usize,
-            &Arc<dyn Linear>,
-        ) -> std::result::Result<Arc<dyn Linear>, E>,
+        mut f: impl FnMut(&str, usize, &Arc<dyn Linear>) -> std::result::Result<Arc<dyn Linear>, E>,
     ) -> std::result::Result<LayerWeights, E> {
-        use crate::coding_plan::Launch;
         Ok(LayerWeights {
-            q: f(Launch::Qkv, 0, &self.q)?,
-            k: f(Launch::Qkv, 1, &self.k)?,
-            v: f(Launch::Qkv, 2, &self.v)?,
-            o: f(Launch::O, 0, &self.o)?,
-            gate: f(Launch::GateUp, 0, &self.gate)?,
-            up: f(Launch::GateUp, 1, &self.up)?,
-            down: f(Launch::Down, 0, &self.down)?,
+            q: f("qkv", 0, &self.q)?,
+            k: f("qkv", 1, &self.k)?,
+            v: f("qkv", 2, &self.v)?,
+            o: f("o", 0, &self.o)?,
+            mlp: match &self.mlp {
+                Mlp::Gated(g) => Mlp::Gated(g.map("", &mut f)?),
+                Mlp::Experts(e) => Mlp::Experts(Experts {
+                    router: f("router", 0, &e.router)?,
+                    experts: e
+                        .experts
+                        .iter()
+                        .enumerate()
+                        .map(|(i, x)| x.map(&format!("experts.{i}."), &mut f))
+                        .collect::<std::result::Result<_, E>>()?,
+                }),
+            },
             ..self.clone()
         })
     }
@@ -807,20 +890,45 @@ pub fn build_model(source: &dyn TensorSource) -> Result<ModelWeights> {
                 matrix(&name(Role::V, "weight"))?,
             ),
         };
-        let (gate, up) = match has(Role::GateUp) {
-            true => {
+        let mlp = match config.block.moe_at(i) {
+            Some(moe) => {
+                let expert = |role, e| {
+                    let n = family
+                        .hf_expert_name(role, i, e)
+                        .expect("roles asked for are the family's");
+                    matrix(&n)
+                };
+                Mlp::Experts(Experts {
+                    router: matrix(&name(Role::Router, "weight"))?,
+                    experts: (0..moe.experts)
+                        .map(|e| {
+                            Ok(GatedMlp {
+                                gate: expert(Role::ExpertGate, e)?,
+                                up: expert(Role::ExpertUp, e)?,
+                                down: expert(Role::ExpertDown, e)?,
+                            })
+                        })
+                        .collect::<Result<_>>()?,
+                })
+            }
+            None if has(Role::GateUp) => {
                 let gu = name(Role::GateUp, "weight");
                 let inter = config.intermediate_size;
                 let [gate, up]: [Arc<dyn Linear>; 2] =
                     split_rows(&gu, matrix(&gu)?, &[inter, inter])?
                         .try_into()
                         .map_err(|_| ModelError::tensor(&gu, "split into two"))?;
-                (gate, up)
+                Mlp::Gated(GatedMlp {
+                    gate,
+                    up,
+                    down: matrix(&name(Role::Down, "weight"))?,
+                })
             }
-            false => (
-                matrix(&name(Role::Gate, "weight"))?,
-                matrix(&name(Role::Up, "weight"))?,
-            ),
+            None => Mlp::Gated(GatedMlp {
+                gate: matrix(&name(Role::Gate, "weight"))?,
+                up: matrix(&name(Role::Up, "weight"))?,
+                down: matrix(&name(Role::Down, "weight"))?,
+            }),
         };
         let bias = |role: Role| -> Result<Option<Vec<f32>>> {
             match config.attention_bias {
@@ -844,9 +952,7 @@ pub fn build_model(source: &dyn TensorSource) -> Result<ModelWeights> {
             k_bias: bias(Role::K)?,
             v_bias: bias(Role::V)?,
             mlp_norm: norm(&name(Role::MlpNorm, "weight"))?,
-            gate,
-            up,
-            down: matrix(&name(Role::Down, "weight"))?,
+            mlp,
             norms: ExtraNorms {
                 q: optional_norm(Role::QNorm)?,
                 k: optional_norm(Role::KNorm)?,
@@ -966,10 +1072,44 @@ impl ModelWeights {
                     expect_vector(&role_name(role, "norm"), norm, len)?;
                 }
             }
-            let inter = c.intermediate_size;
-            expect_matrix(&name("mlp.gate_proj.weight"), &*l.gate, inter, hidden)?;
-            expect_matrix(&name("mlp.up_proj.weight"), &*l.up, inter, hidden)?;
-            expect_matrix(&name("mlp.down_proj.weight"), &*l.down, hidden, inter)?;
+            match (&l.mlp, c.block.moe_at(i)) {
+                (Mlp::Gated(g), None) => {
+                    let inter = c.intermediate_size;
+                    expect_matrix(&name("mlp.gate_proj.weight"), &*g.gate, inter, hidden)?;
+                    expect_matrix(&name("mlp.up_proj.weight"), &*g.up, inter, hidden)?;
+                    expect_matrix(&name("mlp.down_proj.weight"), &*g.down, hidden, inter)?;
+                }
+                (Mlp::Experts(e), Some(moe)) => {
+                    let router = role_name(Role::Router, "mlp.gate.weight");
+                    expect_matrix(&router, &*e.router, moe.experts, hidden)?;
+                    if e.experts.len() != moe.experts {
+                        return Err(ModelError::tensor(
+                            &router,
+                            format!(
+                                "{} experts, the config says {}",
+                                e.experts.len(),
+                                moe.experts
+                            ),
+                        ));
+                    }
+                    let inter = moe.intermediate_size;
+                    for (x, g) in e.experts.iter().enumerate() {
+                        let n = |role| {
+                            family
+                                .hf_expert_name(role, i, x)
+                                .unwrap_or_else(|| name(&format!("experts.{x}")))
+                        };
+                        expect_matrix(&n(Role::ExpertGate), &*g.gate, inter, hidden)?;
+                        expect_matrix(&n(Role::ExpertUp), &*g.up, inter, hidden)?;
+                        expect_matrix(&n(Role::ExpertDown), &*g.down, hidden, inter)?;
+                    }
+                }
+                _ => {
+                    return Err(ModelError::Config(format!(
+                        "layer {i}: its MLP is not what the config says (dense or experts)"
+                    )))
+                }
+            }
         }
         expect_vector("model.norm.weight", &self.final_norm, hidden)?;
         expect_matrix("lm_head.weight", &*self.lm_head, c.vocab_size, hidden)
@@ -982,7 +1122,9 @@ impl ModelWeights {
         let b = &self.config.block;
         let mut out = Vec::new();
         let any = |f: fn(&ExtraNorms) -> bool| self.layers.iter().any(|l| f(&l.norms));
-        let checks: [(bool, &'static str); 9] = [
+        let experts = self.layers.iter().any(|l| matches!(l.mlp, Mlp::Experts(_)));
+        let checks: [(bool, &'static str); 10] = [
+            (experts, "a mixture of experts"),
             (b.activation != crate::arch::Activation::Silu, "GeGLU"),
             (b.embed_scale.is_some(), "embedding scaling"),
             (b.attn_scale.is_some(), "a query scale of its own"),
@@ -1014,8 +1156,8 @@ impl ModelWeights {
             .layers
             .iter()
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
-                    .iter()
+                l.matrices()
+                    .into_iter()
                     .map(|m| m.stored_bytes())
                     .sum::<usize>()
                     + f32s(&l.attn_norm)

@@ -99,7 +99,7 @@ fn logits_match_transformers(fmt: &str) {
     let src = SafetensorsSource::open(&data(fmt)).unwrap();
     let w = build_model(&src).unwrap();
     for l in &w.layers {
-        for m in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {
+        for m in l.matrices() {
             assert_eq!(m.form().form, served_form(fmt), "{fmt}");
         }
     }
@@ -325,7 +325,11 @@ fn packed_checkpoints_code_serve_and_restore_bit_for_bit() {
 
         let logits = |w: entrollm_model::ModelWeights| {
             for l in &w.layers {
-                assert_eq!(l.gate.form().form, served_form(fmt), "{fmt}");
+                assert_eq!(
+                    l.gated().unwrap().gate.form().form,
+                    served_form(fmt),
+                    "{fmt}"
+                );
             }
             let mut e = Engine::new(w, 16).unwrap();
             e.prefill(&[1, 5, 9, 77, 3]).unwrap()

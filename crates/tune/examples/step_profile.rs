@@ -126,7 +126,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .enumerate()
         .map(|(i, l)| {
             let id = |s: &str| format!("layers.{i}.{s}");
-            l.map_matrices(|launch, _, m| Ok::<_, ()>(wrap(&id(launch.name()), m)))
+            l.map_matrices(|launch, _, m| Ok::<_, ()>(wrap(&id(launch), m)))
                 .expect("wrapping cannot fail")
         })
         .collect();

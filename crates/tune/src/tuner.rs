@@ -756,7 +756,7 @@ fn switched_weights(
         .enumerate()
         .map(|(i, l)| {
             let id = |s: &str| format!("layers.{i}.{s}");
-            l.map_matrices(|launch, j, _| Ok::<_, ()>(wrap(&id(launch.name()), j)))
+            l.map_matrices(|launch, j, _| Ok::<_, ()>(wrap(&id(launch), j)))
                 .expect("wrapping cannot fail")
         })
         .collect();
@@ -1119,10 +1119,13 @@ mod tests {
         use entrollm_model::forms::lossy::LossyLinear;
         let mut w = entrollm_model::build_model(&Tiny).unwrap();
         for l in &mut w.layers {
-            let (rows, cols) = (l.down.rows(), l.down.cols());
+            let entrollm_model::weights::Mlp::Gated(mlp) = &mut l.mlp else {
+                panic!("the tiny model is dense")
+            };
+            let (rows, cols) = (mlp.down.rows(), mlp.down.cols());
             let mut v = vec![0f32; rows * cols];
             for (r, row) in v.chunks_exact_mut(cols).enumerate() {
-                l.down.row(r, row);
+                mlp.down.row(r, row);
             }
             let (tensor, _) = LossyTensor::encode(
                 &v,
@@ -1135,7 +1138,7 @@ mod tests {
                 dtype: entrollm_format::Dtype::BF16,
                 tensor,
             };
-            l.down = Arc::new(LossyLinear::new(m).unwrap());
+            mlp.down = Arc::new(LossyLinear::new(m).unwrap());
         }
         let id = crate::planner::model_id(&w, "tiny-lossy").unwrap();
         let opts = TuneOptions {

@@ -5,7 +5,7 @@ use super::{by_name, reform};
 use crate::arch::Role;
 use crate::coding_plan::Launch;
 use crate::error::{ModelError, Result};
-use crate::weights::{Linear, ModelWeights};
+use crate::weights::{Linear, Mlp, ModelWeights};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -89,18 +89,48 @@ pub fn launches(w: &ModelWeights) -> Vec<LaunchInstance> {
             names(Role::O, &[]),
             &[&l.o],
         ));
-        out.push(many(
-            &format!("layers.{i}.gate_up"),
-            Launch::GateUp,
-            names(Role::GateUp, &[Role::Gate, Role::Up]),
-            &[&l.gate, &l.up],
-        ));
-        out.push(many(
-            &format!("layers.{i}.down"),
-            Launch::Down,
-            names(Role::Down, &[]),
-            &[&l.down],
-        ));
+        match &l.mlp {
+            Mlp::Gated(g) => {
+                out.push(many(
+                    &format!("layers.{i}.gate_up"),
+                    Launch::GateUp,
+                    names(Role::GateUp, &[Role::Gate, Role::Up]),
+                    &[&g.gate, &g.up],
+                ));
+                out.push(many(
+                    &format!("layers.{i}.down"),
+                    Launch::Down,
+                    names(Role::Down, &[]),
+                    &[&g.down],
+                ));
+            }
+            Mlp::Experts(e) => {
+                out.push(many(
+                    &format!("layers.{i}.router"),
+                    Launch::Router,
+                    names(Role::Router, &[]),
+                    &[&e.router],
+                ));
+                // Each expert's gate/up and down are launches of their own: only the routed
+                // ones run for a token, so each may take its own form.
+                for (x, g) in e.experts.iter().enumerate() {
+                    let n = |role| family.hf_expert_name(role, i, x).into_iter().collect();
+                    let both = [n(Role::ExpertGate), n(Role::ExpertUp)].concat();
+                    out.push(many(
+                        &format!("layers.{i}.experts.{x}.gate_up"),
+                        Launch::GateUp,
+                        both,
+                        &[&g.gate, &g.up],
+                    ));
+                    out.push(many(
+                        &format!("layers.{i}.experts.{x}.down"),
+                        Launch::Down,
+                        n(Role::ExpertDown),
+                        &[&g.down],
+                    ));
+                }
+            }
+        }
     }
     let head_names: &[&str] = match tied {
         true => &["lm_head.weight", "model.embed_tokens.weight"],
@@ -186,10 +216,8 @@ pub fn apply(
         .iter()
         .enumerate()
         .map(|(i, l)| {
-            l.map_matrices(|launch, j, m| {
-                Ok::<_, ()>(get(&format!("layers.{i}.{}", launch.name()), j, m))
-            })
-            .expect("re-forming was done above")
+            l.map_matrices(|launch, j, m| Ok::<_, ()>(get(&format!("layers.{i}.{launch}"), j, m)))
+                .expect("re-forming was done above")
         })
         .collect();
     let out = ModelWeights {

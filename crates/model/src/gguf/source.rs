@@ -323,7 +323,8 @@ fn family_key(file: &GgufFile) -> Result<String> {
 /// The family of a GGUF file (its `general.architecture`).
 pub fn family_of(file: &GgufFile) -> Result<&'static Family> {
     let key = family_key(file)?;
-    Family::from_gguf_arch(&key).ok_or_else(|| {
+    let experts = file.get_usize(&format!("{key}.expert_count"))?.unwrap_or(0) > 0;
+    Family::from_gguf_arch(&key, experts).ok_or_else(|| {
         ModelError::Unsupported(format!(
             "{}: GGUF architecture `{key}` (general.architecture); supported: {}",
             file.path().display(),
@@ -490,6 +491,31 @@ impl GgufSource {
             rotary_dim,
             ..Block::default()
         };
+        if let Some(spec) = &family.moe {
+            // llama.cpp renormalises the picked experts' weights for Mixtral and Qwen3-MoE; a
+            // layer has experts where it has a router.
+            let with_router: Vec<bool> = (0..layers)
+                .map(|i| {
+                    f.tensor_info(&format!("blk.{i}.{}.weight", spec.router.1))
+                        .is_some()
+                })
+                .collect();
+            block.moe = Some(crate::config::Moe {
+                experts: self.required_usize("expert_count")?,
+                top_k: self.required_usize("expert_used_count")?,
+                intermediate_size: match f.get_usize(&self.key("expert_feed_forward_length"))? {
+                    Some(n) => n,
+                    None => self.required_usize("feed_forward_length")?,
+                },
+                norm_topk: f
+                    .get_bool(&self.key("expert_weights_norm"))?
+                    .unwrap_or(true),
+                layers: match with_router.iter().all(|&r| r) {
+                    true => Vec::new(),
+                    false => with_router,
+                },
+            });
+        }
         if family.softcap {
             let cap = |k: &str| -> Result<Option<f32>> {
                 Ok(f.get_f32(&self.key(k))?.filter(|&c| c != 0.0))
@@ -542,6 +568,67 @@ impl GgufSource {
             }
         }
         Ok(block)
+    }
+}
+
+impl GgufSource {
+    /// Expert `expert`'s matrix of a tensor that stacks every expert's (`[experts, rows, cols]`,
+    /// each expert's rows contiguous): its own bytes, as a matrix of the file's type.
+    fn expert(&self, stack: &str, expert: usize) -> Result<Option<HostTensor>> {
+        let Some(info) = self.file.tensor_info(stack) else {
+            return Ok(None);
+        };
+        let ne = info.ne();
+        if info.dims.len() != 3 || expert as u64 >= ne[2] {
+            return Err(ModelError::tensor(
+                stack,
+                format!(
+                    "expert {expert} of a tensor of dimensions {:?} (expected [cols, rows, experts])",
+                    info.dims
+                ),
+            ));
+        }
+        let (cols, rows, experts) = (ne[0] as usize, ne[1] as usize, ne[2] as usize);
+        let bytes = self.file.tensor_block_bytes(info);
+        let per = bytes.bytes().len() / experts;
+        let part = bytes.sub(expert * per..(expert + 1) * per);
+        let shape = vec![rows, cols];
+        let half = |raw: &[u8]| -> Vec<u16> {
+            raw.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect()
+        };
+        Ok(Some(match info.ggml_type {
+            GgmlType::F32 => HostTensor::F32 {
+                shape,
+                data: part
+                    .bytes()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            },
+            GgmlType::F16 => HostTensor::F16 {
+                shape,
+                data: half(part.bytes()),
+            },
+            GgmlType::BF16 => HostTensor::Bf16 {
+                shape,
+                data: half(part.bytes()),
+            },
+            ty => {
+                crate::gguf::check_dequantizable(stack, ty)?;
+                let src = crate::forms::Source::new(
+                    rows,
+                    cols,
+                    crate::forms::Values::Ggml { ty, bytes: part },
+                )
+                .map_err(|e| ModelError::tensor(stack, e.to_string()))?;
+                HostTensor::Linear(
+                    crate::forms::Form::encode(&crate::forms::ggml::GGML, &src, self.ggml_variant)
+                        .map_err(|e| ModelError::tensor(stack, e.to_string()))?,
+                )
+            }
+        }))
     }
 }
 
@@ -625,6 +712,9 @@ impl TensorSource for GgufSource {
     }
 
     fn tensor(&self, hf_name: &str) -> Result<Option<HostTensor>> {
+        if let Some((stack, expert)) = self.family.gguf_expert(hf_name) {
+            return self.expert(&stack, expert);
+        }
         let Some(name) = self.family.gguf_name(hf_name) else {
             return Ok(None);
         };
