@@ -559,6 +559,35 @@ impl Family {
         })
     }
 
+    /// The role of a tensor by its HF or GGUF name (an expert's too), if the family has it.
+    pub fn role_of(&self, name: &str) -> Option<Role> {
+        match name {
+            "model.embed_tokens.weight" | "token_embd.weight" => return Some(Role::Embed),
+            "model.norm.weight" | "output_norm.weight" => return Some(Role::FinalNorm),
+            "lm_head.weight" | "output.weight" => return Some(Role::LmHead),
+            _ => {}
+        }
+        // `model.layers.N.MODULE.PARAM` or `blk.N.MODULE.PARAM`.
+        let (path, _param) = name.rsplit_once('.')?;
+        let hf = path.strip_prefix("model.layers.");
+        let (_layer, module) = hf.or_else(|| path.strip_prefix("blk."))?.split_once('.')?;
+        let by_table = self
+            .tensors()
+            .find(|&(_, h, g)| module == if hf.is_some() { h } else { g })
+            .map(|(r, _, _)| r);
+        by_table.or_else(|| {
+            let spec = self.moe.as_ref()?;
+            spec.experts.iter().find_map(|&(r, template, gguf)| {
+                if hf.is_none() {
+                    return (module == gguf).then_some(r);
+                }
+                let (head, tail) = template.split_once("{}")?;
+                let e = module.strip_prefix(head)?.strip_suffix(tail)?;
+                (!e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())).then_some(r)
+            })
+        })
+    }
+
     /// Whether the family's layers have a tensor of this role.
     pub fn has(&self, role: Role) -> bool {
         matches!(role, Role::Embed | Role::FinalNorm | Role::LmHead)
@@ -653,6 +682,11 @@ impl Family {
     }
 }
 
+/// The role of a tensor by its HF or GGUF name in any family (matrices have one role in all).
+pub fn role_of_tensor(name: &str) -> Option<Role> {
+    FAMILIES.iter().find_map(|f| f.role_of(name))
+}
+
 /// Which layers of `num_layers` slide under a [`Sliding::Pattern`] of `n` (the last of each group
 /// of `n` is global; `n = 0` or `1`: as llama.cpp reads them).
 pub fn sliding_pattern(n: usize, num_layers: usize) -> Vec<bool> {
@@ -709,6 +743,39 @@ mod tests {
             "model.layers.4.self_attn.q_proj.bias"
         );
         assert_eq!(llama.hf_name(Role::QNorm, 4, "weight"), None);
+    }
+
+    #[test]
+    fn roles_of_tensor_names_in_every_family() {
+        let cases = [
+            ("model.layers.3.self_attn.q_proj.weight", Some(Role::Q)),
+            ("blk.3.attn_q.bias", Some(Role::Q)),
+            ("model.layers.0.self_attn.qkv_proj.weight", Some(Role::Qkv)),
+            ("blk.0.attn_qkv.weight", Some(Role::Qkv)),
+            ("model.layers.1.mlp.gate_up_proj.weight", Some(Role::GateUp)),
+            (
+                "model.layers.1.block_sparse_moe.experts.7.w2.weight",
+                Some(Role::ExpertDown),
+            ),
+            (
+                "model.layers.1.mlp.experts.12.up_proj.weight",
+                Some(Role::ExpertUp),
+            ),
+            ("blk.1.ffn_gate_exps.weight", Some(Role::ExpertGate)),
+            (
+                "model.layers.1.block_sparse_moe.gate.weight",
+                Some(Role::Router),
+            ),
+            ("blk.1.ffn_gate_inp.weight", Some(Role::Router)),
+            ("model.layers.2.self_attn.k_norm.weight", Some(Role::KNorm)),
+            ("output.weight", Some(Role::LmHead)),
+            ("model.layers.1.mlp.experts.x.up_proj.weight", None),
+            ("model.layers.1.mlp.something.weight", None),
+            ("lm_head", None),
+        ];
+        for (name, role) in cases {
+            assert_eq!(role_of_tensor(name), role, "{name}");
+        }
     }
 
     #[test]

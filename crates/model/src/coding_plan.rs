@@ -54,32 +54,27 @@ impl Launch {
         Self::ALL.into_iter().find(|l| l.name() == s)
     }
 
-    /// The launch a tensor belongs to, from its Hugging Face or GGUF name.
+    /// The launch a tensor belongs to, from its Hugging Face or GGUF name in any family.
     pub fn of_tensor(name: &str) -> Option<Launch> {
-        const PARTS: [(&str, Launch); 14] = [
-            ("q_proj.", Launch::Qkv),
-            ("k_proj.", Launch::Qkv),
-            ("v_proj.", Launch::Qkv),
-            ("o_proj.", Launch::O),
-            ("gate_proj.", Launch::GateUp),
-            ("up_proj.", Launch::GateUp),
-            ("down_proj.", Launch::Down),
-            ("attn_q.", Launch::Qkv),
-            ("attn_k.", Launch::Qkv),
-            ("attn_v.", Launch::Qkv),
-            ("attn_output.", Launch::O),
-            ("ffn_gate.", Launch::GateUp),
-            ("ffn_up.", Launch::GateUp),
-            ("ffn_down.", Launch::Down),
-        ];
-        if let Some(&(_, l)) = PARTS.iter().find(|(p, _)| name.contains(p)) {
-            return Some(l);
-        }
-        match name {
-            "lm_head.weight" | "output.weight" => Some(Launch::LmHead),
-            "model.embed_tokens.weight" | "token_embd.weight" => Some(Launch::Embed),
-            _ => None,
-        }
+        use crate::arch::Role;
+        Some(match crate::arch::role_of_tensor(name)? {
+            Role::Q | Role::K | Role::V | Role::Qkv => Launch::Qkv,
+            Role::O => Launch::O,
+            Role::Gate | Role::Up | Role::GateUp | Role::ExpertGate | Role::ExpertUp => {
+                Launch::GateUp
+            }
+            Role::Down | Role::ExpertDown => Launch::Down,
+            Role::Router => Launch::Router,
+            Role::LmHead => Launch::LmHead,
+            Role::Embed => Launch::Embed,
+            Role::AttnNorm
+            | Role::QNorm
+            | Role::KNorm
+            | Role::PostAttnNorm
+            | Role::MlpNorm
+            | Role::PostMlpNorm
+            | Role::FinalNorm => return None,
+        })
     }
 }
 

@@ -828,11 +828,6 @@ mod kernels {
     }
 }
 
-/// The HF name of a tensor of layer `layer`, e.g. `model.layers.3.self_attn.q_proj.weight`.
-pub fn layer_tensor_name(layer: usize, suffix: &str) -> String {
-    format!("model.layers.{layer}.{suffix}")
-}
-
 /// Builds the model from a loader: fetches every tensor the family's description names, keeps
 /// matrices in their stored precision (or as the loader's own [`Linear`]), splits fused q/k/v and
 /// gate/up tensors by rows, widens norms and biases to f32 (adding the 1 of Gemma-style norms
@@ -1034,34 +1029,39 @@ impl ModelWeights {
                 self.layers.len()
             )));
         }
+        let family = c.arch.family();
         for (i, l) in self.layers.iter().enumerate() {
-            let name = |suffix: &str| layer_tensor_name(i, suffix);
-            expect_vector(&name("input_layernorm.weight"), &l.attn_norm, hidden)?;
-            expect_matrix(&name("self_attn.q_proj.weight"), &*l.q, q_dim, hidden)?;
-            expect_matrix(&name("self_attn.k_proj.weight"), &*l.k, kv_dim, hidden)?;
-            expect_matrix(&name("self_attn.v_proj.weight"), &*l.v, kv_dim, hidden)?;
-            expect_matrix(&name("self_attn.o_proj.weight"), &*l.o, hidden, q_dim)?;
-            for (proj, bias, len) in [
-                ("q_proj", &l.q_bias, q_dim),
-                ("k_proj", &l.k_bias, kv_dim),
-                ("v_proj", &l.v_bias, kv_dim),
+            use crate::arch::Role;
+            // The checkpoint's name of a tensor; a part of a fused one by the whole's name.
+            let name = |role: Role, param: &str| {
+                let fused = match role {
+                    Role::Q | Role::K | Role::V => Some(Role::Qkv),
+                    Role::Gate | Role::Up => Some(Role::GateUp),
+                    _ => None,
+                };
+                family
+                    .hf_name(role, i, param)
+                    .or_else(|| {
+                        let whole = family.hf_name(fused?, i, param)?;
+                        Some(format!("{whole} ({role:?} rows)"))
+                    })
+                    .unwrap_or_else(|| format!("layer {i} {role:?} {param}"))
+            };
+            expect_vector(&name(Role::AttnNorm, "weight"), &l.attn_norm, hidden)?;
+            expect_matrix(&name(Role::Q, "weight"), &*l.q, q_dim, hidden)?;
+            expect_matrix(&name(Role::K, "weight"), &*l.k, kv_dim, hidden)?;
+            expect_matrix(&name(Role::V, "weight"), &*l.v, kv_dim, hidden)?;
+            expect_matrix(&name(Role::O, "weight"), &*l.o, hidden, q_dim)?;
+            for (role, bias, len) in [
+                (Role::Q, &l.q_bias, q_dim),
+                (Role::K, &l.k_bias, kv_dim),
+                (Role::V, &l.v_bias, kv_dim),
             ] {
                 if let Some(bias) = bias {
-                    expect_vector(&name(&format!("self_attn.{proj}.bias")), bias, len)?;
+                    expect_vector(&name(role, "bias"), bias, len)?;
                 }
             }
-            let family = c.arch.family();
-            let role_name = |role, fallback: &str| {
-                family
-                    .hf_name(role, i, "weight")
-                    .unwrap_or_else(|| name(fallback))
-            };
-            use crate::arch::Role;
-            expect_vector(
-                &role_name(Role::MlpNorm, "post_attention_layernorm.weight"),
-                &l.mlp_norm,
-                hidden,
-            )?;
+            expect_vector(&name(Role::MlpNorm, "weight"), &l.mlp_norm, hidden)?;
             for (role, norm, len) in [
                 (Role::QNorm, &l.norms.q, c.head_dim),
                 (Role::KNorm, &l.norms.k, c.head_dim),
@@ -1069,18 +1069,18 @@ impl ModelWeights {
                 (Role::PostMlpNorm, &l.norms.post_mlp, hidden),
             ] {
                 if let Some(norm) = norm {
-                    expect_vector(&role_name(role, "norm"), norm, len)?;
+                    expect_vector(&name(role, "weight"), norm, len)?;
                 }
             }
             match (&l.mlp, c.block.moe_at(i)) {
                 (Mlp::Gated(g), None) => {
                     let inter = c.intermediate_size;
-                    expect_matrix(&name("mlp.gate_proj.weight"), &*g.gate, inter, hidden)?;
-                    expect_matrix(&name("mlp.up_proj.weight"), &*g.up, inter, hidden)?;
-                    expect_matrix(&name("mlp.down_proj.weight"), &*g.down, hidden, inter)?;
+                    expect_matrix(&name(Role::Gate, "weight"), &*g.gate, inter, hidden)?;
+                    expect_matrix(&name(Role::Up, "weight"), &*g.up, inter, hidden)?;
+                    expect_matrix(&name(Role::Down, "weight"), &*g.down, hidden, inter)?;
                 }
                 (Mlp::Experts(e), Some(moe)) => {
-                    let router = role_name(Role::Router, "mlp.gate.weight");
+                    let router = name(Role::Router, "weight");
                     expect_matrix(&router, &*e.router, moe.experts, hidden)?;
                     if e.experts.len() != moe.experts {
                         return Err(ModelError::tensor(
@@ -1097,7 +1097,7 @@ impl ModelWeights {
                         let n = |role| {
                             family
                                 .hf_expert_name(role, i, x)
-                                .unwrap_or_else(|| name(&format!("experts.{x}")))
+                                .unwrap_or_else(|| format!("layer {i} expert {x} {role:?}"))
                         };
                         expect_matrix(&n(Role::ExpertGate), &*g.gate, inter, hidden)?;
                         expect_matrix(&n(Role::ExpertUp), &*g.up, inter, hidden)?;

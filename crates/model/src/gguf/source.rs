@@ -3,7 +3,7 @@
 
 use super::file::{GgufFile, GgufTensorInfo};
 use super::types::GgmlType;
-use crate::arch::{Family, Sliding};
+use crate::arch::{Family, Role, Sliding};
 use crate::config::{Block, ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::weights::{HostTensor, Linear, TensorSource};
@@ -700,7 +700,11 @@ impl TensorSource for GgufSource {
             rope_scaling: self.rope_scaling(head_dim, rope_theta)?,
             rope_style: RopeStyle::Neox,
             tie_word_embeddings: f.tensor_info("output.weight").is_none(),
-            attention_bias: f.tensor_info("blk.0.attn_q.bias").is_some(),
+            attention_bias: self
+                .family
+                .hf_name(Role::Q, 0, "bias")
+                .and_then(|n| self.family.gguf_name(&n))
+                .is_some_and(|n| f.tensor_info(&n).is_some()),
             bos_token_id: token_id("bos_token_id")?,
             eos_token_ids,
             block,
@@ -721,16 +725,12 @@ impl TensorSource for GgufSource {
         let Some(info) = self.file.tensor_info(&name) else {
             return Ok(None);
         };
-        let heads = if self.family.gguf_qk_permuted {
-            if name.contains(".attn_q.") {
-                Some(self.attention_shape()?.0)
-            } else if name.contains(".attn_k.") {
-                Some(self.attention_shape()?.1)
-            } else {
-                None
-            }
-        } else {
-            None
+        // llama.cpp permuted the rows of q and k (their biases too) for its interleaved RoPE.
+        let heads = match self.family.role_of(hf_name) {
+            _ if !self.family.gguf_qk_permuted => None,
+            Some(Role::Q) => Some(self.attention_shape()?.0),
+            Some(Role::K) => Some(self.attention_shape()?.1),
+            _ => None,
         };
         if let Some(m) = self.linears.get(&name) {
             let m = match heads {
