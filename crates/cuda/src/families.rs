@@ -24,3 +24,21 @@ pub fn unsupported(w: &ModelWeights) -> Vec<&'static str> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::families_selftest::family_model;
+    use crate::selftest::Rng;
+    use entrollm_model::config::Arch;
+
+    #[test]
+    fn a_q_norm_without_a_k_norm_is_named() {
+        let mut w = family_model(Arch::Qwen3, &mut Rng::new(3)).unwrap();
+        assert!(unsupported(&w).is_empty());
+        w.layers[1].norms.k = None;
+        let got = unsupported(&w);
+        assert_eq!(got.len(), 1);
+        assert!(got[0].contains("q norm without a k norm"), "{got:?}");
+    }
+}
