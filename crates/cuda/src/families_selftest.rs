@@ -17,6 +17,10 @@ use crate::device::GpuDevice;
 use crate::engine::{GpuEngine, GpuModel};
 use crate::error::{GpuError, Result};
 use crate::mem::{download, upload};
+use crate::ops::attention::{
+    attention_masked_ref, launch_attention_decode, launch_attention_decode_fused, AttnConfig,
+    AttnMask, AttnScratch, KvShape,
+};
 use crate::ops::families::*;
 use crate::ops::forward::{rope_table, QOut, QkvShape};
 use crate::ops::rope::RopeLayout;
@@ -244,6 +248,55 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// Masked decode attention in the long-chunk configuration (no preload: the online softmax
+    /// loop), split and fused, against [`attention_masked_ref`].
+    fn attn_long_chunks(&mut self, max_seq: usize, len: usize, mask: AttnMask) -> Result<()> {
+        let (hd, nq, nkv) = (128, 32, 8);
+        let cfg = AttnConfig::for_heads(hd, nq, nkv)?;
+        let shape = KvShape {
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            max_seq,
+        };
+        let kc = self.rng.bf16s(max_seq * nkv * hd, 1.0);
+        let vc = self.rng.bf16s(max_seq * nkv * hd, 1.0);
+        let q = self.rng.normals(nq * hd, 1.0);
+        let (k_d, v_d, q_d) = (
+            upload(self.dev, &kc)?,
+            upload(self.dev, &vc)?,
+            upload(self.dev, &q)?,
+        );
+        let len_d = upload(self.dev, &[len as i32])?;
+        let mut scratch = AttnScratch::new(self.dev, cfg, nq, max_seq)?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let want = attention_masked_ref(&q, &kc, &vc, len, (nq, nkv, hd), scale, mask);
+        for fused in [false, true] {
+            let mut out = poisoned32(self.dev, nq * hd)?;
+            let attend = if fused {
+                launch_attention_decode_fused
+            } else {
+                launch_attention_decode
+            };
+            attend(
+                self.dev,
+                cfg,
+                shape,
+                &q_d,
+                &k_d,
+                &v_d,
+                &len_d,
+                &mut scratch,
+                &mut out,
+                scale,
+                mask,
+            )?;
+            let got = download(self.dev, &out)?;
+            let desc = format!("chunk 256 len {len}/{max_seq} fused {fused}{mask}");
+            self.record("attention_decode_c256", desc, &got, &want, 1e-4);
+        }
+        Ok(())
+    }
+
     fn scale_and_softcap(&mut self, n: usize) -> Result<()> {
         let x = self.rng.normals(n, 10.0);
         let mut x_d = upload(self.dev, &x)?;
@@ -302,6 +355,14 @@ pub fn run(dev: &Arc<GpuDevice>, seed: u64, cases: &mut Vec<CaseResult>) -> Resu
     }
     for n in [1, 1003, 262_144] {
         c.scale_and_softcap(n)?;
+    }
+    for &(max_seq, len, window, softcap) in &[
+        (1000, 1, Some(3), None),
+        (1000, 700, Some(300), Some(20.0)),
+        (1000, 513, Some(1), None),
+        (1000, 999, None, Some(2.0)),
+    ] {
+        c.attn_long_chunks(max_seq, len, AttnMask { window, softcap })?;
     }
     let mut rng = Rng::new(seed ^ 0xFA42);
     for arch in [Arch::Qwen3, Arch::Phi3, Arch::Gemma2, Arch::Gemma3] {

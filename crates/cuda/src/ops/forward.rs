@@ -146,6 +146,11 @@ pub fn all_variants() -> Vec<KernelVariant> {
             v.push(cfg.masked_variant(mask));
         }
     }
+    // The long-chunk (no preload) attention with the masks (`--decode-chunk` picks it).
+    let long = AttnConfig::for_heads(128, 32, 8).expect("valid");
+    for mask in family_masks() {
+        v.push(long.masked_variant(mask));
+    }
     v
 }
 
@@ -1087,6 +1092,7 @@ mod tests {
                 + rope.len()
                 + 5
                 + 18
+                + 3
                 + extra
                 + pal_bf16.len()
         );
