@@ -20,6 +20,16 @@
 #ifndef ATTN_PRELOAD
 #define ATTN_PRELOAD 0
 #endif
+// Families beyond Llama: ATTN_WINDOW = attend to the last `window` positions only (window > 0),
+// ATTN_SOFTCAP = scores become softcap · tanh(score / softcap). Either appends (int window, float
+// softcap) to the partial and fused kernels' arguments; without them the kernels are Llama's.
+#ifndef ATTN_WINDOW
+#define ATTN_WINDOW 0
+#endif
+#ifndef ATTN_SOFTCAP
+#define ATTN_SOFTCAP 0
+#endif
+#define ATTN_EXT (ATTN_WINDOW || ATTN_SOFTCAP)
 #define EPL (HEAD_DIM / 32)  // elements of a head per lane, contiguous
 static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "HEAD_DIM must be a multiple of 64, at most 256");
 static_assert(ATTN_GROUP >= 1 && ATTN_WARPS >= 1 && ATTN_CHUNK >= 1, "attention tuning defines must be >= 1");
@@ -54,7 +64,8 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
                                                   const bf16_t* __restrict__ v_cache,
                                                   const int* __restrict__ seq_len_ptr, float* part_acc,
                                                   float* part_ml, int n_kv_heads, int max_chunks, int max_seq,
-                                                  float scale, float* __restrict__ out, int* counters) {
+                                                  float scale, float* __restrict__ out, int* counters,
+                                                  int window, float softcap) {
     __shared__ float s_m[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_l[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_acc[ATTN_WARPS][ATTN_GROUP][HEAD_DIM];
@@ -65,6 +76,12 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     if (start >= seq_len) return;
     const int end = min(start + ATTN_CHUNK, seq_len);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#if ATTN_WINDOW
+    const int lo = window > 0 ? max(0, seq_len - window) : 0;  // the first position attended
+#endif
+#if ATTN_SOFTCAP
+    const float capl = softcap * LOG2E_F;  // the cap in the scores' log2 units
+#endif
     const size_t row_stride = (size_t)n_kv_heads * HEAD_DIM;
     float qr[ATTN_GROUP][EPL], m[ATTN_GROUP], l[ATTN_GROUP], acc[ATTN_GROUP][EPL];
     const float qscale = scale * LOG2E_F;
@@ -112,13 +129,20 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     float sc[PER_WARP][ATTN_GROUP];
 #pragma unroll
     for (int i = 0; i < PER_WARP; ++i) {
-        const bool valid = start + warp + i * ATTN_WARPS < end;
+        const bool valid = start + warp + i * ATTN_WARPS < end
+#if ATTN_WINDOW
+                           && start + warp + i * ATTN_WARPS >= lo
+#endif
+            ;
 #pragma unroll
         for (int g = 0; g < ATTN_GROUP; ++g) {
             float s = 0.0f;
 #pragma unroll
             for (int e = 0; e < EPL; ++e) s = fmaf(qr[g][e], kpre[i][e], s);
             s = warp_sum(s);
+#if ATTN_SOFTCAP
+            s = capl * tanhf(s / capl);
+#endif
             sc[i][g] = valid ? s : -F32_INF;
             m[g] = fmaxf(m[g], sc[i][g]);
         }
@@ -135,7 +159,11 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
         }
     }
 #else
-    for (int t = start + warp; t < end; t += ATTN_WARPS) {
+    int t0 = start + warp;
+#if ATTN_WINDOW
+    while (t0 < lo) t0 += ATTN_WARPS;
+#endif
+    for (int t = t0; t < end; t += ATTN_WARPS) {
         const size_t off = t * row_stride + (size_t)kvh * HEAD_DIM + lane * EPL;
         float kv[EPL], vv[EPL];
         load_head_slice(k_cache + off, kv);
@@ -146,6 +174,9 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
 #pragma unroll
             for (int e = 0; e < EPL; ++e) s = fmaf(qr[g][e], kv[e], s);
             s = warp_sum(s);
+#if ATTN_SOFTCAP
+            s = capl * tanhf(s / capl);
+#endif
             const float m_new = fmaxf(m[g], s);
             const float corr = exp2f(m[g] - m_new);
             const float p = exp2f(s - m_new);
@@ -170,9 +201,15 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
 #pragma unroll
         for (int w = 0; w < ATTN_WARPS; ++w) mx = fmaxf(mx, s_m[w][g]);
         float a = 0.0f, lsum = 0.0f;
+#if ATTN_WINDOW
+        // A chunk wholly before the window saw no position: it weighs 0 in the combine.
+        const float mref = mx == -F32_INF ? 0.0f : mx;
+#else
+        const float mref = mx;
+#endif
 #pragma unroll
         for (int w = 0; w < ATTN_WARPS; ++w) {
-            const float f = exp2f(s_m[w][g] - mx);
+            const float f = exp2f(s_m[w][g] - mref);
             a = fmaf(f, s_acc[w][g][d], a);
             lsum = fmaf(f, s_l[w][g], lsum);
         }
@@ -231,9 +268,17 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, 1)
 attn_decode_partial(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
                     const bf16_t* __restrict__ v_cache, const int* __restrict__ seq_len_ptr,
                     float* __restrict__ part_acc, float* __restrict__ part_ml,
-                    int n_kv_heads, int max_chunks, int max_seq, float scale) {
+                    int n_kv_heads, int max_chunks, int max_seq, float scale
+#if ATTN_EXT
+                    , int window, float softcap
+#endif
+) {
+#if !ATTN_EXT
+    const int window = 0;
+    const float softcap = 0.0f;
+#endif
     attn_partial_impl<false>(q, k_cache, v_cache, seq_len_ptr, part_acc, part_ml, n_kv_heads, max_chunks,
-                             max_seq, scale, nullptr, nullptr);
+                             max_seq, scale, nullptr, nullptr, window, softcap);
 }
 
 // Partial and combine in one launch: out [n_q_heads, HEAD_DIM] f32; counters [n_kv_heads] zero
@@ -242,9 +287,17 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, 1)
 attn_decode_fused(const float* __restrict__ q, const bf16_t* __restrict__ k_cache,
                   const bf16_t* __restrict__ v_cache, const int* __restrict__ seq_len_ptr,
                   float* part_acc, float* part_ml, int n_kv_heads, int max_chunks, int max_seq, float scale,
-                  float* __restrict__ out, int* counters) {
+                  float* __restrict__ out, int* counters
+#if ATTN_EXT
+                  , int window, float softcap
+#endif
+) {
+#if !ATTN_EXT
+    const int window = 0;
+    const float softcap = 0.0f;
+#endif
     attn_partial_impl<true>(q, k_cache, v_cache, seq_len_ptr, part_acc, part_ml, n_kv_heads, max_chunks,
-                            max_seq, scale, out, counters);
+                            max_seq, scale, out, counters, window, softcap);
 }
 
 // grid n_q_heads, block HEAD_DIM. out [n_q_heads, HEAD_DIM] f32.

@@ -11,9 +11,20 @@
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif
+// Families beyond Llama: FA_WINDOW = query at position p attends to keys p - window + 1 ..= p
+// (window > 0), FA_SOFTCAP = scores become softcap · tanh(score / softcap). Either appends (int
+// window, float softcap) to the kernel's arguments.
+#ifndef FA_WINDOW
+#define FA_WINDOW 0
+#endif
+#ifndef FA_SOFTCAP
+#define FA_SOFTCAP 0
+#endif
+#define FA_EXT (FA_WINDOW || FA_SOFTCAP)
 #define FA_WARPS 4
 #define FA_BM (16 * FA_WARPS)
-#define FA_BN 64
+// Keys a tile: 64, or 32 for heads over 128 (the K and V tiles in 48 KiB of static shared memory).
+#define FA_BN (HEAD_DIM > 128 ? 32 : 64)
 #define KS_STRIDE (HEAD_DIM + 8)
 static_assert(HEAD_DIM % 32 == 0 && HEAD_DIM <= 256, "HEAD_DIM must be a multiple of 32, at most 256");
 static_assert((FA_BN * HEAD_DIM / 8) % (FA_WARPS * 32) == 0, "tile copies must split evenly over the threads");
@@ -55,7 +66,11 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
 extern "C" __global__ void __launch_bounds__(FA_WARPS * 32)
 flash_prefill(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k_cache,
               const bf16_t* __restrict__ v_cache, bf16_t* __restrict__ out, int n, int start,
-              int n_q_heads, int n_kv_heads, float scale_log2) {
+              int n_q_heads, int n_kv_heads, float scale_log2
+#if FA_EXT
+              , int window, float softcap
+#endif
+) {
     __shared__ __align__(16) bf16_t Ks[FA_BN * KS_STRIDE];
     __shared__ __align__(16) bf16_t Vs[FA_BN * KS_STRIDE];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -90,7 +105,18 @@ flash_prefill(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k_cache,
     const bf16_t* kbase = k_cache + (size_t)kvh * HEAD_DIM;
     const bf16_t* vbase = v_cache + (size_t)kvh * HEAD_DIM;
 
-    for (int kb = 0; kb < kv_end; kb += FA_BN) {
+#if FA_WINDOW
+    // Keys before the block's first query's window are never read.
+    const int kb0 = max(0, start + q0 - window + 1) / FA_BN * FA_BN;
+    // The first key each of the thread's two rows sees (the host passes window >= 1).
+    const int lo_a = pos_a - window + 1, lo_b = pos_b - window + 1;
+#else
+    const int kb0 = 0;
+#endif
+#if FA_SOFTCAP
+    const float capl = softcap * LOG2E_F;  // the cap in the scores' log2 units
+#endif
+    for (int kb = kb0; kb < kv_end; kb += FA_BN) {
         __syncthreads();  // the previous tile is consumed
         // All 16-byte copies of the tile in flight at once (cp.async, no registers); keys past
         // kv_end are zero-filled. (cp.async does not block: a rolled loop keeps them all in flight.)
@@ -129,10 +155,25 @@ flash_prefill(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k_cache,
 #pragma unroll
         for (int j = 0; j < FA_BN / 8; ++j) {
             const int key = kb + j * 8 + 2 * t4;
-            s[j][0] = key <= pos_a ? s[j][0] * scale_log2 : -F32_INF;
-            s[j][1] = key + 1 <= pos_a ? s[j][1] * scale_log2 : -F32_INF;
-            s[j][2] = key <= pos_b ? s[j][2] * scale_log2 : -F32_INF;
-            s[j][3] = key + 1 <= pos_b ? s[j][3] * scale_log2 : -F32_INF;
+#if FA_SOFTCAP
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = capl * tanhf(s[j][e] * scale_log2 / capl);
+#define FA_SCALED(v) (v)
+#else
+#define FA_SCALED(v) ((v) * scale_log2)
+#endif
+#if FA_WINDOW
+            // Visible: key in [pos - window + 1, pos].
+#define FA_SEES(k, p, lo) ((k) <= (p) && (k) >= (lo))
+#else
+#define FA_SEES(k, p, lo) ((k) <= (p))
+#endif
+            s[j][0] = FA_SEES(key, pos_a, lo_a) ? FA_SCALED(s[j][0]) : -F32_INF;
+            s[j][1] = FA_SEES(key + 1, pos_a, lo_a) ? FA_SCALED(s[j][1]) : -F32_INF;
+            s[j][2] = FA_SEES(key, pos_b, lo_b) ? FA_SCALED(s[j][2]) : -F32_INF;
+            s[j][3] = FA_SEES(key + 1, pos_b, lo_b) ? FA_SCALED(s[j][3]) : -F32_INF;
+#undef FA_SEES
+#undef FA_SCALED
             mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
             mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
         }

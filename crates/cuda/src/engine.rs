@@ -43,12 +43,16 @@ use crate::ops::attention::{
     launch_attention_decode, launch_attention_decode_fused, AttnConfig, AttnScratch, KvShape,
 };
 use crate::ops::elementwise::{launch_embedding, launch_swiglu_halves_bf16};
+use crate::ops::families::{
+    launch_add_rmsnorm, launch_geglu, launch_rope_heads, launch_scale, launch_softcap, ActOut,
+    HeadOps, NextOut,
+};
 use crate::ops::forward::*;
 use crate::ops::rope::RopeLayout;
 pub use crate::plan::DecodeOptions;
 use crate::plan::{
-    check_nodes, decode_plan, programmatic_into, Buf, DecodePlan, LayerDesc, Mat, ModelDesc, Norm,
-    Step, MEMSET, PLAIN, SWIGLU,
+    check_nodes, decode_plan, layer_mask, local_rope, programmatic_into, Buf, DecodePlan,
+    LayerDesc, Mat, ModelDesc, Norm, Step, MEMSET, PLAIN, SWIGLU,
 };
 
 /// Most prompt tokens one prefill pass processes; longer prompts run in chunks (each attends to
@@ -97,7 +101,15 @@ pub fn workspace_bound(c: &ModelConfig, max_seq: usize) -> usize {
         .unwrap_or(1);
     let scratch = (max_rows + h.max(qd).max(inter) + 1) * 4 + max_weights * 2;
     let rope = max_seq * (c.head_dim / 2) * 2 * 4;
-    decode + prefill + scratch + crate::gemm::WORKSPACE_BYTES + rope
+    // The families' buffers: gate/up before GeGLU, a projection before its post norm, the
+    // sliding layers' RoPE table.
+    let family = c.arch.family();
+    let geglu = c.block.activation != entrollm_model::config::Activation::Silu;
+    let post = family.has(entrollm_model::arch::Role::PostAttnNorm);
+    let families = usize::from(geglu) * 2 * inter * 4
+        + usize::from(post) * h * 4
+        + usize::from(c.block.local_rope_theta.is_some()) * rope;
+    decode + prefill + scratch + crate::gemm::WORKSPACE_BYTES + rope + families
 }
 
 /// One decoder layer on the device.
@@ -111,6 +123,48 @@ pub struct GpuLayer {
     /// gate and up projections stacked row-interleaved (gate 0, up 0, gate 1, ...): [2 inter, hidden].
     pub gate_up: GpuLinear,
     pub down: GpuLinear,
+    /// The norms only some families have.
+    pub norms: GpuNorms,
+}
+
+/// RMSNorm weights (f32) of the norms only some families have ([`entrollm_model::weights::ExtraNorms`]).
+#[derive(Default)]
+pub struct GpuNorms {
+    /// Of each q and each k head (`[head_dim]`), before RoPE.
+    pub qk: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+    /// Of the attention's output before its residual add (`[hidden]`).
+    pub post_attn: Option<CudaSlice<f32>>,
+    /// Of the MLP's output before its residual add (`[hidden]`).
+    pub post_mlp: Option<CudaSlice<f32>>,
+}
+
+impl GpuNorms {
+    /// Uploads `n` (a q norm without a k norm is refused before: `crate::families`).
+    pub fn upload(dev: &GpuDevice, n: &entrollm_model::weights::ExtraNorms) -> Result<Self> {
+        let up = |v: &Option<Vec<f32>>| v.as_deref().map(|v| upload_f32(dev, v)).transpose();
+        let qk = match (up(&n.q)?, up(&n.k)?) {
+            (Some(q), Some(k)) => Some((q, k)),
+            (None, None) => None,
+            _ => {
+                return Err(GpuError::invalid(
+                    "gpu model",
+                    "a q norm without a k norm (or the reverse)",
+                ))
+            }
+        };
+        Ok(GpuNorms {
+            qk,
+            post_attn: up(&n.post_attn)?,
+            post_mlp: up(&n.post_mlp)?,
+        })
+    }
+
+    fn bytes(&self) -> usize {
+        let len = |v: &Option<CudaSlice<f32>>| v.as_ref().map_or(0, |v| v.len() * 4);
+        self.qk.as_ref().map_or(0, |(q, k)| (q.len() + k.len()) * 4)
+            + len(&self.post_attn)
+            + len(&self.post_mlp)
+    }
 }
 
 /// A model's weights in device memory.
@@ -213,6 +267,9 @@ impl GpuModel {
                 .map(|l| LayerDesc {
                     qkv: l.qkv.desc(),
                     qkv_bias: l.qkv_bias.is_some(),
+                    qk_norm: l.norms.qk.is_some(),
+                    post_attn_norm: l.norms.post_attn.is_some(),
+                    post_mlp_norm: l.norms.post_mlp.is_some(),
                     o: l.o.desc(),
                     gate_up: l.gate_up.desc(),
                     down: l.down.desc(),
@@ -227,7 +284,7 @@ impl GpuModel {
         let biases: usize = self
             .layers
             .iter()
-            .filter_map(|l| l.qkv_bias.as_ref().map(|b| b.len() * 4))
+            .map(|l| l.qkv_bias.as_ref().map_or(0, |b| b.len() * 4) + l.norms.bytes())
             .sum();
         self.embed.stored_bytes()
             + self.lm_head.as_ref().map_or(0, |l| l.stored_bytes())
@@ -518,9 +575,33 @@ fn qkv_shape(c: &ModelConfig) -> QkvShape {
     }
 }
 
-/// The attention scores' scale, 1/√head_dim.
+/// The attention scores' scale: the family's (Gemma: `query_pre_attn_scalar^-½`), else
+/// 1/√head_dim.
 fn attn_scale(c: &ModelConfig) -> f32 {
-    1.0 / (c.head_dim as f32).sqrt()
+    c.block
+        .attn_scale
+        .unwrap_or_else(|| 1.0 / (c.head_dim as f32).sqrt())
+}
+
+/// The RoPE table of the sliding layers that rotate with a base of their own (Gemma 3), unscaled.
+fn local_rope_table(c: &ModelConfig, max_seq: usize) -> Option<Vec<f32>> {
+    c.block.local_rope_theta.map(|theta| {
+        let local = ModelConfig {
+            rope_theta: theta,
+            rope_scaling: entrollm_model::config::RopeScaling::None,
+            ..c.clone()
+        };
+        rope_table(&rope_inv_freq(&local), max_seq)
+    })
+}
+
+/// What the q/k/v heads get beyond RoPE in layer `l` (the per-head kernel).
+fn head_ops<'a>(c: &ModelConfig, layer: &'a GpuLayer) -> HeadOps<'a> {
+    HeadOps {
+        qk_norm: layer.norms.qk.as_ref().map(|(q, k)| (q, k)),
+        eps: c.rms_norm_eps,
+        rotary: c.block.rotary_dim(c.head_dim),
+    }
 }
 
 /// Buffers of one decode step (batch 1).
@@ -536,6 +617,10 @@ struct DecodeBufs {
     q: CudaSlice<f32>,
     attn: CudaSlice<f32>,
     act: CudaSlice<f32>,
+    /// gate/up products before GeGLU ([2 inter]; one element for SwiGLU models).
+    gate_up: CudaSlice<f32>,
+    /// A projection's output before its post norm ([hidden]; one element without post norms).
+    y: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     tok: CudaSlice<i32>,
     pos: CudaSlice<i32>,
@@ -577,8 +662,10 @@ pub struct GpuEngine {
     model: GpuModel,
     gemm: Gemm,
     max_seq: usize,
-    /// RoPE (cos, sin) of every position, [max_seq, head_dim / 2, 2].
+    /// RoPE (cos, sin) of every position, [max_seq, rotary / 2, 2].
     cos_sin: CudaSlice<f32>,
+    /// The sliding layers' own table where they have one (Gemma 3).
+    cos_sin_local: Option<CudaSlice<f32>>,
     attn_cfg: AttnConfig,
     kv: Kv,
     d: DecodeBufs,
@@ -610,19 +697,16 @@ impl GpuEngine {
     ) -> Result<Self> {
         let c = model.config.clone();
         check_supported(&c)?;
-        if let Some(window) = c.block.sliding_window {
-            // The engine attends over the whole context, which is the model's attention while
-            // the context fits in the window.
-            if max_seq > window && c.block.sliding_layers.contains(&true) {
-                return Err(GpuError::invalid(
-                    "gpu engine",
-                    format!(
-                        "this model's layers attend over a sliding window of {window} tokens and \
-                         the GPU engine over the whole context: give a context of at most \
-                         {window} (-c) or run it on the CPU (--device cpu)"
-                    ),
-                ));
-            }
+        let post_norms = model
+            .layers
+            .iter()
+            .any(|l| l.norms.post_attn.is_some() || l.norms.post_mlp.is_some());
+        if post_norms && 2 * c.intermediate_size < c.hidden_size {
+            // Prefill keeps a projection's output before its post norm in the gate/up buffer.
+            return Err(GpuError::invalid(
+                "gpu engine",
+                "post norms need an intermediate size of at least half the hidden size",
+            ));
         }
         if max_seq == 0 || max_seq > c.max_position_embeddings {
             return Err(GpuError::invalid(
@@ -648,6 +732,7 @@ impl GpuEngine {
         };
         let (h, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let width = qd + 2 * kvd;
+        let geglu = c.block.activation != entrollm_model::config::Activation::Silu;
         let desc = model.desc(dev.info().sm_count);
         let plans = [
             decode_plan(&desc, &opts, true)?,
@@ -672,6 +757,8 @@ impl GpuEngine {
             q: a32(qd)?,
             attn: a32(qd)?,
             act: a32(inter)?,
+            gate_up: a32(if geglu { 2 * inter } else { 1 })?,
+            y: a32(if post_norms { h } else { 1 })?,
             logits: a32(c.vocab_size)?,
             tok: ai(1)?,
             pos: ai(1)?,
@@ -703,6 +790,13 @@ impl GpuEngine {
         let cos_sin = s
             .clone_htod(&rope_table(&rope_inv_freq(&c), max_seq))
             .while_(|| "uploading the RoPE table".into())?;
+        let cos_sin_local = match local_rope_table(&c, max_seq) {
+            Some(t) => Some(
+                s.clone_htod(&t)
+                    .while_(|| "uploading the local RoPE table".into())?,
+            ),
+            None => None,
+        };
         let gemm = Gemm::new(&dev)?;
         let mut e = GpuEngine {
             dev,
@@ -710,6 +804,7 @@ impl GpuEngine {
             gemm,
             max_seq,
             cos_sin,
+            cos_sin_local,
             attn_cfg,
             kv,
             d,
@@ -778,6 +873,8 @@ impl GpuEngine {
             + d.q.len()
             + d.attn.len()
             + d.act.len()
+            + d.gate_up.len()
+            + d.y.len()
             + d.logits.len())
             * 4
             + (d.history.len() + 3) * 4
@@ -793,7 +890,7 @@ impl GpuEngine {
                 + self.model.scratch_bytes()
                 + self.prefill.bytes()
                 + self.gemm.workspace_bytes()
-                + self.cos_sin.len() * 4,
+                + (self.cos_sin.len() + self.cos_sin_local.as_ref().map_or(0, |t| t.len())) * 4,
         }
     }
 
@@ -805,6 +902,7 @@ impl GpuEngine {
             model,
             max_seq,
             cos_sin,
+            cos_sin_local,
             kv,
             d,
             plans,
@@ -837,12 +935,20 @@ impl GpuEngine {
                 Mat::LmHead => model.lm_head(),
             }
         };
-        let norm_w = |n: Norm| -> &CudaSlice<f32> {
+        let norm_w = |n: Norm| -> Option<&CudaSlice<f32>> {
             match n {
-                Norm::Attn(l) => &layers[l].attn_norm,
-                Norm::Mlp(l) => &layers[l].mlp_norm,
-                Norm::Final => &model.final_norm,
+                Norm::Attn(l) => Some(&layers[l].attn_norm),
+                Norm::Mlp(l) => Some(&layers[l].mlp_norm),
+                Norm::PostAttn(l) => layers[l].norms.post_attn.as_ref(),
+                Norm::PostMlp(l) => layers[l].norms.post_mlp.as_ref(),
+                Norm::Final => Some(&model.final_norm),
             }
+        };
+        // The RoPE table of layer l.
+        let (cos_sin, cos_sin_local) = (&*cos_sin, cos_sin_local.as_ref());
+        let table_of = |l: usize| match cos_sin_local {
+            Some(t) if local_rope(c, l) => t,
+            _ => cos_sin,
         };
         // A step the model's matrix cannot take: the plan was made for another model.
         let mismatch = |s: &Step| {
@@ -853,11 +959,42 @@ impl GpuEngine {
         };
         let chain_of = |m: Mat, s: &Step| mat(m).chainable().ok_or_else(|| mismatch(s));
         for s in &plan.steps {
+            let norm_w = |n: Norm| norm_w(n).ok_or_else(|| mismatch(s));
             match *s {
                 Step::Embedding => launch_embedding(dev, table, &d.tok, &mut d.x, 1, vocab, h)?,
-                Step::RmsNorm { norm } => {
-                    launch_rmsnorm_f32w(dev, &d.x, norm_w(norm), NormOut::F32(&mut d.h), 1, h, eps)?
+                Step::EmbedScale => {
+                    launch_scale(dev, &mut d.x, h, c.block.embed_scale.unwrap_or(1.0))?
                 }
+                Step::RmsNorm { norm } => launch_rmsnorm_f32w(
+                    dev,
+                    &d.x,
+                    norm_w(norm)?,
+                    NormOut::F32(&mut d.h),
+                    1,
+                    h,
+                    eps,
+                )?,
+                Step::PostNorm { norm, next } => {
+                    let next = match next {
+                        Some(n) => Some((norm_w(n)?, NextOut::F32(&mut d.h))),
+                        None => None,
+                    };
+                    launch_add_rmsnorm(dev, &d.y, norm_w(norm)?, &mut d.x, next, 1, h, eps)?
+                }
+                Step::Geglu { layer } => launch_geglu(
+                    dev,
+                    &d.gate_up,
+                    ActOut::F32(&mut d.act),
+                    1,
+                    c.intermediate_size,
+                    layers[layer].gate_up.gate_up_halves(),
+                )?,
+                Step::Softcap => launch_softcap(
+                    dev,
+                    &mut d.logits,
+                    vocab,
+                    c.block.final_softcap.unwrap_or(1.0),
+                )?,
                 Step::GemvRope { layer, prenorm, .. } => {
                     let w = layers[layer].qkv.as_dense().ok_or_else(|| mismatch(s))?;
                     let prenorm = prenorm.map(|slot| ChainedNorm {
@@ -870,13 +1007,17 @@ impl GpuEngine {
                         k_cache: &mut kv.k[layer],
                         v_cache: &mut kv.v[layer],
                         pos: &d.pos,
-                        cos_sin,
+                        cos_sin: table_of(layer),
                         max_seq,
                     };
                     let bias = layers[layer].qkv_bias.as_ref();
                     launch_gemv_rope(dev, w.gemv, &w.w, &d.h, w.cols, prenorm, shape, bias, t)?;
                 }
-                Step::RopeAppend { layer, .. } => launch_rope_append(
+                Step::RopeAppend {
+                    layer,
+                    heads: false,
+                    ..
+                } => launch_rope_append(
                     dev,
                     shape,
                     &d.qkv,
@@ -885,7 +1026,23 @@ impl GpuEngine {
                     &mut kv.k[layer],
                     &mut kv.v[layer],
                     &d.pos,
-                    cos_sin,
+                    table_of(layer),
+                    1,
+                    max_seq,
+                )?,
+                Step::RopeAppend {
+                    layer, heads: true, ..
+                } => launch_rope_heads(
+                    dev,
+                    shape,
+                    head_ops(c, &layers[layer]),
+                    &d.qkv,
+                    layers[layer].qkv_bias.as_ref(),
+                    QOut::F32(&mut d.q),
+                    &mut kv.k[layer],
+                    &mut kv.v[layer],
+                    &d.pos,
+                    table_of(layer),
                     1,
                     max_seq,
                 )?,
@@ -927,7 +1084,7 @@ impl GpuEngine {
                         _ => return Err(mismatch(s)),
                     };
                     let next = NextNorm {
-                        g: norm_w(next),
+                        g: norm_w(next)?,
                         h: &mut d.h,
                         acc: &mut d.norm_acc,
                         slot,
@@ -949,9 +1106,16 @@ impl GpuEngine {
                         (Buf::H, Buf::Act) => (&d.h, &mut d.act),
                         (Buf::Act, Buf::X) => (&d.act, &mut d.x),
                         (Buf::X, Buf::Logits) => (&d.x, &mut d.logits),
+                        (Buf::Attn, Buf::Y) => (&d.attn, &mut d.y),
+                        (Buf::Act, Buf::Y) => (&d.act, &mut d.y),
+                        (Buf::X, Buf::GateUp) => (&d.x, &mut d.gate_up),
+                        (Buf::H, Buf::GateUp) => (&d.h, &mut d.gate_up),
                         _ => return Err(mismatch(s)),
                     };
-                    let norm = norm.map(|n| (norm_w(n), eps));
+                    let norm = match norm {
+                        Some(n) => Some((norm_w(n)?, eps)),
+                        None => None,
+                    };
                     mat(m).matvec_fused(dev, x, norm, fusion, y)?;
                 }
                 Step::Attention { layer, fused } => {
@@ -971,6 +1135,7 @@ impl GpuEngine {
                         &mut d.attn_scratch,
                         &mut d.attn,
                         scale,
+                        layer_mask(c, layer),
                     )?;
                 }
                 Step::Argmax => launch_argmax(dev, &d.logits, vocab, &mut d.argmax, &mut d.tok)?,
@@ -1094,32 +1259,61 @@ impl GpuEngine {
                     GpuError::invalid("prefill", "the embedding must be dense BF16")
                 })?;
             launch_embedding(dev, table, &p.tokens, &mut p.x, n, vocab, h)?;
+            if let Some(scale) = c.block.embed_scale {
+                launch_scale(dev, &mut p.x, n * h, scale)?;
+            }
+            // hb holds the attention norm's output of the layer (a post norm's add left it).
+            let mut h_ready = false;
             for (l, layer) in self.model.layers.iter().enumerate() {
-                launch_rmsnorm_f32w(
-                    dev,
-                    &p.x,
-                    &layer.attn_norm,
-                    NormOut::Bf16(&mut p.hb),
-                    n,
-                    h,
-                    eps,
-                )?;
+                if !h_ready {
+                    launch_rmsnorm_f32w(
+                        dev,
+                        &p.x,
+                        &layer.attn_norm,
+                        NormOut::Bf16(&mut p.hb),
+                        n,
+                        h,
+                        eps,
+                    )?;
+                }
                 layer
                     .qkv
                     .matmul(dev, &self.gemm, &p.hb, &mut p.qkv, n, false)?;
-                launch_rope_append(
-                    dev,
-                    shape,
-                    &p.qkv,
-                    layer.qkv_bias.as_ref(),
-                    QOut::Bf16(&mut p.qb),
-                    &mut self.kv.k[l],
-                    &mut self.kv.v[l],
-                    &self.d.pos,
-                    &self.cos_sin,
-                    n,
-                    self.max_seq,
-                )?;
+                let table = match &self.cos_sin_local {
+                    Some(t) if local_rope(&c, l) => t,
+                    _ => &self.cos_sin,
+                };
+                let heads = layer.norms.qk.is_some() || c.block.rotary_dim(c.head_dim) < c.head_dim;
+                if heads {
+                    launch_rope_heads(
+                        dev,
+                        shape,
+                        head_ops(&c, layer),
+                        &p.qkv,
+                        layer.qkv_bias.as_ref(),
+                        QOut::Bf16(&mut p.qb),
+                        &mut self.kv.k[l],
+                        &mut self.kv.v[l],
+                        &self.d.pos,
+                        table,
+                        n,
+                        self.max_seq,
+                    )?;
+                } else {
+                    launch_rope_append(
+                        dev,
+                        shape,
+                        &p.qkv,
+                        layer.qkv_bias.as_ref(),
+                        QOut::Bf16(&mut p.qb),
+                        &mut self.kv.k[l],
+                        &mut self.kv.v[l],
+                        &self.d.pos,
+                        table,
+                        n,
+                        self.max_seq,
+                    )?;
+                }
                 launch_flash_prefill(
                     dev,
                     PrefillShape {
@@ -1135,30 +1329,62 @@ impl GpuEngine {
                     &self.kv.v[l],
                     &mut p.attn,
                     scale,
+                    layer_mask(&c, l),
                 )?;
-                layer
-                    .o
-                    .matmul(dev, &self.gemm, &p.attn, &mut p.x, n, true)?;
-                launch_rmsnorm_f32w(
-                    dev,
-                    &p.x,
-                    &layer.mlp_norm,
-                    NormOut::Bf16(&mut p.hb),
-                    n,
-                    h,
-                    eps,
-                )?;
+                // With a post norm, the projection goes to the (free) gate/up buffer and the
+                // norm's residual add leaves the next norm's output in hb.
+                match &layer.norms.post_attn {
+                    Some(post) => {
+                        layer
+                            .o
+                            .matmul(dev, &self.gemm, &p.attn, &mut p.gate_up, n, false)?;
+                        let next = Some((&layer.mlp_norm, NextOut::Bf16(&mut p.hb)));
+                        launch_add_rmsnorm(dev, &p.gate_up, post, &mut p.x, next, n, h, eps)?;
+                    }
+                    None => {
+                        layer
+                            .o
+                            .matmul(dev, &self.gemm, &p.attn, &mut p.x, n, true)?;
+                        launch_rmsnorm_f32w(
+                            dev,
+                            &p.x,
+                            &layer.mlp_norm,
+                            NormOut::Bf16(&mut p.hb),
+                            n,
+                            h,
+                            eps,
+                        )?;
+                    }
+                }
                 layer
                     .gate_up
                     .matmul(dev, &self.gemm, &p.hb, &mut p.gate_up, n, false)?;
-                if layer.gate_up.gate_up_halves() {
+                let halves = layer.gate_up.gate_up_halves();
+                if c.block.activation != entrollm_model::config::Activation::Silu {
+                    launch_geglu(dev, &p.gate_up, ActOut::Bf16(&mut p.act), n, inter, halves)?;
+                } else if halves {
                     launch_swiglu_halves_bf16(dev, &p.gate_up, &mut p.act, n, inter)?;
                 } else {
                     launch_swiglu_bf16(dev, &p.gate_up, &mut p.act, n, inter)?;
                 }
-                layer
-                    .down
-                    .matmul(dev, &self.gemm, &p.act, &mut p.x, n, true)?;
+                h_ready = false;
+                match &layer.norms.post_mlp {
+                    Some(post) => {
+                        layer
+                            .down
+                            .matmul(dev, &self.gemm, &p.act, &mut p.gate_up, n, false)?;
+                        let next = self
+                            .model
+                            .layers
+                            .get(l + 1)
+                            .map(|nl| (&nl.attn_norm, NextOut::Bf16(&mut p.hb)));
+                        h_ready = next.is_some();
+                        launch_add_rmsnorm(dev, &p.gate_up, post, &mut p.x, next, n, h, eps)?;
+                    }
+                    None => layer
+                        .down
+                        .matmul(dev, &self.gemm, &p.act, &mut p.x, n, true)?,
+                }
             }
             self.pos += n;
             last_n = n;
@@ -1175,6 +1401,9 @@ impl GpuEngine {
             GemvFusion::default(),
             &mut self.d.logits,
         )?;
+        if let Some(cap) = c.block.final_softcap {
+            launch_softcap(dev, &mut self.d.logits, c.vocab_size, cap)?;
+        }
         self.set_counters(self.pos)
     }
 

@@ -927,7 +927,7 @@ fn serve(
     use entrollm_model::weights::Linear;
     let c = &w.config;
     crate::engine::check_supported(c)?;
-    let beyond = w.beyond_llama();
+    let beyond = crate::families::unsupported(w);
     if !beyond.is_empty() {
         return Err(GpuError::invalid(
             "gpu model",
@@ -1049,6 +1049,7 @@ fn serve(
                 mlp_norm: upload_f32(dev, &l.mlp_norm)?,
                 gate_up: configure(src.gate_up.duplicate(dev)?, &id("gate_up"))?,
                 down: configure(src.down.duplicate(dev)?, &id("down"))?,
+                norms: crate::engine::GpuNorms::upload(dev, &l.norms)?,
             };
             layers.push(layer);
             for (n, d) in [
@@ -1098,6 +1099,7 @@ fn serve(
             mlp_norm: upload_f32(dev, &l.mlp_norm)?,
             gate_up: configure(gate_up, &id("gate_up"))?,
             down: configure(down, &id("down"))?,
+            norms: crate::engine::GpuNorms::upload(dev, &l.norms)?,
         });
         let after = counts(&r);
         seen.insert(key, (i, std::array::from_fn(|k| after[k] - before[k])));

@@ -29,7 +29,8 @@ use crate::gemm::{gemm_ref, Gemm};
 use crate::linear::{Fp8Serving, Serving};
 use crate::mem::{download, upload};
 use crate::ops::attention::{
-    attention_ref, launch_attention_decode, launch_attention_decode_fused, AttnScratch, KvShape,
+    attention_masked_ref, launch_attention_decode, launch_attention_decode_fused, AttnMask,
+    AttnScratch, KvShape,
 };
 use crate::ops::forward::*;
 use crate::ops::gemv::{gemv_ref, GemvConfig};
@@ -571,6 +572,7 @@ impl Checker<'_> {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn flash(
         &mut self,
         n: usize,
@@ -579,6 +581,7 @@ impl Checker<'_> {
         nkv: usize,
         hd: usize,
         q_scale: f32,
+        mask: AttnMask,
     ) -> Result<()> {
         let s = PrefillShape {
             n_tokens: n,
@@ -599,12 +602,12 @@ impl Checker<'_> {
         );
         let mut out = poisoned16(self.dev, n * nq * hd)?;
         let scale = 1.0 / (hd as f32).sqrt();
-        launch_flash_prefill(self.dev, s, &q_d, &k_d, &v_d, &mut out, scale)?;
+        launch_flash_prefill(self.dev, s, &q_d, &k_d, &v_d, &mut out, scale, mask)?;
         let got = widen(&download(self.dev, &out)?);
-        let want = prefill_attention_ref(s, &q, &kc, &vc, scale);
+        let want = prefill_attention_ref(s, &q, &kc, &vc, scale, mask);
         self.record(
             "flash_prefill",
-            format!("n {n} start {start} h {nq}/{nkv}x{hd} qscale {q_scale}"),
+            format!("n {n} start {start} h {nq}/{nkv}x{hd} qscale {q_scale}{mask}"),
             &got[..want.len()],
             &want,
             1e-2,
@@ -620,6 +623,7 @@ impl Checker<'_> {
         nkv: usize,
         max_seq: usize,
         len: usize,
+        mask: AttnMask,
     ) -> Result<()> {
         let cfg = decode_attn_config(hd, nq, nkv)?;
         let shape = KvShape {
@@ -650,12 +654,13 @@ impl Checker<'_> {
             &mut scratch,
             &mut out,
             scale,
+            mask,
         )?;
         let got = download(self.dev, &out)?;
-        let want = attention_ref(&q, &kc, &vc, len, nq, nkv, hd, scale);
+        let want = attention_masked_ref(&q, &kc, &vc, len, (nq, nkv, hd), scale, mask);
         self.record(
             "attention_decode_c64",
-            format!("h {nq}/{nkv}x{hd} len {len}/{max_seq}"),
+            format!("h {nq}/{nkv}x{hd} len {len}/{max_seq}{mask}"),
             &got,
             &want,
             1e-4,
@@ -674,11 +679,12 @@ impl Checker<'_> {
                 &mut scratch,
                 &mut out,
                 scale,
+                mask,
             )?;
             let got = download(self.dev, &out)?;
             self.record(
                 "attention_decode_fused",
-                format!("h {nq}/{nkv}x{hd} len {len}/{max_seq} launch {rep}"),
+                format!("h {nq}/{nkv}x{hd} len {len}/{max_seq} launch {rep}{mask}"),
                 &got,
                 &want,
                 1e-4,
@@ -1416,7 +1422,23 @@ pub fn run_engine_selftest(
         (129, 0, 4, 1, 128, 4.0),
         (300, 0, 32, 8, 128, 1.0),
     ] {
-        c.flash(n, start, nq, nkv, hd, qs)?;
+        c.flash(n, start, nq, nkv, hd, qs, AttnMask::NONE)?;
+    }
+    // The families' prefill attention: windows (ragged against the 64-key tiles), soft-caps, both,
+    // head dims of Gemma (256).
+    for &(n, start, nq, nkv, hd, window, cap) in &[
+        (37, 0, 4, 2, 64, Some(5), None),
+        (130, 20, 4, 2, 64, Some(64), None),
+        (200, 70, 8, 4, 256, Some(100), Some(50.0)),
+        (65, 0, 4, 4, 128, None, Some(3.0)),
+        (129, 300, 8, 4, 256, Some(1), Some(30.0)),
+        (300, 0, 16, 8, 128, Some(257), None),
+    ] {
+        let mask = AttnMask {
+            window,
+            softcap: cap,
+        };
+        c.flash(n, start, nq, nkv, hd, 2.0, mask)?;
     }
     for &(hd, nq, nkv) in &[(64, 9, 3), (128, 32, 8), (128, 8, 8)] {
         for &(max_seq, len) in &[
@@ -1427,11 +1449,32 @@ pub fn run_engine_selftest(
             (640, 600),
             (4100, 4100),
         ] {
-            c.attn_decode(hd, nq, nkv, max_seq, len)?;
+            c.attn_decode(hd, nq, nkv, max_seq, len, AttnMask::NONE)?;
+        }
+    }
+    // The families' decode attention: windows shorter, longer and across chunk edges, soft-caps,
+    // both, Gemma's head dim.
+    for &(hd, nq, nkv) in &[(64, 4, 2), (256, 8, 4)] {
+        for &(max_seq, len, window, cap) in &[
+            (640, 1, Some(4), None),
+            (640, 63, Some(1), Some(2.0)),
+            (640, 65, Some(64), None),
+            (640, 600, Some(100), Some(50.0)),
+            (640, 600, None, Some(3.0)),
+            (4100, 4100, Some(4096), Some(30.0)),
+            (4100, 3000, Some(129), None),
+        ] {
+            let mask = AttnMask {
+                window,
+                softcap: cap,
+            };
+            c.attn_decode(hd, nq, nkv, max_seq, len, mask)?;
         }
     }
     c.finish_step()?;
     let mut cases = c.cases;
+    // The families beyond Llama: their kernels, then each family end to end.
+    crate::families_selftest::run(dev, seed, &mut cases)?;
     // A small biased, interleaved-RoPE model: prefill over two chunks (2100 tokens), 4 steps.
     let w = small_model(seed)?;
     let vocab = w.config.vocab_size as u64;

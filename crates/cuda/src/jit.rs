@@ -47,6 +47,10 @@ pub const ENGINE: KernelSource = KernelSource {
     name: "engine.cu",
     source: include_str!("../kernels/engine.cu"),
 };
+pub const FAMILIES: KernelSource = KernelSource {
+    name: "families.cu",
+    source: include_str!("../kernels/families.cu"),
+};
 pub const PREFILL: KernelSource = KernelSource {
     name: "prefill.cu",
     source: include_str!("../kernels/prefill.cu"),

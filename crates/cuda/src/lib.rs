@@ -18,6 +18,8 @@ pub mod engine;
 pub mod engine_coded;
 pub mod engine_selftest;
 pub mod error;
+pub mod families;
+pub mod families_selftest;
 pub mod forms;
 pub mod gemm;
 pub mod ggml_selftest;

@@ -18,11 +18,12 @@ use std::fmt::Write as _;
 
 use std::sync::Arc;
 
+use entrollm_model::config::Activation;
 use entrollm_model::ModelConfig;
 
 use crate::error::{GpuError, Result};
 use crate::linear::swiglu_config;
-use crate::ops::attention::AttnConfig;
+use crate::ops::attention::{AttnConfig, AttnMask};
 use crate::ops::forward::{decode_attn_config, gemv_rope_variant, GemvFusion};
 use crate::ops::gemv::GemvConfig;
 
@@ -157,6 +158,12 @@ pub const PDL_KERNELS: &[&str] = &[
     "gemv_pal4_bf16_norm",
     "rope_append_f32q",
     "rope_append_bf16q",
+    // The families' kernels (kernels/families.cu).
+    "rope_heads_f32q",
+    "add_rmsnorm",
+    "geglu_f32",
+    "scale_f32",
+    "softcap_f32",
     "attn_decode_partial",
     "attn_decode_fused",
     "attn_decode_combine",
@@ -307,6 +314,12 @@ pub struct LayerDesc {
     pub qkv: LinearDesc,
     /// q/k/v biases (added in the RoPE epilogue or kernel).
     pub qkv_bias: bool,
+    /// RMSNorm of each q and k head before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention's output before its residual add (Gemma).
+    pub post_attn_norm: bool,
+    /// RMSNorm of the MLP's output before its residual add (Gemma).
+    pub post_mlp_norm: bool,
     pub o: LinearDesc,
     pub gate_up: LinearDesc,
     pub down: LinearDesc,
@@ -327,7 +340,8 @@ pub struct ModelDesc {
 
 impl ModelDesc {
     /// Every launch of `config` as `form(launch, rows, cols)` says (the embedding dense BF16, the
-    /// LM head tied when the config ties it), no biases.
+    /// LM head tied when the config ties it), no biases; q/k and post norms where the family has
+    /// them.
     pub fn build(
         config: &ModelConfig,
         sms: u32,
@@ -347,10 +361,15 @@ impl ModelDesc {
             Some(form("lm_head", vocab, h)?)
         };
         let mut layers = Vec::with_capacity(c.num_layers);
+        let family = c.arch.family();
+        use entrollm_model::arch::Role;
         for _ in 0..c.num_layers {
             layers.push(LayerDesc {
                 qkv: form("qkv", q + 2 * kv, h)?,
                 qkv_bias: false,
+                qk_norm: family.has(Role::QNorm),
+                post_attn_norm: family.has(Role::PostAttnNorm),
+                post_mlp_norm: family.has(Role::PostMlpNorm),
                 o: form("o", h, q)?,
                 gate_up: form("gate_up", 2 * inter, h)?,
                 down: form("down", h, inter)?,
@@ -407,6 +426,8 @@ impl std::fmt::Display for Mat {
 pub enum Norm {
     Attn(usize),
     Mlp(usize),
+    PostAttn(usize),
+    PostMlp(usize),
     Final,
 }
 
@@ -415,6 +436,8 @@ impl std::fmt::Display for Norm {
         match self {
             Norm::Attn(l) => write!(f, "L{l}.attn_norm"),
             Norm::Mlp(l) => write!(f, "L{l}.mlp_norm"),
+            Norm::PostAttn(l) => write!(f, "L{l}.post_attn_norm"),
+            Norm::PostMlp(l) => write!(f, "L{l}.post_mlp_norm"),
             Norm::Final => f.write_str("final_norm"),
         }
     }
@@ -433,6 +456,10 @@ pub enum Buf {
     /// SwiGLU output.
     Act,
     Logits,
+    /// gate/up products before the activation (GeGLU: the activation is its own kernel).
+    GateUp,
+    /// A projection's output before its post norm (Gemma).
+    Y,
 }
 
 impl std::fmt::Display for Buf {
@@ -444,6 +471,8 @@ impl std::fmt::Display for Buf {
             Buf::Attn => "attn",
             Buf::Act => "act",
             Buf::Logits => "logits",
+            Buf::GateUp => "gate_up",
+            Buf::Y => "y",
         })
     }
 }
@@ -453,6 +482,8 @@ impl std::fmt::Display for Buf {
 pub enum Step {
     /// `x = embed[tok]`.
     Embedding,
+    /// `x *= embed_scale` (Gemma).
+    EmbedScale,
     /// `h = rmsnorm(x; norm)`, its own kernel.
     RmsNorm { norm: Norm },
     /// The dense BF16 q/k/v GEMV over h with RoPE and the KV append in its epilogue; `prenorm`:
@@ -462,8 +493,19 @@ pub enum Step {
         prenorm: Option<usize>,
         bias: bool,
     },
-    /// RoPE and the KV append over the qkv buffer.
-    RopeAppend { layer: usize, bias: bool },
+    /// RoPE and the KV append over the qkv buffer; `heads`: per head, with the q/k norms and
+    /// partial rotary (`rope_heads`).
+    RopeAppend {
+        layer: usize,
+        bias: bool,
+        heads: bool,
+    },
+    /// `x += rmsnorm(y; norm)`, then `h = rmsnorm(x; next)` (post norms: `add_rmsnorm`).
+    PostNorm { norm: Norm, next: Option<Norm> },
+    /// `act = gelu_tanh(gate) · up` over the gate/up buffer.
+    Geglu { layer: usize },
+    /// `logits = cap · tanh(logits / cap)`.
+    Softcap,
     /// A chained-norm GEMV (`launch_gemv_prenorm`) over h with slot `slot`'s Σx² into `out`.
     Prenorm {
         mat: Mat,
@@ -624,7 +666,14 @@ pub(crate) const SWIGLU: GemvFusion = GemvFusion {
 
 /// The executor's calls, decided from each launch's form and the options.
 fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> {
+    let c = &m.config;
     let mut steps = vec![Step::Embedding];
+    if c.block.embed_scale.is_some() {
+        steps.push(Step::EmbedScale);
+    }
+    // SwiGLU in the gate/up GEMV's epilogue; GeGLU as its own kernel after a plain product.
+    let silu = c.block.activation == Activation::Silu;
+    let partial_rotary = c.block.rotary_dim(c.head_dim) < c.head_dim;
     // RoPE and the KV append run in the dense BF16 q/k/v GEMV's epilogue (or as their own kernel).
     let rope_fused = !opts.split_rope && !opts.fused_norm;
     // A dense accumulating GEMV (BF16, or FP8 codes as stored) leaves the next RMSNorm's input
@@ -633,13 +682,17 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
     let chain = !opts.split_norm && !opts.fused_norm;
     let norm_fused = |d: &LinearDesc| opts.fused_norm || (d.norm_in_gemv() && !opts.split_norm);
     let mut chained = false;
+    // h holds the next norm's output (a post norm's add left it).
+    let mut h_ready = false;
     let n_layers = m.layers.len();
     for (l, layer) in m.layers.iter().enumerate() {
         // Norm slots: 2l (o, for the MLP norm), 2l + 1 (down, for the next norm).
         let prenorm = chained.then_some((2 * l).saturating_sub(1));
         let bias = layer.qkv_bias;
-        if layer.qkv.dense_bf16_weights() && rope_fused {
-            if !chained {
+        // q/k norms and partial rotary: RoPE per head, its own kernel.
+        let heads = layer.qk_norm || partial_rotary;
+        if layer.qkv.dense_bf16_weights() && rope_fused && !heads {
+            if !chained && !h_ready {
                 steps.push(Step::RmsNorm {
                     norm: Norm::Attn(l),
                 });
@@ -656,6 +709,13 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
                     mat: Mat::Qkv(l),
                     swiglu: false,
                     slot,
+                    out: Buf::Qkv,
+                }),
+                _ if h_ready => steps.push(Step::Matvec {
+                    mat: Mat::Qkv(l),
+                    input: Buf::H,
+                    norm: None,
+                    fusion: PLAIN,
                     out: Buf::Qkv,
                 }),
                 _ if norm_fused(&layer.qkv) => steps.push(Step::Matvec {
@@ -678,15 +738,29 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
                     });
                 }
             }
-            steps.push(Step::RopeAppend { layer: l, bias });
+            steps.push(Step::RopeAppend {
+                layer: l,
+                bias,
+                heads,
+            });
         }
         steps.push(Step::Attention {
             layer: l,
             fused: opts.fused_attention,
         });
-        // o (+ residual), leaving the MLP norm's input when gate/up can take it.
-        chained = chain && layer.o.chainable() && layer.gate_up.chainable();
-        steps.push(if chained {
+        // o (+ residual), leaving the MLP norm's input when gate/up can take it; with a post norm,
+        // o into y, then the norm's residual add leaves the MLP norm's output in h.
+        h_ready = layer.post_attn_norm;
+        chained = chain && !h_ready && silu && layer.o.chainable() && layer.gate_up.chainable();
+        steps.push(if h_ready {
+            Step::Matvec {
+                mat: Mat::O(l),
+                input: Buf::Attn,
+                norm: None,
+                fusion: PLAIN,
+                out: Buf::Y,
+            }
+        } else if chained {
             Step::AccumNorm {
                 mat: Mat::O(l),
                 input: Buf::Attn,
@@ -702,7 +776,19 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
                 out: Buf::X,
             }
         });
-        // RMSNorm and SwiGLU inside the gate/up GEMV (or the norm as its own kernel).
+        if h_ready {
+            steps.push(Step::PostNorm {
+                norm: Norm::PostAttn(l),
+                next: Some(Norm::Mlp(l)),
+            });
+        }
+        // RMSNorm and SwiGLU inside the gate/up GEMV (or the norm as its own kernel); GeGLU after
+        // a plain product.
+        let (fusion, act_out) = if silu {
+            (SWIGLU, Buf::Act)
+        } else {
+            (PLAIN, Buf::GateUp)
+        };
         if layer.gate_up.chainable() && chained {
             steps.push(Step::Prenorm {
                 mat: Mat::GateUp(l),
@@ -710,13 +796,21 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
                 slot: 2 * l,
                 out: Buf::Act,
             });
+        } else if h_ready {
+            steps.push(Step::Matvec {
+                mat: Mat::GateUp(l),
+                input: Buf::H,
+                norm: None,
+                fusion,
+                out: act_out,
+            });
         } else if norm_fused(&layer.gate_up) {
             steps.push(Step::Matvec {
                 mat: Mat::GateUp(l),
                 input: Buf::X,
                 norm: Some(Norm::Mlp(l)),
-                fusion: SWIGLU,
-                out: Buf::Act,
+                fusion,
+                out: act_out,
             });
         } else {
             steps.push(Step::RmsNorm { norm: Norm::Mlp(l) });
@@ -724,9 +818,12 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
                 mat: Mat::GateUp(l),
                 input: Buf::H,
                 norm: None,
-                fusion: SWIGLU,
-                out: Buf::Act,
+                fusion,
+                out: act_out,
             });
+        }
+        if !silu {
+            steps.push(Step::Geglu { layer: l });
         }
         // down (+ residual), leaving the next layer's attention norm input (or the final norm's)
         // when its consumer is dense.
@@ -734,6 +831,25 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
             Some(n) => (Norm::Attn(l + 1), &n.qkv),
             None => (Norm::Final, m.lm_head()),
         };
+        if layer.post_mlp_norm {
+            steps.push(Step::Matvec {
+                mat: Mat::Down(l),
+                input: Buf::Act,
+                norm: None,
+                fusion: PLAIN,
+                out: Buf::Y,
+            });
+            // The next layer's attention norm with the add (the final norm stays in the LM head).
+            let next = (l + 1 < n_layers).then_some(next);
+            steps.push(Step::PostNorm {
+                norm: Norm::PostMlp(l),
+                next,
+            });
+            chained = false;
+            h_ready = next.is_some();
+            continue;
+        }
+        h_ready = false;
         chained = layer.down.chainable() && chain && consumer.chainable();
         steps.push(if chained {
             Step::AccumNorm {
@@ -768,6 +884,9 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
             out: Buf::Logits,
         }
     });
+    if c.block.final_softcap.is_some() {
+        steps.push(Step::Softcap);
+    }
     if greedy {
         steps.push(Step::Argmax);
     }
@@ -775,16 +894,31 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
     steps
 }
 
+/// The attention mask of layer `l` of `c`: its window, the attention soft-cap.
+pub fn layer_mask(c: &ModelConfig, l: usize) -> AttnMask {
+    AttnMask {
+        window: c.block.window(l),
+        softcap: c.block.attn_softcap,
+    }
+}
+
+/// Whether layer `l` of `c` rotates with the sliding layers' own RoPE table.
+pub fn local_rope(c: &ModelConfig, l: usize) -> bool {
+    c.block.local_rope_theta.is_some() && c.block.window(l).is_some()
+}
+
 fn scope_of(s: &Step) -> String {
     let layer = match *s {
-        Step::Embedding => return "embed".into(),
+        Step::Embedding | Step::EmbedScale => return "embed".into(),
         Step::Argmax | Step::Finish { .. } => return "step".into(),
-        Step::RmsNorm { norm } => match norm {
-            Norm::Attn(l) | Norm::Mlp(l) => Some(l),
+        Step::Softcap => None,
+        Step::RmsNorm { norm } | Step::PostNorm { norm, .. } => match norm {
+            Norm::Attn(l) | Norm::Mlp(l) | Norm::PostAttn(l) | Norm::PostMlp(l) => Some(l),
             Norm::Final => None,
         },
         Step::GemvRope { layer, .. }
         | Step::RopeAppend { layer, .. }
+        | Step::Geglu { layer }
         | Step::Attention { layer, .. } => Some(layer),
         Step::Prenorm { mat, .. } | Step::AccumNorm { mat, .. } | Step::Matvec { mat, .. } => {
             match mat {
@@ -817,8 +951,26 @@ fn expand(m: &ModelDesc, attn: AttnConfig, s: &Step, out: &mut Vec<Launch>) {
         })
     };
     let bias = |b: bool| if b { " bias" } else { "" };
+    let c = &m.config;
+    let local = |l: usize| if local_rope(c, l) { " rope=local" } else { "" };
     match *s {
         Step::Embedding => push("embedding_gather", "tok->x".into()),
+        Step::EmbedScale => push(
+            "scale_f32",
+            format!("x*={}", c.block.embed_scale.unwrap_or(1.0)),
+        ),
+        Step::PostNorm { norm, next } => push(
+            "add_rmsnorm",
+            match next {
+                Some(n) => format!("{norm} y->x+ {n} x->h"),
+                None => format!("{norm} y->x+"),
+            },
+        ),
+        Step::Geglu { .. } => push("geglu_f32", "gate_up->act".into()),
+        Step::Softcap => push(
+            "softcap_f32",
+            format!("logits cap={}", c.block.final_softcap.unwrap_or(0.0)),
+        ),
         Step::RmsNorm { norm } => push("rmsnorm_f32w", format!("{norm} x->h")),
         Step::GemvRope {
             layer,
@@ -836,14 +988,41 @@ fn expand(m: &ModelDesc, attn: AttnConfig, s: &Step, out: &mut Vec<Launch>) {
             push(
                 "gemv_bf16_rope",
                 format!(
-                    "{} {cfg} h->q,kv{norm} epi=rope+kv{}",
+                    "{} {cfg} h->q,kv{norm} epi=rope+kv{}{}",
                     d.label(Mat::Qkv(layer)),
-                    bias(b)
+                    bias(b),
+                    local(layer)
                 ),
             );
         }
-        Step::RopeAppend { layer: _, bias: b } => {
-            push("rope_append_f32q", format!("qkv->q,kv{}", bias(b)))
+        Step::RopeAppend {
+            layer,
+            bias: b,
+            heads: false,
+        } => push(
+            "rope_append_f32q",
+            format!("qkv->q,kv{}{}", bias(b), local(layer)),
+        ),
+        Step::RopeAppend {
+            layer,
+            bias: b,
+            heads: true,
+        } => {
+            let qk = if m.layers[layer].qk_norm {
+                " qk_norm"
+            } else {
+                ""
+            };
+            push(
+                "rope_heads_f32q",
+                format!(
+                    "qkv->q,kv{}{qk} rotary={}/{}{}",
+                    bias(b),
+                    c.block.rotary_dim(c.head_dim),
+                    c.head_dim,
+                    local(layer)
+                ),
+            )
         }
         Step::Prenorm {
             mat,
@@ -907,14 +1086,27 @@ fn expand(m: &ModelDesc, attn: AttnConfig, s: &Step, out: &mut Vec<Launch>) {
             };
             d.form.matvec(&launch, &mut push);
         }
-        Step::Attention { fused: true, .. } => push(
+        Step::Attention { fused: true, layer } => push(
             "attn_decode_fused",
-            format!("q->attn chunk={} warps={}", attn.chunk, attn.warps),
+            format!(
+                "q->attn chunk={} warps={}{}",
+                attn.chunk,
+                attn.warps,
+                layer_mask(c, layer)
+            ),
         ),
-        Step::Attention { fused: false, .. } => {
+        Step::Attention {
+            fused: false,
+            layer,
+        } => {
             push(
                 "attn_decode_partial",
-                format!("q->partials chunk={} warps={}", attn.chunk, attn.warps),
+                format!(
+                    "q->partials chunk={} warps={}{}",
+                    attn.chunk,
+                    attn.warps,
+                    layer_mask(c, layer)
+                ),
             );
             push("attn_decode_combine", "partials->attn".into());
         }

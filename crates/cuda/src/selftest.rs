@@ -154,6 +154,7 @@ pub fn all_variants() -> Vec<KernelVariant> {
         crate::ops::elementwise::variant(),
         crate::ops::rope::variant(),
         crate::ops::argmax::variant(),
+        crate::ops::families::variant(),
     ];
     v.extend(
         crate::ops::gemv::GemvConfig::CANDIDATES
@@ -668,6 +669,7 @@ impl Checker<'_> {
             &mut scratch,
             &mut out,
             scale,
+            crate::ops::attention::AttnMask::NONE,
         )?;
         let got_out = download(self.dev, &out)?;
         let (got_k, got_v) = (download(self.dev, &kc_d)?, download(self.dev, &vc_d)?);
@@ -761,6 +763,7 @@ impl Checker<'_> {
                 &mut scratch,
                 &mut out,
                 scale,
+                crate::ops::attention::AttnMask::NONE,
             )?;
             launch_advance_counters(self.dev, &mut len_d, 1)
         })();

@@ -11,9 +11,11 @@ use std::path::{Path, PathBuf};
 use entrollm_codec::dtans::Coding;
 use entrollm_codec::Payload;
 use entrollm_cuda::engine_coded::{e2e_config, tuned_plan};
+use entrollm_cuda::families_selftest::family_config;
 use entrollm_cuda::forms;
 use entrollm_cuda::plan::{decode_plan, text_diff, DecodeOptions, ModelDesc};
 use entrollm_model::coding_plan::{CodingPlan, Launch};
+use entrollm_model::config::Arch;
 use entrollm_model::synth::SynthShape;
 use entrollm_model::ModelConfig;
 
@@ -181,6 +183,88 @@ fn container_mix() {
     check("container-mix-e2e", &m, DecodeOptions::default(), true);
 }
 
+/// The families beyond Llama (`families_selftest::family_config`: Qwen3's q/k norms, Phi-3's
+/// partial rotary and windows, Gemma 2's GeGLU, post norms, embedding scale, soft-caps and
+/// alternating windows, Gemma 3's q/k norms, post norms and local RoPE), dense BF16, and Qwen3
+/// and Gemma 3 as FP8 checkpoints palette-packed (the norms inside the GEMVs).
+#[test]
+fn families() {
+    for arch in FAMILY_ARCHS {
+        let c = family_config(arch);
+        let name = format!("family-{}-dense", arch.family().name);
+        check(&name, &dense(&c), DecodeOptions::default(), true);
+    }
+    for arch in [Arch::Qwen3, Arch::Gemma3] {
+        let c = family_config(arch);
+        let name = format!("family-{}-fp8-palette", arch.family().name);
+        check(&name, &fp8(&c, true), DecodeOptions::default(), true);
+    }
+    let g = family_config(Arch::Gemma2);
+    check(
+        "family-gemma2-dense-logits",
+        &dense(&g),
+        DecodeOptions::default(),
+        false,
+    );
+}
+
+/// What each family's decode step launches beyond Llama's, and that Llama's launches none of it.
+#[test]
+fn family_launches() {
+    let kernels = |c: &ModelConfig| -> Vec<&'static str> {
+        decode_plan(&dense(c), &DecodeOptions::default(), true)
+            .unwrap()
+            .launches
+            .iter()
+            .map(|l| l.kernel)
+            .collect()
+    };
+    let count = |k: &[&str], name: &str| k.iter().filter(|&&x| x == name).count();
+    let family_kernels = [
+        "rope_heads_f32q",
+        "add_rmsnorm",
+        "geglu_f32",
+        "scale_f32",
+        "softcap_f32",
+    ];
+    let llama = kernels(&e2e_config());
+    assert!(family_kernels.iter().all(|k| count(&llama, k) == 0));
+    let layers = 3;
+    // Qwen3 and Phi-3: RoPE per head (q/k norms, partial rotary) instead of the q/k/v GEMV's
+    // epilogue; the rest is Llama's.
+    for arch in [Arch::Qwen3, Arch::Phi3] {
+        let k = kernels(&family_config(arch));
+        assert_eq!(count(&k, "rope_heads_f32q"), layers, "{arch:?}");
+        assert_eq!(count(&k, "gemv_bf16_rope"), 0, "{arch:?}");
+        for f in &family_kernels[1..] {
+            assert_eq!(count(&k, f), 0, "{arch:?} {f}");
+        }
+    }
+    // Gemma: two post-norm adds a layer, GeGLU, the embedding scale; soft-capping on Gemma 2.
+    for (arch, cap, heads) in [(Arch::Gemma2, 1, 0), (Arch::Gemma3, 0, layers)] {
+        let k = kernels(&family_config(arch));
+        assert_eq!(count(&k, "add_rmsnorm"), 2 * layers, "{arch:?}");
+        assert_eq!(count(&k, "geglu_f32"), layers, "{arch:?}");
+        assert_eq!(count(&k, "scale_f32"), 1, "{arch:?}");
+        assert_eq!(count(&k, "softcap_f32"), cap, "{arch:?}");
+        assert_eq!(count(&k, "rope_heads_f32q"), heads, "{arch:?}");
+        // The post norms leave the next norm's output: one RMSNorm kernel, for layer 0.
+        assert_eq!(count(&k, "rmsnorm_f32w"), 1, "{arch:?}");
+    }
+    // Windows and local RoPE are in the launch lines of the layers that have them.
+    let plan = decode_plan(
+        &dense(&family_config(Arch::Gemma3)),
+        &DecodeOptions::default(),
+        true,
+    )
+    .unwrap()
+    .to_string();
+    assert_eq!(plan.matches("window=29").count(), 2, "{plan}");
+    assert_eq!(plan.matches("rope=local").count(), 2, "{plan}");
+}
+
+const FAMILY_ARCHS: [Arch; 4] = [Arch::Qwen3, Arch::Phi3, Arch::Gemma2, Arch::Gemma3];
+
 /// Every kernel a plan names is a `__global__` function of the kernel sources (the names the
 /// launchers pass to `GpuDevice::function`).
 #[test]
@@ -205,13 +289,17 @@ fn plans_name_real_kernels() {
         })
     };
     let c = llama8b(2);
-    let models = [
+    let mut models = vec![
         dense(&c),
         fp8(&c, false),
         fp8(&c, true),
         ModelDesc::build(&c, SMS, |_, r, k| Ok(forms::pal_bf16::desc(r, k, SMS))).unwrap(),
         coded(&c, &tuned_plan(&c)),
     ];
+    for arch in FAMILY_ARCHS {
+        let f = family_config(arch);
+        models.extend([dense(&f), fp8(&f, false), fp8(&f, true)]);
+    }
     let knobs: [&[(&str, &str)]; 5] = [
         &[],
         &[("attention", "fused")],

@@ -1115,40 +1115,6 @@ impl ModelWeights {
         expect_matrix("lm_head.weight", &*self.lm_head, c.vocab_size, hidden)
     }
 
-    /// The parts of this model's forward pass beyond Llama's and Qwen2's (empty for those, and
-    /// for Mistral), by name: an engine that runs only those refuses the rest, naming them.
-    /// Sliding windows are not listed: within a window, full attention is exact.
-    pub fn beyond_llama(&self) -> Vec<&'static str> {
-        let b = &self.config.block;
-        let mut out = Vec::new();
-        let any = |f: fn(&ExtraNorms) -> bool| self.layers.iter().any(|l| f(&l.norms));
-        let experts = self.layers.iter().any(|l| matches!(l.mlp, Mlp::Experts(_)));
-        let checks: [(bool, &'static str); 10] = [
-            (experts, "a mixture of experts"),
-            (b.activation != crate::arch::Activation::Silu, "GeGLU"),
-            (b.embed_scale.is_some(), "embedding scaling"),
-            (b.attn_scale.is_some(), "a query scale of its own"),
-            (b.attn_softcap.is_some(), "attention logit soft-capping"),
-            (b.final_softcap.is_some(), "final logit soft-capping"),
-            (
-                b.local_rope_theta.is_some(),
-                "a RoPE base of the sliding layers' own",
-            ),
-            (b.rotary_dim.is_some(), "partial rotary embeddings"),
-            (any(|n| n.q.is_some() || n.k.is_some()), "q/k norms"),
-            (
-                any(|n| n.post_attn.is_some() || n.post_mlp.is_some()),
-                "post-attention and post-MLP norms",
-            ),
-        ];
-        for (present, name) in checks {
-            if present {
-                out.push(name);
-            }
-        }
-        out
-    }
-
     /// Bytes of all matrices and vectors (a tied LM head counted once).
     pub fn stored_bytes(&self) -> usize {
         let f32s = |v: &[f32]| std::mem::size_of_val(v);

@@ -87,8 +87,84 @@ impl AttnConfig {
         KernelVariant::new(&ATTENTION, defines)
     }
 
+    /// [`AttnConfig::variant`] with the switches `mask` needs (the plain variant when it has none).
+    pub fn masked_variant(&self, mask: AttnMask) -> KernelVariant {
+        let mut v = self.variant();
+        if mask.window.is_some() {
+            v.defines.push(("ATTN_WINDOW", 1));
+        }
+        if mask.softcap.is_some() {
+            v.defines.push(("ATTN_SOFTCAP", 1));
+        }
+        v
+    }
+
     fn max_chunks(&self, max_seq: usize) -> usize {
         max_seq.div_ceil(self.chunk as usize).max(1)
+    }
+}
+
+/// What a layer's attention does beyond softmax over every earlier position (families beyond
+/// Llama): a sliding window (the last `window` positions, the query's own included) and
+/// soft-capping of the scores (`cap · tanh(score / cap)`, after the scale).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttnMask {
+    pub window: Option<usize>,
+    pub softcap: Option<f32>,
+}
+
+impl AttnMask {
+    /// Llama's attention.
+    pub const NONE: AttnMask = AttnMask {
+        window: None,
+        softcap: None,
+    };
+
+    /// Whether the kernels take the (window, softcap) arguments.
+    pub fn ext(&self) -> bool {
+        self.window.is_some() || self.softcap.is_some()
+    }
+
+    /// The kernels' (window, softcap) arguments; checks them.
+    pub(crate) fn args(&self, op: &'static str) -> Result<(i32, f32)> {
+        let window = match self.window {
+            Some(0) => return Err(GpuError::invalid(op, "a window of 0 positions")),
+            Some(w) => as_i32(op, "window", w)?,
+            None => 0,
+        };
+        let cap = match self.softcap {
+            Some(c) if !(c.is_finite() && c > 0.0) => {
+                return Err(GpuError::invalid(op, format!("soft-cap {c}")))
+            }
+            Some(c) => c,
+            None => 0.0,
+        };
+        Ok((window, cap))
+    }
+
+    /// Whether a query at `pos` sees the key at `key` (`key <= pos` assumed).
+    pub fn sees(&self, key: usize, pos: usize) -> bool {
+        self.window.is_none_or(|w| key + w > pos)
+    }
+
+    /// A scaled score as the kernels soft-cap it.
+    pub fn cap(&self, score: f64) -> f64 {
+        match self.softcap {
+            Some(c) => c as f64 * (score / c as f64).tanh(),
+            None => score,
+        }
+    }
+}
+
+impl std::fmt::Display for AttnMask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(w) = self.window {
+            write!(f, " window={w}")?;
+        }
+        if let Some(c) = self.softcap {
+            write!(f, " softcap={c}")?;
+        }
+        Ok(())
     }
 }
 
@@ -208,8 +284,10 @@ pub fn launch_attention_decode(
     scratch: &mut AttnScratch,
     out: &mut CudaSlice<f32>,
     scale: f32,
+    mask: AttnMask,
 ) -> Result<()> {
     const OP: &str = "attention_decode";
+    let (window, cap) = mask.args(OP)?;
     shape.check(OP, &cfg)?;
     let hd = cfg.head_dim as usize;
     let row = shape.n_kv_heads * hd;
@@ -227,8 +305,9 @@ pub fn launch_attention_decode(
     if !scale.is_finite() {
         return Err(GpuError::invalid(OP, format!("scale {scale}")));
     }
-    let partial = dev.function(&cfg.variant(), "attn_decode_partial")?;
-    let combine = dev.function(&cfg.variant(), "attn_decode_combine")?;
+    let variant = cfg.masked_variant(mask);
+    let partial = dev.function(&variant, "attn_decode_partial")?;
+    let combine = dev.function(&variant, "attn_decode_combine")?;
     let chunks = cfg.max_chunks(shape.max_seq);
     let (nkv, chunks_i, max_i) = (
         shape.n_kv_heads as i32,
@@ -239,6 +318,9 @@ pub fn launch_attention_decode(
     b.arg(q).arg(k_cache).arg(v_cache).arg(seq_len);
     b.arg(&mut scratch.part_acc).arg(&mut scratch.part_ml);
     b.arg(&nkv).arg(&chunks_i).arg(&max_i).arg(&scale);
+    if mask.ext() {
+        b.arg(&window).arg(&cap);
+    }
     let launch = LaunchConfig {
         grid_dim: (chunks as u32, shape.n_kv_heads as u32, 1),
         block_dim: (cfg.warps * 32, 1, 1),
@@ -278,8 +360,10 @@ pub fn launch_attention_decode_fused(
     scratch: &mut AttnScratch,
     out: &mut CudaSlice<f32>,
     scale: f32,
+    mask: AttnMask,
 ) -> Result<()> {
     const OP: &str = "attention_decode_fused";
+    let (window, cap) = mask.args(OP)?;
     shape.check(OP, &cfg)?;
     let hd = cfg.head_dim as usize;
     let row = shape.n_kv_heads * hd;
@@ -300,7 +384,7 @@ pub fn launch_attention_decode_fused(
     if !scale.is_finite() {
         return Err(GpuError::invalid(OP, format!("scale {scale}")));
     }
-    let f = dev.function(&cfg.variant(), "attn_decode_fused")?;
+    let f = dev.function(&cfg.masked_variant(mask), "attn_decode_fused")?;
     let chunks = cfg.max_chunks(shape.max_seq);
     let (nkv, chunks_i, max_i) = (
         shape.n_kv_heads as i32,
@@ -312,6 +396,9 @@ pub fn launch_attention_decode_fused(
     b.arg(&mut scratch.part_acc).arg(&mut scratch.part_ml);
     b.arg(&nkv).arg(&chunks_i).arg(&max_i).arg(&scale);
     b.arg(out).arg(&mut scratch.counters);
+    if mask.ext() {
+        b.arg(&window).arg(&cap);
+    }
     let launch = LaunchConfig {
         grid_dim: (chunks as u32, shape.n_kv_heads as u32, 1),
         block_dim: (cfg.warps * 32, 1, 1),
@@ -334,6 +421,31 @@ pub fn attention_ref(
     head_dim: usize,
     scale: f32,
 ) -> Vec<f32> {
+    attention_masked_ref(
+        q,
+        k_cache,
+        v_cache,
+        seq_len,
+        (n_q_heads, n_kv_heads, head_dim),
+        scale,
+        AttnMask::NONE,
+    )
+}
+
+/// [`attention_ref`] under `mask` (`heads`: query heads, KV heads, head dim).
+pub fn attention_masked_ref(
+    q: &[f32],
+    k_cache: &[u16],
+    v_cache: &[u16],
+    seq_len: usize,
+    heads: (usize, usize, usize),
+    scale: f32,
+    mask: AttnMask,
+) -> Vec<f32> {
+    let (n_q_heads, n_kv_heads, head_dim) = heads;
+    let first = (0..seq_len)
+        .find(|&t| mask.sees(t, seq_len - 1))
+        .unwrap_or(0);
     let group = n_q_heads / n_kv_heads;
     let row = n_kv_heads * head_dim;
     let mut out = vec![0f32; n_q_heads * head_dim];
@@ -342,12 +454,17 @@ pub fn attention_ref(
         let qh = &q[h * head_dim..(h + 1) * head_dim];
         let scores: Vec<f64> = (0..seq_len)
             .map(|t| {
+                if t < first {
+                    return f64::NEG_INFINITY;
+                }
                 let kr = &k_cache[t * row + kvh * head_dim..][..head_dim];
-                qh.iter()
-                    .zip(kr)
-                    .map(|(&a, &b)| a as f64 * bf16_to_f32(b) as f64)
-                    .sum::<f64>()
-                    * scale as f64
+                mask.cap(
+                    qh.iter()
+                        .zip(kr)
+                        .map(|(&a, &b)| a as f64 * bf16_to_f32(b) as f64)
+                        .sum::<f64>()
+                        * scale as f64,
+                )
             })
             .collect();
         let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -401,5 +518,44 @@ mod tests {
         assert!(AttnConfig::for_heads(96, 32, 8).is_err());
         assert!(AttnConfig::for_heads(128, 30, 8).is_err());
         assert_eq!(AttnConfig::for_heads(64, 9, 3).unwrap().group, 3);
+    }
+}
+
+#[cfg(test)]
+mod mask_tests {
+    use super::*;
+    use crate::ops::f32_to_bf16;
+
+    #[test]
+    fn a_window_of_one_returns_the_last_value_and_caps_bound_scores() {
+        let b = |v: &[f32]| v.iter().map(|&x| f32_to_bf16(x)).collect::<Vec<_>>();
+        let k = b(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+        let v = b(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let mask = AttnMask {
+            window: Some(1),
+            softcap: None,
+        };
+        let out = attention_masked_ref(&[0.3, 0.7], &k, &v, 3, (1, 1, 2), 1.0, mask);
+        assert_eq!(out, vec![5.0, 6.0]);
+        assert!(mask.sees(2, 2) && !mask.sees(1, 2));
+        let capped = AttnMask {
+            window: None,
+            softcap: Some(2.0),
+        };
+        assert!((capped.cap(1e6) - 2.0).abs() < 1e-12);
+        assert_eq!(capped.cap(0.0), 0.0);
+        assert_eq!(format!("{capped}"), " softcap=2");
+        assert!(mask.args("t").is_ok());
+        let zero = AttnMask {
+            window: Some(0),
+            softcap: None,
+        };
+        assert!(zero.args("t").is_err());
+        assert_eq!(
+            AttnConfig::for_heads(64, 4, 2)
+                .unwrap()
+                .masked_variant(AttnMask::NONE),
+            AttnConfig::for_heads(64, 4, 2).unwrap().variant()
+        );
     }
 }

@@ -6,7 +6,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::attention::AttnConfig;
+use super::attention::{AttnConfig, AttnMask};
 use super::gemv::{check_gemv_shape, GemvConfig};
 use super::rope::{rope_ref, RopeLayout};
 use super::{as_i32, bf16_to_f32, check_len, grid_for};
@@ -30,6 +30,18 @@ pub fn prefill_variant(head_dim: usize) -> Result<KernelVariant> {
         &PREFILL,
         vec![("HEAD_DIM", head_dim as i64)],
     ))
+}
+
+/// [`prefill_variant`] with the switches `mask` needs (the plain variant when it has none).
+pub fn prefill_masked_variant(head_dim: usize, mask: AttnMask) -> Result<KernelVariant> {
+    let mut v = prefill_variant(head_dim)?;
+    if mask.window.is_some() {
+        v.defines.push(("FA_WINDOW", 1));
+    }
+    if mask.softcap.is_some() {
+        v.defines.push(("FA_SOFTCAP", 1));
+    }
+    Ok(v)
 }
 
 /// The GEMV variant that adds into y (`y += W x`).
@@ -58,10 +70,16 @@ pub fn decode_attn_config(
 pub fn all_variants() -> Vec<KernelVariant> {
     let mut v = vec![engine_variant()];
     v.extend(
-        [64, 128]
+        [64, 128, 256]
             .iter()
             .map(|&d| prefill_variant(d).expect("valid")),
     );
+    // The families' attention (sliding windows, soft-capping) at the head sizes they have.
+    for &d in &[64, 128, 256] {
+        for mask in family_masks() {
+            v.push(prefill_masked_variant(d, mask).expect("valid"));
+        }
+    }
     v.extend(
         GemvConfig::CANDIDATES
             .iter()
@@ -114,7 +132,44 @@ pub fn all_variants() -> Vec<KernelVariant> {
         .iter()
         .map(|&(d, q, kv)| decode_attn_config(d, q, kv).expect("valid").variant()),
     );
+    // Decode attention of the families' shapes (Gemma 2 and 3, Qwen3, Phi-3) with their masks.
+    for &(d, q, kv) in &[
+        (64, 4, 2),
+        (128, 16, 8),
+        (128, 32, 8),
+        (128, 40, 8),
+        (256, 8, 4),
+        (256, 4, 1),
+    ] {
+        let cfg = decode_attn_config(d, q, kv).expect("valid");
+        for mask in family_masks() {
+            v.push(cfg.masked_variant(mask));
+        }
+    }
+    // The long-chunk (no preload) attention with the masks (`--decode-chunk` picks it).
+    let long = AttnConfig::for_heads(128, 32, 8).expect("valid");
+    for mask in family_masks() {
+        v.push(long.masked_variant(mask));
+    }
     v
+}
+
+/// The masks that change the attention kernels (one of each switch and both).
+pub fn family_masks() -> [AttnMask; 3] {
+    [
+        AttnMask {
+            window: Some(1),
+            softcap: None,
+        },
+        AttnMask {
+            window: None,
+            softcap: Some(1.0),
+        },
+        AttnMask {
+            window: Some(1),
+            softcap: Some(1.0),
+        },
+    ]
 }
 
 /// Pushes the arguments and launches; every caller has checked its sizes first.
@@ -429,9 +484,11 @@ pub fn launch_flash_prefill(
     v_cache: &CudaSlice<u16>,
     out: &mut CudaSlice<u16>,
     scale: f32,
+    mask: AttnMask,
 ) -> Result<()> {
     const OP: &str = "flash_prefill";
-    let variant = prefill_variant(s.head_dim)?;
+    let variant = prefill_masked_variant(s.head_dim, mask)?;
+    let (window, cap) = mask.args(OP)?;
     if s.n_kv_heads == 0 || s.n_q_heads % s.n_kv_heads != 0 {
         return Err(GpuError::invalid(OP, format!("heads {s:?}")));
     }
@@ -480,6 +537,27 @@ pub fn launch_flash_prefill(
         s.n_kv_heads as i32,
     );
     let scale_log2 = scale * std::f32::consts::LOG2_E;
+    if mask.ext() {
+        return launch_kernel!(
+            dev,
+            f,
+            cfg,
+            OP,
+            [
+                q,
+                k_cache,
+                v_cache,
+                out,
+                &n_i,
+                &start_i,
+                &nq,
+                &nkv,
+                &scale_log2,
+                &window,
+                &cap
+            ]
+        );
+    }
     launch_kernel!(
         dev,
         f,
@@ -506,6 +584,7 @@ pub fn prefill_attention_ref(
     k_cache: &[u16],
     v_cache: &[u16],
     scale: f32,
+    mask: AttnMask,
 ) -> Vec<f32> {
     let (hd, nq) = (s.head_dim, s.n_q_heads);
     let group = nq / s.n_kv_heads;
@@ -518,12 +597,17 @@ pub fn prefill_attention_ref(
             let qh = &q[(t * nq + h) * hd..][..hd];
             let scores: Vec<f64> = (0..len)
                 .map(|p| {
+                    if !mask.sees(p, len - 1) {
+                        return f64::NEG_INFINITY;
+                    }
                     let kr = &k_cache[p * row + kvh * hd..][..hd];
-                    qh.iter()
-                        .zip(kr)
-                        .map(|(&a, &b)| bf16_to_f32(a) as f64 * bf16_to_f32(b) as f64)
-                        .sum::<f64>()
-                        * scale as f64
+                    mask.cap(
+                        qh.iter()
+                            .zip(kr)
+                            .map(|(&a, &b)| bf16_to_f32(a) as f64 * bf16_to_f32(b) as f64)
+                            .sum::<f64>()
+                            * scale as f64,
+                    )
                 })
                 .collect();
             let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -911,7 +995,7 @@ mod tests {
         let q = b(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
         let k = b(&[1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
         let v = b(&[3.0, 4.0, 5.0, 6.0, 0.0, 0.0, 0.0, 0.0]);
-        let out = prefill_attention_ref(s, &q, &k, &v, 1.0);
+        let out = prefill_attention_ref(s, &q, &k, &v, 1.0, AttnMask::NONE);
         assert_eq!(&out[..4], &[3.0, 4.0, 3.0, 4.0]);
         // Token 1 sees both keys with equal scores (q = [1, 1]): the mean of the two values.
         assert_eq!(&out[4..], &[4.0, 5.0, 4.0, 5.0]);
@@ -1001,7 +1085,16 @@ mod tests {
         assert!(pal_bf16.iter().all(|v| all.contains(v)));
         assert_eq!(
             all.len(),
-            1 + 2 + GemvConfig::CANDIDATES.len() + even + rope.len() + 5 + extra + pal_bf16.len()
+            1 + 3
+                + 9
+                + GemvConfig::CANDIDATES.len()
+                + even
+                + rope.len()
+                + 5
+                + 18
+                + 3
+                + extra
+                + pal_bf16.len()
         );
         assert_eq!(decode_attn_config(128, 32, 8).unwrap().chunk, 64);
     }

@@ -10,6 +10,7 @@ pub mod attention;
 pub mod dtans;
 pub mod dtans_encode;
 pub mod elementwise;
+pub mod families;
 pub mod forward;
 pub mod gemv;
 pub mod gemv_fp8;

@@ -1,0 +1,205 @@
+// Kernels of the parts of a decoder block that only some families have (crate::families lists
+// them): q/k RMSNorm per head and partial rotary fused with the KV append (Qwen3, Gemma 3, Phi-3),
+// the residual add of a normed output (Gemma's post-attention and post-MLP norms) with the next
+// norm, GeGLU, the embedding scale and soft-capping of logits. Llama's step launches none of them.
+
+// The tanh approximation of GELU as PyTorch computes it (arch.rs Activation::GeluTanh).
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978846f;  // sqrt(2 / pi)
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+// Per (token, head) of qkv [n_tokens, q_dim + 2 kv_dim] f32 (+ bias [width] when has_bias): q and k
+// heads are RMS-normed over head_dim with q_norm / k_norm [head_dim] (when not null), then their
+// first 2 * rot_half dimensions rotated with cos_sin [max_seq, rot_half] (cos, sin) pairs, the rest
+// kept; q goes to q_out [n_tokens, q_dim] (f32 or BF16), k and v (BF16) to row pos[0] + t of the
+// caches [max_seq, kv_dim] (rows at or past max_seq are not written). One warp per head;
+// grid (n_tokens, ceil(heads / 4)), block 128. head_dim a multiple of 32, at most 256.
+#define RH_WARPS 4
+template <bool BF16_Q>
+__device__ __forceinline__ void rope_heads_impl(const float* __restrict__ qkv, const float* __restrict__ bias,
+                                                int has_bias, const float* __restrict__ q_norm,
+                                                const float* __restrict__ k_norm, float eps,
+                                                void* __restrict__ q_out, bf16_t* __restrict__ k_cache,
+                                                bf16_t* __restrict__ v_cache, const int* __restrict__ pos_ptr,
+                                                const float* __restrict__ cos_sin, int n_q_heads, int n_kv_heads,
+                                                int head_dim, int rot_half, int interleaved, int max_seq) {
+    __shared__ float s_head[RH_WARPS][256];
+    pdl_wait();
+    pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.x;
+    const int head = blockIdx.y * RH_WARPS + warp;
+    const int n_heads = n_q_heads + 2 * n_kv_heads;
+    if (head >= n_heads) return;
+    const int pos = __ldcg(pos_ptr) + t;
+    const bool store_kv = pos >= 0 && pos < max_seq;
+    const int q_dim = n_q_heads * head_dim, kv_dim = n_kv_heads * head_dim;
+    const int width = q_dim + 2 * kv_dim;
+    const int base = head * head_dim;  // q heads, k heads, v heads: contiguous in the row
+    const float* row = qkv + (size_t)t * width + base;
+    float* sh = s_head[warp];
+    if (head >= n_q_heads + n_kv_heads) {  // a v head: copied
+        if (!store_kv) return;
+        for (int e = lane; e < head_dim; e += 32) {
+            float v = __ldcg(row + e);
+            if (has_bias) v += bias[base + e];
+            v_cache[(size_t)pos * kv_dim + base - q_dim - kv_dim + e] = f32_to_bf16(v);
+        }
+        return;
+    }
+    const bool is_q = head < n_q_heads;
+    const float* g = is_q ? q_norm : k_norm;
+    float ss = 0.0f;
+    for (int e = lane; e < head_dim; e += 32) {
+        float v = __ldcg(row + e);
+        if (has_bias) v += bias[base + e];
+        sh[e] = v;
+        ss = fmaf(v, v, ss);
+    }
+    __syncwarp();
+    if (g) {
+        const float inv = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
+        for (int e = lane; e < head_dim; e += 32) sh[e] = sh[e] * inv * g[e];
+        __syncwarp();
+    }
+    const int tab = min(max(pos, 0), max_seq - 1);  // the host keeps pos < max_seq
+    const float2* cs_row = (const float2*)cos_sin + (size_t)tab * rot_half;
+    float* qo = (float*)q_out + (size_t)t * q_dim + base;
+    bf16_t* qb = (bf16_t*)q_out + (size_t)t * q_dim + base;
+    bf16_t* kc = k_cache + (size_t)pos * kv_dim + base - q_dim;
+    for (int e = lane; e < head_dim; e += 32) {
+        float y = sh[e];
+        if (e < 2 * rot_half) {
+            // Rotation pair (a, b) of dimension e, and e's place in it.
+            int i, partner;
+            bool first;
+            if (interleaved) {
+                i = e >> 1;
+                first = (e & 1) == 0;
+                partner = first ? e + 1 : e - 1;
+            } else {
+                first = e < rot_half;
+                i = first ? e : e - rot_half;
+                partner = first ? e + rot_half : e - rot_half;
+            }
+            const float2 cs = cs_row[i];
+            const float x0 = first ? sh[e] : sh[partner], x1 = first ? sh[partner] : sh[e];
+            // rope_append_impl's arithmetic (engine.cu): f32 rotation, no FMA.
+            y = first ? __fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y))
+                      : __fadd_rn(__fmul_rn(x0, cs.y), __fmul_rn(x1, cs.x));
+        }
+        if (is_q) {
+            if (BF16_Q) qb[e] = f32_to_bf16(y);
+            else qo[e] = y;
+        } else if (store_kv) {
+            kc[e] = f32_to_bf16(y);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(RH_WARPS * 32)
+rope_heads_f32q(const float* __restrict__ qkv, const float* __restrict__ bias, int has_bias,
+                const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
+                float* __restrict__ q_out, bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                const int* __restrict__ pos_ptr, const float* __restrict__ cos_sin, int n_q_heads,
+                int n_kv_heads, int head_dim, int rot_half, int interleaved, int max_seq) {
+    rope_heads_impl<false>(qkv, bias, has_bias, q_norm, k_norm, eps, q_out, k_cache, v_cache, pos_ptr, cos_sin,
+                           n_q_heads, n_kv_heads, head_dim, rot_half, interleaved, max_seq);
+}
+
+extern "C" __global__ void __launch_bounds__(RH_WARPS * 32)
+rope_heads_bf16q(const float* __restrict__ qkv, const float* __restrict__ bias, int has_bias,
+                 const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
+                 bf16_t* __restrict__ q_out, bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                 const int* __restrict__ pos_ptr, const float* __restrict__ cos_sin, int n_q_heads,
+                 int n_kv_heads, int head_dim, int rot_half, int interleaved, int max_seq) {
+    rope_heads_impl<true>(qkv, bias, has_bias, q_norm, k_norm, eps, q_out, k_cache, v_cache, pos_ptr, cos_sin,
+                          n_q_heads, n_kv_heads, head_dim, rot_half, interleaved, max_seq);
+}
+
+// Per row r (one block): x[r] += rmsnorm(y[r]; w), then, when g is not null, h[r] = rmsnorm(x[r]; g)
+// (f32, or BF16 when BF16_OUT). y and h may be the same buffer (decode: h holds the projection's
+// output, then the next norm's).
+template <bool BF16_OUT>
+__device__ __forceinline__ void add_rmsnorm_impl(const float* y, const float* __restrict__ w, float* __restrict__ x,
+                                                 const float* __restrict__ g, void* h, int dim, float eps) {
+    pdl_wait();
+    pdl_trigger();
+    __shared__ float scratch[32];
+    const size_t r = (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = __ldcg(y + r + i);
+        ss = fmaf(v, v, ss);
+    }
+    const float inv = rsqrtf(block_sum(ss, scratch) / (float)dim + eps);
+    float ss2 = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = __ldcg(x + r + i) + __ldcg(y + r + i) * inv * w[i];
+        x[r + i] = v;
+        ss2 = fmaf(v, v, ss2);
+    }
+    if (!g) return;
+    const float inv2 = rsqrtf(block_sum(ss2, scratch) / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = x[r + i] * inv2 * g[i];  // this thread's own write
+        if (BF16_OUT) ((bf16_t*)h)[r + i] = f32_to_bf16(v);
+        else ((float*)h)[r + i] = v;
+    }
+}
+
+extern "C" __global__ void add_rmsnorm(const float* y, const float* __restrict__ w, float* __restrict__ x,
+                                       const float* __restrict__ g, float* h, int dim, float eps) {
+    add_rmsnorm_impl<false>(y, w, x, g, h, dim, eps);
+}
+
+extern "C" __global__ void add_rmsnorm_bf16out(const float* y, const float* __restrict__ w, float* __restrict__ x,
+                                               const float* __restrict__ g, bf16_t* h, int dim, float eps) {
+    add_rmsnorm_impl<true>(y, w, x, g, h, dim, eps);
+}
+
+// out[t, i] = gelu_tanh(gate) * up over n_tokens rows of gate_up [n_tokens, 2 inter] f32, with the
+// pairs interleaved (g0, u0, g1, u1, ...: the engine's stacking) or as halves (gate row, then up
+// row); out f32 or BF16 [n_tokens, inter].
+template <bool BF16_OUT>
+__device__ __forceinline__ void geglu_impl(const float* __restrict__ gate_up, void* __restrict__ out, int inter,
+                                           int n_tokens, int halves) {
+    pdl_wait();
+    pdl_trigger();
+    const size_t n = (size_t)inter * n_tokens;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = j / inter, i = j - t * inter;
+        const float* row = gate_up + t * 2 * inter;
+        const float gt = __ldcg(halves ? row + i : row + 2 * i);
+        const float up = __ldcg(halves ? row + inter + i : row + 2 * i + 1);
+        const float v = gelu_tanh(gt) * up;
+        if (BF16_OUT) ((bf16_t*)out)[j] = f32_to_bf16(v);
+        else ((float*)out)[j] = v;
+    }
+}
+
+extern "C" __global__ void geglu_f32(const float* __restrict__ gate_up, float* __restrict__ out, int inter,
+                                     int n_tokens, int halves) {
+    geglu_impl<false>(gate_up, out, inter, n_tokens, halves);
+}
+
+extern "C" __global__ void geglu_bf16out(const float* __restrict__ gate_up, bf16_t* __restrict__ out, int inter,
+                                         int n_tokens, int halves) {
+    geglu_impl<true>(gate_up, out, inter, n_tokens, halves);
+}
+
+// x[i] *= s (the embedding scale).
+extern "C" __global__ void scale_f32(float* __restrict__ x, int n, float s) {
+    pdl_wait();
+    pdl_trigger();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = __ldcg(x + i) * s;
+}
+
+// x[i] = cap * tanh(x[i] / cap) (soft-capping of logits).
+extern "C" __global__ void softcap_f32(float* __restrict__ x, int n, float cap) {
+    pdl_wait();
+    pdl_trigger();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(__ldcg(x + i) / cap);
+}

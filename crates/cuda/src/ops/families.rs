@@ -1,0 +1,453 @@
+//! Launchers of `kernels/families.cu`, the parts of a block only some families have
+//! ([`crate::families`]), each with a CPU reference: q/k RMSNorm per head and partial rotary fused
+//! with the KV append, the residual add of a normed output with the next norm (post-attention and
+//! post-MLP norms), GeGLU, the embedding scale and logit soft-capping.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::forward::{QOut, QkvShape};
+use super::rope::RopeLayout;
+use super::{as_i32, check_len, grid_for};
+use crate::device::GpuDevice;
+use crate::error::{DriverContext, GpuError, Result};
+use crate::jit::{KernelVariant, FAMILIES};
+
+/// The one module of `kernels/families.cu` (no tuning defines).
+pub fn variant() -> KernelVariant {
+    KernelVariant::new(&FAMILIES, vec![])
+}
+
+macro_rules! launch {
+    ($dev:expr, $name:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
+        let f = $dev.function(&variant(), $name)?;
+        let mut b = $dev.stream().launch_builder(&f);
+        $( b.arg($arg); )*
+        // SAFETY: the argument list matches the kernel's signature; sizes were checked above.
+        unsafe { b.launch($cfg) }.while_(|| format!("launching {}", $name))?;
+        Ok(())
+    }};
+}
+
+fn elementwise_cfg(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid_for(n, 256), 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// What [`launch_rope_heads`] does to q and k heads beyond RoPE.
+#[derive(Clone, Copy)]
+pub struct HeadOps<'a> {
+    /// RMSNorm weights of each q and each k head (`[head_dim]`), both or neither.
+    pub qk_norm: Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>)>,
+    pub eps: f32,
+    /// Leading dimensions of a head that RoPE rotates (even, at most head_dim).
+    pub rotary: usize,
+}
+
+/// [`launch_rope_append`](super::forward::launch_rope_append) per head, with each q and k head
+/// RMS-normed first (when `ops.qk_norm`) and only its first `ops.rotary` dimensions rotated:
+/// `cos_sin` is [`rope_table`](super::forward::rope_table) of the rotated pairs
+/// (`[max_seq, rotary / 2]`). Head dims a multiple of 32 up to 256.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_rope_heads(
+    dev: &GpuDevice,
+    s: QkvShape,
+    ops: HeadOps<'_>,
+    qkv: &CudaSlice<f32>,
+    bias: Option<&CudaSlice<f32>>,
+    q_out: QOut<'_>,
+    k_cache: &mut CudaSlice<u16>,
+    v_cache: &mut CudaSlice<u16>,
+    pos: &CudaSlice<i32>,
+    cos_sin: &CudaSlice<f32>,
+    n_tokens: usize,
+    max_seq: usize,
+) -> Result<()> {
+    const OP: &str = "rope_heads";
+    if s.head_dim == 0 || s.head_dim % 32 != 0 || s.head_dim > 256 || s.n_kv_heads == 0 {
+        return Err(GpuError::invalid(OP, format!("shape {s:?}")));
+    }
+    if ops.rotary == 0 || ops.rotary % 2 != 0 || ops.rotary > s.head_dim {
+        return Err(GpuError::invalid(
+            OP,
+            format!("rotary dimensions {} of {}", ops.rotary, s.head_dim),
+        ));
+    }
+    if !(ops.eps.is_finite() && ops.eps >= 0.0) {
+        return Err(GpuError::invalid(OP, format!("eps {}", ops.eps)));
+    }
+    check_len(OP, "qkv", qkv, n_tokens * s.width())?;
+    if let Some(b) = bias {
+        check_len(OP, "bias", b, s.width())?;
+    }
+    if let Some((qn, kn)) = ops.qk_norm {
+        check_len(OP, "q_norm", qn, s.head_dim)?;
+        check_len(OP, "k_norm", kn, s.head_dim)?;
+    }
+    match &q_out {
+        QOut::F32(q) => check_len(OP, "q_out", q, n_tokens * s.q_dim())?,
+        QOut::Bf16(q) => check_len(OP, "q_out", q, n_tokens * s.q_dim())?,
+    }
+    check_len(OP, "k_cache", k_cache, max_seq * s.kv_dim())?;
+    check_len(OP, "v_cache", v_cache, max_seq * s.kv_dim())?;
+    check_len(OP, "pos", pos, 1)?;
+    check_len(OP, "cos_sin", cos_sin, max_seq * ops.rotary)?;
+    as_i32(OP, "cache elements", max_seq * s.kv_dim())?;
+    as_i32(OP, "qkv elements", n_tokens * s.width())?;
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    let heads = s.n_q_heads + 2 * s.n_kv_heads;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            as_i32(OP, "n_tokens", n_tokens)? as u32,
+            heads.div_ceil(4) as u32,
+            1,
+        ),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let null = 0u64;
+    let has_bias = i32::from(bias.is_some());
+    let (nq, nkv, hd) = (s.n_q_heads as i32, s.n_kv_heads as i32, s.head_dim as i32);
+    let rot_half = (ops.rotary / 2) as i32;
+    let inter = i32::from(s.layout == RopeLayout::Interleaved);
+    let max_i = max_seq as i32;
+    let name = match q_out {
+        QOut::F32(_) => "rope_heads_f32q",
+        QOut::Bf16(_) => "rope_heads_bf16q",
+    };
+    let f = dev.function(&variant(), name)?;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(qkv);
+    match bias {
+        Some(bias) => b.arg(bias),
+        None => b.arg(&null),
+    };
+    b.arg(&has_bias);
+    match ops.qk_norm {
+        Some((qn, kn)) => b.arg(qn).arg(kn),
+        None => b.arg(&null).arg(&null),
+    };
+    b.arg(&ops.eps);
+    match q_out {
+        QOut::F32(q) => b.arg(q),
+        QOut::Bf16(q) => b.arg(q),
+    };
+    b.arg(k_cache).arg(v_cache).arg(pos).arg(cos_sin);
+    b.arg(&nq)
+        .arg(&nkv)
+        .arg(&hd)
+        .arg(&rot_half)
+        .arg(&inter)
+        .arg(&max_i);
+    // SAFETY: the argument list matches rope_heads_*'s signature; sizes were checked above.
+    unsafe { b.launch(cfg) }.while_(|| format!("launching {name}"))?;
+    Ok(())
+}
+
+/// CPU reference of [`launch_rope_heads`] (norm in f64, rotation as the CPU engine's): rotated q
+/// `[n, q_dim]`, k and v rows `[n, kv_dim]`, before any BF16 rounding. `inv_freq`: the rotated
+/// pairs' frequencies (`rotary / 2` of them).
+#[allow(clippy::too_many_arguments)]
+pub fn rope_heads_ref(
+    s: QkvShape,
+    qkv: &[f32],
+    bias: Option<&[f32]>,
+    qk_norm: Option<(&[f32], &[f32])>,
+    eps: f32,
+    rotary: usize,
+    start: usize,
+    inv_freq: &[f64],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (qd, kd, hd) = (s.q_dim(), s.kv_dim(), s.head_dim);
+    let half = rotary / 2;
+    let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    for (t, row) in qkv.chunks(s.width()).enumerate() {
+        let mut row: Vec<f32> = match bias {
+            Some(b) => row.iter().zip(b).map(|(x, y)| x + y).collect(),
+            None => row.to_vec(),
+        };
+        for (hi, head) in row[..qd + kd].chunks_mut(hd).enumerate() {
+            if let Some((qn, kn)) = qk_norm {
+                let g = if hi < s.n_q_heads { qn } else { kn };
+                let ms = head.iter().map(|&x| x as f64 * x as f64).sum::<f64>() / hd as f64;
+                let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
+                for (x, &w) in head.iter_mut().zip(g) {
+                    *x = *x * inv * w;
+                }
+            }
+            let pos = (start + t) as f64;
+            for (i, &f) in inv_freq.iter().enumerate().take(half) {
+                let (sn, cs) = (pos * f).sin_cos();
+                let (cs, sn) = (cs as f32, sn as f32);
+                let (a, b) = match s.layout {
+                    RopeLayout::Neox => (i, i + half),
+                    RopeLayout::Interleaved => (2 * i, 2 * i + 1),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cs - x1 * sn;
+                head[b] = x0 * sn + x1 * cs;
+            }
+        }
+        q.extend_from_slice(&row[..qd]);
+        k.extend_from_slice(&row[qd..qd + kd]);
+        v.extend_from_slice(&row[qd + kd..]);
+    }
+    (q, k, v)
+}
+
+/// Where [`launch_add_rmsnorm`] leaves the next norm's output.
+pub enum NextOut<'a> {
+    F32(&'a mut CudaSlice<f32>),
+    Bf16(&'a mut CudaSlice<u16>),
+}
+
+/// Per row of `rows`: `x += rmsnorm(y; w)`, then, with `next = Some((g, out))`,
+/// `out = rmsnorm(x; g)`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_add_rmsnorm(
+    dev: &GpuDevice,
+    y: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    x: &mut CudaSlice<f32>,
+    next: Option<(&CudaSlice<f32>, NextOut<'_>)>,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    const OP: &str = "add_rmsnorm";
+    check_len(OP, "w", w, dim)?;
+    check_len(OP, "x", x, rows * dim)?;
+    if dim == 0 || !(eps.is_finite() && eps >= 0.0) {
+        return Err(GpuError::invalid(OP, format!("dim {dim} / eps {eps}")));
+    }
+    let dim_i = as_i32(OP, "dim", dim)?;
+    as_i32(OP, "elements", rows * dim)?;
+    check_len(OP, "y", y, rows * dim)?;
+    if let Some((g, out)) = &next {
+        check_len(OP, "g", g, dim)?;
+        match out {
+            NextOut::F32(o) => check_len(OP, "out", o, rows * dim)?,
+            NextOut::Bf16(o) => check_len(OP, "out", o, rows * dim)?,
+        }
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (as_i32(OP, "rows", rows)? as u32, 1, 1),
+        block_dim: (if dim >= 2048 { 1024 } else { 256 }, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let null = 0u64;
+    match next {
+        None => launch!(
+            dev,
+            "add_rmsnorm",
+            cfg,
+            [y, w, x, &null, &null, &dim_i, &eps]
+        ),
+        Some((g, NextOut::F32(o))) => {
+            launch!(dev, "add_rmsnorm", cfg, [y, w, x, g, o, &dim_i, &eps])
+        }
+        Some((g, NextOut::Bf16(o))) => {
+            launch!(
+                dev,
+                "add_rmsnorm_bf16out",
+                cfg,
+                [y, w, x, g, o, &dim_i, &eps]
+            )
+        }
+    }
+}
+
+/// CPU reference (f64 norms) of [`launch_add_rmsnorm`]: the new x, and the next norm's output.
+pub fn add_rmsnorm_ref(
+    y: &[f32],
+    w: &[f32],
+    x: &[f32],
+    g: Option<&[f32]>,
+    eps: f32,
+) -> (Vec<f32>, Option<Vec<f32>>) {
+    let normed = super::forward::rmsnorm_f32w_ref(y, w, eps);
+    let x: Vec<f32> = x.iter().zip(&normed).map(|(a, b)| a + b).collect();
+    let h = g.map(|g| super::forward::rmsnorm_f32w_ref(&x, g, eps));
+    (x, h)
+}
+
+/// Where [`launch_geglu`] writes.
+pub enum ActOut<'a> {
+    F32(&'a mut CudaSlice<f32>),
+    Bf16(&'a mut CudaSlice<u16>),
+}
+
+/// `out[t, i] = gelu_tanh(gate) · up` over `gate_up` `[n_tokens, 2 inter]` of (gate, up) pairs
+/// interleaved, or as halves (`halves`: gate row then up row).
+pub fn launch_geglu(
+    dev: &GpuDevice,
+    gate_up: &CudaSlice<f32>,
+    out: ActOut<'_>,
+    n_tokens: usize,
+    inter: usize,
+    halves: bool,
+) -> Result<()> {
+    const OP: &str = "geglu";
+    check_len(OP, "gate_up", gate_up, 2 * n_tokens * inter)?;
+    match &out {
+        ActOut::F32(o) => check_len(OP, "out", o, n_tokens * inter)?,
+        ActOut::Bf16(o) => check_len(OP, "out", o, n_tokens * inter)?,
+    }
+    as_i32(OP, "2 * n_tokens * inter", 2 * n_tokens * inter)?;
+    if n_tokens * inter == 0 {
+        return Ok(());
+    }
+    let (inter_i, n_i, h_i) = (inter as i32, n_tokens as i32, i32::from(halves));
+    let cfg = elementwise_cfg(n_tokens * inter);
+    match out {
+        ActOut::F32(o) => launch!(dev, "geglu_f32", cfg, [gate_up, o, &inter_i, &n_i, &h_i]),
+        ActOut::Bf16(o) => launch!(
+            dev,
+            "geglu_bf16out",
+            cfg,
+            [gate_up, o, &inter_i, &n_i, &h_i]
+        ),
+    }
+}
+
+/// CPU reference of [`launch_geglu`], as the CPU engine computes it.
+pub fn geglu_ref(gate_up: &[f32], inter: usize, halves: bool) -> Vec<f32> {
+    let act = entrollm_model::config::Activation::GeluTanh;
+    gate_up
+        .chunks(2 * inter)
+        .flat_map(|row| {
+            (0..inter).map(move |i| {
+                let (g, u) = if halves {
+                    (row[i], row[inter + i])
+                } else {
+                    (row[2 * i], row[2 * i + 1])
+                };
+                act.apply(g) * u
+            })
+        })
+        .collect()
+}
+
+/// `x[..n] *= s` (the embedding scale).
+pub fn launch_scale(dev: &GpuDevice, x: &mut CudaSlice<f32>, n: usize, s: f32) -> Result<()> {
+    const OP: &str = "scale_f32";
+    check_len(OP, "x", x, n)?;
+    let n_i = as_i32(OP, "n", n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    launch!(dev, "scale_f32", elementwise_cfg(n), [x, &n_i, &s])
+}
+
+/// `x[..n] = cap · tanh(x / cap)` (soft-capping of logits).
+pub fn launch_softcap(dev: &GpuDevice, x: &mut CudaSlice<f32>, n: usize, cap: f32) -> Result<()> {
+    const OP: &str = "softcap_f32";
+    check_len(OP, "x", x, n)?;
+    let n_i = as_i32(OP, "n", n)?;
+    if !(cap.is_finite() && cap > 0.0) {
+        return Err(GpuError::invalid(OP, format!("cap {cap}")));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    launch!(dev, "softcap_f32", elementwise_cfg(n), [x, &n_i, &cap])
+}
+
+/// CPU reference of [`launch_softcap`] (the CPU engine's).
+pub fn softcap_ref(x: &[f32], cap: f32) -> Vec<f32> {
+    x.iter().map(|&v| cap * (v / cap).tanh()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_heads_ref_without_norm_or_partial_is_rope_append_ref() {
+        for layout in [RopeLayout::Neox, RopeLayout::Interleaved] {
+            let s = QkvShape {
+                n_q_heads: 2,
+                n_kv_heads: 1,
+                head_dim: 8,
+                layout,
+            };
+            let qkv: Vec<f32> = (0..3 * s.width())
+                .map(|i| (i as f32 * 0.37).sin())
+                .collect();
+            let inv: Vec<f64> = (0..4)
+                .map(|i| 10000f64.powf(-(2.0 * i as f64) / 8.0))
+                .collect();
+            let want = super::super::forward::rope_append_ref(s, &qkv, None, 5, &inv);
+            let got = rope_heads_ref(s, &qkv, None, None, 1e-6, 8, 5, &inv);
+            // (rope_ref rotates in f64, the CPU engine and this reference in f32.)
+            for (g, w) in [(&got.0, &want.0), (&got.1, &want.1), (&got.2, &want.2)] {
+                assert_eq!(g.len(), w.len());
+                assert!(
+                    g.iter().zip(w).all(|(a, b)| (a - b).abs() < 1e-6),
+                    "{layout:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn partial_rotary_keeps_the_tail_and_norms_scale_heads() {
+        let s = QkvShape {
+            n_q_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 4,
+            layout: RopeLayout::Neox,
+        };
+        let qkv = [
+            1.0f32, 2.0, 3.0, 4.0, 2.0, 2.0, 2.0, 2.0, 9.0, 8.0, 7.0, 6.0,
+        ];
+        let (q, k, v) = rope_heads_ref(s, &qkv, None, None, 0.0, 2, 1, &[1.0]);
+        assert_eq!(&q[2..], &[3.0, 4.0]);
+        assert_eq!(&k[2..], &[2.0, 2.0]);
+        assert_eq!(v, vec![9.0, 8.0, 7.0, 6.0]);
+        let (c, sn) = (1f64.cos() as f32, 1f64.sin() as f32);
+        assert_eq!(q[0], 1.0 * c - 2.0 * sn);
+        // k = [2, 2, 2, 2] has RMS 2: normed with weight 1 it is all ones (before rotation).
+        let ones = [1.0f32; 4];
+        let (_, k, _) = rope_heads_ref(s, &qkv, None, Some((&ones, &ones)), 0.0, 2, 0, &[1.0]);
+        assert_eq!(k, vec![1.0; 4]);
+    }
+
+    #[test]
+    fn geglu_ref_reads_both_layouts() {
+        let inter = 3;
+        let interleaved = [0.5f32, 2.0, -1.0, 3.0, 2.0, -1.0];
+        let halves = [0.5f32, -1.0, 2.0, 2.0, 3.0, -1.0];
+        assert_eq!(
+            geglu_ref(&interleaved, inter, false),
+            geglu_ref(&halves, inter, true)
+        );
+        let g = entrollm_model::config::Activation::GeluTanh.apply(0.5);
+        assert_eq!(geglu_ref(&interleaved, inter, false)[0], g * 2.0);
+    }
+
+    #[test]
+    fn add_rmsnorm_ref_adds_the_normed_output() {
+        let (x, h) = add_rmsnorm_ref(
+            &[3.0, 4.0],
+            &[1.0, 2.0],
+            &[1.0, 1.0],
+            Some(&[1.0, 1.0]),
+            0.0,
+        );
+        // rms(3, 4) = √12.5: normed (0.8485, 2.2627); x = (1.8485, 3.2627).
+        assert!((x[0] - (1.0 + 3.0 / 12.5f32.sqrt())).abs() < 1e-6);
+        assert!((x[1] - (1.0 + 8.0 / 12.5f32.sqrt())).abs() < 1e-6);
+        let h = h.unwrap();
+        let rms = ((x[0] * x[0] + x[1] * x[1]) / 2.0).sqrt();
+        assert!((h[0] - x[0] / rms).abs() < 1e-6);
+        assert_eq!(softcap_ref(&[0.0, 1e9], 3.0), vec![0.0, 3.0]);
+    }
+}
