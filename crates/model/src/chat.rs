@@ -1,11 +1,18 @@
 //! Chat templates: renders a model's Jinja chat template (from `tokenizer_config.json` or the GGUF
 //! key `tokenizer.chat_template`) with minijinja, configured like Hugging Face transformers'
 //! `apply_chat_template` (trim_blocks, lstrip_blocks, `raise_exception`, `strftime_now`, Python
-//! string methods). Models without a template get a built-in ChatML template, and
+//! string methods, transformers' `tojson`, insertion-ordered maps, `tools` and `documents`
+//! defined as `none`). Models without a template get a built-in ChatML template, and
 //! [`ChatTemplate::is_fallback`] says so.
+//!
+//! The real templates of the families the engine runs render exactly as transformers renders them
+//! (tests/chat_templates.rs against tools/gen_chat_template_refs.py's recordings); a chat a
+//! template refuses (`raise_exception`, e.g. Gemma's "System role not supported") is a
+//! [`ModelError::Template`] carrying the template's message.
 
 use crate::error::{ModelError, Result};
 use crate::tokenizer::Tokenizer;
+use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
@@ -106,6 +113,8 @@ impl ChatTemplate {
                 ))
             },
         );
+        // transformers replaces Jinja's `tojson` (which escapes HTML characters) with `json.dumps`.
+        env.add_filter("tojson", py_tojson);
         env.add_function(
             "strftime_now",
             |format: String| -> std::result::Result<String, Error> {
@@ -148,6 +157,9 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
+                // transformers passes these (None without tools or documents) to every template.
+                tools => (),
+                documents => (),
             })
             .map_err(|e| template_error("rendering", &e))
     }
@@ -162,6 +174,172 @@ fn template_error(stage: &str, e: &Error) -> ModelError {
         source = s.source();
     }
     ModelError::Template(msg)
+}
+
+/// transformers' `tojson` filter: Python's `json.dumps(x, ensure_ascii=False, indent=None,
+/// separators=None, sort_keys=False)`, each of those a keyword argument, maps in insertion order.
+fn py_tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, Error> {
+    let ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    let indent = match kwargs.get::<Option<Value>>("indent")? {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) => Some(match v.as_str() {
+            Some(s) => s.to_string(),
+            None => " ".repeat(usize::try_from(v.as_i64().unwrap_or(0).max(0)).unwrap_or(0)),
+        }),
+    };
+    let (item_sep, key_sep) = match kwargs.get::<Option<Value>>("separators")? {
+        Some(v) if !v.is_none() => {
+            let parts: Vec<String> = v.try_iter()?.map(|p| p.to_string()).collect();
+            match <[String; 2]>::try_from(parts) {
+                Ok([item, key]) => (item, key),
+                Err(_) => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: separators must be (item_separator, key_separator)",
+                    ))
+                }
+            }
+        }
+        _ if indent.is_some() => (",".to_string(), ": ".to_string()),
+        _ => (", ".to_string(), ": ".to_string()),
+    };
+    let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
+    kwargs.assert_all_used()?;
+    let opts = JsonOpts {
+        ensure_ascii,
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys,
+    };
+    let mut out = String::new();
+    write_py_json(value, &opts, 0, &mut out)?;
+    Ok(Value::from_safe_string(out))
+}
+
+struct JsonOpts {
+    ensure_ascii: bool,
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    sort_keys: bool,
+}
+
+fn write_py_json(
+    value: &Value,
+    opts: &JsonOpts,
+    level: usize,
+    out: &mut String,
+) -> std::result::Result<(), Error> {
+    let newline = |out: &mut String, level: usize| {
+        if let Some(indent) = &opts.indent {
+            out.push('\n');
+            for _ in 0..level {
+                out.push_str(indent);
+            }
+        }
+    };
+    match value.kind() {
+        ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+        ValueKind::Number => match f64::try_from(value.clone()) {
+            Ok(f) if f.is_nan() => out.push_str("NaN"),
+            Ok(f) if f.is_infinite() => {
+                out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" })
+            }
+            _ => out.push_str(&value.to_string()),
+        },
+        ValueKind::String => write_py_json_str(value.as_str().unwrap_or_default(), opts, out),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = value.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&opts.item_sep);
+                }
+                newline(out, level + 1);
+                write_py_json(item, opts, level + 1, out)?;
+            }
+            newline(out, level);
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let mut entries = Vec::new();
+            for key in value.try_iter()? {
+                // json.dumps turns None, bool and number keys into strings.
+                let name = match key.kind() {
+                    ValueKind::String => key.as_str().unwrap_or_default().to_string(),
+                    ValueKind::None | ValueKind::Bool | ValueKind::Number => {
+                        let mut s = String::new();
+                        write_py_json(&key, opts, 0, &mut s)?;
+                        s
+                    }
+                    kind => {
+                        return Err(Error::new(
+                            ErrorKind::InvalidOperation,
+                            format!("tojson: keys must be strings or numbers, not {kind}"),
+                        ))
+                    }
+                };
+                entries.push((name, value.get_item(&key)?));
+            }
+            if opts.sort_keys {
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+            }
+            if entries.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            out.push('{');
+            for (i, (name, item)) in entries.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&opts.item_sep);
+                }
+                newline(out, level + 1);
+                write_py_json_str(name, opts, out);
+                out.push_str(&opts.key_sep);
+                write_py_json(item, opts, level + 1, out)?;
+            }
+            newline(out, level);
+            out.push('}');
+        }
+        kind => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: a value of type {kind} is not JSON serializable"),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// A JSON string as Python's `json` module writes it.
+fn write_py_json_str(s: &str, opts: &JsonOpts, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 || (opts.ensure_ascii && (c as u32) > 0x7e) => {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
 }
 
 /// `strftime` in UTC for the codes chat templates use (%Y %m %d %e %H %I %M %S %p %y %b %B %a
@@ -290,6 +468,28 @@ mod tests {
             "{err}"
         );
         assert!(ChatTemplate::new("{% for %}", None, None).is_err());
+    }
+
+    #[test]
+    fn tojson_is_pythons_json_dumps_and_fails_cleanly() {
+        let render = |src: &str| {
+            ChatTemplate::new(src, None, None)
+                .unwrap()
+                .render(&[ChatMessage::user("<a&'b>")], false)
+        };
+        assert_eq!(
+            render("{{ messages|tojson }}|{{ {'z': 1, 'y': [none, true]}|tojson(indent=1) }}")
+                .unwrap(),
+            "[{\"role\": \"user\", \"content\": \"<a&'b>\"}]|{\n \"z\": 1,\n \"y\": [\n  null,\n  true\n ]\n}"
+        );
+        // json.dumps raises on these; so does rendering, as an error.
+        for src in [
+            "{{ nope|tojson }}",
+            "{{ 1|tojson(separators=(',',)) }}",
+            "{{ 1|tojson(bogus=1) }}",
+        ] {
+            assert!(matches!(render(src), Err(ModelError::Template(_))), "{src}");
+        }
     }
 
     #[test]
