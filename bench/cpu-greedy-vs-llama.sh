@@ -9,15 +9,19 @@
 # CPU with AMX, ggml's AMX repack of the weights faults in a prompt's batched product on VMs that
 # advertise AMX without enabling its tile state. Both print the prompt and its continuation; the
 # lines are compared as text. LLAMA_KV=F32: llama.cpp's KV cache in f32 and flash attention off
-# (its defaults: F16, flash attention on), as entrollm keeps it. ENTROLLM_ARGS: more flags for `entrollm run` (e.g. "--activations q8").
+# (its defaults: F16, flash attention on), as entrollm keeps it. The prompt is printed without its
+# special tokens (a BOS that Gemma adds would otherwise lead llama.cpp's text), as `entrollm run`
+# prints it. ENTROLLM_ARGS: more flags for `entrollm run` (e.g. "--activations q8").
 set -euo pipefail
 bin=$1; src=$2; n=$3; shift 3
 w=$(mktemp -d); trap 'rm -rf "$w"' EXIT
-sed -e 's/model_params.n_gpu_layers = ngl;/model_params.n_gpu_layers = ngl; model_params.use_extra_bufts = false;/' \
+sed -e 's/llama_token_to_piece(vocab, id, buf, sizeof(buf), 0, true)/llama_token_to_piece(vocab, id, buf, sizeof(buf), 0, false)/' \
+    -e 's/model_params.n_gpu_layers = ngl;/model_params.n_gpu_layers = ngl; model_params.use_extra_bufts = false;/' \
     -e "s/ctx_params.no_perf = false;/ctx_params.no_perf = false; ${LLAMA_KV:+ctx_params.type_k = ctx_params.type_v = GGML_TYPE_$LLAMA_KV; ctx_params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;}/" \
     -e 's|new_token_id = llama_sampler_sample(smpl, ctx, -1);|&\n{ const float * lg = llama_get_logits_ith(ctx, -1); int nv = llama_vocab_n_tokens(vocab); float a = -1e30f, b = -1e30f; for (int k = 0; k < nv; k++) { if (lg[k] > a) { b = a; a = lg[k]; } else if (lg[k] > b) b = lg[k]; } char pc[128]; int pn = llama_token_to_piece(vocab, new_token_id, pc, sizeof(pc), 0, true), nl = 0; for (int k = 0; k < pn; k++) nl += pc[k] != 10; fprintf(stderr, "GAP %d %g %d\\n", new_token_id, a - b, nl); }|' \
     "$src/examples/simple/simple.cpp" > "$w/greedy.cpp"
-grep -q use_extra_bufts "$w/greedy.cpp" || { echo "simple.cpp changed: the patch did not apply" >&2; exit 1; }
+grep -q use_extra_bufts "$w/greedy.cpp" && grep -q "buf, sizeof(buf), 0, false)" "$w/greedy.cpp" ||
+    { echo "simple.cpp changed: the patch did not apply" >&2; exit 1; }
 [ -z "${LLAMA_KV:-}" ] || grep -q type_k "$w/greedy.cpp" || { echo "simple.cpp changed: the KV patch did not apply" >&2; exit 1; }
 g++ -O2 -std=c++17 -I"$src/include" -I"$src/ggml/include" "$w/greedy.cpp" -o "$w/greedy" \
     -L"$src/build/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$src/build/bin"

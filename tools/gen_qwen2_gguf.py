@@ -1,77 +1,101 @@
 #!/usr/bin/env python3
-"""A synthetic Qwen2-7B-shaped (or Llama-3.1-8B-shaped) checkpoint written as an F16 GGUF with the
-`gguf` package, for llama.cpp's `llama-quantize` to turn into the quantisations users download
-(Q4_K_M ...).
+"""A synthetic checkpoint of a real model's shape, written as an F16 GGUF with the `gguf` package,
+for llama.cpp's `llama-quantize` to turn into the quantisations users download (Q4_K_M ...).
 
-No complete real 7B GGUF ships in a registry, so the shapes, metadata and tokenizer are real
-(Qwen2-7B's dimensions, or Llama-3.1-8B's with `--shape llama-3.1-8b`; SmolLM2's BPE tokenizer,
-padded with unused tokens to the model's vocabulary) and the weights random: Gaussian matrices
-with a per-row spread, unit norms, small biases (Qwen2's). Their text is noise; memory and speed
-are what they measure.
+No complete real multi-billion GGUF ships in a registry, so the shapes, metadata and tokenizer are
+real (the dimensions of the model the shape names; SmolLM2's BPE tokenizer, padded with unused
+tokens to the model's vocabulary) and the weights random: Gaussian matrices with a per-row spread,
+unit norms, small biases (Qwen2's). Their text is noise; memory and speed are what they measure.
 
     python3 tools/gen_qwen2_gguf.py --tokenizer-from SmolLM2.gguf -o qwen2-7b-f16.gguf [--layers N]
-        [--shape qwen2-7b | llama-3.1-8b]
+        [--shape NAME]     (NAME: one of SHAPES below; default qwen2-7b)
+
+Each shape writes its family's GGUF architecture, tensors and metadata as llama.cpp's converter
+writes them: Qwen3's per-head q/k norms, Gemma 3's post-attention/post-MLP norms, sliding window
+and local RoPE base (its output head tied to the embeddings), a mixture of experts' router and
+stacked `*_exps` tensors (Qwen3-MoE). `--layers N` keeps the first N layers (a large MoE then fits
+a device's disk; per-token work scales with the layers).
 
 `--tiny` writes a one-layer Qwen2 of k-quant-sized dimensions (hidden 256, 4 heads, 2 KV heads,
 FFN 512, the tokenizer's vocabulary padded to 512) in F32, for llama-quantize to make the small
 k-quant test files of crates/model/tests/data (tools/gen_kquant_testdata.sh).
 
-Tensors are generated and written one at a time (the file is 15 GB; memory stays under 2 GB).
+Tensors are generated and written one at a time (memory stays under 2 GB).
 """
 import argparse
 
 import numpy as np
 import gguf
 
-# Set by main from SHAPES (or --tiny).
-HIDDEN = HEADS = KV_HEADS = INTER = VOCAB = None
-MATRIX_DTYPE = np.float16
-# Per shape: architecture, dimensions as above, RoPE base, RMSNorm epsilon, context, q/k/v biases.
+# hidden, layers, heads, KV heads, head_dim, FFN, vocab, RoPE base, RMSNorm eps, context; the rest
+# per family: q/k/v biases, q/k norms, Gemma 3's extras, experts (count, used, FFN per expert).
 SHAPES = {
-    "qwen2-7b": ("qwen2", (3584, 28, 28, 4, 18944, 152064), 1_000_000.0, 1e-6, 32768, True),
-    "llama-3.1-8b": ("llama", (4096, 32, 32, 8, 14336, 128256), 500_000.0, 1e-5, 131072, False),
+    "qwen2-7b": dict(arch="qwen2", dims=(3584, 28, 28, 4, 128, 18944, 152064), rope=1e6, eps=1e-6,
+                     ctx=32768, biases=True),
+    "llama-3.1-8b": dict(arch="llama", dims=(4096, 32, 32, 8, 128, 14336, 128256), rope=5e5,
+                         eps=1e-5, ctx=131072),
+    "qwen3-8b": dict(arch="qwen3", dims=(4096, 36, 32, 8, 128, 12288, 151936), rope=1e6, eps=1e-6,
+                     ctx=40960, qk_norm=True),
+    "gemma3-270m": dict(arch="gemma3", dims=(640, 18, 4, 1, 256, 2048, 262144), rope=1e6,
+                        eps=1e-6, ctx=32768, qk_norm=True, gemma=dict(window=512, rope_swa=1e4)),
+    "gemma3-1b": dict(arch="gemma3", dims=(1152, 26, 4, 1, 256, 6912, 262144), rope=1e6, eps=1e-6,
+                      ctx=32768, qk_norm=True, gemma=dict(window=512, rope_swa=1e4)),
+    "qwen3-30b-a3b": dict(arch="qwen3moe", dims=(2048, 48, 32, 4, 128, 6144, 151936), rope=1e6,
+                          eps=1e-6, ctx=40960, qk_norm=True, experts=(128, 8, 768)),
 }
-BIASES = True
+TINY = dict(arch="qwen2", dims=(256, 1, 4, 2, 64, 512, 512), rope=1e6, eps=1e-6, ctx=32768,
+            biases=True)
 
 
-def tensors(layers):
+def tensors(s, layers):
     """(name, numpy shape, kind) in file order; shapes as numpy holds them (rows, cols)."""
-    head = HIDDEN // HEADS
-    kv = KV_HEADS * head
-    yield "token_embd.weight", (VOCAB, HIDDEN), "matrix"
+    hidden, _, heads, kv_heads, head, inter, vocab = s["dims"]
+    q, kv = heads * head, kv_heads * head
+    biases, qk_norm, gemma, experts = (s.get(k) for k in ("biases", "qk_norm", "gemma", "experts"))
+    yield "token_embd.weight", (vocab, hidden), "matrix"
     for i in range(layers):
         p = f"blk.{i}."
-        yield p + "attn_norm.weight", (HIDDEN,), "norm"
-        yield p + "attn_q.weight", (HIDDEN, HIDDEN), "matrix"
-        if BIASES:
-            yield p + "attn_q.bias", (HIDDEN,), "bias"
-        yield p + "attn_k.weight", (kv, HIDDEN), "matrix"
-        if BIASES:
-            yield p + "attn_k.bias", (kv,), "bias"
-        yield p + "attn_v.weight", (kv, HIDDEN), "matrix"
-        if BIASES:
-            yield p + "attn_v.bias", (kv,), "bias"
-        yield p + "attn_output.weight", (HIDDEN, HIDDEN), "matrix"
-        yield p + "ffn_norm.weight", (HIDDEN,), "norm"
-        yield p + "ffn_gate.weight", (INTER, HIDDEN), "matrix"
-        yield p + "ffn_up.weight", (INTER, HIDDEN), "matrix"
-        yield p + "ffn_down.weight", (HIDDEN, INTER), "matrix"
-    yield "output_norm.weight", (HIDDEN,), "norm"
-    yield "output.weight", (VOCAB, HIDDEN), "matrix"
+        yield p + "attn_norm.weight", (hidden,), "norm"
+        for t, rows in (("q", q), ("k", kv), ("v", kv)):
+            yield p + f"attn_{t}.weight", (rows, hidden), "matrix"
+            if biases:
+                yield p + f"attn_{t}.bias", (rows,), "bias"
+        if qk_norm:
+            yield p + "attn_q_norm.weight", (head,), "norm"
+            yield p + "attn_k_norm.weight", (head,), "norm"
+        yield p + "attn_output.weight", (hidden, q), "matrix"
+        if gemma:
+            yield p + "post_attention_norm.weight", (hidden,), "norm"
+        yield p + "ffn_norm.weight", (hidden,), "norm"
+        if experts:
+            n, _, ei = experts
+            yield p + "ffn_gate_inp.weight", (n, hidden), "router"
+            yield p + "ffn_gate_exps.weight", (n, ei, hidden), "matrix"
+            yield p + "ffn_up_exps.weight", (n, ei, hidden), "matrix"
+            yield p + "ffn_down_exps.weight", (n, hidden, ei), "matrix"
+        else:
+            yield p + "ffn_gate.weight", (inter, hidden), "matrix"
+            yield p + "ffn_up.weight", (inter, hidden), "matrix"
+            yield p + "ffn_down.weight", (hidden, inter), "matrix"
+        if gemma:
+            yield p + "post_ffw_norm.weight", (hidden,), "norm"
+    yield "output_norm.weight", (hidden,), "norm"
+    if not gemma:  # Gemma ties its output head to the embeddings
+        yield "output.weight", (vocab, hidden), "matrix"
 
 
-def values(shape, kind, rng):
+def values(shape, kind, rng, dtype):
     if kind == "norm":
         return np.ones(shape, np.float32)
     if kind == "bias":
         return (rng.standard_normal(shape, np.float32) * 0.01).astype(np.float32)
-    rows, cols = shape
-    out = np.empty(shape, MATRIX_DTYPE)
-    std = 1.0 / np.sqrt(cols)
-    for r in range(0, rows, 4096):
-        n = min(4096, rows - r)
+    out = np.empty(shape, dtype)
+    flat = out.reshape(-1, shape[-1])
+    std = 1.0 / np.sqrt(shape[-1])
+    for r in range(0, flat.shape[0], 4096):
+        n = min(4096, flat.shape[0] - r)
         spread = rng.uniform(0.5, 1.5, (n, 1)).astype(np.float32)
-        out[r : r + n] = rng.standard_normal((n, cols), np.float32) * (std * spread)
+        flat[r : r + n] = rng.standard_normal((n, shape[-1]), np.float32) * (std * spread)
     return out
 
 
@@ -84,14 +108,11 @@ def main():
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--tiny", action="store_true", help="a one-layer F32 Qwen2 of 256 columns")
     a = ap.parse_args()
-    global HIDDEN, HEADS, KV_HEADS, INTER, VOCAB, MATRIX_DTYPE, BIASES
-    arch, dims, rope_base, eps, context, BIASES = SHAPES[a.shape]
-    HIDDEN, layers, HEADS, KV_HEADS, INTER, VOCAB = dims
-    a.layers = a.layers or layers
-    if a.tiny:
-        arch, BIASES = "qwen2", True
-        HIDDEN, HEADS, KV_HEADS, INTER, VOCAB, MATRIX_DTYPE = 256, 4, 2, 512, 512, np.float32
-        a.layers = 1
+    s = TINY if a.tiny else SHAPES[a.shape]
+    arch = s["arch"]
+    hidden, layers, heads, kv_heads, head, inter, vocab = s["dims"]
+    layers = 1 if a.tiny else (a.layers or layers)
+    matrix_dtype = np.float32 if a.tiny else np.float16
 
     src = gguf.GGUFReader(a.tokenizer_from)
 
@@ -103,20 +124,31 @@ def main():
 
     tokens = field("tokenizer.ggml.tokens")
     types = field("tokenizer.ggml.token_type")
-    pad = VOCAB - len(tokens)
+    pad = vocab - len(tokens)
     tokens += [f"<|unused_{i}|>" for i in range(pad)]
     types += [int(gguf.TokenType.UNUSED)] * pad
 
     w = gguf.GGUFWriter(a.output, arch)
     w.add_name("synthetic tiny Qwen2" if a.tiny else f"synthetic {a.shape} shape")
-    w.add_context_length(context)
-    w.add_embedding_length(HIDDEN)
-    w.add_block_count(a.layers)
-    w.add_feed_forward_length(INTER)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_rope_freq_base(rope_base)
-    w.add_layer_norm_rms_eps(eps)
+    w.add_context_length(s["ctx"])
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    if head * heads != hidden or s.get("qk_norm"):
+        w.add_key_length(head)
+        w.add_value_length(head)
+    w.add_rope_freq_base(s["rope"])
+    w.add_layer_norm_rms_eps(s["eps"])
+    if s.get("gemma"):
+        w.add_sliding_window(s["gemma"]["window"])
+        w.add_rope_freq_base_swa(s["gemma"]["rope_swa"])
+    if s.get("experts"):
+        n, used, ei = s["experts"]
+        w.add_expert_count(n)
+        w.add_expert_used_count(used)
+        w.add_expert_feed_forward_length(ei)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if a.tiny else gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(field("tokenizer.ggml.pre"))
@@ -128,9 +160,9 @@ def main():
     w.add_add_bos_token(False)
     w.add_chat_template(field("tokenizer.chat_template"))
 
-    plan = list(tensors(a.layers))
+    plan = list(tensors(s, layers))
     for name, shape, kind in plan:
-        dtype = MATRIX_DTYPE if kind == "matrix" else np.float32
+        dtype = matrix_dtype if kind == "matrix" else np.float32
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         w.add_tensor_info(name, shape, np.dtype(dtype), nbytes)
     w.write_header_to_file()
@@ -138,7 +170,7 @@ def main():
     w.write_ti_data_to_file()
     rng = np.random.default_rng(a.seed)
     for i, (name, shape, kind) in enumerate(plan):
-        w.write_tensor_data(values(shape, kind, rng))
+        w.write_tensor_data(values(shape, kind, rng, matrix_dtype if kind == "matrix" else np.float32))
         if kind == "matrix":
             print(f"\r{i + 1}/{len(plan)} {name}", end="", flush=True)
     print()

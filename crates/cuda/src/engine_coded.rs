@@ -12,8 +12,9 @@ use rayon::prelude::*;
 
 use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor, EncodePlan};
 use entrollm_codec::Payload;
+use entrollm_model::arch::Role;
 use entrollm_model::coding_plan::{CodingPlan, Launch};
-use entrollm_model::synth::{bf16_bits, tensors, SynthTensor};
+use entrollm_model::synth::{bf16_bits, tensor_name, tensors, SynthTensor};
 use entrollm_model::weights::{GatedMlp, Mlp};
 use entrollm_model::ModelConfig;
 
@@ -140,16 +141,18 @@ pub fn time_layer_encode(
     let codec = |e: entrollm_codec::CodecError| GpuError::invalid(OP, e.to_string());
     let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let hl = host_layer(&tensors(c), seed)?;
-    let mats: [(&'static str, &[u16], usize, usize); 4] = [
-        ("self_attn.q_proj", &hl.qkv, q + 2 * kv, h),
-        ("self_attn.o_proj", &hl.o, h, q),
-        ("mlp.gate_proj", &hl.gate_up, 2 * inter, h),
-        ("mlp.down_proj", &hl.down, h, inter),
+    // Each launch's coding is the plan's for its first tensor.
+    let mats: [(Launch, Role, &[u16], usize, usize); 4] = [
+        (Launch::Qkv, Role::Q, &hl.qkv, q + 2 * kv, h),
+        (Launch::O, Role::O, &hl.o, h, q),
+        (Launch::GateUp, Role::Gate, &hl.gate_up, 2 * inter, h),
+        (Launch::Down, Role::Down, &hl.down, h, inter),
     ];
     let mut out = Vec::new();
-    for (name, bits, rows, cols) in mats {
+    for (launch, role, bits, rows, cols) in mats {
+        let name = launch.name();
         let coding = plan
-            .coding_for(&format!("model.layers.0.{name}.weight"))
+            .coding_for(&tensor_name(role, 0))
             .ok_or_else(|| GpuError::invalid(OP, format!("the plan gives {name} no coding")))?;
         check_coding(Payload::Bf16, &coding)?;
         let t0 = Instant::now();
@@ -399,17 +402,13 @@ struct HostLayer {
 }
 
 fn host_layer(ts: &[SynthTensor], seed: u64) -> Result<HostLayer> {
-    let m = |s: &str| -> Result<Vec<u16>> {
-        Ok(bf16_bits(
-            find(ts, &format!("model.layers.0.{s}.weight"))?,
-            seed,
-        ))
-    };
-    let mut qkv = m("self_attn.q_proj")?;
-    qkv.extend(m("self_attn.k_proj")?);
-    qkv.extend(m("self_attn.v_proj")?);
-    let (gate, up) = (m("mlp.gate_proj")?, m("mlp.up_proj")?);
-    let cols = find(ts, "model.layers.0.mlp.gate_proj.weight")?.shape[1];
+    let m =
+        |role: Role| -> Result<Vec<u16>> { Ok(bf16_bits(find(ts, &tensor_name(role, 0))?, seed)) };
+    let mut qkv = m(Role::Q)?;
+    qkv.extend(m(Role::K)?);
+    qkv.extend(m(Role::V)?);
+    let (gate, up) = (m(Role::Gate)?, m(Role::Up)?);
+    let cols = find(ts, &tensor_name(Role::Gate, 0))?.shape[1];
     let mut gate_up = Vec::with_capacity(gate.len() * 2);
     for (g, u) in gate.chunks(cols).zip(up.chunks(cols)) {
         gate_up.extend_from_slice(g);
@@ -418,9 +417,9 @@ fn host_layer(ts: &[SynthTensor], seed: u64) -> Result<HostLayer> {
     drop((gate, up));
     Ok(HostLayer {
         qkv,
-        o: m("self_attn.o_proj")?,
+        o: m(Role::O)?,
         gate_up,
-        down: m("mlp.down_proj")?,
+        down: m(Role::Down)?,
     })
 }
 
@@ -438,7 +437,7 @@ fn synth_weights(
         let (rows, cols) = (t.shape[0], t.shape[1]);
         let bits = bf16_bits(t, seed);
         let plan = match plan {
-            Some(p) if name != "model.embed_tokens.weight" => p,
+            Some(p) if name != tensor_name(Role::Embed, 0) => p,
             _ => {
                 let d = entrollm_model::DenseBf16::new(name, rows, cols, bits).map_err(bad)?;
                 return Ok(Arc::new(d));
@@ -450,36 +449,36 @@ fn synth_weights(
     let norm = |name: &str| -> Result<Vec<f32>> { Ok(host_norm(find(&ts, name)?, seed)) };
     let mut layers = Vec::with_capacity(c.num_layers);
     for l in 0..c.num_layers {
-        let p = |s: &str| format!("model.layers.{l}.{s}.weight");
+        let p = |role: Role| tensor_name(role, l);
         layers.push(LayerWeights {
-            attn_norm: norm(&p("input_layernorm"))?,
-            q: mat(&p("self_attn.q_proj"))?,
-            k: mat(&p("self_attn.k_proj"))?,
-            v: mat(&p("self_attn.v_proj"))?,
-            o: mat(&p("self_attn.o_proj"))?,
+            attn_norm: norm(&p(Role::AttnNorm))?,
+            q: mat(&p(Role::Q))?,
+            k: mat(&p(Role::K))?,
+            v: mat(&p(Role::V))?,
+            o: mat(&p(Role::O))?,
             q_bias: None,
             k_bias: None,
             v_bias: None,
-            mlp_norm: norm(&p("post_attention_layernorm"))?,
+            mlp_norm: norm(&p(Role::MlpNorm))?,
             mlp: Mlp::Gated(GatedMlp {
-                gate: mat(&p("mlp.gate_proj"))?,
-                up: mat(&p("mlp.up_proj"))?,
-                down: mat(&p("mlp.down_proj"))?,
+                gate: mat(&p(Role::Gate))?,
+                up: mat(&p(Role::Up))?,
+                down: mat(&p(Role::Down))?,
             }),
             norms: Default::default(),
         });
     }
-    let embed = mat("model.embed_tokens.weight")?;
+    let embed = mat(&tensor_name(Role::Embed, 0))?;
     let lm_head = if c.tie_word_embeddings {
         Arc::clone(&embed)
     } else {
-        mat("lm_head.weight")?
+        mat(&tensor_name(Role::LmHead, 0))?
     };
     Ok(ModelWeights {
         config: c.clone(),
         embed,
         layers,
-        final_norm: norm("model.norm.weight")?,
+        final_norm: norm(&tensor_name(Role::FinalNorm, 0))?,
         lm_head,
     })
 }

@@ -17,8 +17,11 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 
+use entrollm_model::arch::Role;
 use entrollm_model::config::{Arch, RopeStyle};
-use entrollm_model::synth::{fill_row, shared_layer_weights, tensors, SynthKind, SynthShape};
+use entrollm_model::synth::{
+    fill_row, shared_layer_weights, tensor_name, tensors, SynthKind, SynthShape,
+};
 use entrollm_model::weights::{GatedMlp, Linear, Mlp, ModelWeights};
 use entrollm_model::{DenseBf16 as CpuDenseBf16, Engine, LayerWeights};
 
@@ -761,30 +764,30 @@ fn small_model(seed: u64) -> Result<ModelWeights> {
     let m = |n: &str| Arc::clone(&mats[n]);
     let layers = (0..c.num_layers)
         .map(|l| {
-            let p = |s: &str| format!("model.layers.{l}.{s}");
+            let p = |role: Role| tensor_name(role, l);
             LayerWeights {
-                attn_norm: vecs[&p("input_layernorm.weight")].clone(),
-                q: m(&p("self_attn.q_proj.weight")),
-                k: m(&p("self_attn.k_proj.weight")),
-                v: m(&p("self_attn.v_proj.weight")),
-                o: m(&p("self_attn.o_proj.weight")),
+                attn_norm: vecs[&p(Role::AttnNorm)].clone(),
+                q: m(&p(Role::Q)),
+                k: m(&p(Role::K)),
+                v: m(&p(Role::V)),
+                o: m(&p(Role::O)),
                 q_bias: Some(rng.normals(c.q_dim(), 0.3)),
                 k_bias: Some(rng.normals(c.kv_dim(), 0.3)),
                 v_bias: Some(rng.normals(c.kv_dim(), 0.3)),
-                mlp_norm: vecs[&p("post_attention_layernorm.weight")].clone(),
+                mlp_norm: vecs[&p(Role::MlpNorm)].clone(),
                 mlp: Mlp::Gated(GatedMlp {
-                    gate: m(&p("mlp.gate_proj.weight")),
-                    up: m(&p("mlp.up_proj.weight")),
-                    down: m(&p("mlp.down_proj.weight")),
+                    gate: m(&p(Role::Gate)),
+                    up: m(&p(Role::Up)),
+                    down: m(&p(Role::Down)),
                 }),
                 norms: Default::default(),
             }
         })
         .collect();
     let w = ModelWeights {
-        embed: m("model.embed_tokens.weight"),
-        lm_head: m("lm_head.weight"),
-        final_norm: vecs["model.norm.weight"].clone(),
+        embed: m(&tensor_name(Role::Embed, 0)),
+        lm_head: m(&tensor_name(Role::LmHead, 0)),
+        final_norm: vecs[&tensor_name(Role::FinalNorm, 0)].clone(),
         layers,
         config: c,
     };

@@ -13,6 +13,7 @@
 //! Everything is a pure function of (seed, tensor name, row): any tensor, and any row of it, can be
 //! generated alone and in parallel, and the same seed always gives the same bytes.
 
+use crate::arch::Role;
 use crate::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
 use crate::weights::{DenseBf16, LayerWeights, Linear, ModelWeights};
 use entrollm_codec::histogram::{byte_histogram, entropy_bits};
@@ -144,60 +145,44 @@ impl SynthTensor {
     }
 }
 
+/// The HF name of a synthetic model's tensor: the Llama family's name of `role` in `layer` (the
+/// model's own tensors ignore `layer`).
+pub fn tensor_name(role: Role, layer: usize) -> String {
+    Arch::Llama
+        .family()
+        .hf_name(role, layer, "weight")
+        .expect("a synthetic model's roles are Llama's")
+}
+
 /// Every tensor of a Llama-architecture model, in HF names and shapes, in checkpoint order.
 pub fn tensors(c: &ModelConfig) -> Vec<SynthTensor> {
     let (h, i, d) = (c.hidden_size, c.intermediate_size, c.head_dim);
-    let m = |name: String, rows: usize, cols: usize, sigma: f32| SynthTensor {
-        name,
+    let (q, kv) = (c.num_heads * d, c.num_kv_heads * d);
+    let m = |role: Role, l: usize, rows: usize, cols: usize, sigma: f32| SynthTensor {
+        name: tensor_name(role, l),
         shape: vec![rows, cols],
         kind: SynthKind::Matrix { sigma },
     };
-    let norm = |name: String| SynthTensor {
-        name,
+    let norm = |role: Role, l: usize| SynthTensor {
+        name: tensor_name(role, l),
         shape: vec![h],
         kind: SynthKind::Norm,
     };
-    let mut v = vec![m(
-        "model.embed_tokens.weight".into(),
-        c.vocab_size,
-        h,
-        0.012,
-    )];
+    let mut v = vec![m(Role::Embed, 0, c.vocab_size, h, 0.012)];
     for l in 0..c.num_layers {
-        let p = format!("model.layers.{l}");
-        v.push(norm(format!("{p}.input_layernorm.weight")));
-        v.push(m(
-            format!("{p}.self_attn.q_proj.weight"),
-            c.num_heads * d,
-            h,
-            0.025,
-        ));
-        v.push(m(
-            format!("{p}.self_attn.k_proj.weight"),
-            c.num_kv_heads * d,
-            h,
-            0.025,
-        ));
-        v.push(m(
-            format!("{p}.self_attn.v_proj.weight"),
-            c.num_kv_heads * d,
-            h,
-            0.015,
-        ));
-        v.push(m(
-            format!("{p}.self_attn.o_proj.weight"),
-            h,
-            c.num_heads * d,
-            0.015,
-        ));
-        v.push(norm(format!("{p}.post_attention_layernorm.weight")));
-        v.push(m(format!("{p}.mlp.gate_proj.weight"), i, h, 0.018));
-        v.push(m(format!("{p}.mlp.up_proj.weight"), i, h, 0.018));
-        v.push(m(format!("{p}.mlp.down_proj.weight"), h, i, 0.015));
+        v.push(norm(Role::AttnNorm, l));
+        v.push(m(Role::Q, l, q, h, 0.025));
+        v.push(m(Role::K, l, kv, h, 0.025));
+        v.push(m(Role::V, l, kv, h, 0.015));
+        v.push(m(Role::O, l, h, q, 0.015));
+        v.push(norm(Role::MlpNorm, l));
+        v.push(m(Role::Gate, l, i, h, 0.018));
+        v.push(m(Role::Up, l, i, h, 0.018));
+        v.push(m(Role::Down, l, h, i, 0.015));
     }
-    v.push(norm("model.norm.weight".into()));
+    v.push(norm(Role::FinalNorm, 0));
     if !c.tie_word_embeddings {
-        v.push(m("lm_head.weight".into(), c.vocab_size, h, 0.012));
+        v.push(m(Role::LmHead, 0, c.vocab_size, h, 0.012));
     }
     v
 }
@@ -463,35 +448,35 @@ pub fn shared_layer_weights(c: &ModelConfig, seed: u64) -> crate::Result<ModelWe
             .map(|b| half::bf16::from_bits(b).to_f32())
             .collect())
     };
-    let l = |s: &str| format!("model.layers.0.{s}.weight");
+    let l = |role: Role| tensor_name(role, 0);
     let layer = LayerWeights {
-        attn_norm: norm(&l("input_layernorm"))?,
-        q: matrix(&l("self_attn.q_proj"))?,
-        k: matrix(&l("self_attn.k_proj"))?,
-        v: matrix(&l("self_attn.v_proj"))?,
-        o: matrix(&l("self_attn.o_proj"))?,
+        attn_norm: norm(&l(Role::AttnNorm))?,
+        q: matrix(&l(Role::Q))?,
+        k: matrix(&l(Role::K))?,
+        v: matrix(&l(Role::V))?,
+        o: matrix(&l(Role::O))?,
         q_bias: None,
         k_bias: None,
         v_bias: None,
-        mlp_norm: norm(&l("post_attention_layernorm"))?,
+        mlp_norm: norm(&l(Role::MlpNorm))?,
         mlp: crate::weights::Mlp::Gated(crate::weights::GatedMlp {
-            gate: matrix(&l("mlp.gate_proj"))?,
-            up: matrix(&l("mlp.up_proj"))?,
-            down: matrix(&l("mlp.down_proj"))?,
+            gate: matrix(&l(Role::Gate))?,
+            up: matrix(&l(Role::Up))?,
+            down: matrix(&l(Role::Down))?,
         }),
         norms: Default::default(),
     };
-    let embed = matrix("model.embed_tokens.weight")?;
+    let embed = matrix(&l(Role::Embed))?;
     let lm_head = match c.tie_word_embeddings {
         true => Arc::clone(&embed),
-        false => matrix("lm_head.weight")?,
+        false => matrix(&l(Role::LmHead))?,
     };
     let layers = vec![layer; c.num_layers];
     let w = ModelWeights {
         config: c.clone(),
         embed,
         layers,
-        final_norm: norm("model.norm.weight")?,
+        final_norm: norm(&l(Role::FinalNorm))?,
         lm_head,
     };
     w.validate()?;
