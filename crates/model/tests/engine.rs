@@ -190,6 +190,9 @@ fn reference_inv_freq(c: &ModelConfig) -> Vec<f64> {
         .collect();
     match c.rope_scaling {
         RopeScaling::None => base,
+        // YaRN scales cos and sin too, which this reference does not: tests/families.rs checks
+        // it against transformers.
+        RopeScaling::Yarn { .. } => panic!("the reference forward runs no YaRN"),
         RopeScaling::Linear { factor } => base.iter().map(|f| f / factor as f64).collect(),
         RopeScaling::Llama3 {
             factor,

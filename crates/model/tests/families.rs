@@ -120,12 +120,7 @@ fn gguf(family: &str, golden_file: &str) {
     let golden = golden(&d.join(golden_file));
     let open =
         |file: &str| GgufSource::open(d.join(file)).unwrap_or_else(|e| panic!("{family}: {e}"));
-    check(
-        &format!("{family} model.f32.gguf"),
-        &open("model.f32.gguf"),
-        &golden,
-        F32_TOL,
-    );
+    gguf_file(family, "model.f32.gguf", golden_file);
     let q8 = open("model.q8_0.gguf");
     let mut engine = Engine::new(build_model(&q8).unwrap(), 64).unwrap();
     let mut widened = Engine::new(build_model(&Widened(&q8)).unwrap(), 64).unwrap();
@@ -145,6 +140,18 @@ fn gguf(family: &str, golden_file: &str) {
     }
     println!("{family} model.q8_0.gguf: max |Δ logit| {worst:.2e} against its weights in f32");
     assert!(worst <= F32_TOL, "{family} Q8_0: {worst} > {F32_TOL}");
+}
+
+/// One GGUF file of `family` against `golden_file`, every logit within the f32 tolerance.
+fn gguf_file(family: &str, file: &str, golden_file: &str) {
+    let d = dir(family);
+    let source = GgufSource::open(d.join(file)).unwrap_or_else(|e| panic!("{family}: {e}"));
+    check(
+        &format!("{family} {file}"),
+        &source,
+        &golden(&d.join(golden_file)),
+        F32_TOL,
+    );
 }
 
 /// A source whose matrices are handed out as f32 (a quantised file's dequantised weights).
@@ -223,4 +230,44 @@ fn mixtral() {
 fn qwen3_moe() {
     hf("qwen3_moe", F32_TOL);
     gguf("qwen3_moe", "golden.json");
+}
+
+/// gpt-oss: attention sinks, q/k/v/o biases, YaRN RoPE (`truncate: false`), sliding and full
+/// layers alternating (window 4), 4 experts fused and interleaved in HF (2 a token: top-k of the
+/// router's logits, then their softmax) with biases and the clamped SwiGLU. llama.cpp floors and
+/// ceils YaRN's correction range whatever the config says: the GGUFs are checked against
+/// transformers with `truncate: true` (golden_gguf.json). `gpt_oss-mxfp4` is the same model with
+/// its experts in OpenAI's MXFP4 (`_blocks`/`_scales`), against transformers' dequantised reading
+/// of it, and llama.cpp's GGUF of it (MXFP4 experts).
+#[test]
+fn gpt_oss() {
+    hf("gpt_oss", F32_TOL);
+    gguf("gpt_oss", "golden_gguf.json");
+    hf("gpt_oss-mxfp4", F32_TOL);
+    gguf_file("gpt_oss-mxfp4", "model.mxfp4.gguf", "golden_gguf.json");
+}
+
+/// The HF config's YaRN (`truncate: false`) and llama.cpp's reading of the GGUF (truncated) give
+/// logits over the same prompts that differ by more than the tolerance: each file is checked
+/// against its own golden for a reason.
+#[test]
+fn gpt_oss_yarn_truncation_matters() {
+    let d = dir("gpt_oss");
+    let (hf, gguf) = (
+        golden(&d.join("golden.json")),
+        golden(&d.join("golden_gguf.json")),
+    );
+    let mut worst = 0f32;
+    for (a, b) in hf.cases.iter().zip(&gguf.cases) {
+        assert_eq!(a.prompt_ids, b.prompt_ids);
+        let n = a.prompt_ids.len();
+        for (a, b) in a.logits[..n]
+            .iter()
+            .flatten()
+            .zip(b.logits[..n].iter().flatten())
+        {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    assert!(worst > 2.0 * F32_TOL, "{worst}");
 }
