@@ -1287,12 +1287,12 @@ mod tests {
         let c = ModelConfig::from_hf_json(&v5_default).unwrap();
         assert_eq!((c.rope_theta, c.rope_scaling), (1234.0, RopeScaling::None));
 
-        let yarn = edited(
+        let dynamic = edited(
             QWEN25_05B,
-            &[("rope_scaling", json!({"type": "yarn", "factor": 4.0}))],
+            &[("rope_scaling", json!({"type": "dynamic", "factor": 4.0}))],
         );
-        match ModelConfig::from_hf_json(&yarn) {
-            Err(ModelError::Unsupported(msg)) => assert!(msg.contains("yarn"), "{msg}"),
+        match ModelConfig::from_hf_json(&dynamic) {
+            Err(ModelError::Unsupported(msg)) => assert!(msg.contains("dynamic"), "{msg}"),
             other => panic!("expected unsupported, got {other:?}"),
         }
 
