@@ -2,7 +2,8 @@
 //! name their tensors (Hugging Face and GGUF), which config keys it reads, and what its block
 //! computes beyond the common one (pre-norm attention with RoPE and GQA, then a gated MLP): q/k
 //! norms, sandwich norms, the MLP's activation, embedding scaling, soft-capping, sliding windows,
-//! fused tensors split at load. Loaders, the engines and the launch list ask the family; adding a
+//! attention sinks, fused tensors split at load, a mixture of experts (its routing, its biases,
+//! experts stacked per layer in a GGUF or fused in an HF checkpoint). Loaders, the engines and the launch list ask the family; adding a
 //! dense family is one row of [`FAMILIES`] (plus its config reading where it has keys of its own)
 //! and its tests. docs/families.md has the steps.
 

@@ -271,3 +271,77 @@ fn gpt_oss_yarn_truncation_matters() {
     }
     assert!(worst > 2.0 * F32_TOL, "{worst}");
 }
+
+/// A source that serves `inner`'s tensors with one of them replaced (`None`: removed).
+struct Edited<'a> {
+    inner: &'a dyn TensorSource,
+    name: &'a str,
+    with: Option<fn(HostTensor) -> HostTensor>,
+}
+
+impl TensorSource for Edited<'_> {
+    fn config(&self) -> entrollm_model::Result<entrollm_model::ModelConfig> {
+        self.inner.config()
+    }
+    fn tensor(&self, name: &str) -> entrollm_model::Result<Option<HostTensor>> {
+        let t = self.inner.tensor(name)?;
+        Ok(match name == self.name {
+            true => t.and_then(|t| self.with.map(|f| f(t))),
+            false => t,
+        })
+    }
+}
+
+/// gpt-oss's fused experts of the wrong shape, or without their down projection or biases, are
+/// errors naming the tensor.
+#[test]
+fn gpt_oss_fused_experts_that_do_not_fit_are_errors_naming_them() {
+    for family in ["gpt_oss", "gpt_oss-mxfp4"] {
+        let source = SafetensorsSource::open(&dir(family)).unwrap();
+        let error = |name: &str, with: Option<fn(HostTensor) -> HostTensor>| {
+            let edited = Edited {
+                inner: &source,
+                name,
+                with,
+            };
+            match build_model(&edited) {
+                Ok(_) => panic!("{family}: {name} edited, and the model built"),
+                Err(e) => e.to_string(),
+            }
+        };
+        let gu = "model.layers.1.mlp.experts.gate_up_proj";
+        let shrunk: fn(HostTensor) -> HostTensor = |t| match t {
+            HostTensor::F32 { shape, data } => HostTensor::F32 {
+                shape: vec![shape[0], shape[1], shape[2] - 2],
+                data: data[..shape[0] * shape[1] * (shape[2] - 2)].to_vec(),
+            },
+            HostTensor::Linear(m) => {
+                let (rows, cols) = (m.rows() - 2, m.cols());
+                let mut data = vec![0f32; rows * cols];
+                for (r, row) in data.chunks_exact_mut(cols).enumerate() {
+                    m.row(r, row);
+                }
+                HostTensor::F32 {
+                    shape: vec![rows, cols],
+                    data,
+                }
+            }
+            other => other,
+        };
+        let e = error(gu, Some(shrunk));
+        assert!(e.contains(gu) && e.contains("shape"), "{family}: {e}");
+        for missing in [
+            "model.layers.0.mlp.experts.down_proj",
+            "model.layers.0.mlp.experts.down_proj_bias",
+            "model.layers.0.mlp.experts.gate_up_proj_bias",
+            "model.layers.0.mlp.router.bias",
+            "model.layers.1.self_attn.sinks",
+        ] {
+            let e = error(missing, None);
+            assert!(
+                e.contains(missing) && e.contains("missing"),
+                "{family}: {e}"
+            );
+        }
+    }
+}
