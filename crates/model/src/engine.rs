@@ -3,8 +3,7 @@
 //! decoding runs one token at a time. Work is spread over rayon's global pool, through the crew
 //! ([`crate::crew`]) while a forward runs on a pool thread.
 
-use crate::config::Routing;
-use crate::config::{ModelConfig, RopeScaling, RopeStyle};
+use crate::config::{ModelConfig, RopeScaling, RopeStyle, Routing};
 use crate::error::{ModelError, Result};
 use crate::weights::{ExpertBiases, Experts, GatedMlp, LayerWeights, Mlp, ModelWeights};
 use std::sync::Arc;
