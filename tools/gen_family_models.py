@@ -41,6 +41,34 @@ config.sliding_window = None. The converter writes Mistral as plain `llama` and 
 sliding window, so that is what llama.cpp computes from its GGUFs; golden.json (window 4) is what
 the safetensors + config.json describe.
 
+gpt_oss also gets golden_gguf.json: the same prompts through the same weights with
+config.rope_parameters["truncate"] = True (the rotary embedding rebuilt from it). Its YaRN config
+says `truncate: false`, which transformers reads as an unrounded correction range
+(find_correction_range keeps low/high as floats); llama.cpp has no such switch and always floors
+the low and ceils the high end (ggml_rope_yarn_corr_dims), and its attention factor comes to the
+same 0.1·ln(factor) + 1 as transformers' (llama_context scales yarn_attn_factor by
+1/(1 + 0.1·ln factor) and ggml's rope_yarn multiplies it back). Everything else of the YaRN
+formula (ramp over pair index, interpolation/extrapolation mix) is the same in both, so transformers
+with `truncate: True` is what llama.cpp computes from model.*.gguf: the faithful route is
+transformers' own code with the one parameter llama.cpp fixes, not a re-implementation.
+
+gpt_oss also gets a `gpt_oss-mxfp4/` folder: the same model with its expert matrices quantised to
+MXFP4 and stored as OpenAI's gpt-oss checkpoints store them (transformers' integrations/mxfp4.py
+reads them back): `mlp.experts.gate_up_proj_blocks` uint8 [experts, 2·intermediate, hidden/32, 16]
+and `…_scales` uint8 E8M0 [experts, 2·intermediate, hidden/32] (rows are output features, gate and
+up interleaved as in gate_up_proj's last axis; the 32-element blocks run along the input axis;
+element 2j of a block in the low nibble of byte j, 2j+1 in the high one), `down_proj_blocks`
+[experts, hidden, intermediate/32, 16] and `down_proj_scales` likewise; biases, attention, router,
+embeddings and norms stay F32, and config.json carries `quantization_config: {quant_method: mxfp4,
+modules_to_not_convert: [...]}` as OpenAI's does. The quantiser (OpenAI's is not part of
+transformers' CPU path) is the OCP MX rule: per block the shared exponent floor(log2(max|w|)) − 2
+(E2M1's largest exponent), each element w/2^e rounded to the nearest E2M1 value (ties to the
+even code), saturating at ±6. golden.json there is transformers loading that folder with
+Mxfp4Config(dequantize=True) in float32 (its dequantisation is exact: every E2M1 value times a
+power of two is an f32); model.mxfp4.gguf is llama.cpp's converter of the folder (--outtype f32:
+the experts as GGUF MXFP4 blocks, repacked by GptOssModel.repack_mxfp4, the rest F32), and
+golden_gguf.json that model with the truncated YaRN correction range, as above.
+
 qwen3 and gemma3 also get a `<name>-bf16/` folder: the same weights cast to bfloat16 and saved as
 such (config.json "dtype": "bfloat16"), with golden logits computed by transformers running the
 bf16 model, so its arithmetic is bf16 and the tolerance must be larger (its greedy ids may differ
@@ -58,8 +86,7 @@ module and monkeypatches only the vocabulary step:
   * Gemma 2's `set_vocab` (SentencePiece only) calls `self._set_vocab_gpt2()` instead.
 
 Tensors and model metadata come from the converter unchanged. Its output goes to a temporary log,
-shown only when it fails. gpt-oss: the converter is tried on the plain (non-MXFP4) expert tensors;
-if it fails, the GGUFs are skipped and the reason is printed (the rest is still written).
+shown only when it fails.
 
     python3 -m venv ~/.cache/entrollm-dev/venv
     ~/.cache/entrollm-dev/venv/bin/pip install torch transformers safetensors numpy sentencepiece \\
@@ -180,11 +207,13 @@ FAMILIES = {
         # them consistent). Expert FFN 32 keeps it small.
         dict(num_hidden_layers=2, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
              sliding_window=4, max_position_embeddings=131072),
-        dict(seed=1008, experts_fan_in_axis=-2),
+        dict(seed=1008, experts_fan_in_axis=-2, golden_yarn_truncated=True, mxfp4=True),
     ),
 }
 
 CASES = [("prompt7", 7), ("prompt20", 20)]
+YARN_NOTE = ("the same weights with config.rope_parameters.truncate = True (YaRN's correction range "
+             "floored/ceiled): what llama.cpp computes from the GGUFs (ggml_rope_yarn_corr_dims)")
 N_GENERATE = 8
 N_CANDIDATES = 16  # prompts tried per case; the one with the widest greedy top-2 gap is kept
 MIN_DISTINCT = 4  # ... among the most varied continuations (distinct ids, counted up to this)
@@ -408,14 +437,14 @@ convert.main()
 '''
 
 
-def convert(name, model_dir, llama_cpp, log_dir):
+def convert(name, model_dir, llama_cpp, log_dir, outtypes=("f32", "q8_0")):
     opts = FAMILIES[name][3]
     wrapper = os.path.join(log_dir, "convert_wrapper.py")
     with open(wrapper, "w") as f:
         f.write(WRAPPER)
     env = dict(os.environ, HF_HUB_OFFLINE="1", NO_LOCAL_GGUF="1")
     ok = True
-    for outtype in ("f32", "q8_0"):
+    for outtype in outtypes:
         out = os.path.join(model_dir, f"model.{outtype}.gguf")
         log = os.path.join(log_dir, f"{name}.{outtype}.log")
         cmd = [sys.executable, wrapper, llama_cpp, "1" if opts.get("sentencepiece_only") else "0",
@@ -444,7 +473,7 @@ def report(out_root, names, path):
 
     lines = []
     for name in names:
-        for folder in (name, name + "-bf16"):
+        for folder in (name, name + "-bf16", name + "-mxfp4"):
             d = os.path.join(out_root, folder)
             if not os.path.isdir(d):
                 continue
@@ -458,6 +487,11 @@ def report(out_root, names, path):
                 for k in sorted(f.keys()):
                     sl = f.get_slice(k)
                     lines.append(f"  {k}  {sl.get_dtype()}  {list(sl.get_shape())}")
+            gm = os.path.join(d, "model.mxfp4.gguf")
+            if os.path.exists(gm):
+                lines.append("--- model.mxfp4.gguf: name, ggml type, ne")
+                for t in gguf.GGUFReader(gm).tensors:
+                    lines.append(f"  {t.name}  {t.tensor_type.name}  ne={[int(x) for x in t.shape]}")
             gp = os.path.join(d, "model.f32.gguf")
             if not os.path.exists(gp):
                 lines.append("")
@@ -547,6 +581,79 @@ def field_value(field, key):
 
 # ---------------------------------------------------------------------------------------------
 
+# ---------------------------------------------------------------------------------------------
+# gpt-oss: llama.cpp's YaRN and MXFP4 experts
+
+
+def yarn_truncated(model):
+    """`model` with transformers' YaRN correction range floored/ceiled as llama.cpp computes it."""
+    m = copy.deepcopy(model)
+    m.config.rope_parameters = dict(m.config.rope_parameters, truncate=True)
+    m.model.rotary_emb = type(m.model.rotary_emb)(m.config)
+    m.eval()
+    return m
+
+
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float64)
+
+
+def to_mxfp4(w):
+    """`w` [..., rows, cols] as MXFP4 blocks [..., rows, cols/32, 16] and E8M0 scales
+    [..., rows, cols/32] (OCP MX rule, see the module docstring)."""
+    w = np.asarray(w, dtype=np.float64)
+    *pre, cols = w.shape
+    assert cols % 32 == 0, w.shape
+    b = w.reshape(*pre, cols // 32, 32)
+    amax = np.abs(b).max(-1)
+    e = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - 2, -127)
+    e = np.clip(e, -127, 127)
+    x = np.abs(b) / np.exp2(e)[..., None]
+    # nearest E2M1 magnitude, ties to the even code (the lower index of a tie is even here)
+    dist = np.abs(x[..., None] - E2M1)
+    idx = np.argmin(dist + np.arange(8) % 2 * 1e-12, axis=-1)
+    code = (idx | (np.signbit(b) & (idx > 0)) << 3).astype(np.uint8)
+    blocks = (code[..., 0::2] | (code[..., 1::2] << 4)).astype(np.uint8)
+    scales = (e + 127).astype(np.uint8)
+    return blocks, scales
+
+
+def write_mxfp4(model, d):
+    """`model` saved to `d` with its experts as OpenAI's MXFP4 blocks and scales."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for k, v in model.state_dict().items():
+        v = v.detach().contiguous()
+        if k.endswith("mlp.experts.gate_up_proj") or k.endswith("mlp.experts.down_proj"):
+            # [experts, in, out] -> rows are outputs, blocks along the input
+            blocks, scales = to_mxfp4(v.transpose(-1, -2).numpy())
+            tensors[k + "_blocks"] = torch.from_numpy(np.ascontiguousarray(blocks))
+            tensors[k + "_scales"] = torch.from_numpy(np.ascontiguousarray(scales))
+        else:
+            tensors[k] = v
+    save_file(tensors, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    model.config.save_pretrained(d)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg["quantization_config"] = {
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+        "quant_method": "mxfp4",
+    }
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+    model.generation_config.save_pretrained(d)
+
+
+def load_mxfp4(d):
+    """transformers' own reading of an MXFP4 folder, dequantised, in float32."""
+    model = transformers.GptOssForCausalLM.from_pretrained(
+        d, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32,
+        attn_implementation="eager")
+    model.eval()
+    return model
+
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -583,7 +690,10 @@ def main():
             if opts.get("golden_no_swa"):
                 no_swa = copy.deepcopy(model)
                 no_swa.config.sliding_window = None
-            prompts = choose_prompts([model] + ([no_swa] if no_swa else []), name)
+            twins = [no_swa] if no_swa else []
+            if opts.get("golden_yarn_truncated"):
+                twins.append(yarn_truncated(model))
+            prompts = choose_prompts([model] + twins, name)
             write_json(os.path.join(d, "golden.json"),
                        golden(model, name, "float32", prompts, "logits computed by transformers in float32"))
             if no_swa:
@@ -591,8 +701,29 @@ def main():
                     no_swa, name, "float32", prompts,
                     "the same weights with config.sliding_window = None (full causal attention): what "
                     "llama.cpp computes from model.*.gguf, whose metadata carries no sliding window"))
+            if opts.get("golden_yarn_truncated"):
+                write_json(os.path.join(d, "golden_gguf.json"), golden(
+                    yarn_truncated(model), name, "float32", prompts, YARN_NOTE))
             if not args.no_convert and not convert(name, d, llama_cpp, log_dir):
                 print(f"  {name}: no GGUF written", file=sys.stderr)
+            if opts.get("mxfp4"):
+                dm = d + "-mxfp4"
+                shutil.rmtree(dm, ignore_errors=True)
+                os.makedirs(dm)
+                write_mxfp4(model, dm)
+                write_tokenizer(dm)
+                mm = load_mxfp4(dm)
+                mprompts = choose_prompts([mm, yarn_truncated(mm)], name)
+                write_json(os.path.join(dm, "golden.json"), golden(
+                    mm, name, "float32", mprompts,
+                    "logits computed by transformers in float32 from this folder's MXFP4 experts, "
+                    "dequantised at load (Mxfp4Config(dequantize=True))"))
+                write_json(os.path.join(dm, "golden_gguf.json"), golden(
+                    yarn_truncated(mm), name, "float32", mprompts, YARN_NOTE))
+                if not args.no_convert and not convert(name, dm, llama_cpp, log_dir, ("f32",)):
+                    print(f"  {name}-mxfp4: no GGUF written", file=sys.stderr)
+                elif not args.no_convert:
+                    os.rename(os.path.join(dm, "model.f32.gguf"), os.path.join(dm, "model.mxfp4.gguf"))
             if opts.get("bf16"):
                 db = d + "-bf16"
                 shutil.rmtree(db, ignore_errors=True)
@@ -605,7 +736,7 @@ def main():
                     mb, name, "bfloat16", prompts,
                     "logits computed by transformers in bfloat16 (weights and activations), same prompts "
                     "as the float32 folder; compare with a bf16-sized tolerance"))
-            for folder in [d] + ([d + "-bf16"] if opts.get("bf16") else []):
+            for folder in [d] + [d + x for x, o in (("-bf16", "bf16"), ("-mxfp4", "mxfp4")) if opts.get(o)]:
                 size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
                 print(f"  {os.path.basename(folder)}: {size / 1e6:.2f} MB", file=sys.stderr)
     if args.report:

@@ -2242,6 +2242,8 @@ fn every_family_round_trips_and_runs_like_its_source() {
         "mistral",
         "mixtral",
         "qwen3_moe",
+        "gpt_oss",
+        "gpt_oss-mxfp4",
         "qwen3-bf16",
     ] {
         let src = d.join(family).join("hf");
@@ -2262,10 +2264,12 @@ fn every_family_round_trips_and_runs_like_its_source() {
             reference,
             "{family}: the container runs differently"
         );
-        // The BF16 checkpoints have no GGUF of their own (their F32 twins do).
-        let ggufs: &[&str] = match family.ends_with("-bf16") {
-            true => &[],
-            false => &["model.f32.gguf", "model.q8_0.gguf"],
+        // The BF16 checkpoints have no GGUF of their own (their F32 twins do); the MXFP4 one has
+        // llama.cpp's with MXFP4 experts.
+        let ggufs: &[&str] = match family {
+            f if f.ends_with("-bf16") => &[],
+            "gpt_oss-mxfp4" => &["model.mxfp4.gguf"],
+            _ => &["model.f32.gguf", "model.q8_0.gguf"],
         };
         for &gguf in ggufs {
             let g = data.join(family).join(gguf);

@@ -18,6 +18,36 @@ pub fn unsupported(w: &ModelWeights) -> Vec<&'static str> {
     if w.layers.iter().any(|l| l.mlp.gated().is_none()) {
         out.push("a mixture of experts");
     }
+    if w.layers.iter().any(|l| l.norms.sinks.is_some()) {
+        out.push("attention sinks");
+    }
+    if w.layers.iter().any(|l| l.norms.o_bias.is_some()) {
+        out.push("a bias on the attention output projection");
+    }
+    // The RoPE table holds cos and sin unscaled: YaRN's attention factor has no place there.
+    if matches!(
+        w.config.rope_scaling,
+        entrollm_model::config::RopeScaling::Yarn { .. }
+    ) {
+        out.push("YaRN RoPE scaling");
+    }
+    if w.config.block.clamped_swiglu.is_some() {
+        out.push("the clamped SwiGLU (gpt-oss)");
+    }
+    if w.layers.iter().any(|l| {
+        matches!(&l.mlp, entrollm_model::weights::Mlp::Experts(e)
+            if e.router_bias.is_some() || !e.biases.is_empty())
+    }) {
+        out.push("biases on a mixture of experts' router and experts");
+    }
+    if w.config
+        .block
+        .moe
+        .as_ref()
+        .is_some_and(|m| m.routing == entrollm_model::config::Routing::TopKSoftmax)
+    {
+        out.push("experts weighted by the softmax of their top-k logits");
+    }
     // The per-head kernel norms q and k heads alike: a model with one of the two norms only.
     if w.layers
         .iter()

@@ -2,7 +2,8 @@
 //! name their tensors (Hugging Face and GGUF), which config keys it reads, and what its block
 //! computes beyond the common one (pre-norm attention with RoPE and GQA, then a gated MLP): q/k
 //! norms, sandwich norms, the MLP's activation, embedding scaling, soft-capping, sliding windows,
-//! fused tensors split at load. Loaders, the engines and the launch list ask the family; adding a
+//! attention sinks, fused tensors split at load, a mixture of experts (its routing, its biases,
+//! experts stacked per layer in a GGUF or fused in an HF checkpoint). Loaders, the engines and the launch list ask the family; adding a
 //! dense family is one row of [`FAMILIES`] (plus its config reading where it has keys of its own)
 //! and its tests. docs/families.md has the steps.
 
@@ -22,6 +23,7 @@ pub enum Arch {
     Phi3,
     Mixtral,
     Qwen3Moe,
+    GptOss,
 }
 
 /// A tensor of a layer (or of the model), by what the block does with it.
@@ -49,6 +51,8 @@ pub enum Role {
     PostMlpNorm,
     /// A mixture of experts' router (`[experts, hidden]`).
     Router,
+    /// A learned logit per head joined to the attention's softmax denominator (gpt-oss).
+    Sinks,
     /// Expert matrices ([`MoeSpec::experts`]).
     ExpertGate,
     ExpertUp,
@@ -151,6 +155,8 @@ pub struct Family {
     pub partial_rotary: bool,
     /// A mixture of experts in place of the dense MLP.
     pub moe: Option<MoeSpec>,
+    /// The gated MLP's activation is gpt-oss's clamped SwiGLU (HF `swiglu_limit`, `swiglu_alpha`).
+    pub clamped_swiglu: bool,
 }
 
 /// How a family's mixture of experts is named and configured.
@@ -170,6 +176,37 @@ pub struct MoeSpec {
     /// Expert `{}`'s gate, up and down: HF module templates; GGUF modules of the tensors that
     /// stack every expert's (`[experts, rows, cols]`).
     pub experts: [(Role, &'static str, &'static str); 3],
+    /// How the router's logits pick and weigh the experts.
+    pub routing: Routing,
+    /// The router and every expert matrix carry biases (`….bias`; GGUF: stacked per expert like
+    /// the matrices, `[experts, rows]`).
+    pub biases: bool,
+    /// HF checkpoints hold each layer's experts in two tensors rather than one per expert (the
+    /// templates above then name what a GGUF's stacks hold, expert by expert).
+    pub hf_fused: Option<FusedExperts>,
+}
+
+/// How a router's logits become the experts' weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Routing {
+    /// Softmax over all experts, then the `top_k` most probable (renormalised where the config
+    /// says): Mixtral, Qwen-MoE.
+    #[default]
+    SoftmaxTopK,
+    /// The `top_k` largest logits, then a softmax over those alone (gpt-oss).
+    TopKSoftmax,
+}
+
+/// A layer's experts as gpt-oss's HF checkpoints store them (under `model.layers.N.`, no
+/// `.weight` suffix): `gate_up` `[experts, hidden, 2·inter]` with expert e's gate in the even and
+/// its up in the odd columns, `down` `[experts, inter, hidden]` (both the transpose of a linear
+/// layer's weight), with `{gate_up}_bias` `[experts, 2·inter]` (interleaved alike) and
+/// `{down}_bias` `[experts, hidden]`. Quantised (`quant_method: mxfp4`), the matrices are
+/// `{name}_blocks` and `{name}_scales`, rows being output features ([`crate::hf_quant`]).
+pub struct FusedExperts {
+    pub gate_up: &'static str,
+    pub down: &'static str,
 }
 
 /// HF config keys that change the forward pass: a family that does not read one refuses a config
@@ -194,6 +231,8 @@ const MATH_KEYS: &[(&str, NeutralValue)] = &[
     ("rope_local_base_freq", NeutralValue::Null),
     ("layer_types", NeutralValue::AllFull),
     ("use_bidirectional_attention", NeutralValue::False),
+    ("swiglu_limit", NeutralValue::Null),
+    ("swiglu_alpha", NeutralValue::Null),
 ];
 
 #[derive(Clone, Copy)]
@@ -276,6 +315,22 @@ const PHI3_TENSORS: &[(Role, &str, &str)] = &[
     (Role::Down, "mlp.down_proj", "ffn_down"),
 ];
 
+/// gpt-oss: Llama's attention with sinks, no gated MLP (its experts are [`MoeSpec`]'s); GGUF
+/// calls the MLP's pre-norm `post_attention_norm`.
+const GPT_OSS_TENSORS: &[(Role, &str, &str)] = &[
+    (Role::AttnNorm, "input_layernorm", "attn_norm"),
+    (Role::Q, "self_attn.q_proj", "attn_q"),
+    (Role::K, "self_attn.k_proj", "attn_k"),
+    (Role::V, "self_attn.v_proj", "attn_v"),
+    (Role::O, "self_attn.o_proj", "attn_output"),
+    (Role::Sinks, "self_attn.sinks", "attn_sinks"),
+    (
+        Role::MlpNorm,
+        "post_attention_layernorm",
+        "post_attention_norm",
+    ),
+];
+
 /// The q/k norms of the families that have them ([`Family::qk_norm`]): the same names in all.
 const QK_NORM_TENSORS: &[(Role, &str, &str)] = &[
     (Role::QNorm, "self_attn.q_norm", "attn_q_norm"),
@@ -308,6 +363,7 @@ const fn family(
         local_rope_base: None,
         partial_rotary: false,
         moe: None,
+        clamped_swiglu: false,
     }
 }
 
@@ -395,6 +451,9 @@ pub static FAMILIES: &[Family] = &[
             intermediate_key: "intermediate_size",
             norm_topk_key: None,
             sparse_layers: false,
+            routing: Routing::SoftmaxTopK,
+            biases: false,
+            hf_fused: None,
             router: ("block_sparse_moe.gate", "ffn_gate_inp"),
             experts: [
                 (
@@ -429,6 +488,9 @@ pub static FAMILIES: &[Family] = &[
             intermediate_key: "moe_intermediate_size",
             norm_topk_key: Some("norm_topk_prob"),
             sparse_layers: true,
+            routing: Routing::SoftmaxTopK,
+            biases: false,
+            hf_fused: None,
             router: ("mlp.gate", "ffn_gate_inp"),
             experts: [
                 (
@@ -445,6 +507,45 @@ pub static FAMILIES: &[Family] = &[
             ],
         }),
         ..family(Arch::Qwen3Moe, "qwen3_moe", LLAMA_TENSORS)
+    },
+    Family {
+        hf_architectures: &["GptOssForCausalLM"],
+        hf_model_types: &["gpt_oss"],
+        gguf_archs: &["gpt-oss"],
+        // `attention_bias` gives q, k, v and o their biases.
+        qkv_bias: QkvBias::FromConfig,
+        // Sliding, full, sliding, …: `layer_types` (HF); llama.cpp's pattern 2 (GGUF).
+        sliding: Sliding::Pattern(2),
+        clamped_swiglu: true,
+        moe: Some(MoeSpec {
+            experts_keys: &["num_local_experts"],
+            intermediate_key: "intermediate_size",
+            norm_topk_key: None,
+            sparse_layers: false,
+            routing: Routing::TopKSoftmax,
+            biases: true,
+            hf_fused: Some(FusedExperts {
+                gate_up: "mlp.experts.gate_up_proj",
+                down: "mlp.experts.down_proj",
+            }),
+            router: ("mlp.router", "ffn_gate_inp"),
+            // Not HF names (HF fuses them, `hf_fused`): what llama.cpp's converter splits them
+            // into, each a stack of `ffn_*_exps`.
+            experts: [
+                (
+                    Role::ExpertGate,
+                    "mlp.experts.{}.gate_proj",
+                    "ffn_gate_exps",
+                ),
+                (Role::ExpertUp, "mlp.experts.{}.up_proj", "ffn_up_exps"),
+                (
+                    Role::ExpertDown,
+                    "mlp.experts.{}.down_proj",
+                    "ffn_down_exps",
+                ),
+            ],
+        }),
+        ..family(Arch::GptOss, "gpt_oss", GPT_OSS_TENSORS)
     },
 ];
 
@@ -534,20 +635,36 @@ impl Family {
 
     /// The HF name of expert `expert`'s matrix of this role in layer `layer`.
     pub fn hf_expert_name(&self, role: Role, layer: usize, expert: usize) -> Option<String> {
+        self.hf_expert_tensor(role, layer, expert, "weight")
+    }
+
+    /// The HF name of expert `expert`'s tensor of this role in layer `layer` (`param`: `weight`
+    /// or `bias`).
+    pub fn hf_expert_tensor(
+        &self,
+        role: Role,
+        layer: usize,
+        expert: usize,
+        param: &str,
+    ) -> Option<String> {
         let spec = self.moe.as_ref()?;
         let (_, template, _) = spec.experts.iter().find(|&&(r, _, _)| r == role)?;
         Some(format!(
-            "model.layers.{layer}.{}.weight",
+            "model.layers.{layer}.{}.{param}",
             template.replace("{}", &expert.to_string())
         ))
     }
 
-    /// The GGUF tensor that stacks the experts of an HF expert matrix's name, and the expert.
+    /// The GGUF tensor that stacks the experts of an HF expert matrix's (or bias's) name, and the
+    /// expert.
     pub fn gguf_expert(&self, hf_name: &str) -> Option<(String, usize)> {
         let spec = self.moe.as_ref()?;
         let rest = hf_name.strip_prefix("model.layers.")?;
         let (layer, rest) = rest.split_once('.')?;
-        let module = rest.strip_suffix(".weight")?;
+        let (module, param) = rest.rsplit_once('.')?;
+        if param != "weight" && param != "bias" {
+            return None;
+        }
         spec.experts.iter().find_map(|&(_, template, gguf)| {
             let (head, tail) = template.split_once("{}")?;
             let e = module.strip_prefix(head)?.strip_suffix(tail)?;
@@ -555,7 +672,7 @@ impl Family {
                 .parse()
                 .ok()
                 .filter(|_| e.bytes().all(|b| b.is_ascii_digit()))?;
-            Some((format!("blk.{layer}.{gguf}.weight"), expert))
+            Some((format!("blk.{layer}.{gguf}.{param}"), expert))
         })
     }
 
@@ -566,6 +683,13 @@ impl Family {
             "model.norm.weight" | "output_norm.weight" => return Some(Role::FinalNorm),
             "lm_head.weight" | "output.weight" => return Some(Role::LmHead),
             _ => {}
+        }
+        // A tensor without a parameter suffix (gpt-oss's sinks).
+        if let Some(rest) = name.strip_prefix("model.layers.") {
+            let (_layer, module) = rest.split_once('.')?;
+            if let Some((r, _, _)) = self.tensors().find(|&(_, h, _)| h == module) {
+                return Some(r);
+            }
         }
         // `model.layers.N.MODULE.PARAM` or `blk.N.MODULE.PARAM`.
         let (path, _param) = name.rsplit_once('.')?;
@@ -594,13 +718,18 @@ impl Family {
             || self.tensors().any(|(r, _, _)| r == role)
     }
 
-    /// The HF name of a tensor (`param`: `weight` or `bias`); `layer` is ignored for the model's
-    /// own tensors. `None` if the family has no such tensor.
+    /// The HF name of a tensor (`param`: `weight` or `bias`; a parameter of its own, as gpt-oss's
+    /// sinks, has none: `param` is ignored); `layer` is ignored for the model's own tensors.
+    /// `None` if the family has no such tensor.
     pub fn hf_name(&self, role: Role, layer: usize, param: &str) -> Option<String> {
         match role {
             Role::Embed => Some("model.embed_tokens.weight".into()),
             Role::FinalNorm => Some("model.norm.weight".into()),
             Role::LmHead => Some("lm_head.weight".into()),
+            Role::Sinks => self
+                .tensors()
+                .find(|&(r, _, _)| r == role)
+                .map(|(_, hf, _)| format!("model.layers.{layer}.{hf}")),
             _ => self
                 .tensors()
                 .find(|&(r, _, _)| r == role)
@@ -623,6 +752,13 @@ impl Family {
         let (layer, rest) = rest.split_once('.')?;
         if layer.is_empty() || !layer.bytes().all(|b| b.is_ascii_digit()) {
             return None;
+        }
+        // A parameter of its own (sinks): GGUF names it `.weight`.
+        if let Some((_, _, gguf)) = self
+            .tensors()
+            .find(|&(r, hf, _)| hf == rest && r == Role::Sinks)
+        {
+            return Some(format!("blk.{layer}.{gguf}.weight"));
         }
         let (module, param) = rest.rsplit_once('.')?;
         if param != "weight" && param != "bias" {
@@ -660,6 +796,7 @@ impl Family {
             "partial_rotary_factor" => self.partial_rotary,
             "rope_local_base_freq" => self.local_rope_base.is_some(),
             "layer_types" => self.sliding != Sliding::Never,
+            "swiglu_limit" | "swiglu_alpha" => self.clamped_swiglu,
             "num_local_experts" | "num_experts" => self
                 .moe
                 .as_ref()
@@ -779,6 +916,37 @@ mod tests {
     }
 
     #[test]
+    fn gpt_oss_names_its_sinks_and_expert_biases() {
+        let f = Arch::GptOss.family();
+        let sinks = f.hf_name(Role::Sinks, 3, "weight").unwrap();
+        assert_eq!(sinks, "model.layers.3.self_attn.sinks");
+        assert_eq!(f.gguf_name(&sinks).unwrap(), "blk.3.attn_sinks.weight");
+        assert_eq!(f.role_of(&sinks), Some(Role::Sinks));
+        assert_eq!(f.role_of("blk.3.attn_sinks.weight"), Some(Role::Sinks));
+        assert_eq!(
+            f.gguf_name("model.layers.1.post_attention_layernorm.weight")
+                .unwrap(),
+            "blk.1.post_attention_norm.weight"
+        );
+        let bias = f.hf_expert_tensor(Role::ExpertUp, 1, 2, "bias").unwrap();
+        assert_eq!(bias, "model.layers.1.mlp.experts.2.up_proj.bias");
+        assert_eq!(
+            f.gguf_expert(&bias).unwrap(),
+            ("blk.1.ffn_up_exps.bias".to_string(), 2)
+        );
+        assert_eq!(
+            f.gguf_expert("model.layers.1.mlp.experts.2.up_proj.scale"),
+            None
+        );
+        assert_eq!(
+            f.gguf_name("model.layers.0.mlp.router.bias").unwrap(),
+            "blk.0.ffn_gate_inp.bias"
+        );
+        // Another family has no sinks: no name for them.
+        assert_eq!(Arch::Llama.family().hf_name(Role::Sinks, 0, "weight"), None);
+    }
+
+    #[test]
     fn sliding_patterns_match_llama_cpp() {
         assert_eq!(
             sliding_pattern(6, 7),
@@ -829,6 +997,15 @@ mod tests {
         Arch::Gemma2
             .family()
             .check_unread_keys(&obj("attn_logit_softcapping", 50.0.into()))
+            .unwrap();
+        let err = llama
+            .check_unread_keys(&obj("swiglu_limit", 7.0.into()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("swiglu_limit"), "{err}");
+        Arch::GptOss
+            .family()
+            .check_unread_keys(&obj("swiglu_limit", 7.0.into()))
             .unwrap();
     }
 }

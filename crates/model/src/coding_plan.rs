@@ -73,6 +73,7 @@ impl Launch {
             | Role::PostAttnNorm
             | Role::MlpNorm
             | Role::PostMlpNorm
+            | Role::Sinks
             | Role::FinalNorm => return None,
         })
     }

@@ -898,6 +898,20 @@ fn source_forms<'a>(
             src.display()
         )));
     }
+    // gpt-oss's HF experts: each layer's in two fused tensors, not one per expert.
+    let fused = |n: &&str| {
+        crate::arch::FAMILIES.iter().any(|f| {
+            f.moe.as_ref().is_some_and(|m| m.hf_fused.is_some()) && f.gguf_expert(n).is_some()
+        })
+    };
+    if let Some(n) = missing.iter().find(|n| fused(n)) {
+        return Err(CompressError::Usage(format!(
+            "{}: the plan gives expert matrix {n} a form of its own, but the checkpoint fuses \
+             each layer's experts in two tensors, which a container stores whole; compress \
+             without --plan/--budget and give --budget to run, chat, serve or bench instead",
+            src.display()
+        )));
+    }
     match missing.is_empty() {
         true => Ok(out),
         false => Err(CompressError::Usage(format!(
@@ -1637,6 +1651,31 @@ fn receive<R>(rx: &mpsc::Receiver<Done<R>>) -> Done<R> {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
+
+    /// A plan giving one of gpt-oss's experts a form of its own, where the HF checkpoint fuses
+    /// them, is refused saying so.
+    #[test]
+    fn a_plan_for_experts_an_hf_checkpoint_fuses_is_refused() {
+        let expert = "model.layers.0.mlp.experts.1.gate_proj.weight";
+        let opts = CompressOptions {
+            forms: [(
+                expert.to_string(),
+                FormEntry {
+                    form: "dense".into(),
+                    variant: String::new(),
+                },
+            )]
+            .into(),
+            ..CompressOptions::default()
+        };
+        let names = ["model.layers.0.mlp.experts.gate_up_proj"];
+        let err = source_forms(&opts, Path::new("ckpt"), names.into_iter(), |n| {
+            Some(n.to_string())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(expert) && err.contains("fuses"), "{err}");
+    }
 
     /// Float matrices keep dtANS (what fused products decode) within FLOATS_SLACK_BITS of their
     /// bound; a narrow one, where dtANS's per-lane and per-slice costs are past it, is stored as

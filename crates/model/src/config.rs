@@ -4,7 +4,7 @@
 use crate::error::{ModelError, Result};
 use serde::{Deserialize, Serialize};
 
-pub use crate::arch::{Activation, Arch};
+pub use crate::arch::{Activation, Arch, Routing};
 use crate::arch::{Family, Sliding};
 
 /// Which pairs of a head's dimensions RoPE rotates.
@@ -31,6 +31,20 @@ pub enum RopeScaling {
         low_freq_factor: f32,
         high_freq_factor: f32,
         original_max_position_embeddings: usize,
+    },
+    /// YaRN (transformers' `_compute_yarn_parameters`): per rotated pair, a ramp over its index
+    /// between the correction dimensions of `beta_fast` and `beta_slow` rotations mixes the
+    /// interpolated (`freq / factor`) and the original frequency; cos and sin are multiplied by
+    /// `attention_factor`.
+    Yarn {
+        factor: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+        original_max_position_embeddings: usize,
+        /// The correction range floored and ceiled to whole dimensions (transformers' default;
+        /// gpt-oss's config turns it off; llama.cpp always does it).
+        truncate: bool,
+        attention_factor: f32,
     },
 }
 
@@ -82,11 +96,33 @@ pub struct Block {
     pub rotary_dim: Option<usize>,
     /// A mixture of experts in place of the dense MLP.
     pub moe: Option<Moe>,
+    /// The gated MLP's activation is gpt-oss's clamped SwiGLU instead of [`Block::activation`].
+    #[serde(default)]
+    pub clamped_swiglu: Option<ClampedSwiglu>,
 }
 
-/// A mixture of experts: per token the router's softmax picks the `top_k` most probable experts
-/// (their probabilities renormalised to sum to one where `norm_topk`), whose outputs it adds up
-/// weighted by them.
+/// gpt-oss's SwiGLU: `gate = min(gate, limit)`, `up = clamp(up, −limit, limit)`,
+/// `out = (up + 1) · gate · σ(alpha · gate)`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClampedSwiglu {
+    pub alpha: f32,
+    pub limit: f32,
+}
+
+impl ClampedSwiglu {
+    /// `act(gate, up)` in f32, in transformers' order of operations.
+    #[inline(always)]
+    pub fn apply(self, gate: f32, up: f32) -> f32 {
+        let gate = gate.min(self.limit);
+        let up = up.clamp(-self.limit, self.limit);
+        let glu = gate * (1.0 / (1.0 + (-(gate * self.alpha)).exp()));
+        (up + 1.0) * glu
+    }
+}
+
+/// A mixture of experts: per token the router picks `top_k` experts ([`Routing`]: its softmax's
+/// most probable, their probabilities renormalised to sum to one where `norm_topk`; or the
+/// largest logits, weighted by their own softmax), whose outputs it adds up weighted.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Moe {
     pub experts: usize,
@@ -96,6 +132,8 @@ pub struct Moe {
     pub norm_topk: bool,
     /// Per layer, whether its MLP is the experts (empty: every layer's is).
     pub layers: Vec<bool>,
+    #[serde(default)]
+    pub routing: Routing,
 }
 
 impl Moe {
@@ -161,6 +199,15 @@ impl Block {
         }
         if let Some(m) = &self.moe {
             m.validate(c.num_layers)?;
+        }
+        if let Some(s) = self.clamped_swiglu {
+            positive("swiglu_limit", Some(s.limit))?;
+            if !s.alpha.is_finite() {
+                return Err(ModelError::Config(format!(
+                    "swiglu_alpha: {} is not finite",
+                    s.alpha
+                )));
+            }
         }
         if let Some(r) = self.rotary_dim {
             if r == 0 || r > c.head_dim || !r.is_multiple_of(2) {
@@ -341,6 +388,14 @@ impl ModelConfig {
                 local_rope_theta: local_rope.map(|t| t as f32),
                 rotary_dim,
                 moe: fields.moe(family, num_layers)?,
+                // transformers' GptOssConfig defaults.
+                clamped_swiglu: match family.clamped_swiglu {
+                    true => Some(ClampedSwiglu {
+                        alpha: fields.f64("swiglu_alpha")?.unwrap_or(1.702) as f32,
+                        limit: fields.f64("swiglu_limit")?.unwrap_or(7.0) as f32,
+                    }),
+                    false => None,
+                },
             },
         };
         config.validate()?;
@@ -461,7 +516,38 @@ impl RopeScaling {
                 }
                 Ok(())
             }
+            RopeScaling::Yarn {
+                factor,
+                beta_fast,
+                beta_slow,
+                original_max_position_embeddings,
+                truncate: _,
+                attention_factor,
+            } => {
+                positive("factor", factor)?;
+                positive("beta_fast", beta_fast)?;
+                positive("beta_slow", beta_slow)?;
+                positive("attention_factor", attention_factor)?;
+                if original_max_position_embeddings == 0
+                    || original_max_position_embeddings > MAX_POSITIONS
+                {
+                    return Err(ModelError::Config(format!(
+                        "rope_scaling.original_max_position_embeddings: \
+                         {original_max_position_embeddings} is out of range (1..={MAX_POSITIONS})"
+                    )));
+                }
+                Ok(())
+            }
         }
+    }
+}
+
+/// YaRN's attention factor of a scaling `factor` (`0.1·mscale·ln(factor) + 1`, 1 for factors up
+/// to 1; transformers' `yarn_get_mscale`, llama.cpp's `get_mscale`).
+pub fn yarn_mscale(factor: f64, mscale: f64) -> f64 {
+    match factor <= 1.0 {
+        true => 1.0,
+        false => 0.1 * mscale * factor.ln() + 1.0,
     }
 }
 
@@ -586,6 +672,7 @@ impl HfFields<'_> {
             false => Vec::new(),
         };
         Ok(Some(Moe {
+            routing: spec.routing,
             experts,
             top_k: self.required_usize("num_experts_per_tok")?,
             intermediate_size: self.required_usize(spec.intermediate_key)?,
@@ -765,9 +852,53 @@ impl HfFields<'_> {
                         .map_err(named)?,
                 }
             }
+            "yarn" => {
+                // transformers' _compute_yarn_parameters, its defaults included.
+                let original = params
+                    .required_usize("original_max_position_embeddings")
+                    .map_err(named)?;
+                let factor = match params.f64("factor").map_err(named)? {
+                    Some(f) => f,
+                    None => {
+                        self.required_usize("max_position_embeddings")? as f64 / original as f64
+                    }
+                };
+                let beta = |field: &str, default: f64| -> Result<f32> {
+                    // `or`: 0 counts as unset there.
+                    Ok(match params.f64(field).map_err(named)? {
+                        Some(b) if b != 0.0 => b as f32,
+                        _ => default as f32,
+                    })
+                };
+                let attention_factor = match params.f64("attention_factor").map_err(named)? {
+                    Some(a) => a,
+                    None => {
+                        let m = params.f64("mscale").map_err(named)?.filter(|&m| m != 0.0);
+                        let all = params
+                            .f64("mscale_all_dim")
+                            .map_err(named)?
+                            .filter(|&m| m != 0.0);
+                        match (m, all) {
+                            (Some(m), Some(all)) => {
+                                yarn_mscale(factor, m) / yarn_mscale(factor, all)
+                            }
+                            _ => yarn_mscale(factor, 1.0),
+                        }
+                    }
+                };
+                RopeScaling::Yarn {
+                    factor: factor as f32,
+                    beta_fast: beta("beta_fast", 32.0)?,
+                    beta_slow: beta("beta_slow", 1.0)?,
+                    original_max_position_embeddings: original,
+                    truncate: params.bool("truncate").map_err(named)?.unwrap_or(true),
+                    attention_factor: attention_factor as f32,
+                }
+            }
             other => {
                 return Err(ModelError::Unsupported(format!(
-                    "config {section}.rope_type: {other:?} (default, linear, llama3 are supported)"
+                    "config {section}.rope_type: {other:?} (default, linear, llama3, yarn are \
+                     supported)"
                 )))
             }
         };
@@ -835,6 +966,110 @@ mod tests {
         match ModelConfig::from_hf_json(text) {
             Err(ModelError::Config(msg)) => msg,
             other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    /// openai/gpt-oss-20b's config.json with 4 of its 24 layers.
+    const GPT_OSS_20B: &str = r#"{
+      "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+      "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+      "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+      "intermediate_size": 2880, "layer_types": ["sliding_attention", "full_attention",
+      "sliding_attention", "full_attention"], "max_position_embeddings": 131072,
+      "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4,
+      "num_hidden_layers": 4, "num_key_value_heads": 8, "num_local_experts": 32,
+      "output_router_logits": false, "pad_token_id": 199999,
+      "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn",
+        "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+      "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0,
+        "factor": 32.0, "original_max_position_embeddings": 4096, "rope_type": "yarn",
+        "truncate": false},
+      "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+      "swiglu_limit": 7.0, "tie_word_embeddings": false, "transformers_version": "4.55.0.dev0",
+      "use_cache": true, "vocab_size": 201088}"#;
+
+    #[test]
+    fn gpt_oss_config() {
+        let c = ModelConfig::from_hf_json(GPT_OSS_20B).unwrap();
+        assert_eq!(c.arch, Arch::GptOss);
+        assert!(c.attention_bias);
+        assert_eq!(
+            c.rope_scaling,
+            RopeScaling::Yarn {
+                factor: 32.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_max_position_embeddings: 4096,
+                truncate: false,
+                attention_factor: (0.1 * 32f64.ln() + 1.0) as f32,
+            }
+        );
+        assert_eq!(c.block.sliding_window, Some(128));
+        assert_eq!(c.block.sliding_layers, [true, false, true, false]);
+        let moe = c.block.moe.as_ref().unwrap();
+        assert_eq!(
+            (moe.experts, moe.top_k, moe.intermediate_size),
+            (32, 4, 2880)
+        );
+        assert_eq!(moe.routing, Routing::TopKSoftmax);
+        assert_eq!(
+            c.block.clamped_swiglu,
+            Some(ClampedSwiglu {
+                alpha: 1.702,
+                limit: 7.0
+            })
+        );
+        // transformers' YaRN defaults: truncated, the attention factor from the factor; the
+        // mscale pair of DeepSeek's configs divides.
+        let yarn = |params: serde_json::Value| {
+            ModelConfig::from_hf_json(&edited(LLAMA_31_8B, &[("rope_scaling", params)]))
+                .unwrap()
+                .rope_scaling
+        };
+        let RopeScaling::Yarn {
+            truncate,
+            attention_factor,
+            factor,
+            ..
+        } = yarn(serde_json::json!({"rope_type": "yarn", "factor": 4.0,
+            "original_max_position_embeddings": 32768}))
+        else {
+            panic!("not YaRN")
+        };
+        assert!(truncate);
+        assert_eq!(factor, 4.0);
+        assert!((attention_factor as f64 - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-6);
+        let RopeScaling::Yarn {
+            attention_factor, ..
+        } = yarn(
+            serde_json::json!({"rope_type": "yarn", "factor": 40.0, "mscale": 1.0,
+            "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}),
+        )
+        else {
+            panic!("not YaRN")
+        };
+        assert_eq!(attention_factor, 1.0);
+        assert!(ModelConfig::from_hf_json(&edited(
+            LLAMA_31_8B,
+            &[(
+                "rope_scaling",
+                serde_json::json!({"rope_type": "yarn", "factor": 4.0})
+            )]
+        ))
+        .is_err());
+    }
+
+    #[test]
+    fn clamped_swiglu_clamps_as_transformers() {
+        let s = ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
+        for (g, u) in [(0.5f32, -0.25f32), (10.0, 9.0), (-10.0, -9.0), (8.0, -20.0)] {
+            let (gc, uc) = ((g as f64).min(7.0), (u as f64).clamp(-7.0, 7.0));
+            let want = (uc + 1.0) * gc * sigmoid(1.702 * gc);
+            assert!((s.apply(g, u) as f64 - want).abs() < 1e-5, "{g} {u}");
         }
     }
 
@@ -1052,12 +1287,12 @@ mod tests {
         let c = ModelConfig::from_hf_json(&v5_default).unwrap();
         assert_eq!((c.rope_theta, c.rope_scaling), (1234.0, RopeScaling::None));
 
-        let yarn = edited(
+        let dynamic = edited(
             QWEN25_05B,
-            &[("rope_scaling", json!({"type": "yarn", "factor": 4.0}))],
+            &[("rope_scaling", json!({"type": "dynamic", "factor": 4.0}))],
         );
-        match ModelConfig::from_hf_json(&yarn) {
-            Err(ModelError::Unsupported(msg)) => assert!(msg.contains("yarn"), "{msg}"),
+        match ModelConfig::from_hf_json(&dynamic) {
+            Err(ModelError::Unsupported(msg)) => assert!(msg.contains("dynamic"), "{msg}"),
             other => panic!("expected unsupported, got {other:?}"),
         }
 

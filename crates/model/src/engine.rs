@@ -3,9 +3,9 @@
 //! decoding runs one token at a time. Work is spread over rayon's global pool, through the crew
 //! ([`crate::crew`]) while a forward runs on a pool thread.
 
-use crate::config::{ModelConfig, RopeScaling, RopeStyle};
+use crate::config::{ModelConfig, RopeScaling, RopeStyle, Routing};
 use crate::error::{ModelError, Result};
-use crate::weights::{Experts, GatedMlp, LayerWeights, Mlp, ModelWeights};
+use crate::weights::{ExpertBiases, Experts, GatedMlp, LayerWeights, Mlp, ModelWeights};
 use std::sync::Arc;
 
 /// Tokens per forward chunk: bounds activation memory on long prompts (each weight is read once
@@ -22,6 +22,8 @@ pub struct Engine {
     max_seq_len: usize,
     /// RoPE inverse frequencies (radians per position) of each rotated pair, scaling applied.
     inv_freq: Vec<f64>,
+    /// cos and sin are multiplied by this (YaRN's attention factor; 1 otherwise).
+    rope_scale: f32,
     /// Those of the sliding layers where they rotate with a base of their own (Gemma 3).
     local_inv_freq: Option<Vec<f64>>,
     /// Per layer: keys of positions `0..pos`, `[pos, kv_dim]`, RoPE applied.
@@ -74,6 +76,7 @@ impl Engine {
         let values = caches.split_off(c.num_layers);
         Ok(Engine {
             inv_freq: rope_inv_freq(c),
+            rope_scale: rope_attention_factor(c),
             local_inv_freq: c.block.local_rope_theta.map(|theta| {
                 let local = ModelConfig {
                     rope_theta: theta,
@@ -214,11 +217,11 @@ impl Engine {
                 row.iter_mut().for_each(|v| *v *= scale);
             }
         }
-        let rope = RopeAngles::new(&self.inv_freq, self.pos, n);
+        let rope = RopeAngles::new(&self.inv_freq, self.rope_scale, self.pos, n);
         let local_rope = self
             .local_inv_freq
             .as_ref()
-            .map(|f| RopeAngles::new(f, self.pos, n));
+            .map(|f| RopeAngles::new(f, 1.0, self.pos, n));
         let mut buffers = LayerBuffers::new(c, n);
         for (layer_index, layer) in weights.layers.iter().enumerate() {
             let rope = match (&local_rope, c.block.window(layer_index)) {
@@ -286,6 +289,7 @@ impl Engine {
         attention(
             c,
             c.block.window(layer_index),
+            layer.norms.sinks.as_deref(),
             &b.q,
             &self.keys[layer_index],
             &self.values[layer_index],
@@ -293,6 +297,11 @@ impl Engine {
             &mut b.attended,
         );
         layer.o.matmul(&b.attended, n, &mut b.normed);
+        if let Some(bias) = &layer.norms.o_bias {
+            for row in b.normed.chunks_mut(bias.len()) {
+                add_assign(row, bias);
+            }
+        }
         if let Some(w) = &layer.norms.post_attn {
             rms_norm_in_place(&mut b.normed, w, c.rms_norm_eps);
         }
@@ -373,6 +382,7 @@ fn mlp_block(
         Mlp::Gated(g) => gated(
             c,
             g,
+            None,
             &b.normed,
             n,
             &mut b.gate,
@@ -388,12 +398,14 @@ fn mlp_block(
     add_assign(x, &b.mlp_out);
 }
 
-/// `out = down(act(gate(h)) · up(h))` for the `n` rows of `h`; `gate` and `up` are scratch of at
-/// least `n × rows` of the gate.
+/// `out = down(act(gate(h)) · up(h))` for the `n` rows of `h` (each product plus its bias where
+/// the expert has them; `act(gate, up)` gpt-oss's clamped SwiGLU where the block says); `gate`
+/// and `up` are scratch of at least `n × rows` of the gate.
 #[allow(clippy::too_many_arguments)]
 fn gated(
     c: &ModelConfig,
     m: &GatedMlp,
+    bias: Option<&ExpertBiases>,
     h: &[f32],
     n: usize,
     gate: &mut Vec<f32>,
@@ -412,21 +424,45 @@ fn gated(
         m.gate.matmul(h, n, gate);
         m.up.matmul(h, n, up);
     }
+    if let Some(b) = bias {
+        for (g, u) in gate.chunks_mut(inter).zip(up.chunks_mut(inter)) {
+            add_assign(g, &b.gate);
+            add_assign(u, &b.up);
+        }
+    }
     let up = &*up;
     let act = c.block.activation;
+    let clamped = c.block.clamped_swiglu;
     crate::crew::chunks_mut(gate, ELEMENTWISE_TASK, |i, g| {
         let u = &up[i * ELEMENTWISE_TASK..][..g.len()];
-        for (g, &u) in g.iter_mut().zip(u) {
-            *g = act.apply(*g) * u;
+        match clamped {
+            Some(s) => {
+                for (g, &u) in g.iter_mut().zip(u) {
+                    *g = s.apply(*g, u);
+                }
+            }
+            None => {
+                for (g, &u) in g.iter_mut().zip(u) {
+                    *g = act.apply(*g) * u;
+                }
+            }
         }
     });
-    m.down.matmul(gate, n, &mut out[..n * m.down.rows()]);
+    let out = &mut out[..n * m.down.rows()];
+    m.down.matmul(gate, n, out);
+    if let Some(b) = bias {
+        for row in out.chunks_mut(b.down.len()) {
+            add_assign(row, &b.down);
+        }
+    }
 }
 
-/// A mixture of experts over the `n` rows of `h` into `out`: per token the router's softmax (in
-/// f32), its `top_k` most probable experts (ties to the lower index), their probabilities
-/// renormalised where the config says; then expert by expert, in index order, its tokens' rows
-/// through it as one batch and added to those tokens' outputs, weighted (transformers' order).
+/// A mixture of experts over the `n` rows of `h` into `out`: per token the router's logits (plus
+/// its bias), then [`Routing`]: their softmax (in f32), its `top_k` most probable experts (ties to
+/// the lower index), their probabilities renormalised where the config says; or the `top_k`
+/// largest logits weighted by their own softmax. Then expert by expert, in index order, its
+/// tokens' rows through it as one batch and added to those tokens' outputs, weighted
+/// (transformers' order).
 fn experts(c: &ModelConfig, e: &Experts, h: &[f32], n: usize, out: &mut Vec<f32>) {
     let moe = c
         .block
@@ -436,20 +472,37 @@ fn experts(c: &ModelConfig, e: &Experts, h: &[f32], n: usize, out: &mut Vec<f32>
     let (hidden, count) = (c.hidden_size, e.experts.len());
     let mut logits = vec![0f32; n * count];
     e.router.matmul(h, n, &mut logits);
+    if let Some(bias) = &e.router_bias {
+        for row in logits.chunks_mut(count) {
+            add_assign(row, bias);
+        }
+    }
     // Per expert: (token, weight) in token order.
     let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); count];
+    let mut order: Vec<usize> = Vec::with_capacity(count);
     for (t, row) in logits.chunks_mut(count).enumerate() {
-        let sum = exp_shifted(row);
-        row.iter_mut().for_each(|p| *p /= sum);
-        let mut order: Vec<usize> = (0..count).collect();
+        if moe.routing == Routing::SoftmaxTopK {
+            let sum = exp_shifted(row);
+            row.iter_mut().for_each(|p| *p /= sum);
+        }
+        order.clear();
+        order.extend(0..count);
         order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
         let picked = &order[..moe.top_k];
-        let total: f32 = picked.iter().map(|&x| row[x]).sum();
-        for &x in picked {
-            let w = match moe.norm_topk {
-                true => row[x] / total,
-                false => row[x],
-            };
+        let mut top: Vec<f32> = picked.iter().map(|&x| row[x]).collect();
+        match moe.routing {
+            Routing::SoftmaxTopK => {
+                let total: f32 = top.iter().sum();
+                if moe.norm_topk {
+                    top.iter_mut().for_each(|p| *p /= total);
+                }
+            }
+            Routing::TopKSoftmax => {
+                let sum = exp_shifted(&mut top);
+                top.iter_mut().for_each(|p| *p /= sum);
+            }
+        }
+        for (&x, &w) in picked.iter().zip(&top) {
             routes[x].push((t, w));
         }
     }
@@ -467,6 +520,7 @@ fn experts(c: &ModelConfig, e: &Experts, h: &[f32], n: usize, out: &mut Vec<f32>
         gated(
             c,
             &e.experts[x],
+            e.biases.get(x),
             &rows,
             route.len(),
             &mut gate,
@@ -488,10 +542,13 @@ fn experts(c: &ModelConfig, e: &Experts, h: &[f32], n: usize, out: &mut Vec<f32>
 
 /// Causal grouped-query attention of the chunk's queries (`q`: `[n, heads·head_dim]`, at
 /// positions `start..start + n`) over the cached keys and values of positions `0..start + n`, or
-/// of the last `window` of them. One task per (token, head).
+/// of the last `window` of them; each head's sink logit (`sinks`) joins its softmax's
+/// denominator. One task per (token, head).
+#[allow(clippy::too_many_arguments)]
 fn attention(
     c: &ModelConfig,
     window: Option<usize>,
+    sinks: Option<&[f32]>,
     q: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -505,6 +562,7 @@ fn attention(
     crate::crew::chunks_mut(out, d, |index, out| {
         let q = &q[index * d..][..d];
         let (token, head) = (index / heads, index % heads);
+        let sink = sinks.map(|s| s[head]);
         let end = start + token + 1;
         let first = window.map_or(0, |w| end.saturating_sub(w));
         let kv = KvHead {
@@ -517,9 +575,9 @@ fn attention(
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: AVX2 is present.
-            return unsafe { attend_avx2(q, &kv, scale, cap, out) };
+            return unsafe { attend_avx2(q, &kv, scale, cap, sink, out) };
         }
-        attend(q, &kv, scale, cap, out)
+        attend(q, &kv, scale, cap, sink, out)
     });
 }
 
@@ -543,13 +601,20 @@ struct KvHead<'a> {
 /// additions overlap). Heads of 32, 64, 96 or 128 elements; others: [`attend`] compiled for AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn attend_avx2(q: &[f32], kv: &KvHead, scale: f32, cap: Option<f32>, out: &mut [f32]) {
+unsafe fn attend_avx2(
+    q: &[f32],
+    kv: &KvHead,
+    scale: f32,
+    cap: Option<f32>,
+    sink: Option<f32>,
+    out: &mut [f32],
+) {
     match q.len() {
-        32 => attend_avx2_w::<4>(q, kv, scale, cap, out),
-        64 => attend_avx2_w::<8>(q, kv, scale, cap, out),
-        96 => attend_avx2_w::<12>(q, kv, scale, cap, out),
-        128 => attend_avx2_w::<16>(q, kv, scale, cap, out),
-        _ => attend(q, kv, scale, cap, out),
+        32 => attend_avx2_w::<4>(q, kv, scale, cap, sink, out),
+        64 => attend_avx2_w::<8>(q, kv, scale, cap, sink, out),
+        96 => attend_avx2_w::<12>(q, kv, scale, cap, sink, out),
+        128 => attend_avx2_w::<16>(q, kv, scale, cap, sink, out),
+        _ => attend(q, kv, scale, cap, sink, out),
     }
 }
 
@@ -562,6 +627,7 @@ unsafe fn attend_avx2_w<const W: usize>(
     kv: &KvHead,
     scale: f32,
     cap: Option<f32>,
+    sink: Option<f32>,
     out: &mut [f32],
 ) {
     use std::arch::x86_64::*;
@@ -606,7 +672,7 @@ unsafe fn attend_avx2_w<const W: usize>(
         *s = total(acc) * scale;
     }
     cap_scores(&mut scores, cap);
-    let sum = exp_shifted(&mut scores);
+    let sum = exp_shifted_sink(&mut scores, sink);
     let mut o = [_mm256_setzero_ps(); W];
     for (t, &s) in scores.iter().enumerate() {
         let weight = _mm256_set1_ps(s / sum);
@@ -622,7 +688,14 @@ unsafe fn attend_avx2_w<const W: usize>(
 
 /// One query's softmax-weighted sum of its head's cached values.
 #[inline(always)]
-fn attend(q: &[f32], kv: &KvHead, scale: f32, cap: Option<f32>, out: &mut [f32]) {
+fn attend(
+    q: &[f32],
+    kv: &KvHead,
+    scale: f32,
+    cap: Option<f32>,
+    sink: Option<f32>,
+    out: &mut [f32],
+) {
     let d = q.len();
     // A plain loop: iterator adapters would be compiled apart, without the caller's features.
     let mut scores = vec![0f32; kv.len];
@@ -630,7 +703,7 @@ fn attend(q: &[f32], kv: &KvHead, scale: f32, cap: Option<f32>, out: &mut [f32])
         *s = dot(q, &kv.keys[t * kv.stride + kv.offset..][..d]) * scale;
     }
     cap_scores(&mut scores, cap);
-    let sum = exp_shifted(&mut scores);
+    let sum = exp_shifted_sink(&mut scores, sink);
     out.fill(0.0);
     for (t, &s) in scores.iter().enumerate() {
         let weight = s / sum;
@@ -659,6 +732,22 @@ fn exp_shifted(scores: &mut [f32]) -> f32 {
         sum += *s;
     }
     sum
+}
+
+/// [`exp_shifted`] with a sink: a logit that joins the maximum and the denominator (gpt-oss,
+/// transformers' `eager_attention_forward`), not the values.
+#[inline(always)]
+fn exp_shifted_sink(scores: &mut [f32], sink: Option<f32>) -> f32 {
+    let Some(sink) = sink else {
+        return exp_shifted(scores);
+    };
+    let max = scores.iter().copied().fold(sink, f32::max);
+    let mut sum = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    sum + (sink - max).exp()
 }
 
 /// Dot product with eight partial sums, so it vectorises.
@@ -701,10 +790,21 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     });
 }
 
+/// The factor cos and sin are multiplied by: YaRN's attention factor, else 1.
+pub fn rope_attention_factor(c: &ModelConfig) -> f32 {
+    match c.rope_scaling {
+        RopeScaling::Yarn {
+            attention_factor, ..
+        } => attention_factor,
+        _ => 1.0,
+    }
+}
+
 /// RoPE inverse frequencies of the `d / 2` rotated pairs (`d`: the rotated dimensions of a head),
 /// `θ^(−2i/d)`, with the config's
-/// frequency scaling (transformers' `_compute_linear_scaling_rope_parameters` and
-/// `_compute_llama3_parameters`).
+/// frequency scaling (transformers' `_compute_linear_scaling_rope_parameters`,
+/// `_compute_llama3_parameters` and `_compute_yarn_parameters`; YaRN's attention factor is
+/// [`rope_attention_factor`]).
 pub fn rope_inv_freq(c: &ModelConfig) -> Vec<f64> {
     let d = c.block.rotary_dim(c.head_dim);
     let base = c.rope_theta as f64;
@@ -713,6 +813,35 @@ pub fn rope_inv_freq(c: &ModelConfig) -> Vec<f64> {
             let freq = base.powf(-((2 * i) as f64) / d as f64);
             match c.rope_scaling {
                 RopeScaling::None => freq,
+                RopeScaling::Yarn {
+                    factor,
+                    beta_fast,
+                    beta_slow,
+                    original_max_position_embeddings,
+                    truncate,
+                    attention_factor: _,
+                } => {
+                    // The dimension at which a frequency turns `rotations` times over the
+                    // original context.
+                    let dim = |rotations: f64| {
+                        d as f64
+                            * (original_max_position_embeddings as f64
+                                / (rotations * 2.0 * std::f64::consts::PI))
+                                .ln()
+                            / (2.0 * base.ln())
+                    };
+                    let (mut low, mut high) = (dim(beta_fast as f64), dim(beta_slow as f64));
+                    if truncate {
+                        (low, high) = (low.floor(), high.ceil());
+                    }
+                    let (low, mut high) = (low.max(0.0), high.min(d as f64 - 1.0));
+                    if low == high {
+                        high += 0.001; // transformers' guard against a zero-width ramp
+                    }
+                    let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                    let extrapolation = 1.0 - ramp;
+                    freq / factor as f64 * (1.0 - extrapolation) + freq * extrapolation
+                }
                 RopeScaling::Linear { factor } => freq / factor as f64,
                 RopeScaling::Llama3 {
                     factor,
@@ -749,14 +878,15 @@ struct RopeAngles {
 }
 
 impl RopeAngles {
-    fn new(inv_freq: &[f64], start: usize, n: usize) -> Self {
+    /// `scale` multiplies cos and sin (YaRN's attention factor).
+    fn new(inv_freq: &[f64], scale: f32, start: usize, n: usize) -> Self {
         let (mut cos, mut sin) = (Vec::with_capacity(n * inv_freq.len()), Vec::new());
         sin.reserve(n * inv_freq.len());
         for pos in start..start + n {
             for &f in inv_freq {
                 let (s, c) = (pos as f64 * f).sin_cos();
-                cos.push(c as f32);
-                sin.push(s as f32);
+                cos.push(c as f32 * scale);
+                sin.push(s as f32 * scale);
             }
         }
         RopeAngles { cos, sin }
@@ -819,9 +949,10 @@ mod tests {
                     };
                     let (mut a, mut b) = (vec![0f32; d], vec![1f32; d]);
                     let cap = (head % 2 == 1).then_some(0.7);
-                    attend(&q, &kv, 0.125, cap, &mut a);
+                    let sink = (head == 2).then_some(0.3);
+                    attend(&q, &kv, 0.125, cap, sink, &mut a);
                     // SAFETY: AVX2 is present (checked above).
-                    unsafe { attend_avx2(&q, &kv, 0.125, cap, &mut b) };
+                    unsafe { attend_avx2(&q, &kv, 0.125, cap, sink, &mut b) };
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&a),
@@ -860,7 +991,7 @@ mod tests {
         let original: Vec<f32> = (0..12).map(|i| i as f32 - 5.0).collect();
         for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
             let mut x = original.clone(); // 2 tokens × 1 head × 6 dims
-            RopeAngles::new(&inv_freq, 0, 2).apply(&mut x, 6, 6, style);
+            RopeAngles::new(&inv_freq, 1.0, 0, 2).apply(&mut x, 6, 6, style);
             assert_eq!(&x[..6], &original[..6], "position 0 must not rotate");
             let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
             assert!((norm(&x[6..]) - norm(&original[6..])).abs() < 1e-3);

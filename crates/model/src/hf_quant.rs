@@ -1,5 +1,6 @@
 //! Quantised HF checkpoints: compressed-tensors `pack-quantized`, `int-quantized`,
-//! `nvfp4-pack-quantized` and `mxfp4-pack-quantized`, GPTQ and AWQ GEMM.
+//! `nvfp4-pack-quantized` and `mxfp4-pack-quantized`, GPTQ, AWQ GEMM, and OpenAI's MXFP4
+//! (`quant_method: mxfp4`, gpt-oss's experts).
 //!
 //! Each integer matrix is read into its integer codes and group scales and served by the `int`
 //! form as they are; FP4 matrices are repacked (bits moved, nothing rounded) into ggml's MXFP4 and
@@ -86,6 +87,9 @@ pub enum Scheme {
     },
     /// AWQ GEMM (4-bit).
     Awq { group: usize },
+    /// OpenAI's MXFP4 (gpt-oss): a tensor `X` stored as `X_blocks` and `X_scales`
+    /// ([`read_openai_mxfp4`]); the modules it leaves out are plain tensors.
+    Mxfp4,
 }
 
 fn cfg_err(field: &str, msg: impl std::fmt::Display) -> ModelError {
@@ -151,17 +155,34 @@ impl Scheme {
             Some("gptq") => gptq(q).map(Some),
             Some("awq") => awq(q).map(Some),
             Some("fp8") => Ok(None),
+            Some("mxfp4") => Ok(Some(Scheme::Mxfp4)),
             Some(m) => Err(cfg_err(
                 "quant_method",
-                format!("'{m}' is not read (read: compressed-tensors, gptq, awq)"),
+                format!("'{m}' is not read (read: compressed-tensors, gptq, awq, mxfp4)"),
             )),
             None => Err(cfg_err("quant_method", "missing")),
         }
     }
 
-    /// The matrix `name` (an HF `….weight`) where the checkpoint holds it packed by this scheme;
-    /// `None` where it holds no packed tensors for it.
+    /// The tensors beside `name` (or `name` itself) a checkpoint packed by this scheme holds it
+    /// in, where they are not under `{name without .weight}.`: OpenAI MXFP4's `_blocks` and
+    /// `_scales`.
+    pub fn parts_beside(&self, name: &str) -> Vec<String> {
+        match self {
+            Scheme::Mxfp4 => vec![format!("{name}_blocks"), format!("{name}_scales")],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The matrix `name` (an HF `….weight`; OpenAI MXFP4: any tensor name) where the checkpoint
+    /// holds it packed by this scheme; `None` where it holds no packed tensors for it.
     pub fn matrix(&self, t: &dyn Tensors, name: &str) -> Result<Option<HostTensor>> {
+        if let Scheme::Mxfp4 = self {
+            if t.get(&format!("{name}_blocks")).is_none() {
+                return Ok(None);
+            }
+            return read_openai_mxfp4(t, name).map(|m| Some(HostTensor::Linear(m)));
+        }
         let Some(prefix) = name.strip_suffix(".weight") else {
             return Ok(None);
         };
@@ -212,6 +233,7 @@ impl Scheme {
                 }
                 read_awq(t, prefix, *group)?
             }
+            Scheme::Mxfp4 => unreachable!("read above"),
         };
         Ok(Some(HostTensor::Linear(m)))
     }
@@ -854,6 +876,70 @@ fn read_fp4(t: &dyn Tensors, prefix: &str, nv: bool) -> Result<Arc<dyn Linear>> 
         m,
         vec![1.0 / global; rows],
     )?))
+}
+
+/// OpenAI's MXFP4 (transformers' integrations/mxfp4.py): `{name}_blocks` uint8
+/// `[..., rows, cols/32, 16]`, element 2j of a 32-element block in the low nibble of byte j and
+/// 2j+1 in the high one, each an E2M1 code (the order of ggml's `kvalues_mxfp4`), and
+/// `{name}_scales` uint8 E8M0 `[..., rows, cols/32]` (value `fp4·2^(e−127)`); the leading axes
+/// (gpt-oss's experts) stacked into rows, which are the output features. Repacked (bits moved,
+/// nothing rounded) into ggml's MXFP4 blocks as llama.cpp's converter repacks them
+/// (`GptOssModel.repack_mxfp4`), one matrix `[Π leading · rows, cols]` served by the `ggml` form.
+fn read_openai_mxfp4(t: &dyn Tensors, name: &str) -> Result<Arc<dyn Linear>> {
+    use crate::forms::ggml::{BlockBytes, GGML};
+    use crate::gguf::GgmlType;
+    let bname = format!("{name}_blocks");
+    let sname = format!("{name}_scales");
+    let b = need(t, &bname)?;
+    let sv = need(t, &sname)?;
+    for (n, v) in [(&bname, &b), (&sname, &sv)] {
+        if v.dtype != Dtype::U8 {
+            return Err(ModelError::tensor(
+                n,
+                format!("dtype {} (read: U8)", v.dtype.name()),
+            ));
+        }
+    }
+    let (lead, groups) = match b.shape[..] {
+        [.., g, 16] if b.shape.len() >= 3 && g > 0 => (&b.shape[..b.shape.len() - 2], g),
+        _ => {
+            return Err(ModelError::tensor(
+                &bname,
+                format!("shape {:?} is not [..., rows, blocks, 16]", b.shape),
+            ))
+        }
+    };
+    let rows: usize = lead.iter().product();
+    if rows == 0 {
+        return Err(ModelError::tensor(&bname, "no rows"));
+    }
+    check_shape(&sname, sv.shape, &[lead, &[groups]].concat())?;
+    if let Some(i) = sv.bytes.iter().position(|&e| e == 0xFF) {
+        return Err(ModelError::tensor(
+            &sname,
+            format!("element {i} (0xff) is NaN"),
+        ));
+    }
+    let mut out = Vec::with_capacity(rows * groups * 17);
+    for (block, &scale) in b.bytes.chunks_exact(16).zip(sv.bytes) {
+        let code = |k: usize| match k % 2 {
+            0 => block[k / 2] & 15,
+            _ => block[k / 2] >> 4,
+        };
+        out.push(scale);
+        out.extend((0..16).map(|j| code(j) | code(j + 16) << 4));
+    }
+    let src = Source::new(
+        rows,
+        groups * 32,
+        Values::Ggml {
+            ty: GgmlType::MXFP4,
+            bytes: BlockBytes::from_vec(out),
+        },
+    )
+    .map_err(|e| ModelError::tensor(&bname, e.to_string()))?;
+    GGML.encode(&src, "")
+        .map_err(|e| ModelError::tensor(&bname, e.to_string()))
 }
 
 fn gptq(q: &serde_json::Map<String, serde_json::Value>) -> Result<Scheme> {

@@ -244,14 +244,19 @@ impl ContainerSource {
     /// tensors beside it (`….qweight`, `….scales` …, and `name` itself where it holds int8
     /// codes) decoded and read as the source's reader reads them.
     fn quantised(&self, q: &crate::hf_quant::Scheme, name: &str) -> Result<Option<HostTensor>> {
-        let Some(prefix) = name.strip_suffix(".weight") else {
-            return Ok(None);
-        };
-        let dot = format!("{prefix}.");
+        let beside = q.parts_beside(name);
+        let dot = name
+            .strip_suffix(".weight")
+            .map(|prefix| format!("{prefix}."));
         let parts: Vec<&str> = self
             .reader
             .names()
-            .filter(|n| (n.starts_with(&dot) && n[dot.len()..].find('.').is_none()) || *n == name)
+            .filter(|n| {
+                dot.as_ref()
+                    .is_some_and(|dot| n.starts_with(dot) && n[dot.len()..].find('.').is_none())
+                    || *n == name
+                    || beside.iter().any(|b| b == n)
+            })
             .collect();
         if parts.is_empty() {
             return Ok(None);

@@ -91,6 +91,18 @@ pub struct GatedMlp {
 pub struct Experts {
     pub router: Arc<dyn Linear>,
     pub experts: Vec<GatedMlp>,
+    /// The router's bias (`[experts]`; gpt-oss).
+    pub router_bias: Option<Vec<f32>>,
+    /// Per expert, the biases of its gate, up and down (empty: none; gpt-oss).
+    pub biases: Vec<ExpertBiases>,
+}
+
+/// The biases of one expert's matrices.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExpertBiases {
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    pub down: Vec<f32>,
 }
 
 impl GatedMlp {
@@ -171,6 +183,7 @@ impl LayerWeights {
                         .enumerate()
                         .map(|(i, x)| x.map(&format!("experts.{i}."), &mut f))
                         .collect::<std::result::Result<_, E>>()?,
+                    ..e.clone()
                 }),
             },
             ..self.clone()
@@ -178,8 +191,9 @@ impl LayerWeights {
     }
 }
 
-/// RMSNorm weights of the norms only some families have ([`crate::arch`]), as the engine
-/// multiplies them (a Gemma checkpoint's `1 + w` already added).
+/// The vectors of a layer only some families have ([`crate::arch`]): RMSNorm weights as the
+/// engine multiplies them (a Gemma checkpoint's `1 + w` already added), the attention output's
+/// bias and attention sinks.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ExtraNorms {
     /// Per head of q and of k, before RoPE (`[head_dim]`; Qwen3, Gemma 3).
@@ -189,11 +203,24 @@ pub struct ExtraNorms {
     pub post_attn: Option<Vec<f32>>,
     /// Of the MLP's output before its residual add (Gemma).
     pub post_mlp: Option<Vec<f32>>,
+    /// The bias of the attention's output projection (`[hidden]`; gpt-oss, Llama with
+    /// `attention_bias`).
+    pub o_bias: Option<Vec<f32>>,
+    /// Per head, a logit joined to the attention softmax's denominator and to no value
+    /// (`[heads]`; gpt-oss).
+    pub sinks: Option<Vec<f32>>,
 }
 
 impl ExtraNorms {
-    fn vectors(&self) -> [&Option<Vec<f32>>; 4] {
-        [&self.q, &self.k, &self.post_attn, &self.post_mlp]
+    fn vectors(&self) -> [&Option<Vec<f32>>; 6] {
+        [
+            &self.q,
+            &self.k,
+            &self.post_attn,
+            &self.post_mlp,
+            &self.o_bias,
+            &self.sinks,
+        ]
     }
 }
 
@@ -863,13 +890,13 @@ pub fn build_model(source: &dyn TensorSource) -> Result<ModelWeights> {
                 .expect("roles asked for are the family's")
         };
         let has = |role| family.has(role);
-        // An output-projection bias (Llama `attention_bias`) has no place in LayerWeights.
-        let o_bias = name(Role::O, "bias");
-        if source.tensor(&o_bias)?.is_some() {
-            return Err(ModelError::Unsupported(format!(
-                "tensor {o_bias}: biases on the attention output projection"
-            )));
-        }
+        // transformers gives o_proj a bias with `attention_bias` (Llama, gpt-oss), Qwen2 none:
+        // read where the checkpoint has one.
+        let o_bias_name = name(Role::O, "bias");
+        let o_bias = match source.tensor(&o_bias_name)? {
+            Some(t) => Some(host_vector(&o_bias_name, t)?),
+            None => None,
+        };
         let (q, k, v) = match has(Role::Qkv) {
             true => {
                 let qkv = name(Role::Qkv, "weight");
@@ -887,23 +914,54 @@ pub fn build_model(source: &dyn TensorSource) -> Result<ModelWeights> {
         };
         let mlp = match config.block.moe_at(i) {
             Some(moe) => {
-                let expert = |role, e| {
-                    let n = family
-                        .hf_expert_name(role, i, e)
-                        .expect("roles asked for are the family's");
-                    matrix(&n)
+                let spec = family
+                    .moe
+                    .as_ref()
+                    .expect("a config with experts is of a family with them");
+                let fused = match &spec.hf_fused {
+                    Some(f) => fused_experts(source, f, i, moe, config.hidden_size, spec.biases)?,
+                    None => None,
+                };
+                let (experts, biases) = match fused {
+                    Some(x) => x,
+                    None => {
+                        let tensor = |role, e, param: &str| {
+                            family
+                                .hf_expert_tensor(role, i, e, param)
+                                .expect("roles asked for are the family's")
+                        };
+                        let experts = (0..moe.experts)
+                            .map(|e| {
+                                Ok(GatedMlp {
+                                    gate: matrix(&tensor(Role::ExpertGate, e, "weight"))?,
+                                    up: matrix(&tensor(Role::ExpertUp, e, "weight"))?,
+                                    down: matrix(&tensor(Role::ExpertDown, e, "weight"))?,
+                                })
+                            })
+                            .collect::<Result<_>>()?;
+                        let biases = match spec.biases {
+                            true => (0..moe.experts)
+                                .map(|e| {
+                                    Ok(ExpertBiases {
+                                        gate: vector(&tensor(Role::ExpertGate, e, "bias"))?,
+                                        up: vector(&tensor(Role::ExpertUp, e, "bias"))?,
+                                        down: vector(&tensor(Role::ExpertDown, e, "bias"))?,
+                                    })
+                                })
+                                .collect::<Result<_>>()?,
+                            false => Vec::new(),
+                        };
+                        (experts, biases)
+                    }
                 };
                 Mlp::Experts(Experts {
                     router: matrix(&name(Role::Router, "weight"))?,
-                    experts: (0..moe.experts)
-                        .map(|e| {
-                            Ok(GatedMlp {
-                                gate: expert(Role::ExpertGate, e)?,
-                                up: expert(Role::ExpertUp, e)?,
-                                down: expert(Role::ExpertDown, e)?,
-                            })
-                        })
-                        .collect::<Result<_>>()?,
+                    router_bias: match spec.biases {
+                        true => Some(vector(&name(Role::Router, "bias"))?),
+                        false => None,
+                    },
+                    experts,
+                    biases,
                 })
             }
             None if has(Role::GateUp) => {
@@ -953,6 +1011,11 @@ pub fn build_model(source: &dyn TensorSource) -> Result<ModelWeights> {
                 k: optional_norm(Role::KNorm)?,
                 post_attn: optional_norm(Role::PostAttnNorm)?,
                 post_mlp: optional_norm(Role::PostMlpNorm)?,
+                o_bias,
+                sinks: match has(Role::Sinks) {
+                    true => Some(vector(&name(Role::Sinks, ""))?),
+                    false => None,
+                },
             },
         });
     }
@@ -970,6 +1033,167 @@ pub fn build_model(source: &dyn TensorSource) -> Result<ModelWeights> {
     };
     weights.validate()?;
     Ok(weights)
+}
+
+/// A layer's experts from the two tensors an HF checkpoint fuses them into ([`FusedExperts`]), or
+/// `None` where the source has no such tensors (a GGUF serves each expert's own). Each expert's
+/// gate (the even outputs of `gate_up`), up (the odd ones) and down are matrices of their own in
+/// the form of the whole: a dense stack is transposed into them, a quantised one (its rows the
+/// outputs, [`crate::hf_quant`]) gives its rows' blocks as they are.
+///
+/// [`FusedExperts`]: crate::arch::FusedExperts
+fn fused_experts(
+    source: &dyn TensorSource,
+    fused: &crate::arch::FusedExperts,
+    layer: usize,
+    moe: &crate::config::Moe,
+    hidden: usize,
+    biases: bool,
+) -> Result<Option<(Vec<GatedMlp>, Vec<ExpertBiases>)>> {
+    let gu_name = format!("model.layers.{layer}.{}", fused.gate_up);
+    let Some(gu) = source.tensor(&gu_name)? else {
+        return Ok(None);
+    };
+    let down_name = format!("model.layers.{layer}.{}", fused.down);
+    let down = source
+        .tensor(&down_name)?
+        .ok_or_else(|| ModelError::tensor(&down_name, "missing from the checkpoint"))?;
+    let (n, inter) = (moe.experts, moe.intermediate_size);
+    let gu = output_rows(&gu_name, gu, n, 2 * inter, hidden)?;
+    let down = output_rows(&down_name, down, n, hidden, inter)?;
+    let experts = (0..n)
+        .map(|x| {
+            let base = x * 2 * inter;
+            Ok(GatedMlp {
+                gate: take_rows(&gu_name, &gu, (0..inter).map(|j| base + 2 * j))?,
+                up: take_rows(&gu_name, &gu, (0..inter).map(|j| base + 2 * j + 1))?,
+                down: take_rows(&down_name, &down, x * hidden..(x + 1) * hidden)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if !biases {
+        return Ok(Some((experts, Vec::new())));
+    }
+    let flat = |name: String, len: usize| -> Result<Vec<f32>> {
+        let t = source
+            .tensor(&name)?
+            .ok_or_else(|| ModelError::tensor(&name, "missing from the checkpoint"))?;
+        let (shape, v) = match t {
+            HostTensor::F32 { shape, data } => (shape, data),
+            HostTensor::Bf16 { shape, data } => {
+                (shape, data.into_iter().map(Bf16::to_f32).collect())
+            }
+            HostTensor::F16 { shape, data } => (shape, data.into_iter().map(F16::to_f32).collect()),
+            HostTensor::Linear(_) => {
+                return Err(ModelError::tensor(
+                    &name,
+                    "a matrix where biases are expected",
+                ))
+            }
+        };
+        if shape != [n, len / n] || v.len() != len {
+            return Err(ModelError::tensor(
+                &name,
+                format!("shape {shape:?}, the config implies [{n}, {}]", len / n),
+            ));
+        }
+        Ok(v)
+    };
+    let gu_bias = flat(format!("{gu_name}_bias"), n * 2 * inter)?;
+    let down_bias = flat(format!("{down_name}_bias"), n * hidden)?;
+    let biases = (0..n)
+        .map(|x| {
+            let b = &gu_bias[x * 2 * inter..(x + 1) * 2 * inter];
+            ExpertBiases {
+                gate: b.iter().step_by(2).copied().collect(),
+                up: b.iter().skip(1).step_by(2).copied().collect(),
+                down: down_bias[x * hidden..(x + 1) * hidden].to_vec(),
+            }
+        })
+        .collect();
+    Ok(Some((experts, biases)))
+}
+
+/// A stack of `experts` matrices of `outputs × inputs` as one matrix whose rows are every
+/// expert's outputs in turn: a dense HF stack (`[experts, inputs, outputs]`, a linear layer's
+/// weight transposed) transposed, a quantised one (already by outputs) as it is.
+fn output_rows(
+    name: &str,
+    t: HostTensor,
+    experts: usize,
+    outputs: usize,
+    inputs: usize,
+) -> Result<Arc<dyn Linear>> {
+    fn transposed<T: Copy>(v: &[T], experts: usize, inputs: usize, outputs: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(v.len());
+        for x in 0..experts {
+            let m = &v[x * inputs * outputs..(x + 1) * inputs * outputs];
+            for o in 0..outputs {
+                out.extend((0..inputs).map(|i| m[i * outputs + o]));
+            }
+        }
+        out
+    }
+    let check = |shape: &[usize], len: usize| -> Result<()> {
+        if shape != [experts, inputs, outputs] || len != experts * inputs * outputs {
+            return Err(ModelError::tensor(
+                name,
+                format!("shape {shape:?}, the config implies [{experts}, {inputs}, {outputs}]"),
+            ));
+        }
+        Ok(())
+    };
+    let shape = vec![experts * outputs, inputs];
+    let t = match t {
+        HostTensor::F32 { shape: s, data } => {
+            check(&s, data.len())?;
+            HostTensor::F32 {
+                shape,
+                data: transposed(&data, experts, inputs, outputs),
+            }
+        }
+        HostTensor::Bf16 { shape: s, data } => {
+            check(&s, data.len())?;
+            HostTensor::Bf16 {
+                shape,
+                data: transposed(&data, experts, inputs, outputs),
+            }
+        }
+        HostTensor::F16 { shape: s, data } => {
+            check(&s, data.len())?;
+            HostTensor::F16 {
+                shape,
+                data: transposed(&data, experts, inputs, outputs),
+            }
+        }
+        HostTensor::Linear(m) => {
+            expect_matrix(name, &*m, experts * outputs, inputs)?;
+            HostTensor::Linear(m)
+        }
+    };
+    host_matrix(name, t)
+}
+
+/// Rows `rows` of `m` as a matrix in the form and variant of `m`.
+fn take_rows(
+    name: &str,
+    m: &Arc<dyn Linear>,
+    rows: impl Iterator<Item = usize>,
+) -> Result<Arc<dyn Linear>> {
+    if m.wrapper_bytes() > 0 {
+        return Err(ModelError::Unsupported(format!(
+            "tensor {name}: fused experts with row scales or a row order of their own"
+        )));
+    }
+    let id = m.form();
+    let form = crate::forms::by_name(id.form)?;
+    let rows: Vec<usize> = rows.collect();
+    let part = m
+        .source()?
+        .gather_rows(&rows)
+        .map_err(|e| ModelError::tensor(name, e.to_string()))?;
+    crate::forms::encode_checked(form, &part, &id.variant)
+        .map_err(|e| ModelError::tensor(name, e.to_string()))
 }
 
 /// A fused matrix split by rows into matrices of `rows[i]` rows each, every part in the form and
@@ -1052,6 +1276,12 @@ impl ModelWeights {
             expect_matrix(&name(Role::K, "weight"), &*l.k, kv_dim, hidden)?;
             expect_matrix(&name(Role::V, "weight"), &*l.v, kv_dim, hidden)?;
             expect_matrix(&name(Role::O, "weight"), &*l.o, hidden, q_dim)?;
+            if let Some(b) = &l.norms.o_bias {
+                expect_vector(&name(Role::O, "bias"), b, hidden)?;
+            }
+            if let Some(s) = &l.norms.sinks {
+                expect_vector(&name(Role::Sinks, ""), s, c.num_heads)?;
+            }
             for (role, bias, len) in [
                 (Role::Q, &l.q_bias, q_dim),
                 (Role::K, &l.k_bias, kv_dim),
@@ -1103,6 +1333,29 @@ impl ModelWeights {
                         expect_matrix(&n(Role::ExpertUp), &*g.up, inter, hidden)?;
                         expect_matrix(&n(Role::ExpertDown), &*g.down, hidden, inter)?;
                     }
+                    if let Some(b) = &e.router_bias {
+                        expect_vector(&name(Role::Router, "bias"), b, moe.experts)?;
+                    }
+                    if !e.biases.is_empty() && e.biases.len() != moe.experts {
+                        return Err(ModelError::tensor(
+                            &router,
+                            format!(
+                                "{} experts' biases for {} experts",
+                                e.biases.len(),
+                                moe.experts
+                            ),
+                        ));
+                    }
+                    for (x, b) in e.biases.iter().enumerate() {
+                        let n = |role| {
+                            family
+                                .hf_expert_tensor(role, i, x, "bias")
+                                .unwrap_or_else(|| format!("layer {i} expert {x} {role:?} bias"))
+                        };
+                        expect_vector(&n(Role::ExpertGate), &b.gate, inter)?;
+                        expect_vector(&n(Role::ExpertUp), &b.up, inter)?;
+                        expect_vector(&n(Role::ExpertDown), &b.down, hidden)?;
+                    }
                 }
                 _ => {
                     return Err(ModelError::Config(format!(
@@ -1137,6 +1390,16 @@ impl ModelWeights {
                         .iter()
                         .map(|b| b.as_deref().map_or(0, f32s))
                         .sum::<usize>()
+                    + match &l.mlp {
+                        Mlp::Experts(e) => {
+                            e.router_bias.as_deref().map_or(0, f32s)
+                                + e.biases
+                                    .iter()
+                                    .map(|b| f32s(&b.gate) + f32s(&b.up) + f32s(&b.down))
+                                    .sum::<usize>()
+                        }
+                        Mlp::Gated(_) => 0,
+                    }
             })
             .sum();
         let lm_head = match Arc::ptr_eq(&self.embed, &self.lm_head) {

@@ -190,6 +190,9 @@ fn reference_inv_freq(c: &ModelConfig) -> Vec<f64> {
         .collect();
     match c.rope_scaling {
         RopeScaling::None => base,
+        // YaRN scales cos and sin too, which this reference does not: tests/families.rs checks
+        // it against transformers.
+        RopeScaling::Yarn { .. } => panic!("the reference forward runs no YaRN"),
         RopeScaling::Linear { factor } => base.iter().map(|f| f / factor as f64).collect(),
         RopeScaling::Llama3 {
             factor,
@@ -779,12 +782,23 @@ fn shape_mismatches_and_missing_tensors_name_the_tensor() {
     assert_eq!(name, "lm_head.weight");
     assert!(msg.contains("expected a matrix"), "{msg}");
 
+    // An output projection's bias is read where the checkpoint has one (transformers' Llama with
+    // `attention_bias`), and checked.
     let mut m = good.clone();
     m.tensors.insert(
         "model.layers.0.self_attn.o_proj.bias".into(),
-        (vec![32], vec![0.0; 32]),
+        (vec![32], vec![0.5; 32]),
     );
-    assert!(matches!(build_model(&m), Err(ModelError::Unsupported(_))));
+    let w = build_model(&m).unwrap();
+    assert_eq!(w.layers[0].norms.o_bias.as_deref(), Some(&[0.5f32; 32][..]));
+    assert_eq!(w.layers[1].norms.o_bias, None);
+    m.tensors.insert(
+        "model.layers.0.self_attn.o_proj.bias".into(),
+        (vec![31], vec![0.5; 31]),
+    );
+    let (name, msg) = tensor_error(&m);
+    assert_eq!(name, "model.layers.0.self_attn.o_proj.bias");
+    assert!(msg.contains("length 31"), "{msg}");
 
     let mut m = good.clone();
     m.config.num_kv_heads = 3;

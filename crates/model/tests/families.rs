@@ -120,12 +120,7 @@ fn gguf(family: &str, golden_file: &str) {
     let golden = golden(&d.join(golden_file));
     let open =
         |file: &str| GgufSource::open(d.join(file)).unwrap_or_else(|e| panic!("{family}: {e}"));
-    check(
-        &format!("{family} model.f32.gguf"),
-        &open("model.f32.gguf"),
-        &golden,
-        F32_TOL,
-    );
+    gguf_file(family, "model.f32.gguf", golden_file);
     let q8 = open("model.q8_0.gguf");
     let mut engine = Engine::new(build_model(&q8).unwrap(), 64).unwrap();
     let mut widened = Engine::new(build_model(&Widened(&q8)).unwrap(), 64).unwrap();
@@ -145,6 +140,18 @@ fn gguf(family: &str, golden_file: &str) {
     }
     println!("{family} model.q8_0.gguf: max |Δ logit| {worst:.2e} against its weights in f32");
     assert!(worst <= F32_TOL, "{family} Q8_0: {worst} > {F32_TOL}");
+}
+
+/// One GGUF file of `family` against `golden_file`, every logit within the f32 tolerance.
+fn gguf_file(family: &str, file: &str, golden_file: &str) {
+    let d = dir(family);
+    let source = GgufSource::open(d.join(file)).unwrap_or_else(|e| panic!("{family}: {e}"));
+    check(
+        &format!("{family} {file}"),
+        &source,
+        &golden(&d.join(golden_file)),
+        F32_TOL,
+    );
 }
 
 /// A source whose matrices are handed out as f32 (a quantised file's dequantised weights).
@@ -223,4 +230,118 @@ fn mixtral() {
 fn qwen3_moe() {
     hf("qwen3_moe", F32_TOL);
     gguf("qwen3_moe", "golden.json");
+}
+
+/// gpt-oss: attention sinks, q/k/v/o biases, YaRN RoPE (`truncate: false`), sliding and full
+/// layers alternating (window 4), 4 experts fused and interleaved in HF (2 a token: top-k of the
+/// router's logits, then their softmax) with biases and the clamped SwiGLU. llama.cpp floors and
+/// ceils YaRN's correction range whatever the config says: the GGUFs are checked against
+/// transformers with `truncate: true` (golden_gguf.json). `gpt_oss-mxfp4` is the same model with
+/// its experts in OpenAI's MXFP4 (`_blocks`/`_scales`), against transformers' dequantised reading
+/// of it, and llama.cpp's GGUF of it (MXFP4 experts).
+#[test]
+fn gpt_oss() {
+    hf("gpt_oss", F32_TOL);
+    gguf("gpt_oss", "golden_gguf.json");
+    hf("gpt_oss-mxfp4", F32_TOL);
+    gguf_file("gpt_oss-mxfp4", "model.mxfp4.gguf", "golden_gguf.json");
+}
+
+/// The HF config's YaRN (`truncate: false`) and llama.cpp's reading of the GGUF (truncated) give
+/// logits over the same prompts that differ by more than the tolerance: each file is checked
+/// against its own golden for a reason.
+#[test]
+fn gpt_oss_yarn_truncation_matters() {
+    let d = dir("gpt_oss");
+    let (hf, gguf) = (
+        golden(&d.join("golden.json")),
+        golden(&d.join("golden_gguf.json")),
+    );
+    let mut worst = 0f32;
+    for (a, b) in hf.cases.iter().zip(&gguf.cases) {
+        assert_eq!(a.prompt_ids, b.prompt_ids);
+        let n = a.prompt_ids.len();
+        for (a, b) in a.logits[..n]
+            .iter()
+            .flatten()
+            .zip(b.logits[..n].iter().flatten())
+        {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    assert!(worst > 2.0 * F32_TOL, "{worst}");
+}
+
+/// A source that serves `inner`'s tensors with one of them replaced (`None`: removed).
+struct Edited<'a> {
+    inner: &'a dyn TensorSource,
+    name: &'a str,
+    with: Option<fn(HostTensor) -> HostTensor>,
+}
+
+impl TensorSource for Edited<'_> {
+    fn config(&self) -> entrollm_model::Result<entrollm_model::ModelConfig> {
+        self.inner.config()
+    }
+    fn tensor(&self, name: &str) -> entrollm_model::Result<Option<HostTensor>> {
+        let t = self.inner.tensor(name)?;
+        Ok(match name == self.name {
+            true => t.and_then(|t| self.with.map(|f| f(t))),
+            false => t,
+        })
+    }
+}
+
+/// gpt-oss's fused experts of the wrong shape, or without their down projection or biases, are
+/// errors naming the tensor.
+#[test]
+fn gpt_oss_fused_experts_that_do_not_fit_are_errors_naming_them() {
+    for family in ["gpt_oss", "gpt_oss-mxfp4"] {
+        let source = SafetensorsSource::open(&dir(family)).unwrap();
+        let error = |name: &str, with: Option<fn(HostTensor) -> HostTensor>| {
+            let edited = Edited {
+                inner: &source,
+                name,
+                with,
+            };
+            match build_model(&edited) {
+                Ok(_) => panic!("{family}: {name} edited, and the model built"),
+                Err(e) => e.to_string(),
+            }
+        };
+        let gu = "model.layers.1.mlp.experts.gate_up_proj";
+        let shrunk: fn(HostTensor) -> HostTensor = |t| match t {
+            HostTensor::F32 { shape, data } => HostTensor::F32 {
+                shape: vec![shape[0], shape[1], shape[2] - 2],
+                data: data[..shape[0] * shape[1] * (shape[2] - 2)].to_vec(),
+            },
+            HostTensor::Linear(m) => {
+                let (rows, cols) = (m.rows() - 2, m.cols());
+                let mut data = vec![0f32; rows * cols];
+                for (r, row) in data.chunks_exact_mut(cols).enumerate() {
+                    m.row(r, row);
+                }
+                HostTensor::F32 {
+                    shape: vec![rows, cols],
+                    data,
+                }
+            }
+            other => other,
+        };
+        let e = error(gu, Some(shrunk));
+        assert!(e.contains(gu) && e.contains("shape"), "{family}: {e}");
+        for missing in [
+            "model.layers.0.mlp.experts.down_proj",
+            "model.layers.0.mlp.experts.down_proj_bias",
+            "model.layers.0.mlp.experts.gate_up_proj_bias",
+            "model.layers.0.mlp.router.bias",
+            "model.layers.1.self_attn.sinks",
+        ] {
+            let e = error(missing, None);
+            assert!(
+                e.contains(missing) && e.contains("missing"),
+                "{family}: {e}"
+            );
+        }
+    }
 }

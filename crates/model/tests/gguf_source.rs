@@ -250,13 +250,21 @@ fn unsupported_and_incomplete_files_are_clear_errors() {
         .meta_u32("qwen2.feed_forward_length", 8)
         .meta_u32("qwen2.context_length", 16)
         .meta_f32("qwen2.attention.layer_norm_rms_epsilon", 1e-6)
-        .meta_str("qwen2.rope.scaling.type", "yarn")
         .meta(
             "tokenizer.ggml.tokens",
             MetaValue::Array(entrollm_model::gguf::MetaArray::String(vec!["a".into()])),
         );
-    let src = GgufSource::new(GgufFile::from_bytes("y.gguf", w.to_bytes()).unwrap()).unwrap();
-    assert!(matches!(src.config(), Err(ModelError::Unsupported(m)) if m.contains("yarn")));
+    let with_rope = |kind: &str| {
+        let mut w = w.clone();
+        w.meta_str("qwen2.rope.scaling.type", kind);
+        GgufSource::new(GgufFile::from_bytes("y.gguf", w.to_bytes()).unwrap()).unwrap()
+    };
+    let src = with_rope("longrope");
+    assert!(matches!(src.config(), Err(ModelError::Unsupported(m)) if m.contains("longrope")));
+    let src = with_rope("yarn");
+    assert!(
+        matches!(src.config(), Err(ModelError::Config(m)) if m.contains("qwen2.rope.scaling.factor"))
+    );
 }
 
 /// SmolLM2-135M-Instruct (Q4_1), from `scripts/fetch-smollm2`. Skipped with a message when the

@@ -538,3 +538,84 @@ fn fp4_configs_name_the_field_they_break() {
         "{e}"
     );
 }
+
+/// OpenAI's MXFP4 (gpt-oss's experts, `quant_method: mxfp4`): the tiny gpt-oss checkpoint's
+/// `_blocks`/`_scales` read as ggml MXFP4 blocks give, element for element, the E2M1 value of
+/// its nibble (element 2j in the low nibble of byte j) times `2^(e − 127)` — transformers'
+/// `convert_moe_packed_tensors` written out here — with the stack of experts as rows.
+#[test]
+fn openai_mxfp4_reads_as_its_blocks_bit_for_bit() {
+    const E2M1: [f32; 16] = [
+        0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+    ];
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/families/gpt_oss-mxfp4");
+    let file = SafetensorsFile::open(&dir.join("model.safetensors")).unwrap();
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let s = Scheme::from_config_json(&config).unwrap().unwrap();
+    assert_eq!(s, Scheme::Mxfp4);
+    let name = "model.layers.1.mlp.experts.gate_up_proj";
+    let m = linear(s.matrix(&file, name).unwrap().unwrap());
+    assert_eq!(
+        m.form().form,
+        "ggml",
+        "served as its blocks, not a float copy"
+    );
+    let (blocks, scales) = (
+        file.get(&format!("{name}_blocks")).unwrap(),
+        file.get(&format!("{name}_scales")).unwrap(),
+    );
+    let (rows, groups) = (blocks.shape[0] * blocks.shape[1], blocks.shape[2]);
+    assert_eq!((m.rows(), m.cols()), (rows, 32 * groups));
+    let mut row = vec![0f32; m.cols()];
+    for r in 0..rows {
+        m.row(r, &mut row);
+        for (c, &got) in row.iter().enumerate() {
+            let (g, k) = (c / 32, c % 32);
+            let byte = blocks.bytes[(r * groups + g) * 16 + k / 2];
+            let nibble = if k % 2 == 0 { byte & 15 } else { byte >> 4 };
+            let e = scales.bytes[r * groups + g] as i32 - 127;
+            let want = E2M1[nibble as usize] * 2f32.powi(e);
+            assert_eq!(got, want, "row {r} column {c}");
+        }
+    }
+    // A plain tensor of the checkpoint (not quantised) is not the scheme's.
+    assert!(s
+        .matrix(&file, "model.layers.1.self_attn.q_proj.weight")
+        .unwrap()
+        .is_none());
+}
+
+/// Hostile OpenAI MXFP4 tensors: errors naming the tensor, never a panic.
+#[test]
+fn hostile_openai_mxfp4_tensors_are_errors_naming_the_tensor() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/families/gpt_oss-mxfp4");
+    let file = SafetensorsFile::open(&dir.join("model.safetensors")).unwrap();
+    let s = Scheme::Mxfp4;
+    let prefix = "model.layers.0.mlp.experts.down_proj";
+    let base = mem_from_file(&file, prefix, "m");
+    let read = |t: &Mem| match s.matrix(t, "m") {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(s.matrix(&base, "m").unwrap().is_some());
+    let mut t = mem_from_file(&file, prefix, "m");
+    t.0.get_mut("m_scales").unwrap().2[3] = 0xFF;
+    let e = read(&t);
+    assert!(e.contains("m_scales") && e.contains("NaN"), "{e}");
+    let mut t = mem_from_file(&file, prefix, "m");
+    t.0.get_mut("m_scales").unwrap().1 = vec![4, 32, 2];
+    let e = read(&t);
+    assert!(e.contains("m_scales") && e.contains("shape"), "{e}");
+    let mut t = mem_from_file(&file, prefix, "m");
+    t.0.get_mut("m_blocks").unwrap().1 = vec![4, 64, 2, 8];
+    let e = read(&t);
+    assert!(e.contains("m_blocks") && e.contains("shape"), "{e}");
+    let mut t = mem_from_file(&file, prefix, "m");
+    t.0.get_mut("m_blocks").unwrap().0 = Dtype::I8;
+    let e = read(&t);
+    assert!(e.contains("m_blocks") && e.contains("dtype"), "{e}");
+    let mut t = mem_from_file(&file, prefix, "m");
+    t.0.remove("m_scales");
+    let e = read(&t);
+    assert!(e.contains("m_scales") && e.contains("missing"), "{e}");
+}

@@ -153,6 +153,43 @@ impl Source {
     }
 }
 
+impl Source {
+    /// The matrix of rows `rows` of this one, in that order (an interleaved fused tensor taken
+    /// apart); each row exactly its values (GGUF blocks copied whole).
+    pub fn gather_rows(&self, rows: &[usize]) -> Result<Source> {
+        if rows.is_empty() || rows.iter().any(|&r| r >= self.rows) {
+            return Err(ModelError::Unsupported(format!(
+                "rows {rows:?} of a matrix of {} rows",
+                self.rows
+            )));
+        }
+        fn pick<T: Copy>(v: &[T], cols: usize, rows: &[usize]) -> Vec<T> {
+            rows.iter()
+                .flat_map(|&r| v[r * cols..(r + 1) * cols].iter().copied())
+                .collect()
+        }
+        let values = match &self.values {
+            Values::F32(v) => Values::F32(pick(v, self.cols, rows)),
+            Values::Bf16(v) => Values::Bf16(pick(v, self.cols, rows)),
+            Values::F16(v) => Values::F16(pick(v, self.cols, rows)),
+            Values::Fp8(v) => Values::Fp8(pick(v, self.cols, rows)),
+            Values::Int { .. } => {
+                return Err(ModelError::Unsupported(
+                    "integer codes with group scales cannot be gathered by rows".into(),
+                ))
+            }
+            Values::Ggml { ty, bytes } => {
+                let row_bytes = bytes.bytes().len() / self.rows;
+                Values::Ggml {
+                    ty: *ty,
+                    bytes: ggml::BlockBytes::from_vec(pick(bytes.bytes(), row_bytes, rows)),
+                }
+            }
+        };
+        Source::new(rows.len(), self.cols, values)
+    }
+}
+
 /// Which form a matrix is in, and with which variant (the tunable parameters, as text).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FormId {

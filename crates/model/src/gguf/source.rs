@@ -174,6 +174,34 @@ impl GgufSource {
                 });
             }
             "llama3" => {}
+            "yarn" => {
+                // As llama.cpp computes it (llama_context, ggml's rope_yarn): the correction range
+                // floored/ceiled, β 32 and 1 (its defaults; gpt-oss's loader reads no β key), the
+                // attention factor 0.1·ln(factor) + 1 times `rope.scaling.attn_factor`.
+                let factor = factor.ok_or_else(|| {
+                    ModelError::Config(format!(
+                        "YaRN RoPE scaling without `{}`",
+                        self.key("rope.scaling.factor")
+                    ))
+                })?;
+                let original = match original {
+                    Some(o) => o,
+                    None => self.required_usize("context_length")?,
+                };
+                let attn = self
+                    .file
+                    .get_f32(&self.key("rope.scaling.attn_factor"))?
+                    .unwrap_or(1.0);
+                return Ok(RopeScaling::Yarn {
+                    factor,
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                    original_max_position_embeddings: original,
+                    truncate: true,
+                    attention_factor: (crate::config::yarn_mscale(factor as f64, 1.0) * attn as f64)
+                        as f32,
+                });
+            }
             other => {
                 return Err(ModelError::Unsupported(format!(
                     "{}: RoPE scaling type `{other}` (`{}`)",
@@ -514,6 +542,14 @@ impl GgufSource {
                     true => Vec::new(),
                     false => with_router,
                 },
+                routing: spec.routing,
+            });
+        }
+        // llama.cpp's LLM_FFN_SWIGLU_OAI_MOE: gpt-oss's constants, fixed.
+        if family.clamped_swiglu {
+            block.clamped_swiglu = Some(crate::config::ClampedSwiglu {
+                alpha: 1.702,
+                limit: 7.0,
             });
         }
         if family.softcap {
@@ -579,6 +615,24 @@ impl GgufSource {
             return Ok(None);
         };
         let ne = info.ne();
+        // Biases stack as `[rows, experts]`: expert e's row, widened to f32.
+        if stack.ends_with(".bias") {
+            if info.dims.len() != 2 || expert as u64 >= ne[1] {
+                return Err(ModelError::tensor(
+                    stack,
+                    format!(
+                        "expert {expert} of a bias of dimensions {:?} (expected [rows, experts])",
+                        info.dims
+                    ),
+                ));
+            }
+            let rows = ne[0] as usize;
+            let all = self.file.dequantize(info)?;
+            return Ok(Some(HostTensor::F32 {
+                shape: vec![rows],
+                data: all[expert * rows..(expert + 1) * rows].to_vec(),
+            }));
+        }
         if info.dims.len() != 3 || expert as u64 >= ne[2] {
             return Err(ModelError::tensor(
                 stack,
