@@ -110,6 +110,10 @@ pub struct Args {
     /// --code-at-load, --coded or --bf16 palette.
     #[command(flatten)]
     budget: crate::budget::BudgetArgs,
+    /// Where to run: `cuda` (the GPU) or `cpu` (the CPU engine; a MODEL path, opened, planned and
+    /// served as `run` serves it).
+    #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
+    device: String,
     /// Diagnostics: build every kernel with a trace in `pdl_wait` and write three decode steps'
     /// records to FILE as CSV (default: the environment's `ENTROLLM_TRACE`). The traced build's
     /// timings are not the engine's.
@@ -184,6 +188,9 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(m) = &a.model {
         a.budget.check_serving(m)?;
     }
+    if a.device == "cpu" {
+        return run_cpu(&a);
+    }
     if a.repeats == 0 || a.prompt_len == 0 {
         bail!("--repeats and --prompt-len must be at least 1");
     }
@@ -224,6 +231,18 @@ pub fn run(a: Args) -> Result<()> {
     };
     let dev = Arc::new(dev.context("bench needs a CUDA GPU")?);
     let t_load = Instant::now();
+    let by_hand = crate::generate::ByHand {
+        forms: a.code_at_load.is_some() || a.coded || a.bf16 || a.fp8 == Fp8Serving::Palette,
+        ..Default::default()
+    };
+    let opening = match &a.model {
+        Some(m) => crate::generate::opening(m, &a.budget, by_hand, true),
+        // A synthetic model is held dense BF16, as a checkpoint of it is stored.
+        None => crate::generate::Opening {
+            plan: a.budget.is_set() || !by_hand.forms,
+            load: LoadOptions::default(),
+        },
+    };
     // The host model: a checkpoint, or the synthetic shape with layer 0's weights in every layer
     // (the builder copies layer 0's launches on the device).
     let (w, path, mut source) = match (&a.synth, &a.model) {
@@ -235,18 +254,8 @@ pub fn run(a: Args) -> Result<()> {
             (w, PathBuf::from(id), what)
         }
         (None, Some(path)) => {
-            // A container's dtANS-coded matrices stay coded (checksums verified on the host
-            // decode at load) and are served by the coded kernels.
-            let w = open_weights_with(
-                path,
-                LoadOptions {
-                    fused: true,
-                    keep_quantised: a.budget.is_set(),
-                    recorded_forms: !a.budget.is_set(),
-                    verify: true,
-                    q8_activations: false,
-                },
-            )?;
+            // Opened as `run` opens it (checksums verified at load).
+            let w = open_weights_with(path, opening.load)?;
             (w, path.clone(), path.display().to_string())
         }
         _ => bail!("give either a MODEL path or --synth SHAPE"),
@@ -264,16 +273,21 @@ pub fn run(a: Args) -> Result<()> {
             .max(a.prefill_len)
             .max(a.long_prefill + 64),
     );
-    let (w, launches) =
-        crate::generate::planned(&a.budget, w, &path, crate::generate::DeviceArg::Cuda, ctx)?;
-    let serving = crate::generate::serving_under(
+    let (w, launches) = crate::generate::planned(
         &a.budget,
+        opening.plan,
+        w,
+        &path,
+        crate::generate::DeviceArg::Cuda,
+        ctx,
+    )?;
+    let serving = crate::generate::serving_under(
+        launches,
         Serving {
             fp8: a.fp8,
             bf16_palette: a.bf16,
             ..Serving::default()
         },
-        launches,
     )?;
     let code_ref = code.as_ref().map(|(p, e)| (p, *e));
     let (model, r) = crate::generate::upload_gpu(&dev, &w, code_ref, serving)?;
@@ -546,6 +560,155 @@ pub fn run(a: Args) -> Result<()> {
     }
     if coded_error {
         bail!("a coded kernel flagged an inconsistent stream");
+    }
+    Ok(())
+}
+
+/// Peak resident memory of this process, bytes (Linux `VmHWM`).
+fn peak_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = s.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    Some(
+        kb.trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse::<u64>()
+            .ok()?
+            * 1024,
+    )
+}
+
+/// Greedy tokens after `prompt` on the CPU engine: `g` of them, EOS ignored.
+fn cpu_greedy(e: &mut entrollm_model::Engine, prompt: &[u32], g: usize) -> Result<Vec<u32>> {
+    let argmax = |l: &[f32]| {
+        l.iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+            )
+            .0 as u32
+    };
+    e.reset();
+    let mut logits = e.prefill(prompt)?;
+    let mut out = Vec::with_capacity(g);
+    for _ in 0..g {
+        let t = argmax(&logits);
+        out.push(t);
+        if out.len() < g {
+            logits = e.step(t)?;
+        }
+    }
+    Ok(out)
+}
+
+/// `bench --device cpu MODEL`: the model opened, planned and served as `run` serves it, then the
+/// decode protocol on the CPU engine (random prompt, G = 64 and 128 greedy tokens, one warm-up,
+/// median of `--repeats`; tok/s = 64 / (t128 − t64)).
+fn run_cpu(a: &Args) -> Result<()> {
+    if a.coded || a.code_at_load.is_some() || a.bf16 || a.trace.is_some() || a.long_prefill > 0 {
+        bail!(
+            "bench --device cpu serves a model as `run` does: --coded, --code-at-load, --bf16, \
+             --trace and --long-prefill are the GPU's"
+        );
+    }
+    let Some(path) = &a.model else {
+        bail!(
+            "bench --device cpu needs a MODEL path (write a synthetic one with `entrollm synth`)"
+        );
+    };
+    if a.repeats == 0 || a.prompt_len == 0 {
+        bail!("--repeats and --prompt-len must be at least 1");
+    }
+    let t_load = Instant::now();
+    let opening =
+        crate::generate::opening(path, &a.budget, crate::generate::ByHand::default(), false);
+    let w = open_weights_with(path, opening.load)?;
+    let need = a.prompt_len + 128;
+    let ctx = a.context.unwrap_or(need);
+    if ctx < need {
+        bail!("--context {ctx} is shorter than the runs need ({need} tokens: prompt + 128)");
+    }
+    let (w, _) = crate::generate::planned(
+        &a.budget,
+        opening.plan,
+        w,
+        path,
+        crate::generate::DeviceArg::Cpu,
+        ctx,
+    )?;
+    let vocab = w.config.vocab_size;
+    let mut e = entrollm_model::Engine::new(w, ctx)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let weights = e.weights().stored_bytes();
+    let prompt = random_tokens(a.prompt_len, vocab, a.seed);
+    let warm = cpu_greedy(&mut e, &prompt, 128)?;
+    let (mut t64, mut t128, mut tpre) = (Vec::new(), Vec::new(), Vec::new());
+    let mut consistent = true;
+    for _ in 0..a.repeats {
+        for (g, times) in [(64usize, &mut t64), (128, &mut t128)] {
+            let t = Instant::now();
+            let toks = cpu_greedy(&mut e, &prompt, g)?;
+            times.push(t.elapsed().as_secs_f64());
+            consistent &= toks[..] == warm[..g];
+        }
+        e.reset();
+        let t = Instant::now();
+        e.prefill(&prompt)?;
+        tpre.push(t.elapsed().as_secs_f64());
+    }
+    let (m64, m128, mpre) = (median(&mut t64), median(&mut t128), median(&mut tpre));
+    let step_s = (m128 - m64) / 64.0;
+    let tok_s = 1.0 / step_s;
+    let rss = peak_rss();
+    let threads = rayon::current_num_threads();
+    if a.json {
+        let v = serde_json::json!({
+            "device": format!("cpu ({threads} threads)"),
+            "model": path.display().to_string(),
+            "load_s": load_s,
+            "prompt_len": a.prompt_len,
+            "repeats": a.repeats,
+            "t64_s": m64,
+            "t128_s": m128,
+            "decode_tok_s": tok_s,
+            "decode_ms_per_token": step_s * 1e3,
+            "prompt_prefill_tok_s": a.prompt_len as f64 / mpre,
+            "memory": { "weights": weights, "peak_rss": rss, "max_seq": ctx },
+            "tokens_consistent": consistent,
+            "first_tokens": &warm[..8],
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("device      cpu, {threads} threads");
+        println!("model       {}, loaded in {load_s:.2} s", path.display());
+        println!(
+            "decode      {tok_s:.2} tok/s ({:.2} ms/token; G=64 {:.1} ms, G=128 {:.1} ms; median \
+             of {}, {}-token prompt)",
+            step_s * 1e3,
+            m64 * 1e3,
+            m128 * 1e3,
+            a.repeats,
+            a.prompt_len
+        );
+        println!(
+            "prefill     {:.1} tok/s for the {}-token prompt",
+            a.prompt_len as f64 / mpre,
+            a.prompt_len
+        );
+        println!(
+            "memory      weights {:.1} MB; peak resident {}",
+            weights as f64 / 1e6,
+            rss.map_or("unknown".into(), |b| format!("{:.1} MB", b as f64 / 1e6))
+        );
+        println!(
+            "check       G=64 and G=128 runs {} the warm-up's tokens; first tokens {:?}",
+            if consistent { "repeat" } else { "DIFFER FROM" },
+            &warm[..8]
+        );
+    }
+    if !consistent {
+        bail!("greedy tokens differ between runs of the same prompt");
     }
     Ok(())
 }

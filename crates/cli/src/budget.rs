@@ -5,6 +5,7 @@ use crate::progress;
 use anyhow::{bail, Context, Result};
 use entrollm_model::ModelWeights;
 use entrollm_tune::budget::Budget;
+use entrollm_tune::costs::{self, Costs, DeviceClass};
 use entrollm_tune::file::{DeviceId, PlanFile, TuneFile};
 use entrollm_tune::lossy::{plan_allowing_lossy, LossyOffer, LossyPlan};
 use entrollm_tune::planner;
@@ -155,7 +156,8 @@ pub fn plan_allowing(
     }
     let fixed = planner::fixed_bytes(w);
     let budget = match &args.budget {
-        None => None,
+        // The default rule: the weights as the source stores them, capped by free memory.
+        None => Some(planner::default_budget(w, reserved, free()?)?),
         Some(b) => {
             // Free memory only for a share of it (a size needs no device).
             let total = match b {
@@ -185,10 +187,14 @@ pub fn plan_allowing(
         None => None,
     };
     let measured = tune.is_some();
-    let tune = planner::tune_for(w, id, tune, device)?;
+    let (table, latencies) = match measured {
+        true => (None, "measured by `entrollm tune` (--tune)".to_string()),
+        false => tune_data(target)?,
+    };
+    let tune = planner::tune_for(w, id, tune, device, table.as_ref())?;
     let made = match (lossy, budget) {
         (Some(offer), Some(b)) => plan_allowing_lossy(&tune, b, reserved + fixed, offer),
-        _ => entrollm_tune::file::plan(&tune, budget, reserved + fixed)
+        _ => planner::plan_model(w, &tune, budget, reserved)
             .map(|plan| LossyPlan { plan, rate: None }),
     };
     let LossyPlan { mut plan, rate } = made.map_err(|e| {
@@ -205,13 +211,20 @@ pub fn plan_allowing(
         )
     })?;
     if !measured {
-        plan.cost_model = entrollm_tune::CostModel::Default;
-        eprintln!(
-            "plan: no --tune file, so latencies come from the default cost model (docs/forms.md); \
-             `entrollm tune` measures them"
-        );
+        plan.cost_model = match table {
+            Some(_) => entrollm_tune::CostModel::TuneData,
+            None => entrollm_tune::CostModel::Default,
+        };
     }
-    print_summary(&plan, &mut std::io::stderr())?;
+    if args.budget.is_some() {
+        print_summary(&plan, &mut std::io::stderr())?;
+    }
+    let within = match &args.budget {
+        Some(b) => format!("--budget {b}"),
+        None => "the default budget: the weights as the source stores them, capped by free memory"
+            .into(),
+    };
+    eprintln!("{}", sentence(&plan, &within, &latencies));
     if let (Some(offer), Some(r)) = (lossy, rate) {
         eprintln!(
             "plan: the budget cannot be met losslessly: {} launches coded lossily ({}) at {r:.2} \
@@ -224,6 +237,72 @@ pub fn plan_allowing(
         eprintln!("plan: the budget is met losslessly; no matrix is coded lossily");
     }
     Ok(LossyPlan { plan, rate })
+}
+
+/// The tune data shipped for `target`'s device, and where a plan's latencies come from in words;
+/// `None` (the forms' cost model) where no shipped data covers the device.
+fn tune_data(target: &Target) -> Result<(Option<Costs>, String)> {
+    let class = match (target.kind, target.device) {
+        (DeviceKind::Cpu, Some(d)) => DeviceClass::this_cpu(d.threads.unwrap_or(1)),
+        (DeviceKind::Cpu, None) => DeviceClass::this_cpu(rayon::current_num_threads()),
+        (DeviceKind::Cuda, Some(d)) => DeviceClass::gpu(&d.name),
+        (DeviceKind::Cuda, None) => bail!("planning for a GPU that is not here needs --tune"),
+    };
+    Ok(match costs::shipped_for(&class)? {
+        Some(c) => {
+            let what = format!(
+                "the tune data shipped for {class} ({}, measured on {})",
+                c.name, c.table.measured_on
+            );
+            (Some(c), what)
+        }
+        None => (
+            None,
+            format!(
+                "the forms' cost model (docs/forms.md): no tune data is shipped for {class} \
+                 (shipped: {}); `entrollm tune` measures this model",
+                match costs::shipped_devices() {
+                    d if d.is_empty() => "none".to_string(),
+                    d => d.join("; "),
+                }
+            ),
+        ),
+    })
+}
+
+/// The plan in one sentence: its forms and their bytes, the budget, the predicted speed and
+/// where the latencies come from.
+pub fn sentence(plan: &PlanFile, within: &str, latencies: &str) -> String {
+    use std::collections::BTreeMap;
+    let mut forms: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    for c in &plan.choices {
+        let kind = c.variant.split([':', ' ']).next().unwrap_or("");
+        let name = match kind.is_empty() {
+            true => c.form.clone(),
+            false => format!("{} {kind}", c.form),
+        };
+        let e = forms.entry(name).or_default();
+        e.0 += 1;
+        e.1 += c.bytes;
+    }
+    let mut forms: Vec<_> = forms.into_iter().collect();
+    forms.sort_by_key(|(_, (_, b))| std::cmp::Reverse(*b));
+    let list: Vec<String> = forms
+        .iter()
+        .map(|(f, (n, b))| format!("{n} as {f} ({:.1} MB)", *b as f64 / 1e6))
+        .collect();
+    format!(
+        "plan: {} launches: {}; weights {:.1} MB within {} ({:.1} MB in all, {:.1} MB of it \
+         reserved for the KV cache, workspace and norms); predicted {:.1} tok/s, latencies from \
+         {latencies}",
+        plan.choices.len(),
+        list.join(", "),
+        plan.total_bytes as f64 / 1e6,
+        within,
+        plan.budget_bytes.unwrap_or(0) as f64 / 1e6,
+        plan.reserved_bytes as f64 / 1e6,
+        plan.predicted_tok_s,
+    )
 }
 
 /// `w` re-formed by `plan`, with a progress bar.
@@ -284,6 +363,7 @@ pub fn print_summary(plan: &PlanFile, out: &mut dyn std::io::Write) -> Result<()
         plan.predicted_step_us,
         match plan.cost_model {
             entrollm_tune::CostModel::Measured => "measured",
+            entrollm_tune::CostModel::TuneData => "tune data",
             entrollm_tune::CostModel::Default => "default",
         },
     )?;

@@ -224,12 +224,11 @@ fn plan(a: &Args) -> Result<LossyPlan> {
         "cuda" => DeviceKind::Cuda,
         d => bail!("--device {d}: expected cpu or cuda"),
     };
-    // As `--budget` loads a model: coded matrices as stored, GGUF blocks as their integer codes.
+    // As `--budget` loads a model: as stored (coded matrices coded, GGUF blocks as blocks).
     let w = open_weights_with(
         &a.src,
         LoadOptions {
             fused: true,
-            keep_quantised: true,
             recorded_forms: false,
             verify: true,
             q8_activations: false,

@@ -54,17 +54,13 @@ pub enum Backend {
 impl Backend {
     /// Builds the engine for `weights` on `device` with a context of `ctx` tokens; with `code`, the
     /// GPU codes the dense BF16 matrices at load with that plan; matrices are kept as `serving`
-    /// says (see [`upload_gpu`]), or, with `dense_when_fits`, dtANS-coded BF16 matrices and a
-    /// GGUF's quantised blocks served dense where that fits ([`dense_if_it_fits`]); the GPU decode
-    /// step is put together as
-    /// `decode` says.
+    /// says (see [`upload_gpu`]); the GPU decode step is put together as `decode` says.
     pub fn new(
         weights: ModelWeights,
         ctx: usize,
         device: DeviceArg,
         code: Option<&CodingPlan>,
         serving: Serving,
-        dense_when_fits: bool,
         decode: DecodeOptions,
     ) -> Result<Self> {
         if device != DeviceArg::Cpu {
@@ -73,10 +69,6 @@ impl Backend {
                 .and_then(|dev| {
                     let dev = Arc::new(dev);
                     let code = code.map(|p| (p, Encoder::Gpu));
-                    let serving = match code.is_none() && dense_when_fits {
-                        true => dense_if_it_fits(&dev, &weights, ctx, serving)?,
-                        false => serving,
-                    };
                     let (model, _) = upload_gpu(&dev, &weights, code, serving)?;
                     Ok(GpuEngine::with_options(dev, model, ctx, decode)?)
                 });
@@ -130,6 +122,53 @@ impl Backend {
     }
 }
 
+/// Forms a user chose by hand, which a model is then served in unplanned.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ByHand {
+    /// --code-at-load, --coded, --bf16 palette, --fp8 palette.
+    pub forms: bool,
+    pub keep_coded: bool,
+    pub decode_at_load: bool,
+}
+
+/// How a model is opened to be served, the one rule of run, chat, serve, eval and bench: whether
+/// it is planned, and how it is loaded.
+pub struct Opening {
+    pub plan: bool,
+    pub load: LoadOptions,
+}
+
+/// The [`Opening`] of `model`: planned (by `--budget`/`--plan`/`--tune`, else by the default
+/// rule) and loaded as stored, unless forms are chosen `by_hand` or the container records the
+/// forms of a plan (served in them). Says on stderr what a container is served as.
+pub fn opening(model: &Path, budget: &BudgetArgs, by_hand: ByHand, on_gpu: bool) -> Opening {
+    let recorded = entrollm_model::load::container_records_forms(model);
+    let hand = by_hand.forms || by_hand.keep_coded || by_hand.decode_at_load;
+    let plan = budget.is_set() || !(hand || recorded);
+    // As stored where a plan starts from them (coded matrices coded, GGUF blocks as blocks);
+    // by hand: coded on the GPU and with --keep-coded, decoded with --decode-at-load.
+    let fused = plan || by_hand.keep_coded || ((on_gpu || recorded) && !by_hand.decode_at_load);
+    if recorded && !plan && !by_hand.decode_at_load {
+        eprintln!(
+            "container: served in the forms its plan recorded (--budget plans anew, \
+             --decode-at-load decodes every matrix instead)"
+        );
+    }
+    if model.join("entrollm.json").is_file() {
+        lossy_note(model);
+    }
+    Opening {
+        plan,
+        load: LoadOptions {
+            fused,
+            // A plan made now starts from the container as stored (the source's forms).
+            recorded_forms: !plan,
+            verify: true,
+            q8_activations: false,
+        },
+    }
+}
+
 /// The plan of `--code-at-load CODING` (`auto` or MODE:LOG2M:SC[:T]) and `--coding-file`
 /// (per launch; CODING fills the launches it does not name).
 pub fn load_plan(coding: &str, file: Option<&Path>) -> Result<CodingPlan> {
@@ -138,59 +177,6 @@ pub fn load_plan(coding: &str, file: Option<&Path>) -> Result<CodingPlan> {
         Some(f) => CodingPlan::from_file(f, default)?,
         None => CodingPlan::uniform(default),
     })
-}
-
-/// Whether coded matrices are served dense on the GPU: when the dense BF16 weights and what the
-/// engine reserves beside them (KV cache, workspace) take at most 90 % of the free device memory —
-/// the dense kernels are the faster form (bench/RESULTS.md).
-pub fn dense_fits(dense_bytes: u64, reserved: u64, free: u64) -> bool {
-    dense_bytes.saturating_add(reserved) <= free / 10 * 9
-}
-
-/// `serving` with every matrix served dense BF16 when `weights` hold dtANS-coded matrices, all of
-/// BF16 values (their decoding is exact; FP8 checkpoints stay FP8), and [`dense_fits`] the device;
-/// one line on stderr says which and why.
-fn dense_if_it_fits(
-    dev: &GpuDevice,
-    weights: &ModelWeights,
-    ctx: usize,
-    serving: Serving,
-) -> Result<Serving> {
-    let mats = || {
-        let l = weights.layers.iter();
-        l.flat_map(|l| l.matrices()).chain([&weights.lm_head])
-    };
-    let faster_dense = |m: &Arc<dyn entrollm_model::weights::Linear>| {
-        entrollm_model::forms::by_name(m.form().form).is_ok_and(|f| f.dense_is_faster_on_gpu())
-    };
-    if !mats().any(faster_dense) || serving != Serving::default() {
-        return Ok(serving);
-    }
-    if mats().any(|m| entrollm_cuda::forms::is_fp8(&**m)) {
-        return Ok(serving);
-    }
-    let dense = 2 * matrix_weights(weights) as u64;
-    let reserved = entrollm_cuda::tune::reserved_bytes(&weights.config, ctx);
-    let free = entrollm_cuda::engine_coded::free_memory(dev)?.0 as u64;
-    let gb = |b: u64| b as f64 / 1e9;
-    if dense_fits(dense, reserved, free) {
-        eprintln!(
-            "cuda: coded or quantised matrices served dense, the faster form where it fits ({:.2} GB \
-             of weights and {:.2} GB reserved of {:.2} GB free; --keep-coded serves them as stored)",
-            gb(dense),
-            gb(reserved),
-            gb(free)
-        );
-        return Ok(Serving::DECODED);
-    }
-    eprintln!(
-        "cuda: coded or quantised matrices served as stored: dense they would take {:.2} GB beside \
-         {:.2} GB reserved, more than {:.2} GB free allows (--budget plans the fastest forms that fit)",
-        gb(dense),
-        gb(reserved),
-        gb(free)
-    );
-    Ok(serving)
 }
 
 /// Uploads `weights` to the GPU: dtANS-coded matrices (a container opened fused) are served coded;
@@ -492,13 +478,13 @@ impl ModelArgs {
     }
 }
 
-/// How the GPU keeps the matrices: as `asked` (`--fp8`, `--bf16`), or, under a plan (`--budget`,
-/// `--plan`), as the plan chose them on the host, in the plan's `launches`; asking for palette
-/// packing beside a plan is an error (both choose forms).
-pub fn serving_under(b: &BudgetArgs, asked: Serving, launches: LaunchChoices) -> Result<Serving> {
-    if !b.is_set() {
+/// How the GPU keeps the matrices: as `asked` (`--fp8`, `--bf16`), or, under a plan (the default
+/// rule's, `--budget`, `--plan`: `Some`), as the plan chose them on the host, in the plan's
+/// `launches`; asking for palette packing beside a plan is an error (both choose forms).
+pub fn serving_under(plan: Option<LaunchChoices>, asked: Serving) -> Result<Serving> {
+    let Some(launches) = plan else {
         return Ok(asked);
-    }
+    };
     if asked.bf16_palette || asked.fp8 == Fp8Serving::Palette {
         anyhow::bail!(
             "--budget/--plan choose each launch's form (palette forms included): leave out              --bf16 palette and --fp8 palette"
@@ -542,18 +528,21 @@ pub fn cpu_reserved(c: &entrollm_model::ModelConfig, ctx: usize) -> u64 {
     (kv + buffers) as u64
 }
 
-/// `weights` with the forms `--budget`/`--plan`/`--tune` choose (unchanged without them), and
-/// the launch configurations the plan's tune file measured fastest for them; the plan is made for
-/// where the model will run.
+/// `weights` (loaded as stored) in the forms of their plan — `--plan`, `--budget`, else the
+/// default rule's: the fastest within what the source's weights take as stored, capped by free
+/// memory — with the launch configurations the plan's latencies were measured in; the plan is
+/// made for where the model will run. `plan` false: served as they are (forms chosen by hand, or
+/// recorded by the container), no launch choices.
 pub fn planned(
     b: &BudgetArgs,
+    plan: bool,
     weights: ModelWeights,
     path: &Path,
     device: DeviceArg,
     ctx: usize,
-) -> Result<(ModelWeights, LaunchChoices)> {
-    if !b.is_set() {
-        return Ok((weights, LaunchChoices::default()));
+) -> Result<(ModelWeights, Option<LaunchChoices>)> {
+    if !plan {
+        return Ok((weights, None));
     }
     let gpu = match device {
         DeviceArg::Cpu => None,
@@ -585,25 +574,36 @@ pub fn planned(
         device: Some(&id),
         reserved,
     };
+    let t0 = Instant::now();
     let plan = crate::budget::plan(b, &weights, path, &target, free)?;
+    let planned_s = t0.elapsed().as_secs_f64();
+    // Launches already in their planned forms are kept as they are (no re-forming).
+    let held: std::collections::HashMap<String, _> =
+        entrollm_model::forms::layout::launches(&weights)
+            .into_iter()
+            .map(|l| (l.id, l.matrices[0].form()))
+            .collect();
+    let reform = plan
+        .choices
+        .iter()
+        .filter(|c| {
+            held.get(&c.id)
+                .is_none_or(|h| h.form != c.form || h.variant != c.variant)
+        })
+        .count();
+    let t1 = Instant::now();
     let out = crate::budget::apply(&weights, &plan)?;
+    eprintln!(
+        "plan: made in {planned_s:.2} s; {reform} of {} launches re-formed in {:.2} s",
+        plan.choices.len(),
+        t1.elapsed().as_secs_f64()
+    );
     let launches: LaunchChoices = plan
         .choices
         .iter()
         .filter_map(|c| Some((c.id.clone(), c.launch_config.clone()?)))
         .collect();
-    let total = out.stored_bytes() as u64 + reserved;
-    eprintln!(
-        "budget: model {:.3} GB + KV cache and workspace {:.3} GB = {:.3} GB{}",
-        out.stored_bytes() as f64 / 1e9,
-        reserved as f64 / 1e9,
-        total as f64 / 1e9,
-        match &b.budget {
-            Some(budget) => format!(" (--budget {budget})"),
-            None => String::new(),
-        }
-    );
-    Ok((out, launches))
+    Ok((out, Some(launches)))
 }
 
 #[derive(clap::Args)]
@@ -654,8 +654,8 @@ fn matrix_weights(w: &ModelWeights) -> usize {
 /// A model this machine cannot hold is an error before any of it is read, never an allocation
 /// failure half way through the load; one whose file pages do not fit beside it too is a warning
 /// (they are read from disk again as they are used).
-fn check_cpu_memory(model: &Path, load: LoadOptions, context: Option<usize>) -> Result<()> {
-    let Some((need, config)) = entrollm_model::load::cpu_memory_need(model, load)? else {
+fn check_cpu_memory(model: &Path, context: Option<usize>) -> Result<()> {
+    let Some((need, config)) = entrollm_model::load::cpu_memory_need(model)? else {
         return Ok(());
     };
     let ctx = context.unwrap_or(config.max_position_embeddings.min(4096));
@@ -736,42 +736,23 @@ pub fn open(a: &ModelArgs) -> Result<Session> {
             "--budget/--plan/--tune choose every launch's form: not with --code-at-load or --bf16 palette"
         );
     }
-    // Coded matrices are loaded coded where they may be served so: on the GPU (dense at upload
-    // where that fits: `dense_if_it_fits`), for a plan, with --keep-coded; on the CPU decoded.
     let on_gpu = match device {
         DeviceArg::Cpu => false,
         DeviceArg::Cuda => true,
         DeviceArg::Auto => entrollm_cuda::device::device_count().is_ok_and(|n| n > 0),
     };
-    // A container that records its forms (a plan's) is served in them: memory as planned.
-    let recorded = entrollm_model::load::container_records_forms(&a.model);
-    let fused = a.budget.is_set() || a.keep_coded || ((on_gpu || recorded) && !a.decode_at_load);
-    let container = a.model.join("entrollm.json").is_file();
-    if recorded && !a.budget.is_set() && !a.decode_at_load {
-        eprintln!(
-            "container: served in the forms its plan recorded (--decode-at-load decodes every \
-             matrix instead)"
-        );
-    }
-    if container && !fused && !a.decode_at_load {
-        eprintln!(
-            "cpu: coded matrices decoded at load, the faster form on the CPU (--keep-coded keeps \
-             them coded in memory, smaller and slower)"
-        );
-    }
-    if container {
-        lossy_note(&a.model);
-    }
+    let by_hand = ByHand {
+        forms: code.is_some() || a.bf16 || a.fp8 == Fp8Serving::Palette,
+        keep_coded: a.keep_coded,
+        decode_at_load: a.decode_at_load,
+    };
+    let Opening { plan, load } = opening(&a.model, &a.budget, by_hand, on_gpu);
     let load = LoadOptions {
-        fused,
-        keep_quantised: a.budget.is_set(),
-        // A plan made now starts from the container as stored (the source's forms).
-        recorded_forms: !a.budget.is_set(),
-        verify: true,
         q8_activations: a.activations == "q8",
+        ..load
     };
     if !on_gpu {
-        check_cpu_memory(&a.model, load, a.context)?;
+        check_cpu_memory(&a.model, a.context)?;
     }
     let (weights, tokenizer) = open_model_with(&a.model, load)?;
     if let Some(plan) = &code {
@@ -780,7 +761,7 @@ pub fn open(a: &ModelArgs) -> Result<Session> {
     let ctx = a
         .context
         .unwrap_or(weights.config.max_position_embeddings.min(4096));
-    let (weights, launches) = planned(&a.budget, weights, &a.model, device, ctx)?;
+    let (weights, launches) = planned(&a.budget, plan, weights, &a.model, device, ctx)?;
     let params = SamplingParams {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -793,17 +774,8 @@ pub fn open(a: &ModelArgs) -> Result<Session> {
     let sampler = Sampler::new(params)
         .map_err(|e| anyhow::anyhow!("{e} (--temperature, --top-p, --min-p, --repeat-penalty)"))?;
     let n_weights = matrix_weights(&weights);
-    let serving = serving_under(&a.budget, a.serving(), launches)?;
-    let dense_when_fits = !a.keep_coded && !a.budget.is_set() && !recorded;
-    let engine = Backend::new(
-        weights,
-        ctx,
-        device,
-        code.as_ref(),
-        serving,
-        dense_when_fits,
-        decode,
-    )?;
+    let serving = serving_under(launches, a.serving())?;
+    let engine = Backend::new(weights, ctx, device, code.as_ref(), serving, decode)?;
     let bytes = match &engine {
         Backend::Cpu(e) => e.weights().stored_bytes(),
         Backend::Gpu(e) => e.model().weight_bytes(),
@@ -1035,18 +1007,18 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     let decode = a.decode.options()?;
     let text = entrollm_format::input::read_text_limited(&a.file, 1 << 30)
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
+    // As stored, to plan from (a reference comparison serves the model decoded, unplanned).
+    let plan = a.reference.is_none();
     let (weights, tokenizer) = open_model_with(
         &a.model,
         LoadOptions {
-            fused: a.budget.is_set(),
-            keep_quantised: a.budget.is_set(),
-            // Decoded (the fastest on the CPU), or as stored to plan from.
+            fused: plan,
             recorded_forms: false,
             verify: true,
             q8_activations: a.activations == "q8",
         },
     )?;
-    let (weights, launches) = planned(&a.budget, weights, &a.model, device, a.window)?;
+    let (weights, launches) = planned(&a.budget, plan, weights, &a.model, device, a.window)?;
     let mut tokens = tokenizer.encode(&text, true)?;
     if a.max_tokens > 0 {
         tokens.truncate(a.max_tokens);
@@ -1054,19 +1026,10 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     if let Some(reference) = &a.reference {
         return compare(&a, weights, reference, &tokens, &tokenizer);
     }
-    let serving = serving_under(&a.budget, Serving::default(), launches)?;
+    let serving = serving_under(launches, Serving::default())?;
     let n_weights = matrix_weights(&weights);
     let t0 = Instant::now();
-    let dense_when_fits = !a.budget.is_set();
-    let backend = Backend::new(
-        weights,
-        a.window,
-        device,
-        None,
-        serving,
-        dense_when_fits,
-        decode,
-    )?;
+    let backend = Backend::new(weights, a.window, device, None, serving, decode)?;
     let (p, bytes) = match backend {
         Backend::Cpu(mut engine) => (
             entrollm_model::perplexity(&mut engine, &tokens, a.window, a.stride)?,
@@ -1113,7 +1076,6 @@ fn compare(
     );
     let load = LoadOptions {
         fused: false,
-        keep_quantised: false,
         recorded_forms: false,
         verify: true,
         q8_activations: false,
@@ -1182,18 +1144,5 @@ mod tests {
             .to_string();
         assert!(e.contains("-c") && e.contains("32768-token"), "{e}");
         assert!(memory_verdict(need, 29 * gb / 10, 4096, 4 * gb).is_ok());
-    }
-
-    #[test]
-    fn dense_serving_needs_room_for_the_reserve_too() {
-        let gb = 1_000_000_000u64;
-        // The synthetic 8B (16.06 GB dense) with a 4096-token cache on a 141 GB device: dense.
-        assert!(dense_fits(16 * gb, gb, 140 * gb));
-        // The 70B (141 GB dense) on the same device: coded.
-        assert!(!dense_fits(141 * gb, gb, 140 * gb));
-        // 10 % of free memory is kept back; the reserve counts.
-        assert!(dense_fits(80 * gb, 10 * gb, 100 * gb));
-        assert!(!dense_fits(80 * gb, 11 * gb, 100 * gb));
-        assert!(!dense_fits(u64::MAX, 1, 100 * gb));
     }
 }

@@ -47,7 +47,7 @@ pub enum Command {
     /// Evaluate a model.
     #[command(subcommand)]
     Eval(Eval),
-    /// GPU decode benchmark (docs/cli.md): tok/s, bandwidth, prefill, memory.
+    /// Decode benchmark on the GPU or the CPU (docs/cli.md): tok/s, bandwidth, prefill, memory.
     Bench(bench::Args),
     /// Check every GPU kernel and the GPU forward pass against the CPU (`--gpu`).
     Selftest(selftest::Args),
@@ -98,7 +98,7 @@ pub fn execute(command: Command) -> anyhow::Result<()> {
         Command::Run(a) => on_pool(|| generate::run(a)),
         Command::Chat(a) => on_pool(|| generate::chat(a)),
         Command::Eval(Eval::Ppl(a)) => on_pool(|| generate::ppl(a)),
-        Command::Bench(a) => bench::run(a),
+        Command::Bench(a) => on_pool(|| bench::run(a)),
         Command::Selftest(a) => selftest::run(a),
         Command::Tune(a) => tune::run_tune(a),
         Command::Plan(a) => tune::run_plan(a),

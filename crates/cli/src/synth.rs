@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model shape: tiny, llama-3.1-8b or llama-3.3-70b.
+    /// Model shape: tiny, llama-3.2-1b, llama-3.1-8b or llama-3.3-70b.
     #[arg(long)]
     shape: String,
     /// Storage dtype: bf16, fp16, or fp8-e4m3 (decoder linears as FP8 E4M3 with per-row F32

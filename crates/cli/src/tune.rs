@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use entrollm_model::load::{open_weights_with, LoadOptions};
 use entrollm_model::synth::{shared_layer_weights, SynthShape};
 use entrollm_tune::budget::Budget;
+use entrollm_tune::costs::{CostTable, DeviceClass};
 use entrollm_tune::file::{DeviceId, PlanFile, TuneFile};
 use entrollm_tune::tuner::{tune, CpuTimer, LaunchTimer, Progress, TuneOptions};
 use entrollm_tune::{plan, planner};
@@ -41,6 +42,11 @@ pub struct TuneArgs {
     /// (longer averages a shared machine's slow and fast phases better).
     #[arg(long, default_value_t = 2.0, value_name = "S")]
     seconds: f64,
+    /// Also add this model's timings to the tune data file FILE (created if missing): the
+    /// latencies plans use on this kind of device without a tune file of their model
+    /// (crates/tune/data/ ships them; docs/tune.md, *Tune data*).
+    #[arg(long, value_name = "FILE")]
+    costs: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -79,13 +85,11 @@ pub fn run_tune(a: TuneArgs) -> Result<()> {
     let device: DeviceId = timer.device();
     let (w, path) = match (&a.model, &a.synth) {
         (Some(model), _) => (
-            // As `--budget` loads it: coded matrices as stored, GGUF blocks as their integer
-            // codes.
+            // As `--budget` loads it: as stored (coded matrices coded, GGUF blocks as blocks).
             open_weights_with(
                 model,
                 LoadOptions {
                     fused: true,
-                    keep_quantised: true,
                     // As stored, so that a container and its source have the same fingerprint.
                     recorded_forms: false,
                     verify: true,
@@ -166,6 +170,28 @@ pub fn run_tune(a: TuneArgs) -> Result<()> {
         device.name,
         a.output.display()
     );
+    if let Some(path) = &a.costs {
+        let class = match device.kind {
+            entrollm_tune::DeviceKind::Cpu => DeviceClass::this_cpu(device.threads.unwrap_or(1)),
+            entrollm_tune::DeviceKind::Cuda => DeviceClass::gpu(&device.name),
+        };
+        let mut table = match path.exists() {
+            true => CostTable::read(path)?,
+            false => CostTable::new(class.clone(), &device.name, &tf.protocol),
+        };
+        table
+            .add(&tf, &class)
+            .with_context(|| format!("{}", path.display()))?;
+        table.write(path)?;
+        eprintln!(
+            "tune: added {} to the tune data {} ({} samples of {} models, {})",
+            tf.model.path,
+            path.display(),
+            table.samples.len(),
+            table.steps.len(),
+            table.device
+        );
+    }
     Ok(())
 }
 

@@ -373,10 +373,6 @@ pub fn open_weights(path: &Path, fused: bool) -> Result<ModelWeights> {
 pub struct LoadOptions {
     /// Coded matrices of a container stay coded (see [`ContainerSource`]).
     pub fused: bool,
-    /// A GGUF's legacy-block matrices (Q4_0, Q4_1, Q5_x, Q8_0) are kept as their integer codes
-    /// (form `int`) instead of dequantised to f32: what the form planner re-forms from (also
-    /// the block matrices a GGUF-made container stores uncoded).
-    pub keep_quantised: bool,
     /// With `fused`, a container's launches are served in the weight forms it records
     /// (`compress --plan`), re-formed at load where they are stored otherwise. Off: as stored
     /// (what `--budget` plans from, so that a plan of the source fits the container).
@@ -395,7 +391,6 @@ impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
             fused: true,
-            keep_quantised: false,
             recorded_forms: true,
             verify: true,
             q8_activations: false,
@@ -412,29 +407,15 @@ pub struct MemoryNeed {
     pub allocated: u64,
 }
 
-/// What serving `path` on the CPU with `opts` will hold, from its header alone, with its config;
-/// `None` where it is not estimated (containers and checkpoint directories, whose tensors are held
-/// as stored or decoded to their dtype).
-pub fn cpu_memory_need(
-    path: &Path,
-    opts: LoadOptions,
-) -> Result<Option<(MemoryNeed, crate::ModelConfig)>> {
+/// What serving the GGUF at `path` as stored on the CPU will hold, from its header alone, with its
+/// config; `None` where it is not estimated (containers and checkpoint directories, whose tensors
+/// are held as stored or decoded to their dtype).
+pub fn cpu_memory_need(path: &Path) -> Result<Option<(MemoryNeed, crate::ModelConfig)>> {
     if !(path.is_file() && path.extension().is_some_and(|e| e == "gguf")) {
         return Ok(None);
     }
     let source = GgufSource::open(path)?;
-    let mut need = source.memory();
-    if opts.keep_quantised {
-        // The legacy-block matrices' integer codes, one byte a weight, beside the blocks.
-        need.allocated += source
-            .file()
-            .tensors()
-            .iter()
-            .filter(|i| i.hf_shape().len() == 2 && i.ggml_type.block_type().is_some())
-            .map(|i| i.n_elements())
-            .sum::<u64>();
-    }
-    Ok(Some((need, source.config()?)))
+    Ok(Some((source.memory(), source.config()?)))
 }
 
 /// [`open_model`] with every load option.
@@ -457,30 +438,6 @@ fn open(path: &Path, fused: bool, tokenizer: bool) -> Result<(ModelWeights, Opti
     open_with(path, opts, tokenizer)
 }
 
-/// The legacy-block matrices of a GGUF as `int` matrices, by GGUF name, but for those `except`
-/// names (matrices served otherwise, whose bytes the image does not hold).
-pub(crate) fn quantised_linears(
-    file: &crate::gguf::GgufFile,
-    except: &dyn Fn(&str) -> bool,
-) -> Result<std::collections::HashMap<String, Arc<dyn Linear>>> {
-    use crate::forms::Form;
-    let mut out = std::collections::HashMap::new();
-    for info in file.tensors() {
-        let shape = info.hf_shape();
-        if shape.len() != 2 || info.ggml_type.block_type().is_none() || except(&info.name) {
-            continue;
-        }
-        let q = crate::gguf::unpack_codes(&info.name, info.ggml_type, file.tensor_data(info))?;
-        let src = crate::forms::int::from_blocks(shape[0], shape[1], &q)
-            .map_err(|e| ModelError::tensor(&info.name, e.to_string()))?;
-        let m = crate::forms::int::INT
-            .encode(&src, "")
-            .map_err(|e| ModelError::tensor(&info.name, e.to_string()))?;
-        out.insert(info.name.clone(), m);
-    }
-    Ok(out)
-}
-
 fn open_with(
     path: &Path,
     opts: LoadOptions,
@@ -488,11 +445,9 @@ fn open_with(
 ) -> Result<(ModelWeights, Option<Tokenizer>)> {
     let fused = opts.fused;
     if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
-        let mut source = GgufSource::open(path)?.with_q8_activations(opts.q8_activations);
-        if opts.keep_quantised {
-            let linears = quantised_linears(source.file(), &|_| false)?;
-            source = source.with_linears(linears);
-        }
+        // Blocks as the file stores them: the form a plan starts from (`int` and others are
+        // made from them where a plan chooses).
+        let source = GgufSource::open(path)?.with_q8_activations(opts.q8_activations);
         let t = tokenizer
             .then(|| Tokenizer::from_gguf(source.file()))
             .transpose()?;
@@ -514,10 +469,8 @@ fn open_with(
             } else {
                 GgufLoad::Decoded
             };
-            // Planned block matrices stored uncoded are re-formed from their integer codes.
-            let source =
-                crate::gguf::open_gguf_container(&reader, load, opts.keep_quantised || forms)?
-                    .with_q8_activations(opts.q8_activations);
+            let source = crate::gguf::open_gguf_container(&reader, load)?
+                .with_q8_activations(opts.q8_activations);
             let t = tokenizer
                 .then(|| Tokenizer::from_gguf(source.file()))
                 .transpose()?;

@@ -26,6 +26,8 @@ use std::sync::Arc;
 pub enum SynthShape {
     /// Two small layers with ragged sizes (not multiples of tile widths), for tests.
     Tiny,
+    /// Llama-3.2-1B's shape (tied embeddings): a 1B-class model a CPU serves.
+    Llama32_1B,
     Llama31_8B,
     Llama33_70B,
 }
@@ -34,6 +36,7 @@ impl SynthShape {
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "tiny" => Some(SynthShape::Tiny),
+            "llama-3.2-1b" => Some(SynthShape::Llama32_1B),
             "llama-3.1-8b" => Some(SynthShape::Llama31_8B),
             "llama-3.3-70b" => Some(SynthShape::Llama33_70B),
             _ => None,
@@ -41,12 +44,13 @@ impl SynthShape {
     }
 
     pub fn names() -> &'static [&'static str] {
-        &["tiny", "llama-3.1-8b", "llama-3.3-70b"]
+        &["tiny", "llama-3.2-1b", "llama-3.1-8b", "llama-3.3-70b"]
     }
 
     pub fn config(self) -> ModelConfig {
         let (hidden, inter, layers, heads, kv, vocab) = match self {
             SynthShape::Tiny => (192, 520, 2, 6, 2, 1000),
+            SynthShape::Llama32_1B => (2048, 8192, 16, 32, 8, 128256),
             SynthShape::Llama31_8B => (4096, 14336, 32, 32, 8, 128256),
             SynthShape::Llama33_70B => (8192, 28672, 80, 64, 8, 128256),
         };
@@ -74,7 +78,7 @@ impl SynthShape {
                 RopeScaling::None
             },
             rope_style: RopeStyle::Neox,
-            tie_word_embeddings: false,
+            tie_word_embeddings: self == SynthShape::Llama32_1B,
             attention_bias: false,
             bos_token_id: Some(if llama3 { 128000 } else { 1 }),
             eos_token_ids: vec![if llama3 { 128001 } else { 2 }],

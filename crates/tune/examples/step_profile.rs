@@ -74,7 +74,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &model,
         LoadOptions {
             fused: true,
-            keep_quantised: true,
             recorded_forms: false,
             verify: true,
             q8_activations: false,
@@ -194,6 +193,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let tl = TimedLaunch {
             launch: rep.launch,
             form: f,
+            variant: &variant,
+            values: entrollm_tune::costs::values_of_shape_key(&rep.shape_key()),
+            matrices: rep.matrices.len(),
             weights: rep.matrices.iter().map(|m| m.rows() * m.cols()).sum(),
             predicted_bytes: rep.stored_bytes() as f64,
             products: launch != "embed",

@@ -136,11 +136,15 @@ pub struct TuneFile {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum CostModel {
-    /// Latencies measured by `entrollm tune`.
+    /// Latencies measured by `entrollm tune` for this model.
     Measured,
-    /// No tune file: predicted sizes and the documented default cost model.
+    /// No tune file: predicted sizes and latencies from the tune data shipped for this device
+    /// (`costs`), fitted to `entrollm tune` measurements of other models on it.
+    TuneData,
+    /// No tune file and no tune data for this device: predicted sizes and the forms' documented
+    /// cost model.
     Default,
 }
 
@@ -551,13 +555,37 @@ impl PlanFile {
 /// fastest point. The cost model is [`CostModel::Measured`]; a caller planning from predicted
 /// latencies sets [`CostModel::Default`].
 pub fn plan(tune: &TuneFile, budget: Option<u64>, reserved: u64) -> Result<PlanFile, TuneError> {
+    plan_no_worse_than(tune, budget, reserved, None)
+}
+
+/// [`plan`], and never slower than `incumbent` (a point per launch: the forms the model is held
+/// in) where that fits the budget: the knapsack's grid rounds sizes up, so a plan that fills the
+/// budget exactly (the weights as stored, under the default budget) may be out of its reach.
+pub fn plan_no_worse_than(
+    tune: &TuneFile,
+    budget: Option<u64>,
+    reserved: u64,
+    incumbent: Option<&[usize]>,
+) -> Result<PlanFile, TuneError> {
     tune.validate()
         .map_err(|why| TuneError::Plan(format!("invalid tune file: {why}")))?;
     if tune.launches.is_empty() {
         return Err(TuneError::Plan("the tune file has no launches".into()));
     }
+    if let Some(inc) = incumbent {
+        let ok = inc.len() == tune.launches.len()
+            && inc
+                .iter()
+                .zip(&tune.launches)
+                .all(|(&i, l)| i < l.points.len());
+        if !ok {
+            return Err(TuneError::Plan(
+                "the incumbent names no point of some launch".into(),
+            ));
+        }
+    }
     let fronts: Vec<Vec<usize>> = tune.launches.iter().map(LaunchTune::front).collect();
-    let (picks, certificate): (Vec<usize>, Option<Certificate>) = match budget {
+    let (mut picks, certificate): (Vec<usize>, Option<Certificate>) = match budget {
         None => (fronts.iter().map(|f| *f.last().unwrap()).collect(), None),
         Some(b) => {
             let groups: Vec<Vec<Item>> = tune
@@ -593,6 +621,20 @@ pub fn plan(tune: &TuneFile, budget: Option<u64>, reserved: u64) -> Result<PlanF
             (picks, Some(cert))
         }
     };
+    if let Some(inc) = incumbent {
+        let sum = |p: &[usize]| -> (u128, f64) {
+            p.iter()
+                .zip(&tune.launches)
+                .fold((0, 0.0), |(b, us), (&i, l)| {
+                    (b + l.points[i].bytes as u128, us + l.points[i].latency_us)
+                })
+        };
+        let (inc_bytes, inc_us) = sum(inc);
+        let fits = budget.is_none_or(|b| inc_bytes + reserved as u128 <= b as u128);
+        if fits && inc_us < sum(&picks).1 {
+            picks = inc.to_vec();
+        }
+    }
     let choices: Vec<PlanChoice> = tune
         .launches
         .iter()

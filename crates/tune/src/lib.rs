@@ -8,6 +8,7 @@
 //! know nothing of the forms themselves: a form is a name, a variant, a size and a latency.
 
 pub mod budget;
+pub mod costs;
 mod error;
 pub mod file;
 pub mod front;

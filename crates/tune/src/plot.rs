@@ -411,6 +411,7 @@ fn draw_summary<DB: DrawingBackend>(
             plan.predicted_tok_s,
             match plan.cost_model {
                 CostModel::Measured => "measured",
+                CostModel::TuneData => "tune data",
                 CostModel::Default => "default",
             }
         ),

@@ -113,6 +113,12 @@ pub struct TimedLaunch<'a> {
     /// Which launch of the decode step (the fusions it runs with).
     pub launch: Launch,
     pub form: &'a dyn Form,
+    pub variant: &'a str,
+    /// The values the launch holds, with its first matrix's layout (`ggml(Q4_1)`, `bf16`): what
+    /// the tune data's latencies are keyed by besides the form.
+    pub values: String,
+    /// Matrices the launch multiplies.
+    pub matrices: usize,
     pub weights: usize,
     pub predicted_bytes: f64,
     /// Products of all matrices but the first: the first is an embedding looked up (a tied LM
@@ -355,6 +361,11 @@ fn candidates(
     device: forms::DeviceKind,
 ) -> Result<Vec<Planned>> {
     let src = rep.matrices[0].source().map_err(err)?;
+    let others: Vec<_> = rep.matrices[1..]
+        .iter()
+        .map(|m| m.source())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(err)?;
     let mut out: Vec<Planned> = Vec::new();
     for m in members {
         let current = m.matrices[0].form();
@@ -362,6 +373,8 @@ fn candidates(
         let seen = out
             .iter()
             .any(|p| p.form.name() == current.form && p.variant == current.variant);
+        // (A launch whose matrices are held in different forms, a GGUF's q/k/v of different
+        // block types, is "as held" under its first matrix's form: `layout::apply` keeps it.)
         if current_form.runs_on(device) && !seen {
             out.push(Planned {
                 form: current_form,
@@ -369,11 +382,6 @@ fn candidates(
             });
         }
     }
-    let others: Vec<_> = rep.matrices[1..]
-        .iter()
-        .map(|m| m.source())
-        .collect::<std::result::Result<_, _>>()
-        .map_err(err)?;
     for form in forms::all() {
         if !form.runs_on(device) || !form.accepts(&src) || !others.iter().all(|s| form.accepts(s)) {
             continue;
@@ -419,8 +427,13 @@ impl LaunchSources {
     }
 
     /// Bytes of `inst` in `form`/`variant`: exact where a matrix is in that form already, else
-    /// predicted.
+    /// predicted; the launch as held where its first matrix is held in it (`layout::apply`
+    /// keeps such a launch whole).
     fn bytes(&self, inst: &LaunchInstance, form: &dyn Form, variant: &str) -> Result<u64> {
+        let first = inst.matrices[0].form();
+        if first.form == form.name() && first.variant == variant {
+            return Ok(inst.stored_bytes() as u64);
+        }
         let mut total = 0f64;
         for ((m, src), wrap) in inst.matrices.iter().zip(&self.srcs).zip(&self.wraps) {
             let id = m.form();
@@ -530,22 +543,43 @@ pub fn tune(
                 total,
                 what: &what,
             });
+            // A candidate the representative cannot hold (the form another launch of the shape
+            // is held in: an F16 among BF16 launches) is timed on a launch that holds it.
+            let (inst, bytes) = match sources.bytes(rep, p.form, &p.variant) {
+                Ok(b) => (rep, b),
+                Err(e) => {
+                    let holder = by_shape[key].iter().map(|&i| &all[i]).find(|l| {
+                        let f = l.matrices[0].form();
+                        f.form == p.form.name() && f.variant == p.variant
+                    });
+                    let Some(h) = holder else { return Err(e) };
+                    (h, h.stored_bytes() as u64)
+                }
+            };
+            let first = inst.matrices[0].form();
+            let as_held = first.form == p.form.name() && first.variant == p.variant;
             let make = || -> Result<Vec<Arc<dyn Linear>>> {
-                rep.matrices
+                inst.matrices
                     .iter()
-                    .map(|m| fresh(m, p.form, &p.variant))
+                    .map(|m| match as_held && m.form() != first {
+                        // A launch of mixed forms as held: its other matrices as they are.
+                        true => Ok(Arc::clone(m)),
+                        false => fresh(m, p.form, &p.variant),
+                    })
                     .collect()
             };
-            let weights: usize = rep.matrices.iter().map(|m| m.rows() * m.cols()).sum();
-            let bytes = sources.bytes(rep, p.form, &p.variant)? as f64;
+            let weights: usize = inst.matrices.iter().map(|m| m.rows() * m.cols()).sum();
             let launch = TimedLaunch {
-                launch: rep.launch,
+                launch: inst.launch,
                 form: p.form,
+                variant: &p.variant,
+                values: crate::costs::values_of_shape_key(key),
+                matrices: inst.matrices.len(),
                 weights,
-                predicted_bytes: bytes,
-                products: rep.launch != Launch::Embed,
-                gather: matches!(rep.launch, Launch::Embed)
-                    || (rep.launch == Launch::LmHead && rep.tensors.len() == 2),
+                predicted_bytes: bytes as f64,
+                products: inst.launch != Launch::Embed,
+                gather: matches!(inst.launch, Launch::Embed)
+                    || (inst.launch == Launch::LmHead && inst.tensors.len() == 2),
             };
             let Some(timing) = timer.time(&launch, &make)? else {
                 done += 1;
@@ -553,7 +587,7 @@ pub fn tune(
             };
             timed.entry(key.clone()).or_default().insert(
                 (p.form.name().to_string(), p.variant.clone()),
-                (timing, rep.id.clone()),
+                (timing, inst.id.clone()),
             );
             done += 1;
         }
@@ -567,6 +601,12 @@ pub fn tune(
     // Launches of the same matrices (a synthetic model's layers share layer 0's) have the same
     // sizes: predicted once.
     let mut sizes: BTreeMap<(String, Vec<usize>), Vec<Option<u64>>> = BTreeMap::new();
+    // Without measurements (a plan at load from predicted sizes), a launch's candidates are sized
+    // as its shape's first launch's, scaled by their sizes as held: predicting every launch
+    // would read the whole model once per candidate at every load.
+    type Sized = (forms::FormId, u64, Vec<Option<u64>>);
+    let mut first_of_shape: BTreeMap<String, Sized> = BTreeMap::new();
+    let predicted_only = !timer.is_measured();
     for l in &all {
         let key = l.shape_key();
         // No form has a kernel for this launch on this device (a GGUF's token embedding on the
@@ -579,9 +619,28 @@ pub fn tune(
             .iter()
             .map(|m| Arc::as_ptr(m) as *const () as usize)
             .collect();
-        let bytes = match sizes.entry((key.clone(), ptrs)) {
-            std::collections::btree_map::Entry::Occupied(e) => e.get().clone(),
-            std::collections::btree_map::Entry::Vacant(e) => {
+        let held = l.stored_bytes() as u64;
+        let id = l.matrices[0].form();
+        let scaled = first_of_shape
+            .get(&key)
+            .filter(|(rep_id, _, _)| predicted_only && *rep_id == id)
+            .map(|(_, rep_held, rep)| {
+                t.keys()
+                    .zip(rep)
+                    .map(
+                        |((form, variant), b)| match *form == id.form && *variant == id.variant {
+                            true => Some(held),
+                            false => b.map(|b| {
+                                (b as f64 * held as f64 / *rep_held as f64).round() as u64
+                            }),
+                        },
+                    )
+                    .collect::<Vec<_>>()
+            });
+        let bytes = match (scaled, sizes.entry((key.clone(), ptrs))) {
+            (Some(v), _) => v,
+            (None, std::collections::btree_map::Entry::Occupied(e)) => e.get().clone(),
+            (None, std::collections::btree_map::Entry::Vacant(e)) => {
                 let sources = LaunchSources::of(l)?;
                 let mut v = Vec::with_capacity(t.len());
                 for (form, variant) in t.keys() {
@@ -593,6 +652,9 @@ pub fn tune(
                 e.insert(v).clone()
             }
         };
+        first_of_shape
+            .entry(key.clone())
+            .or_insert_with(|| (id, held.max(1), bytes.clone()));
         let mut points = Vec::new();
         for (((form, variant), (timing, who)), bytes) in t.iter().zip(bytes) {
             let Some(bytes) = bytes else {
@@ -1055,6 +1117,7 @@ mod tests {
         fn device(&self) -> DeviceId {
             crate::planner::DefaultCost {
                 device: DeviceKind::Cuda,
+                table: None,
             }
             .device()
         }

@@ -336,10 +336,6 @@ impl Form for DtansForm {
                     DeviceKind::Cuda => 1.0e-7,
                 }
     }
-    fn dense_is_faster_on_gpu(&self) -> bool {
-        // The fused decode-matvec against the dense GEMV (bench/RESULTS.md).
-        true
-    }
 }
 
 fn parse(variant: &str) -> Result<Coding> {

@@ -510,10 +510,6 @@ impl Form for GgmlForm {
                 DeviceKind::Cuda => weights as f64 * 0.6e-6,
             }
     }
-    fn dense_is_faster_on_gpu(&self) -> bool {
-        // ggml_mv against the dense GEMV, every type (bench/RESULTS.md).
-        true
-    }
 }
 
 /// The variant whose activations are quantised to 8 bits (llama.cpp's precision). Not among

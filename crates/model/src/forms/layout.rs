@@ -140,6 +140,53 @@ pub fn launches(w: &ModelWeights) -> Vec<LaunchInstance> {
     out
 }
 
+/// Bytes `m` takes in the form its values are held in at the source, its wrappers (row scales)
+/// included: 2 a weight for BF16 and F16, 1 for FP8, 4 for F32, a GGUF's blocks, integer codes
+/// as their own form holds them. A coded or lossy matrix counts its source's bytes (a lossy
+/// matrix's values are those of the dtype it was coded from); the budget a model is served in by
+/// default ("the weights as the checkpoint stores them").
+pub fn source_bytes(m: &dyn Linear) -> Result<u64> {
+    let n = (m.rows() * m.cols()) as u64;
+    let inner = match m.values_kind() {
+        "bf16" | "f16" => 2 * n,
+        "fp8" => n,
+        "f32" => 4 * n,
+        "ggml" => {
+            let tag = m.layout_tag().unwrap_or("");
+            (0..64)
+                .filter_map(crate::gguf::GgmlType::from_id)
+                .find(|t| t.name() == tag)
+                .and_then(|t| t.bytes_for(n))
+                .ok_or_else(|| {
+                    ModelError::Unsupported(format!(
+                        "a ggml matrix of block type '{tag}' and {n} weights"
+                    ))
+                })?
+        }
+        kind => {
+            // Integer codes: the size of their own form (the matrix as it is, where it is in it).
+            let form = by_name(kind)?;
+            let id = m.form();
+            match id.form == kind && id.variant.is_empty() {
+                true => (m.stored_bytes() - m.wrapper_bytes()) as u64,
+                false => form.predict(&m.source()?, "")?.round() as u64,
+            }
+        }
+    };
+    Ok(inner + m.wrapper_bytes() as u64)
+}
+
+/// [`source_bytes`] of every launch of `w` (a tied LM head once): the weights' own size.
+pub fn source_launch_bytes(w: &ModelWeights) -> Result<u64> {
+    let mut total = 0;
+    for l in launches(w) {
+        for m in &l.matrices {
+            total += source_bytes(&**m)?;
+        }
+    }
+    Ok(total)
+}
+
 /// A form and variant for one launch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LaunchForm {
@@ -185,6 +232,12 @@ pub fn apply(
         .par_iter()
         .map(|(k, (l, i, c))| {
             let form = by_name(&c.form)?;
+            // A launch chosen in the form its first matrix is held in keeps every matrix as held
+            // (a GGUF's q/k/v of different block types: the launch as stored).
+            let first = l.matrices[0].form();
+            if first.form == c.form && first.variant == c.variant {
+                return Ok((k.clone(), Arc::clone(&l.matrices[*i])));
+            }
             let m = reform(&l.matrices[*i], form, &c.variant).map_err(|e| {
                 ModelError::tensor(&l.tensors[*i], format!("as {} {}: {e}", c.form, c.variant))
             })?;

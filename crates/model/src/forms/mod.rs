@@ -260,11 +260,6 @@ pub trait Form: Send + Sync {
     fn stored(&self, _variant: &str, _values: &str) -> Result<Option<Stored>> {
         Ok(None)
     }
-    /// Whether the GPU serves matrices held in this form faster as dense BF16 than as held, so
-    /// that loading without a plan serves them dense where that fits (`--keep-coded` keeps them).
-    fn dense_is_faster_on_gpu(&self) -> bool {
-        false
-    }
 }
 
 /// Every form, in the order the tuner lists them.

@@ -33,19 +33,10 @@ pub fn is_gguf_container(reader: &ContainerReader) -> bool {
 }
 
 /// Rebuilds the GGUF of a GGUF-sourced container as a [`GgufSource`]. Every tensor that is
-/// decoded is checked against its checksum (also the fused ones, once, at load). With
-/// `keep_quantised`, the legacy-block matrices stored uncoded are served as their integer codes
-/// (form `int`, as a GGUF file opened with `LoadOptions::keep_quantised`).
-pub fn open_gguf_container(
-    reader: &ContainerReader,
-    load: GgufLoad,
-    keep_quantised: bool,
-) -> Result<GgufSource> {
-    let (file, mut linears) = rebuild(reader, load)?;
-    if keep_quantised {
-        let ints = crate::load::quantised_linears(&file, &|n| linears.contains_key(n))?;
-        linears.extend(ints);
-    }
+/// decoded is checked against its checksum (also the fused ones, once, at load). Block matrices
+/// stored uncoded are served as the GGUF's blocks (form `ggml`).
+pub fn open_gguf_container(reader: &ContainerReader, load: GgufLoad) -> Result<GgufSource> {
+    let (file, linears) = rebuild(reader, load)?;
     Ok(GgufSource::new(file)?.with_linears(linears))
 }
 
