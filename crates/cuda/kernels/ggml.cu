@@ -356,15 +356,19 @@ extern "C" __global__ void __launch_bounds__(GGML_WARPS * 32) ggml_mv(const Ggml
 // s / x_group into y + s * y_stride (as gemv_bf16_experts). The expert index is the previous
 // kernel's output, read after pdl_wait.
 extern "C" __global__ void __launch_bounds__(GGML_WARPS * 32)
-ggml_mv_experts(const GgmlParams p, const int* __restrict__ experts, int n_experts, int x_group, int y_stride) {
+ggml_mv_experts(GgmlParams p, const int* __restrict__ experts, int n_experts, int x_group, int y_stride) {
     const int row = blockIdx.x * GGML_WARPS + (threadIdx.x >> 5);
     pdl_wait();
     pdl_trigger();
     if (row >= p.rows) return;
     const int s = blockIdx.y;
     const int e = min(max(__ldcg(experts + s), 0), n_experts - 1);
-    ggml_mv_row(p.w + ((long long)e * p.rows + row) * p.row_bytes, p.x + (size_t)(s / x_group) * p.cols,
-                p.y + (size_t)s * y_stride + row, p.cols);
+    // The slot's matrix, input and output as ggml_mv's (offsets in int where the launcher's
+    // checks keep them: other spellings spilled a register for some types).
+    p.w += (long long)e * p.rows * p.row_bytes;
+    p.x += (s / x_group) * p.cols;
+    p.y += s * y_stride;
+    ggml_mv_row(p.w + (long long)row * p.row_bytes, p.x, p.y + row, p.cols);
 }
 
 extern "C" __global__ void __launch_bounds__(256) ggml_dequant(const GgmlParams p) {

@@ -44,8 +44,9 @@ use crate::ops::attention::{
 };
 use crate::ops::elementwise::{launch_embedding, launch_swiglu_halves_bf16};
 use crate::ops::families::{
-    launch_add_rmsnorm, launch_geglu, launch_moe_combine, launch_moe_gather_rows, launch_moe_topk,
-    launch_rope_heads, launch_scale, launch_softcap, route, ActOut, HeadOps, NextOut,
+    group_by_expert, launch_add_rmsnorm, launch_geglu, launch_moe_combine, launch_moe_gather_rows,
+    launch_moe_topk, launch_rope_heads, launch_scale, launch_softcap, route, ActOut, GroupedRoutes,
+    HeadOps, NextOut,
 };
 use crate::ops::forward::*;
 use crate::ops::rope::RopeLayout;
@@ -800,32 +801,16 @@ fn prefill_experts(
         .stream()
         .clone_dtoh(&b.logits.slice(0..n * e))
         .while_(|| "downloading router logits".into())?;
-    // Slots in expert order (the rows of the grouped products), and each token's slots' rows
-    // and weights in its experts' order.
     let routes: Vec<Vec<(usize, f32)>> = logits
         .chunks(e)
         .map(|l| route(l, k, moe.norm_topk))
         .collect();
-    let mut counts = vec![0usize; e];
-    for r in &routes {
-        for &(x, _) in r {
-            counts[x] += 1;
-        }
-    }
-    let mut start = vec![0usize; e + 1];
-    for x in 0..e {
-        start[x + 1] = start[x] + counts[x];
-    }
-    let mut next = start.clone();
-    let (mut order, mut rows, mut w) = (vec![0i32; n * k], vec![0i32; n * k], vec![0f32; n * k]);
-    for (t, r) in routes.iter().enumerate() {
-        for (j, &(x, wt)) in r.iter().enumerate() {
-            order[next[x]] = t as i32;
-            rows[t * k + j] = next[x] as i32;
-            w[t * k + j] = wt;
-            next[x] += 1;
-        }
-    }
+    let GroupedRoutes {
+        order,
+        rows,
+        w,
+        start,
+    } = group_by_expert(&routes, e, k);
     let s = dev.stream();
     let what = || "uploading the routing".to_string();
     s.memcpy_htod(&order, &mut b.order.slice_mut(0..n * k))
@@ -836,7 +821,7 @@ fn prefill_experts(
         .while_(what)?;
     launch_moe_gather_rows(dev, &p.hb, &b.order, n * k, h, &mut b.xg)?;
     for x in 0..e {
-        let (a, c) = (start[x], counts[x]);
+        let (a, c) = (start[x], start[x + 1] - start[x]);
         if c == 0 {
             continue;
         }
@@ -852,7 +837,7 @@ fn prefill_experts(
         launch_swiglu_bf16(dev, &b.gu, &mut b.act, n * k, ie)?;
     }
     for x in 0..e {
-        let (a, c) = (start[x], counts[x]);
+        let (a, c) = (start[x], start[x + 1] - start[x]);
         if c == 0 {
             continue;
         }

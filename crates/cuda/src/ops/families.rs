@@ -439,6 +439,53 @@ pub fn route(logits: &[f32], top_k: usize, norm_topk: bool) -> Vec<(usize, f32)>
     out
 }
 
+/// A prefill chunk's routing grouped by expert ([`group_by_expert`]).
+#[derive(Debug, PartialEq)]
+pub struct GroupedRoutes {
+    /// The token of each grouped row: expert 0's tokens in order, then expert 1's, ...
+    pub order: Vec<i32>,
+    /// The grouped row of each slot `t · top_k + j` (token t's j-th expert in its route's order).
+    pub rows: Vec<i32>,
+    /// Each slot's weight.
+    pub w: Vec<f32>,
+    /// Expert e's rows: `start[e]..start[e + 1]`.
+    pub start: Vec<usize>,
+}
+
+/// Groups the tokens' routes ([`route`], `top_k` (expert, weight) each) by expert, for prefill:
+/// each expert's rows are one product over its tokens, and [`launch_moe_combine`] finds each
+/// token's slots through `rows`.
+pub fn group_by_expert(
+    routes: &[Vec<(usize, f32)>],
+    n_experts: usize,
+    top_k: usize,
+) -> GroupedRoutes {
+    let mut start = vec![0usize; n_experts + 1];
+    for &(x, _) in routes.iter().flatten() {
+        start[x + 1] += 1;
+    }
+    for x in 0..n_experts {
+        start[x + 1] += start[x];
+    }
+    let mut next = start.clone();
+    let slots = routes.len() * top_k;
+    let (mut order, mut rows, mut w) = (vec![0i32; slots], vec![0i32; slots], vec![0f32; slots]);
+    for (t, r) in routes.iter().enumerate() {
+        for (j, &(x, wt)) in r.iter().enumerate() {
+            order[next[x]] = t as i32;
+            rows[t * top_k + j] = next[x] as i32;
+            w[t * top_k + j] = wt;
+            next[x] += 1;
+        }
+    }
+    GroupedRoutes {
+        order,
+        rows,
+        w,
+        start,
+    }
+}
+
 /// `out[t] = (accumulate ? out[t] : 0) + Σ_j w[t, j] · ys[row(t, j)]` over `n_tokens` rows of
 /// `hidden` (the weighted sum of a token's experts, in slot order, then added); `rows` maps slot
 /// `t · top_k + j` to its row of `ys` (None: the slot itself). Reference: [`moe_combine_ref`].
@@ -657,5 +704,49 @@ mod moe_tests {
             1,
         );
         assert_eq!(w, vec![1.0 + 0.5 + 2.5, 1.0 + 1.0 + 5.0]);
+    }
+
+    /// Prefill's grouping, through the combine's row map, gives each token the weighted sum of
+    /// its experts' outputs: with expert e's output for token t taken as (e + 1) · 10 + t, the
+    /// grouped rows' outputs combined per token equal the sum over the token's route directly.
+    #[test]
+    fn grouped_rows_combine_to_each_tokens_experts() {
+        let (e, k, n) = (5, 2, 7);
+        let routes: Vec<Vec<(usize, f32)>> = (0..n)
+            .map(|t| {
+                let l: Vec<f32> = (0..e).map(|x| ((t * 7 + x * 3) % 5) as f32).collect();
+                route(&l, k, true)
+            })
+            .collect();
+        let g = group_by_expert(&routes, e, k);
+        assert_eq!(g.start[e], n * k);
+        // Each expert's rows hold its tokens in order.
+        for x in 0..e {
+            let toks: Vec<i32> = g.order[g.start[x]..g.start[x + 1]].to_vec();
+            let want: Vec<i32> = (0..n)
+                .filter(|&t| routes[t].iter().any(|r| r.0 == x))
+                .map(|t| t as i32)
+                .collect();
+            assert_eq!(toks, want, "expert {x}");
+        }
+        let expert_of_row = |r: usize| (0..e).find(|&x| g.start[x] <= r && r < g.start[x + 1]);
+        let ys: Vec<f32> = (0..n * k)
+            .map(|r| {
+                let x = expert_of_row(r).unwrap();
+                ((x + 1) * 10) as f32 + g.order[r] as f32
+            })
+            .collect();
+        let got = moe_combine_ref(&ys, Some(&g.rows), &g.w, k, None, 1, n);
+        for (t, r) in routes.iter().enumerate() {
+            let want: f32 = r
+                .iter()
+                .map(|&(x, w)| w * (((x + 1) * 10) as f32 + t as f32))
+                .sum();
+            assert!(
+                (got[t] - want).abs() < 1e-4,
+                "token {t}: {} vs {want}",
+                got[t]
+            );
+        }
     }
 }

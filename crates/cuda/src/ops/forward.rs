@@ -758,6 +758,7 @@ impl Gather<'_> {
             check_len(op, "experts", e, self.slots)?;
         }
         check_len(op, "x", x, self.slots.div_ceil(self.x_group) * cols)?;
+        as_i32(op, "x elements", self.slots.div_ceil(self.x_group) * cols)?;
         check_len(op, "y", y, self.slots * out_stride)?;
         as_i32(op, "slots", self.slots)?;
         as_i32(op, "y elements", self.slots * out_stride)?;
