@@ -598,7 +598,7 @@ fn moe_kernels(c: &mut Checker<'_>) -> Result<()> {
             (Some(8), 2, 1, false, (256, 136)),
             (Some(5), 3, 3, true, (74, 1000)),
             (Some(3), 4, 1, false, (131, 264)),
-            (Some(60), 4, 4, true, (1536, 2048)),
+            (Some(60), 4, 4, true, (768, 1024)),
             (None, 37, 1, false, (8, 256)),
             (None, 5, 1, false, (128, 2048)),
         ] {

@@ -228,10 +228,8 @@ pub trait LaunchForm: std::fmt::Debug + Send + Sync {
 
 /// One gathered product over a mixture of experts' stack, for [`LaunchForm::gathered`].
 pub struct GatherLaunch<'a> {
-    /// `mat form EXPERTSx(RxC)`.
+    /// `mat form EXPERTSxRxC`.
     pub label: &'a str,
-    /// Rows of one expert.
-    pub rows: usize,
     pub experts: usize,
     /// The router's top-k: the slots of one launch.
     pub slots: usize,
@@ -739,7 +737,6 @@ pub fn decode_plan(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Result<
         for d in [&layer.gate_up, &layer.down] {
             let probe = GatherLaunch {
                 label: "",
-                rows: d.rows,
                 experts: 1,
                 slots: 1,
                 input: Buf::H,
@@ -1278,7 +1275,6 @@ fn expand(m: &ModelDesc, attn: AttnConfig, s: &Step, out: &mut Vec<Launch>) {
             let rows = d.rows / experts.max(1);
             let g = GatherLaunch {
                 label: &format!("{mat} {} {experts}x{rows}x{}", d.form_name(), d.cols),
-                rows,
                 experts,
                 slots: moe.map_or(1, |x| x.top_k),
                 input,
