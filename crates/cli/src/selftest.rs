@@ -35,7 +35,8 @@ pub struct Args {
     hf: Vec<PathBuf>,
     /// Run only these parts (repeat or comma-separate; default: all, in this order): `kernels`
     /// (every kernel against its CPU reference), `engine` (the forward pass, GPU vs CPU),
-    /// `coded` (the coded forward pass against the dense one), `dtans` (the dtANS-LLM kernels),
+    /// `families` (the families beyond Llama: their kernels, mixtures of experts' included, and
+    /// each family's synthetic model, GPU vs CPU), `coded` (the coded forward pass against the dense one), `dtans` (the dtANS-LLM kernels),
     /// `encoder` (the GPU encoder against the CPU's), `lossy` (the lossy-matrix kernels), `ggml` (the
     /// GGUF-block kernels, every ggml type), `int` (the integer-code kernels: GPTQ, AWQ,
     /// compressed-tensors).
@@ -43,8 +44,8 @@ pub struct Args {
     part: Vec<String>,
 }
 
-const PARTS: [&str; 8] = [
-    "kernels", "engine", "coded", "dtans", "encoder", "lossy", "ggml", "int",
+const PARTS: [&str; 9] = [
+    "kernels", "engine", "families", "coded", "dtans", "encoder", "lossy", "ggml", "int",
 ];
 
 pub fn run(a: Args) -> Result<()> {
@@ -82,6 +83,15 @@ pub fn run(a: Args) -> Result<()> {
                     println!("  {n}");
                 }
             }
+            Err(e) => {
+                println!("{e}");
+                failed = true;
+            }
+        }
+    }
+    if runs("families") {
+        match entrollm_cuda::families_selftest::selftest(&dev, a.seed) {
+            Ok(r) => println!("{r}"),
             Err(e) => {
                 println!("{e}");
                 failed = true;

@@ -31,7 +31,7 @@
 #endif
 #define ATTN_EXT (ATTN_WINDOW || ATTN_SOFTCAP)
 #define EPL (HEAD_DIM / 32)  // elements of a head per lane, contiguous
-static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "HEAD_DIM must be a multiple of 64, at most 256");
+static_assert(HEAD_DIM % 32 == 0 && HEAD_DIM <= 256, "HEAD_DIM must be a multiple of 32, at most 256");
 static_assert(ATTN_GROUP >= 1 && ATTN_WARPS >= 1 && ATTN_CHUNK >= 1, "attention tuning defines must be >= 1");
 
 // k_new, v_new: f32 [n_kv_heads * HEAD_DIM] of the current token; written at position seq_len[0] - 1.
@@ -47,13 +47,21 @@ extern "C" __global__ void kv_append(const float* __restrict__ k_new, const floa
     }
 }
 
+// A lane's EPL elements of a head: in 4-byte words where EPL is even; one at a time where it is
+// odd (head dims of 32 × an odd number, Phi-3's 96: the slice starts at an odd element).
 __device__ __forceinline__ void load_head_slice(const bf16_t* p, float* out) {
 #pragma unroll
-    for (int e = 0; e < EPL; e += 2) {
-        const u32 w = __ldcg((const unsigned int*)(p + e));  // the newest row is the last kernel's
-        out[e] = bf16_lo(w);
-        out[e + 1] = bf16_hi(w);
+    for (int e = 0; e + 1 < EPL; e += 2) {
+        if (EPL % 2 == 0) {
+            const u32 w = __ldcg((const unsigned int*)(p + e));  // the newest row is the last kernel's
+            out[e] = bf16_lo(w);
+            out[e + 1] = bf16_hi(w);
+        } else {
+            out[e] = bf16_to_f32(__ldcg(p + e));
+            out[e + 1] = bf16_to_f32(__ldcg(p + e + 1));
+        }
     }
+    if (EPL % 2 != 0) out[EPL - 1] = bf16_to_f32(__ldcg(p + EPL - 1));
 }
 
 // grid (max_chunks, n_kv_heads), block ATTN_WARPS * 32.

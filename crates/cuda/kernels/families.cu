@@ -203,3 +203,123 @@ extern "C" __global__ void softcap_f32(float* __restrict__ x, int n, float cap) 
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         x[i] = cap * tanhf(__ldcg(x + i) / cap);
 }
+
+// A mixture of experts' routing, per token t = blockIdx.x (one warp) of logits [n_tokens,
+// n_experts]: the softmax (f32, exp(l - max) / sum, as the CPU engine), the top_k most probable
+// experts (ties to the lower index), their probabilities divided by their sum (taken in the order
+// picked, as the CPU) when norm_topk; written to experts and weights [n_tokens, top_k] in
+// ascending expert order, the order in which the CPU engine adds the experts' outputs. A NaN
+// probability ranks below every number, so top_k distinct experts are always written.
+#define MOE_MAX_EXPERTS 4096
+#define MOE_MAX_K 64
+extern "C" __global__ void __launch_bounds__(32)
+moe_topk(const float* __restrict__ logits, int n_experts, int top_k, int norm_topk, int* __restrict__ experts,
+         float* __restrict__ weights) {
+    __shared__ float p[MOE_MAX_EXPERTS];
+    __shared__ int pick[MOE_MAX_K];
+    __shared__ float pick_p[MOE_MAX_K];
+    pdl_wait();
+    pdl_trigger();
+    const int lane = threadIdx.x;
+    const float* l = logits + (size_t)blockIdx.x * n_experts;
+    float mx = -F32_INF;
+    for (int i = lane; i < n_experts; i += 32) {
+        const float v = __ldcg(l + i);
+        p[i] = v;
+        mx = fmaxf(mx, v);
+    }
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int i = lane; i < n_experts; i += 32) {
+        const float e = expf(p[i] - mx);
+        p[i] = e;
+        sum += e;
+    }
+    sum = warp_sum(sum);
+    __syncwarp();
+    for (int i = lane; i < n_experts; i += 32) p[i] = p[i] / sum;
+    __syncwarp();
+    for (int j = 0; j < top_k; ++j) {
+        // The lane's best unpicked expert (picked ones hold -2, NaN ranks as -1), then the warp's.
+        float bv = -3.0f;
+        int bi = n_experts;
+        for (int i = lane; i < n_experts; i += 32) {
+            float v = p[i];
+            if (v != v) v = -1.0f;
+            if (v > bv) {
+                bv = v;
+                bi = i;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) {
+            pick[j] = bi;
+            pick_p[j] = p[bi];
+            p[bi] = -2.0f;
+        }
+        __syncwarp();
+    }
+    if (lane != 0) return;
+    float total = 0.0f;
+    for (int j = 0; j < top_k; ++j) total += pick_p[j];
+    // Insertion sort of the k picks by expert index (k is small).
+    for (int j = 1; j < top_k; ++j) {
+        const int e = pick[j];
+        const float v = pick_p[j];
+        int i = j - 1;
+        for (; i >= 0 && pick[i] > e; --i) {
+            pick[i + 1] = pick[i];
+            pick_p[i + 1] = pick_p[i];
+        }
+        pick[i + 1] = e;
+        pick_p[i + 1] = v;
+    }
+    int* eo = experts + (size_t)blockIdx.x * top_k;
+    float* wo = weights + (size_t)blockIdx.x * top_k;
+    for (int j = 0; j < top_k; ++j) {
+        eo[j] = pick[j];
+        wo[j] = norm_topk ? pick_p[j] / total : pick_p[j];
+    }
+}
+
+// The weighted sum of a token's experts' outputs: out[t, i] = (accumulate ? out[t, i] : 0) +
+// (Σ_j w[t, j] · ys[r, i]) with r = rows[t * top_k + j] (rows null: t * top_k + j), the sum from
+// j = 0 in f32 without FMA and then added (the CPU engine's order: the experts' weighted sum in
+// expert order, then the residual add). ys [*, hidden], w [n_tokens, top_k].
+extern "C" __global__ void moe_combine(const float* __restrict__ ys, const int* __restrict__ rows,
+                                       const float* __restrict__ w, int top_k, int hidden, int n_tokens,
+                                       float* __restrict__ out, int accumulate) {
+    pdl_wait();
+    pdl_trigger();
+    const size_t n = (size_t)n_tokens * hidden;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = j / hidden, i = j - t * hidden;
+        float s = 0.0f;
+        for (int k = 0; k < top_k; ++k) {
+            const size_t slot = t * top_k + k;
+            const size_t r = rows ? (size_t)__ldcg(rows + slot) : slot;
+            s = __fadd_rn(s, __fmul_rn(__ldcg(w + slot), __ldcg(ys + r * hidden + i)));
+        }
+        out[j] = accumulate ? __fadd_rn(__ldcg(out + j), s) : s;
+    }
+}
+
+// Prefill's grouping of tokens by expert: out[r] = in[idx[r]] for n_rows rows of dim BF16 values.
+extern "C" __global__ void moe_gather_rows(const bf16_t* __restrict__ in, const int* __restrict__ idx, int n_rows,
+                                           int dim, bf16_t* __restrict__ out) {
+    pdl_wait();
+    pdl_trigger();
+    const size_t n = (size_t)n_rows * dim;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = j / dim, i = j - r * dim;
+        out[j] = in[(size_t)__ldcg(idx + r) * dim + i];
+    }
+}

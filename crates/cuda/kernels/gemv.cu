@@ -362,6 +362,22 @@ gemv_bf16_accum_norm(const bf16_t* __restrict__ w, const float* __restrict__ x, 
     gemv_body<false, false, true>(w, x, y, n, k, f);
 }
 #endif
+#if !GEMV_ACCUM
+// Gathered GEMV over a stack of equal matrices w [n_experts, n, k] (a mixture of experts): one
+// launch for `gridDim.y` slots, slot s = blockIdx.y multiplying expert experts[s] (null: expert 0)
+// by x row s / x_group into y + s * y_stride, with this variant's epilogue (SwiGLU: n / 2
+// outputs). Decode: the slots are the router's top-k, written to `experts` by moe_topk, so no
+// host sync is needed per token; prefill's router: null experts, x_group 1, a slot per token.
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_bf16_experts(const bf16_t* __restrict__ w, const int* __restrict__ experts, int n_experts,
+                  const float* __restrict__ x, int x_group, float* __restrict__ y, int y_stride, int n, int k) {
+    pdl_wait();  // the expert index is the previous kernel's output (gemv_rows waits again: a no-op)
+    const int s = blockIdx.y;
+    const int e = experts ? min(max(__ldcg(experts + s), 0), n_experts - 1) : 0;
+    gemv_body<false, false, false>(w + (size_t)e * n * k, x + (size_t)(s / x_group) * k, y + (size_t)s * y_stride,
+                                   n, k, GemvFuse{});
+}
+#endif
 #endif  // GEMV_DENSE
 #else
 // The q/k/v GEMV with RoPE and the KV append (n = q_dim + 2 kv_dim rows); ss: null, or the input

@@ -324,28 +324,51 @@ __device__ __forceinline__ float chunk_dot(const unsigned char* w, int c, float4
 
 // One warp a row, each lane four chunks in flight (their loads issued together), then the rest one
 // at a time. (A block of four warps a row, and four rows a block sharing the activations' loads,
-// were no faster: bench/RESULTS.md.)
-extern "C" __global__ void __launch_bounds__(GGML_WARPS * 32) ggml_mv(const GgmlParams p) {
+// were no faster: bench/RESULTS.md.) Lane 0 writes *y.
+__device__ __forceinline__ void ggml_mv_row(const unsigned char* w, const float* x, float* y, int cols) {
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GGML_WARPS + (threadIdx.x >> 5);
-    pdl_wait();
-    pdl_trigger();
-    if (row >= p.rows) return;
-    const unsigned char* w = p.w + (long long)row * p.row_bytes;
-    const int chunks = p.cols >> 3;
+    const int chunks = cols >> 3;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int c = lane;
     for (; c + 96 < chunks; c += 128) {
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int k = c + 32 * u;
-            acc[u] += chunk_dot(w, k, __ldca((const float4*)(p.x + 8 * k)), __ldca((const float4*)(p.x + 8 * k + 4)));
+            acc[u] += chunk_dot(w, k, __ldca((const float4*)(x + 8 * k)), __ldca((const float4*)(x + 8 * k + 4)));
         }
     }
     for (; c < chunks; c += 32)
-        acc[0] += chunk_dot(w, c, __ldca((const float4*)(p.x + 8 * c)), __ldca((const float4*)(p.x + 8 * c + 4)));
+        acc[0] += chunk_dot(w, c, __ldca((const float4*)(x + 8 * c)), __ldca((const float4*)(x + 8 * c + 4)));
     const float t = warp_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
-    if (lane == 0) p.y[row] = t;
+    if (lane == 0) *y = t;
+}
+
+extern "C" __global__ void __launch_bounds__(GGML_WARPS * 32) ggml_mv(const GgmlParams p) {
+    const int row = blockIdx.x * GGML_WARPS + (threadIdx.x >> 5);
+    pdl_wait();
+    pdl_trigger();
+    if (row >= p.rows) return;
+    ggml_mv_row(p.w + (long long)row * p.row_bytes, p.x, p.y + row, p.cols);
+}
+
+// Gathered ggml_mv over a stack of equal matrices (a mixture of experts: p.rows rows an expert,
+// expert e's rows from e * p.rows): slot s = blockIdx.y multiplies expert experts[s] by x row
+// s / x_group into y + s * y_stride (as gemv_bf16_experts). The expert index is the previous
+// kernel's output, read after pdl_wait.
+extern "C" __global__ void __launch_bounds__(GGML_WARPS * 32)
+ggml_mv_experts(GgmlParams p, const int* __restrict__ experts, int n_experts, int x_group, int y_stride) {
+    const int row = blockIdx.x * GGML_WARPS + (threadIdx.x >> 5);
+    pdl_wait();
+    pdl_trigger();
+    if (row >= p.rows) return;
+    const int s = blockIdx.y;
+    const int e = min(max(__ldcg(experts + s), 0), n_experts - 1);
+    // The slot's matrix, input and output as ggml_mv's (offsets in int where the launcher's
+    // checks keep them: other spellings spilled a register for some types).
+    p.w += (long long)e * p.rows * p.row_bytes;
+    p.x += (s / x_group) * p.cols;
+    p.y += s * y_stride;
+    ggml_mv_row(p.w + (long long)row * p.row_bytes, p.x, p.y + row, p.cols);
 }
 
 extern "C" __global__ void __launch_bounds__(256) ggml_dequant(const GgmlParams p) {

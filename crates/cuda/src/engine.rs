@@ -44,7 +44,8 @@ use crate::ops::attention::{
 };
 use crate::ops::elementwise::{launch_embedding, launch_swiglu_halves_bf16};
 use crate::ops::families::{
-    launch_add_rmsnorm, launch_geglu, launch_rope_heads, launch_scale, launch_softcap, ActOut,
+    group_by_expert, launch_add_rmsnorm, launch_geglu, launch_moe_combine, launch_moe_gather_rows,
+    launch_moe_topk, launch_rope_heads, launch_scale, launch_softcap, route, ActOut, GroupedRoutes,
     HeadOps, NextOut,
 };
 use crate::ops::forward::*;
@@ -71,7 +72,23 @@ pub const PREFILL_RESERVE: usize = 1 << 30;
 fn prefill_bytes_per_token(c: &ModelConfig) -> usize {
     let (h, qd, inter) = (c.hidden_size, c.q_dim(), c.intermediate_size);
     let width = qd + 2 * c.kv_dim();
-    4 + 4 * (h + width + 2 * inter) + 2 * (h + 2 * qd + inter)
+    4 + 4 * (h + width + 2 * inter) + 2 * (h + 2 * qd + inter) + moe_prefill_bytes_per_token(c)
+}
+
+/// A mixture of experts' routing: (experts, experts per token, rows of an expert's gate).
+fn moe_dims(c: &ModelConfig) -> Option<(usize, usize, usize)> {
+    c.block
+        .moe
+        .as_ref()
+        .map(|m| (m.experts, m.top_k, m.intermediate_size))
+}
+
+/// Bytes per prompt token of a mixture of experts' prefill buffers (`MoePrefill`).
+fn moe_prefill_bytes_per_token(c: &ModelConfig) -> usize {
+    moe_dims(c).map_or(0, |(e, k, ie)| {
+        let h = c.hidden_size;
+        4 * (h + e) + 12 * k + k * (2 * h + 4 * 2 * ie + 2 * ie + 4 * h)
+    })
 }
 
 /// The device memory [`GpuEngine`] needs beside the weights and the KV cache for a context of
@@ -99,7 +116,18 @@ pub fn workspace_bound(c: &ModelConfig, max_seq: usize) -> usize {
         .into_iter()
         .max()
         .unwrap_or(1);
+    let (max_rows, max_weights) = match moe_dims(c) {
+        Some((e, k, ie)) => (
+            max_rows.max(k * 2 * ie).max(e),
+            max_weights.max(2 * ie * h).max(e * h),
+        ),
+        None => (max_rows, max_weights),
+    };
     let scratch = (max_rows + h.max(qd).max(inter) + 1) * 4 + max_weights * 2;
+    // A mixture of experts' decode buffers: router logits, the slots' experts, weights, outputs
+    // and activations.
+    let decode =
+        decode + moe_dims(c).map_or(0, |(e, k, ie)| 4 * (e + 2 * k + k * h + k * ie.max(inter)));
     let rope = max_seq * (c.head_dim / 2) * 2 * 4;
     // The families' buffers: gate/up before GeGLU, a projection before its post norm, the
     // sliding layers' RoPE table.
@@ -125,6 +153,20 @@ pub struct GpuLayer {
     pub down: GpuLinear,
     /// The norms only some families have.
     pub norms: GpuNorms,
+    /// A mixture of experts in place of the MLP: `gate_up` and `down` are then the stacks of
+    /// every expert's (`GpuMatrix::gathered`).
+    pub moe: Option<GpuMoe>,
+}
+
+/// A layer's mixture of experts on the device: the router and the routing's parameters (the
+/// experts are the layer's `gate_up` and `down` stacks).
+pub struct GpuMoe {
+    pub router: GpuLinear,
+    pub experts: usize,
+    pub top_k: usize,
+    pub norm_topk: bool,
+    /// Rows of each expert's gate (and up).
+    pub inter: usize,
 }
 
 /// RMSNorm weights (f32) of the norms only some families have ([`entrollm_model::weights::ExtraNorms`]).
@@ -182,19 +224,24 @@ pub struct GpuModel {
 pub(crate) fn check_supported(c: &ModelConfig) -> Result<()> {
     c.validate()
         .map_err(|e| GpuError::invalid("gpu model", e.to_string()))?;
-    if c.head_dim % 64 != 0 || c.head_dim > 256 {
+    if c.head_dim % 32 != 0 || c.head_dim > 256 {
         return Err(GpuError::invalid(
             "gpu model",
             format!(
-                "head_dim {} is not supported on the GPU (a multiple of 64 up to 256)",
+                "head_dim {} is not supported on the GPU (a multiple of 32 up to 256)",
                 c.head_dim
             ),
         ));
     }
-    if c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0 || c.q_dim() % 8 != 0 {
+    let moe_inter = c.block.moe.as_ref().map_or(8, |m| m.intermediate_size);
+    if c.hidden_size % 8 != 0
+        || c.intermediate_size % 8 != 0
+        || c.q_dim() % 8 != 0
+        || moe_inter % 8 != 0
+    {
         return Err(GpuError::invalid(
             "gpu model",
-            "hidden, intermediate and q sizes must be multiples of 8",
+            "hidden, intermediate (the experts' too) and q sizes must be multiples of 8",
         ));
     }
     AttnConfig::for_heads(c.head_dim, c.num_heads, c.num_kv_heads)?;
@@ -273,6 +320,12 @@ impl GpuModel {
                     o: l.o.desc(),
                     gate_up: l.gate_up.desc(),
                     down: l.down.desc(),
+                    moe: l.moe.as_ref().map(|m| crate::plan::MoeDesc {
+                        router: m.router.desc(),
+                        experts: m.experts,
+                        top_k: m.top_k,
+                        norm_topk: m.norm_topk,
+                    }),
                 })
                 .collect(),
         }
@@ -301,18 +354,30 @@ impl GpuModel {
                     + l.o.stored_bytes()
                     + l.gate_up.stored_bytes()
                     + l.down.stored_bytes()
+                    + l.moe.as_ref().map_or(0, |m| m.router.stored_bytes())
             })
             .sum()
     }
 
-    /// Weight bytes a decode step reads: every layer matrix, the LM head and the norms (the
-    /// embedding contributes one row).
+    /// Weight bytes a decode step reads: every layer matrix (of a mixture of experts the router
+    /// and the routed experts only), the LM head and the norms (the embedding contributes one
+    /// row).
     pub fn bytes_per_token(&self) -> usize {
         let h = self.config.hidden_size;
-        self.layer_matrix_bytes()
-            + self.lm_head().stored_bytes()
-            + (2 * self.layers.len() + 1) * h * 4
-            + h * 2
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let mlp = l.gate_up.stored_bytes() + l.down.stored_bytes();
+                l.qkv.stored_bytes()
+                    + l.o.stored_bytes()
+                    + match &l.moe {
+                        Some(m) => m.router.stored_bytes() + mlp / m.experts * m.top_k,
+                        None => mlp,
+                    }
+            })
+            .sum();
+        layers + self.lm_head().stored_bytes() + (2 * self.layers.len() + 1) * h * 4 + h * 2
     }
 }
 
@@ -621,6 +686,12 @@ struct DecodeBufs {
     gate_up: CudaSlice<f32>,
     /// A projection's output before its post norm ([hidden]; one element without post norms).
     y: CudaSlice<f32>,
+    /// A mixture of experts' router logits ([experts]), the slots' experts and weights
+    /// ([top_k], from `moe_topk`) and outputs ([top_k, hidden]); one element each without.
+    router: CudaSlice<f32>,
+    slot_experts: CudaSlice<i32>,
+    slot_w: CudaSlice<f32>,
+    ys: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     tok: CudaSlice<i32>,
     pos: CudaSlice<i32>,
@@ -641,6 +712,7 @@ struct PrefillBufs {
     attn: CudaSlice<u16>,
     gate_up: CudaSlice<f32>,
     act: CudaSlice<u16>,
+    moe: Option<MoePrefill>,
 }
 
 impl PrefillBufs {
@@ -648,12 +720,134 @@ impl PrefillBufs {
         self.tokens.len() * 4
             + (self.x.len() + self.qkv.len() + self.gate_up.len()) * 4
             + (self.hb.len() + self.qb.len() + self.attn.len() + self.act.len()) * 2
+            + self.moe.as_ref().map_or(0, MoePrefill::bytes)
+    }
+}
+
+/// A mixture of experts' prefill buffers for a chunk of `cap` tokens: the MLP norm's output in
+/// f32 (the router's input), the router logits, the routing (rows in expert order, each slot's
+/// row and weight), the tokens' rows grouped by expert (BF16), their gate/up products,
+/// activations and outputs.
+struct MoePrefill {
+    xf: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+    order: CudaSlice<i32>,
+    rows: CudaSlice<i32>,
+    w: CudaSlice<f32>,
+    xg: CudaSlice<u16>,
+    gu: CudaSlice<f32>,
+    act: CudaSlice<u16>,
+    yd: CudaSlice<f32>,
+}
+
+impl MoePrefill {
+    fn bytes(&self) -> usize {
+        (self.xf.len() + self.logits.len() + self.order.len() + self.rows.len() + self.w.len()) * 4
+            + (self.gu.len() + self.yd.len()) * 4
+            + (self.xg.len() + self.act.len()) * 2
     }
 }
 
 struct Kv {
     k: Vec<CudaSlice<u16>>,
     v: Vec<CudaSlice<u16>>,
+}
+
+/// A mixture of experts over a prefill chunk of `n` tokens (hb: the MLP norm's output, BF16):
+/// the router over the norm's output in f32 (its GEMV batched over the tokens where the router is
+/// dense BF16, as decode computes it, else its GEMM over hb), the routing on the host
+/// ([`route`], the CPU engine's: one sync per layer and chunk), the tokens' rows grouped by
+/// expert, each routed expert's gate/up and down as one GEMM over its tokens, then each token's
+/// weighted sum added to x.
+fn prefill_experts(
+    dev: &GpuDevice,
+    gemm: &Gemm,
+    layer: &GpuLayer,
+    moe: &GpuMoe,
+    p: &mut PrefillBufs,
+    n: usize,
+    eps: f32,
+) -> Result<()> {
+    let h = p.x.len() / p.cap;
+    let (e, k, ie) = (moe.experts, moe.top_k, moe.inter);
+    let b = p
+        .moe
+        .as_mut()
+        .ok_or_else(|| GpuError::invalid("prefill", "no buffers for a mixture of experts"))?;
+    match moe.router.as_dense() {
+        Some(r) => {
+            launch_rmsnorm_f32w(
+                dev,
+                &p.x,
+                &layer.mlp_norm,
+                NormOut::F32(&mut b.xf),
+                n,
+                h,
+                eps,
+            )?;
+            let g = Gather {
+                experts: None,
+                n_experts: 1,
+                slots: n,
+                x_group: 1,
+            };
+            launch_gemv_experts(dev, r.gemv, false, &r.w, g, &b.xf, &mut b.logits, e, h)?;
+        }
+        None => moe
+            .router
+            .matmul(dev, gemm, &p.hb, &mut b.logits, n, false)?,
+    }
+    let logits = dev
+        .stream()
+        .clone_dtoh(&b.logits.slice(0..n * e))
+        .while_(|| "downloading router logits".into())?;
+    let routes: Vec<Vec<(usize, f32)>> = logits
+        .chunks(e)
+        .map(|l| route(l, k, moe.norm_topk))
+        .collect();
+    let GroupedRoutes {
+        order,
+        rows,
+        w,
+        start,
+    } = group_by_expert(&routes, e, k);
+    let s = dev.stream();
+    let what = || "uploading the routing".to_string();
+    s.memcpy_htod(&order, &mut b.order.slice_mut(0..n * k))
+        .while_(what)?;
+    s.memcpy_htod(&rows, &mut b.rows.slice_mut(0..n * k))
+        .while_(what)?;
+    s.memcpy_htod(&w, &mut b.w.slice_mut(0..n * k))
+        .while_(what)?;
+    launch_moe_gather_rows(dev, &p.hb, &b.order, n * k, h, &mut b.xg)?;
+    for x in 0..e {
+        let (a, c) = (start[x], start[x + 1] - start[x]);
+        if c == 0 {
+            continue;
+        }
+        let xg = b.xg.slice(a * h..(a + c) * h);
+        let mut gu = b.gu.slice_mut(a * 2 * ie..(a + c) * 2 * ie);
+        layer
+            .gate_up
+            .expert_matmul(dev, gemm, e, x, &xg, &mut gu, c)?;
+    }
+    if layer.gate_up.gate_up_halves() {
+        launch_swiglu_halves_bf16(dev, &b.gu, &mut b.act, n * k, ie)?;
+    } else {
+        launch_swiglu_bf16(dev, &b.gu, &mut b.act, n * k, ie)?;
+    }
+    for x in 0..e {
+        let (a, c) = (start[x], start[x + 1] - start[x]);
+        if c == 0 {
+            continue;
+        }
+        let act = b.act.slice(a * ie..(a + c) * ie);
+        let mut yd = b.yd.slice_mut(a * h..(a + c) * h);
+        layer
+            .down
+            .expert_matmul(dev, gemm, e, x, &act, &mut yd, c)?;
+    }
+    launch_moe_combine(dev, &b.yd, Some(&b.rows), &b.w, k, h, n, &mut p.x, true)
 }
 
 /// Runs a [`GpuModel`] on one sequence.
@@ -733,6 +927,7 @@ impl GpuEngine {
         let (h, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let width = qd + 2 * kvd;
         let geglu = c.block.activation != entrollm_model::config::Activation::Silu;
+        let moe = moe_dims(&c);
         let desc = model.desc(dev.info().sm_count);
         let plans = [
             decode_plan(&desc, &opts, true)?,
@@ -756,9 +951,13 @@ impl GpuEngine {
             qkv: a32(width)?,
             q: a32(qd)?,
             attn: a32(qd)?,
-            act: a32(inter)?,
+            act: a32(moe.map_or(inter, |m| inter.max(m.1 * m.2)))?,
             gate_up: a32(if geglu { 2 * inter } else { 1 })?,
             y: a32(if post_norms { h } else { 1 })?,
+            router: a32(moe.map_or(1, |m| m.0))?,
+            slot_experts: ai(moe.map_or(1, |m| m.1))?,
+            slot_w: a32(moe.map_or(1, |m| m.1))?,
+            ys: a32(moe.map_or(1, |m| m.1 * h))?,
             logits: a32(c.vocab_size)?,
             tok: ai(1)?,
             pos: ai(1)?,
@@ -786,6 +985,20 @@ impl GpuEngine {
             attn: a16(cap * qd)?,
             gate_up: a32(cap * 2 * inter)?,
             act: a16(cap * inter)?,
+            moe: match moe {
+                Some((e, k, ie)) => Some(MoePrefill {
+                    xf: a32(cap * h)?,
+                    logits: a32(cap * e)?,
+                    order: ai(cap * k)?,
+                    rows: ai(cap * k)?,
+                    w: a32(cap * k)?,
+                    xg: a16(cap * k * h)?,
+                    gu: a32(cap * k * 2 * ie)?,
+                    act: a16(cap * k * ie)?,
+                    yd: a32(cap * k * h)?,
+                }),
+                None => None,
+            },
         };
         let cos_sin = s
             .clone_htod(&rope_table(&rope_inv_freq(&c), max_seq))
@@ -875,6 +1088,10 @@ impl GpuEngine {
             + d.act.len()
             + d.gate_up.len()
             + d.y.len()
+            + d.router.len()
+            + d.slot_w.len()
+            + d.slot_experts.len()
+            + d.ys.len()
             + d.logits.len())
             * 4
             + (d.history.len() + 3) * 4
@@ -932,9 +1149,21 @@ impl GpuEngine {
                 Mat::O(l) => &layers[l].o,
                 Mat::GateUp(l) => &layers[l].gate_up,
                 Mat::Down(l) => &layers[l].down,
+                Mat::Router(l) => layers[l]
+                    .moe
+                    .as_ref()
+                    .map_or(&layers[l].gate_up, |m| &m.router),
                 Mat::LmHead => model.lm_head(),
             }
         };
+        // A step the model's matrix cannot take: the plan was made for another model.
+        let mismatch = |s: &Step| {
+            GpuError::invalid(
+                "decode",
+                format!("plan step {s:?} does not fit the model's matrices"),
+            )
+        };
+        let moe_of = |l: usize, s: &Step| layers[l].moe.as_ref().ok_or_else(|| mismatch(s));
         let norm_w = |n: Norm| -> Option<&CudaSlice<f32>> {
             match n {
                 Norm::Attn(l) => Some(&layers[l].attn_norm),
@@ -949,13 +1178,6 @@ impl GpuEngine {
         let table_of = |l: usize| match cos_sin_local {
             Some(t) if local_rope(c, l) => t,
             _ => cos_sin,
-        };
-        // A step the model's matrix cannot take: the plan was made for another model.
-        let mismatch = |s: &Step| {
-            GpuError::invalid(
-                "decode",
-                format!("plan step {s:?} does not fit the model's matrices"),
-            )
         };
         let chain_of = |m: Mat, s: &Step| mat(m).chainable().ok_or_else(|| mismatch(s));
         for s in &plan.steps {
@@ -1110,6 +1332,7 @@ impl GpuEngine {
                         (Buf::Act, Buf::Y) => (&d.act, &mut d.y),
                         (Buf::X, Buf::GateUp) => (&d.x, &mut d.gate_up),
                         (Buf::H, Buf::GateUp) => (&d.h, &mut d.gate_up),
+                        (Buf::H, Buf::Router) => (&d.h, &mut d.router),
                         _ => return Err(mismatch(s)),
                     };
                     let norm = match norm {
@@ -1117,6 +1340,43 @@ impl GpuEngine {
                         None => None,
                     };
                     mat(m).matvec_fused(dev, x, norm, fusion, y)?;
+                }
+                Step::MoeTopk { layer } => {
+                    let m = moe_of(layer, s)?;
+                    launch_moe_topk(
+                        dev,
+                        &d.router,
+                        1,
+                        m.experts,
+                        m.top_k,
+                        m.norm_topk,
+                        &mut d.slot_experts,
+                        &mut d.slot_w,
+                    )?;
+                }
+                Step::Experts { mat: w, input, out } => {
+                    let (l, swiglu) = match w {
+                        Mat::GateUp(l) => (l, true),
+                        Mat::Down(l) => (l, false),
+                        _ => return Err(mismatch(s)),
+                    };
+                    let m = moe_of(l, s)?;
+                    let (x, y, x_group) = match (input, out) {
+                        (Buf::H, Buf::Act) => (&d.h, &mut d.act, m.top_k),
+                        (Buf::Act, Buf::Experts) => (&d.act, &mut d.ys, 1),
+                        _ => return Err(mismatch(s)),
+                    };
+                    let g = Gather {
+                        experts: Some(&d.slot_experts),
+                        n_experts: m.experts,
+                        slots: m.top_k,
+                        x_group,
+                    };
+                    mat(w).gathered(dev, g, x, swiglu, y)?;
+                }
+                Step::MoeCombine { layer } => {
+                    let m = moe_of(layer, s)?;
+                    launch_moe_combine(dev, &d.ys, None, &d.slot_w, m.top_k, h, 1, &mut d.x, true)?;
                 }
                 Step::Attention { layer, fused } => {
                     let attend = if fused {
@@ -1355,6 +1615,11 @@ impl GpuEngine {
                             eps,
                         )?;
                     }
+                }
+                if let Some(moe) = &layer.moe {
+                    prefill_experts(dev, &self.gemm, layer, moe, p, n, eps)?;
+                    h_ready = false;
+                    continue;
                 }
                 layer
                     .gate_up

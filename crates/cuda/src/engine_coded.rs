@@ -29,6 +29,7 @@ use crate::linear::{
 };
 use crate::ops::gemv_fp8::Fp8Codes;
 use crate::tuned::bf16_coding_for;
+use cudarc::driver::CudaSlice;
 
 const OP: &str = "synthetic model";
 
@@ -914,6 +915,24 @@ impl GpuModel {
     }
 }
 
+/// A layer's q/k/v biases as one vector (zeros for a part without), None without any.
+fn upload_qkv_bias(
+    dev: &GpuDevice,
+    l: &entrollm_model::LayerWeights,
+    q: usize,
+    kv: usize,
+) -> Result<Option<CudaSlice<f32>>> {
+    Ok(match (&l.q_bias, &l.k_bias, &l.v_bias) {
+        (None, None, None) => None,
+        (qb, kb, vb) => {
+            let mut b = qb.clone().unwrap_or_else(|| vec![0.0; q]);
+            b.extend(kb.clone().unwrap_or_else(|| vec![0.0; kv]));
+            b.extend(vb.clone().unwrap_or_else(|| vec![0.0; kv]));
+            Some(crate::engine::upload_f32(dev, &b)?)
+        }
+    })
+}
+
 /// [`GpuModel::upload_served`] and, with a plan, [`GpuModel::upload_coded`].
 fn serve(
     dev: &GpuDevice,
@@ -938,14 +957,29 @@ fn serve(
         ));
     }
     let (h, q, kv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-    let max_rows = [q + 2 * kv, h, 2 * inter, c.vocab_size]
+    // A mixture of experts: the router, the slots' gate/up products (the ggml gathered product
+    // before SwiGLU), one expert's gate/up dequantised for prefill.
+    let (moe_rows, moe_weights) = c.block.moe.as_ref().map_or((0, 0), |m| {
+        let ie = m.intermediate_size;
+        (
+            m.experts.max(m.top_k * 2 * ie),
+            (m.experts * h).max(2 * ie * h),
+        )
+    });
+    let max_rows = [q + 2 * kv, h, 2 * inter, c.vocab_size, moe_rows]
         .into_iter()
         .max()
         .unwrap_or(1);
-    let max_weights = [(q + 2 * kv) * h, h * q, 2 * inter * h, h * inter]
-        .into_iter()
-        .max()
-        .unwrap_or(1);
+    let max_weights = [
+        (q + 2 * kv) * h,
+        h * q,
+        2 * inter * h,
+        h * inter,
+        moe_weights,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(1);
     let scratch: SharedScratch = Arc::new(Mutex::new(DtansScratch::new(
         dev,
         max_rows,
@@ -1019,6 +1053,78 @@ fn serve(
     // again; the report counts it as that layer was counted.
     let mut seen: HashMap<[usize; 7], (usize, [usize; 4])> = HashMap::new();
     for (i, l) in w.layers.iter().enumerate() {
+        if let Mlp::Experts(ex) = &l.mlp {
+            let moe = c.block.moe.as_ref().ok_or_else(|| {
+                GpuError::invalid("gpu model", format!("layer {i}: experts without a config"))
+            })?;
+            let what = |s: &str| format!("layer {i} {s}");
+            let id = |s: &str| format!("layers.{i}.{s}");
+            let qkv = serve(
+                &[&*l.q, &*l.k, &*l.v],
+                false,
+                Launch::Qkv,
+                &what("qkv"),
+                policy,
+                &mut r,
+            )?;
+            let o = serve(&[&*l.o], false, Launch::O, &what("o"), policy, &mut r)?;
+            let router = serve(
+                &[&*ex.router],
+                false,
+                Launch::Router,
+                &what("router"),
+                policy,
+                &mut r,
+            )?;
+            // Each of gate/up and down as one stack over the experts, in a form with a gathered
+            // product (forms::upload_experts).
+            let gate_up: Vec<Vec<&dyn Linear>> = ex
+                .experts
+                .iter()
+                .map(|x| vec![&*x.gate as &dyn Linear, &*x.up])
+                .collect();
+            let down: Vec<Vec<&dyn Linear>> = ex
+                .experts
+                .iter()
+                .map(|x| vec![&*x.down as &dyn Linear])
+                .collect();
+            let up = Upload {
+                dev,
+                scratch: &scratch,
+                policy,
+                what: &what("experts"),
+            };
+            let (gate_up, down) = if serving.decoded {
+                (
+                    forms::bf16::experts_rounded(dev, &gate_up, true)?,
+                    forms::bf16::experts_rounded(dev, &down, false)?,
+                )
+            } else {
+                (
+                    forms::upload_experts(&up, &gate_up, true, &mut r)?,
+                    forms::upload_experts(&up, &down, false, &mut r)?,
+                )
+            };
+            layers.push(GpuLayer {
+                attn_norm: upload_f32(dev, &l.attn_norm)?,
+                qkv: configure(qkv, &id("qkv"))?,
+                qkv_bias: upload_qkv_bias(dev, l, q, kv)?,
+                o: configure(o, &id("o"))?,
+                mlp_norm: upload_f32(dev, &l.mlp_norm)?,
+                gate_up,
+                down,
+                norms: crate::engine::GpuNorms::upload(dev, &l.norms)?,
+                moe: Some(crate::engine::GpuMoe {
+                    router: configure(router, &id("router"))?,
+                    experts: ex.experts.len(),
+                    top_k: moe.top_k,
+                    norm_topk: moe.norm_topk,
+                    inter: moe.intermediate_size,
+                }),
+            });
+            progress(i + 1, w.layers.len());
+            continue;
+        }
         let g = l
             .gated()
             .map_err(|e| GpuError::invalid("gpu model", format!("layer {i}: {e}")))?;
@@ -1027,15 +1133,7 @@ fn serve(
         let counts = |r: &LoadReport| [r.coded_at_load, r.served, r.fp8, r.bf16_palette];
         let before = counts(&r);
         let copy = seen.get(&key).copied();
-        let qkv_bias = match (&l.q_bias, &l.k_bias, &l.v_bias) {
-            (None, None, None) => None,
-            (qb, kb, vb) => {
-                let mut b = qb.clone().unwrap_or_else(|| vec![0.0; q]);
-                b.extend(kb.clone().unwrap_or_else(|| vec![0.0; kv]));
-                b.extend(vb.clone().unwrap_or_else(|| vec![0.0; kv]));
-                Some(upload_f32(dev, &b)?)
-            }
-        };
+        let qkv_bias = upload_qkv_bias(dev, l, q, kv)?;
         let what = |s: &str| format!("layer {i} {s}");
         let id = |s: &str| format!("layers.{i}.{s}");
         if let Some((j, d)) = copy {
@@ -1049,6 +1147,7 @@ fn serve(
                 gate_up: configure(src.gate_up.duplicate(dev)?, &id("gate_up"))?,
                 down: configure(src.down.duplicate(dev)?, &id("down"))?,
                 norms: crate::engine::GpuNorms::upload(dev, &l.norms)?,
+                moe: None,
             };
             layers.push(layer);
             for (n, d) in [
@@ -1099,6 +1198,7 @@ fn serve(
             gate_up: configure(gate_up, &id("gate_up"))?,
             down: configure(down, &id("down"))?,
             norms: crate::engine::GpuNorms::upload(dev, &l.norms)?,
+            moe: None,
         });
         let after = counts(&r);
         seen.insert(key, (i, std::array::from_fn(|k| after[k] - before[k])));

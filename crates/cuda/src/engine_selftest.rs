@@ -1410,7 +1410,9 @@ pub fn run_engine_selftest(
                 (9, 3, 64, 576, true, 17),
                 (4, 2, 64, 264, true, 3),
                 (32, 8, 128, 4096, false, 1000),
-            ][i % 4];
+                // Phi-3-mini's heads of 96 (a warp's rotation pairs straddle heads).
+                (4, 4, 96, 384, false, 5),
+            ][i % 5];
             c.gemv_rope(cfg, nq, nkv, hd, k, layout, bias, start)?;
         }
     }
@@ -1424,6 +1426,11 @@ pub fn run_engine_selftest(
         (200, 70, 8, 2, 128, 1.0),
         (129, 0, 4, 1, 128, 4.0),
         (300, 0, 32, 8, 128, 1.0),
+        // Heads that are multiples of 32 but not of 64 (Phi-3-mini's 96), and 32 and 160.
+        (130, 0, 4, 4, 96, 1.0),
+        (37, 200, 32, 32, 96, 1.0),
+        (65, 3, 8, 4, 32, 1.0),
+        (100, 10, 8, 2, 160, 1.0),
     ] {
         c.flash(n, start, nq, nkv, hd, qs, AttnMask::NONE)?;
     }
@@ -1436,6 +1443,7 @@ pub fn run_engine_selftest(
         (65, 0, 4, 4, 128, None, Some(3.0)),
         (129, 300, 8, 4, 256, Some(1), Some(30.0)),
         (300, 0, 16, 8, 128, Some(257), None),
+        (150, 10, 4, 4, 96, Some(37), None),
     ] {
         let mask = AttnMask {
             window,
@@ -1443,7 +1451,14 @@ pub fn run_engine_selftest(
         };
         c.flash(n, start, nq, nkv, hd, 2.0, mask)?;
     }
-    for &(hd, nq, nkv) in &[(64, 9, 3), (128, 32, 8), (128, 8, 8)] {
+    for &(hd, nq, nkv) in &[
+        (64, 9, 3),
+        (128, 32, 8),
+        (128, 8, 8),
+        (96, 32, 32),
+        (32, 8, 4),
+        (160, 8, 2),
+    ] {
         for &(max_seq, len) in &[
             (640, 1),
             (640, 63),
@@ -1457,7 +1472,7 @@ pub fn run_engine_selftest(
     }
     // The families' decode attention: windows shorter, longer and across chunk edges, soft-caps,
     // both, Gemma's head dim.
-    for &(hd, nq, nkv) in &[(64, 4, 2), (256, 8, 4)] {
+    for &(hd, nq, nkv) in &[(64, 4, 2), (256, 8, 4), (96, 4, 2)] {
         for &(max_seq, len, window, cap) in &[
             (640, 1, Some(4), None),
             (640, 63, Some(1), Some(2.0)),
@@ -1476,8 +1491,7 @@ pub fn run_engine_selftest(
     }
     c.finish_step()?;
     let mut cases = c.cases;
-    // The families beyond Llama: their kernels, then each family end to end.
-    crate::families_selftest::run(dev, seed, &mut cases)?;
+    // (The families beyond Llama are part `families`: crate::families_selftest::selftest.)
     // A small biased, interleaved-RoPE model: prefill over two chunks (2100 tokens), 4 steps.
     let w = small_model(seed)?;
     let vocab = w.config.vocab_size as u64;

@@ -167,9 +167,9 @@ impl Gemm {
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
-        w: &CudaSlice<u16>,
-        x: &CudaSlice<u16>,
-        y: &mut CudaSlice<f32>,
+        w: &impl DevicePtr<u16>,
+        x: &impl DevicePtr<u16>,
+        y: &mut impl DevicePtrMut<f32>,
         m: usize,
         n: usize,
         k: usize,

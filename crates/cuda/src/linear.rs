@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use entrollm_codec::dtans::Coding;
 use entrollm_codec::Payload;
 
@@ -16,7 +16,7 @@ use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
 use crate::ops::dtans::MAX_SHARED_BYTES;
 use crate::ops::dtans::{DtansConfig, DtansKind, DtansOut};
-use crate::ops::forward::{DenseWeights, GemvFusion};
+use crate::ops::forward::{DenseWeights, Gather, GemvFusion};
 use crate::ops::gemv::GemvConfig;
 use crate::ops::gemv_fp8::{gemv_fp8_config_for, pal4_config_for};
 use crate::plan::LinearDesc;
@@ -239,6 +239,37 @@ pub trait GpuMatrix: Send + Sync {
         m: usize,
         accumulate: bool,
     ) -> Result<()>;
+    /// Gathered batch-1 products over this matrix as a stack of `g.n_experts` equal matrices
+    /// (expert e's rows from e · rows / n_experts: a mixture of experts' gate/up or down): slot s
+    /// of `g` multiplies its expert by input row s / x_group into `y[s · out ..]`, out an expert's
+    /// rows, or half of them with `swiglu` ((gate, up) rows as the form stacks them). The expert
+    /// indices are read on the device (the router's top-k), so the step needs no host sync. An
+    /// error for a form without a gathered product.
+    fn gathered(
+        &self,
+        _dev: &GpuDevice,
+        _g: Gather<'_>,
+        _x: &CudaSlice<f32>,
+        _swiglu: bool,
+        _y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        Err(no_experts(self.desc().form_name()))
+    }
+    /// Prefill: `Y = X W_eᵀ` for expert `e` of the stack ([`GpuMatrix::gathered`]), X BF16
+    /// `[m, cols]`, Y f32 `[m, expert rows]`.
+    #[allow(clippy::too_many_arguments)]
+    fn expert_matmul(
+        &self,
+        _dev: &GpuDevice,
+        _gemm: &Gemm,
+        _n_experts: usize,
+        _e: usize,
+        _x: &CudaView<'_, u16>,
+        _y: &mut CudaViewMut<'_, f32>,
+        _m: usize,
+    ) -> Result<()> {
+        Err(no_experts(self.desc().form_name()))
+    }
     /// The matrix, when it is stored dense BF16 (the q/k/v GEMV with RoPE in its epilogue, and
     /// embedding lookups, take it).
     fn as_dense(&self) -> Option<&DenseBf16> {
@@ -270,6 +301,14 @@ pub trait GpuMatrix: Send + Sync {
         Err(unknown_launch(self.desc().form_name(), config, &[]))
     }
     fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// The error for a form without a gathered product over experts.
+fn no_experts(form: &str) -> GpuError {
+    GpuError::invalid(
+        "experts",
+        format!("a {form} matrix has no gathered product over experts"),
+    )
 }
 
 /// The error for a launch configuration a form does not have.
@@ -396,6 +435,33 @@ impl GpuLinear {
         accumulate: bool,
     ) -> Result<()> {
         self.0.matmul(dev, gemm, x, y, m, accumulate)
+    }
+
+    /// See [`GpuMatrix::gathered`].
+    pub fn gathered(
+        &self,
+        dev: &GpuDevice,
+        g: Gather<'_>,
+        x: &CudaSlice<f32>,
+        swiglu: bool,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        self.0.gathered(dev, g, x, swiglu, y)
+    }
+
+    /// See [`GpuMatrix::expert_matmul`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn expert_matmul(
+        &self,
+        dev: &GpuDevice,
+        gemm: &Gemm,
+        n_experts: usize,
+        e: usize,
+        x: &CudaView<'_, u16>,
+        y: &mut CudaViewMut<'_, f32>,
+        m: usize,
+    ) -> Result<()> {
+        self.0.expert_matmul(dev, gemm, n_experts, e, x, y, m)
     }
 
     pub fn as_dense(&self) -> Option<&DenseBf16> {

@@ -164,6 +164,11 @@ pub const PDL_KERNELS: &[&str] = &[
     "geglu_f32",
     "scale_f32",
     "softcap_f32",
+    // A mixture of experts' (each reads the expert indices after pdl_wait).
+    "moe_topk",
+    "gemv_bf16_experts",
+    "ggml_mv_experts",
+    "moe_combine",
     "attn_decode_partial",
     "attn_decode_fused",
     "attn_decode_combine",
@@ -214,6 +219,37 @@ pub trait LaunchForm: std::fmt::Debug + Send + Sync {
     /// The launches of `out (+)= W · [rmsnorm](input)` with its epilogue, as
     /// `GpuLinear::matvec_fused` makes them.
     fn matvec(&self, m: &MatvecLaunch<'_>, push: &mut dyn FnMut(&'static str, String));
+    /// The launches of the gathered product over a stack of experts (`GpuMatrix::gathered`), as
+    /// its launcher makes them; false when the form has none.
+    fn gathered(&self, _m: &GatherLaunch<'_>, _push: &mut dyn FnMut(&'static str, String)) -> bool {
+        false
+    }
+}
+
+/// One gathered product over a mixture of experts' stack, for [`LaunchForm::gathered`].
+pub struct GatherLaunch<'a> {
+    /// `mat form EXPERTSxRxC`.
+    pub label: &'a str,
+    pub experts: usize,
+    /// The router's top-k: the slots of one launch.
+    pub slots: usize,
+    pub input: Buf,
+    pub swiglu: bool,
+    pub out: Buf,
+}
+
+impl GatherLaunch<'_> {
+    /// The line of a launch that does the whole product: `label cfg input->out slots=K [epi]`.
+    pub fn line(&self, cfg: &str) -> String {
+        format!(
+            "{} {cfg} {}->{} slots={}{}",
+            self.label,
+            self.input,
+            self.out,
+            self.slots,
+            if self.swiglu { " epi=swiglu" } else { "" }
+        )
+    }
 }
 
 /// The kernels of a form's chained-norm GEMVs: the one that scales by the previous residual
@@ -321,8 +357,20 @@ pub struct LayerDesc {
     /// RMSNorm of the MLP's output before its residual add (Gemma).
     pub post_mlp_norm: bool,
     pub o: LinearDesc,
+    /// A mixture of experts' layer: the stacks of every expert's gate/up and down.
     pub gate_up: LinearDesc,
     pub down: LinearDesc,
+    /// A mixture of experts in place of the MLP (`gate_up` and `down` are its experts' stacks).
+    pub moe: Option<MoeDesc>,
+}
+
+/// A layer's mixture of experts in the decode step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeDesc {
+    pub router: LinearDesc,
+    pub experts: usize,
+    pub top_k: usize,
+    pub norm_topk: bool,
 }
 
 /// What the decode step of a model is made from: plain data that `GpuModel::desc` gives and tests
@@ -363,7 +411,35 @@ impl ModelDesc {
         let mut layers = Vec::with_capacity(c.num_layers);
         let family = c.arch.family();
         use entrollm_model::arch::Role;
-        for _ in 0..c.num_layers {
+        for l in 0..c.num_layers {
+            // A mixture of experts: the router, and each of gate/up and down as one stack.
+            let moe = c
+                .block
+                .moe
+                .as_ref()
+                .filter(|m| m.layers.get(l) != Some(&false));
+            // (A stack's form is made for one expert's shape, as the engine's upload makes it.)
+            let stack = |mut d: LinearDesc, experts: usize| {
+                d.rows *= experts;
+                d
+            };
+            let (gate_up, down, moe) = match moe {
+                Some(m) => (
+                    stack(form("gate_up", 2 * m.intermediate_size, h)?, m.experts),
+                    stack(form("down", h, m.intermediate_size)?, m.experts),
+                    Some(MoeDesc {
+                        router: form("router", m.experts, h)?,
+                        experts: m.experts,
+                        top_k: m.top_k,
+                        norm_topk: m.norm_topk,
+                    }),
+                ),
+                None => (
+                    form("gate_up", 2 * inter, h)?,
+                    form("down", h, inter)?,
+                    None,
+                ),
+            };
             layers.push(LayerDesc {
                 qkv: form("qkv", q + 2 * kv, h)?,
                 qkv_bias: false,
@@ -371,8 +447,9 @@ impl ModelDesc {
                 post_attn_norm: family.has(Role::PostAttnNorm),
                 post_mlp_norm: family.has(Role::PostMlpNorm),
                 o: form("o", h, q)?,
-                gate_up: form("gate_up", 2 * inter, h)?,
-                down: form("down", h, inter)?,
+                gate_up,
+                down,
+                moe,
             });
         }
         Ok(ModelDesc {
@@ -394,6 +471,10 @@ impl ModelDesc {
             Mat::O(l) => &self.layers[l].o,
             Mat::GateUp(l) => &self.layers[l].gate_up,
             Mat::Down(l) => &self.layers[l].down,
+            Mat::Router(l) => match &self.layers[l].moe {
+                Some(m) => &m.router,
+                None => &self.layers[l].gate_up,
+            },
             Mat::LmHead => self.lm_head(),
         }
     }
@@ -406,6 +487,8 @@ pub enum Mat {
     O(usize),
     GateUp(usize),
     Down(usize),
+    /// A mixture of experts' router.
+    Router(usize),
     LmHead,
 }
 
@@ -416,6 +499,7 @@ impl std::fmt::Display for Mat {
             Mat::O(_) => "o",
             Mat::GateUp(_) => "gate_up",
             Mat::Down(_) => "down",
+            Mat::Router(_) => "router",
             Mat::LmHead => "lm_head",
         })
     }
@@ -460,6 +544,10 @@ pub enum Buf {
     GateUp,
     /// A projection's output before its post norm (Gemma).
     Y,
+    /// A mixture of experts' router logits.
+    Router,
+    /// The routed experts' outputs, one row a slot of the top-k.
+    Experts,
 }
 
 impl std::fmt::Display for Buf {
@@ -473,6 +561,8 @@ impl std::fmt::Display for Buf {
             Buf::Logits => "logits",
             Buf::GateUp => "gate_up",
             Buf::Y => "y",
+            Buf::Router => "router",
+            Buf::Experts => "slots",
         })
     }
 }
@@ -529,6 +619,14 @@ pub enum Step {
         fusion: GemvFusion,
         out: Buf,
     },
+    /// A mixture of experts' routing: the router logits' softmax and top-k into the slots'
+    /// experts and weights (`moe_topk`).
+    MoeTopk { layer: usize },
+    /// A gathered product over the routed experts of `mat` (gate/up with SwiGLU into act, down
+    /// into the slots' outputs).
+    Experts { mat: Mat, input: Buf, out: Buf },
+    /// `x += Σ weight · ys` over the slots (`moe_combine`).
+    MoeCombine { layer: usize },
     /// Attention of layer `layer` (one launch when `fused`).
     Attention { layer: usize, fused: bool },
     /// Greedy argmax of the logits into the token.
@@ -632,6 +730,30 @@ pub fn decode_attention(c: &ModelConfig, opts: &DecodeOptions) -> Result<AttnCon
 /// The decode step of `m` under `opts` (`greedy`: argmax on the device).
 pub fn decode_plan(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Result<DecodePlan> {
     let attn = decode_attention(&m.config, opts)?;
+    for (l, layer) in m.layers.iter().enumerate() {
+        if layer.moe.is_none() {
+            continue;
+        }
+        for d in [&layer.gate_up, &layer.down] {
+            let probe = GatherLaunch {
+                label: "",
+                experts: 1,
+                slots: 1,
+                input: Buf::H,
+                swiglu: false,
+                out: Buf::Act,
+            };
+            if !d.form.gathered(&probe, &mut |_, _| {}) {
+                return Err(GpuError::invalid(
+                    "decode",
+                    format!(
+                        "layer {l}: the experts' {} form has no gathered product",
+                        d.form_name()
+                    ),
+                ));
+            }
+        }
+    }
     let steps = decode_steps(m, opts, greedy);
     let mut launches = Vec::new();
     for s in &steps {
@@ -751,7 +873,12 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
         // o (+ residual), leaving the MLP norm's input when gate/up can take it; with a post norm,
         // o into y, then the norm's residual add leaves the MLP norm's output in h.
         h_ready = layer.post_attn_norm;
-        chained = chain && !h_ready && silu && layer.o.chainable() && layer.gate_up.chainable();
+        chained = chain
+            && !h_ready
+            && silu
+            && layer.moe.is_none()
+            && layer.o.chainable()
+            && layer.gate_up.chainable();
         steps.push(if h_ready {
             Step::Matvec {
                 mat: Mat::O(l),
@@ -781,6 +908,37 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
                 norm: Norm::PostAttn(l),
                 next: Some(Norm::Mlp(l)),
             });
+        }
+        // A mixture of experts: the MLP norm, the router's GEMV, its top-k on the device, the
+        // routed experts' gate/up (SwiGLU) and down as one gathered launch each, their weighted
+        // sum added to the residual.
+        if layer.moe.is_some() {
+            if !h_ready {
+                steps.push(Step::RmsNorm { norm: Norm::Mlp(l) });
+            }
+            steps.push(Step::Matvec {
+                mat: Mat::Router(l),
+                input: Buf::H,
+                norm: None,
+                fusion: PLAIN,
+                out: Buf::Router,
+            });
+            steps.push(Step::MoeTopk { layer: l });
+            steps.push(Step::Experts {
+                mat: Mat::GateUp(l),
+                input: Buf::H,
+                out: Buf::Act,
+            });
+            steps.push(Step::Experts {
+                mat: Mat::Down(l),
+                input: Buf::Act,
+                out: Buf::Experts,
+            });
+            // (A post-MLP norm after experts is refused at upload: crate::families.)
+            steps.push(Step::MoeCombine { layer: l });
+            chained = false;
+            h_ready = false;
+            continue;
         }
         // RMSNorm and SwiGLU inside the gate/up GEMV (or the norm as its own kernel); GeGLU after
         // a plain product.
@@ -919,13 +1077,16 @@ fn scope_of(s: &Step) -> String {
         Step::GemvRope { layer, .. }
         | Step::RopeAppend { layer, .. }
         | Step::Geglu { layer }
+        | Step::MoeTopk { layer }
+        | Step::MoeCombine { layer }
         | Step::Attention { layer, .. } => Some(layer),
-        Step::Prenorm { mat, .. } | Step::AccumNorm { mat, .. } | Step::Matvec { mat, .. } => {
-            match mat {
-                Mat::Qkv(l) | Mat::O(l) | Mat::GateUp(l) | Mat::Down(l) => Some(l),
-                Mat::LmHead => None,
-            }
-        }
+        Step::Prenorm { mat, .. }
+        | Step::AccumNorm { mat, .. }
+        | Step::Matvec { mat, .. }
+        | Step::Experts { mat, .. } => match mat {
+            Mat::Qkv(l) | Mat::O(l) | Mat::GateUp(l) | Mat::Down(l) | Mat::Router(l) => Some(l),
+            Mat::LmHead => None,
+        },
     };
     layer.map_or_else(|| "head".into(), |l| format!("L{l}"))
 }
@@ -1086,6 +1247,50 @@ fn expand(m: &ModelDesc, attn: AttnConfig, s: &Step, out: &mut Vec<Launch>) {
             };
             d.form.matvec(&launch, &mut push);
         }
+        Step::MoeTopk { layer } => {
+            let moe = m.layers[layer].moe.as_ref();
+            push(
+                "moe_topk",
+                format!(
+                    "router->experts top={}/{}{}",
+                    moe.map_or(0, |x| x.top_k),
+                    moe.map_or(0, |x| x.experts),
+                    if moe.is_some_and(|x| x.norm_topk) {
+                        " renorm"
+                    } else {
+                        ""
+                    }
+                ),
+            )
+        }
+        Step::Experts { mat, input, out } => {
+            let d = m.mat(mat);
+            let (l, swiglu) = match mat {
+                Mat::GateUp(l) => (l, true),
+                Mat::Down(l) | Mat::Router(l) | Mat::Qkv(l) | Mat::O(l) => (l, false),
+                Mat::LmHead => (0, false),
+            };
+            let moe = m.layers[l].moe.as_ref();
+            let experts = moe.map_or(1, |x| x.experts);
+            let rows = d.rows / experts.max(1);
+            let g = GatherLaunch {
+                label: &format!("{mat} {} {experts}x{rows}x{}", d.form_name(), d.cols),
+                experts,
+                slots: moe.map_or(1, |x| x.top_k),
+                input,
+                swiglu,
+                out,
+            };
+            // (decode_plan refused a form without a gathered product.)
+            d.form.gathered(&g, &mut push);
+        }
+        Step::MoeCombine { layer } => push(
+            "moe_combine",
+            format!(
+                "slots->x+ top={}",
+                m.layers[layer].moe.as_ref().map_or(0, |x| x.top_k)
+            ),
+        ),
         Step::Attention { fused: true, layer } => push(
             "attn_decode_fused",
             format!(

@@ -11,6 +11,7 @@ const SERVING: &[&str] = &[
     "engine.rs",
     "engine_coded.rs",
     "error.rs",
+    "families.rs",
     "gemm.rs",
     "jit.rs",
     "linear.rs",
@@ -27,6 +28,7 @@ const FORBIDDEN: &[&str] = &[
     "bench_fp8::",
     "dtans_selftest::",
     "engine_selftest::",
+    "families_selftest::",
     "lossy_selftest::",
     "bench_lossy::",
 ];

@@ -103,7 +103,7 @@ fn bad_defines_are_a_clear_compile_error() {
     let v = KernelVariant::new(
         &ATTENTION,
         vec![
-            ("HEAD_DIM", 96),
+            ("HEAD_DIM", 80),
             ("ATTN_GROUP", 4),
             ("ATTN_CHUNK", 256),
             ("ATTN_WARPS", 4),
@@ -113,7 +113,7 @@ fn bad_defines_are_a_clear_compile_error() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("attention.cu") && e.contains("HEAD_DIM must be a multiple of 64"),
+        e.contains("attention.cu") && e.contains("HEAD_DIM must be a multiple of 32"),
         "{e}"
     );
 }

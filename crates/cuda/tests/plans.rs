@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use entrollm_codec::dtans::Coding;
 use entrollm_codec::Payload;
 use entrollm_cuda::engine_coded::{e2e_config, tuned_plan};
-use entrollm_cuda::families_selftest::family_config;
+use entrollm_cuda::families_selftest::{family_config, phi3_96_config};
 use entrollm_cuda::forms;
 use entrollm_cuda::plan::{decode_plan, text_diff, DecodeOptions, ModelDesc};
 use entrollm_model::coding_plan::{CodingPlan, Launch};
@@ -199,6 +199,26 @@ fn families() {
         let name = format!("family-{}-fp8-palette", arch.family().name);
         check(&name, &fp8(&c, true), DecodeOptions::default(), true);
     }
+    // Mixtures of experts: dense BF16 experts (one gathered GEMV each of gate/up and down), and
+    // Mixtral's experts as GGUF Q8_0 blocks (the gathered ggml product, SwiGLU after it).
+    for arch in MOE_ARCHS {
+        let c = family_config(arch);
+        let name = format!("family-{}-dense", arch.family().name);
+        check(&name, &dense(&c), DecodeOptions::default(), true);
+    }
+    // Phi-3-mini's heads of 96, every dimension rotated: RoPE in the q/k/v GEMV's epilogue.
+    check(
+        "family-phi3-96-dense",
+        &dense(&phi3_96_config()),
+        DecodeOptions::default(),
+        true,
+    );
+    check(
+        "family-mixtral-ggml-experts",
+        &ggml_experts(&family_config(Arch::Mixtral)),
+        DecodeOptions::default(),
+        true,
+    );
     let g = family_config(Arch::Gemma2);
     check(
         "family-gemma2-dense-logits",
@@ -206,6 +226,29 @@ fn families() {
         DecodeOptions::default(),
         false,
     );
+}
+
+/// Experts as Q8_0 blocks (gate/up as halves), the other launches dense BF16.
+fn ggml_experts(c: &ModelConfig) -> ModelDesc {
+    use entrollm_cuda::forms::ggml::GgmlLaunch;
+    use entrollm_cuda::plan::LinearDesc;
+    use entrollm_model::gguf::GgmlType;
+    // (Called with one expert's shape; the stack holds every expert's rows.)
+    let experts = c.block.moe.as_ref().map_or(1, |m| m.experts);
+    ModelDesc::build(c, SMS, |launch, r, k| {
+        Ok(match launch {
+            "gate_up" | "down" => LinearDesc::new(
+                GgmlLaunch {
+                    types: vec![(GgmlType::Q8_0, r * experts)],
+                    halves: launch == "gate_up",
+                },
+                r,
+                k,
+            ),
+            _ => forms::bf16::desc(r, k),
+        })
+    })
+    .unwrap()
 }
 
 /// What each family's decode step launches beyond Llama's, and that Llama's launches none of it.
@@ -226,6 +269,9 @@ fn family_launches() {
         "geglu_f32",
         "scale_f32",
         "softcap_f32",
+        "moe_topk",
+        "gemv_bf16_experts",
+        "moe_combine",
     ];
     let llama = kernels(&e2e_config());
     assert!(family_kernels.iter().all(|k| count(&llama, k) == 0));
@@ -251,6 +297,16 @@ fn family_launches() {
         // The post norms leave the next norm's output: one RMSNorm kernel, for layer 0.
         assert_eq!(count(&k, "rmsnorm_f32w"), 1, "{arch:?}");
     }
+    // A mixture of experts: per layer of experts the router's GEMV, the top-k, one gathered
+    // launch each of gate/up and down, the combine; no dense gate/up or down GEMV there.
+    for (arch, moe_layers) in [(Arch::Mixtral, 3), (Arch::Qwen3Moe, 2)] {
+        let k = kernels(&family_config(arch));
+        assert_eq!(count(&k, "moe_topk"), moe_layers, "{arch:?}");
+        assert_eq!(count(&k, "gemv_bf16_experts"), 2 * moe_layers, "{arch:?}");
+        assert_eq!(count(&k, "moe_combine"), moe_layers, "{arch:?}");
+        let dense_mlp = layers - moe_layers;
+        assert!(count(&k, "gemv_bf16_accum_norm") >= dense_mlp, "{arch:?}");
+    }
     // Windows and local RoPE are in the launch lines of the layers that have them.
     let plan = decode_plan(
         &dense(&family_config(Arch::Gemma3)),
@@ -264,6 +320,8 @@ fn family_launches() {
 }
 
 const FAMILY_ARCHS: [Arch; 4] = [Arch::Qwen3, Arch::Phi3, Arch::Gemma2, Arch::Gemma3];
+/// The mixtures of experts (their experts' forms with a gathered product: dense BF16, ggml).
+const MOE_ARCHS: [Arch; 2] = [Arch::Mixtral, Arch::Qwen3Moe];
 
 /// Every kernel a plan names is a `__global__` function of the kernel sources (the names the
 /// launchers pass to `GpuDevice::function`).
@@ -300,6 +358,10 @@ fn plans_name_real_kernels() {
         let f = family_config(arch);
         models.extend([dense(&f), fp8(&f, false), fp8(&f, true)]);
     }
+    for arch in MOE_ARCHS {
+        models.push(dense(&family_config(arch)));
+    }
+    models.push(ggml_experts(&family_config(Arch::Mixtral)));
     let knobs: [&[(&str, &str)]; 5] = [
         &[],
         &[("attention", "fused")],

@@ -9,10 +9,12 @@ use crate::gemm::Gemm;
 use crate::linear::{
     gemv_config_for, launch_names, pick_launch, swiglu_config, ChainLinear, GpuLinear, GpuMatrix,
 };
-use crate::ops::forward::{launch_gemv_accum, launch_gemv_fused, DenseWeights, GemvFusion};
+use crate::ops::forward::{
+    launch_gemv_accum, launch_gemv_experts, launch_gemv_fused, DenseWeights, Gather, GemvFusion,
+};
 use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
-use crate::plan::{ChainedKernels, LaunchForm, LinearDesc, MatvecLaunch};
-use cudarc::driver::CudaSlice;
+use crate::plan::{ChainedKernels, GatherLaunch, LaunchForm, LinearDesc, MatvecLaunch};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use entrollm_model::weights::{Bf16, Dense, Linear};
 use std::borrow::Cow;
 
@@ -40,6 +42,39 @@ impl GpuForm for Bf16Form {
         };
         GpuLinear::dense_from_host(up.dev, rows, cols, &bits).map(Some)
     }
+}
+
+/// A mixture of experts' stack as dense BF16 (each expert's parts row-stacked, gate/up
+/// interleaved with `halves` as the SwiGLU epilogue reads them; values rounded to BF16 where they
+/// are not), with the GEMV configuration of one expert's shape.
+pub fn experts_rounded(
+    dev: &GpuDevice,
+    experts: &[Vec<&dyn Linear>],
+    halves: bool,
+) -> Result<GpuLinear> {
+    let bad = || GpuError::invalid("experts upload", "the experts' matrices differ in shape");
+    let mut bits = Vec::new();
+    let mut shape = None;
+    for parts in experts {
+        let (rows, cols, b) =
+            stack(parts, halves, |p| Some(crate::engine::host_bf16(p).into())).ok_or_else(bad)?;
+        if *shape.get_or_insert((rows, cols)) != (rows, cols) {
+            return Err(bad());
+        }
+        bits.extend_from_slice(&b);
+    }
+    let (rows, cols) = shape.ok_or_else(bad)?;
+    let l = DenseBf16 {
+        rows: rows * experts.len(),
+        cols,
+        w: dev
+            .stream()
+            .clone_htod(&bits)
+            .while_(|| format!("uploading {} experts of [{rows}, {cols}]", experts.len()))?,
+        gemv: gemv_config_for(rows, cols),
+    };
+    check_gemv_shape(l.rows, cols)?;
+    Ok(GpuLinear::new(l))
 }
 
 /// A row-major BF16 matrix [rows, cols] in device memory and the GEMV configuration of its shape.
@@ -137,6 +172,44 @@ impl GpuMatrix for DenseBf16 {
         gemm.matmul(&self.w, x, y, m, self.rows, self.cols, accumulate)
     }
 
+    fn gathered(
+        &self,
+        dev: &GpuDevice,
+        g: Gather<'_>,
+        x: &CudaSlice<f32>,
+        swiglu: bool,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let rows = expert_rows(self.rows, g.n_experts)?;
+        let cfg = match swiglu {
+            true => swiglu_config(self.gemv),
+            false => self.gemv,
+        };
+        launch_gemv_experts(dev, cfg, swiglu, &self.w, g, x, y, rows, self.cols)
+    }
+
+    fn expert_matmul(
+        &self,
+        _dev: &GpuDevice,
+        gemm: &Gemm,
+        n_experts: usize,
+        e: usize,
+        x: &CudaView<'_, u16>,
+        y: &mut CudaViewMut<'_, f32>,
+        m: usize,
+    ) -> Result<()> {
+        let rows = expert_rows(self.rows, n_experts)?;
+        let size = rows * self.cols;
+        if e >= n_experts {
+            return Err(GpuError::invalid(
+                "experts",
+                format!("expert {e} of {n_experts}"),
+            ));
+        }
+        let w = self.w.slice(e * size..(e + 1) * size);
+        gemm.matmul(&w, x, y, m, rows, self.cols, false)
+    }
+
     fn as_dense(&self) -> Option<&DenseBf16> {
         Some(self)
     }
@@ -190,6 +263,17 @@ pub fn desc(rows: usize, cols: usize) -> LinearDesc {
     )
 }
 
+/// Rows of one expert of a stack of `rows` over `n_experts`.
+pub(crate) fn expert_rows(rows: usize, n_experts: usize) -> Result<usize> {
+    if n_experts == 0 || rows % n_experts != 0 {
+        return Err(GpuError::invalid(
+            "experts",
+            format!("{rows} rows are not a stack of {n_experts} experts"),
+        ));
+    }
+    Ok(rows / n_experts)
+}
+
 impl LaunchForm for Bf16Launch {
     fn name(&self) -> &'static str {
         "bf16"
@@ -216,5 +300,13 @@ impl LaunchForm for Bf16Launch {
             None => "gemv_bf16",
         };
         push(kernel, m.gemv_line(cfg));
+    }
+    fn gathered(&self, m: &GatherLaunch<'_>, push: &mut dyn FnMut(&'static str, String)) -> bool {
+        let cfg = match m.swiglu {
+            true => swiglu_config(self.gemv),
+            false => self.gemv,
+        };
+        push("gemv_bf16_experts", m.line(&format!("{cfg}")));
+        true
     }
 }

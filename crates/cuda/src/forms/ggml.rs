@@ -12,10 +12,13 @@ use crate::engine_coded::LoadReport;
 use crate::error::{GpuError, Result};
 use crate::gemm::Gemm;
 use crate::linear::{DtansScratch, GpuLinear, GpuMatrix, SharedScratch};
-use crate::ops::forward::GemvFusion;
-use crate::ops::ggml::{launch_dequant, launch_mv, types, GpuGgml};
-use crate::plan::{LaunchForm, LinearDesc, MatvecLaunch};
-use cudarc::driver::CudaSlice;
+use crate::ops::elementwise::launch_swiglu;
+use crate::ops::forward::{Gather, GemvFusion};
+use crate::ops::ggml::{
+    launch_dequant, launch_dequant_rows, launch_mv, launch_mv_experts, types, GpuGgml,
+};
+use crate::plan::{GatherLaunch, LaunchForm, LinearDesc, MatvecLaunch};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use entrollm_model::forms::ggml::GgmlLinear;
 use entrollm_model::gguf::GgmlType;
 use entrollm_model::weights::Linear;
@@ -64,6 +67,72 @@ impl GpuForm for Held {
         let segs = segs
             .iter()
             .map(|(ty, rows, bytes)| GpuGgml::upload(up.dev, *ty, *rows, cols, bytes))
+            .collect::<Result<Vec<_>>>()?;
+        let l = GgmlGpuLinear::new(segs, halves, Arc::clone(up.scratch))?;
+        report.served += 1;
+        Ok(Some(GpuLinear::new(l)))
+    }
+
+    /// Each of the parts' types (gate, up: halves [gate; up] an expert) as one stack over the
+    /// experts, where every expert holds that part in the same type: one gathered launch a type
+    /// (a gate and up of two types, two), each into its rows of an expert's output.
+    fn upload_experts(
+        &self,
+        up: &Upload<'_>,
+        experts: &[Vec<&dyn Linear>],
+        halves: bool,
+        report: &mut LoadReport,
+    ) -> Result<Option<GpuLinear>> {
+        let Some(first) = experts.first() else {
+            return Ok(None);
+        };
+        let mut held: Vec<Vec<&GgmlLinear>> = Vec::with_capacity(experts.len());
+        for parts in experts {
+            let mut e = Vec::with_capacity(parts.len());
+            for p in parts {
+                match p.as_any().downcast_ref::<GgmlLinear>() {
+                    Some(g) if types().contains(&g.ty()) => e.push(g),
+                    _ => return Ok(None),
+                }
+            }
+            held.push(e);
+        }
+        let same = |a: &GgmlLinear, b: &GgmlLinear| {
+            (a.ty(), a.rows(), a.cols()) == (b.ty(), b.rows(), b.cols())
+        };
+        let cols = held[0][0].cols();
+        if held
+            .iter()
+            .any(|e| e.len() != first.len() || e.iter().zip(&held[0]).any(|(a, b)| !same(a, b)))
+            || held[0].iter().any(|g| g.cols() != cols)
+            || (halves && (first.len() != 2 || held[0][0].rows() != held[0][1].rows()))
+        {
+            return Ok(None);
+        }
+        // Runs of consecutive parts of one type: each one stack, expert after expert.
+        let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+        for (i, g) in held[0].iter().enumerate() {
+            match runs.last_mut() {
+                Some(r) if held[0][r.start].ty() == g.ty() => r.end = i + 1,
+                _ => runs.push(i..i + 1),
+            }
+        }
+        let segs = runs
+            .iter()
+            .map(|r| {
+                let rows: usize = held[0][r.clone()].iter().map(|g| g.rows()).sum();
+                let bytes: Vec<&[u8]> = held
+                    .iter()
+                    .flat_map(|e| e[r.clone()].iter().map(|g| g.blocks()))
+                    .collect();
+                GpuGgml::upload(
+                    up.dev,
+                    held[0][r.start].ty(),
+                    rows * experts.len(),
+                    cols,
+                    &bytes,
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         let l = GgmlGpuLinear::new(segs, halves, Arc::clone(up.scratch))?;
         report.served += 1;
@@ -188,6 +257,86 @@ impl GpuMatrix for GgmlGpuLinear {
         )
     }
 
+    fn gathered(
+        &self,
+        dev: &GpuDevice,
+        g: Gather<'_>,
+        x: &CudaSlice<f32>,
+        swiglu: bool,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let rows = super::bf16::expert_rows(self.rows(), g.n_experts)?;
+        // Each stack's launch into its rows of an expert's output: [gate; up] before SwiGLU.
+        let products = |y: &mut CudaSlice<f32>| -> Result<()> {
+            let mut at = 0;
+            for s in &self.segs {
+                launch_mv_experts(dev, s, g, x, y, at, rows)?;
+                at += s.rows / g.n_experts;
+            }
+            Ok(())
+        };
+        if !swiglu {
+            return products(y);
+        }
+        if !self.halves || rows % 2 != 0 {
+            return Err(GpuError::invalid(
+                "ggml experts",
+                "SwiGLU needs each expert's gate and up as halves",
+            ));
+        }
+        let mut guard = self.lock();
+        if guard.y.len() < g.slots * rows {
+            return Err(GpuError::invalid(
+                "ggml experts",
+                format!(
+                    "scratch of {} outputs for {} slots of {rows}",
+                    guard.y.len(),
+                    g.slots
+                ),
+            ));
+        }
+        products(&mut guard.y)?;
+        launch_swiglu(dev, &guard.y, y, g.slots, rows / 2)
+    }
+
+    fn expert_matmul(
+        &self,
+        dev: &GpuDevice,
+        gemm: &Gemm,
+        n_experts: usize,
+        e: usize,
+        x: &CudaView<'_, u16>,
+        y: &mut CudaViewMut<'_, f32>,
+        m: usize,
+    ) -> Result<()> {
+        let rows = super::bf16::expert_rows(self.rows(), n_experts)?;
+        if e >= n_experts {
+            return Err(GpuError::invalid(
+                "experts",
+                format!("expert {e} of {n_experts}"),
+            ));
+        }
+        super::workspace_matmul(
+            "ggml experts matmul",
+            &self.scratch,
+            (rows, self.cols()),
+            gemm,
+            x,
+            y,
+            m,
+            false,
+            |s| {
+                let mut at = 0;
+                for seg in &self.segs {
+                    let r = seg.rows / n_experts;
+                    launch_dequant_rows(dev, seg, e * r..(e + 1) * r, &mut s.w, at)?;
+                    at += r * seg.cols;
+                }
+                Ok(())
+            },
+        )
+    }
+
     fn gate_up_halves(&self) -> bool {
         self.halves
     }
@@ -234,5 +383,33 @@ impl LaunchForm for GgmlLaunch {
                 at += rows;
             }
         });
+    }
+    fn gathered(&self, m: &GatherLaunch<'_>, push: &mut dyn FnMut(&'static str, String)) -> bool {
+        // GgmlGpuLinear::gathered: a launch a stack into its rows of each slot's output, then
+        // SwiGLU over the slots' [gate; up] halves.
+        let y = if m.swiglu {
+            "ys".into()
+        } else {
+            m.out.to_string()
+        };
+        let mut at = 0;
+        for &(ty, rows) in &self.types {
+            let r = rows / m.experts.max(1);
+            push(
+                "ggml_mv_experts",
+                format!(
+                    "{} {ty} rows {at}..{} {}->{y} slots={}",
+                    m.label,
+                    at + r,
+                    m.input,
+                    m.slots
+                ),
+            );
+            at += r;
+        }
+        if m.swiglu {
+            push("swiglu", format!("ys->{}", m.out));
+        }
+        true
     }
 }

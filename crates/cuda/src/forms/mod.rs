@@ -30,7 +30,7 @@ use crate::error::{GpuError, Result};
 use crate::linear::{DtansScratch, Fp8Serving, GpuLinear, SharedScratch};
 use crate::ops::forward::GemvFusion;
 use crate::plan::MatvecLaunch;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use entrollm_codec::dtans::Coding;
 use entrollm_model::weights::Linear;
 
@@ -79,6 +79,19 @@ pub trait GpuForm: Sync {
         halves: bool,
         report: &mut LoadReport,
     ) -> Result<Option<GpuLinear>>;
+    /// A mixture of experts' stack: each expert's `parts` (gate and up as `halves`, or down)
+    /// row-stacked and the experts after one another, as one device matrix whose gathered
+    /// product (`GpuMatrix::gathered`) runs the routed experts in one launch; None when this form
+    /// does not hold every expert or has no gathered product.
+    fn upload_experts(
+        &self,
+        _up: &Upload<'_>,
+        _experts: &[Vec<&dyn Linear>],
+        _halves: bool,
+        _report: &mut LoadReport,
+    ) -> Result<Option<GpuLinear>> {
+        Ok(None)
+    }
 }
 
 /// The GPU forms, in the order a launch is offered to them: forms held as such first (a coded
@@ -111,6 +124,24 @@ pub fn upload(
         }
     }
     Ok(None)
+}
+
+/// A mixture of experts' stack ([`GpuForm::upload_experts`]) in the first form of [`all`] that
+/// gathers them all (ggml blocks as the file stores them), else dense BF16, rounded where the
+/// values are not BF16: the forms whose gathered product runs the routed experts in one launch.
+/// (Experts held in another form, or a plan's other forms for them, are served as BF16.)
+pub fn upload_experts(
+    up: &Upload<'_>,
+    experts: &[Vec<&dyn Linear>],
+    halves: bool,
+    report: &mut LoadReport,
+) -> Result<GpuLinear> {
+    for f in all() {
+        if let Some(l) = f.upload_experts(up, experts, halves, report)? {
+            return Ok(l);
+        }
+    }
+    bf16::experts_rounded(up.dev, experts, halves)
 }
 
 /// The parts' values row-stacked (`halves`: the two parts' rows interleaved), each part's values
@@ -175,8 +206,8 @@ pub(crate) fn workspace_matmul(
     scratch: &SharedScratch,
     (rows, cols): (usize, usize),
     gemm: &crate::gemm::Gemm,
-    x: &CudaSlice<u16>,
-    y: &mut CudaSlice<f32>,
+    x: &impl DevicePtr<u16>,
+    y: &mut impl DevicePtrMut<f32>,
     m: usize,
     accumulate: bool,
     decode: impl FnOnce(&mut DtansScratch) -> Result<()>,

@@ -16,7 +16,7 @@ use crate::jit::{KernelVariant, ATTENTION};
 /// Compile-time shape and tuning of the attention kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttnConfig {
-    /// Head dimension, a multiple of 64 up to 256.
+    /// Head dimension, a multiple of 32 up to 256.
     pub head_dim: u32,
     /// Query heads per KV head (n_q_heads / n_kv_heads).
     pub group: u32,
@@ -45,9 +45,10 @@ impl AttnConfig {
         Ok(c)
     }
 
-    /// Head shapes of the models we target (SmolLM2: 64/3; Llama-3 8B: 128/4; 70B: 128/8) and MHA.
+    /// Head shapes of the models we target (SmolLM2: 64/3; Llama-3 8B: 128/4; 70B: 128/8;
+    /// Phi-3-mini: 96/1) and MHA.
     pub fn builtin() -> Vec<AttnConfig> {
-        [(64, 1), (64, 3), (128, 1), (128, 4), (128, 8)]
+        [(64, 1), (64, 3), (96, 1), (128, 1), (128, 4), (128, 8)]
             .iter()
             .map(|&(head_dim, group)| AttnConfig {
                 head_dim,
@@ -59,8 +60,8 @@ impl AttnConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
-        let ok = self.head_dim % 64 == 0
-            && (64..=256).contains(&self.head_dim)
+        let ok = self.head_dim % 32 == 0
+            && (32..=256).contains(&self.head_dim)
             && (1..=16).contains(&self.group)
             && self.chunk > 0
             && (1..=16).contains(&self.warps);
@@ -515,7 +516,11 @@ mod tests {
     #[test]
     fn configs_are_validated() {
         assert!(AttnConfig::for_heads(128, 32, 8).is_ok());
-        assert!(AttnConfig::for_heads(96, 32, 8).is_err());
+        // Head dims: multiples of 32 up to 256 (Phi-3-mini's 96).
+        assert!(AttnConfig::for_heads(96, 32, 8).is_ok());
+        assert!(AttnConfig::for_heads(32, 4, 4).is_ok());
+        assert!(AttnConfig::for_heads(80, 32, 8).is_err());
+        assert!(AttnConfig::for_heads(288, 32, 8).is_err());
         assert!(AttnConfig::for_heads(128, 30, 8).is_err());
         assert_eq!(AttnConfig::for_heads(64, 9, 3).unwrap().group, 3);
     }

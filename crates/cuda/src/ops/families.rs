@@ -365,6 +365,231 @@ pub fn softcap_ref(x: &[f32], cap: f32) -> Vec<f32> {
     x.iter().map(|&v| cap * (v / cap).tanh()).collect()
 }
 
+/// Most experts and experts per token [`launch_moe_topk`] takes (`MOE_MAX_EXPERTS`, `MOE_MAX_K`).
+pub const MOE_MAX_EXPERTS: usize = 4096;
+pub const MOE_MAX_K: usize = 64;
+
+/// Per token of `logits` `[n_tokens, n_experts]`: the router's softmax, its `top_k` most probable
+/// experts and their weights (renormalised with `norm_topk`) into `experts` and `weights`
+/// `[n_tokens, top_k]`, in ascending expert order. Reference: [`route`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_moe_topk(
+    dev: &GpuDevice,
+    logits: &CudaSlice<f32>,
+    n_tokens: usize,
+    n_experts: usize,
+    top_k: usize,
+    norm_topk: bool,
+    experts: &mut CudaSlice<i32>,
+    weights: &mut CudaSlice<f32>,
+) -> Result<()> {
+    const OP: &str = "moe_topk";
+    if n_experts == 0
+        || n_experts > MOE_MAX_EXPERTS
+        || top_k == 0
+        || top_k > n_experts.min(MOE_MAX_K)
+    {
+        return Err(GpuError::invalid(
+            OP,
+            format!(
+                "top {top_k} of {n_experts} experts (at most {MOE_MAX_K} of {MOE_MAX_EXPERTS})"
+            ),
+        ));
+    }
+    check_len(OP, "logits", logits, n_tokens * n_experts)?;
+    check_len(OP, "experts", experts, n_tokens * top_k)?;
+    check_len(OP, "weights", weights, n_tokens * top_k)?;
+    let grid = as_i32(OP, "n_tokens", n_tokens)? as u32;
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (e_i, k_i, norm) = (n_experts as i32, top_k as i32, i32::from(norm_topk));
+    launch!(
+        dev,
+        "moe_topk",
+        cfg,
+        [logits, &e_i, &k_i, &norm, experts, weights]
+    )
+}
+
+/// The CPU engine's routing of one token (`entrollm_model::engine`'s mixture of experts): the
+/// softmax of the router's `logits` (f32), the `top_k` most probable experts (ties to the lower
+/// index), their probabilities divided by their sum (in the order picked) with `norm_topk`; as
+/// (expert, weight) in ascending expert order, the order the CPU adds their outputs in. GPU
+/// prefill routes its tokens with it; [`launch_moe_topk`] is checked against it.
+pub fn route(logits: &[f32], top_k: usize, norm_topk: bool) -> Vec<(usize, f32)> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut p: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let sum: f32 = p.iter().sum();
+    p.iter_mut().for_each(|v| *v /= sum);
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    let picked = &order[..top_k.min(p.len())];
+    let total: f32 = picked.iter().map(|&x| p[x]).sum();
+    let mut out: Vec<(usize, f32)> = picked
+        .iter()
+        .map(|&x| (x, if norm_topk { p[x] / total } else { p[x] }))
+        .collect();
+    out.sort_by_key(|r| r.0);
+    out
+}
+
+/// A prefill chunk's routing grouped by expert ([`group_by_expert`]).
+#[derive(Debug, PartialEq)]
+pub struct GroupedRoutes {
+    /// The token of each grouped row: expert 0's tokens in order, then expert 1's, ...
+    pub order: Vec<i32>,
+    /// The grouped row of each slot `t · top_k + j` (token t's j-th expert in its route's order).
+    pub rows: Vec<i32>,
+    /// Each slot's weight.
+    pub w: Vec<f32>,
+    /// Expert e's rows: `start[e]..start[e + 1]`.
+    pub start: Vec<usize>,
+}
+
+/// Groups the tokens' routes ([`route`], `top_k` (expert, weight) each) by expert, for prefill:
+/// each expert's rows are one product over its tokens, and [`launch_moe_combine`] finds each
+/// token's slots through `rows`.
+pub fn group_by_expert(
+    routes: &[Vec<(usize, f32)>],
+    n_experts: usize,
+    top_k: usize,
+) -> GroupedRoutes {
+    let mut start = vec![0usize; n_experts + 1];
+    for &(x, _) in routes.iter().flatten() {
+        start[x + 1] += 1;
+    }
+    for x in 0..n_experts {
+        start[x + 1] += start[x];
+    }
+    let mut next = start.clone();
+    let slots = routes.len() * top_k;
+    let (mut order, mut rows, mut w) = (vec![0i32; slots], vec![0i32; slots], vec![0f32; slots]);
+    for (t, r) in routes.iter().enumerate() {
+        for (j, &(x, wt)) in r.iter().enumerate() {
+            order[next[x]] = t as i32;
+            rows[t * top_k + j] = next[x] as i32;
+            w[t * top_k + j] = wt;
+            next[x] += 1;
+        }
+    }
+    GroupedRoutes {
+        order,
+        rows,
+        w,
+        start,
+    }
+}
+
+/// `out[t] = (accumulate ? out[t] : 0) + Σ_j w[t, j] · ys[row(t, j)]` over `n_tokens` rows of
+/// `hidden` (the weighted sum of a token's experts, in slot order, then added); `rows` maps slot
+/// `t · top_k + j` to its row of `ys` (None: the slot itself). Reference: [`moe_combine_ref`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_moe_combine(
+    dev: &GpuDevice,
+    ys: &CudaSlice<f32>,
+    rows: Option<&CudaSlice<i32>>,
+    w: &CudaSlice<f32>,
+    top_k: usize,
+    hidden: usize,
+    n_tokens: usize,
+    out: &mut CudaSlice<f32>,
+    accumulate: bool,
+) -> Result<()> {
+    const OP: &str = "moe_combine";
+    let slots = n_tokens * top_k;
+    check_len(OP, "w", w, slots)?;
+    check_len(OP, "out", out, n_tokens * hidden)?;
+    match rows {
+        Some(r) => check_len(OP, "rows", r, slots)?,
+        None => check_len(OP, "ys", ys, slots * hidden)?,
+    }
+    as_i32(OP, "ys elements", ys.len())?;
+    as_i32(OP, "out elements", n_tokens * hidden)?;
+    if n_tokens * hidden == 0 {
+        return Ok(());
+    }
+    let null = 0u64;
+    let (k_i, h_i, n_i, acc) = (
+        top_k as i32,
+        hidden as i32,
+        n_tokens as i32,
+        i32::from(accumulate),
+    );
+    let cfg = elementwise_cfg(n_tokens * hidden);
+    match rows {
+        Some(r) => launch!(
+            dev,
+            "moe_combine",
+            cfg,
+            [ys, r, w, &k_i, &h_i, &n_i, out, &acc]
+        ),
+        None => launch!(
+            dev,
+            "moe_combine",
+            cfg,
+            [ys, &null, w, &k_i, &h_i, &n_i, out, &acc]
+        ),
+    }
+}
+
+/// CPU reference of [`launch_moe_combine`] (the CPU engine's sums: f32, in slot order).
+pub fn moe_combine_ref(
+    ys: &[f32],
+    rows: Option<&[i32]>,
+    w: &[f32],
+    top_k: usize,
+    out0: Option<&[f32]>,
+    hidden: usize,
+    n_tokens: usize,
+) -> Vec<f32> {
+    let mut out = vec![0f32; n_tokens * hidden];
+    for t in 0..n_tokens {
+        for i in 0..hidden {
+            let mut s = 0f32;
+            for j in 0..top_k {
+                let slot = t * top_k + j;
+                let r = rows.map_or(slot, |r| r[slot] as usize);
+                s += w[slot] * ys[r * hidden + i];
+            }
+            out[t * hidden + i] = out0.map_or(s, |o| o[t * hidden + i] + s);
+        }
+    }
+    out
+}
+
+/// `out[r] = input[idx[r]]` for `n_rows` rows of `dim` BF16 values (prefill's grouping of tokens by
+/// expert).
+pub fn launch_moe_gather_rows(
+    dev: &GpuDevice,
+    input: &CudaSlice<u16>,
+    idx: &CudaSlice<i32>,
+    n_rows: usize,
+    dim: usize,
+    out: &mut CudaSlice<u16>,
+) -> Result<()> {
+    const OP: &str = "moe_gather_rows";
+    check_len(OP, "idx", idx, n_rows)?;
+    check_len(OP, "out", out, n_rows * dim)?;
+    let (n_i, d_i) = (as_i32(OP, "n_rows", n_rows)?, as_i32(OP, "dim", dim)?);
+    as_i32(OP, "input elements", input.len())?;
+    as_i32(OP, "out elements", n_rows * dim)?;
+    if n_rows * dim == 0 {
+        return Ok(());
+    }
+    launch!(
+        dev,
+        "moe_gather_rows",
+        elementwise_cfg(n_rows * dim),
+        [input, idx, &n_i, &d_i, out]
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,5 +674,79 @@ mod tests {
         let rms = ((x[0] * x[0] + x[1] * x[1]) / 2.0).sqrt();
         assert!((h[0] - x[0] / rms).abs() < 1e-6);
         assert_eq!(softcap_ref(&[0.0, 1e9], 3.0), vec![0.0, 3.0]);
+    }
+}
+
+#[cfg(test)]
+mod moe_tests {
+    use super::*;
+
+    #[test]
+    fn route_is_the_cpu_engines_softmax_top_k() {
+        // Probabilities of [2, 0, 1, 2]: experts 0 and 3 tie, the lower index first when picking.
+        let got = route(&[2.0, 0.0, 1.0, 2.0], 3, false);
+        let e: Vec<f32> = [2.0f32, 0.0, 1.0, 2.0]
+            .iter()
+            .map(|&l| (l - 2.0f32).exp())
+            .collect();
+        let sum: f32 = e.iter().sum();
+        assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), vec![0, 2, 3]);
+        assert_eq!(got[0].1, e[0] / sum);
+        let two = route(&[2.0, 0.0, 1.0, 2.0], 2, true);
+        assert_eq!(two, vec![(0, 0.5), (3, 0.5)]);
+        let w = moe_combine_ref(
+            &[1.0, 2.0, 10.0, 20.0],
+            None,
+            &[0.5, 0.25],
+            2,
+            Some(&[1.0, 1.0]),
+            2,
+            1,
+        );
+        assert_eq!(w, vec![1.0 + 0.5 + 2.5, 1.0 + 1.0 + 5.0]);
+    }
+
+    /// Prefill's grouping, through the combine's row map, gives each token the weighted sum of
+    /// its experts' outputs: with expert e's output for token t taken as (e + 1) · 10 + t, the
+    /// grouped rows' outputs combined per token equal the sum over the token's route directly.
+    #[test]
+    fn grouped_rows_combine_to_each_tokens_experts() {
+        let (e, k, n) = (5, 2, 7);
+        let routes: Vec<Vec<(usize, f32)>> = (0..n)
+            .map(|t| {
+                let l: Vec<f32> = (0..e).map(|x| ((t * 7 + x * 3) % 5) as f32).collect();
+                route(&l, k, true)
+            })
+            .collect();
+        let g = group_by_expert(&routes, e, k);
+        assert_eq!(g.start[e], n * k);
+        // Each expert's rows hold its tokens in order.
+        for x in 0..e {
+            let toks: Vec<i32> = g.order[g.start[x]..g.start[x + 1]].to_vec();
+            let want: Vec<i32> = (0..n)
+                .filter(|&t| routes[t].iter().any(|r| r.0 == x))
+                .map(|t| t as i32)
+                .collect();
+            assert_eq!(toks, want, "expert {x}");
+        }
+        let expert_of_row = |r: usize| (0..e).find(|&x| g.start[x] <= r && r < g.start[x + 1]);
+        let ys: Vec<f32> = (0..n * k)
+            .map(|r| {
+                let x = expert_of_row(r).unwrap();
+                ((x + 1) * 10) as f32 + g.order[r] as f32
+            })
+            .collect();
+        let got = moe_combine_ref(&ys, Some(&g.rows), &g.w, k, None, 1, n);
+        for (t, r) in routes.iter().enumerate() {
+            let want: f32 = r
+                .iter()
+                .map(|&(x, w)| w * (((x + 1) * 10) as f32 + t as f32))
+                .sum();
+            assert!(
+                (got[t] - want).abs() < 1e-4,
+                "token {t}: {} vs {want}",
+                got[t]
+            );
+        }
     }
 }

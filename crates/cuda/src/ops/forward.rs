@@ -7,7 +7,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::attention::{AttnConfig, AttnMask};
-use super::gemv::{check_gemv_shape, GemvConfig};
+use super::gemv::{check_gemv_shape, gemv_ref, GemvConfig};
 use super::rope::{rope_ref, RopeLayout};
 use super::{as_i32, bf16_to_f32, check_len, grid_for};
 use crate::device::GpuDevice;
@@ -70,12 +70,13 @@ pub fn decode_attn_config(
 pub fn all_variants() -> Vec<KernelVariant> {
     let mut v = vec![engine_variant()];
     v.extend(
-        [64, 128, 256]
+        [32, 64, 96, 128, 160, 256]
             .iter()
             .map(|&d| prefill_variant(d).expect("valid")),
     );
-    // The families' attention (sliding windows, soft-capping) at the head sizes they have.
-    for &d in &[64, 128, 256] {
+    // The families' attention (sliding windows, soft-capping) at the head sizes they have
+    // (Phi-3-mini: 96).
+    for &d in &[64, 96, 128, 256] {
         for mask in family_masks() {
             v.push(prefill_masked_variant(d, mask).expect("valid"));
         }
@@ -128,12 +129,18 @@ pub fn all_variants() -> Vec<KernelVariant> {
             (128, 32, 8),
             (128, 64, 8),
             (128, 32, 32),
+            (96, 32, 32),
+            (32, 8, 4),
+            (160, 8, 2),
         ]
         .iter()
         .map(|&(d, q, kv)| decode_attn_config(d, q, kv).expect("valid").variant()),
     );
-    // Decode attention of the families' shapes (Gemma 2 and 3, Qwen3, Phi-3) with their masks.
+    // Decode attention of the families' shapes (Gemma 2 and 3, Qwen3, Phi-3-mini's 96 and the
+    // selftest's) with their masks.
     for &(d, q, kv) in &[
+        (96, 32, 32),
+        (96, 4, 2),
         (64, 4, 2),
         (128, 16, 8),
         (128, 32, 8),
@@ -716,6 +723,131 @@ pub fn launch_gemv_fused(
     }
 }
 
+/// The slots of a gathered product over a stack of `n_experts` equal matrices: slot s multiplies
+/// expert `experts[s]` (device memory, written by the router's top-k; None: expert 0 for every
+/// slot) by input row `s / x_group`.
+#[derive(Clone, Copy)]
+pub struct Gather<'a> {
+    pub experts: Option<&'a CudaSlice<i32>>,
+    pub n_experts: usize,
+    pub slots: usize,
+    pub x_group: usize,
+}
+
+impl Gather<'_> {
+    /// Checks the slots against the buffers: `x` holds the input rows of `cols`, `y` every
+    /// slot's `out_stride` outputs.
+    pub(crate) fn check<T, U>(
+        &self,
+        op: &'static str,
+        x: &CudaSlice<T>,
+        cols: usize,
+        y: &CudaSlice<U>,
+        out_stride: usize,
+    ) -> Result<()> {
+        if self.n_experts == 0 || self.slots == 0 || self.x_group == 0 {
+            return Err(GpuError::invalid(
+                op,
+                format!(
+                    "{} slots over {} experts, {} slots an input row",
+                    self.slots, self.n_experts, self.x_group
+                ),
+            ));
+        }
+        if let Some(e) = self.experts {
+            check_len(op, "experts", e, self.slots)?;
+        }
+        check_len(op, "x", x, self.slots.div_ceil(self.x_group) * cols)?;
+        as_i32(op, "x elements", self.slots.div_ceil(self.x_group) * cols)?;
+        check_len(op, "y", y, self.slots * out_stride)?;
+        as_i32(op, "slots", self.slots)?;
+        as_i32(op, "y elements", self.slots * out_stride)?;
+        Ok(())
+    }
+}
+
+/// The gathered GEMV (`gemv_bf16_experts`) over w `[n_experts · n, k]` (expert e's rows from
+/// e · n): slot s of `g` writes its expert's product with input row s / x_group to
+/// `y[s · out .. (s + 1) · out]`, out = n, or n / 2 with `swiglu` ((gate, up) rows interleaved).
+/// One launch for every slot. Reference: [`gemv_experts_ref`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_gemv_experts(
+    dev: &GpuDevice,
+    cfg: GemvConfig,
+    swiglu: bool,
+    w: &CudaSlice<u16>,
+    g: Gather<'_>,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    const OP: &str = "gemv_experts";
+    check_gemv_shape(n, k)?;
+    let fusion = GemvFusion {
+        accumulate: false,
+        swiglu,
+    };
+    check_fusion(OP, cfg, fusion, n)?;
+    check_len(OP, "w", w, g.n_experts * n * k)?;
+    let out = if swiglu { n / 2 } else { n };
+    g.check(OP, x, k, y, out)?;
+    let f = dev.function(&gemv_fused_variant(cfg, fusion), "gemv_bf16_experts")?;
+    let mut lc = cfg.launch(n);
+    lc.grid_dim.1 = g.slots as u32;
+    let null = 0u64;
+    let (e_i, xg_i, out_i, n_i, k_i) = (
+        as_i32(OP, "n_experts", g.n_experts)?,
+        as_i32(OP, "x_group", g.x_group)?,
+        out as i32,
+        n as i32,
+        k as i32,
+    );
+    match g.experts {
+        Some(e) => launch_kernel!(
+            dev,
+            f,
+            lc,
+            OP,
+            [w, e, &e_i, x, &xg_i, y, &out_i, &n_i, &k_i]
+        ),
+        None => launch_kernel!(
+            dev,
+            f,
+            lc,
+            OP,
+            [w, &null, &e_i, x, &xg_i, y, &out_i, &n_i, &k_i]
+        ),
+    }
+}
+
+/// CPU reference of [`launch_gemv_experts`]: per slot, [`gemv_ref`] of its expert's rows over its
+/// input row, then [`swiglu_interleaved_ref`] with `swiglu`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_experts_ref(
+    w: &[u16],
+    experts: Option<&[i32]>,
+    x: &[f32],
+    x_group: usize,
+    slots: usize,
+    swiglu: bool,
+    n: usize,
+    k: usize,
+) -> Vec<f32> {
+    (0..slots)
+        .flat_map(|s| {
+            let e = experts.map_or(0, |e| e[s] as usize);
+            let xr = &x[s / x_group * k..][..k];
+            let y = gemv_ref(&w[e * n * k..(e + 1) * n * k], xr, n, k);
+            if swiglu {
+                swiglu_interleaved_ref(&y)
+            } else {
+                y
+            }
+        })
+        .collect()
+}
+
 /// The q/k/v GEMV with RoPE and the KV append in its epilogue, for a dense q/k/v matrix whose
 /// plain GEMV runs with `cfg`: a warp needs whole rotation pairs, so an odd row count per warp
 /// becomes two rows at half the unroll (the same bytes in flight).
@@ -1085,13 +1217,15 @@ mod tests {
         assert!(pal_bf16.iter().all(|v| all.contains(v)));
         assert_eq!(
             all.len(),
-            1 + 3
-                + 9
+            // The engine module; prefill of 6 head dims, 4 of them with 3 masks; the GEMVs;
+            // decode attention of 8 head shapes, 8 more with 3 masks, the long chunks' 3.
+            1 + 6
+                + 12
                 + GemvConfig::CANDIDATES.len()
                 + even
                 + rope.len()
-                + 5
-                + 18
+                + 8
+                + 24
                 + 3
                 + extra
                 + pal_bf16.len()

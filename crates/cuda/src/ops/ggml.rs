@@ -186,6 +186,62 @@ pub fn launch_mv(
     launch(dev, OP, m, p, lc)
 }
 
+/// The gathered `ggml_mv` over `m` as a stack of `g.n_experts` equal matrices (expert e's rows
+/// from e · rows / n_experts): slot s of `g` writes its expert's product with input row
+/// s / x_group to `y[at + s · stride ..]`, an expert's rows from there. One launch for every
+/// slot. Reference: each slot's expert through the CPU form's product.
+pub fn launch_mv_experts(
+    dev: &GpuDevice,
+    m: &GpuGgml,
+    g: super::forward::Gather<'_>,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    at: usize,
+    stride: usize,
+) -> Result<()> {
+    const OP: &str = "ggml_mv_experts";
+    let experts = g
+        .experts
+        .ok_or_else(|| GpuError::invalid(OP, "no expert indices"))?;
+    if g.n_experts == 0 || m.rows % g.n_experts != 0 || at + m.rows / g.n_experts > stride {
+        return Err(GpuError::invalid(
+            OP,
+            format!(
+                "{} rows as {} experts into rows {at}.. of {stride}",
+                m.rows, g.n_experts
+            ),
+        ));
+    }
+    g.check(OP, x, m.cols, y, stride)?;
+    let rows = m.rows / g.n_experts;
+    let stream = dev.stream();
+    let (w, _gw) = m.bytes.device_ptr(stream);
+    let (xp, _gx) = x.device_ptr(stream);
+    let (yp, _gy) = y.device_ptr_mut(stream);
+    let p = GgmlParams {
+        w,
+        x: xp,
+        y: yp + 4 * at as u64,
+        out: 0,
+        row_bytes: m.row_bytes as i64,
+        rows: rows as i32,
+        cols: m.cols as i32,
+    };
+    let lc = LaunchConfig {
+        grid_dim: (rows.div_ceil(WARPS as usize) as u32, g.slots as u32, 1),
+        block_dim: (WARPS * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let f = dev.function(&variant(m.ty), OP)?;
+    let mut b = stream.launch_builder(&f);
+    let (e_i, xg_i, s_i) = (g.n_experts as i32, g.x_group as i32, stride as i32);
+    b.arg(&p).arg(experts).arg(&e_i).arg(&xg_i).arg(&s_i);
+    // SAFETY: the arguments match the kernel's signature; the buffers were checked above.
+    unsafe { b.launch(lc) }
+        .while_(|| format!("launching {OP} on a {}×{} {} matrix", m.rows, m.cols, m.ty))?;
+    Ok(())
+}
+
 /// `out[at..at + rows·cols]` = W's weights as BF16 bits, row-major (`at` a multiple of 8).
 pub fn launch_dequant(
     dev: &GpuDevice,
@@ -193,8 +249,25 @@ pub fn launch_dequant(
     out: &mut CudaSlice<u16>,
     at: usize,
 ) -> Result<()> {
+    launch_dequant_rows(dev, m, 0..m.rows, out, at)
+}
+
+/// [`launch_dequant`] of W's rows `rows` only (one expert of a stack).
+pub fn launch_dequant_rows(
+    dev: &GpuDevice,
+    m: &GpuGgml,
+    rows: std::ops::Range<usize>,
+    out: &mut CudaSlice<u16>,
+    at: usize,
+) -> Result<()> {
     const OP: &str = "ggml_dequant";
-    let n = m.rows * m.cols;
+    if rows.end > m.rows || rows.is_empty() {
+        return Err(GpuError::invalid(
+            OP,
+            format!("rows {rows:?} of {}", m.rows),
+        ));
+    }
+    let n = rows.len() * m.cols;
     if at % 8 != 0 {
         return Err(GpuError::invalid(
             OP,
@@ -206,10 +279,10 @@ pub fn launch_dequant(
     let (w, _gw) = m.bytes.device_ptr(stream);
     let (o, _go) = out.device_ptr_mut(stream);
     let p = GgmlParams {
-        w,
+        w: w + (rows.start * m.row_bytes) as u64,
         out: o + 2 * at as u64,
         row_bytes: m.row_bytes as i64,
-        rows: m.rows as i32,
+        rows: rows.len() as i32,
         cols: m.cols as i32,
         ..Default::default()
     };
