@@ -883,6 +883,7 @@ pub fn family_config(arch: Arch) -> ModelConfig {
                 intermediate_size: 136,
                 norm_topk: true,
                 layers: Vec::new(),
+                routing: Default::default(),
             }),
             ..Block::default()
         },
@@ -895,6 +896,7 @@ pub fn family_config(arch: Arch) -> ModelConfig {
                     intermediate_size: 72,
                     norm_topk: false,
                     layers: vec![true, false, true],
+                    routing: Default::default(),
                 }),
                 ..Block::default()
             }
@@ -968,6 +970,8 @@ pub fn model_of(c: ModelConfig, rng: &mut Rng) -> Result<ModelWeights> {
                         })
                     })
                     .collect::<Result<_>>()?,
+                router_bias: None,
+                biases: Vec::new(),
             }),
             None => Mlp::Gated(GatedMlp {
                 gate: mat("gate", inter, h)?,
