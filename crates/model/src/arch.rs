@@ -367,6 +367,22 @@ const fn family(
     }
 }
 
+/// Qwen-MoE's expert modules (HF) and llama.cpp's stacks of them (GGUF); gpt-oss's converter
+/// splits its fused experts into the same.
+const QWEN_EXPERTS: [(Role, &str, &str); 3] = [
+    (
+        Role::ExpertGate,
+        "mlp.experts.{}.gate_proj",
+        "ffn_gate_exps",
+    ),
+    (Role::ExpertUp, "mlp.experts.{}.up_proj", "ffn_up_exps"),
+    (
+        Role::ExpertDown,
+        "mlp.experts.{}.down_proj",
+        "ffn_down_exps",
+    ),
+];
+
 /// Every family, in the order messages list them.
 pub static FAMILIES: &[Family] = &[
     Family {
@@ -492,19 +508,7 @@ pub static FAMILIES: &[Family] = &[
             biases: false,
             hf_fused: None,
             router: ("mlp.gate", "ffn_gate_inp"),
-            experts: [
-                (
-                    Role::ExpertGate,
-                    "mlp.experts.{}.gate_proj",
-                    "ffn_gate_exps",
-                ),
-                (Role::ExpertUp, "mlp.experts.{}.up_proj", "ffn_up_exps"),
-                (
-                    Role::ExpertDown,
-                    "mlp.experts.{}.down_proj",
-                    "ffn_down_exps",
-                ),
-            ],
+            experts: QWEN_EXPERTS,
         }),
         ..family(Arch::Qwen3Moe, "qwen3_moe", LLAMA_TENSORS)
     },
@@ -531,19 +535,7 @@ pub static FAMILIES: &[Family] = &[
             router: ("mlp.router", "ffn_gate_inp"),
             // Not HF names (HF fuses them, `hf_fused`): what llama.cpp's converter splits them
             // into, each a stack of `ffn_*_exps`.
-            experts: [
-                (
-                    Role::ExpertGate,
-                    "mlp.experts.{}.gate_proj",
-                    "ffn_gate_exps",
-                ),
-                (Role::ExpertUp, "mlp.experts.{}.up_proj", "ffn_up_exps"),
-                (
-                    Role::ExpertDown,
-                    "mlp.experts.{}.down_proj",
-                    "ffn_down_exps",
-                ),
-            ],
+            experts: QWEN_EXPERTS,
         }),
         ..family(Arch::GptOss, "gpt_oss", GPT_OSS_TENSORS)
     },
