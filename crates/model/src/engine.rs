@@ -773,8 +773,18 @@ fn add_assign(x: &mut [f32], y: &[f32]) {
 
 /// [`rms_norm`] of `x` into itself (q/k norms per head, post norms).
 fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
-    let input = x.to_vec();
-    rms_norm(&input, weight, eps, x);
+    crate::crew::chunks_mut(x, weight.len(), |_, row| {
+        let inv = inv_rms(row, eps);
+        for (v, &w) in row.iter_mut().zip(weight) {
+            *v = *v * inv * w;
+        }
+    });
+}
+
+/// `1 / sqrt(mean(x²) + eps)` of one row, summed in f64.
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let mean_square = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / x.len() as f64;
+    (1.0 / (mean_square + eps as f64).sqrt()) as f32
 }
 
 /// RMSNorm of each `weight.len()`-wide row of `x` into `out`: `x / sqrt(mean(x²) + eps) · weight`.
@@ -782,10 +792,9 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let width = weight.len();
     crate::crew::chunks_mut(out, width, |i, out| {
         let x = &x[i * width..][..width];
-        let mean_square = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / width as f64;
-        let inv_rms = (1.0 / (mean_square + eps as f64).sqrt()) as f32;
+        let inv = inv_rms(x, eps);
         for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
-            *o = v * inv_rms * w;
+            *o = v * inv * w;
         }
     });
 }
