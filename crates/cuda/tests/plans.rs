@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use entrollm_codec::dtans::Coding;
 use entrollm_codec::Payload;
 use entrollm_cuda::engine_coded::{e2e_config, tuned_plan};
-use entrollm_cuda::families_selftest::{family_config, phi3_96_config};
+use entrollm_cuda::families_selftest::{family_config, mixtral_q8_0_config, phi3_96_config};
 use entrollm_cuda::forms;
 use entrollm_cuda::plan::{decode_plan, text_diff, DecodeOptions, ModelDesc};
 use entrollm_model::coding_plan::{CodingPlan, Launch};
@@ -215,7 +215,7 @@ fn families() {
     );
     check(
         "family-mixtral-ggml-experts",
-        &ggml_experts(&family_config(Arch::Mixtral)),
+        &ggml_experts(&mixtral_q8_0_config()),
         DecodeOptions::default(),
         true,
     );
