@@ -68,7 +68,7 @@ impl GpuForm for Held {
             .iter()
             .map(|(ty, rows, bytes)| GpuGgml::upload(up.dev, *ty, *rows, cols, bytes))
             .collect::<Result<Vec<_>>>()?;
-        let l = GgmlGpuLinear::new(segs, halves, Arc::clone(up.scratch))?;
+        let l = GgmlGpuLinear::new(segs, halves, Arc::clone(up.scratch), 1)?;
         report.served += 1;
         Ok(Some(GpuLinear::new(l)))
     }
@@ -134,7 +134,7 @@ impl GpuForm for Held {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        let l = GgmlGpuLinear::new(segs, halves, Arc::clone(up.scratch))?;
+        let l = GgmlGpuLinear::new(segs, halves, Arc::clone(up.scratch), experts.len())?;
         report.served += 1;
         Ok(Some(GpuLinear::new(l)))
     }
@@ -148,12 +148,19 @@ pub struct GgmlGpuLinear {
 }
 
 impl GgmlGpuLinear {
-    fn new(segs: Vec<GpuGgml>, halves: bool, scratch: SharedScratch) -> Result<Self> {
+    /// `experts`: the segments are stacks of this many experts, whose products (and prefill's
+    /// dequantisation) are an expert's at a time: the scratch needs one expert's shape.
+    fn new(
+        segs: Vec<GpuGgml>,
+        halves: bool,
+        scratch: SharedScratch,
+        experts: usize,
+    ) -> Result<Self> {
         let first = segs
             .first()
             .ok_or_else(|| GpuError::invalid("ggml linear", "no parts"))?;
-        let shape = (segs.iter().map(|s| s.rows).sum::<usize>(), first.cols);
-        super::check_scratch("ggml linear", &scratch, shape)?;
+        let rows = segs.iter().map(|s| s.rows).sum::<usize>() / experts.max(1);
+        super::check_scratch("ggml linear", &scratch, (rows, first.cols))?;
         Ok(GgmlGpuLinear {
             segs,
             halves,
