@@ -18,12 +18,12 @@
 #ifndef GGML_WARPS
 #define GGML_WARPS 4
 #endif
-// Rows a warp: 2 for the unit path (Q4_K, Q5_K, Q6_K), else 1. Set by the launcher (ops/ggml.rs).
+// Rows a warp: 2 for the unit path (Q4_K, Q5_K), else 1. Set by the launcher (ops/ggml.rs).
 #ifndef GGML_ROWS
 #define GGML_ROWS 1
 #endif
-#if GGML_ROWS == 2 && GGML_TYPE != 12 && GGML_TYPE != 13 && GGML_TYPE != 14
-#error two rows a warp only for Q4_K, Q5_K and Q6_K
+#if GGML_ROWS == 2 && GGML_TYPE != 12 && GGML_TYPE != 13
+#error two rows a warp only for Q4_K and Q5_K
 #endif
 
 struct GgmlParams {
@@ -329,17 +329,12 @@ __device__ __forceinline__ float chunk_dot(const unsigned char* w, int c, float4
 #endif
 }
 
-#if GGML_ROWS == 2
-// Byte i of v (a code q below 128) as the float 1/2 + q/256, exactly: one permute into the
-// mantissa of 1/2, no conversion and no subtraction; the 1/2 comes off with the activations' sum.
-__device__ __forceinline__ float half_plus(u32 v, int i) {
-    return __uint_as_float(__byte_perm(v, 0x3F000000u, 0x7054u | ((u32)i << 8)));
-}
-#endif
 #if GGML_TYPE == 12 || GGML_TYPE == 13
 // Q4_K and Q5_K by units of 64 weights (a pair of sub-blocks, 32 bytes of qs) of two rows: the
 // scales and mins decoded once a unit, the activations loaded and summed once for both rows, each
-// code made a float by one byte permute (the chunk path's per-weight work bounded it).
+// code made a float by one byte permute: about four instructions a weight against the chunk path's
+// eight or more (Q5_K's products faster on every shape measured, Q4_K's on two of three:
+// bench/RESULTS.md).
 #define K_QS (GGML_TYPE == 12 ? 16 : 48)
 // Factor and offset of sub-block j (scale_min_k4 on the 16-byte header, without branches: the
 // lanes of a warp take different j).
@@ -352,6 +347,11 @@ __device__ __forceinline__ void k_scale_min(uint4 hd, int j, float& a, float& m)
     a = f16_bits_to_f32((unsigned short)(hd.x & 0xFFFFu)) * (float)sc;
     m = -(f16_bits_to_f32((unsigned short)(hd.x >> 16)) * (float)mn);
 }
+// Byte i of v (a code q below 128) as the float 1/2 + q/256, exactly: one permute into the
+// mantissa of 1/2, no conversion and no subtraction; the 1/2 comes off with the activations' sum.
+__device__ __forceinline__ float half_plus(u32 v, int i) {
+    return __uint_as_float(__byte_perm(v, 0x3F000000u, 0x7054u | ((u32)i << 8)));
+}
 // Σ w·x over unit c (0..4) of block b of two rows (b and b + rb), x the block's 256 activations:
 // the unit is sub-blocks 2c (low nibbles of qs[32c..32c+32]) and 2c + 1 (their high nibbles). The
 // activations' loads and sums are shared by the rows. With f = 1/2 + q/256,
@@ -360,7 +360,7 @@ __device__ __forceinline__ float2 k_unit_dot2(const unsigned char* b, long long 
     float a[2][2], m[2][2], s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
     for (int row = 0; row < 2; ++row) {
-        const uint4 hd = ld_stream_u4(b + row * rb);
+        const uint4 hd = __ldg((const uint4*)(b + row * rb));
         k_scale_min(hd, 2 * c, a[row][0], m[row][0]);
         k_scale_min(hd, 2 * c + 1, a[row][1], m[row][1]);
     }
@@ -379,10 +379,10 @@ __device__ __forceinline__ float2 k_unit_dot2(const unsigned char* b, long long 
 #pragma unroll
         for (int row = 0; row < 2; ++row) {
             const unsigned char* br = b + row * rb;
-            const uint4 qs = ld_stream_u4(br + K_QS + 32 * c + 16 * h);
+            const uint4 qs = __ldg((const uint4*)(br + K_QS + 32 * c + 16 * h));
             const u32 qw[4] = {qs.x, qs.y, qs.z, qs.w};
 #if GGML_TYPE == 13
-            const uint4 qh = ld_stream_u4(br + 16 + 16 * h);
+            const uint4 qh = __ldg((const uint4*)(br + 16 + 16 * h));
             const u32 hw[4] = {qh.x, qh.y, qh.z, qh.w};
 #endif
 #pragma unroll
@@ -411,68 +411,6 @@ __device__ __forceinline__ float2 k_unit_dot2(const unsigned char* b, long long 
     for (int row = 0; row < 2; ++row)
         r[row] = (256.0f * a[row][0] * s[row][0] + (m[row][0] - 128.0f * a[row][0]) * t0) +
                  (256.0f * a[row][1] * s[row][1] + (m[row][1] - 128.0f * a[row][1]) * t1);
-    return make_float2(r[0], r[1]);
-}
-#endif
-
-#if GGML_TYPE == 14
-// Q6_K by units of 64 weights of two rows, as Q4_K's: unit c (0..4) is half nh = c >> 1 of the
-// block, ql's bytes 64nh + 32s .. + 32 (s = c & 1): their low nibbles are group t = s, their high
-// nibbles group t = s + 2 (weights 128nh + 32t + l), the two high bits of each in qh[32nh + l]
-// bits 2t, 2t + 1; a scale every 16 weights. Blocks of 210 bytes are only 2-byte aligned: 16 bytes
-// come from five aligned words (through L1: neighbouring lanes' words overlap).
-__device__ __forceinline__ uint4 ld_16_a2(const unsigned char* p) {
-    const unsigned long long a = (unsigned long long)p;
-    const unsigned char* base = (const unsigned char*)(a & ~3ull);
-    const u32 sh = (u32)(a & 3) * 8;
-    u32 w[5];
-#pragma unroll
-    for (int i = 0; i < 5; ++i) w[i] = ld_word(base + 4 * i);
-    return make_uint4(__funnelshift_r(w[0], w[1], sh), __funnelshift_r(w[1], w[2], sh),
-                      __funnelshift_r(w[2], w[3], sh), __funnelshift_r(w[3], w[4], sh));
-}
-// w = d·sc·(q − 32) = 256a·f + (−160a) with f = 1/2 + q/256, a = d·sc.
-__device__ __forceinline__ float2 k_unit_dot2(const unsigned char* b, long long rb, int c, const float* x) {
-    const int nh = c >> 1, s = c & 1;
-    float r[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float* xl = x + 128 * nh + 32 * s + 16 * h;  // group s; group s + 2 is 64 on
-        float4 xa[4], xb[4];
-        float t0 = 0.0f, t1 = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            xa[k] = __ldca((const float4*)(xl + 4 * k));
-            xb[k] = __ldca((const float4*)(xl + 64 + 4 * k));
-            t0 += (xa[k].x + xa[k].y) + (xa[k].z + xa[k].w);
-            t1 += (xb[k].x + xb[k].y) + (xb[k].z + xb[k].w);
-        }
-#pragma unroll
-        for (int row = 0; row < 2; ++row) {
-            const unsigned char* br = b + row * rb;
-            const uint4 ql = ld_16_a2(br + 64 * nh + 32 * s + 16 * h);
-            const uint4 qh = ld_16_a2(br + 128 + 32 * nh + 16 * h);
-            const float d = f16_at(br + 208);
-            const float a0 = d * (float)(int)(signed char)b8(br + 192 + 8 * nh + 2 * s + h);
-            const float a1 = d * (float)(int)(signed char)b8(br + 192 + 8 * nh + 2 * s + 4 + h);
-            const u32 lw[4] = {ql.x, ql.y, ql.z, ql.w}, hw[4] = {qh.x, qh.y, qh.z, qh.w};
-            float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const u32 lo = (lw[k] & 0x0F0F0F0Fu) | ((hw[k] >> (2 * s)) & 0x03030303u) << 4;
-                const u32 hi = ((lw[k] >> 4) & 0x0F0F0F0Fu) | ((hw[k] >> (2 * s + 4)) & 0x03030303u) << 4;
-                s0 = fmaf(half_plus(lo, 0), xa[k].x, s0);
-                s0 = fmaf(half_plus(lo, 1), xa[k].y, s0);
-                s0 = fmaf(half_plus(lo, 2), xa[k].z, s0);
-                s0 = fmaf(half_plus(lo, 3), xa[k].w, s0);
-                s1 = fmaf(half_plus(hi, 0), xb[k].x, s1);
-                s1 = fmaf(half_plus(hi, 1), xb[k].y, s1);
-                s1 = fmaf(half_plus(hi, 2), xb[k].z, s1);
-                s1 = fmaf(half_plus(hi, 3), xb[k].w, s1);
-            }
-            r[row] += a0 * (256.0f * s0 - 160.0f * t0) + a1 * (256.0f * s1 - 160.0f * t1);
-        }
-    }
     return make_float2(r[0], r[1]);
 }
 #endif

@@ -31,10 +31,10 @@ pub fn types() -> &'static [GgmlType] {
 }
 
 /// Rows a warp of `ggml_mv`: two for the types whose kernel shares the activations' loads and
-/// sums between a pair of rows (Q4_K, Q5_K, Q6_K), else one.
+/// sums between a pair of rows (Q4_K, Q5_K), else one.
 pub fn rows_per_warp(ty: GgmlType) -> u32 {
     match ty {
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 2,
+        GgmlType::Q4_K | GgmlType::Q5_K => 2,
         _ => 1,
     }
 }
