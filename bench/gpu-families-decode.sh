@@ -14,7 +14,8 @@
 # smol-tokenizer.gguf (tools/gguf_tokenizer_only.py of SmolLM2's GGUF); ggml_gpu.xz (and
 # ggml_gpu_old.xz, a build to compare with: the release ggml_gpu test binaries) where the per-type
 # kernels' checks and timings are wanted; NCU=TYPES (e.g. Q4_K,Q6_K): Nsight Compute on those
-# types' ggml_mv and our BF16 GEMV (NCU_SHAPE, default 14336x4096). PARTS: selftest parts. SHAPES: the shapes
+# types' ggml_mv and our BF16 GEMV (NCU_SHAPE, default 14336x4096). SKIP_LLAMA_CUDA=1: no llama.cpp
+# CUDA build and no llama-bench (entrollm's side only, where the peer ran in an earlier lease). PARTS: selftest parts. SHAPES: the shapes
 # (default below); LAYERS_<shape> with - for _ (e.g. LAYERS_qwen3_30b_a3b=12) keeps the first layers.
 D=${D:-.dev/s32}; W=/tmp/s32; OUT=${OUT:-/tmp/s32-out}; M=/tmp/s32-models; mkdir -p $W $OUT $M
 SHAPES=${SHAPES:-gemma3-270m gemma3-1b qwen3-8b}; QUANT=${QUANT:-Q4_K_M}
@@ -31,7 +32,7 @@ if [ "${STAGE:-start}" = start ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $OUT/log
     [ -d $L ] || tar xJf $D/llama.cpp.tar.xz -C $W
     opts="-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DCMAKE_BUILD_TYPE=Release"
-    setsid nohup bash -c "cd $L && cmake -S . -B build $opts -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build build -j10 --target llama-bench; echo rc \$? > $W/cuda.done" > $OUT/build-cuda.log 2>&1 &
+    [ -n "${SKIP_LLAMA_CUDA:-}" ] || setsid nohup bash -c "cd $L && cmake -S . -B build $opts -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build build -j10 --target llama-bench; echo rc \$? > $W/cuda.done" > $OUT/build-cuda.log 2>&1 &
     setsid nohup bash -c "cd $L && cmake -S . -B bcpu $opts && cmake --build bcpu -j4 --target llama-quantize; echo rc \$? > $W/cpu.done" > $OUT/build-cpu.log 2>&1 &
     for s in $SHAPES; do
         [ -f $M/$s-f16.gguf ] && continue
@@ -72,12 +73,12 @@ for s in $SHAPES; do
     el "== llama-quantize $s $QUANT"; timeout 300 $L/bcpu/bin/llama-quantize $M/$s-f16.gguf $M/$s-$QUANT.gguf $QUANT 16 > $OUT/quantize-$s.log 2>&1
     el "rc $? $(stat -c %s $M/$s-$QUANT.gguf 2>/dev/null) bytes"; rm -f $M/$s-f16.gguf
 done
-wait_for $W/cuda.done 400 || { el "llama-bench not built"; tail -5 $OUT/build-cuda.log | tee -a $OUT/log; }
+[ -n "${SKIP_LLAMA_CUDA:-}" ] || wait_for $W/cuda.done 400 || { el "llama-bench not built"; tail -5 $OUT/build-cuda.log | tee -a $OUT/log; }
 el "llama.cpp CUDA build: $(cat $W/cuda.done 2>/dev/null)"
 for s in $SHAPES; do
     f=$M/$s-$QUANT.gguf; [ -f $f ] || continue
-    el "== llama-bench $s $QUANT"; timeout 300 $L/build/bin/llama-bench -m $f -ngl 99 -fa 1 -p 512 -n 128 -d 0,512 -r 3 -o md > $OUT/llama-bench-$s.md 2> $OUT/llama-bench-$s.err; el "rc $?"
-    cat $OUT/llama-bench-$s.md | tee -a $OUT/log
+    [ -n "${SKIP_LLAMA_CUDA:-}" ] || { el "== llama-bench $s $QUANT"; timeout 300 $L/build/bin/llama-bench -m $f -ngl 99 -fa 1 -p 512 -n 128 -d 0,512 -r 3 -o md > $OUT/llama-bench-$s.md 2> $OUT/llama-bench-$s.err; el "rc $?"
+    cat $OUT/llama-bench-$s.md | tee -a $OUT/log; }
     el "== entrollm bench $s $QUANT"; timeout 300 $B bench $f --json > $OUT/bench-$s.json 2> $OUT/bench-$s.err; el "rc $?"
     tail -c 1200 $OUT/bench-$s.json | tee -a $OUT/log; echo | tee -a $OUT/log; tail -3 $OUT/bench-$s.err | tee -a $OUT/log
 done
