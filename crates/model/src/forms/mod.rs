@@ -555,7 +555,7 @@ mod tests {
     /// plus one band's share of the rows where they are not whole bands (the dtANS and palette
     /// layouts pad the last band, which the scaling prices at its rows only).
     fn sampled_bound(rows: usize) -> f64 {
-        0.01 + (rows % SAMPLE_BAND != 0) as u8 as f64 * SAMPLE_BAND as f64 / rows as f64
+        0.01 + (!rows.is_multiple_of(SAMPLE_BAND)) as u8 as f64 * SAMPLE_BAND as f64 / rows as f64
     }
 
     /// How far any size predicted on the whole matrix may be from its coded size here (the
