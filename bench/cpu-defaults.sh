@@ -25,8 +25,8 @@ run() { # NAME MODEL [ARGS...]
     /usr/bin/time -v "$bin" run "$model" --device cpu -c 512 --max-tokens 128 -p "$prompt" "$@" \
         >"$out/$name.out" 2>"$out/$name.log" || true
     local pred dec
-    pred=$(grep -o 'predicted [0-9.]* tok/s' "$out/$name.log" | head -1 | awk '{print $2}')
-    dec=$(grep -o 'decode [0-9]* tokens, [0-9.]* tok/s' "$out/$name.log" | awk '{print $4}')
+    pred=$(grep -o 'predicted [0-9.]* tok/s' "$out/$name.log" | head -1 | awk '{print $2}' || true)
+    dec=$(grep -o 'decode [0-9]* tokens, [0-9.]* tok/s' "$out/$name.log" | awk '{print $4}' || true)
     echo "$name: load $la | predicted ${pred:-?} | decode ${dec:-?} tok/s |" \
         "error $(awk -v p="${pred:-0}" -v d="${dec:-0}" 'BEGIN { if (p > 0 && d > 0) printf "%+.1f %%", 100 * (p / d - 1); else print "-" }') |" \
         "$(grep -o 'weights [0-9.]* MB' "$out/$name.log" | tail -1)" \
@@ -40,7 +40,7 @@ load() { # NAME MODEL [ARGS...]: open (and plan) the model, one token; wall time
     /usr/bin/time -f "wall %e s" "$bin" run "$model" --device cpu -c 512 --max-tokens 1 -p "Hi" "$@" \
         >/dev/null 2>"$out/$name.log" || true
     echo "$name: load $la | $(grep -o 'plan: made in [0-9.]* s; [0-9]* of [0-9]* launches re-formed in [0-9.]* s' "$out/$name.log" || echo unplanned) |" \
-        "$(grep -o 'wall [0-9.]* s' "$out/$name.log")"
+        "$(grep -o 'wall [0-9.]* s' "$out/$name.log" || true)"
 }
 for round in $(seq "$rounds"); do
     for m in gguf container; do
@@ -76,8 +76,8 @@ bench() { # NAME [ARGS...]
     /usr/bin/time -v "$bin" bench "$s1b" --device cpu --prompt-len 32 --repeats 1 "$@" \
         >"$out/$name.out" 2>"$out/$name.log" || true
     local pred dec
-    pred=$(grep -o 'predicted [0-9.]* tok/s' "$out/$name.log" | head -1 | awk '{print $2}')
-    dec=$(grep -o 'decode *[0-9.]* tok/s' "$out/$name.out" "$out/$name.log" | head -1 | awk '{print $(NF-1)}')
+    pred=$(grep -o 'predicted [0-9.]* tok/s' "$out/$name.log" | head -1 | awk '{print $2}' || true)
+    dec=$(grep -ho 'decode *[0-9.]* tok/s' "$out/$name.out" "$out/$name.log" | head -1 | awk '{print $(NF-1)}' || true)
     echo "$name: load $la | predicted ${pred:-?} | decode ${dec:-?} tok/s |" \
         "error $(awk -v p="${pred:-0}" -v d="${dec:-0}" 'BEGIN { if (p > 0 && d > 0) printf "%+.1f %%", 100 * (p / d - 1); else print "-" }') |" \
         "$(grep -o 'plan: made in [0-9.]* s; [0-9]* of [0-9]* launches re-formed in [0-9.]* s' "$out/$name.log") |" \
