@@ -945,8 +945,12 @@ pub struct PplArgs {
     /// A .gguf file, an entrollm container or a Hugging Face checkpoint directory.
     model: PathBuf,
     /// The text to score (UTF-8).
-    #[arg(long)]
-    file: PathBuf,
+    #[arg(long, required_unless_present = "tokens", conflicts_with = "tokens")]
+    file: Option<PathBuf>,
+    /// Token ids to score instead of a text, separated by white space (a model without a
+    /// tokenizer can be scored so).
+    #[arg(long, value_name = "FILE")]
+    tokens: Option<PathBuf>,
     /// Tokens per window.
     #[arg(long, default_value_t = 1024)]
     window: usize,
@@ -1005,26 +1009,44 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     a.budget.check_serving(&a.model)?;
     let device = DeviceArg::parse(&a.device)?;
     let decode = a.decode.options()?;
-    let text = entrollm_format::input::read_text_limited(&a.file, 1 << 30)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
+    let input = a
+        .file
+        .as_ref()
+        .or(a.tokens.as_ref())
+        .expect("clap requires one");
+    let text = entrollm_format::input::read_text_limited(input, 1 << 30)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?;
     // As stored, to plan from (a reference comparison serves the model decoded, unplanned).
     let plan = a.reference.is_none();
-    let (weights, tokenizer) = open_model_with(
-        &a.model,
-        LoadOptions {
-            fused: plan,
-            recorded_forms: false,
-            verify: true,
-            q8_activations: a.activations == "q8",
-        },
-    )?;
+    let load = LoadOptions {
+        fused: plan,
+        recorded_forms: false,
+        verify: true,
+        q8_activations: a.activations == "q8",
+    };
+    // Token ids need no tokenizer; a text does.
+    let (weights, tokenizer) = match a.tokens {
+        Some(_) => (
+            entrollm_model::load::open_weights_with(&a.model, load)?,
+            None,
+        ),
+        None => {
+            let (w, t) = open_model_with(&a.model, load)?;
+            (w, Some(t))
+        }
+    };
+    let vocab = weights.config.vocab_size;
     let (weights, launches) = planned(&a.budget, plan, weights, &a.model, device, a.window)?;
-    let mut tokens = tokenizer.encode(&text, true)?;
+    let mut tokens = match &tokenizer {
+        Some(t) => t.encode(&text, true)?,
+        None => parse_token_ids(&text, vocab)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?,
+    };
     if a.max_tokens > 0 {
         tokens.truncate(a.max_tokens);
     }
     if let Some(reference) = &a.reference {
-        return compare(&a, weights, reference, &tokens, &tokenizer);
+        return compare(&a, weights, reference, &tokens, tokenizer.as_ref());
     }
     let serving = serving_under(launches, Serving::default())?;
     let n_weights = matrix_weights(&weights);
@@ -1052,7 +1074,7 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     }
     println!(
         "{}: perplexity {:.4} (mean NLL {:.6} nats over {} tokens; window {}, stride {})",
-        a.file.display(),
+        input.display(),
         p.ppl,
         p.mean_nll,
         p.tokens_scored,
@@ -1062,13 +1084,35 @@ pub fn ppl(a: PplArgs) -> Result<()> {
     Ok(())
 }
 
+/// Token ids separated by white space, each below `vocab`.
+fn parse_token_ids(text: &str, vocab: usize) -> std::result::Result<Vec<u32>, String> {
+    let ids = text
+        .split_whitespace()
+        .enumerate()
+        .map(|(i, w)| match w.parse::<u32>() {
+            Ok(id) if (id as usize) < vocab => Ok(id),
+            _ => Err(format!(
+                "token {} is `{w}`: expected a token id below the vocabulary's {vocab}",
+                i + 1
+            )),
+        })
+        .collect::<std::result::Result<Vec<u32>, String>>()?;
+    if ids.len() < 2 {
+        return Err(format!(
+            "{} token ids: perplexity needs at least 2",
+            ids.len()
+        ));
+    }
+    Ok(ids)
+}
+
 /// `eval ppl --reference`: the model and the reference on the CPU, window by window.
 fn compare(
     a: &PplArgs,
     weights: ModelWeights,
     reference: &Path,
     tokens: &[u32],
-    tokenizer: &Tokenizer,
+    tokenizer: Option<&Tokenizer>,
 ) -> Result<()> {
     anyhow::ensure!(
         DeviceArg::parse(&a.device)? != DeviceArg::Cuda && !a.budget.is_set(),
@@ -1080,17 +1124,25 @@ fn compare(
         verify: true,
         q8_activations: false,
     };
-    let (ref_weights, ref_tokenizer) = open_model_with(reference, load)
-        .map_err(|e| anyhow::anyhow!("the reference model: {e}"))?;
-    // The same text must be the same ids in both, or the comparison means nothing.
-    let text = tokenizer.decode(tokens)?;
-    anyhow::ensure!(
-        ref_tokenizer.encode(&text, true)? == tokens,
-        "{}: its tokenizer encodes the text differently from {}'s: a reference must share the \
-         model's tokenizer",
-        reference.display(),
-        a.model.display()
-    );
+    // Token ids given: the same ids go to both.
+    let ref_weights = match tokenizer {
+        None => entrollm_model::load::open_weights_with(reference, load)
+            .map_err(|e| anyhow::anyhow!("the reference model: {e}"))?,
+        Some(tokenizer) => {
+            let (ref_weights, ref_tokenizer) = open_model_with(reference, load)
+                .map_err(|e| anyhow::anyhow!("the reference model: {e}"))?;
+            // The same text must be the same ids in both, or the comparison means nothing.
+            let text = tokenizer.decode(tokens)?;
+            anyhow::ensure!(
+                ref_tokenizer.encode(&text, true)? == tokens,
+                "{}: its tokenizer encodes the text differently from {}'s: a reference must \
+                 share the model's tokenizer",
+                reference.display(),
+                a.model.display()
+            );
+            ref_weights
+        }
+    };
     let t0 = Instant::now();
     let mut engine = Engine::new(weights, a.window)?;
     let mut ref_engine = Engine::new(ref_weights, a.window)?;
@@ -1107,7 +1159,11 @@ fn compare(
         "{}: perplexity {:.4} (reference {:.4}); KL divergence from the reference: mean {:.6}, \
          max {:.6} nats; same top token {:.2} %; largest logit difference {:.3e} ({} tokens; \
          window {}, stride {})",
-        a.file.display(),
+        a.file
+            .as_ref()
+            .or(a.tokens.as_ref())
+            .expect("clap requires one")
+            .display(),
         d.model.ppl,
         d.reference.ppl,
         d.mean_kl,

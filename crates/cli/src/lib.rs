@@ -100,7 +100,9 @@ pub fn execute(command: Command) -> anyhow::Result<()> {
         Command::Eval(Eval::Ppl(a)) => on_pool(|| generate::ppl(a)),
         Command::Bench(a) => on_pool(|| bench::run(a)),
         Command::Selftest(a) => selftest::run(a),
-        Command::Tune(a) => tune::run_tune(a),
+        // On the pool as the serving commands: a CPU tune times its candidates inside decode
+        // steps, which must run as theirs do (their products shared out by the crew).
+        Command::Tune(a) => on_pool(|| tune::run_tune(a)),
         Command::Plan(a) => tune::run_plan(a),
         Command::Serve(a) => serve::run(a),
     }

@@ -2298,7 +2298,8 @@ fn every_family_round_trips_and_runs_like_its_source() {
 }
 
 /// A checkpoint without a tokenizer (`synth` writes none) is a plain error for the commands that
-/// turn text into tokens, and runs where none is needed.
+/// turn text into tokens (`run`, `chat`, `serve`, `eval ppl --file`), and runs where none is
+/// needed: `bench` and `eval ppl --tokens` feed token ids.
 #[test]
 fn a_model_without_a_tokenizer_says_so() {
     let d = tmp("no-tokenizer");
@@ -2306,8 +2307,73 @@ fn a_model_without_a_tokenizer_says_so() {
     ok(&["synth", "--shape", "tiny", "-o", m.to_str().unwrap()]);
     let c = d.join("c");
     ok(&["compress", m.to_str().unwrap(), "-o", c.to_str().unwrap()]);
+    let text = d.join("text.txt");
+    std::fs::write(&text, "some words to score").unwrap();
+    let ids = d.join("ids.txt");
+    std::fs::write(&ids, "1 17 300 5\n9 12 44 2 8 31 77 3").unwrap();
     for model in [&m, &c] {
-        let err = fails(&["run", model.to_str().unwrap(), "-p", "hi"]);
-        assert!(err.contains("has no tokenizer (tokenizer.json)"), "{err}");
+        let model = model.to_str().unwrap();
+        for args in [
+            vec!["run", model, "--device", "cpu", "-p", "hi"],
+            vec!["chat", model, "--device", "cpu"],
+            vec!["serve", model, "--device", "cpu", "--port", "0"],
+            vec![
+                "eval",
+                "ppl",
+                model,
+                "--device",
+                "cpu",
+                "--file",
+                text.to_str().unwrap(),
+            ],
+        ] {
+            let err = fails(&args);
+            assert!(
+                err.contains("has no tokenizer (tokenizer.json)"),
+                "{args:?}: {err}"
+            );
+        }
+        let out = ok(&[
+            "eval",
+            "ppl",
+            model,
+            "--device",
+            "cpu",
+            "--window",
+            "8",
+            "--stride",
+            "4",
+            "--tokens",
+            ids.to_str().unwrap(),
+        ]);
+        let line = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            line.contains("perplexity") && line.contains("over"),
+            "{line}"
+        );
+        let out = ok(&[
+            "bench",
+            model,
+            "--device",
+            "cpu",
+            "--prompt-len",
+            "8",
+            "--repeats",
+            "1",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("tokenizer"), "{err}");
     }
+    // Ids outside the vocabulary, or not ids, are refused naming the file.
+    std::fs::write(&ids, "1 2 99999999").unwrap();
+    let err = fails(&[
+        "eval",
+        "ppl",
+        m.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--tokens",
+        ids.to_str().unwrap(),
+    ]);
+    assert!(err.contains("ids.txt") && err.contains("token 3"), "{err}");
 }

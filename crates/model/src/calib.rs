@@ -135,6 +135,9 @@ impl Linear for Recorder {
     fn source(&self) -> Result<Source> {
         self.inner.source()
     }
+    fn source_rows(&self, rows: &[usize]) -> Result<Source> {
+        self.inner.source_rows(rows)
+    }
     fn values_kind(&self) -> &'static str {
         self.inner.values_kind()
     }

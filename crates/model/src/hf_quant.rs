@@ -1294,6 +1294,9 @@ impl Linear for ColumnOrdered {
     fn source(&self) -> Result<Source> {
         self.inner.source()
     }
+    fn source_rows(&self, rows: &[usize]) -> Result<Source> {
+        self.inner.source_rows(rows)
+    }
     fn values_kind(&self) -> &'static str {
         self.inner.values_kind()
     }

@@ -719,7 +719,7 @@ fn no_tokenizer(dir: &Path) -> ModelError {
         dir,
         "the model has no tokenizer (tokenizer.json), which turning text into tokens needs: put \
          the checkpoint's tokenizer.json beside it (before compressing, for a container); `bench`, \
-         `tune` and `compress` need none",
+         `tune`, `compress` and `eval ppl --tokens` need none",
     )
 }
 

@@ -31,6 +31,11 @@ pub trait Linear: Send + Sync {
     /// The exact values it holds (the form's CPU decode), without any wrapper's row scales or
     /// row order.
     fn source(&self) -> Result<Source>;
+    /// [`source`](Self::source)'s rows `rows`, in that order (a sample to predict sizes from):
+    /// forms that hold rows apart copy only those.
+    fn source_rows(&self, rows: &[usize]) -> Result<Source> {
+        self.source()?.gather_rows(rows)
+    }
     /// [`Values::kind`](crate::forms::Values::kind) of [`source`](Self::source), without decoding.
     fn values_kind(&self) -> &'static str;
     /// What besides its shape and values' kind sets the speed of its forms (a GGUF tensor's block
@@ -478,6 +483,9 @@ impl Linear for RowScaled {
     fn source(&self) -> Result<Source> {
         self.inner.source()
     }
+    fn source_rows(&self, rows: &[usize]) -> Result<Source> {
+        self.inner.source_rows(rows)
+    }
     fn values_kind(&self) -> &'static str {
         self.inner.values_kind()
     }
@@ -604,6 +612,20 @@ impl<E: DenseElement> Linear for Dense<E> {
     }
     fn source(&self) -> Result<Source> {
         Source::new(self.rows, self.cols, E::to_values(&self.data))
+    }
+    fn source_rows(&self, rows: &[usize]) -> Result<Source> {
+        let c = self.cols;
+        if let Some(&r) = rows.iter().find(|&&r| r >= self.rows) {
+            return Err(ModelError::Unsupported(format!(
+                "row {r} of a matrix of {} rows",
+                self.rows
+            )));
+        }
+        let picked: Vec<E::Stored> = rows
+            .iter()
+            .flat_map(|&r| self.data[r * c..(r + 1) * c].iter().copied())
+            .collect();
+        Source::new(rows.len(), c, E::to_values(&picked))
     }
     fn values_kind(&self) -> &'static str {
         E::to_values(&[]).kind()

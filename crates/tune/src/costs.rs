@@ -432,7 +432,13 @@ pub fn shipped_devices() -> Vec<String> {
 
 /// The shipped tune data for `device`, if any covers it.
 pub fn shipped_for(device: &DeviceClass) -> Result<Option<Costs>, TuneError> {
-    for (name, text) in SHIPPED {
+    find_for(&SHIPPED, device)
+}
+
+/// The table of `tables` ((name, JSON)) made on `device`'s class, if any: the same kind, CPU
+/// class and thread count, or the same GPU name.
+fn find_for(tables: &[(&str, &str)], device: &DeviceClass) -> Result<Option<Costs>, TuneError> {
+    for (name, text) in tables {
         let t = CostTable::parse(text, name)?;
         if t.device == *device {
             return Ok(Some(Costs::new(t, name)));
@@ -492,6 +498,61 @@ mod tests {
             }
             assert_eq!(shipped_for(&t.device).unwrap().unwrap().name, name);
         }
+    }
+
+    /// A GPU's table is found by its device name and priced from its own samples; another GPU,
+    /// or a CPU, finds none (and is planned with the forms' cost model). The table is a small
+    /// synthetic one: the GPU tables come from device runs.
+    #[test]
+    fn a_gpu_table_is_found_by_name_and_others_fall_back() {
+        let mut t = CostTable::new(DeviceClass::gpu("NVIDIA H100 80GB HBM3"), "synthetic", "-");
+        for (weights, us) in [(1u64 << 20, 2.0), (1 << 22, 5.0), (1 << 24, 17.0)] {
+            t.samples.push(Sample {
+                key: CostKey::new("dense", "bf16", "bf16", false),
+                matrices: 1,
+                weights,
+                bytes: 2 * weights,
+                latency_us: us,
+                model: "synthetic".into(),
+                launch: format!("w{weights}"),
+            });
+        }
+        t.steps.push(StepSample {
+            model: "synthetic".into(),
+            layers: 4,
+            width: 4096,
+            us: 40.0,
+        });
+        let text = serde_json::to_string(&t).unwrap();
+        let tables = [
+            ("cpu-avx512-2t", SHIPPED[0].1),
+            ("gpu-synthetic", text.as_str()),
+        ];
+        let found = find_for(&tables, &DeviceClass::gpu("NVIDIA H100 80GB HBM3"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(found.name, "gpu-synthetic");
+        let key = CostKey::new("dense", "bf16", "bf16", false);
+        let us = found
+            .launch_us(&key, 1, 1 << 22, (2u64 << 22) as f64)
+            .unwrap();
+        assert!((us / 5.0 - 1.0).abs() < 0.1, "{us}");
+        // Keys the table has no samples of are not priced by it.
+        assert!(found
+            .launch_us(
+                &CostKey::new("dtans", "pair", "bf16", false),
+                1,
+                1 << 22,
+                1e6
+            )
+            .is_none());
+        for other in [DeviceClass::gpu("NVIDIA H200"), DeviceClass::this_cpu(3)] {
+            assert!(find_for(&tables, &other).unwrap().is_none(), "{other}");
+        }
+        // A damaged table is an error naming it, not a silent fallback.
+        let bad = [("gpu-bad", "{\"format\": 1}")];
+        let e = find_for(&bad, &DeviceClass::gpu("x")).err().unwrap();
+        assert!(e.to_string().contains("gpu-bad"), "{e}");
     }
 
     #[test]

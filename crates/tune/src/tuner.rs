@@ -9,6 +9,7 @@ use entrollm_model::engine::Engine;
 use entrollm_model::forms::layout::{launches, LaunchInstance};
 use entrollm_model::forms::{self, Form, Source};
 use entrollm_model::weights::{Linear, ModelWeights};
+use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -360,12 +361,17 @@ fn candidates(
     opts: &TuneOptions,
     device: forms::DeviceKind,
 ) -> Result<Vec<Planned>> {
-    let src = rep.matrices[0].source().map_err(err)?;
+    // Variants are chosen on a sample of a large matrix's rows, as their sizes are predicted.
+    let sampled = |m: &Arc<dyn Linear>| -> Result<Source> {
+        Ok(forms::size_source(&**m, forms::SIZE_SAMPLE_WEIGHTS)
+            .map_err(err)?
+            .0)
+    };
+    let src = sampled(&rep.matrices[0])?;
     let others: Vec<_> = rep.matrices[1..]
         .iter()
-        .map(|m| m.source())
-        .collect::<std::result::Result<_, _>>()
-        .map_err(err)?;
+        .map(sampled)
+        .collect::<Result<_>>()?;
     let mut out: Vec<Planned> = Vec::new();
     for m in members {
         let current = m.matrices[0].form();
@@ -404,9 +410,11 @@ fn candidates(
     Ok(out)
 }
 
-/// A launch's matrices decoded once, for the size of each of its candidates.
+/// A launch's matrices decoded once, for the size of each of its candidates: a large matrix as
+/// a sample of its rows and the factor that scales a size predicted on it
+/// ([`forms::size_source`]), a small one whole (factor 1).
 struct LaunchSources {
-    srcs: Vec<Source>,
+    srcs: Vec<(Source, f64)>,
     /// Bytes each matrix's wrappers (row scales, row order) add beside its inner values.
     wraps: Vec<f64>,
 }
@@ -416,7 +424,7 @@ impl LaunchSources {
         let srcs = inst
             .matrices
             .iter()
-            .map(|m| m.source().map_err(err))
+            .map(|m| forms::size_source(&**m, forms::SIZE_SAMPLE_WEIGHTS).map_err(err))
             .collect::<Result<_>>()?;
         let wraps = inst
             .matrices
@@ -435,12 +443,12 @@ impl LaunchSources {
             return Ok(inst.stored_bytes() as u64);
         }
         let mut total = 0f64;
-        for ((m, src), wrap) in inst.matrices.iter().zip(&self.srcs).zip(&self.wraps) {
+        for ((m, (src, scale)), wrap) in inst.matrices.iter().zip(&self.srcs).zip(&self.wraps) {
             let id = m.form();
             total += if id.form == form.name() && id.variant == variant {
                 m.stored_bytes() as f64
             } else {
-                form.predict(src, variant).map_err(err)? + wrap
+                form.predict(src, variant).map_err(err)? * scale + wrap
             };
         }
         Ok(total.round() as u64)
@@ -476,13 +484,17 @@ pub fn tune(
             }
         }
     }
-    let mut plan: Vec<(String, usize, Vec<Planned>)> = Vec::new();
-    for (key, members) in &by_shape {
-        let rep = &all[members[0]];
-        let insts: Vec<&LaunchInstance> = members.iter().map(|&i| &all[i]).collect();
-        let c = candidates(rep, &insts, opts, forms_device(timer.device().kind))?;
-        plan.push((key.clone(), members[0], c));
-    }
+    // Each shape's candidates (their variants chosen from histograms), the shapes in parallel.
+    let device = forms_device(timer.device().kind);
+    let plan: Vec<(String, usize, Vec<Planned>)> = by_shape
+        .par_iter()
+        .map(|(key, members)| {
+            let rep = &all[members[0]];
+            let insts: Vec<&LaunchInstance> = members.iter().map(|&i| &all[i]).collect();
+            let c = candidates(rep, &insts, opts, device)?;
+            Ok((key.clone(), members[0], c))
+        })
+        .collect::<Result<_>>()?;
     let total: usize = plan
         .iter()
         .map(|(k, _, c)| {
@@ -607,6 +619,19 @@ pub fn tune(
     type Sized = (forms::FormId, u64, Vec<Option<u64>>);
     let mut first_of_shape: BTreeMap<String, Sized> = BTreeMap::new();
     let predicted_only = !timer.is_measured();
+    // The sizes of each shape's first launch, the shapes in parallel.
+    let firsts: Vec<&LaunchInstance> = by_shape
+        .iter()
+        .filter(|(key, _)| timed.contains_key(*key))
+        .map(|(_, members)| &all[members[0]])
+        .collect();
+    let first_sizes = firsts
+        .par_iter()
+        .map(|l| launch_sizes(l, &timed[&l.shape_key()]))
+        .collect::<Result<Vec<_>>>()?;
+    for (l, v) in firsts.iter().zip(first_sizes) {
+        sizes.insert((l.shape_key(), matrix_ptrs(l)), v);
+    }
     for l in &all {
         let key = l.shape_key();
         // No form has a kernel for this launch on this device (a GGUF's token embedding on the
@@ -614,11 +639,7 @@ pub fn tune(
         let Some(t) = timed.get(&key) else {
             continue;
         };
-        let ptrs = l
-            .matrices
-            .iter()
-            .map(|m| Arc::as_ptr(m) as *const () as usize)
-            .collect();
+        let ptrs = matrix_ptrs(l);
         let held = l.stored_bytes() as u64;
         let id = l.matrices[0].form();
         let scaled = first_of_shape
@@ -641,15 +662,7 @@ pub fn tune(
             (Some(v), _) => v,
             (None, std::collections::btree_map::Entry::Occupied(e)) => e.get().clone(),
             (None, std::collections::btree_map::Entry::Vacant(e)) => {
-                let sources = LaunchSources::of(l)?;
-                let mut v = Vec::with_capacity(t.len());
-                for (form, variant) in t.keys() {
-                    let f = forms::by_name(form).map_err(err)?;
-                    // A point resumed from another model's launch of this shape still needs
-                    // this launch's own size; a form that no longer accepts it is left out.
-                    v.push(sources.bytes(l, f, variant).ok());
-                }
-                e.insert(v).clone()
+                e.insert(launch_sizes(l, t)?).clone()
             }
         };
         first_of_shape
@@ -701,6 +714,30 @@ pub fn tune(
     tf.step_overhead_us = step_overhead_us;
     tf.launches = out;
     Ok(tf)
+}
+
+/// The matrices of a launch by address (launches of the same matrices have the same sizes).
+fn matrix_ptrs(l: &LaunchInstance) -> Vec<usize> {
+    l.matrices
+        .iter()
+        .map(|m| Arc::as_ptr(m) as *const () as usize)
+        .collect()
+}
+
+/// The bytes of `l` in each of its shape's timed points (`None`: a form that does not accept it).
+fn launch_sizes(
+    l: &LaunchInstance,
+    t: &BTreeMap<(String, String), (Timing, String)>,
+) -> Result<Vec<Option<u64>>> {
+    let sources = LaunchSources::of(l)?;
+    let mut v = Vec::with_capacity(t.len());
+    for (form, variant) in t.keys() {
+        let f = forms::by_name(form).map_err(err)?;
+        // A point resumed from another model's launch of this shape still needs this launch's
+        // own size; a form that no longer accepts it is left out.
+        v.push(sources.bytes(l, f, variant).ok());
+    }
+    Ok(v)
 }
 
 fn has(timed: &Timings, key: &str, form: &str, variant: &str) -> bool {
@@ -773,6 +810,9 @@ impl Linear for Switched {
     }
     fn source(&self) -> entrollm_model::Result<Source> {
         self.active().source()
+    }
+    fn source_rows(&self, rows: &[usize]) -> entrollm_model::Result<Source> {
+        self.active().source_rows(rows)
     }
     fn values_kind(&self) -> &'static str {
         self.active().values_kind()

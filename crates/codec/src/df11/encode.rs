@@ -309,4 +309,50 @@ mod tests {
             assert_eq!(t.luts, build_luts(&table).unwrap());
         }
     }
+
+    /// The size predicted from the exponent histogram is the coded size, or 4 bytes over it (a
+    /// last block without a code start), on tensors of every length around the block sizes and
+    /// exponent spreads from one value to codes of ~20 bits.
+    #[test]
+    fn predicted_bytes_are_the_coded_bytes() {
+        let mut seed = 0x9E37_79B9_u32;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        for n in [
+            0,
+            1,
+            2,
+            7,
+            4095,
+            4096,
+            4097,
+            CHUNK + 3,
+            40_000,
+            2 * CHUNK + 1,
+        ] {
+            for spread in [0u32, 1, 3, 20] {
+                let w: Vec<u16> = (0..n)
+                    .map(|_| {
+                        let h = next();
+                        let e = 120 + (h >> 8).trailing_zeros().min(spread);
+                        ((h & 0x807F) | (e << 7)) as u16
+                    })
+                    .collect();
+                let exps: Vec<u8> = w.iter().map(|&x| Payload::Bf16.split16(x).0).collect();
+                let coded = encode(&w).unwrap().stored_bytes();
+                let predicted = Df11Tensor::predict_bytes(&byte_histogram(&exps), n).unwrap();
+                assert!(
+                    predicted == coded || predicted == coded + 4,
+                    "n = {n}, spread {spread}: predicted {predicted}, coded {coded}"
+                );
+            }
+        }
+        let mut hist = [0u64; 256];
+        hist[250] = 3;
+        assert!(Df11Tensor::predict_bytes(&hist, 3).is_err());
+    }
 }

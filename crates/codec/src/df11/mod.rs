@@ -68,6 +68,23 @@ impl Df11Tensor {
         encode::encode(bf16)
     }
 
+    /// Stored bytes of `n` weights whose exponents have histogram `exponents`, without coding
+    /// them: the code lengths give the coded bits, and every other array follows from those
+    /// (exact but for one output position: a last block that no code starts in has none, so
+    /// this may be 4 bytes over). Refused as [`Df11Tensor::encode`] refuses.
+    pub fn predict_bytes(exponents: &[u64; 256], n: usize) -> Result<usize> {
+        if n == 0 {
+            return Ok(Df11Tensor::encode(&[])?.stored_bytes());
+        }
+        let table = CodeTable::from_histogram(exponents)?;
+        let luts = build_luts(&table)?.len();
+        let (lens, _) = table.exponent_codes();
+        let bits: u64 = exponents.iter().zip(lens).map(|(&c, l)| c * l as u64).sum();
+        let bytes = bits.div_ceil(8) as usize;
+        let blocks = bytes.div_ceil(BLOCK_BYTES);
+        Ok(luts + bytes + n + 4 * (blocks + 1) + GAP_BYTES_PER_BLOCK * blocks)
+    }
+
     /// Decode all weights.
     pub fn decode(&self) -> Result<Vec<u16>> {
         let mut out = vec![0u16; self.n_elements];

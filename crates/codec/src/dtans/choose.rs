@@ -89,11 +89,35 @@ impl DtansTensor {
     }
 }
 
-/// Histograms of code tuples (k = 1, 2, 4) over the unpadded matrix, for ranking codings quickly.
-struct TupleHistograms {
+/// Histograms of code tuples (k = 1, 2, 4) over the unpadded matrix, for ranking codings quickly:
+/// made once, they predict every coding of the matrix ([`TupleHistograms::predict`]).
+pub struct TupleHistograms {
     codes: [u64; 256],
     pairs: Option<Vec<u64>>,
     quads: Option<Vec<u64>>,
+}
+
+impl TupleHistograms {
+    /// The histograms of `codes` (rows of `cols`) that the modes of `payload` need.
+    pub fn new(payload: Payload, cols: usize, codes: &[u8]) -> TupleHistograms {
+        let cb = payload.code_bits();
+        TupleHistograms {
+            codes: byte_histogram(codes),
+            pairs: (2 * cb <= 16).then(|| tuple_counts(codes, cols, 2, cb)),
+            quads: (4 * cb <= 16).then(|| tuple_counts(codes, cols, 4, cb)),
+        }
+    }
+
+    /// [`predict_many`] from these histograms.
+    pub fn predict(
+        &self,
+        payload: Payload,
+        rows: usize,
+        cols: usize,
+        candidates: &[Coding],
+    ) -> Result<Vec<(Coding, f64)>> {
+        predict_from(self, payload, rows, cols, candidates)
+    }
 }
 
 fn tuple_counts(codes: &[u8], cols: usize, k: usize, cb: u32) -> Vec<u64> {
@@ -249,6 +273,17 @@ pub fn predict_many(
         pairs: (needs(2) && 2 * cb <= 16).then(|| tuple_counts(codes, cols, 2, cb)),
         quads: (needs(4) && 4 * cb <= 16).then(|| tuple_counts(codes, cols, 4, cb)),
     };
+    predict_from(&th, payload, rows, cols, candidates)
+}
+
+fn predict_from(
+    th: &TupleHistograms,
+    payload: Payload,
+    rows: usize,
+    cols: usize,
+    candidates: &[Coding],
+) -> Result<Vec<(Coding, f64)>> {
+    let cb = payload.code_bits();
     let mut out = Vec::with_capacity(candidates.len());
     for &coding in candidates {
         coding.validate(payload)?;

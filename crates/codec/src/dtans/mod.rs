@@ -26,6 +26,7 @@ mod table;
 
 pub use choose::{
     choose_coding, choose_coding_and_width, default_slice_width, predict_bytes, predict_many,
+    TupleHistograms,
 };
 pub use encode::EncodePlan;
 pub use table::{SymbolTable, MAX_SLOTS};

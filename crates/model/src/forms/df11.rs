@@ -1,6 +1,6 @@
 //! `df11`: DFloat11's layout (Huffman-coded BF16 exponents, sign and mantissa bytes as they are;
-//! codec `df11`). The product decodes block by block (codec `Df11Tensor::matvec`). Its size is
-//! known only by coding, which is fast, so the prediction is the coded size.
+//! codec `df11`). The product decodes block by block (codec `Df11Tensor::matvec`). Its size
+//! follows from the exponents' histogram (the Huffman code's lengths), without coding.
 
 use super::{Candidate, DeviceKind, Form, Source, Values};
 use crate::error::{ModelError, Result};
@@ -77,6 +77,24 @@ impl Linear for Df11Linear {
     }
 }
 
+/// The coded size of `src` from its exponents' histogram, without coding it (codec
+/// `Df11Tensor::predict_bytes`: exact, or 4 bytes over).
+fn predicted(src: &Source) -> Result<f64> {
+    let Values::Bf16(v) = &src.values else {
+        return Err(ModelError::Unsupported(format!(
+            "df11 codes BF16 matrices only, not {}",
+            src.values.kind()
+        )));
+    };
+    let mut hist = [0u64; 256];
+    for &w in v {
+        hist[((w >> 7) & 0xFF) as usize] += 1;
+    }
+    Df11Tensor::predict_bytes(&hist, v.len())
+        .map(|b| b as f64)
+        .map_err(|e| ModelError::Unsupported(format!("df11: {e}")))
+}
+
 fn code(src: &Source) -> Result<Df11Linear> {
     let Values::Bf16(v) = &src.values else {
         return Err(ModelError::Unsupported(format!(
@@ -106,14 +124,10 @@ impl Form for Df11Form {
         matches!(src.values, Values::Bf16(_))
     }
     fn variants(&self, src: &Source) -> Result<Vec<Candidate>> {
-        if !self.accepts(src) {
-            return Ok(Vec::new());
-        }
         // Exponents DFloat11 cannot code (|w| ≥ 2^113, inf, NaN) leave it out.
-        let Ok(m) = code(src) else {
+        let Ok(bytes) = predicted(src) else {
             return Ok(Vec::new());
         };
-        let bytes = m.stored_bytes() as f64;
         Ok((bytes < 2.0 * src.weights() as f64)
             .then(|| Candidate {
                 variant: String::new(),
@@ -124,7 +138,7 @@ impl Form for Df11Form {
     }
     fn predict(&self, src: &Source, variant: &str) -> Result<f64> {
         check_variant(variant)?;
-        Ok(code(src)?.stored_bytes() as f64)
+        predicted(src)
     }
     fn encode(&self, src: &Source, variant: &str) -> Result<Arc<dyn Linear>> {
         check_variant(variant)?;

@@ -7,7 +7,8 @@ use super::{Candidate, DeviceKind, Form, Source, Values};
 use crate::error::{ModelError, Result};
 use crate::weights::Linear;
 use entrollm_codec::dtans::{
-    default_slice_width, predict_many, Coding, DtansTensor, Mode, SLICE_WIDTHS, TABLE_LOG2,
+    default_slice_width, predict_many, Coding, DtansTensor, Mode, TupleHistograms, SLICE_WIDTHS,
+    TABLE_LOG2,
 };
 use entrollm_codec::matvec::Dequant;
 use entrollm_codec::Payload;
@@ -239,6 +240,12 @@ impl Form for DtansForm {
     /// improving by more than 1 %; kept values raised while the escapes they save outweigh the
     /// bigger table; codings predicted no smaller than the plain matrix dropped.
     fn variants(&self, src: &Source) -> Result<Vec<Candidate>> {
+        // A GGUF tensor's blocks taken apart once, for its symbols and its scales.
+        let plain = plain_bytes(src);
+        let Some(src) = coded_source(src) else {
+            return Ok(Vec::new());
+        };
+        let src = &*src;
         let Some((payload, codes, _)) = symbols(src) else {
             return Ok(Vec::new());
         };
@@ -249,11 +256,14 @@ impl Form for DtansForm {
             .filter(|&sc| sc >= narrowest && (sc as usize) < 2 * cols.max(32) || sc == narrowest)
             .take(3)
             .collect();
+        // The histograms every coding is predicted from, made once.
+        let hists = TupleHistograms::new(payload, cols, &codes);
         let predict = |c: &[Coding]| {
-            predict_many(payload, rows, cols, &codes, c)
+            hists
+                .predict(payload, rows, cols, c)
                 .map_err(|e| ModelError::Unsupported(format!("dtans: {e}")))
         };
-        let plain = plain_bytes(src);
+        let side = side_bytes(src);
         let mut out = Vec::new();
         for mode in [Mode::Single, Mode::Pair, Mode::Quad] {
             if mode.values_per_symbol() as u32 * payload.code_bits() > 16 {
@@ -280,7 +290,7 @@ impl Form for DtansForm {
                         }
                     }
                     let Some((c, bytes)) = best else { continue };
-                    let bytes = bytes + side_bytes(src);
+                    let bytes = bytes + side;
                     if last.is_some_and(|l| bytes > l * 0.99) {
                         break;
                     }
@@ -298,6 +308,8 @@ impl Form for DtansForm {
     }
     fn predict(&self, src: &Source, variant: &str) -> Result<f64> {
         let coding = parse(variant)?;
+        // A GGUF tensor's blocks taken apart once, for its symbols and its scales.
+        let src = &*coded_source(src).ok_or_else(|| not_accepted(src))?;
         let (payload, codes, _) = symbols(src).ok_or_else(|| not_accepted(src))?;
         let p = predict_many(payload, src.rows, src.cols, &codes, &[coding])
             .map_err(|e| ModelError::Unsupported(format!("dtans {variant}: {e}")))?;

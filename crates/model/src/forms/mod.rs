@@ -173,10 +173,28 @@ impl Source {
             Values::Bf16(v) => Values::Bf16(pick(v, self.cols, rows)),
             Values::F16(v) => Values::F16(pick(v, self.cols, rows)),
             Values::Fp8(v) => Values::Fp8(pick(v, self.cols, rows)),
-            Values::Int { .. } => {
-                return Err(ModelError::Unsupported(
-                    "integer codes with group scales cannot be gathered by rows".into(),
-                ))
+            Values::Int {
+                payload,
+                codes,
+                groups,
+            } => {
+                if !self.cols.is_multiple_of(groups.group) {
+                    return Err(ModelError::Unsupported(format!(
+                        "integer codes in groups of {} that straddle rows of {} cannot be \
+                         gathered by rows",
+                        groups.group, self.cols
+                    )));
+                }
+                let per_row = self.cols / groups.group;
+                Values::Int {
+                    payload: *payload,
+                    codes: pick(codes, self.cols, rows),
+                    groups: GroupScales {
+                        scales: pick(&groups.scales, per_row, rows),
+                        mins: groups.mins.as_ref().map(|m| pick(m, per_row, rows)),
+                        ..groups.clone()
+                    },
+                }
             }
             Values::Ggml { ty, bytes } => {
                 let row_bytes = bytes.bytes().len() / self.rows;
@@ -187,6 +205,47 @@ impl Source {
             }
         };
         Source::new(rows.len(), self.cols, values)
+    }
+}
+
+/// Rows of one band of [`sample_rows`]: the dtANS coder's tile height, so a sample holds whole
+/// tiles.
+pub const SAMPLE_BAND: usize = 32;
+
+/// Sizes of a large matrix are predicted on about this many of its weights ([`size_source`]): a
+/// plan at load sizes every launch shape in every form, and the histograms of a million weights
+/// predict a size within a bound (tested) of the whole's.
+pub const SIZE_SAMPLE_WEIGHTS: usize = 1 << 20;
+
+/// Bands of [`SAMPLE_BAND`] rows spread evenly over a `rows × cols` matrix, about `max_weights`
+/// weights in all; `None` for a matrix of at most twice `max_weights` or of few bands (sized
+/// whole).
+pub fn sample_rows(rows: usize, cols: usize, max_weights: usize) -> Option<Vec<usize>> {
+    let bands = rows / SAMPLE_BAND;
+    if rows * cols <= 2 * max_weights || bands < 8 {
+        return None;
+    }
+    let take = (max_weights / (SAMPLE_BAND * cols)).clamp(1, bands);
+    Some(
+        (0..bands)
+            .step_by(bands / take)
+            .take(take)
+            .flat_map(|b| b * SAMPLE_BAND..(b + 1) * SAMPLE_BAND)
+            .collect(),
+    )
+}
+
+/// The values to predict `m`'s sizes in other forms from, and the factor that scales a size
+/// predicted on them to the whole matrix: a large matrix's [`sample_rows`] (only those decoded
+/// where its form holds rows apart) and rows over sampled rows — every form's size grows with
+/// its rows, beside a few fixed bytes (tables) — else all of it and 1.
+pub fn size_source(m: &dyn Linear, max_weights: usize) -> Result<(Source, f64)> {
+    match sample_rows(m.rows(), m.cols(), max_weights) {
+        Some(rows) => {
+            let scale = m.rows() as f64 / rows.len() as f64;
+            Ok((m.source_rows(&rows)?, scale))
+        }
+        None => Ok((m.source()?, 1.0)),
     }
 }
 
@@ -483,5 +542,114 @@ pub(crate) mod testing {
             );
         }
         m.stored_bytes() as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    /// How far a size predicted on a row sample and scaled ([`size_source`]: the tuner's and the
+    /// planner's sizes of large matrices) may be from the size predicted on the whole matrix: 1 %,
+    /// plus one band's share of the rows where they are not whole bands (the dtANS and palette
+    /// layouts pad the last band, which the scaling prices at its rows only).
+    fn sampled_bound(rows: usize) -> f64 {
+        0.01 + (!rows.is_multiple_of(SAMPLE_BAND)) as u8 as f64 * SAMPLE_BAND as f64 / rows as f64
+    }
+
+    /// How far any size predicted on the whole matrix may be from its coded size here (the
+    /// forms' own predictors, from histograms; `check_all_forms` allows 5 %).
+    const WHOLE_BOUND: f64 = 0.03;
+
+    /// Every form's first variants, chosen and sized on a sample of a large matrix's rows, are
+    /// within [`sampled_bound`] of the size predicted on the whole matrix, and that within
+    /// [`WHOLE_BOUND`] of the coded size: BF16 rows of scales spread over 4× (rows of a layer are
+    /// not alike, and a sample must not take one kind of row) and 4-bit integer codes of a skewed
+    /// distribution with group scales and mins, in rows of whole bands and ragged.
+    #[test]
+    fn sizes_predicted_on_a_row_sample_are_near_the_whole_and_coded_sizes() {
+        let mut rng = Rng::new(29);
+        for (rows, cols) in [(2304, 1024), (2 * 1024 + 3 * SAMPLE_BAND + 5, 1152)] {
+            assert!(rows * cols > 2 * SIZE_SAMPLE_WEIGHTS);
+            let bf16: Vec<u16> = (0..rows * cols)
+                .map(|i| {
+                    let r = i / cols;
+                    let sigma = 0.01 * (0.5 + 1.5 * ((r * 7919) % rows) as f32 / rows as f32);
+                    half::bf16::from_f32(rng.normal() * sigma).to_bits()
+                })
+                .collect();
+            let groups = rows * cols / 32;
+            let int = Values::Int {
+                payload: entrollm_codec::Payload::Int(4),
+                codes: (0..rows * cols)
+                    .map(|_| (8.0 + 2.5 * rng.normal()).round().clamp(0.0, 15.0) as u8)
+                    .collect(),
+                groups: GroupScales {
+                    group: 32,
+                    scales: (0..groups).map(|_| 0.01 + 0.001 * rng.normal()).collect(),
+                    mins: Some((0..groups).map(|_| -0.08 + 0.001 * rng.normal()).collect()),
+                    offset: 0.0,
+                    signed: false,
+                },
+            };
+            for (values, held) in [(Values::Bf16(bf16), "bf16"), (int, "")] {
+                let src = Source::new(rows, cols, values).unwrap();
+                let form = by_name(if held.is_empty() { "int" } else { "dense" }).unwrap();
+                let m = encode_checked(form, &src, held).unwrap();
+                let (sample, scale) = size_source(&*m, SIZE_SAMPLE_WEIGHTS).unwrap();
+                let picked = sample_rows(rows, cols, SIZE_SAMPLE_WEIGHTS).unwrap();
+                assert!(sample.weights() <= SIZE_SAMPLE_WEIGHTS);
+                assert_eq!(sample, src.gather_rows(&picked).unwrap());
+                let mut checked = 0;
+                for form in all().iter().filter(|f| f.accepts(&src)) {
+                    for c in form.variants(&sample).unwrap().iter().take(3) {
+                        let sampled = form.predict(&sample, &c.variant).unwrap() * scale;
+                        let whole = form.predict(&src, &c.variant).unwrap();
+                        let coded = encode_checked(*form, &src, &c.variant)
+                            .unwrap()
+                            .stored_bytes() as f64;
+                        let what = format!(
+                            "{} {} of {rows}×{cols} {}: on {} rows {sampled:.0}, whole \
+                             {whole:.0}, coded {coded:.0}",
+                            form.name(),
+                            c.variant,
+                            src.values.kind(),
+                            sample.rows
+                        );
+                        assert!(
+                            (sampled / whole - 1.0).abs() <= sampled_bound(rows),
+                            "{what}"
+                        );
+                        assert!((whole / coded - 1.0).abs() <= WHOLE_BOUND, "{what}");
+                        checked += 1;
+                    }
+                }
+                assert!(checked >= 3, "{}: {checked} variants", src.values.kind());
+            }
+        }
+    }
+
+    #[test]
+    fn small_matrices_are_sized_whole_and_samples_are_whole_bands() {
+        let mut rng = Rng::new(3);
+        let small =
+            encode_checked(&dense::DENSE, &bf16_source(&mut rng, 64, 64, 0.02), "bf16").unwrap();
+        let (s, scale) = size_source(&*small, SIZE_SAMPLE_WEIGHTS).unwrap();
+        assert_eq!((s, scale), (small.source().unwrap(), 1.0));
+        let (rows, cols) = (40 * SAMPLE_BAND + 7, 16);
+        let src = bf16_source(&mut rng, rows, cols, 0.02);
+        let m = encode_checked(&dense::DENSE, &src, "bf16").unwrap();
+        let (s, scale) = size_source(&*m, 4 * SAMPLE_BAND * cols).unwrap();
+        let picked = sample_rows(rows, cols, 4 * SAMPLE_BAND * cols).unwrap();
+        assert_eq!(s.rows, 4 * SAMPLE_BAND);
+        assert_eq!(
+            picked[..SAMPLE_BAND],
+            (0..SAMPLE_BAND).collect::<Vec<_>>()[..]
+        );
+        assert!((scale - rows as f64 / s.rows as f64).abs() < 1e-12);
+        // Dense copies the rows itself: the same as the rows gathered from the whole.
+        assert_eq!(s, src.gather_rows(&picked).unwrap());
+        assert!(m.source_rows(&[rows]).is_err());
     }
 }

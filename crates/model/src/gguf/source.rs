@@ -861,6 +861,9 @@ impl Linear for RowPermuted {
     fn source(&self) -> Result<crate::forms::Source> {
         self.inner.source()
     }
+    fn source_rows(&self, rows: &[usize]) -> Result<crate::forms::Source> {
+        self.inner.source_rows(rows)
+    }
     fn values_kind(&self) -> &'static str {
         self.inner.values_kind()
     }
