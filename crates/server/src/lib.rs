@@ -728,34 +728,37 @@ async fn run(
     let (loaded_tx, mut loaded_rx) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
     let engine = {
         let app = app.clone();
+        // The engine's body runs on the global pool, as `run`'s does: the CPU engine's crew of
+        // awake workers shares out each step's products only for steps stepped on the pool.
+        let body = move || {
+            let l = match load() {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = loaded_tx.send(Err(e));
+                    return;
+                }
+            };
+            let template = match ChatTemplate::for_tokenizer(&l.tokenizer) {
+                Ok(t) => t,
+                Err(e) => {
+                    let _ = loaded_tx.send(Err(e.into()));
+                    return;
+                }
+            };
+            let tokenizer = Arc::new(l.tokenizer);
+            ready(addr, &l.info);
+            let _ = app.model.set(Model {
+                tokenizer: tokenizer.clone(),
+                template,
+                info: l.info,
+                created: now_s(),
+            });
+            let _ = loaded_tx.send(Ok(()));
+            worker::serve(l.engine, tokenizer, jobs_rx, app.shared.clone());
+        };
         std::thread::Builder::new()
             .name("engine".into())
-            .spawn(move || {
-                let l = match load() {
-                    Ok(l) => l,
-                    Err(e) => {
-                        let _ = loaded_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let template = match ChatTemplate::for_tokenizer(&l.tokenizer) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        let _ = loaded_tx.send(Err(e.into()));
-                        return;
-                    }
-                };
-                let tokenizer = Arc::new(l.tokenizer);
-                ready(addr, &l.info);
-                let _ = app.model.set(Model {
-                    tokenizer: tokenizer.clone(),
-                    template,
-                    info: l.info,
-                    created: now_s(),
-                });
-                let _ = loaded_tx.send(Ok(()));
-                worker::serve(l.engine, tokenizer, jobs_rx, app.shared.clone());
-            })?
+            .spawn(move || rayon::scope(|_| body()))?
     };
     let service = hyper_util::service::TowerToHyperService::new(router(app.clone()));
     let mut http = hyper::server::conn::http1::Builder::new();
