@@ -1,0 +1,217 @@
+"""entrollm.torch: PyTorch modules whose weights stay in entrollm's weight forms.
+
+:class:`Linear` replaces a ``torch.nn.Linear``: its matrix is held in a weight form (lossless
+``dtans``, ``df11``, ``pal-bf16``/``pal-fp8``, ``dense``; GGUF blocks as stored, ``ggml`` or
+``int``; ``lossy`` at a rate) and its forward runs the form's Rust CPU code:
+
+* one input row (batch 1, a decode step): the form's fused decode-in-GEMV (the matrix is never
+  materialised), in f32, the result cast to the input's dtype;
+* more rows: the matrix decoded to a workspace and ``torch.nn.functional.linear`` in the input's
+  dtype, so the output is bit for bit that of a ``torch.nn.Linear`` holding the decoded weight.
+
+The forward is the custom op ``torch.ops.entrollm.linear`` (``torch.library``) with a fake kernel,
+so ``torch.compile`` traces a model of these modules. CPU tensors only.
+
+    import torch, entrollm.torch as et
+    lin = et.Linear.from_linear(torch.nn.Linear(4096, 4096).bfloat16(), form="dtans")
+    y = lin(torch.randn(1, 4096, dtype=torch.bfloat16))
+"""
+
+import itertools
+import weakref
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import _native
+from ._native import EntrollmError, Matrix
+
+__all__ = ["Linear", "Matrix", "forms", "variants", "linear"]
+
+# torch dtype ↔ the forms' name of its values.
+_KINDS = {
+    torch.bfloat16: "bf16",
+    torch.float16: "f16",
+    torch.float32: "f32",
+    torch.float8_e4m3fn: "fp8",
+}
+_DTYPES = {kind: dtype for dtype, kind in _KINDS.items()}
+
+
+def forms():
+    """The weight forms' names (docs/forms.md)."""
+    return list(_native.form_names())
+
+
+def _kind(t):
+    try:
+        return _KINDS[t.dtype]
+    except KeyError:
+        raise ValueError(f"weights of dtype {t.dtype}: expected one of "
+                         f"{', '.join(str(d) for d in _KINDS)}") from None
+
+
+def _host(t):
+    """`t` as a contiguous CPU tensor (the caller keeps it alive while Rust reads it)."""
+    if t.device.type != "cpu":
+        raise ValueError(f"entrollm.torch runs on CPU tensors, not {t.device}")
+    return t.detach().contiguous()
+
+
+def _matrix_args(weight):
+    if weight.dim() != 2:
+        raise ValueError(f"a weight matrix has 2 dimensions, not {weight.dim()}")
+    w = _host(weight)
+    return w, (w.shape[0], w.shape[1], _kind(w), w.data_ptr(), w.numel() * w.element_size())
+
+
+def variants(weight, form):
+    """``[(variant, predicted bytes)]`` that ``form`` offers for ``weight``, smallest first."""
+    w, args = _matrix_args(weight)
+    return _native.variants(form, *args)
+
+
+# Custom ops take tensors and numbers, not Python objects: a module's matrix is passed as a handle
+# into this table, which holds it as long as its module does.
+_MATRICES = weakref.WeakValueDictionary()
+_HANDLES = itertools.count(1)
+
+
+def _register(matrix):
+    h = next(_HANDLES)
+    _MATRICES[h] = matrix
+    return h
+
+
+@torch.library.custom_op("entrollm::linear", mutates_args=(), device_types="cpu")
+def linear(x: torch.Tensor, matrix: int, out_features: int,
+           bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ Wᵀ + bias`` for the matrix of handle ``matrix`` (see :class:`Linear`)."""
+    m = _MATRICES[matrix]
+    if x.shape[-1] != m.cols:
+        raise ValueError(f"input of {x.shape[-1]} features for a {m.rows}×{m.cols} matrix")
+    lead = x.shape[:-1]
+    x2 = _host(x).reshape(-1, m.cols)
+    n = x2.shape[0]
+    if n == 1:
+        xf = x2.to(torch.float32).contiguous()
+        y = torch.empty(1, m.rows, dtype=torch.float32)
+        m.matmul(xf.data_ptr(), 1, y.data_ptr())
+        y = y.to(x.dtype)
+        if bias is not None:
+            y = y + bias.to(x.dtype)
+    else:
+        w = torch.empty(m.rows, m.cols, dtype=torch.float32)
+        m.decode_into(w.data_ptr())
+        y = F.linear(x2, w.to(x.dtype), None if bias is None else bias.to(x.dtype))
+    return y.reshape(*lead, m.rows)
+
+
+@linear.register_fake
+def _(x, matrix, out_features, bias=None):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+class Linear(torch.nn.Module):
+    """A linear layer whose matrix is an entrollm :class:`Matrix` (a weight form); see the
+    module's doc for its forward. Build it from a ``torch.nn.Linear`` with :meth:`from_linear`,
+    from GGUF blocks with :meth:`from_ggml`, or from a matrix read from a container."""
+
+    def __init__(self, matrix, bias=None):
+        super().__init__()
+        if not isinstance(matrix, Matrix):
+            raise TypeError(f"expected an entrollm Matrix, not {type(matrix).__name__}")
+        self.matrix = matrix
+        self.in_features = matrix.cols
+        self.out_features = matrix.rows
+        self._handle = _register(matrix)
+        if bias is not None:
+            if tuple(bias.shape) != (matrix.rows,):
+                raise ValueError(f"a bias of shape {tuple(bias.shape)} for {matrix.rows} rows")
+            bias = torch.nn.Parameter(_host(bias).clone(), requires_grad=False)
+        self.bias = bias
+
+    @classmethod
+    def from_linear(cls, linear, form="dtans", variant=None, bits=None, quantizer="tcq32"):
+        """``linear``'s matrix in ``form`` (its ``variant``; None: the smallest the form offers),
+        exactly; with ``form="lossy"``, coded at ``bits`` a weight by ``quantizer`` as
+        ``compress --bits`` codes it. The bias is kept as it is."""
+        matrix = matrix_of(linear.weight, form=form, variant=variant, bits=bits,
+                           quantizer=quantizer)
+        return cls(matrix, linear.bias)
+
+    @classmethod
+    def from_ggml(cls, ggml_type, blocks, rows, cols, form="ggml", variant=None, bias=None):
+        """A ``rows × cols`` matrix of GGUF blocks of ``ggml_type`` (``"Q4_K"``; ``blocks``: the
+        tensor's bytes as the file stores them, a ``torch.uint8`` tensor or ``bytes``) held in
+        ``form``: ``ggml`` (the blocks as stored), ``int`` (legacy types' codes), ``dtans``."""
+        if isinstance(blocks, (bytes, bytearray)):
+            blocks = torch.frombuffer(bytearray(blocks), dtype=torch.uint8)
+        b = _host(blocks).view(torch.uint8).reshape(-1)
+        m = Matrix.encode(form, variant, rows, cols, f"ggml:{ggml_type}", b.data_ptr(), b.numel())
+        return cls(m, bias)
+
+    @property
+    def form(self):
+        return self.matrix.form
+
+    @property
+    def variant(self):
+        return self.matrix.variant
+
+    @property
+    def stored_bytes(self):
+        return self.matrix.stored_bytes
+
+    def forward(self, x):
+        return torch.ops.entrollm.linear(x, self._handle, self.out_features, self.bias)
+
+    def decoded_weight(self):
+        """The matrix decoded to f32: what every product multiplies (for a lossless form, the
+        source values widened exactly)."""
+        return decoded_weight(self.matrix)
+
+    def values(self):
+        """The exact values held, as a tensor of their dtype (bf16, f16, f32, float8_e4m3fn);
+        GGUF blocks as a ``torch.uint8`` tensor of their bytes; integer codes with group scales
+        (no torch dtype) as their f32 values."""
+        return values_of(self.matrix)
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, form={self.matrix.form}"
+                f"{':' + self.matrix.variant if self.matrix.variant else ''}, "
+                f"stored_bytes={self.matrix.stored_bytes}")
+
+
+def matrix_of(weight, form="dtans", variant=None, bits=None, quantizer="tcq32"):
+    """``weight`` (a 2-D CPU tensor) as a :class:`Matrix` in ``form`` (see
+    :meth:`Linear.from_linear`)."""
+    w, args = _matrix_args(weight)
+    if form == "lossy":
+        if bits is None:
+            raise ValueError("form='lossy' needs bits (stored bits a weight, e.g. 4)")
+        if variant is not None:
+            raise ValueError("form='lossy' takes quantizer=..., not a variant")
+        return Matrix.lossy(*args, float(bits), quantizer)
+    if bits is not None:
+        raise ValueError(f"bits= is for form='lossy'; form {form!r} is exact")
+    return Matrix.encode(form, variant, *args)
+
+
+def decoded_weight(matrix):
+    w = torch.empty(matrix.rows, matrix.cols, dtype=torch.float32)
+    matrix.decode_into(w.data_ptr())
+    return w
+
+
+def values_of(matrix):
+    got = matrix.values()
+    if got is None:
+        return decoded_weight(matrix)
+    kind, data = got
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    if kind.startswith("ggml:"):
+        return raw
+    return raw.view(_DTYPES[kind]).reshape(matrix.rows, matrix.cols)
