@@ -257,6 +257,26 @@ impl Matrix {
     /// the values), `ggml:TYPE` (the blocks), or `None` for integer codes with group scales
     /// (`decode_into` gives their values).
     fn values<'py>(&self, py: Python<'py>) -> PyResult<Option<(String, Bound<'py, PyBytes>)>> {
+        self.exact(py)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Matrix({}×{}, {}, {} bytes)",
+            self.m.rows(),
+            self.m.cols(),
+            self.m.form(),
+            self.m.stored_bytes()
+        )
+    }
+}
+
+impl Matrix {
+    /// See `values`.
+    pub(crate) fn exact<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<(String, Bound<'py, PyBytes>)>> {
         let src = py.detach(|| self.m.source()).map_err(err)?;
         let kind = src.values.kind();
         let (kind, bytes): (String, Vec<u8>) = match src.values {
@@ -275,14 +295,11 @@ impl Matrix {
         Ok(Some((kind, PyBytes::new(py, &bytes))))
     }
 
-    fn __repr__(&self) -> String {
-        format!(
-            "Matrix({}×{}, {}, {} bytes)",
-            self.m.rows(),
-            self.m.cols(),
-            self.m.form(),
-            self.m.stored_bytes()
-        )
+    /// The matrix decoded to f32 (as `decode_into`), as little-endian bytes.
+    pub(crate) fn decoded(&self, py: Python<'_>) -> PyResult<Vec<u8>> {
+        let mut v = vec![0f32; self.m.rows() * self.m.cols()];
+        self.decode_into(py, v.as_mut_ptr() as usize)?;
+        Ok(v.iter().flat_map(|x| x.to_le_bytes()).collect())
     }
 }
 

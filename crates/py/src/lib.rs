@@ -8,6 +8,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use std::sync::Once;
 
+mod container;
 mod forms;
 
 create_exception!(
@@ -68,6 +69,7 @@ pub(crate) fn pool(threads: Option<usize>) -> PyResult<()> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_class::<forms::Matrix>()?;
+    m.add_class::<container::Container>()?;
     m.add_function(wrap_pyfunction!(forms::variants, m)?)?;
     m.add_function(wrap_pyfunction!(forms::form_names, m)?)?;
     m.add("EntrollmError", m.py().get_type::<EntrollmError>())?;

@@ -18,16 +18,22 @@ so ``torch.compile`` traces a model of these modules. CPU tensors only.
 """
 
 import itertools
+import os
+import shutil
+import tempfile
 import weakref
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+import entrollm
+
 from . import _native
 from ._native import EntrollmError, Matrix
 
-__all__ = ["Linear", "Matrix", "forms", "variants", "linear"]
+__all__ = ["Linear", "Matrix", "forms", "variants", "linear", "matrix_of", "compress_module",
+           "load_into", "save", "write_checkpoint"]
 
 # torch dtype ↔ the forms' name of its values.
 _KINDS = {
@@ -215,3 +221,154 @@ def values_of(matrix):
     if kind.startswith("ggml:"):
         return raw
     return raw.view(_DTYPES[kind]).reshape(matrix.rows, matrix.cols)
+
+
+# ---- module trees and containers ----
+
+_CODERS = ("dtans", "df11")
+
+
+def write_checkpoint(module, path):
+    """Writes ``module``'s tensors as the checkpoint ``compress_module`` compresses: a Hugging
+    Face model through its ``save_pretrained`` (safetensors, config.json), any other module as a
+    ``.safetensors`` file of its ``state_dict``. Returns the path to compress."""
+    import safetensors.torch
+
+    if hasattr(module, "save_pretrained") and hasattr(module, "config"):
+        module.save_pretrained(path, safe_serialization=True)
+        return path
+    os.makedirs(path, exist_ok=True)
+    state = {k: _host(v).clone() for k, v in module.state_dict().items()}
+    file = os.path.join(path, "model.safetensors")
+    safetensors.torch.save_file(state, file)
+    return file
+
+
+def compress_module(module, form=None, bits=None, budget=None, **options):
+    """Codes ``module``'s linear layers (any module tree) as ``entrollm compress`` codes a
+    checkpoint and replaces each ``torch.nn.Linear`` by a :class:`Linear` in the form it is
+    stored or served in: ``form=None`` as the command does by default (lossless), ``"dtans"`` or
+    ``"df11"`` that coder (``--coder``), ``bits=R`` lossy at R bits a weight (``--bits``; with
+    ``quantizer="e8"`` …), ``budget="2GB"`` the forms a plan chooses (``--budget``, for models the
+    engine knows). Other keyword arguments are the command's options (``min_elements=0``,
+    ``threads=2``). The container it writes stays with the module: :func:`save` writes it.
+    Returns ``module``."""
+    if form is not None and form not in _CODERS:
+        raise ValueError(f"form={form!r}: a container codes with {' or '.join(_CODERS)}; other "
+                         "forms are made in memory by Linear.from_linear or chosen by budget=")
+    for key, value in (("coder", form), ("bits", bits), ("budget", budget)):
+        if value is not None:
+            options[key] = value
+    work = tempfile.mkdtemp(prefix="entrollm-module-")
+    try:
+        src = write_checkpoint(module, os.path.join(work, "checkpoint"))
+        out = os.path.join(work, "container")
+        entrollm.compress(src, output=out, **options)
+        shutil.rmtree(os.path.join(work, "checkpoint"))
+        load_into(module, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    weakref.finalize(module, shutil.rmtree, work, True)
+    return module
+
+
+def _parent(root, name):
+    *path, leaf = name.split(".")
+    parent = root
+    for p in path:
+        parent = getattr(parent, p)
+    return parent, leaf
+
+
+def _tensor(container, name):
+    kind, shape, data = container.tensor(name)
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(
+        0, dtype=torch.uint8)
+    return raw.view(_DTYPES[kind]).reshape(shape)
+
+
+def load_into(module, path):
+    """Loads the container at ``path`` into ``module`` (the tree it was compressed from, or one of
+    the same architecture): each ``torch.nn.Linear`` (or :class:`Linear`) whose weight the
+    container holds becomes a :class:`Linear` of that matrix in the form the container stores or
+    records it in; every other parameter and buffer takes the container's values. Everything is
+    read and checked before ``module`` is changed; a tensor the container lacks, or of another
+    shape, is an error naming it. Returns ``module``."""
+    path = os.fspath(path)
+    container = _native.Container(path)
+    held = set(container.names())
+    linears, tensors = {}, {}
+    for name, sub in module.named_modules():
+        if isinstance(sub, (torch.nn.Linear, Linear)) and f"{name}.weight" in held:
+            m = container.matrix(f"{name}.weight")
+            if (m.rows, m.cols) != (sub.out_features, sub.in_features):
+                raise EntrollmError(f"{path}: tensor '{name}.weight' is {m.rows}×{m.cols}, the "
+                                    f"module's {name} is {sub.out_features}×{sub.in_features}")
+            bias = _tensor(container, f"{name}.bias") if f"{name}.bias" in held else None
+            if (bias is None) != (sub.bias is None):
+                raise EntrollmError(f"{path}: module {name} {'has' if sub.bias is not None else 'has no'}"
+                                    f" bias, the container {'lacks' if bias is None else 'holds'} "
+                                    f"'{name}.bias'")
+            linears[name] = Linear(m, bias)
+    coded = {f"{n}.{p}" for n in linears for p in ("weight", "bias")}
+    for key, value in module.state_dict(keep_vars=True).items():
+        if key in coded or any(key.startswith(f"{n}.") for n in linears):
+            continue
+        if key not in held:
+            raise EntrollmError(f"{path}: the container holds no tensor '{key}'")
+        t = _tensor(container, key)
+        if tuple(t.shape) != tuple(value.shape):
+            raise EntrollmError(f"{path}: tensor '{key}' has shape {tuple(t.shape)}, the "
+                                f"module's {tuple(value.shape)}")
+        tensors[key] = t
+    for name, lin in linears.items():
+        lin._entrollm_container = path
+        if name == "":
+            raise ValueError("load_into takes a module tree, not a lone linear layer")
+        parent, leaf = _parent(module, name)
+        setattr(parent, leaf, lin)
+    with torch.no_grad():
+        state = module.state_dict(keep_vars=True)
+        for key, t in tensors.items():
+            state[key].copy_(t.to(state[key].dtype))
+    module._entrollm_container = path
+    return module
+
+
+def save(module, path, overwrite=False):
+    """Writes the container ``module``'s coded linears were loaded from (:func:`compress_module`
+    or :func:`load_into`) to ``path``, byte for byte, after checking the module still holds it:
+    every coded linear from that container, every other tensor equal to the container's."""
+    src = getattr(module, "_entrollm_container", None)
+    if src is None:
+        raise ValueError("this module was not coded by compress_module or loaded by load_into")
+    container = _native.Container(src)
+    held = set(container.names())
+    for name, sub in module.named_modules():
+        if isinstance(sub, torch.nn.Linear):
+            if f"{name}.weight" in held:
+                raise ValueError(f"module {name} is no longer the coded linear the container holds")
+        elif isinstance(sub, Linear) and getattr(sub, "_entrollm_container", None) != src:
+            raise ValueError(f"module {name} was not loaded from {src}")
+    coded = {n for n, s in module.named_modules() if isinstance(s, Linear)}
+    for key, value in module.state_dict().items():
+        if key.rsplit(".", 1)[0] in coded:
+            continue
+        if key not in held or not torch.equal(_tensor(container, key).to(value.dtype), value):
+            raise ValueError(f"tensor {key} differs from the container's: the module changed "
+                             "since it was coded; compress it again")
+    path = os.fspath(path)
+    if os.path.lexists(path):
+        if not overwrite:
+            raise EntrollmError(f"{path} exists: give overwrite=True to replace it")
+    tmp = tempfile.mkdtemp(prefix=".entrollm-save-", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        out = os.path.join(tmp, "container")
+        shutil.copytree(src, out)
+        if os.path.lexists(path):
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        os.rename(out, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
