@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use std::sync::Once;
 
 mod container;
+mod engine;
 mod forms;
 
 create_exception!(
@@ -70,6 +71,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_class::<forms::Matrix>()?;
     m.add_class::<container::Container>()?;
+    m.add_class::<engine::Tokenizer>()?;
+    m.add_function(wrap_pyfunction!(engine::engine_model, m)?)?;
     m.add_function(wrap_pyfunction!(forms::variants, m)?)?;
     m.add_function(wrap_pyfunction!(forms::form_names, m)?)?;
     m.add("EntrollmError", m.py().get_type::<EntrollmError>())?;

@@ -107,11 +107,12 @@ def linear(x: torch.Tensor, matrix: int, out_features: int,
         y = y.to(x.dtype)
         if bias is not None:
             y = y + bias.to(x.dtype)
-    else:
-        w = torch.empty(m.rows, m.cols, dtype=torch.float32)
-        m.decode_into(w.data_ptr())
-        y = F.linear(x2, w.to(x.dtype), None if bias is None else bias.to(x.dtype))
-    return y.reshape(*lead, m.rows)
+        return y.reshape(*lead, m.rows)
+    w = torch.empty(m.rows, m.cols, dtype=torch.float32)
+    m.decode_into(w.data_ptr())
+    # On the input as it came (not flattened): torch picks its kernel by shape, and this is the
+    # call a torch.nn.Linear makes, so the output is its bit for bit.
+    return F.linear(x, w.to(x.dtype), None if bias is None else bias.to(x.dtype))
 
 
 @linear.register_fake
@@ -288,46 +289,72 @@ def _tensor(container, name):
     return raw.view(_DTYPES[kind]).reshape(shape)
 
 
-def load_into(module, path):
-    """Loads the container at ``path`` into ``module`` (the tree it was compressed from, or one of
-    the same architecture): each ``torch.nn.Linear`` (or :class:`Linear`) whose weight the
-    container holds becomes a :class:`Linear` of that matrix in the form the container stores or
-    records it in; every other parameter and buffer takes the container's values. Everything is
-    read and checked before ``module`` is changed; a tensor the container lacks, or of another
-    shape, is an error naming it. Returns ``module``."""
-    path = os.fspath(path)
-    container = _native.Container(path)
+def _coded_linears(module, container, path):
+    """The coded :class:`Linear` for each linear layer of ``module`` whose matrix the container
+    holds (read and checked, ``module`` unchanged)."""
     held = set(container.names())
-    linears, tensors = {}, {}
+    linears = {}
     for name, sub in module.named_modules():
         if isinstance(sub, (torch.nn.Linear, Linear)) and f"{name}.weight" in held:
+            if name == "":
+                raise ValueError("load_into takes a module tree, not a lone linear layer")
             m = container.matrix(f"{name}.weight")
             if (m.rows, m.cols) != (sub.out_features, sub.in_features):
                 raise EntrollmError(f"{path}: tensor '{name}.weight' is {m.rows}×{m.cols}, the "
                                     f"module's {name} is {sub.out_features}×{sub.in_features}")
             bias = _tensor(container, f"{name}.bias") if f"{name}.bias" in held else None
             if (bias is None) != (sub.bias is None):
-                raise EntrollmError(f"{path}: module {name} {'has' if sub.bias is not None else 'has no'}"
-                                    f" bias, the container {'lacks' if bias is None else 'holds'} "
-                                    f"'{name}.bias'")
+                raise EntrollmError(f"{path}: module {name} "
+                                    f"{'has a' if sub.bias is not None else 'has no'} bias, the "
+                                    f"container {'lacks' if bias is None else 'holds'} '{name}.bias'")
             linears[name] = Linear(m, bias)
-    coded = {f"{n}.{p}" for n in linears for p in ("weight", "bias")}
-    for key, value in module.state_dict(keep_vars=True).items():
-        if key in coded or any(key.startswith(f"{n}.") for n in linears):
+            linears[name]._entrollm_container = path
+    return linears
+
+
+def _other_tensors(module, container, path, coded):
+    """The container's values of every parameter and buffer of ``module`` outside the linear
+    layers ``coded``; a tensor tied to one the container holds (a tied LM head) is left to it."""
+    held = set(container.names())
+    state = module.state_dict(keep_vars=True)
+    by_storage = {}
+    for key, value in state.items():
+        by_storage.setdefault(id(value), []).append(key)
+    tensors = {}
+    for key, value in state.items():
+        if any(key.startswith(f"{n}.") for n in coded):
             continue
         if key not in held:
+            if any(k in held for k in by_storage[id(value)]):
+                continue
             raise EntrollmError(f"{path}: the container holds no tensor '{key}'")
         t = _tensor(container, key)
         if tuple(t.shape) != tuple(value.shape):
             raise EntrollmError(f"{path}: tensor '{key}' has shape {tuple(t.shape)}, the "
                                 f"module's {tuple(value.shape)}")
         tensors[key] = t
+    return tensors
+
+
+def _set_linears(module, linears):
     for name, lin in linears.items():
-        lin._entrollm_container = path
-        if name == "":
-            raise ValueError("load_into takes a module tree, not a lone linear layer")
         parent, leaf = _parent(module, name)
         setattr(parent, leaf, lin)
+
+
+def load_into(module, path):
+    """Loads the container at ``path`` into ``module`` (the tree it was compressed from, or one of
+    the same architecture): each ``torch.nn.Linear`` (or :class:`Linear`) whose weight the
+    container holds becomes a :class:`Linear` of that matrix in the form the container stores or
+    records it in; every other parameter and buffer takes the container's values (one tied to a
+    tensor the container holds, as a tied LM head, follows it). Everything is read and checked
+    before ``module`` is changed; a tensor the container lacks, or of another shape, is an error
+    naming it. Returns ``module``."""
+    path = os.fspath(path)
+    container = _native.Container(path)
+    linears = _coded_linears(module, container, path)
+    tensors = _other_tensors(module, container, path, linears)
+    _set_linears(module, linears)
     with torch.no_grad():
         state = module.state_dict(keep_vars=True)
         for key, t in tensors.items():
