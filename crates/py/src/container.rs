@@ -15,6 +15,9 @@ fn err(e: impl std::fmt::Display) -> PyErr {
     EntrollmError::new_err(e.to_string())
 }
 
+/// A tensor's `(kind, shape, bytes)`.
+type Tensor<'py> = (String, Vec<usize>, Bound<'py, PyBytes>);
+
 #[pyclass(frozen, module = "entrollm._native")]
 pub struct Container {
     src: ContainerSource,
@@ -79,11 +82,7 @@ impl Container {
 
     /// Tensor `name` decoded: `(kind, shape, bytes)` with kind bf16, f16 or f32 (the values as
     /// the source stored them), or `None` where there is no such tensor.
-    fn tensor<'py>(
-        &self,
-        py: Python<'py>,
-        name: &str,
-    ) -> PyResult<Option<(String, Vec<usize>, Bound<'py, PyBytes>)>> {
+    fn tensor<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Option<Tensor<'py>>> {
         crate::pool(None)?;
         let Some(t) = py
             .detach(|| self.src.tensor(name))

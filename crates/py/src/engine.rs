@@ -22,14 +22,14 @@ fn err(e: impl std::fmt::Display) -> PyErr {
 
 type Vectors<'py> = Vec<(String, Bound<'py, PyBytes>)>;
 
+/// What [`engine_model`] returns.
+type EngineModel<'py> = (String, Vec<(String, Matrix)>, Vectors<'py>, Tokenizer);
+
 /// `(config_json, matrices, vectors, tokenizer)`: the HF config, `[(name, Matrix)]` and
 /// `[(name, f32 bytes)]` of the model at `path` (a tied LM head is left out: the config ties it),
 /// and its tokenizer.
 #[pyfunction]
-pub fn engine_model<'py>(
-    py: Python<'py>,
-    path: PathBuf,
-) -> PyResult<(String, Vec<(String, Matrix)>, Vectors<'py>, Tokenizer)> {
+pub fn engine_model<'py>(py: Python<'py>, path: PathBuf) -> PyResult<EngineModel<'py>> {
     crate::pool(None)?;
     let (w, tokenizer) = py
         .detach(|| open_model_with(&path, LoadOptions::default()))
