@@ -4,6 +4,7 @@ weight: batch 1 (the form's fused decode-matvec, within the tolerance the Rust f
 bit), on ragged shapes; lossless forms give back the source bit for bit; torch.compile traces the
 custom op."""
 
+import copy
 import zlib
 
 import pytest
@@ -170,6 +171,8 @@ def test_from_linear_replaces_a_torch_linear():
     with torch.no_grad():
         assert torch.equal(lin(x), src(x))
     assert "form=df11" in repr(lin)
+    twin = copy.deepcopy(lin)
+    assert twin.matrix is lin.matrix and torch.equal(twin(x), lin(x))
 
 
 def test_bad_inputs_are_errors_not_crashes():

@@ -159,6 +159,15 @@ class Linear(torch.nn.Module):
         m = Matrix.encode(form, variant, rows, cols, f"ggml:{ggml_type}", b.data_ptr(), b.numel())
         return cls(m, bias)
 
+    def __deepcopy__(self, memo):
+        # A matrix is immutable: copies share it (a Matrix has no copy of its own).
+        bias = None if self.bias is None else self.bias.detach().clone()
+        new = Linear(self.matrix, bias)
+        new.__dict__.update({k: v for k, v in self.__dict__.items()
+                             if k.startswith("_entrollm")})
+        memo[id(self)] = new
+        return new
+
     @property
     def form(self):
         return self.matrix.form
