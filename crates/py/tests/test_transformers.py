@@ -115,3 +115,17 @@ def test_smollm2_from_its_container_generates_what_entrollm_run_does(tmp_path):
                          eos_token_id=None)
     text = tok.decode(out[0, len(ids):].tolist())
     assert text.strip() and run.stdout.startswith(text), (text, run.stdout)
+
+
+def test_the_forms_a_budget_plans_are_the_modules_forms():
+    src = Path(__file__).resolve().parents[3] / "crates/model/tests/data/families/qwen3-bf16"
+    twin = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
+    got = etf.from_pretrained(src, compress_options={"budget": "1MB", "context": 16})
+    c = entrollm._native.Container(got._entrollm_container)
+    lin = coded(got)
+    recorded = {n: c.form(f"{n}.weight") for n in lin}
+    assert all(recorded.values()), recorded
+    assert {n: (s.form, s.variant) for n, s in lin.items()} == recorded
+    ids = torch.randint(0, twin.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(got(ids).logits, twin(ids).logits)
