@@ -111,21 +111,30 @@ _ENGINE = {}
 
 def _model_keys(model, names):
     """``{container name: the model's key}`` for the tensors transformers renames as it loads
-    them (``embed_out.weight`` → ``lm_head.weight``): its own renaming rules for ``model``."""
+    them (``embed_out.weight`` → ``lm_head.weight``), by its own renaming rules for ``model``;
+    a tensor one of its converters changes (merged, split, permuted) maps to ``None``: it is left
+    to transformers, which converts it."""
     from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightRenaming, rename_source_key
+    from transformers.core_model_loading import (WeightConverter, WeightRenaming,
+                                                 apply_converters, rename_source_key)
 
-    renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
     meta = model.state_dict()
     prefix = getattr(model, "base_model_prefix", None)
-    return {n: rename_source_key(n, renamings, [], prefix, meta)[0] for n in names}
+    out = {}
+    for n in names:
+        key = rename_source_key(n, renamings, [], prefix, meta)[0]
+        out[n] = None if apply_converters(key, converters)[1] is not None else key
+    return out
 
 
 def _coded_names(model, path, container):
     """``{module name: container tensor name}`` of the linear layers of ``model`` whose matrices
     the container holds."""
     keys = _model_keys(model, container.names())
-    by_key = {k: n for n, k in keys.items()}
+    by_key = {k: n for n, k in keys.items() if k is not None}
     return {name: by_key[f"{name}.weight"] for name, sub in model.named_modules()
             if isinstance(sub, torch.nn.Linear) and f"{name}.weight" in by_key}
 
