@@ -189,7 +189,8 @@ pub use crate::forms::dtans::{CodedLinear, GroupScales};
 /// decode-matvec ([`CodedLinear`]), otherwise they are kept decoded.
 pub struct ContainerSource {
     reader: ContainerReader,
-    config: ModelConfig,
+    /// The model's config, or why the engine cannot read one ([`ContainerSource::open_tensors`]).
+    config: std::result::Result<ModelConfig, String>,
     /// How the source checkpoint packed its integer matrices (GPTQ, AWQ, compressed-tensors).
     quant: Option<crate::hf_quant::Scheme>,
     fused: bool,
@@ -198,6 +199,9 @@ pub struct ContainerSource {
     forms: bool,
     /// Tensors are checked against their checksums (off: [`LoadOptions::verify`]).
     verify: bool,
+    /// DFloat11-coded matrices stay coded whether or not they record a form (the engine decodes
+    /// those that record none: its plans start from the dense matrix).
+    df11_coded: bool,
 }
 
 impl ContainerSource {
@@ -205,13 +209,62 @@ impl ContainerSource {
         let reader = ContainerReader::open(dir).map_err(|e| format_err(dir, e))?;
         let (config, quant) = container_config(&reader)?;
         Ok(ContainerSource {
-            config,
+            config: Ok(config),
             quant,
             reader,
             fused,
             forms: false,
             verify: true,
+            df11_coded: false,
         })
+    }
+
+    /// A container read tensor by tensor, whatever it holds (a model of an architecture the
+    /// engine does not run, or no model: any module's tensors), for callers that build the model
+    /// themselves (the Python package). Coded matrices stay coded, those recording a form are
+    /// served in it ([`ContainerSource::matrix`]), everything is checked against its checksum.
+    pub fn open_tensors(dir: &Path) -> Result<Self> {
+        let reader = ContainerReader::open(dir).map_err(|e| format_err(dir, e))?;
+        let has_config = reader
+            .manifest()
+            .verbatim
+            .iter()
+            .any(|f| f.name == "config.json");
+        let (config, quant) = match has_config {
+            true => match container_config(&reader) {
+                Ok((c, q)) => (Ok(c), q),
+                // Not a model the engine runs: its tensors are still served.
+                Err(e) => (Err(e.to_string()), None),
+            },
+            false => (Err("the container has no config.json".to_string()), None),
+        };
+        Ok(ContainerSource {
+            config,
+            quant,
+            reader,
+            fused: true,
+            forms: true,
+            verify: true,
+            df11_coded: true,
+        })
+    }
+
+    /// Matrix `name` (a 2-D tensor) as [`TensorSource::tensor`] serves it, in the form the
+    /// container records for it where it records one (re-formed where it is stored otherwise);
+    /// `None` where the container has no such tensor.
+    pub fn matrix(&self, name: &str) -> Result<Option<Arc<dyn Linear>>> {
+        let Some(t) = self.tensor(name)? else {
+            return Ok(None);
+        };
+        let m = crate::weights::host_matrix(name, t)?;
+        let Some(f) = self.reader.form(name) else {
+            return Ok(Some(m));
+        };
+        let form =
+            crate::forms::by_name(&f.form).map_err(|e| ModelError::tensor(name, e.to_string()))?;
+        crate::forms::reform(&m, form, &f.variant)
+            .map(Some)
+            .map_err(|e| ModelError::tensor(name, format!("serving form {}: {e}", f.form)))
     }
 
     pub fn reader(&self) -> &ContainerReader {
@@ -272,7 +325,7 @@ impl ContainerSource {
 
 impl TensorSource for ContainerSource {
     fn config(&self) -> Result<ModelConfig> {
-        Ok(self.config.clone())
+        self.config.clone().map_err(ModelError::Config)
     }
     fn tensor(&self, name: &str) -> Result<Option<HostTensor>> {
         if !self.reader.names().any(|n| n == name) {
@@ -340,7 +393,9 @@ impl TensorSource for ContainerSource {
                         Ok(Some(HostTensor::Linear(Arc::new(m))))
                     }
                     Coded::Df11(coded)
-                        if self.forms && t.shape.len() == 2 && self.reader.form(name).is_some() =>
+                        if t.shape.len() == 2
+                            && (self.df11_coded
+                                || self.forms && self.reader.form(name).is_some()) =>
                     {
                         let m = crate::forms::df11::Df11Linear::new(t.shape[0], t.shape[1], coded)
                             .map_err(|e| ModelError::tensor(name, e.to_string()))?;

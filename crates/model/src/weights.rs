@@ -1457,7 +1457,7 @@ fn expect_vector(name: &str, v: &[f32], len: usize) -> Result<()> {
 }
 
 /// A loader's 2-D tensor as a [`Linear`] in its stored precision.
-fn host_matrix(name: &str, t: HostTensor) -> Result<Arc<dyn Linear>> {
+pub fn host_matrix(name: &str, t: HostTensor) -> Result<Arc<dyn Linear>> {
     let dims = |shape: &[usize]| -> Result<(usize, usize)> {
         match *shape {
             [rows, cols] => Ok((rows, cols)),

@@ -8,6 +8,10 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use std::sync::Once;
 
+mod container;
+mod engine;
+mod forms;
+
 create_exception!(
     _native,
     EntrollmError,
@@ -45,7 +49,7 @@ fn cli(py: Python<'_>, args: Vec<String>) -> PyResult<()> {
 
 /// The worker pool, built once a process: its size is the first call's `threads` (or every
 /// core); a later call that asks for a different size is refused rather than silently ignored.
-fn pool(threads: Option<usize>) -> PyResult<()> {
+pub(crate) fn pool(threads: Option<usize>) -> PyResult<()> {
     static BUILT: Once = Once::new();
     let mut result = Ok(());
     BUILT.call_once(|| result = entrollm::build_pool(threads));
@@ -65,6 +69,12 @@ fn pool(threads: Option<usize>) -> PyResult<()> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_class::<forms::Matrix>()?;
+    m.add_class::<container::Container>()?;
+    m.add_class::<engine::Tokenizer>()?;
+    m.add_function(wrap_pyfunction!(engine::engine_model, m)?)?;
+    m.add_function(wrap_pyfunction!(forms::variants, m)?)?;
+    m.add_function(wrap_pyfunction!(forms::form_names, m)?)?;
     m.add("EntrollmError", m.py().get_type::<EntrollmError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -77,6 +77,10 @@ impl Form for DenseForm {
         });
         Ok(out)
     }
+    /// The values as they are where that is a variant, else widened.
+    fn default_variant(&self, src: &Source) -> Result<Option<String>> {
+        Ok(self.variants(src)?.into_iter().next().map(|c| c.variant))
+    }
     fn predict(&self, src: &Source, variant: &str) -> Result<f64> {
         self.variants(src)?
             .into_iter()

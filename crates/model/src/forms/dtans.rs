@@ -306,6 +306,24 @@ impl Form for DtansForm {
         }
         Ok(out)
     }
+    /// The smallest pruned coding, else (no coding beats the plain matrix) the codec's own
+    /// choice of coding and slice width.
+    fn default_variant(&self, src: &Source) -> Result<Option<String>> {
+        let smallest = self
+            .variants(src)?
+            .into_iter()
+            .min_by(|a, b| a.predicted_bytes.total_cmp(&b.predicted_bytes));
+        if let Some(c) = smallest {
+            return Ok(Some(c.variant));
+        }
+        let Some((payload, codes, _)) = symbols(src) else {
+            return Ok(None);
+        };
+        let (c, _) =
+            entrollm_codec::dtans::choose_coding_and_width(payload, src.rows, src.cols, &codes)
+                .map_err(|e| ModelError::Unsupported(format!("dtans: {e}")))?;
+        Ok(Some(c.to_string()))
+    }
     fn predict(&self, src: &Source, variant: &str) -> Result<f64> {
         let coding = parse(variant)?;
         // A GGUF tensor's blocks taken apart once, for its symbols and its scales.

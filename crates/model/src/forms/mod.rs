@@ -308,6 +308,20 @@ pub trait Form: Send + Sync {
     /// The predicted stored bytes of `src` in `variant` (for other matrices of a launch whose
     /// variants were chosen on its first one).
     fn predict(&self, src: &Source, variant: &str) -> Result<f64>;
+    /// The variant `src` is encoded in where a caller names the form but no variant (the Python
+    /// modules): the smallest of [`variants`](Self::variants), else, where none would make `src`
+    /// smaller, the form's own choice for it; `None` where the form cannot hold `src`.
+    fn default_variant(&self, src: &Source) -> Result<Option<String>> {
+        let smallest = self
+            .variants(src)?
+            .into_iter()
+            .min_by(|a, b| a.predicted_bytes.total_cmp(&b.predicted_bytes));
+        Ok(match smallest {
+            Some(c) => Some(c.variant),
+            // A form without variants: its one encoding.
+            None => self.accepts(src).then(String::new),
+        })
+    }
     /// `src` in this form, exactly.
     fn encode(&self, src: &Source, variant: &str) -> Result<Arc<dyn Linear>>;
     /// Default latency model, µs of one batch-1 product: streaming `bytes` plus the form's decode
@@ -651,5 +665,23 @@ mod tests {
         // Dense copies the rows itself: the same as the rows gathered from the whole.
         assert_eq!(s, src.gather_rows(&picked).unwrap());
         assert!(m.source_rows(&[rows]).is_err());
+    }
+
+    /// A matrix too small for any coding to pay still gets a variant from every form that holds
+    /// it, and that variant encodes it exactly.
+    #[test]
+    fn default_variants_encode_what_the_form_holds() {
+        let mut rng = Rng::new(3);
+        for (rows, cols) in [(1, 64), (3, 320), (64, 512)] {
+            let src = bf16_source(&mut rng, rows, cols, 0.05);
+            for form in all() {
+                match form.default_variant(&src).unwrap() {
+                    Some(v) => {
+                        check_variant(*form, &src, &v, &mut rng);
+                    }
+                    None => assert!(!form.accepts(&src), "{}", form.name()),
+                }
+            }
+        }
     }
 }
