@@ -1573,7 +1573,10 @@ fn lossy_containers_code_at_the_rate_asked_and_restore_their_reconstruction() {
         "-o",
         src.to_str().unwrap(),
     ]);
-    for q in ["tcq8", "e8"] {
+    // Tile quantisers (served by their tile decoder) and scalar ones (served by the dtANS form's
+    // fused product of their codes).
+    for q in ["tcq8", "e8", "int", "fp8"] {
+        let scalar = matches!(q, "int" | "fp8");
         let c = d.join(format!("c-{q}"));
         let back = d.join(format!("back-{q}"));
         let out = ok(&[
@@ -1589,14 +1592,19 @@ fn lossy_containers_code_at_the_rate_asked_and_restore_their_reconstruction() {
             q,
         ]);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(&format!("coded with {q} at 4 bits")), "{err}");
+        let named = if q == "int" { "int-g128" } else { q };
+        assert!(
+            err.contains(&format!("coded with {named} at 4 bits")),
+            "{err}"
+        );
         let out = ok(&["inspect", c.to_str().unwrap(), "--json"]);
         assert!(String::from_utf8_lossy(&out.stderr).contains("lossy container"));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let mut lossy = 0;
         for t in v["tensors"].as_array().unwrap() {
             let name = t["name"].as_str().unwrap();
-            if t["coder"] == "lossy" {
+            if t["coder"] == "lossy" || t["coder"] == "dtans-scalar" {
+                assert_eq!(t["coder"] == "dtans-scalar", scalar, "{name}");
                 lossy += 1;
                 let bpw = t["bits_per_weight"].as_f64().unwrap();
                 assert!((bpw / 4.0 - 1.0).abs() < 0.01, "{name}: {bpw}");
@@ -1629,8 +1637,10 @@ fn lossy_containers_code_at_the_rate_asked_and_restore_their_reconstruction() {
                 let s: f64 = x.iter().map(|p| p * p).sum();
                 let rel = (e / s).sqrt();
                 // 4 bits: about 2^-4 (6.25 %), plus the quantiser's gap, BF16 rounding and the
-                // metadata of matrices this small (row scales, tables: ~0.3 bit a weight).
-                assert!(rel > 0.03 && rel < 0.12, "{}: {rel}", t.name);
+                // metadata of matrices this small (row scales, tables: ~0.3 bit a weight; the
+                // dtANS lanes' states and padding of 192-column rows cost scalar codes ~0.8 bit).
+                let most = if scalar { 0.17 } else { 0.12 };
+                assert!(rel > 0.03 && rel < most, "{q} {}: {rel}", t.name);
             } else {
                 assert!(t.bytes == r.bytes, "{} is not exact", t.name);
             }
@@ -1645,23 +1655,33 @@ fn lossy_containers_code_at_the_rate_asked_and_restore_their_reconstruction() {
                 build_model(&ContainerSource::open(&c, false).unwrap()).unwrap(),
                 build_model(&SafetensorsSource::open(&back).unwrap()).unwrap(),
             ];
-            assert_eq!(models[0].layers[0].q.form().form, "lossy");
+            let form = if scalar { "dtans" } else { "lossy" };
+            assert_eq!(models[0].layers[0].q.form().form, form);
             let prompt: Vec<u32> = (0..10).map(|i| (i * 37 + 5) % 1000).collect();
             let logits: Vec<Vec<f32>> = models
                 .into_iter()
                 .map(|w| Engine::new(w, 32).unwrap().prefill(&prompt).unwrap())
                 .collect();
             let scale = logits[0].iter().map(|x| x.abs()).fold(0f32, f32::max);
-            for l in &logits[1..] {
+            // Scalar codes are multiplied as scale × code, exactly; the reconstruction the
+            // container decodes to is that rounded to BF16 (2^-9 of a weight at most).
+            let tol = if scalar { 2e-2 } else { 1e-4 };
+            for (i, l) in logits.iter().enumerate().skip(1) {
                 let diff = l
                     .iter()
                     .zip(&logits[0])
                     .map(|(a, b)| (a - b).abs())
                     .fold(0f32, f32::max);
-                assert!(
-                    diff <= 1e-4 * scale.max(1.0),
-                    "{q}: logits differ by {diff}"
-                );
+                assert!(diff <= tol * scale.max(1.0), "{q}: logits differ by {diff}");
+                // Decoded at load and restored: the same values, the same logits.
+                if i == 2 {
+                    let d = l
+                        .iter()
+                        .zip(&logits[1])
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(d <= 1e-4 * scale.max(1.0), "{q}: {d}");
+                }
             }
         }
         // The restored checkpoint is a checkpoint like any other.
@@ -1693,7 +1713,8 @@ fn lossy_containers_code_at_the_rate_asked_and_restore_their_reconstruction() {
             "-o",
             out.to_str().unwrap(),
         ]);
-        assert!(err.contains("model.layers."), "{err}");
+        // (Where the middle of the shard falls depends on the quantiser's sizes.)
+        assert!(err.contains("tensor 'model."), "{err}");
         assert!(!out.exists(), "no partial output");
     }
     let e = fails(&[
