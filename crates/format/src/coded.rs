@@ -1656,6 +1656,72 @@ mod tests {
         }
     }
 
+    /// A scalar-quantised matrix through the container's arrays and params and back (scales raw
+    /// and dtANS-coded); params or arrays that disagree with the tensor are errors, not panics.
+    #[test]
+    fn scalar_codes_round_trip_and_hostile_params_are_errors() {
+        use entrollm_codec::lossy::scalar::{encode, Scalar};
+        let mut s = 0x1234_5678u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for (rows, cols, q) in [
+            (64, 256, Scalar::Fp8),
+            (
+                256,
+                512,
+                Scalar::Int {
+                    group: 32,
+                    dead_zone: 0.0,
+                },
+            ),
+        ] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| next() + next() + next()).collect();
+            let (tensor, _) = encode(&w, rows, cols, q, 3.0, None).unwrap();
+            let coded = Coded::Scalar(ScalarCoded {
+                dtype: Dtype::BF16,
+                tensor,
+            });
+            let want = coded.decode().unwrap();
+            let arrays = coded.arrays();
+            let params = coded.params(json!({}));
+            let back = Coded::from_stored(
+                Dtype::BF16,
+                &[rows, cols],
+                &stored(&coded, &arrays, &params),
+            )
+            .unwrap();
+            assert_eq!(back.decode().unwrap(), want);
+            assert_eq!(back.stored_bytes(), coded.stored_bytes());
+            let fails = |dtype: Dtype, shape: &[usize], params: &Value| {
+                Coded::from_stored(dtype, shape, &stored(&coded, &arrays, params)).is_err()
+            };
+            assert!(fails(Dtype::U8, &[rows, cols], &params));
+            assert!(fails(Dtype::BF16, &[rows, cols + 1], &params));
+            for (key, bad) in [
+                ("group", json!(7)),
+                ("group", json!(0)),
+                ("group", json!("x")),
+                ("quantizer", json!("e8")),
+                (
+                    "scales",
+                    json!({"n": 1usize << 40, "stream": params["codes"].clone()}),
+                ),
+            ] {
+                let mut p = params.clone();
+                p[key] = bad;
+                assert!(fails(Dtype::BF16, &[rows, cols], &p), "{key}");
+            }
+            // A quantiser that disagrees with the codes' payload.
+            let mut p = params.clone();
+            p["quantizer"] = json!(if q == Scalar::Fp8 { "int-g32" } else { "fp8" });
+            assert!(fails(Dtype::BF16, &[rows, cols], &p));
+        }
+    }
+
     /// Blocks of every type with few distinct scales (as a quantiser's are: a narrow range of
     /// magnitudes), random code bytes; rows × cols weights.
     fn blocks(block: BlockType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
