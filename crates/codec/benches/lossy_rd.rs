@@ -117,7 +117,9 @@ fn code(w: &[f32], rows: usize, cols: usize, q: Q, b: f64, o: &Options) -> (f64,
             };
             Coded::Tiles(LossyTensor::encode(w, rows, cols, &o).expect("encode").0)
         }
-        Q::Scalar(q) => Coded::Scalar(scalar::encode(w, rows, cols, q, b, None).expect("encode").0),
+        Q::Scalar(q) => Coded::Scalar(Box::new(
+            scalar::encode(w, rows, cols, q, b, None).expect("encode").0,
+        )),
     };
     (t.bits_per_weight(), t.decode())
 }
@@ -239,11 +241,11 @@ fn main() {
                             };
                             Coded::Tiles(LossyTensor::encode(&w, rows, cols, &o).expect("encode").0)
                         }
-                        Q::Scalar(s) => Coded::Scalar(
+                        Q::Scalar(s) => Coded::Scalar(Box::new(
                             scalar::encode(&w, rows, cols, s, b, None)
                                 .expect("encode")
                                 .0,
-                        ),
+                        )),
                     };
                     let enc = t0.elapsed().as_secs_f64();
                     let t1 = Instant::now();
@@ -267,7 +269,7 @@ fn main() {
 
 enum Coded {
     Tiles(LossyTensor),
-    Scalar(scalar::ScalarTensor),
+    Scalar(Box<scalar::ScalarTensor>),
 }
 
 impl Coded {

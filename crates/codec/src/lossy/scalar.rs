@@ -80,10 +80,10 @@ impl Scalar {
         }
     }
 
-    /// The knob's search range (log2) for `w`: the rate falls as the knob grows. Below the
-    /// range's start the largest weight of some group would clip (at code ±127, or FP8's 448),
-    /// and clipping *lowers* the rate again, so the start is where the largest |w| / RMS of a
-    /// group just fits.
+    /// The knob's search range (log2) for `w`: the rate falls as the knob grows. A group's step
+    /// never goes below the one at which its largest weight just fits the codes (±127, or FP8's
+    /// 448: clipping would *lower* the rate again), so below the range's start, where every group
+    /// is at that limit, nothing changes.
     fn knob_range(self, w: &[f32], cols: usize) -> (f64, f64) {
         let group = self.group(cols);
         let crest = w
@@ -98,8 +98,9 @@ impl Scalar {
                     0.0
                 }
             })
-            .reduce(|| 0.0, f64::max)
-            .max(1.0);
+            .filter(|&c| c > 0.0)
+            .reduce(|| f64::INFINITY, f64::min)
+            .clamp(1.0, 1e6);
         let top = match self {
             Scalar::Int { .. } => 126.5,
             Scalar::Fp8 => 448.0,
@@ -534,7 +535,9 @@ fn quantize_in(
                         let rms = (wg.iter().map(|&v| v as f64 * v as f64).sum::<f64>()
                             / group as f64)
                             .sqrt() as f32;
-                        let step = knob * rms;
+                        // Never so fine that the group's largest weight would clip.
+                        let max = wg.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        let step = (knob * rms).max(max / (hi as f32 + 0.49));
                         if !(step > 0.0 && step.is_finite()) {
                             qg.fill(0);
                             *s = 0;
@@ -583,7 +586,8 @@ fn quantize_in(
                 .for_each(|((cr, s), wr)| {
                     let rms = (wr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64)
                         .sqrt() as f32;
-                    let scale = knob * rms;
+                    let max = wr.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let scale = (knob * rms).max(max / 448.0);
                     if !(scale > 0.0 && scale.is_finite()) {
                         cr.fill(0);
                         s[0] = 0;
@@ -651,6 +655,9 @@ fn solve(range: (f64, f64), target: f64, bits: impl Fn(f64) -> f64) -> f64 {
     0.5 * (lo + hi)
 }
 
+/// A coded knob and its stored bits a weight.
+type Seen = (f64, f64);
+
 /// Codes `w` with `q` at `bits` stored bits a weight (codes and scales, every byte counted).
 /// The knob is solved on code histograms: on sampled rows' entropy plus the dtANS size
 /// predictor's excess measured on the whole matrix, then on the whole matrix's entropy plus the
@@ -715,11 +722,17 @@ pub fn encode(
     // Then on the whole matrix's predicted size in one coding (its size is then continuous in the
     // knob, where the choice of coding would jump), the integer payload fixed with it.
     let first = c.expect("two rounds");
-    let (coding, _) = choose_coding_and_width(first.payload, rows, cols, &first.codes)?;
-    let int_bits = match first.payload {
-        Payload::Int(b) => Some(b),
+    // Integer codes get the bits they need half an octave finer than the estimate, so that the
+    // search below is not capped by them.
+    let int_bits = match quantize(w, rows, cols, q, k - 0.5, col_weights).payload {
+        Payload::Int(b) => Some(b.max(match first.payload {
+            Payload::Int(f) => f,
+            _ => 2,
+        })),
         _ => None,
     };
+    let first = quantize_in(w, rows, cols, q, k, col_weights, int_bits);
+    let (coding, _) = choose_coding_and_width(first.payload, rows, cols, &first.codes)?;
     let at = |k: f64| quantize_in(w, rows, cols, q, k, col_weights, int_bits);
     // The whole matrix's code entropy is smooth and monotone in the knob; the coder's excess over
     // it (and the scales) changes slowly, so it is an offset: first the predictor's, then what the
@@ -729,7 +742,7 @@ pub fn encode(
     let mut passes = 0;
     let mut best: Option<(f64, ScalarTensor, ScalarCodes)> = None;
     // Stored sizes seen below the knob that overshoots and above the one that undershoots.
-    let (mut over, mut under): (Option<(f64, f64)>, Option<(f64, f64)>) = (None, None);
+    let (mut over, mut under): (Option<Seen>, Option<Seen>) = (None, None);
     loop {
         k = match (over, under) {
             // Bracketed: interpolate the stored size (a fixed coding's size is smooth in the knob).
@@ -938,6 +951,33 @@ mod tests {
                     let got = t.bits_per_weight();
                     assert!((got - bits).abs() <= 0.01 * bits, "{q} {bits}: {got}");
                 }
+            }
+        }
+    }
+
+    /// One outlier group (as real matrices have) neither caps the rate nor clips: its step stops
+    /// where its largest weight fits while the others' go finer.
+    #[test]
+    fn an_outlier_does_not_cap_the_rate() {
+        let mut rng = Rng(23);
+        let (rows, cols) = (384, 1536);
+        let mut w = gaussian(&mut rng, rows * cols, 0.02);
+        w[777] = 3.0;
+        for q in [
+            Scalar::Fp8,
+            Scalar::Int {
+                group: 128,
+                dead_zone: 0.0,
+            },
+        ] {
+            // FP8 codes of Gaussian rows carry at most about 6.6 bits.
+            let top = if q == Scalar::Fp8 { 6.0 } else { 7.0 };
+            for bits in [2.0, 6.0, top] {
+                let (t, _) = encode(&w, rows, cols, q, bits, None).unwrap();
+                let got = t.bits_per_weight();
+                assert!((got - bits).abs() <= 0.01 * bits, "{q} {bits}: {got}");
+                let back = t.decode().unwrap();
+                assert!((back[777] - 3.0).abs() < 0.05, "{q} {bits}: {}", back[777]);
             }
         }
     }
