@@ -512,14 +512,14 @@ fn code_scalar(
 #[derive(Clone)]
 enum Reconstructed {
     Tiles(LossyCoded),
-    Scalar(ScalarCoded),
+    Scalar(Box<ScalarCoded>),
 }
 
 impl Reconstructed {
     fn of(c: &Coded) -> Option<Reconstructed> {
         match c {
             Coded::Lossy(l) => Some(Reconstructed::Tiles(l.clone())),
-            Coded::Scalar(s) => Some(Reconstructed::Scalar(s.clone())),
+            Coded::Scalar(s) => Some(Reconstructed::Scalar(Box::new(s.clone()))),
             _ => None,
         }
     }
