@@ -1741,6 +1741,79 @@ fn lossy_containers_code_at_the_rate_asked_and_restore_their_reconstruction() {
     assert!(e.contains("--quantizer"), "{e}");
 }
 
+/// `compress --bits --quantizer int|fp8` of a GGUF's float matrices: a GGUF container whose lossy
+/// matrices load kept coded in the dtans form (and decoded at load), giving the same logits within
+/// the reconstruction's rounding, and restoring to a GGUF.
+#[test]
+fn scalar_lossy_gguf_containers_serve_their_codes_kept_coded() {
+    use entrollm_model::load::open_weights;
+    use entrollm_model::Engine;
+    let gguf =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/gguf_tiny_llama.gguf");
+    let d = tmp("scalar-gguf");
+    for q in ["int", "fp8"] {
+        let c = d.join(format!("c-{q}"));
+        let flags = ["--bits", "5", "--quantizer", q, "--group", "32"];
+        let mut args = vec![
+            "compress",
+            gguf.to_str().unwrap(),
+            "-o",
+            c.to_str().unwrap(),
+            "--min-elements",
+            "1024",
+            "--allocate",
+            "uniform",
+        ];
+        args.extend_from_slice(&flags);
+        ok(&args);
+        let v: serde_json::Value =
+            serde_json::from_slice(&ok(&["inspect", c.to_str().unwrap(), "--json"]).stdout)
+                .unwrap();
+        let scalar: Vec<&str> = v["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["coder"] == "dtans-scalar")
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert!(scalar.contains(&"blk.0.ffn_up.weight"), "{q}: {scalar:?}");
+        let (coded, decoded) = (
+            open_weights(&c, true).unwrap(),
+            open_weights(&c, false).unwrap(),
+        );
+        assert_eq!(
+            coded.layers[0].mlp.gated().unwrap().up.form().form,
+            "dtans",
+            "{q}"
+        );
+        assert_ne!(
+            decoded.layers[0].mlp.gated().unwrap().up.form().form,
+            "dtans",
+            "{q}"
+        );
+        let prompt: Vec<u32> = (0..6).map(|i| (i * 13 + 3) % 90).collect();
+        let logits: Vec<Vec<f32>> = [coded, decoded]
+            .into_iter()
+            .map(|w| Engine::new(w, 16).unwrap().prefill(&prompt).unwrap())
+            .collect();
+        let scale = logits[0].iter().map(|x| x.abs()).fold(1f32, f32::max);
+        let diff = logits[0]
+            .iter()
+            .zip(&logits[1])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        // F32 matrices: the reconstruction is exactly scale × code; F16 ones round it.
+        assert!(diff <= 1e-2 * scale, "{q}: logits differ by {diff}");
+        let back = d.join(format!("back-{q}"));
+        ok(&[
+            "decompress",
+            c.to_str().unwrap(),
+            "-o",
+            back.to_str().unwrap(),
+        ]);
+    }
+}
+
 /// `--tile-weights` sets the lossy tile size: smaller tiles are stored (and still hit the rate),
 /// and a size out of range is refused with the range before anything is written.
 #[test]
