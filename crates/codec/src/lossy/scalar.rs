@@ -663,7 +663,7 @@ type Seen = (f64, f64);
 /// predictor's excess measured on the whole matrix, then on the whole matrix's entropy plus the
 /// excess its coding showed; once a coding has landed on both sides of the rate, by interpolating
 /// the two. Most matrices are coded once or twice (small ones, whose overheads the predictor
-/// misses by more, up to six times). An unreachable rate is an error naming the range.
+/// misses by more, up to ten times). An unreachable rate is an error naming the range.
 pub fn encode(
     w: &[f32],
     rows: usize,
@@ -745,8 +745,13 @@ pub fn encode(
     let (mut over, mut under): (Option<Seen>, Option<Seen>) = (None, None);
     loop {
         k = match (over, under) {
-            // Bracketed: interpolate the stored size (a fixed coding's size is smooth in the knob).
-            (Some((ka, sa)), Some((kb, sb))) => ka + (kb - ka) * (sa - bits) / (sa - sb),
+            // Bracketed: interpolate the stored size (a fixed coding's size is smooth in the
+            // knob), every third pass halving the bracket instead, so that a bend in the size
+            // cannot stall the interpolation at one end.
+            (Some((ka, sa)), Some((kb, sb))) if passes % 3 != 2 => {
+                ka + (kb - ka) * (sa - bits) / (sa - sb)
+            }
+            (Some((ka, _)), Some((kb, _))) => 0.5 * (ka + kb),
             _ => {
                 // Bisection on the entropy within a bracket about the estimate, widened as needed.
                 let target = bits - offset;
@@ -784,7 +789,7 @@ pub fn encode(
         if best.as_ref().is_none_or(|b| miss < b.0) {
             best = Some((miss, t, codes));
         }
-        if passes == 6 || miss <= STORED_TOL * bits {
+        if passes == 10 || miss <= STORED_TOL * bits {
             break;
         }
     }
