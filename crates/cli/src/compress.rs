@@ -5,14 +5,13 @@ use crate::budget::{BudgetArgs, Target};
 use crate::progress;
 use anyhow::{anyhow, bail, Context, Result};
 use entrollm_codec::dtans::Coding;
-use entrollm_codec::lossy::Quantizer;
 use entrollm_format::Dtype;
 use entrollm_format::FormEntry;
 use entrollm_model::calib::Calibration;
 use entrollm_model::coding_plan::CodingPlan;
 use entrollm_model::compress::{
     compress, lossy_eligible, plan_lossy, Coder, CompressOptions, LossyOptions, LossyPlanning,
-    Progress, SourceKind,
+    LossyQuantizer, Progress, SourceKind,
 };
 use entrollm_model::load::{open_weights_with, LoadOptions};
 use entrollm_model::rates::BitsFile;
@@ -83,9 +82,21 @@ pub struct Args {
     rdo: usize,
     /// With --bits or --allow-lossy, the quantiser: tcqN (entropy-coded trellis-coded quantisation, N = 4 … 256
     /// states: more states code closer to the bound and encode slower) or e8 (EntroPack's E8
-    /// lattice, about 0.1 bit further from the bound, faster to encode).
-    #[arg(long, default_value = "tcq32", value_name = "tcqN|e8")]
+    /// lattice, about 0.1 bit further from the bound, faster to encode): lossy tiles, decoded by
+    /// their own tile decoder. Or, served by the fused dtANS products as they are (fast): int
+    /// (a uniform integer grid with one f16 scale per --group columns) or fp8 (FP8 E4M3 codes,
+    /// one scale per row); each matrix's grid is chosen so that its codes *entropy-coded* (and
+    /// its scales) take R bits a weight.
+    #[arg(long, default_value = "tcq32", value_name = "tcqN|e8|int|fp8")]
     quantizer: String,
+    /// With --quantizer int: columns a scale covers (rows must hold whole groups; narrower rows
+    /// are one group).
+    #[arg(long, default_value_t = entrollm_codec::lossy::scalar::INT_GROUP, value_name = "N", requires = "lossy")]
+    group: usize,
+    /// With --quantizer int: weights within (0.5 + F) steps of zero are coded 0 (0 to 0.5; 0:
+    /// plain rounding). A dead zone lowers the codes' entropy at low rates.
+    #[arg(long, default_value_t = 0.0, value_name = "F", requires = "lossy")]
+    dead_zone: f32,
     /// With --bits or --allow-lossy, the weights a tile holds at least (whole rows), 1024 to 32768: smaller tiles
     /// decode faster on a GPU (more of them at once) and cost 132 bytes each, about 0.13 bit a
     /// weight at 8192.
@@ -154,9 +165,10 @@ fn options(a: &Args) -> Result<CompressOptions> {
     })
 }
 
-/// `--quantizer`.
-fn quantizer(a: &Args) -> Result<Quantizer> {
-    a.quantizer.parse().map_err(|e| anyhow!("--quantizer: {e}"))
+/// `--quantizer` (with `--group` and `--dead-zone`).
+fn quantizer(a: &Args) -> Result<LossyQuantizer> {
+    LossyQuantizer::parse(&a.quantizer, a.group, a.dead_zone)
+        .map_err(|e| anyhow!("--quantizer {}: {e}", a.quantizer))
 }
 
 /// Lossy coding at an average of `bits` (`--bits`, or the rate `--allow-lossy` planned).
@@ -171,6 +183,12 @@ fn lossy_options(a: &Args, bits: f64) -> Result<LossyOptions> {
 /// The launches `--allow-lossy` may code lossily: those whose every matrix `--bits` would code.
 fn lossy_offer(a: &Args, w: &entrollm_model::ModelWeights) -> Result<LossyOffer> {
     let q = quantizer(a)?;
+    if let LossyQuantizer::Scalar(_) = q {
+        bail!(
+            "--allow-lossy plans the lossy tile form (--quantizer tcqN or e8); --quantizer {q} is \
+             given a rate with --bits R"
+        );
+    }
     let dtype = |kind: &str| match kind {
         "bf16" => Some(Dtype::BF16),
         "f16" => Some(Dtype::F16),

@@ -39,6 +39,16 @@ fn coding_label(coder: &str, p: &Value) -> String {
             p["stats"]["target_bits"],
             100.0 * p["stats"]["rel_l2"].as_f64().unwrap_or(f64::NAN)
         ),
+        "dtans-scalar" => format!(
+            "lossy {} at {:.3} bits (target {}; codes {:.3} bits of entropy, dtANS {}), \
+             relative L2 error {:.2} %",
+            p["quantizer"].as_str().unwrap_or("?"),
+            p["bits_per_weight"].as_f64().unwrap_or(f64::NAN),
+            p["stats"]["target_bits"],
+            p["stats"]["code_entropy"].as_f64().unwrap_or(f64::NAN),
+            p["codes"]["payload"],
+            100.0 * p["stats"]["rel_l2"].as_f64().unwrap_or(f64::NAN)
+        ),
         "dtans-blocks" => format!("dtans-blocks {}", p["type"].as_str().unwrap_or("?")),
         "rans-floats" => format!(
             "rans-floats: codes {}, raw bytes as stored",

@@ -7,6 +7,7 @@ use crate::kquants::{FieldKind, KType, Split};
 use crate::{Dtype, FormatError, Result};
 use entrollm_codec::df11::Df11Tensor;
 use entrollm_codec::dtans::{DtansParams, DtansTensor};
+use entrollm_codec::lossy::scalar::{Scalar, ScaleStore};
 use entrollm_codec::lossy::LossyTensor;
 use entrollm_codec::rans::RansStream;
 use entrollm_codec::{CodecError, Payload};
@@ -22,6 +23,7 @@ pub const LOSSY: &str = "lossy";
 pub const DTANS_BLOCKS: &str = "dtans-blocks";
 pub const RANS_FIELDS: &str = "rans-fields";
 pub const RANS_FLOATS: &str = "rans-floats";
+pub const DTANS_SCALAR: &str = "dtans-scalar";
 
 /// A tensor in one of the codec's coded forms.
 pub enum Coded {
@@ -39,6 +41,45 @@ pub enum Coded {
     Fields(FieldsCoded),
     /// A 16-bit float matrix as rANS over its codes beside its raw bytes (narrow matrices).
     Floats(FloatsCoded),
+    /// A float matrix coded lossily by a scalar quantiser (`compress --quantizer int|fp8`): its
+    /// codes dtANS-coded as the fused products serve them, with group scales; it decodes to its
+    /// reconstruction, as [`Coded::Lossy`] does.
+    Scalar(ScalarCoded),
+}
+
+/// A scalar-quantised matrix and the float dtype it decodes to.
+#[derive(Clone, Debug)]
+pub struct ScalarCoded {
+    pub dtype: Dtype,
+    pub tensor: entrollm_codec::lossy::scalar::ScalarTensor,
+}
+
+impl ScalarCoded {
+    /// The reconstruction as bytes of `dtype` (rounded to nearest, halves saturated).
+    pub fn decode(&self) -> entrollm_codec::Result<Vec<u8>> {
+        reconstruction_bytes(self.dtype, &self.tensor.decode()?)
+    }
+}
+
+/// A lossy reconstruction as bytes of `dtype`: rounded to nearest, saturated to the dtype's range
+/// (a point can land past the largest finite half).
+fn reconstruction_bytes(dtype: Dtype, v: &[f32]) -> entrollm_codec::Result<Vec<u8>> {
+    Ok(match dtype {
+        Dtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Dtype::BF16 => v
+            .iter()
+            .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes())
+            .collect(),
+        Dtype::F16 => v
+            .iter()
+            .flat_map(|&x| saturated_f16(x).to_bits().to_le_bytes())
+            .collect(),
+        d => {
+            return Err(CodecError::Unsupported(format!(
+                "a lossy matrix decodes to F32, BF16 or F16, not {d:?}"
+            )))
+        }
+    })
 }
 
 /// `x` as the nearest half, saturated at ±65504 (a lossy point can land past the largest one).
@@ -107,23 +148,7 @@ impl LossyCoded {
     /// The reconstruction as bytes of `dtype`: rounded to nearest, saturated to the dtype's range
     /// (a point can land past the largest finite half).
     pub fn decode(&self) -> entrollm_codec::Result<Vec<u8>> {
-        let v = self.tensor.decode()?;
-        Ok(match self.dtype {
-            Dtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Dtype::BF16 => v
-                .iter()
-                .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes())
-                .collect(),
-            Dtype::F16 => v
-                .iter()
-                .flat_map(|&x| saturated_f16(x).to_bits().to_le_bytes())
-                .collect(),
-            d => {
-                return Err(CodecError::Unsupported(format!(
-                    "a lossy matrix decodes to F32, BF16 or F16, not {d:?}"
-                )))
-            }
-        })
+        reconstruction_bytes(self.dtype, &self.tensor.decode()?)
     }
 }
 
@@ -1157,6 +1182,7 @@ impl Coded {
             Coded::Blocks(_) => DTANS_BLOCKS,
             Coded::Fields(_) => RANS_FIELDS,
             Coded::Floats(_) => RANS_FLOATS,
+            Coded::Scalar(_) => DTANS_SCALAR,
         }
     }
 
@@ -1189,6 +1215,22 @@ impl Coded {
             Coded::Blocks(b) => b.params(),
             Coded::Fields(f) => json!({ "bits": f.bits, "stream": f.stream.params() }),
             Coded::Floats(f) => json!({ "stream": f.codes.params() }),
+            Coded::Scalar(q) => {
+                let t = &q.tensor;
+                let mut v = json!({
+                    "quantizer": t.quantizer.to_string(),
+                    "group": t.group,
+                    "codes": t.codes.params(),
+                    "bits_per_weight": t.bits_per_weight(),
+                });
+                match &t.scales {
+                    ScaleStore::Raw(_) => v["scales"] = json!("raw"),
+                    ScaleStore::Coded { n, stream } => {
+                        v["scales"] = json!({ "n": n, "stream": stream.params() })
+                    }
+                }
+                v
+            }
         };
         v["stats"] = stats;
         v
@@ -1224,6 +1266,21 @@ impl Coded {
                 v
             }
             Coded::Lossy(l) => vec![a("data", ArrayDtype::U8, Cow::Owned(l.tensor.to_bytes()))],
+            Coded::Scalar(q) => {
+                let mut v: Vec<_> = dtans_arrays(&q.tensor.codes)
+                    .into_iter()
+                    .map(|(n, d, b)| (format!("codes_{n}"), d, b))
+                    .collect();
+                match &q.tensor.scales {
+                    ScaleStore::Raw(r) => v.push(a("scales", ArrayDtype::U8, u16_bytes(r))),
+                    ScaleStore::Coded { stream, .. } => v.extend(
+                        dtans_arrays(stream)
+                            .into_iter()
+                            .map(|(n, d, b)| (format!("scales_{n}"), d, b)),
+                    ),
+                }
+                v
+            }
             Coded::Blocks(b) => b.arrays(),
             Coded::Fields(f) => f.stream.arrays("fields"),
             Coded::Floats(f) => {
@@ -1407,6 +1464,71 @@ impl Coded {
                 }
                 Ok(Coded::Lossy(LossyCoded { dtype, tensor }))
             }
+            DTANS_SCALAR => {
+                if !LossyCoded::decodes_to(dtype) {
+                    return Err(err(format!(
+                        "a lossy matrix decodes to F32, BF16 or F16, not {dtype:?}"
+                    )));
+                }
+                let quantizer = match c.params["quantizer"].as_str() {
+                    Some("fp8") => Scalar::Fp8,
+                    Some(q) if q.starts_with("int") => Scalar::Int {
+                        group: 1,
+                        dead_zone: 0.0,
+                    },
+                    q => return Err(err(format!("unknown scalar quantiser {q:?}"))),
+                };
+                let group = c.params["group"]
+                    .as_u64()
+                    .and_then(|g| usize::try_from(g).ok())
+                    .filter(|&g| g > 0)
+                    .ok_or_else(|| err("dtans-scalar params lack a 'group' of columns".into()))?;
+                let quantizer = match quantizer {
+                    Scalar::Int { .. } => Scalar::Int {
+                        group,
+                        dead_zone: 0.0,
+                    },
+                    q => q,
+                };
+                let p = dtans_params(&c.params["codes"])?;
+                if shape != [p.rows, p.cols] {
+                    return Err(err(format!(
+                        "coded as {}×{} but its shape is {shape:?}",
+                        p.rows, p.cols
+                    )));
+                }
+                let codes = dtans_from_arrays(&p, |a, d| array(&format!("codes_{a}"), d))?;
+                let scales = match &c.params["scales"] {
+                    Value::String(r) if r == "raw" => {
+                        let b = array("scales", ArrayDtype::U8)?;
+                        if b.len() % 2 != 0 {
+                            return Err(err("array 'scales' is not whole f16 values".into()));
+                        }
+                        ScaleStore::Raw(to_u16(b))
+                    }
+                    v => {
+                        let n = v["n"]
+                            .as_u64()
+                            .and_then(|n| usize::try_from(n).ok())
+                            .ok_or_else(|| err("dtans-scalar scales lack 'n'".into()))?;
+                        let p = dtans_params(&v["stream"])?;
+                        let stream =
+                            dtans_from_arrays(&p, |a, d| array(&format!("scales_{a}"), d))?;
+                        ScaleStore::Coded { n, stream }
+                    }
+                };
+                let tensor = entrollm_codec::lossy::scalar::ScalarTensor {
+                    quantizer,
+                    group,
+                    codes,
+                    scales,
+                };
+                // The shape of codes and scales, checked before anything is decoded.
+                tensor
+                    .check_shape()
+                    .map_err(|e| err(e.to_string()))?;
+                Ok(Coded::Scalar(ScalarCoded { dtype, tensor }))
+            }
             DTANS_BLOCKS => Ok(Coded::Blocks(BlocksCoded::from_stored(
                 dtype, shape, c.params, array,
             )?)),
@@ -1418,7 +1540,7 @@ impl Coded {
             )?)),
             other => Err(err(format!(
                 "unknown coder '{other}' (this entrollm knows {DTANS}, {DTANS_GGML}, {GGML_SCALES}, \
-                 {DTANS_BLOCKS}, {RANS_FIELDS}, {RANS_FLOATS}, {DF11} and {LOSSY})"
+                 {DTANS_BLOCKS}, {RANS_FIELDS}, {RANS_FLOATS}, {DF11}, {LOSSY} and {DTANS_SCALAR})"
             ))),
         }
     }
@@ -1440,6 +1562,7 @@ impl Coded {
             Coded::Blocks(b) => b.decode(),
             Coded::Fields(f) => f.decode(),
             Coded::Floats(f) => f.decode(),
+            Coded::Scalar(q) => q.decode(),
         }
     }
 
@@ -1455,7 +1578,8 @@ impl Coded {
             | Coded::Lossy(_)
             | Coded::Blocks(_)
             | Coded::Fields(_)
-            | Coded::Floats(_) => Ok((self.decode()?, None)),
+            | Coded::Floats(_)
+            | Coded::Scalar(_) => Ok((self.decode()?, None)),
             Coded::Ggml(g) => {
                 let (codes, b) = g.codes.decode_with_breakdown()?;
                 let bytes = pack_codes(&QuantCodes {
@@ -1482,6 +1606,7 @@ impl Coded {
             Coded::Blocks(b) => b.stored_bytes(),
             Coded::Fields(f) => f.stored_bytes(),
             Coded::Floats(f) => f.stored_bytes(),
+            Coded::Scalar(q) => q.tensor.stored_bytes(),
         }
     }
 }
@@ -1528,6 +1653,72 @@ mod tests {
                 .iter()
                 .map(|(n, d, b)| (n.as_str(), (*d, &b[..])))
                 .collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    /// A scalar-quantised matrix through the container's arrays and params and back (scales raw
+    /// and dtANS-coded); params or arrays that disagree with the tensor are errors, not panics.
+    #[test]
+    fn scalar_codes_round_trip_and_hostile_params_are_errors() {
+        use entrollm_codec::lossy::scalar::{encode, Scalar};
+        let mut s = 0x1234_5678u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for (rows, cols, q) in [
+            (64, 256, Scalar::Fp8),
+            (
+                256,
+                512,
+                Scalar::Int {
+                    group: 32,
+                    dead_zone: 0.0,
+                },
+            ),
+        ] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| next() + next() + next()).collect();
+            let (tensor, _) = encode(&w, rows, cols, q, 3.0, None).unwrap();
+            let coded = Coded::Scalar(ScalarCoded {
+                dtype: Dtype::BF16,
+                tensor,
+            });
+            let want = coded.decode().unwrap();
+            let arrays = coded.arrays();
+            let params = coded.params(json!({}));
+            let back = Coded::from_stored(
+                Dtype::BF16,
+                &[rows, cols],
+                &stored(&coded, &arrays, &params),
+            )
+            .unwrap();
+            assert_eq!(back.decode().unwrap(), want);
+            assert_eq!(back.stored_bytes(), coded.stored_bytes());
+            let fails = |dtype: Dtype, shape: &[usize], params: &Value| {
+                Coded::from_stored(dtype, shape, &stored(&coded, &arrays, params)).is_err()
+            };
+            assert!(fails(Dtype::U8, &[rows, cols], &params));
+            assert!(fails(Dtype::BF16, &[rows, cols + 1], &params));
+            for (key, bad) in [
+                ("group", json!(7)),
+                ("group", json!(0)),
+                ("group", json!("x")),
+                ("quantizer", json!("e8")),
+                (
+                    "scales",
+                    json!({"n": 1usize << 40, "stream": params["codes"].clone()}),
+                ),
+            ] {
+                let mut p = params.clone();
+                p[key] = bad;
+                assert!(fails(Dtype::BF16, &[rows, cols], &p), "{key}");
+            }
+            // A quantiser that disagrees with the codes' payload.
+            let mut p = params.clone();
+            p["quantizer"] = json!(if q == Scalar::Fp8 { "int-g32" } else { "fp8" });
+            assert!(fails(Dtype::BF16, &[rows, cols], &p));
         }
     }
 

@@ -15,12 +15,13 @@ use crate::gguf::{GgmlType, GgufFile, GgufTensorInfo};
 use entrollm_codec::df11::Df11Tensor;
 use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor};
 use entrollm_codec::histogram::{byte_histogram, entropy_bits};
+use entrollm_codec::lossy::scalar::Scalar;
 use entrollm_codec::lossy::{LossyTensor, Quantizer};
 use entrollm_codec::{CodecError, Payload};
 use entrollm_format::checksum::StreamingChecksum;
 use entrollm_format::coded::{
     payload_of, BlocksCoded, Coded, FieldsCoded, FloatsCoded, GgmlCoded, GgmlScales, LossyCoded,
-    RANS_MARGIN_BITS,
+    ScalarCoded, RANS_MARGIN_BITS,
 };
 use entrollm_format::ggml_blocks::{unpack_codes, BlockType, QK};
 use entrollm_format::kquants::KType;
@@ -83,13 +84,55 @@ pub struct CompressOptions {
     pub lossy: Option<LossyOptions>,
 }
 
+/// How `compress --bits` quantises: lattice/trellis tiles (served by the `lossy` form's tile
+/// decoder) or a scalar quantiser whose codes the dtANS forms serve as they are.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LossyQuantizer {
+    Tiles(Quantizer),
+    Scalar(Scalar),
+}
+
+impl LossyQuantizer {
+    /// `--quantizer` (`tcqN`, `e8`, `int`, `fp8`), with `int`'s group and dead zone.
+    pub fn parse(s: &str, group: usize, dead_zone: f32) -> std::result::Result<Self, String> {
+        let q = match s {
+            "int" => LossyQuantizer::Scalar(Scalar::Int { group, dead_zone }),
+            "fp8" => LossyQuantizer::Scalar(Scalar::Fp8),
+            s => LossyQuantizer::Tiles(s.parse().map_err(|e: String| {
+                format!("{e}; or int (integer grid, group scales) or fp8 (FP8 E4M3, row scales)")
+            })?),
+        };
+        if let LossyQuantizer::Scalar(q) = q {
+            q.check().map_err(|e| e.to_string())?;
+        }
+        Ok(q)
+    }
+
+    /// Whether rows of `cols` columns can be coded.
+    pub fn takes_cols(self, cols: usize) -> bool {
+        match self {
+            LossyQuantizer::Tiles(q) => cols.is_multiple_of(q.row_multiple()),
+            LossyQuantizer::Scalar(q) => cols.is_multiple_of(q.group(cols)),
+        }
+    }
+}
+
+impl std::fmt::Display for LossyQuantizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LossyQuantizer::Tiles(q) => q.fmt(f),
+            LossyQuantizer::Scalar(q) => q.fmt(f),
+        }
+    }
+}
+
 /// Lossy coding of a checkpoint's matrices.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LossyOptions {
     /// Stored bits a weight of the lossy matrices, every byte counted: each matrix's, or the
     /// average of those [`plan_lossy`] allocates.
     pub bits: f64,
-    pub quantizer: Quantizer,
+    pub quantizer: LossyQuantizer,
     /// Weights a tile holds at least (`entrollm_codec::lossy::Options::tile_weights`).
     pub tile_weights: usize,
     /// Per-row RDO candidates (`entrollm_codec::lossy::Options::rdo`; 0: off).
@@ -100,7 +143,7 @@ pub struct LossyOptions {
 }
 
 impl LossyOptions {
-    pub fn new(bits: f64, quantizer: Quantizer) -> LossyOptions {
+    pub fn new(bits: f64, quantizer: LossyQuantizer) -> LossyOptions {
         LossyOptions {
             bits,
             quantizer,
@@ -110,13 +153,14 @@ impl LossyOptions {
         }
     }
 
-    fn codec_options(&self, name: &str) -> entrollm_codec::lossy::Options {
+    /// The tile coder's options for matrix `name` (`q`: the tile quantiser).
+    fn codec_options(&self, name: &str, q: Quantizer) -> entrollm_codec::lossy::Options {
         let p = self.planned.get(name);
         entrollm_codec::lossy::Options {
             tile_weights: self.tile_weights,
             rdo: self.rdo,
             col_weights: p.and_then(|p| p.col_weights.clone()),
-            ..entrollm_codec::lossy::Options::new(p.map_or(self.bits, |p| p.bits), self.quantizer)
+            ..entrollm_codec::lossy::Options::new(p.map_or(self.bits, |p| p.bits), q)
         }
     }
 }
@@ -202,17 +246,29 @@ pub fn plan_lossy(
             );
         } else if planning.allocate {
             let w = LossyCoded::weights(bytes, dtype).expect("a float matrix");
-            let o = entrollm_codec::lossy::Options {
-                sample_weights: CURVE_SAMPLE,
-                col_weights: col_weights.clone(),
-                ..l.codec_options(name)
-            };
             let range = (
                 (l.bits - crate::rates::SPREAD.0).max(0.05),
                 (l.bits + crate::rates::SPREAD.1).min(16.0),
             );
-            let points = LossyTensor::rd_curve(&w, rows, cols, &o, range)
-                .map_err(|e| CompressError::in_tensor(name)(e.into()))?;
+            let points = match l.quantizer {
+                LossyQuantizer::Tiles(q) => {
+                    let o = entrollm_codec::lossy::Options {
+                        sample_weights: CURVE_SAMPLE,
+                        col_weights: col_weights.clone(),
+                        ..l.codec_options(name, q)
+                    };
+                    LossyTensor::rd_curve(&w, rows, cols, &o, range)
+                }
+                LossyQuantizer::Scalar(q) => entrollm_codec::lossy::scalar::rd_curve(
+                    &w,
+                    rows,
+                    cols,
+                    q,
+                    col_weights.as_deref(),
+                    range,
+                ),
+            }
+            .map_err(|e| CompressError::in_tensor(name)(e.into()))?;
             curves.push(crate::rates::Curve {
                 weights: rows * cols,
                 points,
@@ -349,13 +405,13 @@ pub fn lossy_eligible(
     shape: &[usize],
     dtype: Dtype,
     min_elements: usize,
-    quantizer: Quantizer,
+    quantizer: LossyQuantizer,
 ) -> bool {
     let kept = ["embed_tokens.weight", "lm_head.weight", "token_embd.weight"];
     shape.len() == 2
         && LossyCoded::decodes_to(dtype)
         && shape[0] * shape[1] >= min_elements.max(1)
-        && shape[1].is_multiple_of(quantizer.row_multiple())
+        && quantizer.takes_cols(shape[1])
         && !kept.iter().any(|k| name.ends_with(k))
         && name != "output.weight"
 }
@@ -376,31 +432,104 @@ pub fn code_lossy(
             "lossy coding takes F32, BF16 or F16, not {dtype:?}"
         ))
     })?;
-    let o = opts.codec_options(name);
+    let q = match opts.quantizer {
+        LossyQuantizer::Tiles(q) => q,
+        LossyQuantizer::Scalar(q) => return code_scalar(name, dtype, rows, cols, &w, q, opts),
+    };
+    let o = opts.codec_options(name, q);
     let (tensor, report) = LossyTensor::encode(&w, rows, cols, &o)?;
     let coded = LossyCoded { dtype, tensor };
     let out = coded.decode()?;
     let back = LossyCoded::weights(&out, dtype).expect("decodes to its own dtype");
-    let (mut e, mut s) = (0f64, 0f64);
-    for (&a, &b) in w.iter().zip(&back) {
-        e += (a as f64 - b as f64).powi(2);
-        s += (a as f64).powi(2);
-    }
     let mut stats = json!({
         "bits_per_weight": coded.tensor.bits_per_weight(),
         "target_bits": o.bits,
-        "rel_l2": if s > 0.0 { (e / s).sqrt() } else { 0.0 },
+        "rel_l2": rel_l2(&w, &back),
         "step": report.step,
         "passes": report.passes,
     });
-    if let Some(p) = opts.planned.get(name) {
-        stats["rate_from"] = json!(p.why);
-        stats["calibrated"] = json!(p.col_weights.is_some());
-    }
+    planned_stats(&mut stats, name, opts);
     if opts.rdo > 1 {
         stats["rdo"] = json!(opts.rdo);
     }
     Ok((Coded::Lossy(coded), stats, out))
+}
+
+/// ‖a − b‖ / ‖a‖ (0 for a zero `a`).
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut e, mut s) = (0f64, 0f64);
+    for (&a, &b) in a.iter().zip(b) {
+        e += (a as f64 - b as f64).powi(2);
+        s += (a as f64).powi(2);
+    }
+    if s > 0.0 {
+        (e / s).sqrt()
+    } else {
+        0.0
+    }
+}
+
+/// Where a planned matrix's rate came from, in its stats.
+fn planned_stats(stats: &mut Value, name: &str, opts: &LossyOptions) {
+    if let Some(p) = opts.planned.get(name) {
+        stats["rate_from"] = json!(p.why);
+        stats["calibrated"] = json!(p.col_weights.is_some());
+    }
+}
+
+/// [`code_lossy`] with a scalar quantiser: its codes dtANS-coded, its scales beside them.
+fn code_scalar(
+    name: &str,
+    dtype: Dtype,
+    rows: usize,
+    cols: usize,
+    w: &[f32],
+    q: Scalar,
+    opts: &LossyOptions,
+) -> Result<(Coded, Value, Vec<u8>)> {
+    let p = opts.planned.get(name);
+    let bits = p.map_or(opts.bits, |p| p.bits);
+    let h = p.and_then(|p| p.col_weights.as_deref());
+    let (tensor, report) = entrollm_codec::lossy::scalar::encode(w, rows, cols, q, bits, h)?;
+    let coded = ScalarCoded { dtype, tensor };
+    let out = coded.decode()?;
+    let back = LossyCoded::weights(&out, dtype).expect("decodes to its own dtype");
+    let mut stats = json!({
+        "quantizer": q.to_string(),
+        "bits_per_weight": coded.tensor.bits_per_weight(),
+        "target_bits": bits,
+        "rel_l2": rel_l2(w, &back),
+        "code_entropy": report.code_entropy,
+        "scale_bits": report.scale_bits,
+        "log2_step": report.log2_knob,
+        "passes": report.passes,
+    });
+    planned_stats(&mut stats, name, opts);
+    Ok((Coded::Scalar(coded), stats, out))
+}
+
+/// A lossily coded tensor, kept for the restored file's checksum.
+#[derive(Clone)]
+enum Reconstructed {
+    Tiles(LossyCoded),
+    Scalar(Box<ScalarCoded>),
+}
+
+impl Reconstructed {
+    fn of(c: &Coded) -> Option<Reconstructed> {
+        match c {
+            Coded::Lossy(l) => Some(Reconstructed::Tiles(l.clone())),
+            Coded::Scalar(s) => Some(Reconstructed::Scalar(Box::new(s.clone()))),
+            _ => None,
+        }
+    }
+
+    fn decode(&self) -> entrollm_codec::Result<Vec<u8>> {
+        match self {
+            Reconstructed::Tiles(l) => l.decode(),
+            Reconstructed::Scalar(s) => s.decode(),
+        }
+    }
 }
 
 /// The checksum of a source file as a lossy container restores it: the file's bytes, each lossily
@@ -410,7 +539,7 @@ fn restored_checksum<'a>(
     prefix: &[u8],
     size: u64,
     segments: impl Iterator<Item = (u64, &'a str, &'a [u8])>,
-    lossy: &BTreeMap<String, LossyCoded>,
+    lossy: &BTreeMap<String, Reconstructed>,
 ) -> Result<u64> {
     let mut h = StreamingChecksum::new();
     h.update(prefix);
@@ -1104,7 +1233,7 @@ fn compress_safetensors(
     let limits = Window::of_pool(opts.in_flight_bytes);
     let weight = |t: &TensorView<'_>| t.bytes.len() as u64;
     let files: Vec<(&str, &SafetensorsFile)> = ckpt.files().collect();
-    let mut lossy: BTreeMap<String, LossyCoded> = BTreeMap::new();
+    let mut lossy: BTreeMap<String, Reconstructed> = BTreeMap::new();
     let sums = std::thread::scope(|threads| -> Result<Vec<u64>> {
         // Hashing the whole source once more is a single-threaded pass: it runs beside the
         // coding rather than before it, and the source files are recorded after the tensors.
@@ -1117,8 +1246,8 @@ fn compress_safetensors(
         in_order(&tensors, weight, limits, code, |t, ready| {
             match ready {
                 Some(ready) => {
-                    if let Coded::Lossy(l) = &ready.0 {
-                        lossy.insert(t.name.to_string(), l.clone());
+                    if let Some(l) = Reconstructed::of(&ready.0) {
+                        lossy.insert(t.name.to_string(), l);
                     }
                     summary.coded_tensors += 1;
                     summary.coded_source_bytes += t.bytes.len() as u64;
@@ -1390,7 +1519,7 @@ fn compress_gguf(
     if opts.lossy.is_none() {
         w.add_source_file(source(checksum(bytes)))?;
     }
-    let mut lossy: BTreeMap<String, LossyCoded> = BTreeMap::new();
+    let mut lossy: BTreeMap<String, Reconstructed> = BTreeMap::new();
     progress.start(file.tensors().iter().map(|t| t.n_bytes).sum());
     let mut summary = Summary {
         source: SourceKind::Gguf,
@@ -1504,8 +1633,8 @@ fn compress_gguf(
         let data = file.tensor_data(info);
         match ready {
             GgufReady::Coded(ready, dtype, shape) => {
-                if let Coded::Lossy(l) = &ready.0 {
-                    lossy.insert(info.name.clone(), l.clone());
+                if let Some(l) = Reconstructed::of(&ready.0) {
+                    lossy.insert(info.name.clone(), l);
                 }
                 summary.coded_tensors += 1;
                 summary.coded_source_bytes += data.len() as u64;

@@ -362,7 +362,7 @@ impl TensorSource for ContainerSource {
                 let kept_coded = self.fused
                     && (matches!(coded, Coded::Dtans(_))
                         && (t.dtype == Dtype::F8E4M3 || t.shape.len() == 2)
-                        || matches!(coded, Coded::Lossy(_)));
+                        || matches!(coded, Coded::Lossy(_) | Coded::Scalar(_)));
                 // Decoded to be checked even where it is served coded; unchecked, only where it
                 // is served decoded.
                 let bytes = match self.verify || !kept_coded {
@@ -391,6 +391,10 @@ impl TensorSource for ContainerSource {
                         let m = crate::forms::lossy::LossyLinear::new(m)
                             .map_err(|e| ModelError::tensor(name, e.to_string()))?;
                         Ok(Some(HostTensor::Linear(Arc::new(m))))
+                    }
+                    Coded::Scalar(q) if self.fused => {
+                        crate::forms::dtans::CodedLinear::from_scalar(name, q.tensor)
+                            .map(|m| Some(HostTensor::Linear(m)))
                     }
                     Coded::Df11(coded)
                         if t.shape.len() == 2

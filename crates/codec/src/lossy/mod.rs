@@ -13,6 +13,7 @@
 pub mod e8;
 pub mod low;
 pub mod rans;
+pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 pub mod tcq;

@@ -70,6 +70,44 @@ impl CodedLinear {
         Self::new(g.codes, Some(groups))
     }
 
+    /// A matrix `compress --quantizer int|fp8` coded, served as it is stored: integer codes
+    /// through this form's group-scale epilogue; FP8 codes with their row scales outside them, as
+    /// an FP8 checkpoint's are (so palette FP8 can take the codes). `name` is for errors.
+    pub fn from_scalar(
+        name: &str,
+        t: entrollm_codec::lossy::scalar::ScalarTensor,
+    ) -> Result<Arc<dyn Linear>> {
+        let bad = |e: entrollm_codec::CodecError| ModelError::tensor(name, e.to_string());
+        t.check_shape().map_err(bad)?;
+        let scales: Vec<f32> = t
+            .scales
+            .decode()
+            .map_err(bad)?
+            .iter()
+            .map(|&s| half::f16::from_bits(s).to_f32())
+            .collect();
+        if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
+            return Err(ModelError::tensor(name, format!("scale {i} is not finite")));
+        }
+        Ok(match t.codes.payload {
+            Payload::Int(_) => {
+                let groups = GroupScales {
+                    group: t.group,
+                    scales,
+                    mins: None,
+                    offset: 0.0,
+                    signed: true,
+                };
+                Arc::new(Self::new(t.codes, Some(groups))?)
+            }
+            _ => Arc::new(crate::weights::RowScaled::new(
+                name,
+                Arc::new(Self::new(t.codes, None)?),
+                scales,
+            )?),
+        })
+    }
+
     /// The coded tensor and its dequantisation, for an engine that uploads the coded arrays (the
     /// GPU's decode-matvec) instead of decoding them.
     pub fn coded(&self) -> (&DtansTensor, Dequant<'_>) {

@@ -104,6 +104,10 @@ fn rebuild(reader: &ContainerReader, load: GgufLoad) -> Result<(GgufFile, Linear
                                 .map_err(|e| ModelError::tensor(&seg.tensor, e.to_string()))?;
                             linears.insert(seg.tensor.clone(), Arc::new(m));
                         }
+                        Coded::Scalar(q) if load == GgufLoad::Fused => {
+                            let m = CodedLinear::from_scalar(&seg.tensor, q.tensor)?;
+                            linears.insert(seg.tensor.clone(), m);
+                        }
                         _ => image[at..end].copy_from_slice(&bytes),
                     }
                 }
