@@ -165,9 +165,12 @@ impl Matrix {
                 )))
             }
         };
-        let q = quantizer
-            .parse()
-            .map_err(|e| PyValueError::new_err(format!("quantizer: {e}")))?;
+        // The lossy tiles' quantisers (the scalar ones, int and fp8, are containers' codings of
+        // the dtans form: `compress_module(bits=..., quantizer=...)`).
+        let q =
+            entrollm_model::compress::LossyQuantizer::Tiles(quantizer.parse().map_err(
+                |e: String| PyValueError::new_err(format!("quantizer {quantizer}: {e}")),
+            )?);
         if rows.checked_mul(cols).and_then(|n| n.checked_mul(width)) != Some(nbytes) || rows == 0 {
             return Err(PyValueError::new_err(format!(
                 "a {rows}×{cols} {kind} matrix is not {nbytes} bytes"
