@@ -7,6 +7,9 @@ use crate::kquants::{FieldKind, KType, Split};
 use crate::{Dtype, FormatError, Result};
 use entrollm_codec::df11::Df11Tensor;
 use entrollm_codec::dtans::{DtansParams, DtansTensor};
+use entrollm_codec::lossy::scalar::scale_matrix;
+/// The FP16 matrix shape block scales (and scalar codes' scales) are coded in.
+pub use entrollm_codec::lossy::scalar::scale_matrix_shape;
 use entrollm_codec::lossy::scalar::{Scalar, ScaleStore};
 use entrollm_codec::lossy::LossyTensor;
 use entrollm_codec::rans::RansStream;
@@ -166,16 +169,6 @@ pub struct GgmlScales {
     pub m: Option<DtansTensor>,
 }
 
-/// The [rows × cols] matrix a tensor's `n` block scales are coded as: whole bands of 32 rows (the
-/// coder's tiles) and columns a multiple of 64 (its narrowest slice), the least padding of up to
-/// 16 bands.
-pub fn scale_matrix_shape(n: usize) -> (usize, usize) {
-    (1..=16)
-        .map(|k| (32 * k, n.div_ceil(32 * k).next_multiple_of(64).max(64)))
-        .min_by_key(|&(r, c)| r * c)
-        .expect("sixteen candidates")
-}
-
 /// Bytes of a block's scales (`d`, and `m` for the `_1` types), which lead each block.
 fn scale_bytes(block: BlockType) -> usize {
     if block.has_m() {
@@ -183,20 +176,6 @@ fn scale_bytes(block: BlockType) -> usize {
     } else {
         2
     }
-}
-
-/// `v` as the FP16 matrix [`GgmlScales`] codes: padded to whole rows with its last value.
-fn scale_matrix(v: &[u16]) -> (usize, usize, Vec<u8>) {
-    let (rows, cols) = scale_matrix_shape(v.len());
-    let last = v.last().copied().unwrap_or(0);
-    let bytes = v
-        .iter()
-        .copied()
-        .chain(std::iter::repeat(last))
-        .take(rows * cols)
-        .flat_map(u16::to_le_bytes)
-        .collect();
-    (rows, cols, bytes)
 }
 
 impl GgmlScales {

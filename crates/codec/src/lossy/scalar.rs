@@ -328,13 +328,19 @@ impl ScaleStore {
     }
 }
 
-/// `v` as an FP16 matrix of whole 32-row bands and 64-column slices, padded with its last value.
-fn scale_matrix(v: &[u16]) -> (usize, usize, Vec<u8>) {
-    let n = v.len();
-    let (rows, cols) = (1..=16)
+/// The [rows × cols] matrix `n` FP16 scales are coded as: whole bands of 32 rows (the dtANS
+/// coder's tiles) and columns a multiple of 64 (its narrowest slice), the least padding of up to
+/// 16 bands.
+pub fn scale_matrix_shape(n: usize) -> (usize, usize) {
+    (1..=16)
         .map(|k| (32 * k, n.div_ceil(32 * k).next_multiple_of(64).max(64)))
         .min_by_key(|&(r, c)| r * c)
-        .expect("sixteen candidates");
+        .expect("sixteen candidates")
+}
+
+/// `v` as the FP16 matrix of [`scale_matrix_shape`], row-major, padded with its last value.
+pub fn scale_matrix(v: &[u16]) -> (usize, usize, Vec<u8>) {
+    let (rows, cols) = scale_matrix_shape(v.len());
     let last = v.last().copied().unwrap_or(0);
     let bytes = v
         .iter()
