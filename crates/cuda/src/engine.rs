@@ -124,10 +124,12 @@ pub fn workspace_bound(c: &ModelConfig, max_seq: usize) -> usize {
         None => (max_rows, max_weights),
     };
     let scratch = (max_rows + h.max(qd).max(inter) + 1) * 4 + max_weights * 2;
-    // A mixture of experts' decode buffers: router logits, the slots' experts, weights, outputs
-    // and activations.
-    let decode =
-        decode + moe_dims(c).map_or(0, |(e, k, ie)| 4 * (e + 2 * k + k * h + k * ie.max(inter)));
+    // A mixture of experts' decode buffers: router logits, the slots' experts, weights, outputs,
+    // activations and (before an activation kernel of their own: `GpuMoe::glu`) gate/up products.
+    let decode = decode
+        + moe_dims(c).map_or(0, |(e, k, ie)| {
+            4 * (e + 2 * k + k * h + k * ie.max(inter) + 2 * k * ie)
+        });
     let rope = max_seq * (c.head_dim / 2) * 2 * 4;
     // The families' buffers: gate/up before GeGLU, a projection before its post norm, the
     // sliding layers' RoPE table.

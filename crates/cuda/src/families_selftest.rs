@@ -1786,5 +1786,20 @@ mod tests {
         let got = crate::families::unsupported(&w);
         assert_eq!(got.len(), 1);
         assert!(got[0].contains("q norm without a k norm"), "{got:?}");
+        // An o bias before a post-attention norm (Gemma's norms, a bias it does not have).
+        let mut w = family_model(Arch::Gemma2, &mut Rng::new(4)).unwrap();
+        w.layers[0].norms.o_bias = Some(vec![0.0; w.config.hidden_size]);
+        let got = crate::families::unsupported(&w);
+        assert_eq!(got.len(), 1);
+        assert!(got[0].contains("before a post-attention norm"), "{got:?}");
+        // Sinks the family's description does not have (the kernels take them per the family).
+        let mut w = family_model(Arch::Qwen3, &mut Rng::new(5)).unwrap();
+        w.layers[2].norms.sinks = Some(vec![0.0; w.config.num_heads]);
+        let got = crate::families::unsupported(&w);
+        assert!(got[0].contains("sinks"), "{got:?}");
+        let mut w = family_model(Arch::GptOss, &mut Rng::new(6)).unwrap();
+        assert!(crate::families::unsupported(&w).is_empty());
+        w.layers[1].norms.sinks = None;
+        assert_eq!(crate::families::unsupported(&w).len(), 1);
     }
 }

@@ -596,6 +596,32 @@ mod mask_tests {
     use super::*;
     use crate::ops::f32_to_bf16;
 
+    /// A sink joins the denominator only: a sink of −∞ changes nothing, a sink equal to every
+    /// score (all scores equal here) takes 1/(n + 1) of the weight from the values.
+    #[test]
+    fn a_sink_takes_its_share_of_the_softmax_and_no_value() {
+        let b = |v: &[f32]| v.iter().map(|&x| f32_to_bf16(x)).collect::<Vec<_>>();
+        let (k, v) = (b(&[0.0; 6]), b(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
+        let mask = AttnMask {
+            sinks: true,
+            ..AttnMask::NONE
+        };
+        let plain = attention_masked_ref(&[0.3, 0.7], &k, &v, 3, (1, 1, 2), 1.0, AttnMask::NONE);
+        assert_eq!(plain, vec![3.0, 4.0]);
+        let none =
+            attention_sinks_ref(&[0.3, 0.7], &k, &v, 3, (1, 1, 2), 1.0, mask, Some(&[-1e30]));
+        assert_eq!(none, plain);
+        let equal = attention_sinks_ref(&[0.3, 0.7], &k, &v, 3, (1, 1, 2), 1.0, mask, Some(&[0.0]));
+        assert!((equal[0] - 3.0 * 0.75).abs() < 1e-6 && (equal[1] - 4.0 * 0.75).abs() < 1e-6);
+        assert_eq!(format!("{mask}"), " sinks");
+        assert_ne!(
+            AttnConfig::for_heads(64, 4, 2)
+                .unwrap()
+                .masked_variant(mask),
+            AttnConfig::for_heads(64, 4, 2).unwrap().variant()
+        );
+    }
+
     #[test]
     fn a_window_of_one_returns_the_last_value_and_caps_bound_scores() {
         let b = |v: &[f32]| v.iter().map(|&x| f32_to_bf16(x)).collect::<Vec<_>>();
