@@ -36,6 +36,10 @@ pub fn unsupported(w: &ModelWeights) -> Vec<&'static str> {
             out.push("more than 4096 experts, or more than 64 a token");
         }
     }
+    // The clamped SwiGLU runs in the experts' activation kernel, not in a dense MLP's epilogue.
+    if w.config.block.clamped_swiglu.is_some() && w.layers.iter().any(|l| !experts(&l)) {
+        out.push("the clamped SwiGLU (gpt-oss's) in a dense MLP");
+    }
     // The o projection's output goes through its bias straight into the residual stream.
     if w.layers
         .iter()

@@ -1801,5 +1801,12 @@ mod tests {
         assert!(crate::families::unsupported(&w).is_empty());
         w.layers[1].norms.sinks = None;
         assert_eq!(crate::families::unsupported(&w).len(), 1);
+        // gpt-oss's clamped SwiGLU in a dense MLP (the experts' kernel applies it, no GEMV).
+        let mut c = family_config(Arch::GptOss);
+        c.block.moe.as_mut().unwrap().layers = vec![true, false, true];
+        let w = model_of(c, &mut Rng::new(7)).unwrap();
+        let got = crate::families::unsupported(&w);
+        assert_eq!(got.len(), 1);
+        assert!(got[0].contains("clamped SwiGLU"), "{got:?}");
     }
 }
