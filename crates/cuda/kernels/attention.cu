@@ -30,6 +30,13 @@
 #define ATTN_SOFTCAP 0
 #endif
 #define ATTN_EXT (ATTN_WINDOW || ATTN_SOFTCAP)
+// ATTN_SINKS = a learned logit per query head (gpt-oss's sinks, sinks[n_q_heads], unscaled) joins
+// the softmax's maximum and denominator, not the values: the merge of the chunks (combine, or the
+// fused kernel's last block) adds it. Appends (const float* sinks) to the combine and fused
+// kernels' arguments.
+#ifndef ATTN_SINKS
+#define ATTN_SINKS 0
+#endif
 #define EPL (HEAD_DIM / 32)  // elements of a head per lane, contiguous
 static_assert(HEAD_DIM % 32 == 0 && HEAD_DIM <= 256, "HEAD_DIM must be a multiple of 32, at most 256");
 static_assert(ATTN_GROUP >= 1 && ATTN_WARPS >= 1 && ATTN_CHUNK >= 1, "attention tuning defines must be >= 1");
@@ -73,7 +80,7 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
                                                   const int* __restrict__ seq_len_ptr, float* part_acc,
                                                   float* part_ml, int n_kv_heads, int max_chunks, int max_seq,
                                                   float scale, float* __restrict__ out, int* counters,
-                                                  int window, float softcap) {
+                                                  int window, float softcap, const float* __restrict__ sinks) {
     __shared__ float s_m[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_l[ATTN_WARPS][ATTN_GROUP];
     __shared__ float s_acc[ATTN_WARPS][ATTN_GROUP][HEAD_DIM];
@@ -248,9 +255,16 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
         float mx = -F32_INF;
         for (int c = lane; c < n_chunks; c += 32) mx = fmaxf(mx, __ldcg(ml + 2 * c));
         mx = warp_max(mx);
+#if ATTN_SINKS
+        const float sink = sinks[kvh * ATTN_GROUP + g] * LOG2E_F;  // in the scores' log2 units
+        mx = fmaxf(mx, sink);
+#endif
         float ls = 0.0f;
         for (int c = lane; c < n_chunks; c += 32) ls = fmaf(exp2f(__ldcg(ml + 2 * c) - mx), __ldcg(ml + 2 * c + 1), ls);
         ls = warp_sum(ls);
+#if ATTN_SINKS
+        ls += exp2f(sink - mx);
+#endif
         if (lane == 0) { s_mx[g] = mx; s_inv[g] = 1.0f / ls; }
     }
     __syncthreads();
@@ -286,7 +300,7 @@ attn_decode_partial(const float* __restrict__ q, const bf16_t* __restrict__ k_ca
     const float softcap = 0.0f;
 #endif
     attn_partial_impl<false>(q, k_cache, v_cache, seq_len_ptr, part_acc, part_ml, n_kv_heads, max_chunks,
-                             max_seq, scale, nullptr, nullptr, window, softcap);
+                             max_seq, scale, nullptr, nullptr, window, softcap, nullptr);
 }
 
 // Partial and combine in one launch: out [n_q_heads, HEAD_DIM] f32; counters [n_kv_heads] zero
@@ -299,20 +313,30 @@ attn_decode_fused(const float* __restrict__ q, const bf16_t* __restrict__ k_cach
 #if ATTN_EXT
                   , int window, float softcap
 #endif
+#if ATTN_SINKS
+                  , const float* __restrict__ sinks
+#endif
 ) {
 #if !ATTN_EXT
     const int window = 0;
     const float softcap = 0.0f;
 #endif
+#if !ATTN_SINKS
+    const float* sinks = nullptr;
+#endif
     attn_partial_impl<true>(q, k_cache, v_cache, seq_len_ptr, part_acc, part_ml, n_kv_heads, max_chunks,
-                            max_seq, scale, out, counters, window, softcap);
+                            max_seq, scale, out, counters, window, softcap, sinks);
 }
 
 // grid n_q_heads, block HEAD_DIM. out [n_q_heads, HEAD_DIM] f32.
 extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_acc,
                                                const float* __restrict__ part_ml,
                                                const int* __restrict__ seq_len_ptr,
-                                               float* __restrict__ out, int max_chunks, int max_seq) {
+                                               float* __restrict__ out, int max_chunks, int max_seq
+#if ATTN_SINKS
+                                               , const float* __restrict__ sinks
+#endif
+) {
     // Triggered before the wait: the projection that follows fills its table and loads its first
     // weights before its own wait, more than this short kernel's work would cover.
     pdl_trigger();
@@ -325,6 +349,10 @@ extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_ac
     float mx = -F32_INF;
 #pragma unroll 8
     for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, __ldcg(ml + 2 * c));
+#if ATTN_SINKS
+    const float sink = sinks[qh] * LOG2E_F;  // in the scores' log2 units
+    mx = fmaxf(mx, sink);
+#endif
     float a = 0.0f, lsum = 0.0f;
 #pragma unroll 8
     for (int c = 0; c < n_chunks; ++c) {
@@ -332,6 +360,9 @@ extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_ac
         a = fmaf(f, __ldcg(part_acc + ((size_t)qh * max_chunks + c) * HEAD_DIM + d), a);
         lsum = fmaf(f, __ldcg(ml + 2 * c + 1), lsum);
     }
+#if ATTN_SINKS
+    lsum += exp2f(sink - mx);
+#endif
     // An empty cache (seq_len 0) has no defined output: NaN, so it cannot pass silently.
     out[(size_t)qh * HEAD_DIM + d] = n_chunks ? a / lsum : F32_NAN;
 }

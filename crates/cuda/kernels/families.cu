@@ -205,17 +205,21 @@ extern "C" __global__ void softcap_f32(float* __restrict__ x, int n, float cap) 
 }
 
 // A mixture of experts' routing, per token t = blockIdx.x (one warp) of logits [n_tokens,
-// n_experts]: the softmax (f32, exp(l - max) / sum, as the CPU engine), the top_k most probable
-// experts (ties to the lower index), their probabilities divided by their sum (taken in the order
-// picked, as the CPU) when norm_topk; written to experts and weights [n_tokens, top_k] in
-// ascending expert order, the order in which the CPU engine adds the experts' outputs. A NaN
-// probability ranks below every number, so top_k distinct experts are always written.
+// n_experts] plus bias [n_experts] (when not null; the CPU engine's f32 add). topk_first = 0
+// (Mixtral, Qwen-MoE): the softmax (f32, exp(l - max) / sum, as the CPU engine), the top_k most
+// probable experts, their probabilities divided by their sum (taken in the order picked, as the
+// CPU) when norm_topk. topk_first = 1 (gpt-oss): the top_k largest logits, weighted by the softmax
+// of those alone (max and sum in the order picked, as the CPU). Ties go to the lower index; a NaN
+// ranks as -inf, so top_k distinct experts are always written. Written to experts and weights
+// [n_tokens, top_k] in ascending expert order, the order in which the CPU engine adds the
+// experts' outputs.
 #define MOE_MAX_EXPERTS 4096
 #define MOE_MAX_K 64
 extern "C" __global__ void __launch_bounds__(32)
-moe_topk(const float* __restrict__ logits, int n_experts, int top_k, int norm_topk, int* __restrict__ experts,
-         float* __restrict__ weights) {
+moe_topk(const float* __restrict__ logits, const float* __restrict__ bias, int n_experts, int top_k,
+         int norm_topk, int topk_first, int* __restrict__ experts, float* __restrict__ weights) {
     __shared__ float p[MOE_MAX_EXPERTS];
+    __shared__ unsigned char taken[MOE_MAX_EXPERTS];
     __shared__ int pick[MOE_MAX_K];
     __shared__ float pick_p[MOE_MAX_K];
     pdl_wait();
@@ -224,29 +228,35 @@ moe_topk(const float* __restrict__ logits, int n_experts, int top_k, int norm_to
     const float* l = logits + (size_t)blockIdx.x * n_experts;
     float mx = -F32_INF;
     for (int i = lane; i < n_experts; i += 32) {
-        const float v = __ldcg(l + i);
+        float v = __ldcg(l + i);
+        if (bias) v = __fadd_rn(v, bias[i]);
         p[i] = v;
+        taken[i] = 0;
         mx = fmaxf(mx, v);
     }
     mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int i = lane; i < n_experts; i += 32) {
-        const float e = expf(p[i] - mx);
-        p[i] = e;
-        sum += e;
+    if (!topk_first) {
+        float sum = 0.0f;
+        for (int i = lane; i < n_experts; i += 32) {
+            const float e = expf(p[i] - mx);
+            p[i] = e;
+            sum += e;
+        }
+        sum = warp_sum(sum);
+        __syncwarp();
+        for (int i = lane; i < n_experts; i += 32) p[i] = p[i] / sum;
     }
-    sum = warp_sum(sum);
-    __syncwarp();
-    for (int i = lane; i < n_experts; i += 32) p[i] = p[i] / sum;
     __syncwarp();
     for (int j = 0; j < top_k; ++j) {
-        // The lane's best unpicked expert (picked ones hold -2, NaN ranks as -1), then the warp's.
-        float bv = -3.0f;
-        int bi = n_experts;
+        // The lane's best unpicked expert, then the warp's: the larger value, ties to the lower
+        // index (NaN as -inf, so an expert is always found).
+        float bv = -F32_INF;
+        int bi = 0x7fffffff;
         for (int i = lane; i < n_experts; i += 32) {
+            if (taken[i]) continue;
             float v = p[i];
-            if (v != v) v = -1.0f;
-            if (v > bv) {
+            if (v != v) v = -F32_INF;
+            if (v > bv || (v == bv && i < bi)) {
                 bv = v;
                 bi = i;
             }
@@ -263,13 +273,24 @@ moe_topk(const float* __restrict__ logits, int n_experts, int top_k, int norm_to
         if (lane == 0) {
             pick[j] = bi;
             pick_p[j] = p[bi];
-            p[bi] = -2.0f;
+            taken[bi] = 1;
         }
         __syncwarp();
     }
     if (lane != 0) return;
     float total = 0.0f;
-    for (int j = 0; j < top_k; ++j) total += pick_p[j];
+    if (topk_first) {
+        // The softmax of the picked logits (the CPU engine's exp_shifted over them).
+        float m = -F32_INF;
+        for (int j = 0; j < top_k; ++j) m = fmaxf(m, pick_p[j]);
+        for (int j = 0; j < top_k; ++j) {
+            pick_p[j] = expf(pick_p[j] - m);
+            total += pick_p[j];
+        }
+    } else {
+        for (int j = 0; j < top_k; ++j) total += pick_p[j];
+    }
+    const bool divide = topk_first || norm_topk;
     // Insertion sort of the k picks by expert index (k is small).
     for (int j = 1; j < top_k; ++j) {
         const int e = pick[j];
@@ -286,17 +307,20 @@ moe_topk(const float* __restrict__ logits, int n_experts, int top_k, int norm_to
     float* wo = weights + (size_t)blockIdx.x * top_k;
     for (int j = 0; j < top_k; ++j) {
         eo[j] = pick[j];
-        wo[j] = norm_topk ? pick_p[j] / total : pick_p[j];
+        wo[j] = divide ? pick_p[j] / total : pick_p[j];
     }
 }
 
 // The weighted sum of a token's experts' outputs: out[t, i] = (accumulate ? out[t, i] : 0) +
-// (Σ_j w[t, j] · ys[r, i]) with r = rows[t * top_k + j] (rows null: t * top_k + j), the sum from
-// j = 0 in f32 without FMA and then added (the CPU engine's order: the experts' weighted sum in
-// expert order, then the residual add). ys [*, hidden], w [n_tokens, top_k].
+// (Σ_j w[t, j] · (ys[r, i] + down_b[e, i])) with r = rows[t * top_k + j] (rows null: t * top_k + j)
+// and e = slot_experts[t * top_k + j] (down_b null: no bias; gpt-oss's experts' down bias), the
+// sum from j = 0 in f32 without FMA and then added (the CPU engine's order: each expert's output
+// plus its bias, the weighted sum in expert order, then the residual add). ys [*, hidden],
+// w [n_tokens, top_k].
 extern "C" __global__ void moe_combine(const float* __restrict__ ys, const int* __restrict__ rows,
                                        const float* __restrict__ w, int top_k, int hidden, int n_tokens,
-                                       float* __restrict__ out, int accumulate) {
+                                       float* __restrict__ out, int accumulate, const int* __restrict__ slot_experts,
+                                       const float* __restrict__ down_b) {
     pdl_wait();
     pdl_trigger();
     const size_t n = (size_t)n_tokens * hidden;
@@ -306,10 +330,78 @@ extern "C" __global__ void moe_combine(const float* __restrict__ ys, const int* 
         for (int k = 0; k < top_k; ++k) {
             const size_t slot = t * top_k + k;
             const size_t r = rows ? (size_t)__ldcg(rows + slot) : slot;
-            s = __fadd_rn(s, __fmul_rn(__ldcg(w + slot), __ldcg(ys + r * hidden + i)));
+            float y = __ldcg(ys + r * hidden + i);
+            if (down_b) y = __fadd_rn(y, down_b[(size_t)__ldcg(slot_experts + slot) * hidden + i]);
+            s = __fadd_rn(s, __fmul_rn(__ldcg(w + slot), y));
         }
         out[j] = accumulate ? __fadd_rn(__ldcg(out + j), s) : s;
     }
+}
+
+// The activation of a mixture of experts' gate/up products where the gathered product's SwiGLU
+// epilogue does not do it: per row r of gate_up [n_rows, 2 inter] f32 ((gate, up) pairs
+// interleaved, or halves: gate row then up row), gate += gate_b[e, i] and up += up_b[e, i] with
+// e = row_experts[r] (row_experts null: no biases; gpt-oss's experts' biases), then act: 0 SiLU
+// (gate · σ(gate) · up), 1 GELU tanh, 2 gpt-oss's clamped SwiGLU (gate = min(gate, limit),
+// up = clamp(up, -limit, limit), (up + 1) · gate · σ(alpha · gate)); each in the CPU engine's
+// order of operations. out f32 or BF16 [n_rows, inter].
+template <bool BF16_OUT>
+__device__ __forceinline__ void moe_glu_impl(const float* __restrict__ gate_up, void* __restrict__ out, int inter,
+                                             int n_rows, int halves, const int* __restrict__ row_experts,
+                                             const float* __restrict__ gate_b, const float* __restrict__ up_b,
+                                             int act, float alpha, float limit) {
+    pdl_wait();
+    pdl_trigger();
+    const size_t n = (size_t)inter * n_rows;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = j / inter, i = j - r * inter;
+        const float* row = gate_up + r * 2 * inter;
+        float g = __ldcg(halves ? row + i : row + 2 * i);
+        float u = __ldcg(halves ? row + inter + i : row + 2 * i + 1);
+        if (row_experts) {
+            const size_t b = (size_t)__ldcg(row_experts + r) * inter + i;
+            g = __fadd_rn(g, gate_b[b]);
+            u = __fadd_rn(u, up_b[b]);
+        }
+        float v;
+        if (act == 2) {
+            g = fminf(g, limit);
+            u = fminf(fmaxf(u, -limit), limit);
+            const float glu = __fmul_rn(g, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(g, alpha)))));
+            v = __fmul_rn(__fadd_rn(u, 1.0f), glu);
+        } else if (act == 1) {
+            v = __fmul_rn(gelu_tanh(g), u);
+        } else {
+            v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+        }
+        if (BF16_OUT) ((bf16_t*)out)[j] = f32_to_bf16(v);
+        else ((float*)out)[j] = v;
+    }
+}
+
+extern "C" __global__ void moe_glu_f32(const float* __restrict__ gate_up, float* __restrict__ out, int inter,
+                                       int n_rows, int halves, const int* __restrict__ row_experts,
+                                       const float* __restrict__ gate_b, const float* __restrict__ up_b, int act,
+                                       float alpha, float limit) {
+    moe_glu_impl<false>(gate_up, out, inter, n_rows, halves, row_experts, gate_b, up_b, act, alpha, limit);
+}
+
+extern "C" __global__ void moe_glu_bf16out(const float* __restrict__ gate_up, bf16_t* __restrict__ out, int inter,
+                                           int n_rows, int halves, const int* __restrict__ row_experts,
+                                           const float* __restrict__ gate_b, const float* __restrict__ up_b,
+                                           int act, float alpha, float limit) {
+    moe_glu_impl<true>(gate_up, out, inter, n_rows, halves, row_experts, gate_b, up_b, act, alpha, limit);
+}
+
+// x[r, i] = x[r, i] + (y[r, i] + b[i]) over n_rows rows of dim: a projection's output plus its bias,
+// then the residual add, in the CPU engine's order (gpt-oss's attention output bias).
+extern "C" __global__ void bias_residual(const float* __restrict__ y, const float* __restrict__ b,
+                                         float* __restrict__ x, int dim, int n_rows) {
+    pdl_wait();
+    pdl_trigger();
+    const size_t n = (size_t)dim * n_rows;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
+        x[j] = __fadd_rn(__ldcg(x + j), __fadd_rn(__ldcg(y + j), b[j % dim]));
 }
 
 // Prefill's grouping of tokens by expert: out[r] = in[idx[r]] for n_rows rows of dim BF16 values.

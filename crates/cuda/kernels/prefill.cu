@@ -21,6 +21,11 @@
 #define FA_SOFTCAP 0
 #endif
 #define FA_EXT (FA_WINDOW || FA_SOFTCAP)
+// FA_SINKS = a learned logit per query head (gpt-oss's sinks[n_q_heads], unscaled) joins each
+// row's softmax maximum and denominator, not the values; appends (const float* sinks).
+#ifndef FA_SINKS
+#define FA_SINKS 0
+#endif
 #define FA_WARPS 4
 #define FA_BM (16 * FA_WARPS)
 // Keys a tile: 64, or 32 for heads over 128 (the K and V tiles in 48 KiB of static shared memory).
@@ -69,6 +74,9 @@ flash_prefill(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k_cache,
               int n_q_heads, int n_kv_heads, float scale_log2
 #if FA_EXT
               , int window, float softcap
+#endif
+#if FA_SINKS
+              , const float* __restrict__ sinks
 #endif
 ) {
     __shared__ __align__(16) bf16_t Ks[FA_BN * KS_STRIDE];
@@ -228,7 +236,16 @@ flash_prefill(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k_cache,
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+#if FA_SINKS
+    // The sink joins the maximum (every row sees its own key: m is finite) and the denominator.
+    const float sink = sinks[h] * LOG2E_F;
+    const float ms_a = fmaxf(m_a, sink), ms_b = fmaxf(m_b, sink);
+    const float f_a = exp2f(m_a - ms_a), f_b = exp2f(m_b - ms_b);
+    const float inv_a = f_a / (l_a * f_a + exp2f(sink - ms_a));
+    const float inv_b = f_b / (l_b * f_b + exp2f(sink - ms_b));
+#else
     const float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+#endif
     const int ra = r0 + g, rb = r0 + g + 8;
 #pragma unroll
     for (int nt = 0; nt < HEAD_DIM / 8; ++nt) {

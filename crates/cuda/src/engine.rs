@@ -44,9 +44,9 @@ use crate::ops::attention::{
 };
 use crate::ops::elementwise::{launch_embedding, launch_swiglu_halves_bf16};
 use crate::ops::families::{
-    group_by_expert, launch_add_rmsnorm, launch_geglu, launch_moe_combine, launch_moe_gather_rows,
-    launch_moe_topk, launch_rope_heads, launch_scale, launch_softcap, route, ActOut, GroupedRoutes,
-    HeadOps, NextOut,
+    group_by_expert, launch_add_rmsnorm, launch_bias_residual, launch_geglu, launch_moe_combine,
+    launch_moe_gather_rows, launch_moe_glu, launch_moe_topk, launch_rope_heads, launch_scale,
+    launch_softcap, route, ActOut, ExpertBias, Glu, GroupedRoutes, HeadOps, NextOut, RouteSpec,
 };
 use crate::ops::forward::*;
 use crate::ops::rope::RopeLayout;
@@ -87,7 +87,7 @@ fn moe_dims(c: &ModelConfig) -> Option<(usize, usize, usize)> {
 fn moe_prefill_bytes_per_token(c: &ModelConfig) -> usize {
     moe_dims(c).map_or(0, |(e, k, ie)| {
         let h = c.hidden_size;
-        4 * (h + e) + 12 * k + k * (2 * h + 4 * 2 * ie + 2 * ie + 4 * h)
+        4 * (h + e) + 20 * k + k * (2 * h + 4 * 2 * ie + 2 * ie + 4 * h)
     })
 }
 
@@ -124,10 +124,12 @@ pub fn workspace_bound(c: &ModelConfig, max_seq: usize) -> usize {
         None => (max_rows, max_weights),
     };
     let scratch = (max_rows + h.max(qd).max(inter) + 1) * 4 + max_weights * 2;
-    // A mixture of experts' decode buffers: router logits, the slots' experts, weights, outputs
-    // and activations.
-    let decode =
-        decode + moe_dims(c).map_or(0, |(e, k, ie)| 4 * (e + 2 * k + k * h + k * ie.max(inter)));
+    // A mixture of experts' decode buffers: router logits, the slots' experts, weights, outputs,
+    // activations and (before an activation kernel of their own: `GpuMoe::glu`) gate/up products.
+    let decode = decode
+        + moe_dims(c).map_or(0, |(e, k, ie)| {
+            4 * (e + 2 * k + k * h + k * ie.max(inter) + 2 * k * ie)
+        });
     let rope = max_seq * (c.head_dim / 2) * 2 * 4;
     // The families' buffers: gate/up before GeGLU, a projection before its post norm, the
     // sliding layers' RoPE table.
@@ -167,6 +169,89 @@ pub struct GpuMoe {
     pub norm_topk: bool,
     /// Rows of each expert's gate (and up).
     pub inter: usize,
+    /// Softmax then top-k, or top-k then softmax (gpt-oss).
+    pub routing: entrollm_model::config::Routing,
+    /// The router's bias (`[experts]`; gpt-oss).
+    pub router_bias: Option<CudaSlice<f32>>,
+    /// The experts' biases (gpt-oss).
+    pub biases: Option<GpuExpertBiases>,
+    /// The activation as its own kernel (`moe_glu`) after a plain gathered gate/up product: the
+    /// experts have biases, or an activation other than SwiGLU (gpt-oss's clamped one). None:
+    /// SwiGLU in the gathered product's epilogue.
+    pub glu: Option<Glu>,
+}
+
+/// Every expert's gate, up and down biases, stacked expert after expert (`[experts, inter]`,
+/// `[experts, inter]`, `[experts, hidden]`).
+pub struct GpuExpertBiases {
+    pub gate: CudaSlice<f32>,
+    pub up: CudaSlice<f32>,
+    pub down: CudaSlice<f32>,
+}
+
+impl GpuMoe {
+    /// The device copy of a layer's experts' routing (`ex`, configured by `moe`) around its router
+    /// (the expert matrices are the layer's stacks).
+    pub fn upload(
+        dev: &GpuDevice,
+        c: &ModelConfig,
+        moe: &entrollm_model::config::Moe,
+        ex: &entrollm_model::weights::Experts,
+        router: GpuLinear,
+    ) -> Result<Self> {
+        let biases = if ex.biases.is_empty() {
+            None
+        } else {
+            let cat = |f: &dyn Fn(&entrollm_model::weights::ExpertBiases) -> &Vec<f32>| {
+                ex.biases
+                    .iter()
+                    .flat_map(|b| f(b).iter().copied())
+                    .collect::<Vec<f32>>()
+            };
+            let (gate, up, down) = (cat(&|b| &b.gate), cat(&|b| &b.up), cat(&|b| &b.down));
+            let (e, ie, h) = (ex.experts.len(), moe.intermediate_size, c.hidden_size);
+            if ex.biases.len() != e
+                || gate.len() != e * ie
+                || up.len() != e * ie
+                || down.len() != e * h
+            {
+                return Err(GpuError::invalid(
+                    "gpu model",
+                    "the experts' biases do not match their experts",
+                ));
+            }
+            Some(GpuExpertBiases {
+                gate: upload_f32(dev, &gate)?,
+                up: upload_f32(dev, &up)?,
+                down: upload_f32(dev, &down)?,
+            })
+        };
+        let glu = Glu::of(&c.block);
+        Ok(GpuMoe {
+            router,
+            experts: ex.experts.len(),
+            top_k: moe.top_k,
+            norm_topk: moe.norm_topk,
+            inter: moe.intermediate_size,
+            routing: moe.routing,
+            router_bias: ex
+                .router_bias
+                .as_deref()
+                .map(|b| upload_f32(dev, b))
+                .transpose()?,
+            glu: (biases.is_some() || glu != Glu::Silu).then_some(glu),
+            biases,
+        })
+    }
+
+    /// How the router picks and weighs the experts.
+    pub fn spec(&self) -> RouteSpec {
+        RouteSpec {
+            top_k: self.top_k,
+            norm_topk: self.norm_topk,
+            routing: self.routing,
+        }
+    }
 }
 
 /// RMSNorm weights (f32) of the norms only some families have ([`entrollm_model::weights::ExtraNorms`]).
@@ -178,6 +263,10 @@ pub struct GpuNorms {
     pub post_attn: Option<CudaSlice<f32>>,
     /// Of the MLP's output before its residual add (`[hidden]`).
     pub post_mlp: Option<CudaSlice<f32>>,
+    /// The attention output projection's bias (`[hidden]`; gpt-oss).
+    pub o_bias: Option<CudaSlice<f32>>,
+    /// A logit per query head joined to the attention's softmax (`[heads]`; gpt-oss).
+    pub sinks: Option<CudaSlice<f32>>,
 }
 
 impl GpuNorms {
@@ -198,6 +287,8 @@ impl GpuNorms {
             qk,
             post_attn: up(&n.post_attn)?,
             post_mlp: up(&n.post_mlp)?,
+            o_bias: up(&n.o_bias)?,
+            sinks: up(&n.sinks)?,
         })
     }
 
@@ -206,6 +297,8 @@ impl GpuNorms {
         self.qk.as_ref().map_or(0, |(q, k)| (q.len() + k.len()) * 4)
             + len(&self.post_attn)
             + len(&self.post_mlp)
+            + len(&self.o_bias)
+            + len(&self.sinks)
     }
 }
 
@@ -317,6 +410,7 @@ impl GpuModel {
                     qk_norm: l.norms.qk.is_some(),
                     post_attn_norm: l.norms.post_attn.is_some(),
                     post_mlp_norm: l.norms.post_mlp.is_some(),
+                    o_bias: l.norms.o_bias.is_some(),
                     o: l.o.desc(),
                     gate_up: l.gate_up.desc(),
                     down: l.down.desc(),
@@ -325,6 +419,10 @@ impl GpuModel {
                         experts: m.experts,
                         top_k: m.top_k,
                         norm_topk: m.norm_topk,
+                        topk_first: m.spec().topk_first(),
+                        router_bias: m.router_bias.is_some(),
+                        expert_biases: m.biases.is_some(),
+                        glu: m.glu,
                     }),
                 })
                 .collect(),
@@ -734,6 +832,9 @@ struct MoePrefill {
     order: CudaSlice<i32>,
     rows: CudaSlice<i32>,
     w: CudaSlice<f32>,
+    /// The expert of each slot and of each grouped row (for the experts' biases).
+    slot_e: CudaSlice<i32>,
+    row_e: CudaSlice<i32>,
     xg: CudaSlice<u16>,
     gu: CudaSlice<f32>,
     act: CudaSlice<u16>,
@@ -743,6 +844,7 @@ struct MoePrefill {
 impl MoePrefill {
     fn bytes(&self) -> usize {
         (self.xf.len() + self.logits.len() + self.order.len() + self.rows.len() + self.w.len()) * 4
+            + (self.slot_e.len() + self.row_e.len()) * 4
             + (self.gu.len() + self.yd.len()) * 4
             + (self.xg.len() + self.act.len()) * 2
     }
@@ -797,14 +899,22 @@ fn prefill_experts(
             .router
             .matmul(dev, gemm, &p.hb, &mut b.logits, n, false)?,
     }
-    let logits = dev
+    let mut logits = dev
         .stream()
         .clone_dtoh(&b.logits.slice(0..n * e))
         .while_(|| "downloading router logits".into())?;
-    let routes: Vec<Vec<(usize, f32)>> = logits
-        .chunks(e)
-        .map(|l| route(l, k, moe.norm_topk))
-        .collect();
+    if let Some(bias) = &moe.router_bias {
+        // The router's bias, added on the host as the CPU engine adds it (f32).
+        let bias = dev
+            .stream()
+            .clone_dtoh(bias)
+            .while_(|| "downloading the router's bias".into())?;
+        for row in logits.chunks_mut(e) {
+            row.iter_mut().zip(&bias).for_each(|(l, b)| *l += b);
+        }
+    }
+    let spec = moe.spec();
+    let routes: Vec<Vec<(usize, f32)>> = logits.chunks(e).map(|l| route(l, spec)).collect();
     let GroupedRoutes {
         order,
         rows,
@@ -819,6 +929,16 @@ fn prefill_experts(
         .while_(what)?;
     s.memcpy_htod(&w, &mut b.w.slice_mut(0..n * k))
         .while_(what)?;
+    if moe.biases.is_some() {
+        let slot_e: Vec<i32> = routes.iter().flatten().map(|r| r.0 as i32).collect();
+        let row_e: Vec<i32> = (0..e)
+            .flat_map(|x| std::iter::repeat_n(x as i32, start[x + 1] - start[x]))
+            .collect();
+        s.memcpy_htod(&slot_e, &mut b.slot_e.slice_mut(0..n * k))
+            .while_(what)?;
+        s.memcpy_htod(&row_e, &mut b.row_e.slice_mut(0..n * k))
+            .while_(what)?;
+    }
     launch_moe_gather_rows(dev, &p.hb, &b.order, n * k, h, &mut b.xg)?;
     for x in 0..e {
         let (a, c) = (start[x], start[x + 1] - start[x]);
@@ -831,10 +951,23 @@ fn prefill_experts(
             .gate_up
             .expert_matmul(dev, gemm, e, x, &xg, &mut gu, c)?;
     }
-    if layer.gate_up.gate_up_halves() {
-        launch_swiglu_halves_bf16(dev, &b.gu, &mut b.act, n * k, ie)?;
-    } else {
-        launch_swiglu_bf16(dev, &b.gu, &mut b.act, n * k, ie)?;
+    let halves = layer.gate_up.gate_up_halves();
+    match moe.glu {
+        Some(glu) => {
+            let bias = moe.biases.as_ref().map(|x| (&b.row_e, &x.gate, &x.up));
+            launch_moe_glu(
+                dev,
+                &b.gu,
+                ActOut::Bf16(&mut b.act),
+                n * k,
+                ie,
+                halves,
+                bias,
+                glu,
+            )?
+        }
+        None if halves => launch_swiglu_halves_bf16(dev, &b.gu, &mut b.act, n * k, ie)?,
+        None => launch_swiglu_bf16(dev, &b.gu, &mut b.act, n * k, ie)?,
     }
     for x in 0..e {
         let (a, c) = (start[x], start[x + 1] - start[x]);
@@ -847,7 +980,22 @@ fn prefill_experts(
             .down
             .expert_matmul(dev, gemm, e, x, &act, &mut yd, c)?;
     }
-    launch_moe_combine(dev, &b.yd, Some(&b.rows), &b.w, k, h, n, &mut p.x, true)
+    let down_bias = moe.biases.as_ref().map(|x| ExpertBias {
+        experts: &b.slot_e,
+        bias: &x.down,
+    });
+    launch_moe_combine(
+        dev,
+        &b.yd,
+        Some(&b.rows),
+        &b.w,
+        k,
+        h,
+        n,
+        &mut p.x,
+        true,
+        down_bias,
+    )
 }
 
 /// Runs a [`GpuModel`] on one sequence.
@@ -891,15 +1039,15 @@ impl GpuEngine {
     ) -> Result<Self> {
         let c = model.config.clone();
         check_supported(&c)?;
-        let post_norms = model
-            .layers
-            .iter()
-            .any(|l| l.norms.post_attn.is_some() || l.norms.post_mlp.is_some());
+        // A projection's output kept apart before its post norm, or before its bias.
+        let post_norms = model.layers.iter().any(|l| {
+            l.norms.post_attn.is_some() || l.norms.post_mlp.is_some() || l.norms.o_bias.is_some()
+        });
         if post_norms && 2 * c.intermediate_size < c.hidden_size {
             // Prefill keeps a projection's output before its post norm in the gate/up buffer.
             return Err(GpuError::invalid(
                 "gpu engine",
-                "post norms need an intermediate size of at least half the hidden size",
+                "post norms and an o bias need an intermediate size of at least half the hidden size",
             ));
         }
         if max_seq == 0 || max_seq > c.max_position_embeddings {
@@ -928,6 +1076,16 @@ impl GpuEngine {
         let width = qd + 2 * kvd;
         let geglu = c.block.activation != entrollm_model::config::Activation::Silu;
         let moe = moe_dims(&c);
+        // The experts' gate/up products before their activation kernel (`GpuMoe::glu`).
+        let moe_glu = model
+            .layers
+            .iter()
+            .any(|l| l.moe.as_ref().is_some_and(|m| m.glu.is_some()));
+        let gate_up_len = match moe {
+            Some((_, k, ie)) if moe_glu => (2 * k * ie).max(if geglu { 2 * inter } else { 1 }),
+            _ if geglu => 2 * inter,
+            _ => 1,
+        };
         let desc = model.desc(dev.info().sm_count);
         let plans = [
             decode_plan(&desc, &opts, true)?,
@@ -952,7 +1110,7 @@ impl GpuEngine {
             q: a32(qd)?,
             attn: a32(qd)?,
             act: a32(moe.map_or(inter, |m| inter.max(m.1 * m.2)))?,
-            gate_up: a32(if geglu { 2 * inter } else { 1 })?,
+            gate_up: a32(gate_up_len)?,
             y: a32(if post_norms { h } else { 1 })?,
             router: a32(moe.map_or(1, |m| m.0))?,
             slot_experts: ai(moe.map_or(1, |m| m.1))?,
@@ -992,6 +1150,8 @@ impl GpuEngine {
                     order: ai(cap * k)?,
                     rows: ai(cap * k)?,
                     w: a32(cap * k)?,
+                    slot_e: ai(cap * k)?,
+                    row_e: ai(cap * k)?,
                     xg: a16(cap * k * h)?,
                     gu: a32(cap * k * 2 * ie)?,
                     act: a16(cap * k * ie)?,
@@ -1000,8 +1160,10 @@ impl GpuEngine {
                 None => None,
             },
         };
+        // YaRN's attention factor scales cos and sin, as the CPU engine's table.
+        let factor = entrollm_model::engine::rope_attention_factor(&c);
         let cos_sin = s
-            .clone_htod(&rope_table(&rope_inv_freq(&c), max_seq))
+            .clone_htod(&rope_table_scaled(&rope_inv_freq(&c), max_seq, factor))
             .while_(|| "uploading the RoPE table".into())?;
         let cos_sin_local = match local_rope_table(&c, max_seq) {
             Some(t) => Some(
@@ -1346,23 +1508,24 @@ impl GpuEngine {
                     launch_moe_topk(
                         dev,
                         &d.router,
+                        m.router_bias.as_ref(),
                         1,
                         m.experts,
-                        m.top_k,
-                        m.norm_topk,
+                        m.spec(),
                         &mut d.slot_experts,
                         &mut d.slot_w,
                     )?;
                 }
                 Step::Experts { mat: w, input, out } => {
                     let (l, swiglu) = match w {
-                        Mat::GateUp(l) => (l, true),
+                        Mat::GateUp(l) => (l, out == Buf::Act),
                         Mat::Down(l) => (l, false),
                         _ => return Err(mismatch(s)),
                     };
                     let m = moe_of(l, s)?;
                     let (x, y, x_group) = match (input, out) {
                         (Buf::H, Buf::Act) => (&d.h, &mut d.act, m.top_k),
+                        (Buf::H, Buf::GateUp) => (&d.h, &mut d.gate_up, m.top_k),
                         (Buf::Act, Buf::Experts) => (&d.act, &mut d.ys, 1),
                         _ => return Err(mismatch(s)),
                     };
@@ -1374,9 +1537,39 @@ impl GpuEngine {
                     };
                     mat(w).gathered(dev, g, x, swiglu, y)?;
                 }
+                Step::MoeGlu { layer } => {
+                    let m = moe_of(layer, s)?;
+                    let glu = m.glu.ok_or_else(|| mismatch(s))?;
+                    let bias = m.biases.as_ref().map(|b| (&d.slot_experts, &b.gate, &b.up));
+                    let halves = layers[layer].gate_up.gate_up_halves();
+                    launch_moe_glu(
+                        dev,
+                        &d.gate_up,
+                        ActOut::F32(&mut d.act),
+                        m.top_k,
+                        m.inter,
+                        halves,
+                        bias,
+                        glu,
+                    )?;
+                }
                 Step::MoeCombine { layer } => {
                     let m = moe_of(layer, s)?;
-                    launch_moe_combine(dev, &d.ys, None, &d.slot_w, m.top_k, h, 1, &mut d.x, true)?;
+                    let down_bias = m.biases.as_ref().map(|b| ExpertBias {
+                        experts: &d.slot_experts,
+                        bias: &b.down,
+                    });
+                    launch_moe_combine(
+                        dev, &d.ys, None, &d.slot_w, m.top_k, h, 1, &mut d.x, true, down_bias,
+                    )?;
+                }
+                Step::BiasResidual { layer } => {
+                    let b = layers[layer]
+                        .norms
+                        .o_bias
+                        .as_ref()
+                        .ok_or_else(|| mismatch(s))?;
+                    launch_bias_residual(dev, &d.y, b, &mut d.x, h, 1)?;
                 }
                 Step::Attention { layer, fused } => {
                     let attend = if fused {
@@ -1396,6 +1589,7 @@ impl GpuEngine {
                         &mut d.attn,
                         scale,
                         layer_mask(c, layer),
+                        layers[layer].norms.sinks.as_ref(),
                     )?;
                 }
                 Step::Argmax => launch_argmax(dev, &d.logits, vocab, &mut d.argmax, &mut d.tok)?,
@@ -1590,21 +1784,37 @@ impl GpuEngine {
                     &mut p.attn,
                     scale,
                     layer_mask(&c, l),
+                    layer.norms.sinks.as_ref(),
                 )?;
                 // With a post norm, the projection goes to the (free) gate/up buffer and the
                 // norm's residual add leaves the next norm's output in hb.
-                match &layer.norms.post_attn {
-                    Some(post) => {
+                match (&layer.norms.post_attn, &layer.norms.o_bias) {
+                    (Some(post), _) => {
                         layer
                             .o
                             .matmul(dev, &self.gemm, &p.attn, &mut p.gate_up, n, false)?;
                         let next = Some((&layer.mlp_norm, NextOut::Bf16(&mut p.hb)));
                         launch_add_rmsnorm(dev, &p.gate_up, post, &mut p.x, next, n, h, eps)?;
                     }
-                    None => {
-                        layer
-                            .o
-                            .matmul(dev, &self.gemm, &p.attn, &mut p.x, n, true)?;
+                    (None, o_bias) => {
+                        match o_bias {
+                            // o into the (free) gate/up buffer, then its bias and the residual
+                            // add in the CPU engine's order.
+                            Some(b) => {
+                                layer.o.matmul(
+                                    dev,
+                                    &self.gemm,
+                                    &p.attn,
+                                    &mut p.gate_up,
+                                    n,
+                                    false,
+                                )?;
+                                launch_bias_residual(dev, &p.gate_up, b, &mut p.x, h, n)?;
+                            }
+                            None => layer
+                                .o
+                                .matmul(dev, &self.gemm, &p.attn, &mut p.x, n, true)?,
+                        }
                         launch_rmsnorm_f32w(
                             dev,
                             &p.x,

@@ -1114,13 +1114,13 @@ fn serve(
                 gate_up,
                 down,
                 norms: crate::engine::GpuNorms::upload(dev, &l.norms)?,
-                moe: Some(crate::engine::GpuMoe {
-                    router: configure(router, &id("router"))?,
-                    experts: ex.experts.len(),
-                    top_k: moe.top_k,
-                    norm_topk: moe.norm_topk,
-                    inter: moe.intermediate_size,
-                }),
+                moe: Some(crate::engine::GpuMoe::upload(
+                    dev,
+                    c,
+                    moe,
+                    ex,
+                    configure(router, &id("router"))?,
+                )?),
             });
             progress(i + 1, w.layers.len());
             continue;

@@ -605,7 +605,7 @@ impl Checker<'_> {
         );
         let mut out = poisoned16(self.dev, n * nq * hd)?;
         let scale = 1.0 / (hd as f32).sqrt();
-        launch_flash_prefill(self.dev, s, &q_d, &k_d, &v_d, &mut out, scale, mask)?;
+        launch_flash_prefill(self.dev, s, &q_d, &k_d, &v_d, &mut out, scale, mask, None)?;
         let got = widen(&download(self.dev, &out)?);
         let want = prefill_attention_ref(s, &q, &kc, &vc, scale, mask);
         self.record(
@@ -658,6 +658,7 @@ impl Checker<'_> {
             &mut out,
             scale,
             mask,
+            None,
         )?;
         let got = download(self.dev, &out)?;
         let want = attention_masked_ref(&q, &kc, &vc, len, (nq, nkv, hd), scale, mask);
@@ -683,6 +684,7 @@ impl Checker<'_> {
                 &mut out,
                 scale,
                 mask,
+                None,
             )?;
             let got = download(self.dev, &out)?;
             self.record(
@@ -1448,6 +1450,7 @@ pub fn run_engine_selftest(
         let mask = AttnMask {
             window,
             softcap: cap,
+            sinks: false,
         };
         c.flash(n, start, nq, nkv, hd, 2.0, mask)?;
     }
@@ -1485,6 +1488,7 @@ pub fn run_engine_selftest(
             let mask = AttnMask {
                 window,
                 softcap: cap,
+                sinks: false,
             };
             c.attn_decode(hd, nq, nkv, max_seq, len, mask)?;
         }

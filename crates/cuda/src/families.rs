@@ -5,24 +5,24 @@
 //! Runs: q/k RMSNorm per head and partial rotary (`kernels/families.cu` `rope_heads_*`, fused with
 //! the KV append), post-attention and post-MLP norms (`add_rmsnorm*`: the residual add with the
 //! next norm), GeGLU (`geglu_*`), the embedding scale (`scale_f32`), the attention scale, attention
-//! soft-capping and sliding windows per layer (the `ATTN_WINDOW` / `ATTN_SOFTCAP` and `FA_WINDOW` /
-//! `FA_SOFTCAP` variants of the attention kernels), final soft-capping (`softcap_f32`), a RoPE
-//! base of the sliding layers' own (a second RoPE table), and a mixture of experts with SwiGLU
-//! experts (Mixtral, Qwen3-MoE: the router's GEMV, `moe_topk` on the device, the routed experts'
-//! gate/up and down each one gathered launch, `moe_combine`; prefill groups the prompt's tokens by
-//! expert). The decode step of each is in [`crate::plan`].
+//! soft-capping, sliding windows and sinks per layer (the `ATTN_WINDOW` / `ATTN_SOFTCAP` /
+//! `ATTN_SINKS` and `FA_WINDOW` / `FA_SOFTCAP` / `FA_SINKS` variants of the attention kernels),
+//! final soft-capping (`softcap_f32`), a RoPE base of the sliding layers' own (a second RoPE
+//! table), YaRN RoPE scaling (its frequencies and its attention factor in the RoPE table), a bias
+//! on the attention output projection (`bias_residual`), and a mixture of experts (Mixtral,
+//! Qwen3-MoE, gpt-oss: the router's GEMV, `moe_topk` on the device — softmax then top-k, or
+//! top-k then softmax, with the router's bias —, the routed experts' gate/up and down each one
+//! gathered launch, SwiGLU in the gate/up product's epilogue or, for experts with biases or
+//! another activation (gpt-oss's clamped SwiGLU), `moe_glu_*` after a plain product,
+//! `moe_combine` with the experts' down biases; prefill groups the prompt's tokens by expert).
+//! The decode step of each is in [`crate::plan`].
 
-use entrollm_model::config::Activation;
 use entrollm_model::weights::{Mlp, ModelWeights};
 
 /// The parts of `w`'s forward pass the GPU engine does not run, by name (empty: it runs it).
 pub fn unsupported(w: &ModelWeights) -> Vec<&'static str> {
     let mut out = Vec::new();
     let experts = |l: &&entrollm_model::LayerWeights| matches!(l.mlp, Mlp::Experts(_));
-    // The gathered gate/up products apply SwiGLU in their epilogue.
-    if w.config.block.activation != Activation::Silu && w.layers.iter().any(|l| experts(&l)) {
-        out.push("a mixture of experts with an activation other than SiLU");
-    }
     // Prefill adds the experts' weighted sum straight into the residual stream.
     if w.layers
         .iter()
@@ -36,35 +36,28 @@ pub fn unsupported(w: &ModelWeights) -> Vec<&'static str> {
             out.push("more than 4096 experts, or more than 64 a token");
         }
     }
-    if w.layers.iter().any(|l| l.norms.sinks.is_some()) {
-        out.push("attention sinks");
+    // The clamped SwiGLU runs in the experts' activation kernel, not in a dense MLP's epilogue.
+    if w.config.block.clamped_swiglu.is_some() && w.layers.iter().any(|l| !experts(&l)) {
+        out.push("the clamped SwiGLU (gpt-oss's) in a dense MLP");
     }
-    if w.layers.iter().any(|l| l.norms.o_bias.is_some()) {
-        out.push("a bias on the attention output projection");
-    }
-    // The RoPE table holds cos and sin unscaled: YaRN's attention factor has no place there.
-    if matches!(
-        w.config.rope_scaling,
-        entrollm_model::config::RopeScaling::Yarn { .. }
-    ) {
-        out.push("YaRN RoPE scaling");
-    }
-    if w.config.block.clamped_swiglu.is_some() {
-        out.push("the clamped SwiGLU (gpt-oss)");
-    }
-    if w.layers.iter().any(|l| {
-        matches!(&l.mlp, entrollm_model::weights::Mlp::Experts(e)
-            if e.router_bias.is_some() || !e.biases.is_empty())
-    }) {
-        out.push("biases on a mixture of experts' router and experts");
-    }
-    if w.config
-        .block
-        .moe
-        .as_ref()
-        .is_some_and(|m| m.routing == entrollm_model::config::Routing::TopKSoftmax)
+    // The o projection's output goes through its bias straight into the residual stream.
+    if w.layers
+        .iter()
+        .any(|l| l.norms.o_bias.is_some() && l.norms.post_attn.is_some())
     {
-        out.push("experts weighted by the softmax of their top-k logits");
+        out.push("a bias on the attention output projection before a post-attention norm");
+    }
+    // The attention kernels take sinks where the family's description has them (`layer_mask`).
+    let family_sinks = w
+        .config
+        .arch
+        .family()
+        .has(entrollm_model::arch::Role::Sinks);
+    if w.layers
+        .iter()
+        .any(|l| l.norms.sinks.is_some() != family_sinks)
+    {
+        out.push("attention sinks where the family has none, or none where it has them");
     }
     // The per-head kernel norms q and k heads alike: a model with one of the two norms only.
     if w.layers

@@ -24,6 +24,7 @@ use entrollm_model::ModelConfig;
 use crate::error::{GpuError, Result};
 use crate::linear::swiglu_config;
 use crate::ops::attention::{AttnConfig, AttnMask};
+use crate::ops::families::Glu;
 use crate::ops::forward::{decode_attn_config, gemv_rope_variant, GemvFusion};
 use crate::ops::gemv::GemvConfig;
 
@@ -169,6 +170,8 @@ pub const PDL_KERNELS: &[&str] = &[
     "gemv_bf16_experts",
     "ggml_mv_experts",
     "moe_combine",
+    "moe_glu_f32",
+    "bias_residual",
     "attn_decode_partial",
     "attn_decode_fused",
     "attn_decode_combine",
@@ -356,6 +359,8 @@ pub struct LayerDesc {
     pub post_attn_norm: bool,
     /// RMSNorm of the MLP's output before its residual add (Gemma).
     pub post_mlp_norm: bool,
+    /// A bias on the attention's output projection (gpt-oss): o into y, then `bias_residual`.
+    pub o_bias: bool,
     pub o: LinearDesc,
     /// A mixture of experts' layer: the stacks of every expert's gate/up and down.
     pub gate_up: LinearDesc,
@@ -371,6 +376,15 @@ pub struct MoeDesc {
     pub experts: usize,
     pub top_k: usize,
     pub norm_topk: bool,
+    /// Top-k of the logits, then their softmax (gpt-oss).
+    pub topk_first: bool,
+    /// A bias on the router (gpt-oss).
+    pub router_bias: bool,
+    /// Biases on the experts' gate, up and down (gpt-oss).
+    pub expert_biases: bool,
+    /// The activation as its own kernel after a plain gathered gate/up product
+    /// (`GpuMoe::glu`); None: SwiGLU in the product's epilogue.
+    pub glu: Option<Glu>,
 }
 
 /// What the decode step of a model is made from: plain data that `GpuModel::desc` gives and tests
@@ -427,11 +441,19 @@ impl ModelDesc {
                 Some(m) => (
                     stack(form("gate_up", 2 * m.intermediate_size, h)?, m.experts),
                     stack(form("down", h, m.intermediate_size)?, m.experts),
-                    Some(MoeDesc {
-                        router: form("router", m.experts, h)?,
-                        experts: m.experts,
-                        top_k: m.top_k,
-                        norm_topk: m.norm_topk,
+                    Some({
+                        let biases = family.moe.as_ref().is_some_and(|s| s.biases);
+                        let glu = Glu::of(&c.block);
+                        MoeDesc {
+                            router: form("router", m.experts, h)?,
+                            experts: m.experts,
+                            top_k: m.top_k,
+                            norm_topk: m.norm_topk,
+                            topk_first: m.routing == entrollm_model::config::Routing::TopKSoftmax,
+                            router_bias: biases,
+                            expert_biases: biases,
+                            glu: (biases || glu != Glu::Silu).then_some(glu),
+                        }
                     }),
                 ),
                 None => (
@@ -446,6 +468,9 @@ impl ModelDesc {
                 qk_norm: family.has(Role::QNorm),
                 post_attn_norm: family.has(Role::PostAttnNorm),
                 post_mlp_norm: family.has(Role::PostMlpNorm),
+                // (Biases are the weights' to have: q/k/v's and o's are left out here, as a
+                // description built from the config alone cannot tell.)
+                o_bias: false,
                 o: form("o", h, q)?,
                 gate_up,
                 down,
@@ -622,11 +647,16 @@ pub enum Step {
     /// A mixture of experts' routing: the router logits' softmax and top-k into the slots'
     /// experts and weights (`moe_topk`).
     MoeTopk { layer: usize },
-    /// A gathered product over the routed experts of `mat` (gate/up with SwiGLU into act, down
-    /// into the slots' outputs).
+    /// A gathered product over the routed experts of `mat` (gate/up with SwiGLU into act, or
+    /// plain into gate_up; down into the slots' outputs).
     Experts { mat: Mat, input: Buf, out: Buf },
-    /// `x += Σ weight · ys` over the slots (`moe_combine`).
+    /// The experts' activation (and gate/up biases) over the slots' gate/up products into act
+    /// (`moe_glu_f32`).
+    MoeGlu { layer: usize },
+    /// `x += Σ weight · (ys + down bias)` over the slots (`moe_combine`).
     MoeCombine { layer: usize },
+    /// `x += y + b` (the o projection's bias, then the residual add: `bias_residual`).
+    BiasResidual { layer: usize },
     /// Attention of layer `layer` (one launch when `fused`).
     Attention { layer: usize, fused: bool },
     /// Greedy argmax of the logits into the token.
@@ -876,10 +906,13 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
         chained = chain
             && !h_ready
             && silu
+            && !layer.o_bias
             && layer.moe.is_none()
             && layer.o.chainable()
             && layer.gate_up.chainable();
-        steps.push(if h_ready {
+        // o's bias: o into y, then its bias and the residual add (a post norm after it is refused
+        // at upload: crate::families).
+        steps.push(if h_ready || layer.o_bias {
             Step::Matvec {
                 mat: Mat::O(l),
                 input: Buf::Attn,
@@ -908,11 +941,13 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
                 norm: Norm::PostAttn(l),
                 next: Some(Norm::Mlp(l)),
             });
+        } else if layer.o_bias {
+            steps.push(Step::BiasResidual { layer: l });
         }
         // A mixture of experts: the MLP norm, the router's GEMV, its top-k on the device, the
         // routed experts' gate/up (SwiGLU) and down as one gathered launch each, their weighted
         // sum added to the residual.
-        if layer.moe.is_some() {
+        if let Some(moe) = &layer.moe {
             if !h_ready {
                 steps.push(Step::RmsNorm { norm: Norm::Mlp(l) });
             }
@@ -927,8 +962,15 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
             steps.push(Step::Experts {
                 mat: Mat::GateUp(l),
                 input: Buf::H,
-                out: Buf::Act,
+                out: if moe.glu.is_some() {
+                    Buf::GateUp
+                } else {
+                    Buf::Act
+                },
             });
+            if moe.glu.is_some() {
+                steps.push(Step::MoeGlu { layer: l });
+            }
             steps.push(Step::Experts {
                 mat: Mat::Down(l),
                 input: Buf::Act,
@@ -1052,11 +1094,12 @@ fn decode_steps(m: &ModelDesc, opts: &DecodeOptions, greedy: bool) -> Vec<Step> 
     steps
 }
 
-/// The attention mask of layer `l` of `c`: its window, the attention soft-cap.
+/// The attention mask of layer `l` of `c`: its window, the attention soft-cap, the family's sinks.
 pub fn layer_mask(c: &ModelConfig, l: usize) -> AttnMask {
     AttnMask {
         window: c.block.window(l),
         softcap: c.block.attn_softcap,
+        sinks: c.arch.family().has(entrollm_model::arch::Role::Sinks),
     }
 }
 
@@ -1078,6 +1121,8 @@ fn scope_of(s: &Step) -> String {
         | Step::RopeAppend { layer, .. }
         | Step::Geglu { layer }
         | Step::MoeTopk { layer }
+        | Step::MoeGlu { layer }
+        | Step::BiasResidual { layer }
         | Step::MoeCombine { layer }
         | Step::Attention { layer, .. } => Some(layer),
         Step::Prenorm { mat, .. }
@@ -1252,21 +1297,27 @@ fn expand(m: &ModelDesc, attn: AttnConfig, s: &Step, out: &mut Vec<Launch>) {
             push(
                 "moe_topk",
                 format!(
-                    "router->experts top={}/{}{}",
+                    "router->experts top={}/{}{}{}{}",
                     moe.map_or(0, |x| x.top_k),
                     moe.map_or(0, |x| x.experts),
-                    if moe.is_some_and(|x| x.norm_topk) {
+                    if moe.is_some_and(|x| x.topk_first) {
+                        " topk-softmax"
+                    } else {
+                        ""
+                    },
+                    if moe.is_some_and(|x| x.norm_topk && !x.topk_first) {
                         " renorm"
                     } else {
                         ""
-                    }
+                    },
+                    bias(moe.is_some_and(|x| x.router_bias)),
                 ),
             )
         }
         Step::Experts { mat, input, out } => {
             let d = m.mat(mat);
             let (l, swiglu) = match mat {
-                Mat::GateUp(l) => (l, true),
+                Mat::GateUp(l) => (l, out == Buf::Act),
                 Mat::Down(l) | Mat::Router(l) | Mat::Qkv(l) | Mat::O(l) => (l, false),
                 Mat::LmHead => (0, false),
             };
@@ -1284,13 +1335,29 @@ fn expand(m: &ModelDesc, attn: AttnConfig, s: &Step, out: &mut Vec<Launch>) {
             // (decode_plan refused a form without a gathered product.)
             d.form.gathered(&g, &mut push);
         }
-        Step::MoeCombine { layer } => push(
-            "moe_combine",
-            format!(
-                "slots->x+ top={}",
-                m.layers[layer].moe.as_ref().map_or(0, |x| x.top_k)
-            ),
-        ),
+        Step::MoeCombine { layer } => {
+            let moe = m.layers[layer].moe.as_ref();
+            push(
+                "moe_combine",
+                format!(
+                    "slots->x+ top={}{}",
+                    moe.map_or(0, |x| x.top_k),
+                    bias(moe.is_some_and(|x| x.expert_biases))
+                ),
+            )
+        }
+        Step::MoeGlu { layer } => {
+            let moe = m.layers[layer].moe.as_ref();
+            push(
+                "moe_glu_f32",
+                format!(
+                    "gate_up->act {}{}",
+                    moe.and_then(|x| x.glu).unwrap_or(Glu::Silu).name(),
+                    bias(moe.is_some_and(|x| x.expert_biases))
+                ),
+            )
+        }
+        Step::BiasResidual { .. } => push("bias_residual", "y->x+ o.bias".into()),
         Step::Attention { fused: true, layer } => push(
             "attn_decode_fused",
             format!(

@@ -670,6 +670,7 @@ impl Checker<'_> {
             &mut out,
             scale,
             crate::ops::attention::AttnMask::NONE,
+            None,
         )?;
         let got_out = download(self.dev, &out)?;
         let (got_k, got_v) = (download(self.dev, &kc_d)?, download(self.dev, &vc_d)?);
@@ -764,6 +765,7 @@ impl Checker<'_> {
                 &mut out,
                 scale,
                 crate::ops::attention::AttnMask::NONE,
+                None,
             )?;
             launch_advance_counters(self.dev, &mut len_d, 1)
         })();

@@ -16,6 +16,7 @@ use entrollm_cuda::forms;
 use entrollm_cuda::plan::{decode_plan, text_diff, DecodeOptions, ModelDesc};
 use entrollm_model::coding_plan::{CodingPlan, Launch};
 use entrollm_model::config::Arch;
+use entrollm_model::gguf::GgmlType;
 use entrollm_model::synth::SynthShape;
 use entrollm_model::ModelConfig;
 
@@ -215,7 +216,20 @@ fn families() {
     );
     check(
         "family-mixtral-ggml-experts",
-        &ggml_experts(&mixtral_q8_0_config()),
+        &ggml_experts(&mixtral_q8_0_config(), GgmlType::Q8_0),
+        DecodeOptions::default(),
+        true,
+    );
+    // gpt-oss: sinks in the attention lines, o into y then its bias and the residual add, the
+    // router's top-k of its biased logits, the experts' plain gate/up product then `moe_glu`
+    // (clamped SwiGLU, the experts' biases), the combine with their down biases; dense BF16 and
+    // with its experts as MXFP4 blocks (gate/up as halves).
+    let g = gpt_oss(dense(&family_config(Arch::GptOss)));
+    check("family-gpt_oss-dense", &g, DecodeOptions::default(), true);
+    let g = gpt_oss(ggml_experts(&family_config(Arch::GptOss), GgmlType::MXFP4));
+    check(
+        "family-gpt_oss-mxfp4-experts",
+        &g,
         DecodeOptions::default(),
         true,
     );
@@ -228,18 +242,27 @@ fn families() {
     );
 }
 
-/// Experts as Q8_0 blocks (gate/up as halves), the other launches dense BF16.
-fn ggml_experts(c: &ModelConfig) -> ModelDesc {
+/// gpt-oss's description with the biases a description built from the config leaves out: q/k/v's
+/// and o's (`attention_bias`).
+fn gpt_oss(mut m: ModelDesc) -> ModelDesc {
+    for l in &mut m.layers {
+        l.qkv_bias = true;
+        l.o_bias = true;
+    }
+    m
+}
+
+/// Experts as blocks of `ty` (gate/up as halves), the other launches dense BF16.
+fn ggml_experts(c: &ModelConfig, ty: GgmlType) -> ModelDesc {
     use entrollm_cuda::forms::ggml::GgmlLaunch;
     use entrollm_cuda::plan::LinearDesc;
-    use entrollm_model::gguf::GgmlType;
     // (Called with one expert's shape; the stack holds every expert's rows.)
     let experts = c.block.moe.as_ref().map_or(1, |m| m.experts);
     ModelDesc::build(c, SMS, |launch, r, k| {
         Ok(match launch {
             "gate_up" | "down" => LinearDesc::new(
                 GgmlLaunch {
-                    types: vec![(GgmlType::Q8_0, r * experts)],
+                    types: vec![(ty, r * experts)],
                     halves: launch == "gate_up",
                 },
                 r,
@@ -307,6 +330,32 @@ fn family_launches() {
         let dense_mlp = layers - moe_layers;
         assert!(count(&k, "gemv_bf16_accum_norm") >= dense_mlp, "{arch:?}");
     }
+    // gpt-oss: per layer the o bias's add, the experts' activation kernel; the routing and the
+    // gathered products as the other mixtures'.
+    let k: Vec<&'static str> = decode_plan(
+        &gpt_oss(dense(&family_config(Arch::GptOss))),
+        &DecodeOptions::default(),
+        true,
+    )
+    .unwrap()
+    .launches
+    .iter()
+    .map(|l| l.kernel)
+    .collect();
+    for (kernel, n) in [
+        ("bias_residual", layers),
+        ("moe_glu_f32", layers),
+        ("moe_topk", layers),
+        ("gemv_bf16_experts", 2 * layers),
+        ("moe_combine", layers),
+        ("gemv_bf16_accum_norm", 0),
+    ] {
+        assert_eq!(count(&k, kernel), n, "gpt-oss {kernel}");
+    }
+    assert_eq!(
+        count(&llama, "bias_residual") + count(&llama, "moe_glu_f32"),
+        0
+    );
     // Windows and local RoPE are in the launch lines of the layers that have them.
     let plan = decode_plan(
         &dense(&family_config(Arch::Gemma3)),
@@ -361,7 +410,12 @@ fn plans_name_real_kernels() {
     for arch in MOE_ARCHS {
         models.push(dense(&family_config(arch)));
     }
-    models.push(ggml_experts(&family_config(Arch::Mixtral)));
+    models.push(ggml_experts(&family_config(Arch::Mixtral), GgmlType::Q8_0));
+    models.push(gpt_oss(dense(&family_config(Arch::GptOss))));
+    models.push(gpt_oss(ggml_experts(
+        &family_config(Arch::GptOss),
+        GgmlType::MXFP4,
+    )));
     let knobs: [&[(&str, &str)]; 5] = [
         &[],
         &[("attention", "fused")],

@@ -33,6 +33,20 @@ pub struct Engine {
     pos: usize,
     /// q/k/v (and gate/up) multiplied in one parallel region; off, one after another.
     concurrent_launches: bool,
+    /// Each routed token's margin, while [`Engine::record_route_margins`] is on.
+    route_margins: Option<Vec<RouteMargin>>,
+}
+
+/// How far one token's routing in one layer of experts is from a tie: the gap between the
+/// `top_k`-th and the next expert's routing score (probability, or logit where the top-k comes
+/// first), divided by the largest score's magnitude. Another engine whose router input differs
+/// by more than about this (relatively) may pick another expert.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RouteMargin {
+    /// The token's position.
+    pub pos: usize,
+    pub layer: usize,
+    pub margin: f32,
 }
 
 /// Bytes an engine for `max_seq_len` tokens allocates beside the weights: its KV cache and the
@@ -91,7 +105,22 @@ impl Engine {
             pos: 0,
             weights,
             concurrent_launches: true,
+            route_margins: None,
         })
+    }
+
+    /// Records every routed token's [`RouteMargin`] from now on (for comparisons with another
+    /// engine: the GPU selftest reports the steps whose routing is within its rounding).
+    pub fn record_route_margins(&mut self) {
+        self.route_margins.get_or_insert_with(Vec::new);
+    }
+
+    /// The margins recorded since the last call.
+    pub fn take_route_margins(&mut self) -> Vec<RouteMargin> {
+        self.route_margins
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Every launch's products one after another (the tuner times each launch inside decode
@@ -229,7 +258,12 @@ impl Engine {
                 _ => &rope,
             };
             self.attention_block(layer_index, layer, rope, &mut x, &mut buffers);
-            mlp_block(c, layer, &mut x, &mut buffers, self.concurrent());
+            let concurrent = self.concurrent();
+            let margins = self
+                .route_margins
+                .as_mut()
+                .map(|m| (m, layer_index, self.pos));
+            mlp_block(c, layer, &mut x, &mut buffers, concurrent, margins);
         }
         self.pos += n;
         x
@@ -375,6 +409,7 @@ fn mlp_block(
     x: &mut [f32],
     b: &mut LayerBuffers,
     concurrent: bool,
+    margins: Option<(&mut Vec<RouteMargin>, usize, usize)>,
 ) {
     let n = x.len() / c.hidden_size;
     rms_norm(x, &layer.mlp_norm, c.rms_norm_eps, &mut b.normed);
@@ -390,7 +425,7 @@ fn mlp_block(
             &mut b.mlp_out,
             concurrent,
         ),
-        Mlp::Experts(e) => experts(c, e, &b.normed, n, &mut b.mlp_out),
+        Mlp::Experts(e) => experts(c, e, &b.normed, n, &mut b.mlp_out, margins),
     }
     if let Some(w) = &layer.norms.post_mlp {
         rms_norm_in_place(&mut b.mlp_out, w, c.rms_norm_eps);
@@ -463,7 +498,16 @@ fn gated(
 /// largest logits weighted by their own softmax. Then expert by expert, in index order, its
 /// tokens' rows through it as one batch and added to those tokens' outputs, weighted
 /// (transformers' order).
-fn experts(c: &ModelConfig, e: &Experts, h: &[f32], n: usize, out: &mut Vec<f32>) {
+/// `margins`: where each token's [`RouteMargin`] goes, with the layer's index and the chunk's
+/// first position.
+fn experts(
+    c: &ModelConfig,
+    e: &Experts,
+    h: &[f32],
+    n: usize,
+    out: &mut Vec<f32>,
+    mut margins: Option<(&mut Vec<RouteMargin>, usize, usize)>,
+) {
     let moe = c
         .block
         .moe
@@ -488,6 +532,16 @@ fn experts(c: &ModelConfig, e: &Experts, h: &[f32], n: usize, out: &mut Vec<f32>
         order.clear();
         order.extend(0..count);
         order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        if let Some((m, layer, start)) = margins.as_mut() {
+            if let Some(&next) = order.get(moe.top_k) {
+                let scale = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+                m.push(RouteMargin {
+                    pos: *start + t,
+                    layer: *layer,
+                    margin: (row[order[moe.top_k - 1]] - row[next]) / scale.max(f32::MIN_POSITIVE),
+                });
+            }
+        }
         let picked = &order[..moe.top_k];
         let mut top: Vec<f32> = picked.iter().map(|&x| row[x]).collect();
         match moe.routing {

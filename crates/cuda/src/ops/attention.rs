@@ -97,6 +97,9 @@ impl AttnConfig {
         if mask.softcap.is_some() {
             v.defines.push(("ATTN_SOFTCAP", 1));
         }
+        if mask.sinks {
+            v.defines.push(("ATTN_SINKS", 1));
+        }
         v
     }
 
@@ -107,11 +110,14 @@ impl AttnConfig {
 
 /// What a layer's attention does beyond softmax over every earlier position (families beyond
 /// Llama): a sliding window (the last `window` positions, the query's own included) and
-/// soft-capping of the scores (`cap · tanh(score / cap)`, after the scale).
+/// soft-capping of the scores (`cap · tanh(score / cap)`, after the scale), and sinks (a learned
+/// logit per query head joined to the softmax's maximum and denominator: gpt-oss; the launchers
+/// take their values).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct AttnMask {
     pub window: Option<usize>,
     pub softcap: Option<f32>,
+    pub sinks: bool,
 }
 
 impl AttnMask {
@@ -119,7 +125,33 @@ impl AttnMask {
     pub const NONE: AttnMask = AttnMask {
         window: None,
         softcap: None,
+        sinks: false,
     };
+
+    /// The sinks' values the kernels take: `sinks` (`[n_q_heads]`), present exactly when the
+    /// mask says so.
+    pub(crate) fn sink_values<'a>(
+        &self,
+        op: &'static str,
+        sinks: Option<&'a CudaSlice<f32>>,
+        n_q_heads: usize,
+    ) -> Result<Option<&'a CudaSlice<f32>>> {
+        match (self.sinks, sinks) {
+            (true, Some(s)) => {
+                check_len(op, "sinks", s, n_q_heads)?;
+                Ok(Some(s))
+            }
+            (false, None) => Ok(None),
+            (want, _) => Err(GpuError::invalid(
+                op,
+                format!(
+                    "the mask {} sinks, the launch {}",
+                    if want { "has" } else { "has no" },
+                    if want { "gives none" } else { "gives them" }
+                ),
+            )),
+        }
+    }
 
     /// Whether the kernels take the (window, softcap) arguments.
     pub fn ext(&self) -> bool {
@@ -164,6 +196,9 @@ impl std::fmt::Display for AttnMask {
         }
         if let Some(c) = self.softcap {
             write!(f, " softcap={c}")?;
+        }
+        if self.sinks {
+            write!(f, " sinks")?;
         }
         Ok(())
     }
@@ -286,9 +321,11 @@ pub fn launch_attention_decode(
     out: &mut CudaSlice<f32>,
     scale: f32,
     mask: AttnMask,
+    sinks: Option<&CudaSlice<f32>>,
 ) -> Result<()> {
     const OP: &str = "attention_decode";
     let (window, cap) = mask.args(OP)?;
+    let sinks = mask.sink_values(OP, sinks, shape.n_q_heads)?;
     shape.check(OP, &cfg)?;
     let hd = cfg.head_dim as usize;
     let row = shape.n_kv_heads * hd;
@@ -336,6 +373,9 @@ pub fn launch_attention_decode(
         .arg(out)
         .arg(&chunks_i)
         .arg(&max_i);
+    if let Some(s) = sinks {
+        b.arg(s);
+    }
     let launch = LaunchConfig {
         grid_dim: (shape.n_q_heads as u32, 1, 1),
         block_dim: (cfg.head_dim, 1, 1),
@@ -362,9 +402,11 @@ pub fn launch_attention_decode_fused(
     out: &mut CudaSlice<f32>,
     scale: f32,
     mask: AttnMask,
+    sinks: Option<&CudaSlice<f32>>,
 ) -> Result<()> {
     const OP: &str = "attention_decode_fused";
     let (window, cap) = mask.args(OP)?;
+    let sinks = mask.sink_values(OP, sinks, shape.n_q_heads)?;
     shape.check(OP, &cfg)?;
     let hd = cfg.head_dim as usize;
     let row = shape.n_kv_heads * hd;
@@ -399,6 +441,9 @@ pub fn launch_attention_decode_fused(
     b.arg(out).arg(&mut scratch.counters);
     if mask.ext() {
         b.arg(&window).arg(&cap);
+    }
+    if let Some(s) = sinks {
+        b.arg(s);
     }
     let launch = LaunchConfig {
         grid_dim: (chunks as u32, shape.n_kv_heads as u32, 1),
@@ -443,6 +488,22 @@ pub fn attention_masked_ref(
     scale: f32,
     mask: AttnMask,
 ) -> Vec<f32> {
+    attention_sinks_ref(q, k_cache, v_cache, seq_len, heads, scale, mask, None)
+}
+
+/// [`attention_masked_ref`] with each query head's sink logit (`sinks`) joined to its softmax's
+/// maximum and denominator (the CPU engine's `exp_shifted_sink`), in f64.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_sinks_ref(
+    q: &[f32],
+    k_cache: &[u16],
+    v_cache: &[u16],
+    seq_len: usize,
+    heads: (usize, usize, usize),
+    scale: f32,
+    mask: AttnMask,
+    sinks: Option<&[f32]>,
+) -> Vec<f32> {
     let (n_q_heads, n_kv_heads, head_dim) = heads;
     let first = (0..seq_len)
         .find(|&t| mask.sees(t, seq_len - 1))
@@ -468,9 +529,13 @@ pub fn attention_masked_ref(
                 )
             })
             .collect();
-        let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sink = sinks.map(|s| s[h] as f64);
+        let mx = scores
+            .iter()
+            .cloned()
+            .fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
         let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
-        let total: f64 = w.iter().sum();
+        let total: f64 = w.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - mx).exp());
         for d in 0..head_dim {
             let acc: f64 = (0..seq_len)
                 .map(|t| w[t] * bf16_to_f32(v_cache[t * row + kvh * head_dim + d]) as f64)
@@ -531,6 +596,32 @@ mod mask_tests {
     use super::*;
     use crate::ops::f32_to_bf16;
 
+    /// A sink joins the denominator only: a sink of −∞ changes nothing, a sink equal to every
+    /// score (all scores equal here) takes 1/(n + 1) of the weight from the values.
+    #[test]
+    fn a_sink_takes_its_share_of_the_softmax_and_no_value() {
+        let b = |v: &[f32]| v.iter().map(|&x| f32_to_bf16(x)).collect::<Vec<_>>();
+        let (k, v) = (b(&[0.0; 6]), b(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
+        let mask = AttnMask {
+            sinks: true,
+            ..AttnMask::NONE
+        };
+        let plain = attention_masked_ref(&[0.3, 0.7], &k, &v, 3, (1, 1, 2), 1.0, AttnMask::NONE);
+        assert_eq!(plain, vec![3.0, 4.0]);
+        let none =
+            attention_sinks_ref(&[0.3, 0.7], &k, &v, 3, (1, 1, 2), 1.0, mask, Some(&[-1e30]));
+        assert_eq!(none, plain);
+        let equal = attention_sinks_ref(&[0.3, 0.7], &k, &v, 3, (1, 1, 2), 1.0, mask, Some(&[0.0]));
+        assert!((equal[0] - 3.0 * 0.75).abs() < 1e-6 && (equal[1] - 4.0 * 0.75).abs() < 1e-6);
+        assert_eq!(format!("{mask}"), " sinks");
+        assert_ne!(
+            AttnConfig::for_heads(64, 4, 2)
+                .unwrap()
+                .masked_variant(mask),
+            AttnConfig::for_heads(64, 4, 2).unwrap().variant()
+        );
+    }
+
     #[test]
     fn a_window_of_one_returns_the_last_value_and_caps_bound_scores() {
         let b = |v: &[f32]| v.iter().map(|&x| f32_to_bf16(x)).collect::<Vec<_>>();
@@ -538,14 +629,14 @@ mod mask_tests {
         let v = b(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         let mask = AttnMask {
             window: Some(1),
-            softcap: None,
+            ..AttnMask::NONE
         };
         let out = attention_masked_ref(&[0.3, 0.7], &k, &v, 3, (1, 1, 2), 1.0, mask);
         assert_eq!(out, vec![5.0, 6.0]);
         assert!(mask.sees(2, 2) && !mask.sees(1, 2));
         let capped = AttnMask {
-            window: None,
             softcap: Some(2.0),
+            ..AttnMask::NONE
         };
         assert!((capped.cap(1e6) - 2.0).abs() < 1e-12);
         assert_eq!(capped.cap(0.0), 0.0);
@@ -553,7 +644,7 @@ mod mask_tests {
         assert!(mask.args("t").is_ok());
         let zero = AttnMask {
             window: Some(0),
-            softcap: None,
+            ..AttnMask::NONE
         };
         assert!(zero.args("t").is_err());
         assert_eq!(

@@ -11,6 +11,7 @@ use super::{as_i32, check_len, grid_for};
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::jit::{KernelVariant, FAMILIES};
+use entrollm_model::config::{Activation, ClampedSwiglu, Routing};
 
 /// The one module of `kernels/families.cu` (no tuning defines).
 pub fn variant() -> KernelVariant {
@@ -369,21 +370,47 @@ pub fn softcap_ref(x: &[f32], cap: f32) -> Vec<f32> {
 pub const MOE_MAX_EXPERTS: usize = 4096;
 pub const MOE_MAX_K: usize = 64;
 
-/// Per token of `logits` `[n_tokens, n_experts]`: the router's softmax, its `top_k` most probable
-/// experts and their weights (renormalised with `norm_topk`) into `experts` and `weights`
-/// `[n_tokens, top_k]`, in ascending expert order. Reference: [`route`].
+/// How a mixture of experts' router picks and weighs experts: the model's [`Routing`], its top-k
+/// and whether the picked probabilities are renormalised (softmax first only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteSpec {
+    pub top_k: usize,
+    pub norm_topk: bool,
+    pub routing: Routing,
+}
+
+impl RouteSpec {
+    /// The routing of `m` (the model's description).
+    pub fn of(m: &entrollm_model::config::Moe) -> Self {
+        RouteSpec {
+            top_k: m.top_k,
+            norm_topk: m.norm_topk,
+            routing: m.routing,
+        }
+    }
+
+    /// Whether the top-k is taken of the logits before their softmax (gpt-oss).
+    pub fn topk_first(&self) -> bool {
+        self.routing == Routing::TopKSoftmax
+    }
+}
+
+/// Per token of `logits` `[n_tokens, n_experts]` (plus `bias` `[n_experts]`): its `spec.top_k`
+/// experts and their weights ([`RouteSpec`]) into `experts` and `weights` `[n_tokens, top_k]`, in
+/// ascending expert order. Reference: [`route`].
 #[allow(clippy::too_many_arguments)]
 pub fn launch_moe_topk(
     dev: &GpuDevice,
     logits: &CudaSlice<f32>,
+    bias: Option<&CudaSlice<f32>>,
     n_tokens: usize,
     n_experts: usize,
-    top_k: usize,
-    norm_topk: bool,
+    spec: RouteSpec,
     experts: &mut CudaSlice<i32>,
     weights: &mut CudaSlice<f32>,
 ) -> Result<()> {
     const OP: &str = "moe_topk";
+    let top_k = spec.top_k;
     if n_experts == 0
         || n_experts > MOE_MAX_EXPERTS
         || top_k == 0
@@ -399,6 +426,9 @@ pub fn launch_moe_topk(
     check_len(OP, "logits", logits, n_tokens * n_experts)?;
     check_len(OP, "experts", experts, n_tokens * top_k)?;
     check_len(OP, "weights", weights, n_tokens * top_k)?;
+    if let Some(b) = bias {
+        check_len(OP, "bias", b, n_experts)?;
+    }
     let grid = as_i32(OP, "n_tokens", n_tokens)? as u32;
     if n_tokens == 0 {
         return Ok(());
@@ -408,35 +438,64 @@ pub fn launch_moe_topk(
         block_dim: (32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (e_i, k_i, norm) = (n_experts as i32, top_k as i32, i32::from(norm_topk));
-    launch!(
-        dev,
-        "moe_topk",
-        cfg,
-        [logits, &e_i, &k_i, &norm, experts, weights]
-    )
+    let (e_i, k_i, norm, first) = (
+        n_experts as i32,
+        top_k as i32,
+        i32::from(spec.norm_topk),
+        i32::from(spec.topk_first()),
+    );
+    let null = 0u64;
+    match bias {
+        Some(b) => launch!(
+            dev,
+            "moe_topk",
+            cfg,
+            [logits, b, &e_i, &k_i, &norm, &first, experts, weights]
+        ),
+        None => launch!(
+            dev,
+            "moe_topk",
+            cfg,
+            [logits, &null, &e_i, &k_i, &norm, &first, experts, weights]
+        ),
+    }
 }
 
-/// The CPU engine's routing of one token (`entrollm_model::engine`'s mixture of experts): the
-/// softmax of the router's `logits` (f32), the `top_k` most probable experts (ties to the lower
-/// index), their probabilities divided by their sum (in the order picked) with `norm_topk`; as
-/// (expert, weight) in ascending expert order, the order the CPU adds their outputs in. GPU
-/// prefill routes its tokens with it; [`launch_moe_topk`] is checked against it.
-pub fn route(logits: &[f32], top_k: usize, norm_topk: bool) -> Vec<(usize, f32)> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut p: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
-    let sum: f32 = p.iter().sum();
-    p.iter_mut().for_each(|v| *v /= sum);
+/// The CPU engine's routing of one token (`entrollm_model::engine`'s mixture of experts) from its
+/// router `logits` (its bias already added): softmax first — the softmax (f32), the `top_k` most
+/// probable experts (ties to the lower index), their probabilities divided by their sum (in the
+/// order picked) with `norm_topk` — or top-k first: the `top_k` largest logits weighted by their
+/// own softmax. As (expert, weight) in ascending expert order, the order the CPU adds their
+/// outputs in. GPU prefill routes its tokens with it; [`launch_moe_topk`] is checked against it.
+pub fn route(logits: &[f32], spec: RouteSpec) -> Vec<(usize, f32)> {
+    let p: Vec<f32> = if spec.topk_first() {
+        logits.to_vec()
+    } else {
+        softmax(logits)
+    };
     let mut order: Vec<usize> = (0..p.len()).collect();
     order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-    let picked = &order[..top_k.min(p.len())];
-    let total: f32 = picked.iter().map(|&x| p[x]).sum();
-    let mut out: Vec<(usize, f32)> = picked
-        .iter()
-        .map(|&x| (x, if norm_topk { p[x] / total } else { p[x] }))
-        .collect();
+    let picked = &order[..spec.top_k.min(p.len())];
+    let top: Vec<f32> = picked.iter().map(|&x| p[x]).collect();
+    let w = if spec.topk_first() {
+        softmax(&top)
+    } else if spec.norm_topk {
+        let total: f32 = top.iter().sum();
+        top.iter().map(|v| v / total).collect()
+    } else {
+        top
+    };
+    let mut out: Vec<(usize, f32)> = picked.iter().copied().zip(w).collect();
     out.sort_by_key(|r| r.0);
     out
+}
+
+/// `exp(l − max) / Σ` in f32, summed in order (the CPU engine's `exp_shifted`).
+fn softmax(l: &[f32]) -> Vec<f32> {
+    let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = l.iter().map(|&v| (v - max).exp()).collect();
+    let sum: f32 = e.iter().sum();
+    e.iter().map(|v| v / sum).collect()
 }
 
 /// A prefill chunk's routing grouped by expert ([`group_by_expert`]).
@@ -500,6 +559,7 @@ pub fn launch_moe_combine(
     n_tokens: usize,
     out: &mut CudaSlice<f32>,
     accumulate: bool,
+    down_bias: Option<ExpertBias<'_>>,
 ) -> Result<()> {
     const OP: &str = "moe_combine";
     let slots = n_tokens * top_k;
@@ -521,24 +581,44 @@ pub fn launch_moe_combine(
         n_tokens as i32,
         i32::from(accumulate),
     );
-    let cfg = elementwise_cfg(n_tokens * hidden);
-    match rows {
-        Some(r) => launch!(
-            dev,
-            "moe_combine",
-            cfg,
-            [ys, r, w, &k_i, &h_i, &n_i, out, &acc]
-        ),
-        None => launch!(
-            dev,
-            "moe_combine",
-            cfg,
-            [ys, &null, w, &k_i, &h_i, &n_i, out, &acc]
-        ),
+    if let Some(b) = &down_bias {
+        check_len(OP, "slot experts", b.experts, slots)?;
+        if b.bias.len() % hidden.max(1) != 0 || b.bias.is_empty() {
+            return Err(GpuError::invalid(
+                OP,
+                format!("a down bias of {} for rows of {hidden}", b.bias.len()),
+            ));
+        }
     }
+    let cfg = elementwise_cfg(n_tokens * hidden);
+    let f = dev.function(&variant(), "moe_combine")?;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(ys);
+    match rows {
+        Some(r) => b.arg(r),
+        None => b.arg(&null),
+    };
+    b.arg(w).arg(&k_i).arg(&h_i).arg(&n_i).arg(out).arg(&acc);
+    match &down_bias {
+        Some(d) => b.arg(d.experts).arg(d.bias),
+        None => b.arg(&null).arg(&null),
+    };
+    // SAFETY: the argument list matches the kernel's signature; sizes were checked above.
+    unsafe { b.launch(cfg) }.while_(|| "launching moe_combine".to_string())?;
+    Ok(())
 }
 
-/// CPU reference of [`launch_moe_combine`] (the CPU engine's sums: f32, in slot order).
+/// A bias per expert (`bias` `[n_experts, width]`) and the expert of each row it is added to
+/// (`experts`, one a row: a slot's, or a grouped row's in prefill).
+#[derive(Clone, Copy)]
+pub struct ExpertBias<'a> {
+    pub experts: &'a CudaSlice<i32>,
+    pub bias: &'a CudaSlice<f32>,
+}
+
+/// CPU reference of [`launch_moe_combine`] (the CPU engine's sums: f32, in slot order; each
+/// output plus its expert's down bias first, `down_bias`: (slot experts, `[n_experts, hidden]`)).
+#[allow(clippy::too_many_arguments)]
 pub fn moe_combine_ref(
     ys: &[f32],
     rows: Option<&[i32]>,
@@ -547,6 +627,7 @@ pub fn moe_combine_ref(
     out0: Option<&[f32]>,
     hidden: usize,
     n_tokens: usize,
+    down_bias: Option<(&[i32], &[f32])>,
 ) -> Vec<f32> {
     let mut out = vec![0f32; n_tokens * hidden];
     for t in 0..n_tokens {
@@ -555,12 +636,193 @@ pub fn moe_combine_ref(
             for j in 0..top_k {
                 let slot = t * top_k + j;
                 let r = rows.map_or(slot, |r| r[slot] as usize);
-                s += w[slot] * ys[r * hidden + i];
+                let mut y = ys[r * hidden + i];
+                if let Some((e, b)) = down_bias {
+                    y += b[e[slot] as usize * hidden + i];
+                }
+                s += w[slot] * y;
             }
             out[t * hidden + i] = out0.map_or(s, |o| o[t * hidden + i] + s);
         }
     }
     out
+}
+
+/// The activation a mixture of experts' gate/up products get in [`launch_moe_glu`]: the block's
+/// ([`entrollm_model::config::Block`]: SiLU, GELU tanh, or gpt-oss's clamped SwiGLU).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Glu {
+    Silu,
+    GeluTanh,
+    Clamped(ClampedSwiglu),
+}
+
+impl Glu {
+    /// The gated MLP's activation of `b`.
+    pub fn of(b: &entrollm_model::config::Block) -> Self {
+        match (b.clamped_swiglu, b.activation) {
+            (Some(c), _) => Glu::Clamped(c),
+            (None, Activation::Silu) => Glu::Silu,
+            (None, Activation::GeluTanh) => Glu::GeluTanh,
+        }
+    }
+
+    /// The kernel's (act, alpha, limit) arguments.
+    fn args(self) -> (i32, f32, f32) {
+        match self {
+            Glu::Silu => (0, 0.0, 0.0),
+            Glu::GeluTanh => (1, 0.0, 0.0),
+            Glu::Clamped(c) => (2, c.alpha, c.limit),
+        }
+    }
+
+    /// The block's word for it (plan lines).
+    pub fn name(self) -> String {
+        match self {
+            Glu::Silu => "silu".into(),
+            Glu::GeluTanh => "gelu_tanh".into(),
+            Glu::Clamped(c) => format!("clamped_swiglu alpha={} limit={}", c.alpha, c.limit),
+        }
+    }
+
+    /// `act(gate, up)` as the CPU engine computes it.
+    pub fn apply(self, g: f32, u: f32) -> f32 {
+        match self {
+            Glu::Silu => Activation::Silu.apply(g) * u,
+            Glu::GeluTanh => Activation::GeluTanh.apply(g) * u,
+            Glu::Clamped(c) => c.apply(g, u),
+        }
+    }
+}
+
+/// `out[r, i] = act(gate + gate_b[e], up + up_b[e])` over `n_rows` rows of `gate_up`
+/// `[n_rows, 2 inter]` ((gate, up) pairs interleaved, or halves), `e` the row's expert (`bias`:
+/// the experts' gate and up biases `[n_experts, inter]` each, and each row's expert; None: no
+/// biases). Reference: [`moe_glu_ref`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_moe_glu(
+    dev: &GpuDevice,
+    gate_up: &CudaSlice<f32>,
+    out: ActOut<'_>,
+    n_rows: usize,
+    inter: usize,
+    halves: bool,
+    bias: Option<(&CudaSlice<i32>, &CudaSlice<f32>, &CudaSlice<f32>)>,
+    glu: Glu,
+) -> Result<()> {
+    const OP: &str = "moe_glu";
+    check_len(OP, "gate_up", gate_up, 2 * n_rows * inter)?;
+    match &out {
+        ActOut::F32(o) => check_len(OP, "out", o, n_rows * inter)?,
+        ActOut::Bf16(o) => check_len(OP, "out", o, n_rows * inter)?,
+    }
+    as_i32(OP, "2 * n_rows * inter", 2 * n_rows * inter)?;
+    if let Some((e, g, u)) = &bias {
+        check_len(OP, "row experts", e, n_rows)?;
+        if g.len() != u.len() || g.len() % inter.max(1) != 0 || g.is_empty() {
+            return Err(GpuError::invalid(
+                OP,
+                format!(
+                    "gate/up biases of {}/{} for rows of {inter}",
+                    g.len(),
+                    u.len()
+                ),
+            ));
+        }
+    }
+    if n_rows * inter == 0 {
+        return Ok(());
+    }
+    let (act, alpha, limit) = glu.args();
+    let (inter_i, n_i, h_i) = (inter as i32, n_rows as i32, i32::from(halves));
+    let cfg = elementwise_cfg(n_rows * inter);
+    let name = match out {
+        ActOut::F32(_) => "moe_glu_f32",
+        ActOut::Bf16(_) => "moe_glu_bf16out",
+    };
+    let f = dev.function(&variant(), name)?;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(gate_up);
+    match out {
+        ActOut::F32(o) => b.arg(o),
+        ActOut::Bf16(o) => b.arg(o),
+    };
+    b.arg(&inter_i).arg(&n_i).arg(&h_i);
+    let null = 0u64;
+    match &bias {
+        Some((e, g, u)) => b.arg(*e).arg(*g).arg(*u),
+        None => b.arg(&null).arg(&null).arg(&null),
+    };
+    b.arg(&act).arg(&alpha).arg(&limit);
+    // SAFETY: the argument list matches the kernel's signature; sizes were checked above.
+    unsafe { b.launch(cfg) }.while_(|| format!("launching {name}"))?;
+    Ok(())
+}
+
+/// CPU reference of [`launch_moe_glu`], as the CPU engine computes it (biases added in f32, then
+/// the activation); `bias`: (row experts, gate biases, up biases).
+pub fn moe_glu_ref(
+    gate_up: &[f32],
+    inter: usize,
+    halves: bool,
+    bias: Option<(&[i32], &[f32], &[f32])>,
+    glu: Glu,
+) -> Vec<f32> {
+    gate_up
+        .chunks(2 * inter)
+        .enumerate()
+        .flat_map(|(r, row)| {
+            (0..inter).map(move |i| {
+                let (mut g, mut u) = if halves {
+                    (row[i], row[inter + i])
+                } else {
+                    (row[2 * i], row[2 * i + 1])
+                };
+                if let Some((e, gb, ub)) = bias {
+                    let at = e[r] as usize * inter + i;
+                    g += gb[at];
+                    u += ub[at];
+                }
+                glu.apply(g, u)
+            })
+        })
+        .collect()
+}
+
+/// `x[r] = x[r] + (y[r] + b)` over `n_rows` rows of `dim` (a projection's output plus its bias,
+/// then the residual add: the CPU engine's order). Reference: [`bias_residual_ref`].
+pub fn launch_bias_residual(
+    dev: &GpuDevice,
+    y: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    x: &mut CudaSlice<f32>,
+    dim: usize,
+    n_rows: usize,
+) -> Result<()> {
+    const OP: &str = "bias_residual";
+    check_len(OP, "y", y, n_rows * dim)?;
+    check_len(OP, "x", x, n_rows * dim)?;
+    check_len(OP, "b", b, dim)?;
+    let (d_i, n_i) = (as_i32(OP, "dim", dim)?, as_i32(OP, "n_rows", n_rows)?);
+    as_i32(OP, "elements", n_rows * dim)?;
+    if n_rows * dim == 0 {
+        return Ok(());
+    }
+    launch!(
+        dev,
+        "bias_residual",
+        elementwise_cfg(n_rows * dim),
+        [y, b, x, &d_i, &n_i]
+    )
+}
+
+/// CPU reference of [`launch_bias_residual`].
+pub fn bias_residual_ref(y: &[f32], b: &[f32], x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .zip(y)
+        .enumerate()
+        .map(|(j, (&x, &y))| x + (y + b[j % b.len()]))
+        .collect()
 }
 
 /// `out[r] = input[idx[r]]` for `n_rows` rows of `dim` BF16 values (prefill's grouping of tokens by
@@ -684,7 +946,12 @@ mod moe_tests {
     #[test]
     fn route_is_the_cpu_engines_softmax_top_k() {
         // Probabilities of [2, 0, 1, 2]: experts 0 and 3 tie, the lower index first when picking.
-        let got = route(&[2.0, 0.0, 1.0, 2.0], 3, false);
+        let spec = |top_k, norm_topk| RouteSpec {
+            top_k,
+            norm_topk,
+            routing: Routing::SoftmaxTopK,
+        };
+        let got = route(&[2.0, 0.0, 1.0, 2.0], spec(3, false));
         let e: Vec<f32> = [2.0f32, 0.0, 1.0, 2.0]
             .iter()
             .map(|&l| (l - 2.0f32).exp())
@@ -692,7 +959,7 @@ mod moe_tests {
         let sum: f32 = e.iter().sum();
         assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), vec![0, 2, 3]);
         assert_eq!(got[0].1, e[0] / sum);
-        let two = route(&[2.0, 0.0, 1.0, 2.0], 2, true);
+        let two = route(&[2.0, 0.0, 1.0, 2.0], spec(2, true));
         assert_eq!(two, vec![(0, 0.5), (3, 0.5)]);
         let w = moe_combine_ref(
             &[1.0, 2.0, 10.0, 20.0],
@@ -702,8 +969,62 @@ mod moe_tests {
             Some(&[1.0, 1.0]),
             2,
             1,
+            None,
         );
         assert_eq!(w, vec![1.0 + 0.5 + 2.5, 1.0 + 1.0 + 5.0]);
+        // With each slot's expert's down bias added to its output first.
+        let b = moe_combine_ref(
+            &[1.0, 2.0, 10.0, 20.0],
+            None,
+            &[0.5, 0.25],
+            2,
+            None,
+            2,
+            1,
+            Some((&[1, 0], &[100.0, 200.0, 3.0, 4.0])),
+        );
+        assert_eq!(b, vec![0.5 * 4.0 + 0.25 * 110.0, 0.5 * 6.0 + 0.25 * 220.0]);
+    }
+
+    /// gpt-oss's routing: the largest logits (not the probabilities, which order alike, but the
+    /// weights differ), weighted by the softmax of the picked ones alone.
+    #[test]
+    fn top_k_first_weighs_by_the_softmax_of_the_picked_logits() {
+        let spec = RouteSpec {
+            top_k: 2,
+            norm_topk: false,
+            routing: Routing::TopKSoftmax,
+        };
+        let got = route(&[0.5, 3.0, -1.0, 2.0], spec);
+        let (a, b) = (1f32, (2.0f32 - 3.0).exp());
+        assert_eq!(got, vec![(1, a / (a + b)), (3, b / (a + b))]);
+    }
+
+    #[test]
+    fn glu_ref_adds_each_rows_experts_biases_before_the_activation() {
+        let c = ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        // Two rows (experts 1 and 0), inter 2, pairs interleaved.
+        let gu = [1.0f32, 2.0, 9.0, -9.0, 0.5, 0.25, -1.0, 1.0];
+        let (gb, ub) = ([0.0f32, 0.0, 0.5, -0.5], [0.0f32, 0.0, 1.0, 1.0]);
+        let got = moe_glu_ref(&gu, 2, false, Some((&[1, 0], &gb, &ub)), Glu::Clamped(c));
+        assert_eq!(got[0], c.apply(1.5, 3.0));
+        // Clamped: gate 9 − 0.5 → limit 7, up −9 + 1 → −7.
+        assert_eq!(got[1], c.apply(8.5, -8.0));
+        let clamped = (-7.0 + 1.0) * 7.0 / (1.0 + (-7.0f32 * 1.702).exp());
+        assert!((got[1] - clamped).abs() < 1e-5, "{} vs {clamped}", got[1]);
+        assert_eq!(got[2], c.apply(0.5, 0.25));
+        let halves = [1.0f32, 9.0, 2.0, -9.0];
+        assert_eq!(
+            moe_glu_ref(&halves, 2, true, None, Glu::Silu),
+            moe_glu_ref(&gu[..4], 2, false, None, Glu::Silu)
+        );
+        assert_eq!(
+            bias_residual_ref(&[1.0, 2.0, 3.0, 4.0], &[10.0, 20.0], &[0.5; 4]),
+            vec![11.5, 22.5, 13.5, 24.5]
+        );
     }
 
     /// Prefill's grouping, through the combine's row map, gives each token the weighted sum of
@@ -715,7 +1036,14 @@ mod moe_tests {
         let routes: Vec<Vec<(usize, f32)>> = (0..n)
             .map(|t| {
                 let l: Vec<f32> = (0..e).map(|x| ((t * 7 + x * 3) % 5) as f32).collect();
-                route(&l, k, true)
+                route(
+                    &l,
+                    RouteSpec {
+                        top_k: k,
+                        norm_topk: true,
+                        routing: Routing::SoftmaxTopK,
+                    },
+                )
             })
             .collect();
         let g = group_by_expert(&routes, e, k);
@@ -736,7 +1064,7 @@ mod moe_tests {
                 ((x + 1) * 10) as f32 + g.order[r] as f32
             })
             .collect();
-        let got = moe_combine_ref(&ys, Some(&g.rows), &g.w, k, None, 1, n);
+        let got = moe_combine_ref(&ys, Some(&g.rows), &g.w, k, None, 1, n, None);
         for (t, r) in routes.iter().enumerate() {
             let want: f32 = r
                 .iter()

@@ -41,6 +41,9 @@ pub fn prefill_masked_variant(head_dim: usize, mask: AttnMask) -> Result<KernelV
     if mask.softcap.is_some() {
         v.defines.push(("FA_SOFTCAP", 1));
     }
+    if mask.sinks {
+        v.defines.push(("FA_SINKS", 1));
+    }
     Ok(v)
 }
 
@@ -136,9 +139,10 @@ pub fn all_variants() -> Vec<KernelVariant> {
         .iter()
         .map(|&(d, q, kv)| decode_attn_config(d, q, kv).expect("valid").variant()),
     );
-    // Decode attention of the families' shapes (Gemma 2 and 3, Qwen3, Phi-3-mini's 96 and the
-    // selftest's) with their masks.
+    // Decode attention of the families' shapes (Gemma 2 and 3, Qwen3, Phi-3-mini's 96, gpt-oss's
+    // 64 query heads of 64 over 8 and the selftest's) with their masks.
     for &(d, q, kv) in &[
+        (64, 64, 8),
         (96, 32, 32),
         (96, 4, 2),
         (64, 4, 2),
@@ -161,21 +165,20 @@ pub fn all_variants() -> Vec<KernelVariant> {
     v
 }
 
-/// The masks that change the attention kernels (one of each switch and both).
-pub fn family_masks() -> [AttnMask; 3] {
+/// The masks that change the attention kernels (one of each switch, window and cap together,
+/// sinks with a window: gpt-oss's sliding layers).
+pub fn family_masks() -> [AttnMask; 5] {
+    let m = |window: Option<usize>, softcap: Option<f32>, sinks: bool| AttnMask {
+        window,
+        softcap,
+        sinks,
+    };
     [
-        AttnMask {
-            window: Some(1),
-            softcap: None,
-        },
-        AttnMask {
-            window: None,
-            softcap: Some(1.0),
-        },
-        AttnMask {
-            window: Some(1),
-            softcap: Some(1.0),
-        },
+        m(Some(1), None, false),
+        m(None, Some(1.0), false),
+        m(Some(1), Some(1.0), false),
+        m(None, None, true),
+        m(Some(1), None, true),
     ]
 }
 
@@ -399,12 +402,18 @@ pub fn launch_rope_append(
 /// (cos, sin) f32 pairs of every position's angles, [max_seq, head_dim / 2, 2], computed in f64 and
 /// rounded as the CPU engine rounds them.
 pub fn rope_table(inv_freq: &[f64], max_seq: usize) -> Vec<f32> {
+    rope_table_scaled(inv_freq, max_seq, 1.0)
+}
+
+/// [`rope_table`] with cos and sin multiplied by `scale` (YaRN's attention factor), as the CPU
+/// engine's angles (rounded to f32, then scaled in f32).
+pub fn rope_table_scaled(inv_freq: &[f64], max_seq: usize, scale: f32) -> Vec<f32> {
     let mut t = Vec::with_capacity(max_seq * inv_freq.len() * 2);
     for pos in 0..max_seq {
         for &f in inv_freq {
             let (s, c) = (pos as f64 * f).sin_cos();
-            t.push(c as f32);
-            t.push(s as f32);
+            t.push(c as f32 * scale);
+            t.push(s as f32 * scale);
         }
     }
     t
@@ -492,10 +501,12 @@ pub fn launch_flash_prefill(
     out: &mut CudaSlice<u16>,
     scale: f32,
     mask: AttnMask,
+    sinks: Option<&CudaSlice<f32>>,
 ) -> Result<()> {
     const OP: &str = "flash_prefill";
     let variant = prefill_masked_variant(s.head_dim, mask)?;
     let (window, cap) = mask.args(OP)?;
+    let sinks = mask.sink_values(OP, sinks, s.n_q_heads)?;
     if s.n_kv_heads == 0 || s.n_q_heads % s.n_kv_heads != 0 {
         return Err(GpuError::invalid(OP, format!("heads {s:?}")));
     }
@@ -544,44 +555,22 @@ pub fn launch_flash_prefill(
         s.n_kv_heads as i32,
     );
     let scale_log2 = scale * std::f32::consts::LOG2_E;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(q).arg(k_cache).arg(v_cache).arg(out);
+    b.arg(&n_i)
+        .arg(&start_i)
+        .arg(&nq)
+        .arg(&nkv)
+        .arg(&scale_log2);
     if mask.ext() {
-        return launch_kernel!(
-            dev,
-            f,
-            cfg,
-            OP,
-            [
-                q,
-                k_cache,
-                v_cache,
-                out,
-                &n_i,
-                &start_i,
-                &nq,
-                &nkv,
-                &scale_log2,
-                &window,
-                &cap
-            ]
-        );
+        b.arg(&window).arg(&cap);
     }
-    launch_kernel!(
-        dev,
-        f,
-        cfg,
-        OP,
-        [
-            q,
-            k_cache,
-            v_cache,
-            out,
-            &n_i,
-            &start_i,
-            &nq,
-            &nkv,
-            &scale_log2
-        ]
-    )
+    if let Some(s) = sinks {
+        b.arg(s);
+    }
+    // SAFETY: the argument list matches the variant's signature; sizes were checked above.
+    unsafe { b.launch(cfg) }.while_(|| format!("launching {OP}"))?;
+    Ok(())
 }
 
 /// CPU reference (f64) of [`launch_flash_prefill`] over the same BF16 inputs; f32 [n, q_dim].
@@ -592,6 +581,20 @@ pub fn prefill_attention_ref(
     v_cache: &[u16],
     scale: f32,
     mask: AttnMask,
+) -> Vec<f32> {
+    prefill_sinks_ref(s, q, k_cache, v_cache, scale, mask, None)
+}
+
+/// [`prefill_attention_ref`] with each query head's sink logit joined to its softmax's maximum and
+/// denominator.
+pub fn prefill_sinks_ref(
+    s: PrefillShape,
+    q: &[u16],
+    k_cache: &[u16],
+    v_cache: &[u16],
+    scale: f32,
+    mask: AttnMask,
+    sinks: Option<&[f32]>,
 ) -> Vec<f32> {
     let (hd, nq) = (s.head_dim, s.n_q_heads);
     let group = nq / s.n_kv_heads;
@@ -617,9 +620,13 @@ pub fn prefill_attention_ref(
                     )
                 })
                 .collect();
-            let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sink = sinks.map(|s| s[h] as f64);
+            let mx = scores
+                .iter()
+                .cloned()
+                .fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
             let w: Vec<f64> = scores.iter().map(|x| (x - mx).exp()).collect();
-            let total: f64 = w.iter().sum();
+            let total: f64 = w.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - mx).exp());
             for d in 0..hd {
                 let acc: f64 = (0..len)
                     .map(|p| w[p] * bf16_to_f32(v_cache[p * row + kvh * hd + d]) as f64)
@@ -1217,16 +1224,16 @@ mod tests {
         assert!(pal_bf16.iter().all(|v| all.contains(v)));
         assert_eq!(
             all.len(),
-            // The engine module; prefill of 6 head dims, 4 of them with 3 masks; the GEMVs;
-            // decode attention of 8 head shapes, 8 more with 3 masks, the long chunks' 3.
+            // The engine module; prefill of 6 head dims, 4 of them with 5 masks; the GEMVs;
+            // decode attention of 8 head shapes, 9 more with 5 masks, the long chunks' 5.
             1 + 6
-                + 12
+                + 20
                 + GemvConfig::CANDIDATES.len()
                 + even
                 + rope.len()
                 + 8
-                + 24
-                + 3
+                + 45
+                + 5
                 + extra
                 + pal_bf16.len()
         );
