@@ -24,7 +24,7 @@ pub(crate) struct Tile {
 }
 
 /// Reads a warp's words through its 1 KiB chunks, as the kernel's shared-memory buffer does.
-struct ChunkReader<'a> {
+pub(super) struct ChunkReader<'a> {
     s: &'a [u32],
     chunk: usize,
     pos: usize,
@@ -32,7 +32,7 @@ struct ChunkReader<'a> {
 }
 
 impl<'a> ChunkReader<'a> {
-    fn new(s: &'a [u32]) -> Result<Self> {
+    pub(super) fn new(s: &'a [u32]) -> Result<Self> {
         let due = *s
             .first()
             .ok_or_else(|| corrupt("the stream has no first chunk"))?;
@@ -55,8 +55,21 @@ impl<'a> ChunkReader<'a> {
         Ok(())
     }
 
+    /// The `n` words of read step `step` where they lie in one piece in the current chunk (the
+    /// common case, which a SIMD decoder loads in place); `None` where [`Self::read`] must copy.
+    #[inline]
+    pub(super) fn contiguous(&mut self, step: u32, n: usize) -> Option<&'a [u32]> {
+        let start = self.chunk + self.pos;
+        if step < self.due && self.pos + n <= CHUNK_WORDS && start + n <= self.s.len() {
+            self.pos += n;
+            Some(&self.s[start..start + n])
+        } else {
+            None
+        }
+    }
+
     /// The `n` words of read step `step`, in lane order.
-    fn read(&mut self, step: u32, n: usize, out: &mut Vec<u32>) -> Result<()> {
+    pub(super) fn read(&mut self, step: u32, n: usize, out: &mut Vec<u32>) -> Result<()> {
         out.clear();
         if self.due < step {
             return Err(corrupt(&format!(
@@ -91,7 +104,7 @@ impl<'a> ChunkReader<'a> {
 
     /// All words were read: the last chunk never runs out and only alignment padding follows.
     /// Returns the number of chunks and of padding words.
-    fn finish(&self) -> Result<(usize, usize)> {
+    pub(super) fn finish(&self) -> Result<(usize, usize)> {
         if self.due != NO_DUE {
             return Err(corrupt("the last chunk claims a further chunk"));
         }
@@ -106,7 +119,7 @@ impl<'a> ChunkReader<'a> {
     }
 }
 
-fn corrupt(msg: &str) -> CodecError {
+pub(super) fn corrupt(msg: &str) -> CodecError {
     CodecError::Corrupt(msg.to_string())
 }
 
@@ -247,7 +260,7 @@ impl<'a> TileDecoder<'a> {
 }
 
 /// The set lanes of a mask, in order.
-fn lanes(mask: u32) -> impl Iterator<Item = usize> {
+pub(super) fn lanes(mask: u32) -> impl Iterator<Item = usize> {
     (0..LANES).filter(move |&l| mask >> l & 1 != 0)
 }
 

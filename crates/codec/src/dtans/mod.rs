@@ -22,6 +22,7 @@
 mod choose;
 mod decode;
 mod encode;
+mod fast;
 mod table;
 
 pub use choose::{
@@ -29,6 +30,7 @@ pub use choose::{
     TupleHistograms,
 };
 pub use encode::EncodePlan;
+pub use fast::{avx512, CpuProduct};
 pub use table::{SymbolTable, MAX_SLOTS};
 
 use crate::{CodecError, Payload, Result};

@@ -613,3 +613,148 @@ fn decode_with_breakdown_is_decode_and_size_breakdown() {
         assert_eq!(b, t.size_breakdown().unwrap());
     }
 }
+
+/// The fast CPU product (portable and AVX-512) against the reference decode-matvec, on fresh
+/// random tensors of every payload without raw bytes, every mode a payload allows, table sizes,
+/// slice widths, escapes, ragged shapes, and group scales (signed and unsigned, with mins and
+/// offsets, group sizes that do and do not fall on symbol boundaries) or none.
+#[test]
+fn fast_product_matches_the_reference() {
+    let mut r = Rng(0x5eed_f457);
+    let payloads = [
+        Payload::Fp8E4m3,
+        Payload::Fp8E5m2,
+        Payload::Fp4E2m1,
+        Payload::Int(2),
+        Payload::Int(3),
+        Payload::Int(4),
+        Payload::Int(5),
+        Payload::Int(8),
+    ];
+    let shapes = [
+        (1, 1),
+        (32, 64),
+        (33, 70),
+        (45, 200),
+        (70, 576),
+        (5, 1030),
+        (64, 256),
+    ];
+    let mut cases = 0;
+    for (pi, &payload) in payloads.iter().enumerate() {
+        for (si, &(rows, cols)) in shapes.iter().enumerate() {
+            let seed = r.next();
+            let kind = (pi + si) as u8 % 4;
+            let bytes = elements(payload, rows * cols, kind.max(1), seed);
+            let (codes, raw) = payload.symbolize(&bytes).unwrap();
+            let modes: Vec<Mode> = [Mode::Single, Mode::Pair, Mode::Quad]
+                .into_iter()
+                .filter(|m| m.values_per_symbol() as u32 * payload.code_bits() <= 16)
+                .collect();
+            let mode = modes[(r.next() % modes.len() as u64) as usize];
+            let log2_m = TABLE_LOG2[(r.next() % 4) as usize];
+            let sc = [64, 128, 256, 512][(r.next() % 4) as usize];
+            // Few kept values: escapes.
+            let t = match r.next() % 3 {
+                0 => None,
+                _ => Some((2 + r.next() % 6).min(payload.alphabet() as u64) as u16),
+            };
+            let coding = Coding {
+                mode,
+                log2_m,
+                sc,
+                t,
+            };
+            let Ok(tensor) = DtansTensor::encode(payload, rows, cols, &codes, &raw, coding) else {
+                // A table of kept tuples that cannot fit M (the coder says so); not this test's.
+                continue;
+            };
+            let fast = CpuProduct::new(&tensor).unwrap().expect("no raw bytes");
+            let x: Vec<f32> = (0..cols).map(|_| r.normal() as f32).collect();
+            for group in [cols, 32, 96, 3, 1] {
+                let n = rows * cols.div_ceil(group);
+                let scales: Vec<f32> = (0..n).map(|_| r.uniform() as f32 + 0.1).collect();
+                let mins: Vec<f32> = (0..n).map(|_| r.normal() as f32).collect();
+                let with_mins = r.next().is_multiple_of(2);
+                let dqs = [
+                    Dequant::None,
+                    Dequant::Groups {
+                        group,
+                        scales: &scales,
+                        mins: with_mins.then_some(&mins[..]),
+                        offset: if with_mins { 0.0 } else { 2.0 },
+                        signed: matches!(payload, Payload::Int(_)) && !r.next().is_multiple_of(4),
+                    },
+                ];
+                for dq in &dqs {
+                    let mut want = vec![0f32; rows];
+                    tensor.matvec(&x, &mut want, dq).unwrap();
+                    // The sum of |w·x|, what f32 rounding is relative to.
+                    let mut scale = vec![0f64; rows];
+                    let mut wrow = vec![0f32; cols];
+                    for (row, s) in scale.iter_mut().enumerate() {
+                        tensor.row_f32(row, &mut wrow).unwrap();
+                        *s = wrow
+                            .iter()
+                            .enumerate()
+                            .map(|(c, &v)| {
+                                (dq.apply(payload, row, c, cols, v) as f64 * x[c] as f64).abs()
+                            })
+                            .sum::<f64>();
+                    }
+                    for simd in [false, true] {
+                        let mut got = vec![f32::NAN; rows];
+                        fast.matvec(&tensor, &x, &mut got, dq, simd).unwrap();
+                        for row in 0..rows {
+                            let (g, w) = (got[row] as f64, want[row] as f64);
+                            assert!(
+                                (g - w).abs() <= 1e-5 * scale[row] + 1e-30
+                                    || g.to_bits() == w.to_bits(),
+                                "{payload:?} {rows}x{cols} {coding} group {group} simd {simd} \
+                                 row {row}: {g} vs {w} (scale {})",
+                                scale[row]
+                            );
+                        }
+                    }
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert!(cases > 300, "only {cases} cases ran");
+}
+
+/// The fast product reports a corrupt stream as the reference does, as an error.
+#[test]
+fn fast_product_errors_on_corrupt_streams() {
+    let payload = Payload::Int(4);
+    let (rows, cols) = (45, 300);
+    let bytes = elements(payload, rows * cols, 2, 77);
+    let (codes, raw) = payload.symbolize(&bytes).unwrap();
+    let coding = Coding {
+        mode: Mode::Pair,
+        log2_m: 10,
+        sc: 128,
+        t: Some(6),
+    };
+    let good = DtansTensor::encode(payload, rows, cols, &codes, &raw, coding).unwrap();
+    let x = vec![1f32; cols];
+    let mut r = Rng(5);
+    let mut errors = 0;
+    for _ in 0..300 {
+        let mut t = good.clone();
+        let i = (r.next() % t.stream.len() as u64) as usize;
+        t.stream[i] ^= 1 << (r.next() % 32);
+        let Ok(Some(fast)) = CpuProduct::new(&t) else {
+            continue;
+        };
+        let mut y = vec![0f32; rows];
+        for simd in [false, true] {
+            let want = t.matvec(&x, &mut y, &Dequant::None).is_err();
+            let got = fast.matvec(&t, &x, &mut y, &Dequant::None, simd).is_err();
+            assert_eq!(got, want, "flip at word {i}: simd {simd}");
+            errors += got as usize;
+        }
+    }
+    assert!(errors > 0, "no corruption was detected");
+}

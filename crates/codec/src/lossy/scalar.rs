@@ -738,65 +738,100 @@ pub fn encode(
         _ => None,
     };
     let first = quantize_in(w, rows, cols, q, k, col_weights, int_bits);
-    let (coding, _) = choose_coding_and_width(first.payload, rows, cols, &first.codes)?;
+    let (chosen, _) = choose_coding_and_width(first.payload, rows, cols, &first.codes)?;
     let at = |k: f64| quantize_in(w, rows, cols, q, k, col_weights, int_bits);
     // The whole matrix's code entropy is smooth and monotone in the knob; the coder's excess over
     // it (and the scales) changes slowly, so it is an offset: first the predictor's, then what the
     // stored size shows (the predictor misses small matrices by several percent).
     let entropy = |k: f64| code_entropy(&at(k));
-    let mut offset = 8.0 * predict_bytes(&first)? / n - code_entropy(&first);
+    let offset0 = 8.0 * predict_bytes(&first)? / n - code_entropy(&first);
+    let k0 = k;
     let mut passes = 0;
     let mut best: Option<(f64, ScalarTensor, ScalarCodes)> = None;
-    // Stored sizes seen below the knob that overshoots and above the one that undershoots.
-    let (mut over, mut under): (Option<Seen>, Option<Seen>) = (None, None);
-    loop {
-        k = match (over, under) {
-            // Bracketed: interpolate the stored size (a fixed coding's size is smooth in the
-            // knob), every third pass halving the bracket instead, so that a bend in the size
-            // cannot stall the interpolation at one end.
-            (Some((ka, sa)), Some((kb, sb))) if passes % 3 != 2 => {
-                ka + (kb - ka) * (sa - bits) / (sa - sb)
-            }
-            (Some((ka, _)), Some((kb, _))) => 0.5 * (ka + kb),
-            _ => {
-                // Bisection on the entropy within a bracket about the estimate, widened as needed.
-                let target = bits - offset;
-                let (mut lo, mut hi) = ((k - 0.25).max(range.0), (k + 0.25).min(range.1));
-                while lo > range.0 && entropy(lo) < target {
-                    lo = (lo - 0.5).max(range.0);
-                    predictions += 1;
-                }
-                while hi < range.1 && entropy(hi) > target {
-                    hi = (hi + 0.5).min(range.1);
-                    predictions += 1;
-                }
-                for _ in 0..16 {
-                    let mid = 0.5 * (lo + hi);
-                    predictions += 1;
-                    if entropy(mid) > target {
-                        lo = mid;
-                    } else {
-                        hi = mid;
-                    }
-                }
-                0.5 * (lo + hi)
-            }
-        };
-        let codes = at(k);
-        let t = ScalarTensor::coded_as(q, &codes, coding)?;
-        passes += 1;
-        let stored = t.bits_per_weight();
-        offset = stored - code_entropy(&codes);
-        match stored > bits {
-            true => over = Some((k, stored)),
-            false => under = Some((k, stored)),
-        }
-        let miss = (stored - bits).abs();
-        if best.as_ref().is_none_or(|b| miss < b.0) {
-            best = Some((miss, t, codes));
-        }
-        if passes == 10 || miss <= STORED_TOL * bits {
+    // The chosen coding first. Where its size jumps over the rate (the values a Pair/Quad table
+    // keeps, and so what escapes, change with the knob), codings that keep every value and
+    // escape nothing, whose size is smooth in the knob.
+    let smooth = |log2_m| Coding {
+        mode: crate::dtans::Mode::Single,
+        log2_m,
+        t: None,
+        ..chosen
+    };
+    let mut tried = Vec::new();
+    for i in 0..5 {
+        if best.as_ref().is_some_and(|b| b.0 <= 0.01 * bits) {
             break;
+        }
+        let coding = match i {
+            0 => chosen,
+            // The coding predicted smallest where the first one missed (the first was chosen at
+            // an estimate of the knob; a table with a floor of bits a symbol can be stuck there).
+            1 => match &best {
+                Some((_, _, c)) => choose_coding_and_width(c.payload, rows, cols, &c.codes)?.0,
+                None => continue,
+            },
+            2 => smooth(chosen.log2_m),
+            3 => smooth(10),
+            _ => smooth(9),
+        };
+        if tried.contains(&coding) {
+            continue;
+        }
+        tried.push(coding);
+        let (mut k, mut offset, mut tries) = (k0, offset0, 0);
+        // Stored sizes seen below the knob that overshoots and above the one that undershoots.
+        let (mut over, mut under): (Option<Seen>, Option<Seen>) = (None, None);
+        loop {
+            k = match (over, under) {
+                // Bracketed: interpolate the stored size (a fixed coding's size is smooth in the
+                // knob), every third pass halving the bracket instead, so that a bend in the size
+                // cannot stall the interpolation at one end.
+                (Some((ka, sa)), Some((kb, sb))) if tries % 3 != 2 => {
+                    ka + (kb - ka) * (sa - bits) / (sa - sb)
+                }
+                (Some((ka, _)), Some((kb, _))) => 0.5 * (ka + kb),
+                _ => {
+                    // Bisection on the entropy within a bracket about the estimate, widened as
+                    // needed.
+                    let target = bits - offset;
+                    let (mut lo, mut hi) = ((k - 0.25).max(range.0), (k + 0.25).min(range.1));
+                    while lo > range.0 && entropy(lo) < target {
+                        lo = (lo - 0.5).max(range.0);
+                        predictions += 1;
+                    }
+                    while hi < range.1 && entropy(hi) > target {
+                        hi = (hi + 0.5).min(range.1);
+                        predictions += 1;
+                    }
+                    for _ in 0..16 {
+                        let mid = 0.5 * (lo + hi);
+                        predictions += 1;
+                        if entropy(mid) > target {
+                            lo = mid;
+                        } else {
+                            hi = mid;
+                        }
+                    }
+                    0.5 * (lo + hi)
+                }
+            };
+            let codes = at(k);
+            let t = ScalarTensor::coded_as(q, &codes, coding)?;
+            passes += 1;
+            tries += 1;
+            let stored = t.bits_per_weight();
+            offset = stored - code_entropy(&codes);
+            match stored > bits {
+                true => over = Some((k, stored)),
+                false => under = Some((k, stored)),
+            }
+            let miss = (stored - bits).abs();
+            if best.as_ref().is_none_or(|b| miss < b.0) {
+                best = Some((miss, t, codes));
+            }
+            if tries == 10 || miss <= STORED_TOL * bits {
+                break;
+            }
         }
     }
     let (_, t, c) = best.expect("coded once");
@@ -940,6 +975,42 @@ mod tests {
 
     /// Small and narrow matrices (the coder's overheads loom largest there) at 2–6 bits, both
     /// quantisers: the rate within 1 %.
+    /// Weights on a coarse grid (Q4_1's: 16 levels a block of 32, as SmolLM2's F32 weights are),
+    /// with calibration column weights, at rates where a Pair table's kept values change with the
+    /// step (session 33's `blk.23.attn_v.weight` missed 5.22 bits by 1.05 %): every rate is met
+    /// within 1 %, falling back to codings that escape nothing where the chosen one jumps.
+    #[test]
+    fn gridded_weights_meet_the_rate_with_calibration() {
+        let mut rng = Rng(45);
+        let (rows, cols) = (192, 576);
+        let w: Vec<f32> = gaussian(&mut rng, rows * cols, 0.05)
+            .chunks(32)
+            .flat_map(|b| {
+                let (lo, hi) = b
+                    .iter()
+                    .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+                let d = (hi - lo) / 15.0;
+                b.iter()
+                    .map(move |&v| lo + ((v - lo) / d).round() * d)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let h: Vec<f32> = (0..cols)
+            .map(|_| (rng.normal().abs() + 0.05) as f32)
+            .collect();
+        let q = Scalar::Int {
+            group: 128,
+            dead_zone: 0.0,
+        };
+        for i in 0..12 {
+            let bits = 4.9 + 0.05 * i as f64;
+            let (t, _) = encode(&w, rows, cols, q, bits, Some(&h))
+                .unwrap_or_else(|e| panic!("{bits} bits: {e}"));
+            let got = t.bits_per_weight();
+            assert!((got - bits).abs() <= 0.01 * bits, "{bits}: {got}");
+        }
+    }
+
     #[test]
     fn small_matrices_meet_the_rate_too() {
         let mut rng = Rng(19);

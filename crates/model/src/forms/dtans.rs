@@ -7,8 +7,8 @@ use super::{Candidate, DeviceKind, Form, Source, Values};
 use crate::error::{ModelError, Result};
 use crate::weights::Linear;
 use entrollm_codec::dtans::{
-    default_slice_width, predict_many, Coding, DtansTensor, Mode, TupleHistograms, SLICE_WIDTHS,
-    TABLE_LOG2,
+    default_slice_width, predict_many, Coding, CpuProduct, DtansTensor, Mode, TupleHistograms,
+    SLICE_WIDTHS, TABLE_LOG2,
 };
 use entrollm_codec::matvec::Dequant;
 use entrollm_codec::Payload;
@@ -42,15 +42,19 @@ impl GroupScales {
 }
 
 /// A dtANS-coded matrix used as it is stored: every product goes through the codec's fused
-/// decode-matvec (the matrix is never materialised), with GGUF block scales applied per group.
+/// decode-matvec (the matrix is never materialised), with GGUF block scales applied per group:
+/// codes without raw bytes (integer, FP8, FP4) through the fast CPU product, BF16/FP16 through
+/// the reference.
 pub struct CodedLinear {
     t: DtansTensor,
     groups: Option<GroupScales>,
+    fast: Option<CpuProduct>,
 }
 
 impl CodedLinear {
     pub fn new(t: DtansTensor, groups: Option<GroupScales>) -> Result<Self> {
-        let l = CodedLinear { t, groups };
+        let fast = CpuProduct::new(&t).map_err(|e| ModelError::Unsupported(e.to_string()))?;
+        let l = CodedLinear { t, groups, fast };
         l.dequant()
             .check(l.t.rows, l.t.cols)
             .map_err(|e| ModelError::Unsupported(e.to_string()))?;
@@ -131,9 +135,11 @@ impl Linear for CodedLinear {
     fn matvec(&self, x: &[f32], y: &mut [f32]) {
         // The tensor decoded to its checksum when it was loaded (or was encoded here) and
         // decoding is deterministic, so it cannot fail here.
-        self.t
-            .matvec(x, y, &self.dequant())
-            .expect("a coded matrix verified at load decodes");
+        match &self.fast {
+            Some(f) => f.matvec(&self.t, x, y, &self.dequant(), true),
+            None => self.t.matvec(x, y, &self.dequant()),
+        }
+        .expect("a coded matrix verified at load decodes");
     }
     fn row(&self, r: usize, out: &mut [f32]) {
         self.t
