@@ -1165,7 +1165,7 @@ fn compress_safetensors(
     let mut notes = Vec::new();
     if src.is_dir() {
         for (path, name) in verbatim_files(src, &shard_names, &mut notes)? {
-            w.copy_file(&path, &name)?;
+            keep_file(&mut w, &path, &name)?;
         }
     }
     if opts.coder == Coder::Df11 && !ckpt.tensors().any(|t| t.dtype == Dtype::BF16) {
@@ -1286,6 +1286,34 @@ fn compress_safetensors(
     set_lossy(&mut w, opts, &mut summary, lossy.len());
     w.finish()?;
     Ok(summary)
+}
+
+/// Keeps a small file of the source directory: copied verbatim, except a model's `config.json`
+/// (a JSON object naming no `quantization_config`), which is stored whole in a shard (it is
+/// restored from there) while the container's own `config.json` is the one the writer generates
+/// for transformers (docs/format.md, *transformers*).
+fn keep_file(w: &mut ContainerWriter, path: &Path, name: &str) -> Result<()> {
+    if name == entrollm_format::container::TRANSFORMERS_CONFIG {
+        let bytes = std::fs::read(path).map_err(|error| ModelError::Io {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        let model = matches!(serde_json::from_slice::<Value>(&bytes),
+            Ok(Value::Object(o)) if !o.contains_key("quantization_config"));
+        if model {
+            w.set_transformers_config(&bytes)?;
+            w.add_source_file(SourceFile {
+                name: name.to_string(),
+                size: bytes.len() as u64,
+                xxh3: checksum(&bytes),
+                prefix: &bytes,
+                segments: Vec::new(),
+            })?;
+            return Ok(());
+        }
+    }
+    w.copy_file(path, name)?;
+    Ok(())
 }
 
 /// Every file of the source directory that is not a checkpoint shard, copied verbatim: files in
@@ -1666,6 +1694,16 @@ fn compress_gguf(
     set_metadata(&mut w, opts);
     set_lossy(&mut w, opts, &mut summary, lossy.len());
     w.set_metadata("source_format", json!("gguf"));
+    // A Llama-family GGUF's container opens in transformers too (its modules are the engine's
+    // weights; the quantizer loads them through the engine).
+    let config = crate::gguf::GgufSource::open(src).and_then(|s| crate::TensorSource::config(&s));
+    if let Some(json) = config
+        .ok()
+        .as_ref()
+        .and_then(crate::synth::transformers_config_json)
+    {
+        w.set_transformers_config(json.as_bytes())?;
+    }
     w.finish()?;
     Ok(summary)
 }
