@@ -30,7 +30,7 @@ fn err(e: impl std::fmt::Display) -> PyErr {
 /// A tensor address the Rust side may read or write `f32`s at: a tensor without storage (on the
 /// meta device: address 0) or misaligned is a Python error, never undefined behaviour.
 fn f32_address(addr: usize, what: &str) -> PyResult<()> {
-    if addr == 0 || addr % std::mem::align_of::<f32>() != 0 {
+    if addr == 0 || !addr.is_multiple_of(std::mem::align_of::<f32>()) {
         return Err(pyo3::exceptions::PyValueError::new_err(format!(
             "{what}: not the data of a CPU f32 tensor (address {addr:#x}; a meta tensor?)"
         )));
