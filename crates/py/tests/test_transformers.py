@@ -186,3 +186,27 @@ def test_the_forms_a_budget_plans_are_the_modules_forms():
     ids = torch.randint(0, twin.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert torch.equal(got(ids).logits, twin(ids).logits)
+
+
+def test_a_budget_keyword_plans_the_forms_of_every_integration(tmp_path):
+    """``budget=`` as a keyword: of ``entrollm.compress`` (the container then opening through
+    transformers' own ``from_pretrained``) and of ``compress_module``; the planned forms are the
+    modules' forms either way, and the lossless plan keeps the twin's logits."""
+    src = Path(__file__).resolve().parents[3] / "crates/model/tests/data/families/qwen3-bf16"
+    twin = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
+    ids = torch.randint(0, twin.config.vocab_size, (1, 7),
+                        generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        want = twin(ids).logits
+    entrollm.compress(src, output=tmp_path / "planned", budget="1MB", context=16)
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "planned")
+    module = et.compress_module(
+        transformers.AutoModelForCausalLM.from_pretrained(src).eval(), budget="1MB", context=16)
+    for got in (plain, module):
+        c = entrollm._native.Container(got._entrollm_container)
+        lin = coded(got)
+        recorded = {n: c.form(f"{n}.weight") for n in lin}
+        assert lin and all(recorded.values()), recorded
+        assert {n: (s.form, s.variant) for n, s in lin.items()} == recorded
+        with torch.no_grad():
+            assert torch.equal(got(ids).logits, want)
