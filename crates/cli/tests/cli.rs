@@ -1465,13 +1465,14 @@ fn loading_a_container_checks_plain_tensors_files_and_the_gguf_header() {
     let err = load(&p);
     assert!(err.contains(norm) && err.contains("checksum"), "{err}");
 
+    // The source's config.json, which the engine reads, is stored whole in the shard (the
+    // container's own config.json is generated for transformers).
     let p = copy("edited-config");
-    let cfg = std::fs::read_to_string(p.join("config.json")).unwrap();
-    std::fs::write(
-        p.join("config.json"),
-        cfg.replace("\"rms_norm_eps\"", "\"rms_norm_eps\" "),
-    )
-    .unwrap();
+    let r = tensor_range(&shard(&p), "__entrollm__.prefix.config.json");
+    let mut bytes = std::fs::read(shard(&p)).unwrap();
+    let at = r.start + bytes[r].iter().position(|&b| b == b'"').unwrap();
+    bytes[at] = b'\'';
+    std::fs::write(shard(&p), bytes).unwrap();
     let err = load(&p);
     assert!(err.contains("config.json"), "{err}");
 

@@ -360,7 +360,7 @@ fn serving_forms_are_recorded_and_validated() {
     let e = w.set_form("n", form("dense", "f\n32")).unwrap_err();
     assert!(e.to_string().contains("printable ASCII"), "{e}");
     let m = w.finish().unwrap();
-    assert_eq!(m.version, "1.1");
+    assert_eq!(m.version, "1.2");
     let r = ContainerReader::open(&out).unwrap();
     assert_eq!(r.form("m"), Some(&form("dtans", "pair:8:64:16")));
     assert_eq!(r.form("n"), None);

@@ -1163,9 +1163,12 @@ fn compress_safetensors(
     let shard_names: Vec<&str> = ckpt.files().map(|(n, _)| n).collect();
     let mut w = writer(dst, opts)?;
     let mut notes = Vec::new();
+    let mut config = None;
     if src.is_dir() {
         for (path, name) in verbatim_files(src, &shard_names, &mut notes)? {
-            w.copy_file(&path, &name)?;
+            if let Some(bytes) = keep_file(&mut w, &path, &name)? {
+                config = Some(bytes);
+            }
         }
     }
     if opts.coder == Coder::Df11 && !ckpt.tensors().any(|t| t.dtype == Dtype::BF16) {
@@ -1281,11 +1284,42 @@ fn compress_safetensors(
         };
         w.add_source_file(SourceFile::from_safetensors_hashed(name, file, sum))?;
     }
+    if let Some(bytes) = config {
+        // After the weight files: a source file of no segments, the whole file its prefix.
+        w.add_source_file(SourceFile {
+            name: entrollm_format::container::TRANSFORMERS_CONFIG.to_string(),
+            size: bytes.len() as u64,
+            xxh3: checksum(&bytes),
+            prefix: &bytes,
+            segments: Vec::new(),
+        })?;
+    }
     progress.finish();
     set_metadata(&mut w, opts);
     set_lossy(&mut w, opts, &mut summary, lossy.len());
     w.finish()?;
     Ok(summary)
+}
+
+/// Keeps a small file of the source directory: copied verbatim, except a model's `config.json`
+/// (a JSON object naming no `quantization_config`), whose bytes are returned: the caller stores
+/// them whole in a shard (they are restored from there) while the container's own `config.json`
+/// is the one the writer generates for transformers (docs/format.md, *Files for transformers*).
+fn keep_file(w: &mut ContainerWriter, path: &Path, name: &str) -> Result<Option<Vec<u8>>> {
+    if name == entrollm_format::container::TRANSFORMERS_CONFIG {
+        let bytes = std::fs::read(path).map_err(|error| ModelError::Io {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        let model = matches!(serde_json::from_slice::<Value>(&bytes),
+            Ok(Value::Object(o)) if !o.contains_key("quantization_config"));
+        if model {
+            w.set_transformers_config(&bytes)?;
+            return Ok(Some(bytes));
+        }
+    }
+    w.copy_file(path, name)?;
+    Ok(None)
 }
 
 /// Every file of the source directory that is not a checkpoint shard, copied verbatim: files in
@@ -1666,6 +1700,16 @@ fn compress_gguf(
     set_metadata(&mut w, opts);
     set_lossy(&mut w, opts, &mut summary, lossy.len());
     w.set_metadata("source_format", json!("gguf"));
+    // A Llama-family GGUF's container opens in transformers too (its modules are the engine's
+    // weights; the quantizer loads them through the engine).
+    let config = crate::gguf::GgufSource::open(src).and_then(|s| crate::TensorSource::config(&s));
+    if let Some(json) = config
+        .ok()
+        .as_ref()
+        .and_then(crate::synth::transformers_config_json)
+    {
+        w.set_transformers_config(json.as_bytes())?;
+    }
     w.finish()?;
     Ok(summary)
 }

@@ -225,11 +225,7 @@ impl ContainerSource {
     /// served in it ([`ContainerSource::matrix`]), everything is checked against its checksum.
     pub fn open_tensors(dir: &Path) -> Result<Self> {
         let reader = ContainerReader::open(dir).map_err(|e| format_err(dir, e))?;
-        let has_config = reader
-            .manifest()
-            .verbatim
-            .iter()
-            .any(|f| f.name == "config.json");
+        let has_config = reader.has_verbatim("config.json");
         let (config, quant) = match has_config {
             true => match container_config(&reader) {
                 Ok((c, q)) => (Ok(c), q),

@@ -87,6 +87,21 @@ impl SynthShape {
     }
 }
 
+/// The transformers `config.json` of a model the engine loads (a GGUF), for the Llama family
+/// without attention biases, whose transformers modules are exactly the engine's weights (f32:
+/// the engine widens norms and embeddings); `None` for other families.
+pub fn transformers_config_json(c: &ModelConfig) -> Option<String> {
+    if c.arch != Arch::Llama || c.attention_bias {
+        return None;
+    }
+    let mut json: serde_json::Value =
+        serde_json::from_str(&hf_config_json(c, "float32")).expect("the config is JSON");
+    json.as_object_mut()
+        .expect("an object")
+        .remove("entrollm_synthetic");
+    Some(json.to_string())
+}
+
 /// The HF `config.json` of a synthetic Llama-architecture model.
 pub fn hf_config_json(c: &ModelConfig, torch_dtype: &str) -> String {
     let mut v = serde_json::json!({

@@ -62,6 +62,17 @@ impl Container {
         Some((format!("{:?}", t.dtype).to_lowercase(), t.shape.clone()))
     }
 
+    /// The coder of tensor `name` where it is coded, `None` where it is stored plain (under its
+    /// own name in a shard, where transformers reads it) or there is no such tensor.
+    fn coder(&self, name: &str) -> Option<String> {
+        let r = self.src.reader();
+        let t = r.manifest().tensors.iter().find(|t| t.name == name)?;
+        match &t.storage {
+            entrollm_format::container::Storage::Coded(c) => Some(c.coder.clone()),
+            entrollm_format::container::Storage::Plain(_) => None,
+        }
+    }
+
     /// The form the container records for tensor `name` (`compress --plan`/`--budget`), as
     /// `(form, variant)`, or `None`.
     fn form(&self, name: &str) -> Option<(String, String)> {
@@ -124,14 +135,16 @@ impl Container {
         Ok(PyBytes::new(py, &b))
     }
 
-    /// The names of the verbatim files.
+    /// The names of the files the container keeps for its source (verbatim copies, and the
+    /// source's config.json where the container's own is generated for transformers).
     fn files(&self) -> Vec<String> {
-        self.src
-            .reader()
-            .manifest()
-            .verbatim
-            .iter()
-            .map(|f| f.name.clone())
-            .collect()
+        let r = self.src.reader();
+        r.verbatim_names().into_iter().map(String::from).collect()
+    }
+
+    /// The names of the files the container generated for transformers (`config.json`, …).
+    fn generated(&self) -> Vec<String> {
+        let m = self.src.reader().manifest();
+        m.generated.iter().map(|f| f.name.clone()).collect()
     }
 }

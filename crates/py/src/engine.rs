@@ -7,7 +7,6 @@
 
 use crate::forms::Matrix;
 use crate::EntrollmError;
-use entrollm_model::arch::Arch;
 use entrollm_model::load::{open_model_with, LoadOptions};
 use entrollm_model::weights::Mlp;
 use entrollm_model::Linear;
@@ -35,20 +34,14 @@ pub fn engine_model<'py>(py: Python<'py>, path: PathBuf) -> PyResult<EngineModel
         .detach(|| open_model_with(&path, LoadOptions::default()))
         .map_err(err)?;
     let c = &w.config;
-    if c.arch != Arch::Llama || c.attention_bias {
+    let Some(json) = entrollm_model::synth::transformers_config_json(c) else {
         return Err(err(format!(
             "{}: a {:?} model; the engine's models open in transformers for the Llama family, \
              others through a container of their checkpoint (with its config.json)",
             path.display(),
             c.arch
         )));
-    }
-    let mut json: serde_json::Value =
-        serde_json::from_str(&entrollm_model::synth::hf_config_json(c, "float32"))
-            .expect("the config is JSON");
-    json.as_object_mut()
-        .expect("an object")
-        .remove("entrollm_synthetic");
+    };
     let mut matrices = Vec::new();
     let mut vectors = Vec::new();
     let f32s = |v: &[f32]| {
@@ -85,7 +78,7 @@ pub fn engine_model<'py>(py: Python<'py>, path: PathBuf) -> PyResult<EngineModel
             f32s(&l.mlp_norm),
         ));
     }
-    Ok((json.to_string(), matrices, vectors, Tokenizer(tokenizer)))
+    Ok((json, matrices, vectors, Tokenizer(tokenizer)))
 }
 
 /// The engine's tokenizer of a model (`entrollm run` encodes a prompt with `encode(text)`).

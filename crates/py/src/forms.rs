@@ -27,6 +27,17 @@ fn err(e: impl std::fmt::Display) -> PyErr {
     EntrollmError::new_err(e.to_string())
 }
 
+/// A tensor address the Rust side may read or write `f32`s at: a tensor without storage (on the
+/// meta device: address 0) or misaligned is a Python error, never undefined behaviour.
+fn f32_address(addr: usize, what: &str) -> PyResult<()> {
+    if addr == 0 || !addr.is_multiple_of(std::mem::align_of::<f32>()) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{what}: not the data of a CPU f32 tensor (address {addr:#x}; a meta tensor?)"
+        )));
+    }
+    Ok(())
+}
+
 /// `len` bytes at `addr`, which the caller keeps alive and unaliased for the call.
 ///
 /// # Safety
@@ -223,6 +234,8 @@ impl Matrix {
         if n == 0 {
             return Ok(());
         }
+        f32_address(x, "matmul input")?;
+        f32_address(y, "matmul output")?;
         // SAFETY: `entrollm.torch` passes live contiguous f32 tensors of n·cols and n·rows
         // values, `y` freshly allocated (not aliasing `x`).
         let (x, y) = unsafe {
@@ -245,6 +258,10 @@ impl Matrix {
         use rayon::prelude::*;
         crate::pool(None)?;
         let c = self.m.cols();
+        if self.m.rows() * c == 0 {
+            return Ok(());
+        }
+        f32_address(out, "decode_into output")?;
         // SAFETY: `entrollm.torch` passes a live contiguous f32 tensor of rows·cols values.
         let out = unsafe { std::slice::from_raw_parts_mut(out as *mut f32, self.m.rows() * c) };
         let m = &self.m;

@@ -4,6 +4,7 @@ made by transformers from its config classes) against their uncompressed twins: 
 containers give identical logits; the real SmolLM2 (the GGUF scripts/fetch-smollm2 puts in the
 cache) from its container generates the greedy tokens `entrollm run` does."""
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -24,11 +25,18 @@ def tiny(arch):
         cfg = transformers.OPTConfig(vocab_size=512, hidden_size=128, num_hidden_layers=2,
                                      ffn_dim=384, num_attention_heads=4,
                                      max_position_embeddings=128, word_embed_proj_dim=128)
-        return transformers.OPTForCausalLM(cfg)
-    cfg = transformers.GPTNeoXConfig(vocab_size=512, hidden_size=128, num_hidden_layers=2,
-                                     intermediate_size=384, num_attention_heads=4,
-                                     max_position_embeddings=128)
-    return transformers.GPTNeoXForCausalLM(cfg)
+        model = transformers.OPTForCausalLM(cfg)
+    else:
+        cfg = transformers.GPTNeoXConfig(vocab_size=512, hidden_size=128, num_hidden_layers=2,
+                                         intermediate_size=384, num_attention_heads=4,
+                                         max_position_embeddings=128)
+        model = transformers.GPTNeoXForCausalLM(cfg)
+    # Norms and biases off their initial values: a tensor left unloaded would show.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.normal_()
+    return model
 
 
 def coded(model):
@@ -64,6 +72,53 @@ def test_a_lossless_container_gives_the_uncompressed_twins_logits(twin):
         a = model.generate(ids[:1], max_new_tokens=8, do_sample=False)
         b = got.generate(ids[:1], max_new_tokens=8, do_sample=False)
     assert torch.equal(a, b)
+
+
+def test_a_container_opens_through_transformers_own_from_pretrained(twin):
+    """``AutoModelForCausalLM.from_pretrained(CONTAINER)``, as for GPTQ: the container's
+    config.json names the quantizer and the shards; its source's config.json is kept (restored
+    by decompress), nothing is stored twice."""
+    model, d = twin
+    cfg = json.loads((d / "container" / "config.json").read_text())
+    assert cfg["quantization_config"] == {"quant_method": "entrollm"}
+    assert cfg["transformers_weights"] == "entrollm-00001-of-00001.safetensors"
+    assert sorted(p.name for p in (d / "container").iterdir()) == sorted(
+        ["config.json", "entrollm.json", "entrollm-00001-of-00001.safetensors",
+         "generation_config.json"])
+    ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = model(ids).logits
+    maps = ["cpu", "auto", {n: "cpu" for n in split_map(model)}]
+    for device_map in [None, *maps]:
+        kw = {} if device_map is None else {"device_map": device_map}
+        got = transformers.AutoModelForCausalLM.from_pretrained(d / "container", **kw)
+        assert type(got) is type(model) and got.dtype == torch.bfloat16
+        assert isinstance(got.hf_quantizer, etf.EntrollmQuantizer)
+        assert "dtans" in {s.form for s in coded(got).values()}
+        with torch.no_grad():
+            assert torch.equal(got(ids).logits, want), device_map
+    with torch.no_grad():
+        a = model.generate(ids[:1], max_new_tokens=8, do_sample=False)
+        b = got.generate(ids[:1], max_new_tokens=8, do_sample=False)
+    assert torch.equal(a, b)
+    back = d / "back"
+    entrollm.decompress(d / "container", output=back)
+    assert (back / "config.json").read_bytes() == (d / "src" / "config.json").read_bytes()
+
+
+def split_map(model):
+    """A device map of many entries: each decoder layer, and each module outside the layers
+    that contains none of them (embeddings, final norm, LM head)."""
+    entries = [f"{n}.{i}" for n, sub in model.named_modules()
+               if isinstance(sub, torch.nn.ModuleList) for i in range(len(sub))]
+    out = list(entries)
+    for n, _ in model.named_modules():
+        inside = any(n == e or n.startswith(e + ".") for e in out)
+        holds = any(e.startswith(n + ".") for e in entries)
+        if n and not inside and not holds:
+            out.append(n)
+    assert len(out) > 4, out
+    return out
 
 
 def test_a_checkpoint_directory_is_compressed_and_opened(twin):
@@ -106,7 +161,9 @@ def test_smollm2_from_its_container_generates_what_entrollm_run_does(tmp_path):
     prompt, n = "The capital of France is", 24
     run = subprocess.run([binary(), "run", str(container), "--prompt", prompt, "-n", str(n)],
                          check=True, capture_output=True, text=True)
-    model = etf.from_pretrained(container)
+    # The container's config.json is a Llama config the compressor derived from the GGUF: the
+    # plain from_pretrained opens it, the quantizer reads it through the engine's loader.
+    model = transformers.AutoModelForCausalLM.from_pretrained(container)
     assert isinstance(model, transformers.LlamaForCausalLM)
     assert {s.form for s in coded(model).values()} == {"ggml"}
     tok = model._entrollm_tokenizer
@@ -129,3 +186,27 @@ def test_the_forms_a_budget_plans_are_the_modules_forms():
     ids = torch.randint(0, twin.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert torch.equal(got(ids).logits, twin(ids).logits)
+
+
+def test_a_budget_keyword_plans_the_forms_of_every_integration(tmp_path):
+    """``budget=`` as a keyword: of ``entrollm.compress`` (the container then opening through
+    transformers' own ``from_pretrained``) and of ``compress_module``; the planned forms are the
+    modules' forms either way, and the lossless plan keeps the twin's logits."""
+    src = Path(__file__).resolve().parents[3] / "crates/model/tests/data/families/qwen3-bf16"
+    twin = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
+    ids = torch.randint(0, twin.config.vocab_size, (1, 7),
+                        generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        want = twin(ids).logits
+    entrollm.compress(src, output=tmp_path / "planned", budget="1MB", context=16)
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "planned")
+    module = et.compress_module(
+        transformers.AutoModelForCausalLM.from_pretrained(src).eval(), budget="1MB", context=16)
+    for got in (plain, module):
+        c = entrollm._native.Container(got._entrollm_container)
+        lin = coded(got)
+        recorded = {n: c.form(f"{n}.weight") for n in lin}
+        assert lin and all(recorded.values()), recorded
+        assert {n: (s.form, s.variant) for n, s in lin.items()} == recorded
+        with torch.no_grad():
+            assert torch.equal(got(ids).logits, want)

@@ -13,7 +13,8 @@ pub const FORMAT_NAME: &str = "entrollm";
 /// Readers reject other major versions; a newer minor version only adds optional fields.
 pub const FORMAT_MAJOR: u32 = 1;
 /// 1.1: a tensor entry may record the weight form it is served in (`form`).
-pub const FORMAT_MINOR: u32 = 1;
+/// 1.2: files the writer generates for other loaders (`generated`: transformers' `config.json`).
+pub const FORMAT_MINOR: u32 = 2;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -36,6 +37,10 @@ pub struct Manifest {
     /// Files copied unchanged into the container (config.json, tokenizer files, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub verbatim: Vec<FileEntry>,
+    /// Files the writer made for other loaders (transformers' `config.json`, a shard index):
+    /// checked like verbatim files, never restored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generated: Vec<FileEntry>,
 }
 
 /// A file by name relative to its directory, with its size and checksum.
@@ -154,6 +159,7 @@ impl Manifest {
             tensors: Vec::new(),
             sources: Vec::new(),
             verbatim: Vec::new(),
+            generated: Vec::new(),
         }
     }
 
@@ -238,6 +244,12 @@ impl Manifest {
         let verbatim = entries(path, "verbatim", optional(&mut top, "verbatim"), |_, m| {
             FormatError::file(path, m)
         })?;
+        let generated = entries(
+            path,
+            "generated",
+            optional(&mut top, "generated"),
+            |_, m| FormatError::file(path, m),
+        )?;
         // Unknown top-level fields are ignored: newer minor versions may add optional ones.
         Ok(Manifest {
             format,
@@ -248,6 +260,7 @@ impl Manifest {
             tensors,
             sources,
             verbatim,
+            generated,
         })
     }
 }
@@ -337,7 +350,7 @@ mod tests {
         let back = Manifest::parse(Path::new("m.json"), text.as_bytes()).unwrap();
         assert_eq!(back, m);
         let v: Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(v["version"], "1.1");
+        assert_eq!(v["version"], "1.2");
         assert!(v["tensors"][0].get("form").is_none());
         assert_eq!(v["tensors"][1]["form"]["variant"], "f32");
         assert_eq!(v["tensors"][0]["plain"]["key"], "a");

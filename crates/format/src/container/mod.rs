@@ -20,7 +20,10 @@ pub use reader::{
     CodedTensor, ContainerReader, StoredData, StoredTensor, MAX_MANIFEST_LEN, MAX_SOURCE_GAP,
 };
 pub use restore::restore_sources;
-pub use writer::{ContainerWriter, SourceFile, WriterOptions, DEFAULT_SHARD_SIZE_LIMIT};
+pub use writer::{
+    ContainerWriter, SourceFile, WriterOptions, DEFAULT_SHARD_SIZE_LIMIT, TRANSFORMERS_CONFIG,
+    TRANSFORMERS_INDEX,
+};
 
 use crate::dtype::Dtype;
 

@@ -186,16 +186,59 @@ impl ContainerReader {
         Ok(())
     }
 
-    /// The verbatim file `name` (say `config.json`), checked against the size and checksum the
-    /// manifest records for it before it is used; at most `limit` bytes.
+    /// The small file `name` (say `config.json`) the container keeps for its source, checked
+    /// against the size and checksum the manifest records for it before it is used; at most
+    /// `limit` bytes. That is a verbatim copy, or a source file stored whole in a shard (a prefix
+    /// and no segments: the source's `config.json` where the container's own is
+    /// [generated](Self::read_generated) for transformers).
     pub fn read_verbatim(&self, name: &str, limit: u64) -> Result<Vec<u8>> {
         let path = self.dir.join(name);
+        if let Some(i) = self.whole_source(name) {
+            let entry = &self.manifest.sources[i];
+            if entry.size > limit {
+                return Err(FormatError::file(
+                    &path,
+                    format!("the stored file is {} bytes, over {limit}", entry.size),
+                ));
+            }
+            let bytes = self.source_prefix(i);
+            let actual = checksum(bytes);
+            if actual != entry.xxh3 {
+                // The damage is in the shard that stores the file.
+                let (s, _) = self.prefixes[i];
+                return Err(FormatError::Checksum {
+                    path: self.shards[s].path().to_path_buf(),
+                    tensor: Some(format!("{} (the stored {name})", entry.prefix.key)),
+                    expected: entry.xxh3,
+                    actual,
+                });
+            }
+            return Ok(bytes.to_vec());
+        }
         let entry = self
             .manifest
             .verbatim
             .iter()
             .find(|f| f.name == name)
             .ok_or_else(|| FormatError::file(&path, "the manifest records no such file"))?;
+        self.read_listed(entry, limit)
+    }
+
+    /// A generated file (`manifest().generated`: transformers' `config.json`), checked.
+    pub fn read_generated(&self, name: &str, limit: u64) -> Result<Vec<u8>> {
+        let entry = self
+            .manifest
+            .generated
+            .iter()
+            .find(|f| f.name == name)
+            .ok_or_else(|| {
+                FormatError::file(&self.dir.join(name), "the manifest records no such file")
+            })?;
+        self.read_listed(entry, limit)
+    }
+
+    fn read_listed(&self, entry: &FileEntry, limit: u64) -> Result<Vec<u8>> {
+        let path = self.dir.join(&entry.name);
         let bytes =
             crate::input::read_limited(&path, limit).map_err(|e| FormatError::io(&path, e))?;
         if bytes.len() as u64 != entry.size {
@@ -212,9 +255,32 @@ impl ContainerReader {
         Ok(bytes)
     }
 
-    /// Whether the manifest records the verbatim file `name`.
+    /// The source file `name` where it is stored whole (its prefix is the file).
+    fn whole_source(&self, name: &str) -> Option<usize> {
+        self.whole_sources()
+            .find(|&i| self.manifest.sources[i].name == name)
+    }
+
+    fn whole_sources(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.manifest.sources.len()).filter(|&i| {
+            let s = &self.manifest.sources[i];
+            s.segments.is_empty() && self.source_prefix(i).len() as u64 == s.size
+        })
+    }
+
+    /// Whether the container keeps the file `name` for its source ([`read_verbatim`](Self::read_verbatim)).
     pub fn has_verbatim(&self, name: &str) -> bool {
-        self.manifest.verbatim.iter().any(|f| f.name == name)
+        self.manifest.verbatim.iter().any(|f| f.name == name) || self.whole_source(name).is_some()
+    }
+
+    /// The names of the files [`read_verbatim`](Self::read_verbatim) reads.
+    pub fn verbatim_names(&self) -> Vec<&str> {
+        let m = &self.manifest;
+        m.verbatim
+            .iter()
+            .map(|f| f.name.as_str())
+            .chain(self.whole_sources().map(|i| m.sources[i].name.as_str()))
+            .collect()
     }
 
     /// Checks the shard holding source file `i`'s stored prefix (a GGUF's header) against its
@@ -250,7 +316,13 @@ impl ContainerReader {
     /// (bytes done, bytes total).
     pub fn verify_files(&self, mut progress: Option<&mut dyn FnMut(u64, u64)>) -> Result<()> {
         let m = &self.manifest;
-        let total: u64 = m.shards.iter().chain(&m.verbatim).map(|f| f.size).sum();
+        let total: u64 = m
+            .shards
+            .iter()
+            .chain(&m.verbatim)
+            .chain(&m.generated)
+            .map(|f| f.size)
+            .sum();
         let mut done = 0u64;
         for (entry, shard) in m.shards.iter().zip(&self.shards) {
             let actual = checksum(shard.file_bytes());
@@ -260,7 +332,7 @@ impl ContainerReader {
                 p(done, total);
             }
         }
-        for entry in &m.verbatim {
+        for entry in m.verbatim.iter().chain(&m.generated) {
             let path = self.dir.join(&entry.name);
             let file = crate::input::open_regular(&path).map_err(|e| FormatError::io(&path, e))?;
             let mut sum = StreamingChecksum::new();
@@ -585,11 +657,23 @@ impl<'p> Validator<'p> {
             }
             prefixes.push(self.source(src, &sizes)?);
         }
-        for f in &manifest.verbatim {
+        // Generated files are not restored: they may share a name with a source file (the
+        // source's config.json beside transformers'), never with another file in the directory.
+        let mut on_disk = HashSet::new();
+        for (f, generated) in manifest
+            .verbatim
+            .iter()
+            .map(|f| (f, false))
+            .chain(manifest.generated.iter().map(|f| (f, true)))
+        {
             check_verbatim_name(&f.name).map_err(|m| {
                 FormatError::file(self.manifest_path, format!("verbatim file: {m}"))
             })?;
-            if !file_names.insert(f.name.as_str()) {
+            let unique = match generated {
+                true => true,
+                false => file_names.insert(f.name.as_str()),
+            };
+            if !unique || !on_disk.insert(f.name.as_str()) {
                 return Err(FormatError::file(
                     self.manifest_path,
                     format!("file '{}' is listed twice", f.name),

@@ -23,6 +23,10 @@ use std::path::{Path, PathBuf};
 /// Shards roll over when their data would pass this many bytes (a single larger tensor gets a
 /// shard of its own).
 pub const DEFAULT_SHARD_SIZE_LIMIT: u64 = 4 << 30;
+/// The container's `config.json` for transformers (`generated`), and the shard index it names
+/// when there are several shards.
+pub const TRANSFORMERS_CONFIG: &str = "config.json";
+pub const TRANSFORMERS_INDEX: &str = "entrollm.safetensors.index.json";
 /// The writer's scratch directory inside the staging directory.
 pub(crate) const WORK_DIR: &str = ".entrollm-work";
 /// Alignment classes, in the order their data is laid out in a shard: tensors sorted by
@@ -108,6 +112,9 @@ pub struct ContainerWriter {
     closed: Vec<(PathBuf, u64, u64)>,
     /// Set when an I/O error left a shard half-written; every later call fails.
     broken: bool,
+    /// The source's `config.json` object, to which `finish` adds what makes transformers load
+    /// the container ([`set_transformers_config`](Self::set_transformers_config)).
+    transformers: Option<serde_json::Map<String, Value>>,
 }
 
 impl std::fmt::Debug for ContainerWriter {
@@ -165,6 +172,7 @@ impl ContainerWriter {
             shard: None,
             closed: Vec::new(),
             broken: false,
+            transformers: None,
         })
     }
 
@@ -353,6 +361,82 @@ impl ContainerWriter {
         Ok(())
     }
 
+    /// Makes the container a directory transformers' `from_pretrained` opens: `finish` writes
+    /// `config` (a model's `config.json`, a JSON object) as the container's `config.json` with
+    /// `quantization_config = {"quant_method": "entrollm"}` and `transformers_weights` naming the
+    /// shard (or, for several, a generated `entrollm.safetensors.index.json` listing their keys),
+    /// both recorded under `generated`. The caller keeps the source's own `config.json`, if it
+    /// is to be restored, as a source file stored whole.
+    pub fn set_transformers_config(&mut self, config: &[u8]) -> Result<()> {
+        let usage = |m: String| FormatError::Usage(format!("config.json: {m}"));
+        match serde_json::from_slice(config) {
+            Ok(Value::Object(o)) => {
+                if o.contains_key("quantization_config") {
+                    return Err(usage("already names a quantization_config".into()));
+                }
+                self.transformers = Some(o);
+                Ok(())
+            }
+            Ok(_) => Err(usage("not a JSON object".into())),
+            Err(e) => Err(usage(format!("not JSON: {e}"))),
+        }
+    }
+
+    /// Writes the files of [`set_transformers_config`](Self::set_transformers_config) into the
+    /// staging directory once the shards have their names.
+    fn write_transformers_files(&mut self, shard_names: &[String]) -> Result<()> {
+        let Some(mut config) = self.transformers.take() else {
+            return Ok(());
+        };
+        for name in [TRANSFORMERS_CONFIG, TRANSFORMERS_INDEX] {
+            if self.manifest.verbatim.iter().any(|f| f.name == name) {
+                return Err(FormatError::Usage(format!(
+                    "verbatim file '{name}' collides with the one generated for transformers"
+                )));
+            }
+        }
+        let mut files = Vec::new();
+        let weights = match shard_names {
+            [one] => one.clone(),
+            _ => {
+                // transformers reads every key of every file it is given; the map lists them all.
+                let m = &self.manifest;
+                let mut map = serde_json::Map::new();
+                let mut add = |r: &ArrayRef| {
+                    map.insert(r.key.clone(), Value::String(r.shard.clone()));
+                };
+                for t in &m.tensors {
+                    match &t.storage {
+                        Storage::Plain(r) => add(r),
+                        Storage::Coded(c) => c.arrays.values().for_each(&mut add),
+                    }
+                }
+                m.sources.iter().for_each(|s| add(&s.prefix));
+                let index = serde_json::json!({"metadata": {}, "weight_map": map});
+                let text = serde_json::to_string_pretty(&index).expect("JSON serialises");
+                files.push((TRANSFORMERS_INDEX.to_string(), text));
+                TRANSFORMERS_INDEX.to_string()
+            }
+        };
+        config.insert(
+            "quantization_config".into(),
+            serde_json::json!({"quant_method": "entrollm"}),
+        );
+        config.insert("transformers_weights".into(), Value::String(weights));
+        let text = serde_json::to_string_pretty(&Value::Object(config)).expect("JSON serialises");
+        files.push((TRANSFORMERS_CONFIG.to_string(), text + "\n"));
+        for (name, text) in files {
+            let path = self.staging.path().join(&name);
+            std::fs::write(&path, &text).map_err(|e| FormatError::io(&path, e))?;
+            self.manifest.generated.push(FileEntry {
+                name,
+                size: text.len() as u64,
+                xxh3: checksum(text.as_bytes()),
+            });
+        }
+        Ok(())
+    }
+
     /// Sets a free-form entry of the manifest's `metadata` object.
     pub fn set_metadata(&mut self, key: &str, value: Value) {
         self.manifest.metadata.insert(key.to_string(), value);
@@ -392,6 +476,7 @@ impl ContainerWriter {
             .sources
             .iter_mut()
             .for_each(|s| rename(&mut s.prefix));
+        self.write_transformers_files(&names)?;
         std::fs::remove_dir_all(&self.work).map_err(|e| FormatError::io(&self.work, e))?;
         let manifest_path = self.staging.path().join(MANIFEST_FILE);
         let json = self.manifest.to_json();

@@ -102,13 +102,13 @@ def linear(x: torch.Tensor, matrix: int, out_features: int,
     n = x2.shape[0]
     if n == 1:
         xf = x2.to(torch.float32).contiguous()
-        y = torch.empty(1, m.rows, dtype=torch.float32)
+        y = torch.empty(1, m.rows, dtype=torch.float32, device="cpu")
         m.matmul(xf.data_ptr(), 1, y.data_ptr())
         y = y.to(x.dtype)
         if bias is not None:
             y = y + bias.to(x.dtype)
         return y.reshape(*lead, m.rows)
-    w = torch.empty(m.rows, m.cols, dtype=torch.float32)
+    w = torch.empty(m.rows, m.cols, dtype=torch.float32, device="cpu")
     m.decode_into(w.data_ptr())
     # On the input as it came (not flattened): torch picks its kernel by shape, and this is the
     # call a torch.nn.Linear makes, so the output is its bit for bit.
@@ -217,7 +217,7 @@ def matrix_of(weight, form="dtans", variant=None, bits=None, quantizer="tcq32"):
 
 
 def decoded_weight(matrix):
-    w = torch.empty(matrix.rows, matrix.cols, dtype=torch.float32)
+    w = torch.empty(matrix.rows, matrix.cols, dtype=torch.float32, device="cpu")
     matrix.decode_into(w.data_ptr())
     return w
 

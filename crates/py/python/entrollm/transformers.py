@@ -19,7 +19,9 @@ CPU only (``entrollm.torch``).
 """
 
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 import weakref
@@ -52,25 +54,37 @@ class EntrollmConfig(QuantizationConfigMixin):
 
 @register_quantizer("entrollm")
 class EntrollmQuantizer(HfQuantizer):
-    """Loads a model from an entrollm container: before transformers loads weights, each
+    """Loads a model from an entrollm container. Before transformers reads the shards, each
     ``torch.nn.Linear`` whose matrix the container holds becomes an ``entrollm.torch.Linear``
-    of it; after, every other tensor takes the container's values (``entrollm.torch.load_into``,
-    which checks each against the manifest and the module's shapes)."""
+    of it (on the meta skeleton); transformers then loads the plain tensors from the shards
+    itself (its renaming rules apply), leaving the coded arrays, which it does not know; after,
+    the quantizer gives the tensors the container codes outside linear layers (an embedding)
+    their decoded values. A GGUF's container is read by the engine's loader instead
+    (Llama-family models: the matrices as the engine serves them, norms and embeddings f32)."""
 
     requires_calibration = False
 
     def __init__(self, quantization_config, **kwargs):
         super().__init__(quantization_config, **kwargs)
+        self._fill = {}
+        self._quiet = None
 
     def validate_environment(self, *args, **kwargs):
         path = self.quantization_config.container
-        if path is None or not (is_container(path) or path in _ENGINE):
+        if path is not None and not (is_container(path) or path in _ENGINE):
             raise ValueError(f"quantization_config 'entrollm' names no container ({path!r})")
         device_map = kwargs.get("device_map")
-        if isinstance(device_map, dict) and any(
-                str(d) not in ("cpu", "meta") for d in device_map.values()):
+        places = (device_map.values() if isinstance(device_map, dict)
+                  else [] if device_map in (None, "auto") else [device_map])
+        if any(str(d) not in ("cpu", "meta") for d in places):
             raise ValueError("entrollm's transformers integration runs on the CPU "
                              f"(device_map {device_map})")
+
+    def update_device_map(self, device_map):
+        if device_map == "auto":
+            # The modules run on the CPU: accelerate places every layer there.
+            return {"": "cpu"}
+        return device_map
 
     def update_dtype(self, dtype):
         return dtype
@@ -78,14 +92,55 @@ class EntrollmQuantizer(HfQuantizer):
     def param_needs_quantization(self, model, param_name, **kwargs):
         return False
 
-    def _process_model_before_weight_loading(self, model, **kwargs):
-        # The skeleton is on the meta device: only modules are swapped here.
+    def _container(self, checkpoint_files):
         path = self.quantization_config.container
-        et._set_linears(model, _linears(model, path))
+        if path is None:
+            # from_pretrained(CONTAINER): the shards config.json names are the container's.
+            if not checkpoint_files:
+                raise ValueError("quantization_config 'entrollm' without a container")
+            path = os.path.dirname(os.path.abspath(checkpoint_files[0]))
+            if not is_container(path):
+                raise entrollm.EntrollmError(f"{path}: not an entrollm container")
+            self.quantization_config.container = path
+        return path
+
+    def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
+        # The skeleton is on the meta device: only modules are swapped here.
+        path = self._container(checkpoint_files)
+        if path in _ENGINE or _engine_loads(path):
+            linears, self._fill, ignore = _engine_parts(model, path)
+        else:
+            linears, self._fill, ignore = _container_parts(model, path)
+        et._set_linears(model, linears)
+        # What transformers finds in the shards but does not load (coded arrays, a GGUF's
+        # tensors) and what it cannot find there (the tensors filled after loading) are ours.
+        model._keys_to_ignore_on_load_unexpected = (
+            set(model._keys_to_ignore_on_load_unexpected or ()) | {ignore})
+        ours = set(self._fill)
+        for target, source in (getattr(model, "all_tied_weights_keys", None) or {}).items():
+            if source in ours or target in ours:
+                ours |= {source, target}
+        model._keys_to_ignore_on_load_missing = set(model._keys_to_ignore_on_load_missing or ()) | {
+            "^" + re.escape(k) + "$" for k in ours}
+        # transformers ties an LM head to its embedding before the quantizer fills the embedding,
+        # and warns that both are absent: true of the shards, not of the container.
+        self._quiet = _TiedFilter(ours)
+        _MODELING_LOGGER.addFilter(self._quiet)
         model._entrollm_container = path
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):
+        _MODELING_LOGGER.removeFilter(self._quiet)
+        state = model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for key, fill in self._fill.items():
+                t = fill()
+                if tuple(t.shape) != tuple(state[key].shape):
+                    raise entrollm.EntrollmError(
+                        f"{model._entrollm_container}: tensor '{key}' has shape "
+                        f"{tuple(t.shape)}, the model's {tuple(state[key].shape)}")
+                state[key].copy_(t.to(state[key].dtype))
+        self._fill = {}
         left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
         if left:
             raise entrollm.EntrollmError(
@@ -102,6 +157,70 @@ class EntrollmQuantizer(HfQuantizer):
     @property
     def is_compileable(self):
         return True
+
+
+_MODELING_LOGGER = logging.getLogger("transformers.modeling_utils")
+
+
+class _TiedFilter(logging.Filter):
+    """Drops transformers' warning that tied tensors are absent from the checkpoint for the
+    tensors the quantizer fills itself (``keys``)."""
+
+    def __init__(self, keys):
+        super().__init__()
+        self.keys = keys
+
+    def filter(self, record):
+        msg = record.getMessage()
+        return not ("both are absent" in msg and any(k in msg for k in self.keys))
+
+
+def _container_parts(model, path):
+    """``(coded linears, {model key: values}, unexpected-key pattern)`` of a container of a
+    checkpoint for ``model``: the linear layers whose matrices it holds, the other tensors it
+    codes (given their decoded values after loading; transformers reads the plain ones)."""
+    c = _native.Container(path)
+    linears = _linears(model, path)
+    coded_linears = {f"{n}.weight" for n in linears}
+    keys = _model_keys(model, c.names())
+    fill = {}
+    coders = {n: c.coder(n) for n in c.names()}
+    for name, coder in coders.items():
+        if coder is None:
+            continue
+        key = keys[name]
+        if key is None:
+            raise entrollm.EntrollmError(
+                f"{path}: tensor '{name}' is coded and transformers converts it as it loads "
+                "(merged, split or permuted); open the model with entrollm.transformers."
+                "from_pretrained after decompressing, or compress it without coding it")
+        if key not in coded_linears:
+            fill[key] = (lambda c=c, name=name: et._tensor(c, name))
+    ignore = r"^__entrollm__\." + "".join(
+        rf"|\.{re.escape(k)}\.[A-Za-z0-9_-]+$" for k in sorted(set(coders.values()) - {None}))
+    return linears, fill, ignore
+
+
+def _engine_parts(model, path):
+    """The same for a model the engine loads (a GGUF's container): every tensor but the coded
+    linears is filled from the engine's model; none of the shards' keys (GGUF names) is read."""
+    if path not in _ENGINE:
+        cfg_json, matrices, vectors, tok = _native.engine_model(path)
+        _ENGINE[path] = (dict(matrices), dict(vectors))
+        model._entrollm_tokenizer = tok
+    try:
+        linears = _linears(model, path)
+        matrices, vectors = _ENGINE[path]
+    finally:
+        _ENGINE.pop(path, None)
+    # Decoded after loading: the skeleton is built under torch's meta device.
+    fill = {}
+    for name, m in matrices.items():
+        if name.rsplit(".", 1)[0] not in linears:  # the embedding: its values
+            fill[name] = (lambda m=m: et.decoded_weight(m))
+    for name, data in vectors.items():
+        fill[name] = (lambda d=data: torch.frombuffer(bytearray(d), dtype=torch.float32))
+    return linears, fill, ".*"
 
 
 # Models the engine loaded for a from_pretrained under way (a GGUF file or container), by path:
@@ -202,31 +321,15 @@ def config(path, **kwargs):
     return cfg
 
 
-def _engine_state_dict(path, skeleton):
-    matrices, vectors = _ENGINE[path]
-    out = {}
-    linears = {n for n, s in skeleton.named_modules() if isinstance(s, torch.nn.Linear)}
-    for name, m in matrices.items():
-        if name.rsplit(".", 1)[0] not in linears:  # the embedding: its values
-            out[name] = et.decoded_weight(m)
-    for name, data in vectors.items():
-        out[name] = torch.frombuffer(bytearray(data), dtype=torch.float32)
-    return out
-
-
 def state_dict(path, model_class, cfg):
-    """The tensors of the container at ``path`` that transformers loads itself: all but the
-    matrices of the linear layers of ``model_class`` (which the quantizer makes coded modules),
-    each checked against the manifest."""
-    with torch.device("meta"):
-        skeleton = model_class(cfg)
+    """The tensors of the container at ``path`` that transformers loads itself: those it stores
+    plain (the quantizer makes the coded matrices of linear layers :class:`entrollm.torch.Linear`
+    modules and gives the other coded tensors their decoded values), each checked against the
+    manifest; none for a model the engine loads."""
     if path in _ENGINE:
-        return _engine_state_dict(path, skeleton)
-    # Every tensor but the coded matrices, by the container's names: transformers renames and
-    # converts them as it does a checkpoint's, and reports what the model lacks.
+        return {}
     c = _native.Container(path)
-    coded = set(_coded_names(skeleton, path, c).values())
-    return {n: et._tensor(c, n) for n in c.names() if n not in coded}
+    return {n: et._tensor(c, n) for n in c.names() if c.coder(n) is None}
 
 
 def from_pretrained(path, model_class=None, dtype="auto", compress_options=None, **kwargs):
@@ -257,8 +360,16 @@ def from_pretrained(path, model_class=None, dtype="auto", compress_options=None,
         path = out
     elif compress_options:
         raise ValueError("compress_options are for a checkpoint directory; this is a container")
-    cfg = config(path)
     cls = model_class or transformers.AutoModelForCausalLM
+    if "config.json" in _native.Container(path).generated():
+        # The container is a directory transformers opens itself (its config.json names the
+        # quantizer and the shards).
+        model = cls.from_pretrained(path, dtype=dtype, **kwargs)
+        if work is not None:
+            weakref.finalize(model, shutil.rmtree, work, True)
+        return model
+    # A container written before format 1.2: its config.json is the source's.
+    cfg = config(path)
     if hasattr(cls, "_model_mapping"):
         # An Auto class resolves the model class from a path; with none, from the config.
         cls = cls._model_mapping[type(cfg)]
@@ -288,10 +399,10 @@ def _from_engine(path, model_class=None, **kwargs):
         cls = cls._model_mapping[type(cfg)]
     _ENGINE[path] = (dict(matrices), dict(vectors))
     try:
-        model = cls.from_pretrained(None, config=cfg, state_dict=state_dict(path, cls, cfg),
-                                    dtype=torch.float32, **kwargs)
+        model = cls.from_pretrained(None, config=cfg, state_dict={}, dtype=torch.float32,
+                                    **kwargs)
     finally:
-        del _ENGINE[path]
+        _ENGINE.pop(path, None)
     model._entrollm_tokenizer = tok
     return model
 
