@@ -211,44 +211,14 @@ impl<'a> TileDecoder<'a> {
         }
 
         let mut escapes = Vec::new();
-        let mut active = t.tiles[2 * tile + 1];
-        let mut last_col = [None::<usize>; LANES];
-        let valid_cols = g.sc.min(g.cols - col0);
-        let mut round = 0u32;
-        while active != 0 {
-            if round as usize >= g.sc {
-                return Err(corrupt("more escape rounds than columns"));
-            }
-            reader.read(
-                (g.quartets - 1) as u32 + round,
-                active.count_ones() as usize,
-                &mut words,
-            )?;
-            for (lane, &rec) in lanes(active).zip(&words) {
-                let col = ((rec >> REC_COL_SHIFT) & 0x7FF) as usize;
-                if rec & REC_RESERVED != 0 {
-                    return Err(corrupt(&format!(
-                        "escape record {rec:#010x} has reserved bits set"
-                    )));
-                }
-                if row0 + lane >= g.rows || col >= valid_cols {
-                    return Err(corrupt(&format!(
-                        "escape at lane {lane}, column {col} is outside the matrix"
-                    )));
-                }
-                if last_col[lane].is_some_and(|c| c >= col) {
-                    return Err(corrupt(&format!(
-                        "escapes of lane {lane} are not in column order"
-                    )));
-                }
-                last_col[lane] = Some(col);
-                escapes.push((lane, col, rec as u16));
-                if rec & REC_LAST != 0 {
-                    active &= !(1 << lane);
-                }
-            }
-            round += 1;
-        }
+        read_escapes(
+            g,
+            t.tiles[2 * tile + 1],
+            (row0, col0),
+            &mut reader,
+            &mut words,
+            |lane, col, rec| escapes.push((lane, col, rec)),
+        )?;
         let (chunks, padding_words) = reader.finish()?;
         Ok(Tile {
             codes,
@@ -257,6 +227,57 @@ impl<'a> TileDecoder<'a> {
             escapes,
         })
     }
+}
+
+/// A tile's escape records, after its main symbols: each lane set in `active` has records in
+/// column order, the last one flagged. Each is checked (reserved bits clear, inside the matrix,
+/// columns increasing) and handed to `f` as (lane, column in the tile, record's low 16 bits).
+pub(super) fn read_escapes(
+    g: &Geometry,
+    mut active: u32,
+    (row0, col0): (usize, usize),
+    reader: &mut ChunkReader,
+    words: &mut Vec<u32>,
+    mut f: impl FnMut(usize, usize, u16),
+) -> Result<()> {
+    let mut last_col = [None::<usize>; LANES];
+    let valid_cols = g.sc.min(g.cols - col0);
+    let mut round = 0u32;
+    while active != 0 {
+        if round as usize >= g.sc {
+            return Err(corrupt("more escape rounds than columns"));
+        }
+        reader.read(
+            (g.quartets - 1) as u32 + round,
+            active.count_ones() as usize,
+            words,
+        )?;
+        for (lane, &rec) in lanes(active).zip(words.iter()) {
+            let col = ((rec >> REC_COL_SHIFT) & 0x7FF) as usize;
+            if rec & REC_RESERVED != 0 {
+                return Err(corrupt(&format!(
+                    "escape record {rec:#010x} has reserved bits set"
+                )));
+            }
+            if row0 + lane >= g.rows || col >= valid_cols {
+                return Err(corrupt(&format!(
+                    "escape at lane {lane}, column {col} is outside the matrix"
+                )));
+            }
+            if last_col[lane].is_some_and(|c| c >= col) {
+                return Err(corrupt(&format!(
+                    "escapes of lane {lane} are not in column order"
+                )));
+            }
+            last_col[lane] = Some(col);
+            f(lane, col, rec as u16);
+            if rec & REC_LAST != 0 {
+                active &= !(1 << lane);
+            }
+        }
+        round += 1;
+    }
+    Ok(())
 }
 
 /// The set lanes of a mask, in order.

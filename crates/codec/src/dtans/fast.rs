@@ -305,49 +305,22 @@ impl CpuProduct {
             self.main_scalar(s, comp, &mut reader, &mut words, xs, col0, kind, b)?;
         }
         // Escapes: decoded as the zero code, corrected by their difference from it.
-        let mut active = t.tiles[2 * tile + 1];
-        let mut last_col = [None::<usize>; LANES];
-        let valid_cols = g.sc.min(g.cols - col0);
-        let mut round = 0u32;
-        while active != 0 {
-            if round as usize >= g.sc {
-                return Err(corrupt("more escape rounds than columns"));
-            }
-            reader.read(
-                (g.quartets - 1) as u32 + round,
-                active.count_ones() as usize,
-                &mut words,
-            )?;
-            for (lane, &rec) in lanes(active).zip(&words) {
-                let col = ((rec >> REC_COL_SHIFT) & 0x7FF) as usize;
-                if rec & REC_RESERVED != 0 {
-                    return Err(corrupt(&format!(
-                        "escape record {rec:#010x} has reserved bits set"
-                    )));
-                }
-                if row0 + lane >= g.rows || col >= valid_cols {
-                    return Err(corrupt(&format!(
-                        "escape at lane {lane}, column {col} is outside the matrix"
-                    )));
-                }
-                if last_col[lane].is_some_and(|c| c >= col) {
-                    return Err(corrupt(&format!(
-                        "escapes of lane {lane} are not in column order"
-                    )));
-                }
-                last_col[lane] = Some(col);
+        let dequant = &dequant;
+        super::decode::read_escapes(
+            g,
+            t.tiles[2 * tile + 1],
+            (row0, col0),
+            &mut reader,
+            &mut words,
+            |lane, col, rec| {
                 let (row, c) = (row0 + lane, col0 + col);
-                let (code, raw) = self.payload.split_element(rec as u16);
+                let (code, raw) = self.payload.split_element(rec);
                 let w = |code| {
                     dequant.apply(self.payload, row, c, g.cols, self.payload.to_f32(code, raw))
                 };
                 b.fix[lane] += (w(code) - w(self.payload.zero_code())) * x[c];
-                if rec & REC_LAST != 0 {
-                    active &= !(1 << lane);
-                }
-            }
-            round += 1;
-        }
+            },
+        )?;
         reader.finish()?;
         Ok(())
     }
