@@ -66,10 +66,12 @@ fn max_cols(ty: GgmlType) -> usize {
 
 /// Warps (log2) that share a row pair of `ty`'s two-row `ggml_mv` over `cols` columns, `pairs`
 /// row pairs in the launch: as many as keep the launch near `SPLIT_WARPS` warps in all (a matrix of
-/// few rows leaves most of the device idle otherwise), each with two blocks or more.
+/// few rows leaves most of the device idle otherwise), each with two blocks or more. Not for the
+/// types with [`xsums`]: each block of threads sums all the activations first, which made Q4_K's
+/// and Q5_K's split products slower where Q6_K's got up to twice as fast (bench/RESULTS.md).
 fn split_log2(ty: GgmlType, pairs: usize, cols: usize) -> i32 {
     const SPLIT_WARPS: usize = 8192;
-    if rows_per_warp(ty) != 2 {
+    if rows_per_warp(ty) != 2 || xsums(ty) {
         return 0;
     }
     let blocks = cols / ty.block_layout().0;
@@ -365,17 +367,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn row_pairs_are_split_only_where_the_launch_is_small_and_each_share_has_two_blocks() {
+    fn q6_k_row_pairs_are_split_only_where_the_launch_is_small_and_each_share_has_two_blocks() {
         use GgmlType::*;
         // Llama-3.1-8B's matrices: 14336 rows are 7168 pairs, 4096 rows 2048.
-        assert_eq!(split_log2(Q4_K, 7168, 4096), 1);
-        assert_eq!(split_log2(Q4_K, 2048, 14336), 2);
+        assert_eq!(split_log2(Q6_K, 7168, 4096), 1);
+        assert_eq!(split_log2(Q6_K, 2048, 14336), 2);
         assert_eq!(split_log2(Q6_K, 2048, 4096), 2);
-        assert_eq!(split_log2(Q4_K, 8192, 4096), 0);
+        assert_eq!(split_log2(Q6_K, 8192, 4096), 0);
         // Shares of two blocks or more: 4 blocks split in two, 3 blocks not at all.
         assert_eq!(split_log2(Q6_K, 10, 1024), 1);
-        assert_eq!(split_log2(Q5_K, 10, 768), 0);
-        // The one-row types never.
+        assert_eq!(split_log2(Q6_K, 10, 768), 0);
+        // The types summing the activations first, and the one-row types, never.
+        assert_eq!(split_log2(Q4_K, 2048, 14336), 0);
+        assert_eq!(split_log2(Q5_K, 10, 1024), 0);
         assert_eq!(split_log2(Q8_0, 10, 4096), 0);
         // A block of WARPS warps holds whole row pairs, ragged counts of rows included.
         assert_eq!(mv_blocks(Q4_K, 4096, 2), 2048);
