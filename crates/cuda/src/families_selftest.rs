@@ -48,6 +48,15 @@ use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
 const DECODED: Serving = Serving::DECODED;
 const AS_HELD: Serving = Serving::AS_HELD;
 
+/// One decode attention case's device inputs: the query, the KV cache and its length.
+#[derive(Clone, Copy)]
+struct DecodeKv<'a> {
+    q: &'a CudaSlice<f32>,
+    k: &'a CudaSlice<u16>,
+    v: &'a CudaSlice<u16>,
+    len: &'a CudaSlice<i32>,
+}
+
 fn round_bf16(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| bf16_to_f32(f32_to_bf16(x))).collect()
 }
@@ -269,6 +278,39 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// Decode attention by the split and the fused kernel against `want`, each recorded under
+    /// the (kernel, description) that `case(fused)` gives, at 1e-4.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_split_and_fused(
+        &mut self,
+        cfg: AttnConfig,
+        shape: KvShape,
+        kv: DecodeKv<'_>,
+        scratch: &mut AttnScratch,
+        scale: f32,
+        mask: AttnMask,
+        sinks: Option<&CudaSlice<f32>>,
+        want: &[f32],
+        case: impl Fn(bool) -> (&'static str, String),
+    ) -> Result<()> {
+        for fused in [false, true] {
+            let mut out = poisoned32(self.dev, want.len())?;
+            let attend = if fused {
+                launch_attention_decode_fused
+            } else {
+                launch_attention_decode
+            };
+            attend(
+                self.dev, cfg, shape, kv.q, kv.k, kv.v, kv.len, scratch, &mut out, scale, mask,
+                sinks,
+            )?;
+            let got = download(self.dev, &out)?;
+            let (kernel, desc) = case(fused);
+            self.record(kernel, desc, &got, want, 1e-4);
+        }
+        Ok(())
+    }
+
     /// Masked decode attention in the long-chunk configuration (no preload: the online softmax
     /// loop), split and fused, against [`attention_masked_ref`].
     fn attn_long_chunks(&mut self, max_seq: usize, len: usize, mask: AttnMask) -> Result<()> {
@@ -291,31 +333,28 @@ impl Checker<'_> {
         let mut scratch = AttnScratch::new(self.dev, cfg, nq, max_seq)?;
         let scale = 1.0 / (hd as f32).sqrt();
         let want = attention_masked_ref(&q, &kc, &vc, len, (nq, nkv, hd), scale, mask);
-        for fused in [false, true] {
-            let mut out = poisoned32(self.dev, nq * hd)?;
-            let attend = if fused {
-                launch_attention_decode_fused
-            } else {
-                launch_attention_decode
-            };
-            attend(
-                self.dev,
-                cfg,
-                shape,
-                &q_d,
-                &k_d,
-                &v_d,
-                &len_d,
-                &mut scratch,
-                &mut out,
-                scale,
-                mask,
-                None,
-            )?;
-            let got = download(self.dev, &out)?;
-            let desc = format!("chunk 256 len {len}/{max_seq} fused {fused}{mask}");
-            self.record("attention_decode_c256", desc, &got, &want, 1e-4);
-        }
+        let kv = DecodeKv {
+            q: &q_d,
+            k: &k_d,
+            v: &v_d,
+            len: &len_d,
+        };
+        self.decode_split_and_fused(
+            cfg,
+            shape,
+            kv,
+            &mut scratch,
+            scale,
+            mask,
+            None,
+            &want,
+            |fused| {
+                (
+                    "attention_decode_c256",
+                    format!("chunk 256 len {len}/{max_seq} fused {fused}{mask}"),
+                )
+            },
+        )?;
         Ok(())
     }
 
@@ -652,34 +691,31 @@ impl Checker<'_> {
             sinks: true,
         };
         let want = attention_sinks_ref(&q, &kc, &vc, len, (nq, nkv, hd), scale, mask, Some(&sinks));
-        for fused in [false, true] {
-            let mut out = poisoned32(self.dev, nq * hd)?;
-            let attend = if fused {
-                launch_attention_decode_fused
-            } else {
-                launch_attention_decode
-            };
-            attend(
-                self.dev,
-                cfg,
-                shape,
-                &q_d,
-                &k_d,
-                &v_d,
-                &len_d,
-                &mut scratch,
-                &mut out,
-                scale,
-                mask,
-                Some(&s_d),
-            )?;
-            let got = download(self.dev, &out)?;
-            let desc = format!(
-                "h {nq}/{nkv}x{hd} chunk {} len {len}/{max_seq} fused {fused}{mask}",
-                cfg.chunk
-            );
-            self.record("attention_decode_sinks", desc, &got, &want, 1e-4);
-        }
+        let kv = DecodeKv {
+            q: &q_d,
+            k: &k_d,
+            v: &v_d,
+            len: &len_d,
+        };
+        let chunk = cfg.chunk;
+        self.decode_split_and_fused(
+            cfg,
+            shape,
+            kv,
+            &mut scratch,
+            scale,
+            mask,
+            Some(&s_d),
+            &want,
+            |fused| {
+                (
+                    "attention_decode_sinks",
+                    format!(
+                        "h {nq}/{nkv}x{hd} chunk {chunk} len {len}/{max_seq} fused {fused}{mask}"
+                    ),
+                )
+            },
+        )?;
         Ok(())
     }
 
