@@ -436,16 +436,7 @@ impl DtansTensor {
     pub fn matvec(&self, x: &[f32], y: &mut [f32], dequant: &Dequant) -> Result<()> {
         let dec = TileDecoder::new(self)?;
         let g = *dec.geometry();
-        if x.len() != g.cols || y.len() != g.rows {
-            return Err(CodecError::Shape(format!(
-                "matvec of a {}×{} matrix with x of {} and y of {}",
-                g.rows,
-                g.cols,
-                x.len(),
-                y.len()
-            )));
-        }
-        dequant.check(g.rows, g.cols)?;
+        g.check_matvec(x, y, dequant)?;
         y.par_chunks_mut(LANES)
             .enumerate()
             .try_for_each(|(band, ys)| {

@@ -149,16 +149,7 @@ impl CpuProduct {
         simd: bool,
     ) -> Result<()> {
         let g = &self.g;
-        if x.len() != g.cols || y.len() != g.rows {
-            return Err(CodecError::Shape(format!(
-                "matvec of a {}×{} matrix with x of {} and y of {}",
-                g.rows,
-                g.cols,
-                x.len(),
-                y.len()
-            )));
-        }
-        dequant.check(g.rows, g.cols)?;
+        g.check_matvec(x, y, dequant)?;
         let (group, signed) = match *dequant {
             Dequant::None => (g.cols, false),
             Dequant::Groups { group, signed, .. } => (group, signed),

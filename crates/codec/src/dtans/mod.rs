@@ -201,6 +201,25 @@ pub struct Geometry {
 }
 
 impl Geometry {
+    /// That a decode-matvec of this matrix can take `x` and write `y`, with `dequant`'s groups.
+    pub fn check_matvec(
+        &self,
+        x: &[f32],
+        y: &[f32],
+        dequant: &crate::matvec::Dequant,
+    ) -> Result<()> {
+        if x.len() != self.cols || y.len() != self.rows {
+            return Err(CodecError::Shape(format!(
+                "matvec of a {}×{} matrix with x of {} and y of {}",
+                self.rows,
+                self.cols,
+                x.len(),
+                y.len()
+            )));
+        }
+        dequant.check(self.rows, self.cols)
+    }
+
     pub fn new(payload: Payload, coding: &Coding, rows: usize, cols: usize) -> Result<Self> {
         coding.validate(payload)?;
         if rows == 0 || cols == 0 {
