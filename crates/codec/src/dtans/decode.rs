@@ -169,11 +169,7 @@ impl<'a> TileDecoder<'a> {
         for q in 0..g.quartets {
             let bit = q * 4 * cbits as usize;
             for lane in 0..LANES {
-                let cw = if cbits > 0 {
-                    comp[(bit / 32) * LANES + lane] >> (bit % 32)
-                } else {
-                    0
-                };
+                let cw = companion_word(comp, bit, lane, cbits);
                 let (mut big_r, mut d) = (1u64, 0u64);
                 for i in 0..4 {
                     let hi = if cbits > 0 {
@@ -278,6 +274,16 @@ pub(super) fn read_escapes(
         round += 1;
     }
     Ok(())
+}
+
+/// The companion bits of `lane` from bit `bit` of its interleaved companion words (`comp`, one
+/// word a lane in turn), in the low bits; none when a symbol has no companion bits.
+pub(super) fn companion_word(comp: &[u32], bit: usize, lane: usize, cbits: u32) -> u32 {
+    if cbits > 0 {
+        comp[(bit / 32) * LANES + lane] >> (bit % 32)
+    } else {
+        0
+    }
 }
 
 /// The set lanes of a mask, in order.

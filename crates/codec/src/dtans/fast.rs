@@ -348,11 +348,7 @@ impl CpuProduct {
         for q in 0..g.quartets {
             let bit = q * 4 * cbits as usize;
             for lane in 0..LANES {
-                let cw = if cbits > 0 {
-                    comp[(bit / 32) * LANES + lane] >> (bit % 32)
-                } else {
-                    0
-                };
+                let cw = super::decode::companion_word(comp, bit, lane, cbits);
                 let (mut big_r, mut d) = (1u64, 0u64);
                 for (i, e) in e.iter_mut().enumerate() {
                     let hi = (cw >> (i as u32 * cbits)) & ((1 << cbits) - 1);

@@ -977,7 +977,7 @@ mod tests {
     /// quantisers: the rate within 1 %.
     /// Weights on a coarse grid (Q4_1's: 16 levels a block of 32, as SmolLM2's F32 weights are),
     /// with calibration column weights, at rates where a Pair table's kept values change with the
-    /// step (session 33's `blk.23.attn_v.weight` missed 5.22 bits by 1.05 %): every rate is met
+    /// step (where a SmolLM2 matrix once missed its rate: bench/RESULTS.md): every rate is met
     /// within 1 %, falling back to codings that escape nothing where the chosen one jumps.
     #[test]
     fn gridded_weights_meet_the_rate_with_calibration() {
