@@ -106,6 +106,9 @@ pub struct Args {
     bf16: bool,
     #[command(flatten)]
     decode: crate::generate::DecodeArgs,
+    /// GGUF: `f32` or `q8` activations for the quantised matrices (as for `run`).
+    #[arg(long, value_name = "f32|q8", default_value = "f32", value_parser = ["f32", "q8"])]
+    activations: String,
     /// The forms of the launches chosen to fit a memory budget (see `run --help`); not with
     /// --code-at-load, --coded or --bf16 palette.
     #[command(flatten)]
@@ -235,7 +238,7 @@ pub fn run(a: Args) -> Result<()> {
         forms: a.code_at_load.is_some() || a.coded || a.bf16 || a.fp8 == Fp8Serving::Palette,
         ..Default::default()
     };
-    let opening = match &a.model {
+    let mut opening = match &a.model {
         Some(m) => crate::generate::opening(m, &a.budget, by_hand, true),
         // A synthetic model is held dense BF16, as a checkpoint of it is stored.
         None => crate::generate::Opening {
@@ -243,6 +246,7 @@ pub fn run(a: Args) -> Result<()> {
             load: LoadOptions::default(),
         },
     };
+    opening.load.q8_activations = a.activations == "q8";
     // The host model: a checkpoint, or the synthetic shape with layer 0's weights in every layer
     // (the builder copies layer 0's launches on the device).
     let (w, path, mut source) = match (&a.synth, &a.model) {
@@ -621,8 +625,9 @@ fn run_cpu(a: &Args) -> Result<()> {
         bail!("--repeats and --prompt-len must be at least 1");
     }
     let t_load = Instant::now();
-    let opening =
+    let mut opening =
         crate::generate::opening(path, &a.budget, crate::generate::ByHand::default(), false);
+    opening.load.q8_activations = a.activations == "q8";
     let w = open_weights_with(path, opening.load)?;
     let need = a.prompt_len + 128;
     let ctx = a.context.unwrap_or(need);

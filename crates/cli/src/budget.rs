@@ -248,6 +248,17 @@ fn tune_data(target: &Target) -> Result<(Option<Costs>, String)> {
         (DeviceKind::Cuda, Some(d)) => DeviceClass::gpu(&d.name),
         (DeviceKind::Cuda, None) => bail!("planning for a GPU that is not here needs --tune"),
     };
+    let user = match costs::user_dir() {
+        Some(dir) => costs::user_for(&dir, &class)?,
+        None => None,
+    };
+    if let Some(c) = user {
+        let what = format!(
+            "your tune data for {class} ({}, measured on {})",
+            c.name, c.table.measured_on
+        );
+        return Ok((Some(c), what));
+    }
     Ok(match costs::shipped_for(&class)? {
         Some(c) => {
             let what = format!(

@@ -357,9 +357,10 @@ pub struct ModelArgs {
     /// blocks as stored (the file's size; slower than dense BF16, the default where it fits).
     #[arg(long, conflicts_with = "decode_at_load")]
     keep_coded: bool,
-    /// CPU, GGUF: what the quantised matrices multiply: `f32` activations (exact: the products of
+    /// GGUF: what the quantised matrices multiply: `f32` activations (exact: the products of
     /// the dequantised weights) or `q8`, activations quantised to 8 bits per 32 as llama.cpp does
-    /// (integer dot products, faster; logits differ in the third or fourth digit).
+    /// (integer dot products, faster; logits differ in the third or fourth digit). On the GPU,
+    /// the decode products of Q4_K blocks (the others stay f32).
     #[arg(long, value_name = "f32|q8", default_value = "f32", value_parser = ["f32", "q8"])]
     pub activations: String,
     /// GPU: code the dense BF16 layer and head matrices at load (dtANS-LLM, lossless, on the GPU)

@@ -436,6 +436,87 @@ __device__ __forceinline__ void k_blocks(KLane& p, float& y0, float& y1, float& 
 }
 #endif
 
+// The q8 products (`--activations q8`, llama.cpp's precision): the activations as 8-bit codes
+// per 32 (ggml_q8x), multiplied by the weights' codes four at a time with dp4a, a quarter of the
+// f32 path's instructions a weight. Q4_K only.
+#define GGML_Q8 (GGML_TYPE == 12)
+#if GGML_Q8 && GGML_ROWS == 2
+// x as 8-bit codes: per 32 activations q = round_even(x·127/max|x|), d = max|x|/127 and d·Σq
+// into ds (q·d summed is what the product multiplies: the offsets' Σx is d·Σq, not Σx, so that
+// the product is the dequantised weights' with the quantised activations). A thread a value;
+// cols a multiple of 32.
+extern "C" __global__ void __launch_bounds__(256) ggml_q8x(const float* __restrict__ x, signed char* __restrict__ q, float2* __restrict__ ds, int cols) {
+    pdl_wait();
+    pdl_trigger();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= cols) return;  // whole warps: cols and blockDim are multiples of 32
+    const float v = x[i];
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const int c = __float2int_rn(v * id);
+    int sum = c;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    q[i] = (signed char)c;
+    const float d = amax / 127.0f;
+    if ((threadIdx.x & 31) == 0) ds[i >> 5] = make_float2(d, d * (float)sum);
+}
+// Σ w·x over blocks kb..kb1 of the Q4_K rows at w and w + rb (rb 0: the first again) with q8
+// activations xq and their (d, d·Σq) a 32 ds. Two blocks a step: lane l takes block kb + h
+// (h = l >> 4); in it t = l & 15 takes qs bytes 8t.. (c = t >> 2, u = t & 3): columns 64c + 8u..
+// (low nibbles, sub-block 2c) and 64c + 32 + 8u.. (high nibbles, 2c + 1), each eight by two dp4a;
+// the warp's loads of codes and of activations are contiguous. Lane l also decodes the scale and
+// offset of sub-block l & 7 of row (l >> 3) & 1 of its block (k_scale_min), shuffled to the
+// lanes using it; the offset's term m·d·Σq is added by the decoding lane.
+__device__ __forceinline__ float2 q8_dot(const unsigned char* w, long long rb, const signed char* xq, const float2* ds, int kb, int kb1) {
+    const int lane = threadIdx.x & 31, h = lane >> 4, t = lane & 15, c = t >> 2, u = t & 3;
+    const unsigned char* q = w + (long long)(kb + h) * GGML_TS + 16 + 32 * c + 8 * u;
+    const unsigned char* hd = w + ((lane >> 3) & 1) * rb + (long long)(kb + h) * GGML_TS;
+    const signed char* xp = xq + 256 * (kb + h) + 64 * c + 8 * u;
+    const float2* dp = ds + 8 * (kb + h) + 2 * c;
+    const float2* dm = ds + 8 * (kb + h) + (lane & 7);
+    float y0 = 0.0f, y1 = 0.0f, ym = 0.0f;
+    for (; kb < kb1; kb += 2) {
+        const bool mine = kb + h < kb1;  // a second block past the share's end: none
+        float a = 0.0f;
+        float4 dd = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        uint2 xl = make_uint2(0u, 0u), xh = xl, q0 = xl, q1 = xl;
+        if (mine) {
+            float m;
+            k_scale_min(__ldg((const uint4*)hd), lane & 7, a, m);
+            ym = fmaf(m, __ldg(&dm->y), ym);
+            xl = __ldg((const uint2*)xp);
+            xh = __ldg((const uint2*)(xp + 32));
+            dd = __ldg((const float4*)dp);
+            q0 = __ldg((const uint2*)q);
+            q1 = __ldg((const uint2*)(q + rb));
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const uint2 qq = r ? q1 : q0;
+            int sl = __dp4a((int)(qq.x & 0x0F0F0F0Fu), (int)xl.x, 0);
+            sl = __dp4a((int)(qq.y & 0x0F0F0F0Fu), (int)xl.y, sl);
+            int sh = __dp4a((int)((qq.x >> 4) & 0x0F0F0F0Fu), (int)xh.x, 0);
+            sh = __dp4a((int)((qq.y >> 4) & 0x0F0F0F0Fu), (int)xh.y, sh);
+            const int src = (h << 4) | (r << 3) | (2 * c);
+            const float al = __shfl_sync(0xffffffffu, a, src) * dd.x;
+            const float ah = __shfl_sync(0xffffffffu, a, src + 1) * dd.z;
+            if (r == 0) y0 = fmaf(al, (float)sl, fmaf(ah, (float)sh, y0));
+            else y1 = fmaf(al, (float)sl, fmaf(ah, (float)sh, y1));
+        }
+        q += 2 * GGML_TS;
+        hd += 2 * GGML_TS;
+        xp += 512;
+        dp += 16;
+        dm += 16;
+    }
+    const bool second = (lane >> 3) & 1;
+    return make_float2(warp_sum(y0 + (second ? 0.0f : ym)), warp_sum(y1 + (second ? ym : 0.0f)));
+}
+#endif
+
 #if GGML_TYPE == 14
 // Four bytes at an even address (Q6_K's blocks of 210 bytes are 2-byte aligned).
 __device__ __forceinline__ u32 ld_u16x2(const unsigned char* p) {
@@ -544,14 +625,16 @@ __device__ __forceinline__ float2 rows2_dot(const unsigned char* w, long long rb
 // y, p.rows rows of p.cols), each over its share of the blocks; their sums meet in shared memory
 // (a matrix of few rows would otherwise leave most of the device idle). Every thread of the
 // block must call it.
-__device__ __forceinline__ void rows2_mv(const GgmlParams& p, const unsigned char* w, const float* x, float* y) {
+// `dot(w, rb, kb, kb1)`: the pair's sums over blocks kb..kb1 (rows2_dot, or q8_dot).
+template <class Dot>
+__device__ __forceinline__ void rows2_mv(const GgmlParams& p, const unsigned char* w, float* y, Dot dot) {
     __shared__ float2 part[GGML_WARPS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sl = p.split_log2;
     const int row = 2 * (blockIdx.x * (GGML_WARPS >> sl) + (warp >> sl)), k = warp & ((1 << sl) - 1);
     const int nb = p.cols >> 8;
     const long long rb = row + 1 < p.rows ? p.row_bytes : 0;
     float2 v = make_float2(0.0f, 0.0f);
-    if (row < p.rows) v = rows2_dot(w + (long long)row * p.row_bytes, rb, x, (k * nb) >> sl, ((k + 1) * nb) >> sl);
+    if (row < p.rows) v = dot(w + (long long)row * p.row_bytes, rb, (k * nb) >> sl, ((k + 1) * nb) >> sl);
     if (sl > 0) {
         if (lane == 0) part[warp] = v;
         __syncthreads();
@@ -596,7 +679,7 @@ extern "C" __global__ void __launch_bounds__(GGML_WARPS * 32) ggml_mv(const Ggml
     k_xsums(p.x, p.cols);
 #endif
 #if GGML_ROWS == 2
-    rows2_mv(p, p.w, p.x, p.y);
+    rows2_mv(p, p.w, p.y, [&](const unsigned char* w, long long rb, int kb, int kb1) { return rows2_dot(w, rb, p.x, kb, kb1); });
 #else
     const int row = blockIdx.x * GGML_WARPS + (threadIdx.x >> 5);
     if (row < p.rows) ggml_mv_row(p.w + (long long)row * p.row_bytes, p.x, p.y + row, p.cols);
@@ -623,12 +706,22 @@ ggml_mv_experts(GgmlParams p, const int* __restrict__ experts, int n_experts, in
     p.w += (long long)e * p.rows * p.row_bytes;
     p.y += s * y_stride;
 #if GGML_ROWS == 2
-    rows2_mv(p, p.w, p.x, p.y);
+    rows2_mv(p, p.w, p.y, [&](const unsigned char* w, long long rb, int kb, int kb1) { return rows2_dot(w, rb, p.x, kb, kb1); });
 #else
     const int row = blockIdx.x * GGML_WARPS + (threadIdx.x >> 5);
     if (row < p.rows) ggml_mv_row(p.w + (long long)row * p.row_bytes, p.x, p.y + row, p.cols);
 #endif
 }
+
+#if GGML_Q8 && GGML_ROWS == 2
+// ggml_mv with q8 activations: p.x holds ggml_q8x's codes, ds its (d, d·Σq) a 32.
+extern "C" __global__ void __launch_bounds__(GGML_WARPS * 32) ggml_mv_q8(const GgmlParams p, const float2* __restrict__ ds) {
+    pdl_wait();
+    pdl_trigger();
+    const signed char* xq = (const signed char*)p.x;
+    rows2_mv(p, p.w, p.y, [&](const unsigned char* w, long long rb, int kb, int kb1) { return q8_dot(w, rb, xq, ds, kb, kb1); });
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(256) ggml_dequant(const GgmlParams p) {
     const int chunks = p.cols >> 3;

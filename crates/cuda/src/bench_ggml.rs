@@ -8,9 +8,11 @@ use entrollm_model::gguf::GgmlType;
 use crate::bench::time_cold;
 use crate::device::GpuDevice;
 use crate::error::{GpuError, Result};
-use crate::ggml_selftest::{reference, MV_TOLERANCE};
+use crate::ggml_selftest::{product, q8_dequantised, reference, MV_TOLERANCE};
 use crate::mem::{download, upload};
-use crate::ops::ggml::{launch_dequant, launch_mv, GpuGgml};
+use crate::ops::ggml::{
+    launch_dequant, launch_mv, launch_mv_q8, launch_q8x, q8_types, GpuGgml, Q8Acts,
+};
 use crate::selftest::{rel_l2, Rng};
 
 /// What was timed on one matrix of one type.
@@ -22,6 +24,9 @@ pub struct GgmlTiming {
     /// Median µs of one batch-1 product, and its blocks read a second (TB/s).
     pub mv_us: f64,
     pub mv_tb_s: f64,
+    /// Median µs of the q8 product (the activations' quantisation, then `ggml_mv_q8`) where the
+    /// type has one, and of `ggml_mv_q8` alone.
+    pub q8_us: Option<(f64, f64)>,
     /// Median µs of one dequantisation to BF16.
     pub dequant_us: f64,
     /// The product's relative L2 error against the CPU form's.
@@ -61,6 +66,37 @@ pub fn time_ggml(
     let (mv_us, _) = time_cold(dev, copies, bytes, |c| {
         launch_mv(dev, &mats[c], &dx, &mut y, 0)
     })?;
+    let q8_us = match q8_types().contains(&ty) {
+        true => {
+            let mut acts = Q8Acts::new(dev, cols)?;
+            launch_q8x(dev, ty, &dx, &mut acts)?;
+            launch_mv_q8(dev, &mats[0], &acts, &mut y, 0)?;
+            let (_, w) = reference(
+                ty,
+                rows.min(64),
+                cols,
+                &blocks[..blocks.len() / rows * rows.min(64)],
+                &x,
+            )?;
+            let want = product(&w, &q8_dequantised(&x));
+            let e = rel_l2(&download(dev, &y)?[..rows.min(64)], &want);
+            if e > MV_TOLERANCE {
+                return Err(GpuError::invalid(
+                    "ggml bench",
+                    format!("the q8 product of a {rows} × {cols} {ty} matrix is off (relative L2 {e:.2e})"),
+                ));
+            }
+            let (both, _) = time_cold(dev, copies, bytes, |c| {
+                launch_q8x(dev, ty, &dx, &mut acts)?;
+                launch_mv_q8(dev, &mats[c], &acts, &mut y, 0)
+            })?;
+            let (alone, _) = time_cold(dev, copies, bytes, |c| {
+                launch_mv_q8(dev, &mats[c], &acts, &mut y, 0)
+            })?;
+            Some((both, alone))
+        }
+        false => None,
+    };
     let mut out = upload(dev, &vec![0u16; rows * cols])?;
     let (dequant_us, _) = time_cold(dev, copies, bytes + 2 * rows * cols, |c| {
         launch_dequant(dev, &mats[c], &mut out, 0)
@@ -70,6 +106,7 @@ pub fn time_ggml(
         bytes,
         mv_us,
         mv_tb_s: bytes as f64 / (mv_us * 1e-6) / 1e12,
+        q8_us,
         dequant_us,
         mv_rel_l2,
     })

@@ -11,7 +11,9 @@ use entrollm_model::gguf::{dequantize, GgmlType};
 use crate::device::GpuDevice;
 use crate::error::{GpuError, Result};
 use crate::mem::{download, upload};
-use crate::ops::ggml::{launch_dequant, launch_mv, types, GpuGgml};
+use crate::ops::ggml::{
+    launch_dequant, launch_mv, launch_mv_q8, launch_q8x, q8_types, types, GpuGgml, Q8Acts,
+};
 use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
 
 /// The product's tolerance (relative L2 against the CPU form's f32 product).
@@ -62,6 +64,31 @@ pub(crate) fn reference(
     Ok((y, w))
 }
 
+/// `x` as `ggml_q8x` quantises it, dequantised: per 32, `d·q` with `q = round_even(x·127/m)`,
+/// `d = m/127` for `m = max|x|` (the same f32 operations, so the same codes).
+pub(crate) fn q8_dequantised(x: &[f32]) -> Vec<f32> {
+    x.chunks(32)
+        .flat_map(|b| {
+            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let d = amax / 127.0;
+            b.iter().map(move |&v| d * (v * id).round_ties_even())
+        })
+        .collect()
+}
+
+/// The product of `w` (`rows` × `cols`, row-major) with `x` in f64, rounded to f32.
+pub(crate) fn product(w: &[f32], x: &[f32]) -> Vec<f32> {
+    w.chunks(x.len())
+        .map(|r| {
+            r.iter()
+                .zip(x)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum::<f64>() as f32
+        })
+        .collect()
+}
+
 /// Runs every case; a case that fails is recorded (never an early return), a driver error ends it.
 pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
     let mut cases = Vec::new();
@@ -105,13 +132,33 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
             let outside = [got[0], got[1], got[2], got[rows + 3]];
             cases.push(CaseResult {
                 kernel: "ggml_mv".into(),
-                shape,
+                shape: shape.clone(),
                 rel_l2: match outside.iter().all(|v| v.is_nan()) {
                     true => rel_l2(&got[3..rows + 3], &want_y),
                     false => f64::INFINITY,
                 },
                 tolerance: MV_TOLERANCE,
             });
+
+            // The q8 product likewise: the dequantised weights by the quantised activations.
+            if q8_types().contains(&ty) {
+                let want = product(&want_w, &q8_dequantised(&x));
+                let mut acts = Q8Acts::new(dev, cols)?;
+                let mut y = upload(dev, &vec![f32::NAN; rows + 4])?;
+                launch_q8x(dev, ty, &dx, &mut acts)?;
+                launch_mv_q8(dev, &m, &acts, &mut y, 3)?;
+                let got = download(dev, &y)?;
+                let outside = [got[0], got[1], got[2], got[rows + 3]];
+                cases.push(CaseResult {
+                    kernel: "ggml_mv_q8".into(),
+                    shape,
+                    rel_l2: match outside.iter().all(|v| v.is_nan()) {
+                        true => rel_l2(&got[3..rows + 3], &want),
+                        false => f64::INFINITY,
+                    },
+                    tolerance: MV_TOLERANCE,
+                });
+            }
         }
     }
     dev.synchronize()?;

@@ -64,15 +64,25 @@ fn ggml_gpu_timing() {
                 continue;
             }
             match time_ggml(&dev, ty, rows, cols, 9 + si as u64) {
-                Ok(t) => println!(
-                    "{rows}x{cols} {ty} | {:.3} | {:.2} {:.2} | {:.2}x | {:.2} | {:.1e}",
-                    8.0 * t.bytes as f64 / (rows * cols) as f64,
-                    t.mv_us,
-                    t.mv_tb_s,
-                    bf16.median_us / t.mv_us,
-                    t.dequant_us,
-                    t.mv_rel_l2
-                ),
+                Ok(t) => {
+                    println!(
+                        "{rows}x{cols} {ty} | {:.3} | {:.2} {:.2} | {:.2}x | {:.2} | {:.1e}",
+                        8.0 * t.bytes as f64 / (rows * cols) as f64,
+                        t.mv_us,
+                        t.mv_tb_s,
+                        bf16.median_us / t.mv_us,
+                        t.dequant_us,
+                        t.mv_rel_l2
+                    );
+                    if let Some((both, alone)) = t.q8_us {
+                        println!(
+                            "{rows}x{cols} {ty}-q8 | {:.3} | {both:.2} {:.2} | {:.2}x | mv alone {alone:.2} | -",
+                            8.0 * t.bytes as f64 / (rows * cols) as f64,
+                            t.bytes as f64 / (both * 1e-6) / 1e12,
+                            bf16.median_us / both,
+                        );
+                    }
+                }
                 Err(e) => println!("{rows}x{cols} {ty} | FAIL {e}"),
             }
         }

@@ -262,6 +262,7 @@ fn ggml_experts(c: &ModelConfig, ty: GgmlType) -> ModelDesc {
         Ok(match launch {
             "gate_up" | "down" => LinearDesc::new(
                 GgmlLaunch {
+                    q8: false,
                     types: vec![(ty, r * experts)],
                     halves: launch == "gate_up",
                 },

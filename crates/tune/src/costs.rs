@@ -435,6 +435,41 @@ pub fn shipped_for(device: &DeviceClass) -> Result<Option<Costs>, TuneError> {
     find_for(&SHIPPED, device)
 }
 
+/// The folder of the user's own tune data: `${ENTROLLM_CACHE:-~/.cache/entrollm}/costs`
+/// (`entrollm tune MODEL --costs` there adds to it).
+pub fn user_dir() -> Option<std::path::PathBuf> {
+    let cache = std::env::var_os("ENTROLLM_CACHE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/entrollm"))
+        })?;
+    Some(cache.join("costs"))
+}
+
+/// The user's tune data in `dir` (its `*.json` tables) for `device`, if any covers it: it comes
+/// before the shipped data. A table that cannot be read is an error naming it.
+pub fn user_for(dir: &std::path::Path, device: &DeviceClass) -> Result<Option<Costs>, TuneError> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(None);
+    };
+    let mut paths: Vec<_> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    paths.sort();
+    let mut tables = Vec::with_capacity(paths.len());
+    for p in &paths {
+        let text = std::fs::read_to_string(p)
+            .map_err(|e| TuneError::Tune(format!("{}: {e}", p.display())))?;
+        tables.push((p.display().to_string(), text));
+    }
+    let named: Vec<(&str, &str)> = tables
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.as_str()))
+        .collect();
+    find_for(&named, device)
+}
+
 /// The table of `tables` ((name, JSON)) made on `device`'s class, if any: the same kind, CPU
 /// class and thread count, or the same GPU name.
 fn find_for(tables: &[(&str, &str)], device: &DeviceClass) -> Result<Option<Costs>, TuneError> {
@@ -450,6 +485,34 @@ fn find_for(tables: &[(&str, &str)], device: &DeviceClass) -> Result<Option<Cost
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_users_tune_data_is_found_by_device_and_a_bad_table_is_named() {
+        let dir = std::env::temp_dir().join(format!("entrollm-costs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let gpu = DeviceClass::gpu("NVIDIA H100 80GB HBM3");
+        assert!(user_for(&dir, &gpu).unwrap().is_none());
+        assert!(user_for(&dir.join("absent"), &gpu).unwrap().is_none());
+        let table = CostTable::new(gpu.clone(), "NVIDIA H100 80GB HBM3", "test");
+        std::fs::write(
+            dir.join("mine.json"),
+            serde_json::to_string(&table).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(dir.join("notes.txt"), "not a table").unwrap();
+        let found = user_for(&dir, &gpu)
+            .unwrap()
+            .expect("the table of this GPU");
+        assert!(found.name.ends_with("mine.json"), "{}", found.name);
+        assert!(user_for(&dir, &DeviceClass::gpu("NVIDIA H200"))
+            .unwrap()
+            .is_none());
+        std::fs::write(dir.join("broken.json"), "{").unwrap();
+        let e = user_for(&dir, &gpu).unwrap_err().to_string();
+        assert!(e.contains("broken.json"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn fits_recover_a_linear_cost_and_stay_non_negative() {

@@ -15,7 +15,8 @@ use crate::linear::{DtansScratch, GpuLinear, GpuMatrix, SharedScratch};
 use crate::ops::elementwise::launch_swiglu;
 use crate::ops::forward::{Gather, GemvFusion};
 use crate::ops::ggml::{
-    launch_dequant, launch_dequant_rows, launch_mv, launch_mv_experts, types, GpuGgml,
+    launch_dequant, launch_dequant_rows, launch_mv, launch_mv_experts, launch_mv_q8, launch_q8x,
+    q8_types, types, GpuGgml, Q8Acts,
 };
 use crate::plan::{GatherLaunch, LaunchForm, LinearDesc, MatvecLaunch};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -53,6 +54,7 @@ impl GpuForm for Held {
         {
             return Ok(None);
         }
+        let q8 = held.iter().all(|g| g.q8());
         // Consecutive parts of one type: one device matrix.
         let mut segs: Vec<(GgmlType, usize, Vec<&[u8]>)> = Vec::new();
         for g in held {
@@ -68,7 +70,10 @@ impl GpuForm for Held {
             .iter()
             .map(|(ty, rows, bytes)| GpuGgml::upload(up.dev, *ty, *rows, cols, bytes))
             .collect::<Result<Vec<_>>>()?;
-        let l = GgmlGpuLinear::new(segs, halves, Arc::clone(up.scratch), 1)?;
+        let mut l = GgmlGpuLinear::new(segs, halves, Arc::clone(up.scratch), 1)?;
+        if q8 {
+            l = l.with_q8(up.dev)?;
+        }
         report.served += 1;
         Ok(Some(GpuLinear::new(l)))
     }
@@ -145,6 +150,9 @@ pub struct GgmlGpuLinear {
     segs: Vec<GpuGgml>,
     halves: bool,
     scratch: SharedScratch,
+    /// The activations as 8-bit codes, where the parts multiply them so (`--activations q8`) and
+    /// a part's type has a q8 product; the other parts take them as f32.
+    q8: Option<std::sync::Mutex<Q8Acts>>,
 }
 
 impl GgmlGpuLinear {
@@ -165,7 +173,25 @@ impl GgmlGpuLinear {
             segs,
             halves,
             scratch,
+            q8: None,
         })
+    }
+
+    /// Products with q8 activations where a part's type has them (`ggml_mv_q8`).
+    fn with_q8(mut self, dev: &GpuDevice) -> Result<Self> {
+        if self.segs.iter().any(|s| q8_types().contains(&s.ty)) {
+            self.q8 = Some(std::sync::Mutex::new(Q8Acts::new(dev, self.cols())?));
+        }
+        Ok(self)
+    }
+
+    /// The type whose module quantises the activations: the first part's with a q8 product.
+    fn q8_type(&self) -> Option<GgmlType> {
+        self.q8.as_ref()?;
+        self.segs
+            .iter()
+            .map(|s| s.ty)
+            .find(|t| q8_types().contains(t))
     }
 
     fn rows(&self) -> usize {
@@ -181,9 +207,20 @@ impl GgmlGpuLinear {
     }
 
     fn mv_into(&self, dev: &GpuDevice, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<()> {
+        let mut acts = match (&self.q8, self.q8_type()) {
+            (Some(a), Some(ty)) => {
+                let mut a = a.lock().unwrap_or_else(|e| e.into_inner());
+                launch_q8x(dev, ty, x, &mut a)?;
+                Some(a)
+            }
+            _ => None,
+        };
         let mut at = 0;
         for s in &self.segs {
-            launch_mv(dev, s, x, y, at)?;
+            match acts.as_deref_mut() {
+                Some(a) if q8_types().contains(&s.ty) => launch_mv_q8(dev, s, a, y, at)?,
+                _ => launch_mv(dev, s, x, y, at)?,
+            }
             at += s.rows;
         }
         Ok(())
@@ -196,6 +233,7 @@ impl GpuMatrix for GgmlGpuLinear {
             GgmlLaunch {
                 types: self.segs.iter().map(|s| (s.ty, s.rows)).collect(),
                 halves: self.halves,
+                q8: self.q8_type().is_some(),
             },
             self.rows(),
             self.cols(),
@@ -354,10 +392,15 @@ impl GpuMatrix for GgmlGpuLinear {
             .iter()
             .map(|s| s.duplicate(dev))
             .collect::<Result<Vec<_>>>()?;
-        Ok(GpuLinear::new(GgmlGpuLinear {
+        let copy = GgmlGpuLinear {
             segs,
             halves: self.halves,
             scratch: Arc::clone(&self.scratch),
+            q8: None,
+        };
+        Ok(GpuLinear::new(match self.q8 {
+            Some(_) => copy.with_q8(dev)?,
+            None => copy,
         }))
     }
 
@@ -372,6 +415,8 @@ impl GpuMatrix for GgmlGpuLinear {
 pub struct GgmlLaunch {
     pub types: Vec<(GgmlType, usize)>,
     pub halves: bool,
+    /// Activations as 8-bit codes for the types with a q8 product.
+    pub q8: bool,
 }
 
 impl LaunchForm for GgmlLaunch {
@@ -381,11 +426,18 @@ impl LaunchForm for GgmlLaunch {
     fn matvec(&self, m: &MatvecLaunch<'_>, push: &mut dyn FnMut(&'static str, String)) {
         // GgmlGpuLinear::matvec_fused: each run's product into its rows, inside the fusions.
         super::fused_product_launches(m, self.halves, push, |x, y, push| {
+            if self.q8 {
+                push("ggml_q8x", format!("{} {x}->xq", m.label));
+            }
             let mut at = 0;
             for &(ty, rows) in &self.types {
+                let (op, input) = match self.q8 && q8_types().contains(&ty) {
+                    true => ("ggml_mv_q8", "xq"),
+                    false => ("ggml_mv", x),
+                };
                 push(
-                    "ggml_mv",
-                    format!("{} {ty} rows {at}..{} {x}->{y}", m.label, at + rows),
+                    op,
+                    format!("{} {ty} rows {at}..{} {input}->{y}", m.label, at + rows),
                 );
                 at += rows;
             }

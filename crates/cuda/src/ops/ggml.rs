@@ -39,6 +39,12 @@ pub fn rows_per_warp(ty: GgmlType) -> u32 {
     }
 }
 
+/// The types with a q8 product (`ggml_mv_q8`: activations as 8-bit codes per 32, by
+/// `ggml_q8x`; `--activations q8`).
+pub fn q8_types() -> &'static [GgmlType] {
+    &[GgmlType::Q4_K]
+}
+
 /// Whether `ty`'s `ggml_mv` keeps the activations' sums over each sub-block of 32 in shared
 /// memory (`GGML_XSUMS`: Q4_K's and Q5_K's offsets).
 fn xsums(ty: GgmlType) -> bool {
@@ -64,14 +70,15 @@ fn max_cols(ty: GgmlType) -> usize {
     }
 }
 
-/// Warps (log2) that share a row pair of `ty`'s two-row `ggml_mv` over `cols` columns, `pairs`
-/// row pairs in the launch: as many as keep the launch near `SPLIT_WARPS` warps in all (a matrix of
-/// few rows leaves most of the device idle otherwise), each with two blocks or more. Not for the
-/// types with [`xsums`]: each block of threads sums all the activations first, which made Q4_K's
-/// and Q5_K's split products slower where Q6_K's got up to twice as fast (bench/RESULTS.md).
-fn split_log2(ty: GgmlType, pairs: usize, cols: usize) -> i32 {
+/// Warps (log2) that share a row pair of `ty`'s two-row `ggml_mv` (`q8`: `ggml_mv_q8`) over
+/// `cols` columns, `pairs` row pairs in the launch: as many as keep the launch near `SPLIT_WARPS`
+/// warps in all (a matrix of few rows leaves most of the device idle otherwise), each with two
+/// blocks or more. Not for the f32 products with [`xsums`]: each block of threads sums all the
+/// activations first, which made Q4_K's and Q5_K's split products slower where Q6_K's got up to
+/// twice as fast (bench/RESULTS.md).
+fn split_log2(ty: GgmlType, pairs: usize, cols: usize, q8: bool) -> i32 {
     const SPLIT_WARPS: usize = 8192;
-    if rows_per_warp(ty) != 2 || xsums(ty) {
+    if rows_per_warp(ty) != 2 || (xsums(ty) && !q8) {
         return 0;
     }
     let blocks = cols / ty.block_layout().0;
@@ -233,7 +240,7 @@ pub fn launch_mv(
     let (w, _gw) = m.bytes.device_ptr(stream);
     let (xp, _gx) = x.device_ptr(stream);
     let (yp, _gy) = y.device_ptr_mut(stream);
-    let split = split_log2(m.ty, m.rows.div_ceil(2), m.cols);
+    let split = split_log2(m.ty, m.rows.div_ceil(2), m.cols, false);
     let p = GgmlParams {
         w,
         x: xp,
@@ -250,6 +257,111 @@ pub fn launch_mv(
         shared_mem_bytes: mv_smem(m.ty, m.cols),
     };
     launch(dev, OP, m, p, lc)
+}
+
+/// A vector of activations as `ggml_q8x` writes it for the q8 products: 8-bit codes, and each
+/// 32's (d, d·Σq).
+pub struct Q8Acts {
+    q: CudaSlice<u8>,
+    ds: CudaSlice<f32>,
+    cols: usize,
+}
+
+impl Q8Acts {
+    /// Buffers for vectors of `cols` activations (a multiple of 32).
+    pub fn new(dev: &GpuDevice, cols: usize) -> Result<Q8Acts> {
+        if cols == 0 || cols % 32 != 0 {
+            return Err(GpuError::invalid(
+                "q8 activations",
+                format!("{cols} columns are not whole blocks of 32"),
+            ));
+        }
+        let s = dev.stream();
+        let what = || format!("allocating q8 activations of {cols} columns");
+        Ok(Q8Acts {
+            q: s.alloc_zeros::<u8>(cols).while_(what)?,
+            ds: s.alloc_zeros::<f32>(cols / 16).while_(what)?,
+            cols,
+        })
+    }
+}
+
+/// `acts` = x as 8-bit codes per 32 (`ggml_q8x`), for the q8 products of `ty`.
+pub fn launch_q8x(
+    dev: &GpuDevice,
+    ty: GgmlType,
+    x: &CudaSlice<f32>,
+    acts: &mut Q8Acts,
+) -> Result<()> {
+    const OP: &str = "ggml_q8x";
+    super::check_len(OP, "x", x, acts.cols)?;
+    if !q8_types().contains(&ty) {
+        return Err(GpuError::invalid(OP, format!("no q8 product for {ty}")));
+    }
+    let f = dev.function(&variant(ty), OP)?;
+    let stream = dev.stream();
+    let cols = acts.cols as i32;
+    let mut b = stream.launch_builder(&f);
+    b.arg(x).arg(&mut acts.q).arg(&mut acts.ds).arg(&cols);
+    let lc = LaunchConfig {
+        grid_dim: (acts.cols.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match the kernel's signature; x holds cols values (checked), q and
+    // ds were allocated for cols.
+    unsafe { b.launch(lc) }.while_(|| format!("launching {OP} on {cols} activations"))?;
+    Ok(())
+}
+
+/// `y[at..at + rows] = W·x` with x as `acts` ([`launch_q8x`]): the dequantised weights' product
+/// with the quantised activations, in f32.
+pub fn launch_mv_q8(
+    dev: &GpuDevice,
+    m: &GpuGgml,
+    acts: &Q8Acts,
+    y: &mut CudaSlice<f32>,
+    at: usize,
+) -> Result<()> {
+    const OP: &str = "ggml_mv_q8";
+    if !q8_types().contains(&m.ty) || acts.cols != m.cols {
+        return Err(GpuError::invalid(
+            OP,
+            format!(
+                "a {}×{} {} matrix by q8 activations of {} columns",
+                m.rows, m.cols, m.ty, acts.cols
+            ),
+        ));
+    }
+    super::check_len(OP, "y", y, at + m.rows)?;
+    let stream = dev.stream();
+    let (w, _gw) = m.bytes.device_ptr(stream);
+    let (xp, _gx) = acts.q.device_ptr(stream);
+    let (yp, _gy) = y.device_ptr_mut(stream);
+    let split = split_log2(m.ty, m.rows.div_ceil(2), m.cols, true);
+    let p = GgmlParams {
+        w,
+        x: xp,
+        y: yp + 4 * at as u64,
+        out: 0,
+        row_bytes: m.row_bytes as i64,
+        rows: m.rows as i32,
+        cols: m.cols as i32,
+        split_log2: split,
+    };
+    let lc = LaunchConfig {
+        grid_dim: (mv_blocks(m.ty, m.rows, split), 1, 1),
+        block_dim: (WARPS * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let f = dev.function(&variant(m.ty), OP)?;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&p).arg(&acts.ds);
+    // SAFETY: `p` matches the kernel's parameter struct; its pointers are live device buffers of
+    // the sizes checked above (acts: the matrix's columns).
+    unsafe { b.launch(lc) }
+        .while_(|| format!("launching {OP} on a {}×{} {} matrix", m.rows, m.cols, m.ty))?;
+    Ok(())
 }
 
 /// The gathered `ggml_mv` over `m` as a stack of `g.n_experts` equal matrices (expert e's rows
@@ -284,7 +396,7 @@ pub fn launch_mv_experts(
     let (w, _gw) = m.bytes.device_ptr(stream);
     let (xp, _gx) = x.device_ptr(stream);
     let (yp, _gy) = y.device_ptr_mut(stream);
-    let split = split_log2(m.ty, rows.div_ceil(2) * g.slots, m.cols);
+    let split = split_log2(m.ty, rows.div_ceil(2) * g.slots, m.cols, false);
     let p = GgmlParams {
         w,
         x: xp,
@@ -370,17 +482,20 @@ mod tests {
     fn q6_k_row_pairs_are_split_only_where_the_launch_is_small_and_each_share_has_two_blocks() {
         use GgmlType::*;
         // Llama-3.1-8B's matrices: 14336 rows are 7168 pairs, 4096 rows 2048.
-        assert_eq!(split_log2(Q6_K, 7168, 4096), 1);
-        assert_eq!(split_log2(Q6_K, 2048, 14336), 2);
-        assert_eq!(split_log2(Q6_K, 2048, 4096), 2);
-        assert_eq!(split_log2(Q6_K, 8192, 4096), 0);
+        assert_eq!(split_log2(Q6_K, 7168, 4096, false), 1);
+        assert_eq!(split_log2(Q6_K, 2048, 14336, false), 2);
+        assert_eq!(split_log2(Q6_K, 2048, 4096, false), 2);
+        assert_eq!(split_log2(Q6_K, 8192, 4096, false), 0);
         // Shares of two blocks or more: 4 blocks split in two, 3 blocks not at all.
-        assert_eq!(split_log2(Q6_K, 10, 1024), 1);
-        assert_eq!(split_log2(Q6_K, 10, 768), 0);
-        // The types summing the activations first, and the one-row types, never.
-        assert_eq!(split_log2(Q4_K, 2048, 14336), 0);
-        assert_eq!(split_log2(Q5_K, 10, 1024), 0);
-        assert_eq!(split_log2(Q8_0, 10, 4096), 0);
+        assert_eq!(split_log2(Q6_K, 10, 1024, false), 1);
+        assert_eq!(split_log2(Q6_K, 10, 768, false), 0);
+        // The f32 products summing the activations first, and the one-row types, never; the
+        // q8 products (their sums come with the codes) as Q6_K's.
+        assert_eq!(split_log2(Q4_K, 2048, 14336, false), 0);
+        assert_eq!(split_log2(Q4_K, 2048, 14336, true), 2);
+        assert_eq!(split_log2(Q4_K, 7168, 4096, true), 1);
+        assert_eq!(split_log2(Q5_K, 10, 1024, false), 0);
+        assert_eq!(split_log2(Q8_0, 10, 4096, false), 0);
         // A block of WARPS warps holds whole row pairs, ragged counts of rows included.
         assert_eq!(mv_blocks(Q4_K, 4096, 2), 2048);
         assert_eq!(mv_blocks(Q4_K, 4097, 1), 1025);

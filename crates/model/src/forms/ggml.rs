@@ -294,6 +294,11 @@ impl GgmlLinear {
         self.ty
     }
 
+    /// Whether its products take the activations as 8-bit codes (`--activations q8`).
+    pub fn q8(&self) -> bool {
+        self.q8
+    }
+
     /// Its blocks, row-major: each row `cols / block size` whole blocks.
     pub fn blocks(&self) -> &[u8] {
         self.bytes.bytes()
