@@ -43,7 +43,7 @@ OUT=${OUT:-/tmp/entrollm-bench/$SCEN}; W=${W:-/tmp/entrollm-bench/work}
 ANCHORS=${ANCHORS:-$REPO/shared/anchors}; REPEATS=${REPEATS:-$([ $TINY = 1 ] && echo 1 || echo 3)}
 T0=$(date +%s)
 mkdir -p "$OUT" "$W"
-[ $DRY = 1 ] || : > "$OUT/summary.tsv"
+[ $DRY = 1 ] || printf '# scenario\ttag\tdevice\tdecode_tok_s\tweights_bytes\ttokens_consistent\tprompt_prefill_tok_s\tprefill_tok_s\tload_s (peer rows: peer FIGURE, ours FIGURE, ratio, what)\n' > "$OUT/summary.tsv"
 
 # A timed line in the log (and on stdout).
 el() { echo "[+$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/log"; }
@@ -142,13 +142,17 @@ bench_one() {
     run "$tag" "${pre[@]}" "$bin" bench "$@" || true
     [ $DRY = 1 ] && return 0
     mv -f "$OUT/$tag.out" "$OUT/$tag.json" 2>/dev/null
-    python3 - "$OUT/$tag.json" "$SCEN" "$tag" "$DEVICE" <<'PY' | tee -a "$OUT/summary.tsv" | sed 's/^/  /' | tee -a "$OUT/log"
+    python3 - "$OUT/$tag.json" "$SCEN" "$tag" "$DEVICE" "$OUT/$tag.err" <<'PY' | tee -a "$OUT/summary.tsv" | sed 's/^/  /' | tee -a "$OUT/log"
 import json, sys
-path, scen, tag, dev = sys.argv[1:5]
+path, scen, tag, dev, err = sys.argv[1:6]
 try:
     j = json.load(open(path))
-except Exception as e:
-    print(f"{scen}\t{tag}\t{dev}\tfailed: no JSON ({type(e).__name__})"); sys.exit()
+except Exception:
+    # No figure: a budget refused (it names the least that fits), or a failure and its last line.
+    lines = [l.strip() for l in open(err, errors="replace") if l.strip()] or ["no output"]
+    why = next((l for l in lines if "pass --budget" in l), None)
+    print(f"{scen}\t{tag}\t{dev}\t" + (f"refused: {why}" if why else f"failed: {lines[-1][:300]}"))
+    sys.exit()
 m = j.get("memory", {})
 w = m.get("weights") if isinstance(m, dict) else None
 print("\t".join(str(v) for v in [scen, tag, dev, j.get("decode_tok_s"), w, j.get("tokens_consistent"),

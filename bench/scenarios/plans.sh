@@ -40,11 +40,13 @@ for b in $BUDGETS; do
     peer_row "$tag-predicted" "$pred" "$tag" "the plan's prediction (ratio: measured / predicted)"
     peer_row "$tag-vs-default" "$(decode_of default)" "$tag" "the default plan, same run"
 done
-# compress --plan: the middle budget's plan written into a container (a model path only).
-mid=$(echo $BUDGETS | awk '{print $(int((NF + 1) / 2))}')
+# compress --plan: the plan of the middle budget given as a size (else the fastest plan) written
+# into a container (a model path only); `plan` takes sizes, not shares of a device's memory.
+mid=$(echo $BUDGETS | tr ' ' '\n' | grep -v '%' | awk '{ b[NR] = $0 } END { if (NR) print b[int((NR + 1) / 2)] }')
 if [ "${model[0]}" != --synth ]; then
-    run plan-mid "$B" plan "$tune" --budget "$mid" -o "$OUT/plan-${mid//%/pct}.json"
-    run compress-planned "$B" compress "${model[@]}" -o "$W/planned" --plan "$OUT/plan-${mid//%/pct}.json" --overwrite
+    pf=$OUT/plan-${mid:-fastest}.json
+    run plan-mid "$B" plan "$tune" ${mid:+--budget "$mid"} -o "$pf"
+    run compress-planned "$B" compress "${model[@]}" -o "$W/planned" --plan "$pf" --overwrite
     bench planned-container "$W/planned"
 else not_run compress-planned "--synth has no checkpoint to compress"; fi
 finish
