@@ -187,8 +187,9 @@ llama_bin() {
 # d512 with the GPU protocol), written to $OUT/TAG.md; echoes the figure.
 llama_tg() {
     local f=$1 tag=$2 lb; shift 2
-    lb=$(llama_bin llama-bench) || { not_run "$tag" "no llama-bench: set LLAMA"; return 1; }
-    run "$tag" "$lb" -m "$f" "$@" -o md || return 1
+    # Only the figure on stdout (callers capture it); the log lines on stderr.
+    lb=$(llama_bin llama-bench) || { not_run "$tag" "no llama-bench: set LLAMA" >&2; return 1; }
+    run "$tag" "$lb" -m "$f" "$@" -o md >&2 || return 1
     [ $DRY = 1 ] && return 0
     mv -f "$OUT/$tag.out" "$OUT/$tag.md"
     grep -E '\| *tg[0-9]+' "$OUT/$tag.md" | tail -1 | awk -F'|' '{print $(NF-1)}' | awk '{print $1}'
