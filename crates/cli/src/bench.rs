@@ -183,7 +183,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut rng = entrollm_cuda::selftest::Rng::new(seed ^ 0x9A0B);
+    let mut rng = entrollm_codec::rng::SplitMix64::new(seed ^ 0x9A0B);
     (0..n).map(|_| rng.below(vocab as u64) as u32).collect()
 }
 

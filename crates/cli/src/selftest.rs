@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use entrollm_cuda::engine_selftest::run_engine_selftest;
-use entrollm_cuda::selftest::{run_selftest, SelftestReport};
+use entrollm_check::engine_selftest::run_engine_selftest;
+use entrollm_check::selftest::{run_selftest, SelftestReport};
 use entrollm_cuda::GpuDevice;
 
 #[derive(clap::Args)]
@@ -90,7 +90,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     if runs("families") {
-        match entrollm_cuda::families_selftest::selftest(&dev, a.seed) {
+        match entrollm_check::families_selftest::selftest(&dev, a.seed) {
             Ok(r) => println!("{r}"),
             Err(e) => {
                 println!("{e}");
@@ -99,7 +99,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     if runs("coded") {
-        match entrollm_cuda::engine_selftest::coded_e2e_selftest(&dev, a.seed) {
+        match entrollm_check::engine_selftest::coded_e2e_selftest(&dev, a.seed) {
             Ok(r) => println!("{r}"),
             Err(e) => {
                 println!("{e}");
@@ -110,11 +110,11 @@ pub fn run(a: Args) -> Result<()> {
     if runs("dtans") {
         failed |= summarise(
             "dtANS kernels",
-            entrollm_cuda::dtans_selftest::selftest(&dev, a.seed),
+            entrollm_check::dtans_selftest::selftest(&dev, a.seed),
         );
     }
     if runs("encoder") {
-        match entrollm_cuda::dtans_selftest::encode_selftest(&dev, a.seed) {
+        match entrollm_check::dtans_selftest::encode_selftest(&dev, a.seed) {
             Ok(r) => println!(
                 "dtANS GPU encoder: {} cases byte-identical to the CPU encoder",
                 r.cases.len()
@@ -128,13 +128,13 @@ pub fn run(a: Args) -> Result<()> {
     if runs("lossy") {
         failed |= summarise(
             "lossy kernels",
-            entrollm_cuda::lossy_selftest::selftest(&dev, a.seed),
+            entrollm_check::lossy_selftest::selftest(&dev, a.seed),
         );
     }
     if runs("ggml") {
         failed |= summarise(
             "ggml kernels",
-            entrollm_cuda::ggml_selftest::selftest(&dev, a.seed),
+            entrollm_check::ggml_selftest::selftest(&dev, a.seed),
         );
         let files = match a.gguf.is_empty() {
             true => gguf.iter().cloned().collect(),
@@ -142,7 +142,7 @@ pub fn run(a: Args) -> Result<()> {
         };
         for path in files {
             let (mut cases, mut notes) = (Vec::new(), Vec::new());
-            let r = entrollm_cuda::engine_selftest::gguf_served(
+            let r = entrollm_check::engine_selftest::gguf_served(
                 &dev, &path, 24, &mut cases, &mut notes,
             )
             .map(|()| SelftestReport {
@@ -158,7 +158,7 @@ pub fn run(a: Args) -> Result<()> {
     if runs("int") {
         failed |= summarise(
             "int kernels",
-            entrollm_cuda::int_selftest::selftest(&dev, a.seed),
+            entrollm_check::int_selftest::selftest(&dev, a.seed),
         );
         let dirs: Vec<PathBuf> = match a.hf.is_empty() {
             true => ["ct", "gptq", "awq"]
@@ -171,7 +171,7 @@ pub fn run(a: Args) -> Result<()> {
         for dir in dirs {
             let (mut cases, mut notes) = (Vec::new(), Vec::new());
             let r =
-                entrollm_cuda::engine_selftest::hf_int_served(&dev, &dir, &mut cases, &mut notes)
+                entrollm_check::engine_selftest::hf_int_served(&dev, &dir, &mut cases, &mut notes)
                     .map(|()| SelftestReport {
                         device: dev.info().name.clone(),
                         cases,

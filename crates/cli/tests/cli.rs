@@ -318,13 +318,8 @@ fn fp8_and_mixed_dtype_checkpoint_round_trips() {
     let src = d.join("src");
     std::fs::create_dir_all(&src).unwrap();
     // FP8 E4M3 codes with a skewed distribution, E5M2, a per-row F32 scale and an I32 tensor.
-    let mut s = 7u64;
-    let mut next = || {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (s >> 33) as u32
-    };
+    let mut r = entrollm_codec::rng::SplitMix64::new(7);
+    let mut next = || (r.next_u64() >> 33) as u32;
     let e4m3: Vec<u8> = (0..300 * 257)
         .map(|_| ((next() % 9) * (next() % 7) + 0x20) as u8 | (next() as u8 & 0x80))
         .collect();
@@ -1211,14 +1206,11 @@ fn big_safetensors(path: &Path, rows: usize, cols: usize) {
     let mut out = Vec::with_capacity(8 + header.len() + 2 * n);
     out.extend_from_slice(&(header.len() as u64).to_le_bytes());
     out.extend_from_slice(&header);
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut r = entrollm_codec::rng::SplitMix64::new(1);
     for _ in 0..n {
         let mut u = 0.0f32;
         for _ in 0..4 {
-            x = x
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            u += (x >> 40) as f32 / (1u64 << 24) as f32;
+            u += (r.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
         }
         let v = (u - 2.0) * 0.02;
         out.extend_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes());

@@ -10,20 +10,8 @@ use rayon::prelude::*;
 use std::time::Instant;
 
 fn gauss(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    let mut u = move || {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let (a, b) = (u().max(1e-300), u());
-            ((-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos() * 0.02) as f32
-        })
-        .collect()
+    let mut r = entrollm_codec::rng::SplitMix64::new(seed);
+    (0..n).map(|_| (r.normal() * 0.02) as f32).collect()
 }
 
 /// Median ns a call of `f` over `reps` calls (after one warm-up).

@@ -16,43 +16,24 @@ use std::time::Instant;
 
 use entrollm_codec::lossy::scalar::{self, Scalar};
 use entrollm_codec::lossy::{LossyTensor, Options, Quantizer};
+use entrollm_codec::rng::SplitMix64;
 use rayon::prelude::*;
 
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-struct Rng(u64);
-impl Rng {
-    fn uniform(&mut self) -> f64 {
-        self.0 = splitmix(self.0);
-        ((self.0 >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let (u, v) = (self.uniform(), self.uniform());
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    }
-    /// Student-t with 5 degrees of freedom: N / sqrt(χ²₅ / 5).
-    fn t5(&mut self) -> f64 {
-        let chi: f64 = (0..5).map(|_| self.normal().powi(2)).sum();
-        self.normal() / (chi / 5.0).sqrt()
-    }
+/// Student-t with 5 degrees of freedom: N / sqrt(χ²₅ / 5).
+fn t5(g: &mut SplitMix64) -> f64 {
+    let chi: f64 = (0..5).map(|_| g.normal().powi(2)).sum();
+    g.normal() / (chi / 5.0).sqrt()
 }
 
 fn matrix(source: &str, rows: usize, cols: usize) -> Vec<f32> {
     let mut w = vec![0f32; rows * cols];
     w.par_chunks_mut(cols).enumerate().for_each(|(r, row)| {
-        let mut g = Rng(splitmix(
-            r as u64 ^ ((cols as u64) << 32) ^ source.len() as u64,
-        ));
+        let mut g = SplitMix64::new(r as u64 ^ ((cols as u64) << 32) ^ source.len() as u64);
         match source {
             "gauss" => row.iter_mut().for_each(|v| *v = (g.normal() * 0.02) as f32),
             _ => {
                 let s = (0.3 * g.normal()).exp() * 0.015;
-                row.iter_mut().for_each(|v| *v = (g.t5() * s) as f32);
+                row.iter_mut().for_each(|v| *v = (t5(&mut g) * s) as f32);
             }
         }
     });

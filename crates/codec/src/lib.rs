@@ -6,7 +6,8 @@
 //! - [`df11`]: the DFloat11-layout Huffman coder (second lossless coder, interop target);
 //! - [`lossy`]: lossy coding at a named rate (E8 lattice or entropy-coded TCQ, tiled rANS);
 //! - [`palette`]: FP8 codes as 4-bit indices into a ≤ 16-code palette plus escapes (a serving form);
-//! - [`matvec`]: the CPU reference of the fused decode-matvec `y = W·x` from every coded form.
+//! - [`matvec`]: the CPU reference of the fused decode-matvec `y = W·x` from every coded form;
+//! - [`rng`]: the one pseudo-random generator (SplitMix64) of the workspace.
 
 pub mod df11;
 pub mod dtans;
@@ -16,8 +17,7 @@ pub mod matvec;
 pub mod palette;
 pub mod payload;
 pub mod rans;
-#[cfg(test)]
-mod test_rng;
+pub mod rng;
 
 pub use payload::Payload;
 

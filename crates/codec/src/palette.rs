@@ -445,13 +445,10 @@ mod tests {
     /// Deterministic codes drawn from a skewed distribution over `distinct` values (the first
     /// twelve carry almost all the mass, as a low-entropy FP8 matrix's), zero included.
     fn skewed(n: usize, distinct: u32, seed: u64) -> Vec<u8> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut r = crate::rng::SplitMix64::new(seed);
         (0..n)
             .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                let u = (s >> 11) as u32;
+                let u = (r.next_u64() >> 11) as u32;
                 // Geometric-ish: value v with probability ~2^-(v+1), capped at `distinct`.
                 let v = (u | 1 << 31).trailing_zeros().min(distinct - 1);
                 let v = if (u >> 20).is_multiple_of(97) {
@@ -576,18 +573,12 @@ mod tests {
     /// BF16 bit patterns of a bell-shaped matrix with a spread of row scales: high bytes over
     /// about 16 values, a few beyond.
     fn bell_bf16(rows: usize, cols: usize, seed: u64) -> Vec<u16> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut unit = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-        };
+        let mut r = crate::rng::SplitMix64::new(seed);
         (0..rows * cols)
             .map(|i| {
                 let row_scale = 0.02 * (1.0 + (i / cols % 7) as f64 * 0.1);
                 // Box–Muller: one normal a value.
-                let z = (-2.0 * unit().ln()).sqrt() * (std::f64::consts::TAU * unit()).cos();
+                let z = r.normal();
                 let v = (row_scale * z) as f32;
                 (v.to_bits() >> 16) as u16
             })

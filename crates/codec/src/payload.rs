@@ -277,11 +277,9 @@ mod tests {
                 x.next_down(),
             ]);
         }
-        let mut r = 0x2545_F491_4F6C_DD1Du64;
+        let mut g = crate::rng::SplitMix64::new(1);
         for _ in 0..20_000 {
-            r ^= r << 13;
-            r ^= r >> 7;
-            r ^= r << 17;
+            let r = g.next_u64();
             vals.push(
                 f32::from_bits(r as u32 & 0x43FF_FFFF) * if r >> 63 == 1 { -1.0 } else { 1.0 },
             );

@@ -470,14 +470,11 @@ mod tests {
     use crate::histogram::{byte_histogram, entropy_bits};
 
     fn skewed(n: usize, alphabet: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed | 1;
+        let mut g = crate::rng::SplitMix64::new(seed);
         (0..n)
             .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
                 // Geometric-ish: many small symbols, a long tail.
-                let r = (s >> 11) as f64 / (1u64 << 53) as f64;
+                let r = g.unit();
                 ((-r.max(1e-12).ln() * alphabet as f64 / 6.0) as usize).min(alphabet - 1) as u8
             })
             .collect()
@@ -539,8 +536,8 @@ mod tests {
 
     #[test]
     fn tables_round_trip_at_every_precision_and_sparsity() {
-        let mut rng = crate::test_rng::Rng(0x9e37_79b9_7f4a_7c15);
-        let mut next = move || rng.next();
+        let mut rng = crate::rng::SplitMix64::new(0x5eed);
+        let mut next = move || rng.next_u64();
         assert!(table_bytes(&[0; 16]).is_empty());
         assert_eq!(table_freqs(&[], 16).unwrap(), vec![0; 16]);
         for case in 0..400 {

@@ -29,15 +29,15 @@ pub struct GpuDtans {
     pub rows: usize,
     pub cols: usize,
     /// The M decoder entries `r | d << 8 | payload << 16`.
-    pub(crate) entries: CudaSlice<u32>,
+    pub entries: CudaSlice<u32>,
     /// Value of each code as f32 bits (code-only payloads; signed integers as two's complement).
-    pub(crate) lut: CudaSlice<u32>,
-    pub(crate) tiles: CudaSlice<u32>,
-    pub(crate) stream: CudaSlice<u32>,
-    pub(crate) stream_len: usize,
-    pub(crate) companion: CudaSlice<u32>,
-    pub(crate) raw: CudaSlice<u8>,
-    pub(crate) groups: Option<GpuGroups>,
+    pub lut: CudaSlice<u32>,
+    pub tiles: CudaSlice<u32>,
+    pub stream: CudaSlice<u32>,
+    pub stream_len: usize,
+    pub companion: CudaSlice<u32>,
+    pub raw: CudaSlice<u8>,
+    pub groups: Option<GpuGroups>,
     /// Bytes of the coded arrays (what a matvec reads), as `DtansTensor::stored_bytes`.
     pub stored_bytes: usize,
 }

@@ -314,7 +314,7 @@ pub struct GpuModel {
     pub coded_scratch: Option<SharedScratch>,
 }
 
-pub(crate) fn check_supported(c: &ModelConfig) -> Result<()> {
+pub fn check_supported(c: &ModelConfig) -> Result<()> {
     c.validate()
         .map_err(|e| GpuError::invalid("gpu model", e.to_string()))?;
     if c.head_dim % 32 != 0 || c.head_dim > 256 {
@@ -342,7 +342,7 @@ pub(crate) fn check_supported(c: &ModelConfig) -> Result<()> {
 }
 
 /// A matrix's rows as BF16 bits (lossless for BF16 matrices; other formats are rounded).
-pub(crate) fn host_bf16(m: &dyn Linear) -> Vec<u16> {
+pub fn host_bf16(m: &dyn Linear) -> Vec<u16> {
     let cols = m.cols();
     let mut out = vec![0u16; m.rows() * cols];
     out.par_chunks_mut(cols).enumerate().for_each_init(

@@ -484,11 +484,11 @@ fn synth_weights(
     })
 }
 
-/// A compact plan for the synthetic distribution (`bench/plans/single-m8.json`): Single mode,
+/// A compact plan for the synthetic distribution (`crates/cuda/data/single-m8.json`): Single mode,
 /// M = 2^8, slices of 512–2048 columns; predicted 10.76–10.83 bits/weight on the Llama-3.3-70B
 /// layer matrices (the tuned Pair M = 2^8 t = 16 codings spend 11.7–11.9 there: the synthetic
 /// exponents spread wider than t = 16 keeps, and escapes cost).
-pub const COMPACT_PLAN_JSON: &str = include_str!("../../../bench/plans/single-m8.json");
+pub const COMPACT_PLAN_JSON: &str = include_str!("../data/single-m8.json");
 
 /// Kernel variants the coded synthetic models use with the tuned plan and the compact plan (mvm and dequant of every
 /// stacked shape of the e2e model, Llama-3.1-8B and Llama-3.3-70B), for precompiling cubins.

@@ -44,7 +44,7 @@ pub enum GpuError {
 }
 
 impl GpuError {
-    pub(crate) fn invalid(op: &'static str, message: impl Into<String>) -> Self {
+    pub fn invalid(op: &'static str, message: impl Into<String>) -> Self {
         GpuError::InvalidArgument {
             op,
             message: message.into(),
@@ -53,7 +53,7 @@ impl GpuError {
 }
 
 /// Attaches what the runtime was doing to a driver error.
-pub(crate) trait DriverContext<T> {
+pub trait DriverContext<T> {
     fn while_(self, context: impl FnOnce() -> String) -> Result<T>;
 }
 

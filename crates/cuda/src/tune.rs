@@ -1,15 +1,15 @@
 //! The GPU side of `entrollm tune` and `--budget`: the device's identity for tune files, the
 //! memory the engine takes beside its weights, and a [`LaunchTimer`] that times each launch's
 //! forms with the cold-cache protocol (weight copies covering 2× L2, CUDA-graph replays, median
-//! of 5 bursts of ≥ 400 µs: [`crate::bench`]).
+//! of 5 bursts of ≥ 400 µs: [`crate::timing`]).
 
-use crate::bench::time_cold;
 use crate::device::GpuDevice;
 use crate::engine_coded::LoadReport;
 use crate::error::DriverContext;
 use crate::forms::{self, Policy, Upload};
 use crate::linear::{DtansScratch, GpuLinear, SharedScratch};
 use crate::ops::forward::GemvFusion;
+use crate::timing::{copies_for, time_cold};
 use entrollm_model::coding_plan::Launch;
 use entrollm_model::weights::{Bf16, Dense, Linear};
 use entrollm_model::ModelConfig;
@@ -125,7 +125,7 @@ impl LaunchTimer for GpuTimer {
             return Ok(None);
         };
         let bytes = first.stored_bytes().max(1);
-        let copies = (2 * self.dev.info().l2_bytes as usize) / bytes + 1;
+        let copies = copies_for(bytes, self.dev.info().l2_bytes);
         let mut linears = vec![first];
         for _ in 1..copies {
             match self.upload(&parts, halves).map_err(tune_err)? {

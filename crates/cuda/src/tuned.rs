@@ -8,7 +8,7 @@ use crate::ops::dtans::DtansConfig;
 
 /// The fastest launch measured per Llama launch shape on an H200 (bench/RESULTS.md): for
 /// Llama-3.1-8B the fastest lossless BF16 Pair coding with its launch config, then for
-/// Llama-3.1-8B and Llama-3.3-70B the compact plan's Single codings (bench/plans/single-m8.json)
+/// Llama-3.1-8B and Llama-3.3-70B the compact plan's Single codings (crates/cuda/data/single-m8.json)
 /// with theirs (`dtans_gpu_plan_sweep`): (name, rows, cols, coding, config, µs).
 /// The Pair entry of a shape comes first ([`bf16_coding_for`] takes the first).
 pub fn tuned_launches() -> [(&'static str, usize, usize, Coding, DtansConfig, f64); 15] {

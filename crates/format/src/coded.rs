@@ -1599,13 +1599,8 @@ mod tests {
 
     /// A Q4_1 tensor of `rows × cols` weights with skewed codes and arbitrary scales.
     fn q4_1_blocks(rows: usize, cols: usize) -> Vec<u8> {
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut r = entrollm_codec::rng::SplitMix64::new(1);
+        let mut next = || r.next_u64();
         let mut out = Vec::new();
         for _ in 0..rows * cols / QK {
             out.extend_from_slice(&(next() as u16 & 0x3bff).to_le_bytes());
@@ -1640,13 +1635,8 @@ mod tests {
     #[test]
     fn scalar_codes_round_trip_and_hostile_params_are_errors() {
         use entrollm_codec::lossy::scalar::{encode, Scalar};
-        let mut s = 0x1234_5678u64;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
+        let mut g = entrollm_codec::rng::SplitMix64::new(1);
+        let mut next = move || ((g.next_u64() >> 40) as f32 / (1u64 << 24) as f32) - 0.5;
         for (rows, cols, q) in [
             (64, 256, Scalar::Fp8),
             (
@@ -1704,13 +1694,8 @@ mod tests {
     /// Blocks of every type with few distinct scales (as a quantiser's are: a narrow range of
     /// magnitudes), random code bytes; rows × cols weights.
     fn blocks(block: BlockType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed | 1;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut g = entrollm_codec::rng::SplitMix64::new(seed);
+        let mut next = move || g.next_u64();
         let mut out = Vec::new();
         for _ in 0..rows * cols / QK {
             // f16 scales in [2^-8, 2^-6): exponent 7..8, the mantissa's top bits varying.
@@ -1727,13 +1712,8 @@ mod tests {
     /// Blocks of `ty` as a quantiser writes them: codes peaked at the middle of their range,
     /// super-scales of a narrow range, sub-block scales skewed; `rows × cols` weights.
     fn kblocks(ty: KType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed | 1;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut g = entrollm_codec::rng::SplitMix64::new(seed);
+        let mut next = move || g.next_u64();
         let n = rows * cols / ty.block_weights();
         let bits = ty.code_bits();
         let mid = 1u64 << (bits - 1);
@@ -1777,7 +1757,7 @@ mod tests {
                             .iter()
                             .cycle()
                             .zip(0u64..)
-                            .map(|(_, k)| (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+                            .map(|(_, k)| (entrollm_codec::rng::splitmix64(k) >> 56) as u8)
                             .take(rows * cols / w * ty.block_bytes())
                             .collect(),
                     };
@@ -1868,11 +1848,9 @@ mod tests {
 
     /// Bytes of `n` 4-bit codes skewed around 8 (a quantiser's), packed two a byte.
     fn skewed_nibbles(n: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut r = entrollm_codec::rng::SplitMix64::new(seed);
         let mut code = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
+            let s = r.next_u64();
             // A sum of three uniforms: near-Gaussian codes in 0..=15.
             let v = (s & 7) + (s >> 8 & 7) + (s >> 16 & 3);
             v as u8
@@ -1882,17 +1860,8 @@ mod tests {
 
     #[test]
     fn fields_round_trip_at_every_width_through_the_container() {
-        let mut s = 0x2545_f491_4f6c_dd1du64;
-        let mut rand = |n: usize| -> Vec<u8> {
-            (0..n)
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    s as u8
-                })
-                .collect()
-        };
+        let mut g = entrollm_codec::rng::SplitMix64::new(1);
+        let mut rand = |n: usize| -> Vec<u8> { (0..n).map(|_| g.next_u64() as u8).collect() };
         let cases: Vec<(Dtype, Vec<usize>, Vec<u8>)> = vec![
             (Dtype::I32, vec![64, 96], skewed_nibbles(64 * 96 * 8, 1)),
             (Dtype::I32, vec![3, 5], rand(60)),
@@ -1968,13 +1937,8 @@ mod tests {
     /// BF16/F16 bytes of `n` weights ~ N(0, 0.02²), with every special value planted (zeros of
     /// both signs, infinities, NaNs, subnormals) so the codes' split is checked at the edges.
     fn float_bytes(payload: Payload, n: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        let mut unif = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut r = entrollm_codec::rng::SplitMix64::new(seed);
+        let mut unif = || r.unit();
         let mut v: Vec<u16> = (0..n)
             .map(|_| {
                 let (a, b) = (unif().max(1e-300), unif());

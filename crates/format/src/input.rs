@@ -6,6 +6,30 @@ use std::fs::File;
 use std::io::{Error, ErrorKind, Read};
 use std::path::Path;
 
+/// A relative path inside a directory: `/`-separated, no empty, `.` or `..` components, no
+/// backslashes, colons or NUL bytes — so it can never leave the directory on any OS.
+pub(crate) fn check_relative_path(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("empty file name".into());
+    }
+    if name.contains(['\\', '\0', ':']) {
+        return Err(format!(
+            "file name '{}' contains '\\', ':' or a NUL byte",
+            name.escape_debug()
+        ));
+    }
+    if name
+        .split('/')
+        .any(|c| c.is_empty() || c == "." || c == "..")
+    {
+        return Err(format!(
+            "file name '{}' is not a plain relative path (absolute, or with an empty, '.' or '..' component)",
+            name.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
 /// The most a JSON side file (config, tokenizer, index, plan, tune file) may hold.
 pub const JSON_LIMIT: u64 = 256 << 20;
 

@@ -638,15 +638,8 @@ mod tests {
     use super::*;
 
     fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s >> 12;
-                s ^= s << 25;
-                s ^= s >> 27;
-                (s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
-            })
-            .collect()
+        let mut r = entrollm_codec::rng::SplitMix64::new(seed);
+        (0..n).map(|_| (r.next_u64() >> 56) as u8).collect()
     }
 
     #[test]

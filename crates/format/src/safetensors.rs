@@ -578,7 +578,7 @@ impl Checkpoint {
             let shard = shard.as_str().ok_or_else(|| {
                 FormatError::tensor(index_path, tensor, "weight_map value is not a file name")
             })?;
-            crate::container::check_relative_path(shard).map_err(|m| {
+            crate::input::check_relative_path(shard).map_err(|m| {
                 FormatError::tensor(index_path, tensor, format!("shard '{shard}': {m}"))
             })?;
             shards.entry(shard).or_default().push(tensor);

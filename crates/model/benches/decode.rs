@@ -82,16 +82,9 @@ fn main() {
     let vocab = weights.config.vocab_size as u64;
     let mut engine = Engine::new(weights, prompt_len + g2).unwrap_or_else(|e| panic!("{e}"));
 
-    // A fixed pseudo-random prompt (LCG), like the decode protocol's random prompt.
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let prompt: Vec<u32> = (0..prompt_len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 33) % vocab) as u32
-        })
-        .collect();
+    // A fixed pseudo-random prompt, like the decode protocol's random prompt.
+    let mut r = entrollm_codec::rng::SplitMix64::new(0x2545_f491_4f6c_dd1d);
+    let prompt: Vec<u32> = (0..prompt_len).map(|_| r.below(vocab) as u32).collect();
 
     run(&mut engine, &prompt, g1); // warm-up
     let (wall_start, cpu_start) = (Instant::now(), process_cpu_time());

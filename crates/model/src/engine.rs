@@ -989,13 +989,8 @@ mod tests {
         if !std::arch::is_x86_feature_detected!("avx2") {
             return;
         }
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
+        let mut r = entrollm_codec::rng::SplitMix64::new(1);
+        let mut next = move || (r.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
         for d in [32, 64, 96, 128, 8, 40, 72, 12, 136] {
             for len in [1, 2, 3, 4, 5, 7, 8, 9, 31] {
                 let (heads, stride) = (3, 3 * d + 5);

@@ -12,10 +12,11 @@
 
 use crate::error::{ModelError, Result};
 use crate::forms::{Form, GroupScales, Source, Values};
-use crate::weights::{HostTensor, Linear};
+use crate::weights::{HostTensor, Linear, Wrap, Wrapped};
 use entrollm_codec::Payload;
 use entrollm_format::{Dtype, TensorView};
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// The tensors of a checkpoint, by name.
@@ -1215,12 +1216,36 @@ fn read_awq(t: &dyn Tensors, prefix: &str, group: usize) -> Result<Arc<dyn Linea
     .into_linear(&qw_name)
 }
 
+/// Stored column `k` is column `perm[k]`.
+#[derive(Clone)]
+pub struct ColumnOrder(Vec<u32>);
+
+impl Wrap for ColumnOrder {
+    /// Gathers each input vector once.
+    fn input<'a>(&self, x: &'a [f32], cols: usize) -> Cow<'a, [f32]> {
+        let mut xp = vec![0f32; x.len()];
+        for (o, x) in xp.chunks_exact_mut(cols).zip(x.chunks_exact(cols)) {
+            for (o, &p) in o.iter_mut().zip(&self.0) {
+                *o = x[p as usize];
+            }
+        }
+        Cow::Owned(xp)
+    }
+    fn row(&self, inner: &dyn Linear, r: usize, out: &mut [f32]) {
+        let mut stored = vec![0f32; inner.cols()];
+        inner.row(r, &mut stored);
+        for (&v, &p) in stored.iter().zip(&self.0) {
+            out[p as usize] = v;
+        }
+    }
+    fn bytes(&self) -> usize {
+        4 * self.0.len()
+    }
+}
+
 /// A matrix whose columns are stored in another order: stored column `k` is column `perm[k]`
 /// (GPTQ's activation-ordered groups, made contiguous). Products gather the input once.
-pub struct ColumnOrdered {
-    inner: Arc<dyn Linear>,
-    perm: Vec<u32>,
-}
+pub type ColumnOrdered = Wrapped<ColumnOrder>;
 
 impl ColumnOrdered {
     pub fn new(name: &str, inner: Arc<dyn Linear>, perm: Vec<u32>) -> Result<Self> {
@@ -1230,7 +1255,7 @@ impl ColumnOrdered {
                 (p as usize) < seen.len() && !std::mem::replace(&mut seen[p as usize], true)
             });
         match ok {
-            true => Ok(ColumnOrdered { inner, perm }),
+            true => Ok(Wrapped::with(inner, ColumnOrder(perm))),
             false => Err(ModelError::tensor(
                 name,
                 "the column order is not a permutation of the matrix's columns",
@@ -1238,80 +1263,8 @@ impl ColumnOrdered {
         }
     }
 
-    /// The matrix in its stored column order.
-    pub fn inner(&self) -> &dyn Linear {
-        &*self.inner
-    }
-
     /// The original column of each stored column.
     pub fn perm(&self) -> &[u32] {
-        &self.perm
-    }
-
-    fn gather(&self, x: &[f32], out: &mut [f32]) {
-        for (o, &p) in out.iter_mut().zip(&self.perm) {
-            *o = x[p as usize];
-        }
-    }
-}
-
-impl Linear for ColumnOrdered {
-    fn rows(&self) -> usize {
-        self.inner.rows()
-    }
-    fn cols(&self) -> usize {
-        self.inner.cols()
-    }
-    fn matvec(&self, x: &[f32], y: &mut [f32]) {
-        let mut xp = vec![0f32; self.cols()];
-        self.gather(x, &mut xp);
-        self.inner.matvec(&xp, y);
-    }
-    fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
-        let c = self.cols();
-        let mut xp = vec![0f32; n * c];
-        for (o, x) in xp.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
-            self.gather(x, o);
-        }
-        self.inner.matmul(&xp, n, y);
-    }
-    fn row(&self, r: usize, out: &mut [f32]) {
-        let mut stored = vec![0f32; self.cols()];
-        self.inner.row(r, &mut stored);
-        for (&v, &p) in stored.iter().zip(&self.perm) {
-            out[p as usize] = v;
-        }
-    }
-    fn stored_bytes(&self) -> usize {
-        self.inner.stored_bytes() + 4 * self.perm.len()
-    }
-    fn wrapper_bytes(&self) -> usize {
-        self.inner.wrapper_bytes() + 4 * self.perm.len()
-    }
-    fn form(&self) -> crate::forms::FormId {
-        self.inner.form()
-    }
-    fn source(&self) -> Result<Source> {
-        self.inner.source()
-    }
-    fn source_rows(&self, rows: &[usize]) -> Result<Source> {
-        self.inner.source_rows(rows)
-    }
-    fn values_kind(&self) -> &'static str {
-        self.inner.values_kind()
-    }
-    fn layout_tag(&self) -> Option<&'static str> {
-        self.inner.layout_tag()
-    }
-    fn reform(&self, make: &dyn Fn(&Source) -> Result<Arc<dyn Linear>>) -> Result<Arc<dyn Linear>> {
-        let inner = self.inner.reform(make)?;
-        Ok(Arc::new(ColumnOrdered::new(
-            "column-ordered",
-            inner,
-            self.perm.clone(),
-        )?))
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+        &self.wrap().0
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::engine::Engine;
 use crate::error::{ModelError, Result};
+use entrollm_codec::rng::SplitMix64;
 use std::ops::ControlFlow;
 
 /// How to pick the next token. `temperature == 0` is greedy; `top_k == 0` and `top_p == 1` turn
@@ -68,25 +69,6 @@ impl Default for SamplingParams {
     }
 }
 
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, and plenty for drawing tokens.
-#[derive(Clone, Debug)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1) with 53 random bits.
-    fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// Picks tokens from logits; the same params and seed give the same tokens.
 #[derive(Clone, Debug)]
 pub struct Sampler {
@@ -98,7 +80,7 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self> {
         params.validate()?;
         Ok(Sampler {
-            rng: SplitMix64(params.seed),
+            rng: SplitMix64::new(params.seed),
             params,
         })
     }
@@ -131,7 +113,7 @@ impl Sampler {
         }
         let probs = self.candidates(&scores)?;
         let total: f64 = probs.iter().map(|&(_, p)| p).sum();
-        let mut u = self.rng.next_f64() * total;
+        let mut u = self.rng.unit() * total;
         for &(token, p) in &probs {
             if u < p {
                 return Ok(token);

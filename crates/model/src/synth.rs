@@ -18,6 +18,7 @@ use crate::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
 use crate::weights::{DenseBf16, LayerWeights, Linear, ModelWeights};
 use entrollm_codec::histogram::{byte_histogram, entropy_bits};
 use entrollm_codec::payload::f32_to_fp8_e4m3;
+use entrollm_codec::rng::splitmix64;
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -206,14 +207,6 @@ pub fn tensors(c: &ModelConfig) -> Vec<SynthTensor> {
     v
 }
 
-/// SplitMix64 step: seeds and hashes.
-pub(crate) fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// xoshiro256++: fast, good-quality streams, one per (tensor, row).
 struct Xoshiro([u64; 4]);
 
@@ -221,7 +214,7 @@ impl Xoshiro {
     fn new(seed: u64) -> Self {
         let mut s = seed;
         Xoshiro(std::array::from_fn(|_| {
-            s = splitmix(s);
+            s = splitmix64(s);
             s
         }))
     }
@@ -260,7 +253,7 @@ fn name_hash(name: &str) -> u64 {
 
 /// Fills one row of a synthetic tensor with f32 values.
 pub fn fill_row(t: &SynthTensor, seed: u64, row: usize, out: &mut [f32]) {
-    let mut rng = Xoshiro::new(splitmix(seed ^ name_hash(&t.name)) ^ splitmix(row as u64 + 1));
+    let mut rng = Xoshiro::new(splitmix64(seed ^ name_hash(&t.name)) ^ splitmix64(row as u64 + 1));
     match t.kind {
         SynthKind::Norm => {
             for pair in out.chunks_mut(2) {
@@ -273,7 +266,7 @@ pub fn fill_row(t: &SynthTensor, seed: u64, row: usize, out: &mut [f32]) {
         }
         SynthKind::Matrix { sigma } => {
             let row_scale = sigma * (0.25 * rng.normal2().0).exp();
-            let col_seed = splitmix(seed ^ name_hash(&t.name) ^ 0xC011);
+            let col_seed = splitmix64(seed ^ name_hash(&t.name) ^ 0xC011);
             for (c0, pair) in out.chunks_mut(2).enumerate() {
                 let (a, b) = rng.normal2();
                 let u = rng.next();
@@ -284,7 +277,7 @@ pub fn fill_row(t: &SynthTensor, seed: u64, row: usize, out: &mut [f32]) {
                     } else {
                         1.0
                     };
-                    let outlier = if splitmix(col_seed ^ col as u64).is_multiple_of(256) {
+                    let outlier = if splitmix64(col_seed ^ col as u64).is_multiple_of(256) {
                         4.0
                     } else {
                         1.0

@@ -415,36 +415,45 @@ pub type DenseBf16 = Dense<Bf16>;
 pub type DenseF16 = Dense<F16>;
 pub type DenseFp8 = Dense<Fp8E4m3>;
 
-/// A matrix whose row r is multiplied by `scales[r]`: FP8 checkpoints' per-channel `weight_scale`
-/// around FP8 codes (dense or entropy-coded).
-pub struct RowScaled {
+/// What a [`Wrapped`] matrix does around the matrix inside it: reorders or scales its input
+/// columns, its output rows, or both. The wrappers differ only here; [`Wrapped`] delegates the
+/// rest (form, source, layout, re-forming) to the matrix inside.
+pub trait Wrap: Clone + Send + Sync + 'static {
+    /// The input the inner matrix multiplies: `x` holds vectors of `cols`.
+    fn input<'a>(&self, x: &'a [f32], _cols: usize) -> std::borrow::Cow<'a, [f32]> {
+        std::borrow::Cow::Borrowed(x)
+    }
+    /// The inner matrix's output `y` (vectors of `rows`) made the wrapper's, in place.
+    fn output(&self, _y: &mut [f32], _rows: usize) {}
+    /// Row `r` of the wrapper's matrix into `out`, from the matrix inside.
+    fn row(&self, inner: &dyn Linear, r: usize, out: &mut [f32]);
+    /// Bytes the wrapper keeps beside the matrix inside.
+    fn bytes(&self) -> usize;
+}
+
+/// A matrix seen through a [`Wrap`]: row scales ([`RowScaled`]), a column order
+/// ([`crate::hf_quant::ColumnOrdered`]), a row order (GGUF's Q/K rows).
+pub struct Wrapped<W: Wrap> {
     inner: Arc<dyn Linear>,
-    scales: Vec<f32>,
+    wrap: W,
 }
 
-impl RowScaled {
-    /// The matrix inside and the row scales, for an engine that keeps them apart (the GPU's FP8
-    /// GEMV applies the scales in its epilogue).
-    pub fn parts(&self) -> (&Arc<dyn Linear>, &[f32]) {
-        (&self.inner, &self.scales)
+impl<W: Wrap> Wrapped<W> {
+    /// `wrap` must fit `inner`'s shape: the wrappers' constructors check it.
+    pub(crate) fn with(inner: Arc<dyn Linear>, wrap: W) -> Self {
+        Wrapped { inner, wrap }
     }
-
-    pub fn new(name: &str, inner: Arc<dyn Linear>, scales: Vec<f32>) -> Result<Self> {
-        if scales.len() != inner.rows() {
-            return Err(ModelError::tensor(
-                name,
-                format!(
-                    "{} row scales for a matrix of {} rows",
-                    scales.len(),
-                    inner.rows()
-                ),
-            ));
-        }
-        Ok(RowScaled { inner, scales })
+    /// The matrix inside.
+    pub fn inner(&self) -> &Arc<dyn Linear> {
+        &self.inner
+    }
+    /// What it does around the matrix inside.
+    pub fn wrap(&self) -> &W {
+        &self.wrap
     }
 }
 
-impl Linear for RowScaled {
+impl<W: Wrap> Linear for Wrapped<W> {
     fn rows(&self) -> usize {
         self.inner.rows()
     }
@@ -452,30 +461,21 @@ impl Linear for RowScaled {
         self.inner.cols()
     }
     fn matvec(&self, x: &[f32], y: &mut [f32]) {
-        self.inner.matvec(x, y);
-        for (y, s) in y.iter_mut().zip(&self.scales) {
-            *y *= s;
-        }
+        self.inner.matvec(&self.wrap.input(x, self.cols()), y);
+        self.wrap.output(y, self.rows());
     }
     fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
-        self.inner.matmul(x, n, y);
-        for y in y.chunks_exact_mut(self.rows()) {
-            for (y, s) in y.iter_mut().zip(&self.scales) {
-                *y *= s;
-            }
-        }
+        self.inner.matmul(&self.wrap.input(x, self.cols()), n, y);
+        self.wrap.output(y, self.rows());
     }
     fn row(&self, r: usize, out: &mut [f32]) {
-        self.inner.row(r, out);
-        for v in out.iter_mut() {
-            *v *= self.scales[r];
-        }
+        self.wrap.row(&*self.inner, r, out)
     }
     fn stored_bytes(&self) -> usize {
-        self.inner.stored_bytes() + 4 * self.scales.len()
+        self.inner.stored_bytes() + self.wrap.bytes()
     }
     fn wrapper_bytes(&self) -> usize {
-        self.inner.wrapper_bytes() + 4 * self.scales.len()
+        self.inner.wrapper_bytes() + self.wrap.bytes()
     }
     fn form(&self) -> FormId {
         self.inner.form()
@@ -493,15 +493,62 @@ impl Linear for RowScaled {
         self.inner.layout_tag()
     }
     fn reform(&self, make: &dyn Fn(&Source) -> Result<Arc<dyn Linear>>) -> Result<Arc<dyn Linear>> {
-        let inner = self.inner.reform(make)?;
-        Ok(Arc::new(RowScaled::new(
-            "row-scaled",
-            inner,
-            self.scales.clone(),
-        )?))
+        Ok(Arc::new(Wrapped::with(
+            self.inner.reform(make)?,
+            self.wrap.clone(),
+        )))
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+/// Row r multiplied by `scales[r]`.
+#[derive(Clone)]
+pub struct RowScales(Vec<f32>);
+
+impl Wrap for RowScales {
+    fn output(&self, y: &mut [f32], rows: usize) {
+        for y in y.chunks_exact_mut(rows) {
+            for (y, s) in y.iter_mut().zip(&self.0) {
+                *y *= s;
+            }
+        }
+    }
+    fn row(&self, inner: &dyn Linear, r: usize, out: &mut [f32]) {
+        inner.row(r, out);
+        for v in out.iter_mut() {
+            *v *= self.0[r];
+        }
+    }
+    fn bytes(&self) -> usize {
+        4 * self.0.len()
+    }
+}
+
+/// A matrix whose row r is multiplied by `scales[r]`: FP8 checkpoints' per-channel `weight_scale`
+/// around FP8 codes (dense or entropy-coded).
+pub type RowScaled = Wrapped<RowScales>;
+
+impl RowScaled {
+    /// The matrix inside and the row scales, for an engine that keeps them apart (the GPU's FP8
+    /// GEMV applies the scales in its epilogue).
+    pub fn parts(&self) -> (&Arc<dyn Linear>, &[f32]) {
+        (&self.inner, &self.wrap.0)
+    }
+
+    pub fn new(name: &str, inner: Arc<dyn Linear>, scales: Vec<f32>) -> Result<Self> {
+        if scales.len() != inner.rows() {
+            return Err(ModelError::tensor(
+                name,
+                format!(
+                    "{} row scales for a matrix of {} rows",
+                    scales.len(),
+                    inner.rows()
+                ),
+            ));
+        }
+        Ok(Wrapped::with(inner, RowScales(scales)))
     }
 }
 
@@ -1528,16 +1575,9 @@ mod tests {
 
     /// SplitMix64-driven values in [-1, 1).
     fn values(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed;
+        let mut r = entrollm_codec::rng::SplitMix64::new(seed);
         (0..n)
-            .map(|_| {
-                s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                let mut z = s;
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                z ^= z >> 31;
-                (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
+            .map(|_| (r.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
             .collect()
     }
 

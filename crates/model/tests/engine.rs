@@ -1,6 +1,7 @@
 //! The CPU engine against an independent naive forward pass (plain loops, f64) on small synthetic
 //! models built from a seeded PRNG, plus cache, RoPE, GQA, perplexity, generation and error tests.
 
+use entrollm_codec::rng::SplitMix64;
 use entrollm_model::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
 use entrollm_model::engine::rope_inv_freq;
 use entrollm_model::sampler::argmax;
@@ -15,20 +16,19 @@ use std::sync::Arc;
 // ---------------------------------------------------------------------------------------------
 // Synthetic models
 
-/// SplitMix64.
-struct Rng(u64);
+/// The codec's SplitMix64 stream.
+struct Rng(SplitMix64);
 
 impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(SplitMix64::new(seed))
+    }
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in [-1, 1).
     fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        self.0.unit() * 2.0 - 1.0
     }
     fn tokens(&mut self, n: usize, vocab: usize) -> Vec<u32> {
         (0..n)
@@ -123,7 +123,7 @@ fn tiny_config() -> ModelConfig {
 /// Weights with realistic scales: matrices with std 1/√fan_in, embeddings with std ~0.6, norm
 /// weights near 1, small biases.
 fn synthetic(config: &ModelConfig, storage: Storage, seed: u64) -> Synthetic {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut tensors = HashMap::new();
     let mut add = |name: String, shape: Vec<usize>, scale: f64, offset: f64| {
         let n: usize = shape.iter().product();
@@ -392,7 +392,7 @@ fn engine_matches_naive_reference() {
                     ..tiny_config()
                 };
                 let model = synthetic(&config, storage, case);
-                let tokens = Rng(100 + case).tokens(13, config.vocab_size);
+                let tokens = Rng::new(100 + case).tokens(13, config.vocab_size);
                 let got = engine(&model, 64).logits_for_all(&tokens).unwrap();
                 let what = format!("heads {heads}/{kv_heads} bias {bias} tied {tied} {storage:?}");
                 assert_close(&got, &reference_logits(&model, &tokens), 2e-5, &what);
@@ -409,7 +409,7 @@ fn prefill_equals_step_by_step_decode() {
     };
     let model = synthetic(&config, Storage::Bf16, 7);
     // 300 tokens span two prefill chunks.
-    let tokens = Rng(8).tokens(300, config.vocab_size);
+    let tokens = Rng::new(8).tokens(300, config.vocab_size);
     let mut batch = engine(&model, 512);
     let all = batch.logits_for_all(&tokens).unwrap();
     assert_eq!(batch.position(), 300);
@@ -444,7 +444,7 @@ fn prefill_equals_step_by_step_decode() {
 #[test]
 fn truncate_and_reset_rewind_the_cache() {
     let model = synthetic(&tiny_config(), Storage::F32, 11);
-    let tokens = Rng(12).tokens(10, 61);
+    let tokens = Rng::new(12).tokens(10, 61);
     let mut e = engine(&model, 32);
     let all = e.logits_for_all(&tokens).unwrap();
     e.truncate(6);
@@ -494,7 +494,7 @@ fn rope_styles_agree_when_qk_rows_are_permuted() {
             }
         }
     }
-    let tokens = Rng(22).tokens(17, config.vocab_size);
+    let tokens = Rng::new(22).tokens(17, config.vocab_size);
     let a = engine(&neox, 64).logits_for_all(&tokens).unwrap();
     let b = engine(&interleaved, 64).logits_for_all(&tokens).unwrap();
     let a64: Vec<Vec<f64>> = a
@@ -592,7 +592,7 @@ fn scaled_rope_models_match_reference() {
             ..tiny_config()
         };
         let model = synthetic(&config, Storage::F32, 31);
-        let tokens = Rng(32).tokens(20, config.vocab_size);
+        let tokens = Rng::new(32).tokens(20, config.vocab_size);
         let got = engine(&model, 64).logits_for_all(&tokens).unwrap();
         assert_close(
             &got,
@@ -628,7 +628,7 @@ fn perplexity_of_a_uniform_model_is_the_vocabulary_size() {
     let mut model = synthetic(&tiny_config(), Storage::F32, 51);
     model.tensors.get_mut("lm_head.weight").unwrap().1.fill(0.0);
     let mut e = engine(&model, 64);
-    let tokens = Rng(52).tokens(50, 61);
+    let tokens = Rng::new(52).tokens(50, 61);
     // (49 tokens with window 16 leave a one-token last window with nothing to score.)
     for len in [50, 49] {
         let tokens = &tokens[..len];
@@ -649,7 +649,7 @@ fn perplexity_of_a_uniform_model_is_the_vocabulary_size() {
 #[test]
 fn perplexity_windows_score_each_token_once_with_its_window_context() {
     let model = synthetic(&tiny_config(), Storage::F32, 53);
-    let tokens = Rng(54).tokens(23, 61);
+    let tokens = Rng::new(54).tokens(23, 61);
     let (window, stride) = (10, 4);
     // By hand: windows [0,10) [4,14) [8,18) [12,22) [16,23); each scores the tokens after the
     // previous window's end, predicted from its own start.
@@ -697,7 +697,7 @@ fn perplexity_windows_score_each_token_once_with_its_window_context() {
 #[test]
 fn context_full_is_an_error_that_leaves_the_sequence_intact() {
     let model = synthetic(&tiny_config(), Storage::F32, 61);
-    let tokens = Rng(62).tokens(8, 61);
+    let tokens = Rng::new(62).tokens(8, 61);
     let mut e = engine(&model, 8);
     e.prefill(&tokens[..6]).unwrap();
     let err = e.prefill(&tokens[..3]).unwrap_err().to_string();
@@ -808,7 +808,7 @@ fn shape_mismatches_and_missing_tensors_name_the_tensor() {
 #[test]
 fn greedy_generation_follows_the_argmax_chain() {
     let model = synthetic(&tiny_config(), Storage::F32, 81);
-    let prompt = Rng(82).tokens(5, 61);
+    let prompt = Rng::new(82).tokens(5, 61);
     // The chain by hand: argmax, feed it back.
     let mut e = engine(&model, 64);
     let mut logits = e.prefill(&prompt).unwrap();
@@ -873,7 +873,7 @@ fn greedy_generation_follows_the_argmax_chain() {
 #[test]
 fn seeded_sampling_generation_is_reproducible() {
     let model = synthetic(&tiny_config(), Storage::Bf16, 91);
-    let prompt = Rng(92).tokens(4, 61);
+    let prompt = Rng::new(92).tokens(4, 61);
     let run = |seed| {
         let mut sampler = Sampler::new(SamplingParams {
             temperature: 1.5,

@@ -275,7 +275,7 @@ fn params(defaults: &SamplingParams, r: &Request, app: &App) -> Result<SamplingP
             let t = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64);
-            t ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            t ^ entrollm_codec::rng::splitmix64(n)
         }),
     };
     p.validate()

@@ -722,13 +722,8 @@ pub(crate) mod tests {
             ("gate_up", 28672, 4096),
             ("down", 4096, 14336),
         ];
-        let mut s = 0x243f6a8885a308d3u64;
-        let mut noise = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut g = entrollm_codec::rng::SplitMix64::new(3);
+        let mut noise = || g.unit();
         let launch = |id: String,
                       kind: &str,
                       rows: usize,

@@ -72,13 +72,8 @@ mod tests {
 
     #[test]
     fn matches_the_definition_on_random_points() {
-        let mut s = 0x9e3779b97f4a7c15u64;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut r = entrollm_codec::rng::SplitMix64::new(1);
+        let mut next = || r.next_u64();
         for _ in 0..500 {
             let n = (next() % 12) as usize;
             let pts: Vec<(u64, f64)> = (0..n).map(|_| (next() % 8, (next() % 8) as f64)).collect();

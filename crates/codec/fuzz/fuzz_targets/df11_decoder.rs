@@ -12,10 +12,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let n = 1 + (u16::from_le_bytes([data[0], data[1]]) as usize % 20000);
-    let mut s = data[2] as u64 + 1;
+    let mut r = entrollm_codec::rng::SplitMix64::new(data[2] as u64);
     let weights: Vec<u16> = (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let s = r.next_u64();
             let e = 110 + ((s >> 40) % 20) as u16 * ((s >> 50) % 2) as u16;
             (e << 7) | ((s >> 20) as u16 & 0x807F)
         })

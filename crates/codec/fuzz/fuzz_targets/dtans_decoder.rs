@@ -31,12 +31,9 @@ fuzz_target!(|data: &[u8]| {
         n => Some((n as u16 * 3).min(payload.alphabet() as u16)),
     };
     let seed = data[7] as u64;
-    // Skewed codes from a tiny LCG so the table has structure.
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (s >> 33) as u32
-    };
+    // Skewed codes so the table has structure.
+    let mut r = entrollm_codec::rng::SplitMix64::new(seed);
+    let mut next = || (r.next_u64() >> 33) as u32;
     let n = rows * cols;
     let a = payload.alphabet() as u32;
     let codes: Vec<u8> = (0..n).map(|_| ((next() % 7) * (next() % 5) % a) as u8).collect();

@@ -19,10 +19,10 @@ fuzz_target!(|data: &[u8]| {
     };
     let rows = 1 + data[1] as usize % 40;
     let cols = 8 * (1 + data[2] as usize % 24);
-    let mut s = data[3] as u64 + 1;
+    let mut r = entrollm_codec::rng::SplitMix64::new(data[3] as u64);
     let w: Vec<f32> = (0..rows * cols)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let s = r.next_u64();
             ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * if s >> 63 == 1 { 0.1 } else { 0.02 }
         })
         .collect();

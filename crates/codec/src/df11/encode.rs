@@ -315,13 +315,8 @@ mod tests {
     /// exponent spreads from one value to codes of ~20 bits.
     #[test]
     fn predicted_bytes_are_the_coded_bytes() {
-        let mut seed = 0x9E37_79B9_u32;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            seed
-        };
+        let mut r = crate::rng::SplitMix64::new(1);
+        let mut next = || r.next_u64() as u32;
         for n in [
             0,
             1,

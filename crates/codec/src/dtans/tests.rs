@@ -1,11 +1,11 @@
 use super::*;
 use crate::histogram::{byte_histogram, entropy_bits};
 use crate::matvec::Dequant;
-use crate::test_rng::Rng;
+use crate::rng::SplitMix64 as Rng;
 use proptest::prelude::*;
 
 fn gaussian_bf16(n: usize, sigma: f64, seed: u64) -> Vec<u8> {
-    let mut r = Rng(seed);
+    let mut r = Rng::new(seed);
     (0..n)
         .flat_map(|_| {
             half::bf16::from_f64(r.normal() * sigma)
@@ -29,16 +29,16 @@ const PAYLOADS: [Payload; 9] = [
 
 /// Element bytes of a random tensor whose codes follow `kind`.
 fn elements(payload: Payload, n: usize, kind: u8, seed: u64) -> Vec<u8> {
-    let mut r = Rng(seed);
+    let mut r = Rng::new(seed);
     let a = payload.alphabet() as u64;
     let code = |r: &mut Rng| -> u8 {
         match kind {
             0 => 3.min(a - 1) as u8,                                 // one symbol only
-            1 => (r.next() % a) as u8,                               // uniform over the alphabet
+            1 => (r.next_u64() % a) as u8,                           // uniform over the alphabet
             2 => ((r.normal().abs() * 2.0) as u64).min(a - 1) as u8, // skewed, geometric-like
             _ => {
                 // a single symbol with one rare outlier per ~5000
-                if r.next().is_multiple_of(5000) {
+                if r.next_u64().is_multiple_of(5000) {
                     (a - 1) as u8
                 } else {
                     1
@@ -50,7 +50,7 @@ fn elements(payload: Payload, n: usize, kind: u8, seed: u64) -> Vec<u8> {
         (0..n)
             .flat_map(|_| {
                 let c = code(&mut r);
-                payload.join16(c, r.next() as u8).to_le_bytes()
+                payload.join16(c, r.next_u64() as u8).to_le_bytes()
             })
             .collect()
     } else {
@@ -121,18 +121,18 @@ fn every_payload_mode_table_and_slice_width_round_trips() {
 fn every_value_escaped() {
     // t = 1 keeps only the zero code; data without zero codes escapes every weight.
     for payload in [Payload::Bf16, Payload::Fp8E4m3, Payload::Int(8)] {
-        let mut r = Rng(5);
+        let mut r = Rng::new(5);
         let n = 70 * 130;
         let bytes: Vec<u8> = if payload.has_raw() {
             (0..n)
                 .flat_map(|_| {
                     payload
-                        .join16(1 + (r.next() % 200) as u8, r.next() as u8)
+                        .join16(1 + (r.next_u64() % 200) as u8, r.next_u64() as u8)
                         .to_le_bytes()
                 })
                 .collect()
         } else {
-            (0..n).map(|_| 1 + (r.next() % 200) as u8).collect()
+            (0..n).map(|_| 1 + (r.next_u64() % 200) as u8).collect()
         };
         for sc in [64, 256] {
             let t = roundtrip(
@@ -213,25 +213,25 @@ fn corrupt_streams_are_errors_or_wrong_values_never_panics() {
         t: Some(8),
     };
     let t = DtansTensor::encode(Payload::Bf16, rows, cols, &codes, &raw, coding).unwrap();
-    let mut r = Rng(3);
+    let mut r = Rng::new(3);
     let mut errors = 0;
     for _ in 0..400 {
         let mut bad = t.clone();
-        match r.next() % 4 {
+        match r.next_u64() % 4 {
             0 => {
-                let i = (r.next() as usize) % bad.stream.len();
-                bad.stream[i] ^= 1 << (r.next() % 32);
+                let i = (r.next_u64() as usize) % bad.stream.len();
+                bad.stream[i] ^= 1 << (r.next_u64() % 32);
             }
             1 => {
-                let i = (r.next() as usize) % bad.tiles.len();
-                bad.tiles[i] ^= 1 << (r.next() % 32);
+                let i = (r.next_u64() as usize) % bad.tiles.len();
+                bad.tiles[i] ^= 1 << (r.next_u64() % 32);
             }
             2 => {
-                let n = (r.next() as usize) % bad.stream.len();
+                let n = (r.next_u64() as usize) % bad.stream.len();
                 bad.stream.truncate(n);
             }
             _ => {
-                let i = (r.next() as usize) % bad.table.counts.len();
+                let i = (r.next_u64() as usize) % bad.table.counts.len();
                 bad.table.counts[i] = bad.table.counts[i].wrapping_add(1);
             }
         }
@@ -266,11 +266,11 @@ fn matvec_matches_dense_reference() {
             t: Some(3),
         };
         let t = DtansTensor::encode(payload, rows, cols, &codes, &raw, coding).unwrap();
-        let mut r = Rng(1);
+        let mut r = Rng::new(1);
         let x: Vec<f32> = (0..cols).map(|_| r.normal() as f32).collect();
         let group = 32;
         let scales: Vec<f32> = (0..rows * cols.div_ceil(group))
-            .map(|_| r.uniform() as f32)
+            .map(|_| r.unit() as f32)
             .collect();
         let mins: Vec<f32> = (0..scales.len()).map(|_| r.normal() as f32).collect();
         let dq = match payload {
@@ -540,7 +540,7 @@ fn plan_key_slots_follow_the_table() {
 #[test]
 fn tuple_histogram_counts_every_padded_tuple() {
     use super::encode::{choose_values, tuple_histogram};
-    let mut r = Rng(11);
+    let mut r = Rng::new(11);
     for (rows, cols) in [
         (1, 3),
         (5, 70),
@@ -552,7 +552,7 @@ fn tuple_histogram_counts_every_padded_tuple() {
         for payload in [Payload::Bf16, Payload::Fp8E4m3, Payload::Int(4)] {
             let alphabet = payload.alphabet() as u64;
             let codes: Vec<u8> = (0..rows * cols)
-                .map(|_| (r.next() % alphabet.min(40)) as u8)
+                .map(|_| (r.next_u64() % alphabet.min(40)) as u8)
                 .collect();
             for mode in [Mode::Pair, Mode::Quad] {
                 let k = mode.values_per_symbol();
@@ -620,7 +620,7 @@ fn decode_with_breakdown_is_decode_and_size_breakdown() {
 /// offsets, group sizes that do and do not fall on symbol boundaries) or none.
 #[test]
 fn fast_product_matches_the_reference() {
-    let mut r = Rng(0x5eed_f457);
+    let mut r = Rng::new(0x5eed_f457);
     let payloads = [
         Payload::Fp8E4m3,
         Payload::Fp8E5m2,
@@ -643,7 +643,7 @@ fn fast_product_matches_the_reference() {
     let mut cases = 0;
     for (pi, &payload) in payloads.iter().enumerate() {
         for (si, &(rows, cols)) in shapes.iter().enumerate() {
-            let seed = r.next();
+            let seed = r.next_u64();
             let kind = (pi + si) as u8 % 4;
             let bytes = elements(payload, rows * cols, kind.max(1), seed);
             let (codes, raw) = payload.symbolize(&bytes).unwrap();
@@ -651,13 +651,13 @@ fn fast_product_matches_the_reference() {
                 .into_iter()
                 .filter(|m| m.values_per_symbol() as u32 * payload.code_bits() <= 16)
                 .collect();
-            let mode = modes[(r.next() % modes.len() as u64) as usize];
-            let log2_m = TABLE_LOG2[(r.next() % 4) as usize];
-            let sc = [64, 128, 256, 512][(r.next() % 4) as usize];
+            let mode = modes[(r.next_u64() % modes.len() as u64) as usize];
+            let log2_m = TABLE_LOG2[(r.next_u64() % 4) as usize];
+            let sc = [64, 128, 256, 512][(r.next_u64() % 4) as usize];
             // Few kept values: escapes.
-            let t = match r.next() % 3 {
+            let t = match r.next_u64() % 3 {
                 0 => None,
-                _ => Some((2 + r.next() % 6).min(payload.alphabet() as u64) as u16),
+                _ => Some((2 + r.next_u64() % 6).min(payload.alphabet() as u64) as u16),
             };
             let coding = Coding {
                 mode,
@@ -673,9 +673,9 @@ fn fast_product_matches_the_reference() {
             let x: Vec<f32> = (0..cols).map(|_| r.normal() as f32).collect();
             for group in [cols, 32, 96, 3, 1] {
                 let n = rows * cols.div_ceil(group);
-                let scales: Vec<f32> = (0..n).map(|_| r.uniform() as f32 + 0.1).collect();
+                let scales: Vec<f32> = (0..n).map(|_| r.unit() as f32 + 0.1).collect();
                 let mins: Vec<f32> = (0..n).map(|_| r.normal() as f32).collect();
-                let with_mins = r.next().is_multiple_of(2);
+                let with_mins = r.next_u64().is_multiple_of(2);
                 let dqs = [
                     Dequant::None,
                     Dequant::Groups {
@@ -683,7 +683,8 @@ fn fast_product_matches_the_reference() {
                         scales: &scales,
                         mins: with_mins.then_some(&mins[..]),
                         offset: if with_mins { 0.0 } else { 2.0 },
-                        signed: matches!(payload, Payload::Int(_)) && !r.next().is_multiple_of(4),
+                        signed: matches!(payload, Payload::Int(_))
+                            && !r.next_u64().is_multiple_of(4),
                     },
                 ];
                 for dq in &dqs {
@@ -739,12 +740,12 @@ fn fast_product_errors_on_corrupt_streams() {
     };
     let good = DtansTensor::encode(payload, rows, cols, &codes, &raw, coding).unwrap();
     let x = vec![1f32; cols];
-    let mut r = Rng(5);
+    let mut r = Rng::new(5);
     let mut errors = 0;
     for _ in 0..300 {
         let mut t = good.clone();
-        let i = (r.next() % t.stream.len() as u64) as usize;
-        t.stream[i] ^= 1 << (r.next() % 32);
+        let i = (r.next_u64() % t.stream.len() as u64) as usize;
+        t.stream[i] ^= 1 << (r.next_u64() % 32);
         let Ok(Some(fast)) = CpuProduct::new(&t) else {
             continue;
         };

@@ -221,12 +221,11 @@ mod tests {
 
     #[test]
     fn nearest_point_is_an_e8_point_at_least_as_close_as_any_in_reach() {
-        let mut s = 1u64;
+        let mut r = crate::rng::SplitMix64::new(1);
         for _ in 0..3000 {
             let mut x = [0f32; DIM];
             for v in &mut x {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1);
-                *v = ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 7.0;
+                *v = (r.unit() as f32 - 0.5) * 7.0;
             }
             let p2 = nearest(&x);
             assert!(p2.iter().all(|v| v & 1 == p2[0] & 1), "one coset");

@@ -239,7 +239,7 @@ mod tests {
     use super::super::tests::rel_l2;
     use super::super::{Options, MIN_TILE_WEIGHTS};
     use super::*;
-    use crate::test_rng::Rng;
+    use crate::rng::SplitMix64 as Rng;
 
     const QUANTIZERS: [Quantizer; 3] = [
         Quantizer::E8,
@@ -252,7 +252,7 @@ mod tests {
 
     /// N(0, σ²) rows with σ varying by row (heavier rows, as models have).
     fn weights(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
-        let mut r = Rng(seed);
+        let mut r = Rng::new(seed);
         let mut w = Vec::with_capacity(rows * cols);
         for _ in 0..rows {
             let s = 0.02 * (0.5 * r.normal()).exp();

@@ -386,14 +386,9 @@ fn sample_rows(rows: usize, cols: usize, want: usize, tile_rows: usize) -> Vec<u
     if n >= rows {
         return idx;
     }
-    let mut s = (rows as u64) * 1_000_003 + cols as u64;
+    let mut r = crate::rng::SplitMix64::new((rows as u64) * 1_000_003 + cols as u64);
     for i in 0..n {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        let j = i + (z % (rows - i) as u64) as usize;
+        let j = i + r.below((rows - i) as u64) as usize;
         idx.swap(i, j);
     }
     idx.truncate(n);

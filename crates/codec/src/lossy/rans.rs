@@ -223,13 +223,6 @@ pub fn renorm(x: &mut [u32; LANES], live: usize, r: &mut Reader) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn rng(seed: &mut u64) -> u64 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        *seed >> 33
-    }
-
     #[test]
     fn a_table_sums_to_its_size_and_never_drops_a_symbol() {
         for (counts, b) in [
@@ -249,7 +242,7 @@ mod tests {
 
     #[test]
     fn interleaved_lanes_round_trip_with_ragged_ends() {
-        let mut seed = 7u64;
+        let mut r = crate::rng::SplitMix64::new(7);
         for b in [9u8, 11, 15] {
             let counts: Vec<u64> = (0..40).map(|i| 1 + (40 - i) * (40 - i)).collect();
             let t = Table::build(-20, &counts, b).unwrap();
@@ -257,7 +250,7 @@ mod tests {
             let dt = DecodeTable::new(&t, b).unwrap();
             for n in [0usize, 1, 31, 32, 33, 1000, 4097] {
                 // Symbols in decoder order: step k covers items 32k.., lane = item % 32.
-                let vals: Vec<i32> = (0..n).map(|_| (rng(&mut seed) % 40) as i32 - 20).collect();
+                let vals: Vec<i32> = (0..n).map(|_| (r.below(40)) as i32 - 20).collect();
                 let syms: Vec<Sym> = vals
                     .iter()
                     .map(|&v| {

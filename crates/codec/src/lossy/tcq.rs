@@ -340,12 +340,9 @@ mod tests {
     /// at high rate, against the published granular gains of these codes (Eyuboglu and Forney, 1993).
     #[test]
     fn granular_gains_are_the_published_ones() {
-        let mut s = 3u64;
+        let mut r = crate::rng::SplitMix64::new(3);
         let v: Vec<f32> = (0..100_000)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 64.0 - 32.0
-            })
+            .map(|_| r.unit() as f32 * 64.0 - 32.0)
             .collect();
         for (nu, published) in [(2u8, 0.98), (3, 1.10), (4, 1.16), (5, 1.22), (8, 1.36)] {
             let t = Tcq::new(nu);

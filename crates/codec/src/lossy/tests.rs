@@ -1,8 +1,8 @@
 use super::*;
-use crate::test_rng::Rng;
+use crate::rng::SplitMix64 as Rng;
 
 fn gaussian(n: usize, seed: u64) -> Vec<f32> {
-    let mut r = Rng(seed);
+    let mut r = Rng::new(seed);
     (0..n).map(|_| (r.normal() * 0.02) as f32).collect()
 }
 
@@ -177,13 +177,13 @@ fn damaged_stored_forms_are_clean_errors() {
         }
         let payload_start = b.len() - 2 * t.payload.len();
         let states_start = payload_start - 4 * (t.offsets.len() + t.states.len());
-        let mut r = Rng(9);
+        let mut r = Rng::new(9);
         let mut caught = 0;
         let trials = 300;
         for _ in 0..trials {
             let mut d = b.clone();
-            let i = states_start + (r.next() as usize % (b.len() - states_start));
-            d[i] ^= 1 << (r.next() % 8);
+            let i = states_start + (r.next_u64() as usize % (b.len() - states_start));
+            d[i] ^= 1 << (r.next_u64() % 8);
             if let Ok(t2) = LossyTensor::from_bytes(&d) {
                 match t2.decode() {
                     Err(_) => caught += 1,
@@ -286,7 +286,7 @@ fn smaller_tiles_round_trip_at_the_rate_asked() {
 /// Rows of one distribution at log-normal scales (σ = 0.3), the heavy-tailed source's
 /// row structure.
 fn scaled_rows(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
-    let mut r = Rng(seed);
+    let mut r = Rng::new(seed);
     let mut w = vec![0f32; rows * cols];
     for row in w.chunks_mut(cols) {
         let s = (0.3 * r.normal()).exp() * 0.015;
@@ -346,7 +346,7 @@ fn row_rdo_lowers_the_error_of_rows_at_different_scales_at_the_same_rate() {
 fn column_weights_lower_the_weighted_error_and_all_equal_ones_change_nothing() {
     let (rows, cols) = (96, 256);
     let w = gaussian(rows * cols, 5);
-    let mut r = Rng(9);
+    let mut r = Rng::new(9);
     // Activation energies spread over two orders of magnitude, as real layers' are.
     let h: Vec<f32> = (0..cols).map(|_| (1.5 * r.normal()).exp() as f32).collect();
     for q in QUANTIZERS {
@@ -453,13 +453,13 @@ fn damaged_copies_agree(t: &LossyTensor, what: &str, r: &mut Rng) {
         let mut d = t.clone();
         if words > 0 {
             for _ in 0..1 + k {
-                let i = r.next() as usize % words;
-                d.payload[i] ^= 1 << (r.next() % 16);
+                let i = r.next_u64() as usize % words;
+                d.payload[i] ^= 1 << (r.next_u64() % 16);
             }
         }
         both_paths_agree(&d, &format!("{what}: flipped words"));
     }
-    let tile = r.next() as usize % t.tiles();
+    let tile = r.next_u64() as usize % t.tiles();
     let (a, b) = (t.offsets[tile] as usize, t.offsets[tile + 1] as usize);
     for cut in [1usize, 2, 7, 31, 32, 33, 100, usize::MAX] {
         // Cut from the tile's end and from its middle: later tiles' offsets move down with it.
@@ -485,7 +485,7 @@ fn damaged_copies_agree(t: &LossyTensor, what: &str, r: &mut Rng) {
     assert!(both_paths_agree(&d, &format!("{what}: tile {tile} lengthened")) > 0);
     let mut d = t.clone();
     for s in &mut d.states[tile * LANES..(tile + 1) * LANES] {
-        *s = r.next() as u32 >> (r.next() % 20);
+        *s = r.next_u64() as u32 >> (r.next_u64() % 20);
     }
     both_paths_agree(&d, &format!("{what}: random states"));
     if t.quantizer == Quantizer::E8 {
@@ -508,7 +508,7 @@ fn the_vector_decode_is_the_scalar_decode() {
             eprintln!("note: this CPU has no AVX2; the vector decode is not tested");
             return;
         }
-        let mut r = Rng(77);
+        let mut r = Rng::new(77);
         let mut cases = vec![
             (1usize, 8usize),
             (3, 40),
@@ -518,8 +518,8 @@ fn the_vector_decode_is_the_scalar_decode() {
         ];
         for _ in 0..10 {
             cases.push((
-                1 + r.next() as usize % 130,
-                8 * (1 + r.next() as usize % 192),
+                1 + r.next_u64() as usize % 130,
+                8 * (1 + r.next_u64() as usize % 192),
             ));
         }
         let quantizers = [

@@ -2,33 +2,8 @@
 //! tools/df11_golden.py also implements, and BF16 weight distributions.
 #![allow(dead_code)] // each test target uses a different subset
 
-/// splitmix64, as in tools/df11_golden.py.
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in (0, 1].
-    pub fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// Standard normal (Box-Muller).
-    pub fn normal(&mut self) -> f64 {
-        let (u1, u2) = (self.unit(), self.unit());
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
-}
+// The codec's SplitMix64, which tools/df11_golden.py implements too (its `next_u64` stream).
+use entrollm_codec::rng::SplitMix64;
 
 /// Sign and mantissa bits of a BF16 taken from a random word (golden generator convention).
 fn sign_mantissa_bits(r: u64) -> u16 {
@@ -77,7 +52,7 @@ pub fn normal_bf16(seed: u64, n: usize, sigma: f64) -> Vec<u16> {
 pub fn heavy_tailed_bf16(seed: u64, n: usize, scale: f64) -> Vec<u16> {
     let mut rng = SplitMix64::new(seed);
     (0..n)
-        .map(|_| half::bf16::from_f64(rng.normal() * scale / rng.unit()).to_bits())
+        .map(|_| half::bf16::from_f64(rng.normal() * scale / (1.0 - rng.unit())).to_bits())
         .collect()
 }
 

@@ -183,7 +183,7 @@ impl DtansKind {
         }
     }
 
-    pub(crate) fn of_tensor(t: &GpuDtans) -> Self {
+    pub fn of_tensor(t: &GpuDtans) -> Self {
         Self::of(
             t.payload,
             &t.coding,

@@ -666,12 +666,7 @@ pub fn gemv_fused_variant(cfg: GemvConfig, f: GemvFusion) -> KernelVariant {
 }
 
 /// SwiGLU pairs need an even row count, whole pairs per warp and no accumulate.
-pub(crate) fn check_fusion(
-    op: &'static str,
-    cfg: GemvConfig,
-    fusion: GemvFusion,
-    n: usize,
-) -> Result<()> {
+pub fn check_fusion(op: &'static str, cfg: GemvConfig, fusion: GemvFusion, n: usize) -> Result<()> {
     if fusion.swiglu && cfg.rows % 2 != 0 {
         return Err(GpuError::invalid(
             op,
@@ -683,7 +678,7 @@ pub(crate) fn check_fusion(
 
 /// The checks of [`check_fusion`] that do not depend on how warps hold rows (the palette GEMV's
 /// warps work on tile pairs, whose rows pair up in any configuration).
-pub(crate) fn check_swiglu_rows(op: &'static str, fusion: GemvFusion, n: usize) -> Result<()> {
+pub fn check_swiglu_rows(op: &'static str, fusion: GemvFusion, n: usize) -> Result<()> {
     if fusion.swiglu && (n % 2 != 0 || fusion.accumulate) {
         return Err(GpuError::invalid(
             op,

@@ -501,16 +501,9 @@ pub fn launch_dequant(
 mod tests {
     use super::*;
 
-    fn lcg(s: &mut u64) -> u32 {
-        *s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (*s >> 33) as u32
-    }
-
     #[test]
     fn layout_packs_every_code_once_and_reads_it_back() {
-        let mut s = 7u64;
+        let mut r = entrollm_codec::rng::SplitMix64::new(7);
         for bits in BITS {
             for cols in [4usize, 124, 128, 576, 1000, 1024, 1028, 2304, 4096, 5124] {
                 let l = Layout::new(bits, cols);
@@ -527,7 +520,7 @@ mod tests {
                 }
                 let rows = 3;
                 let codes: Vec<u32> = (0..rows * cols)
-                    .map(|_| lcg(&mut s) & ((1 << bits) - 1))
+                    .map(|_| r.next_u64() as u32 & ((1 << bits) - 1))
                     .collect();
                 let w = pack(&l, rows, |r, c| codes[r * cols + c]);
                 assert_eq!(w.len(), rows * l.row_words());

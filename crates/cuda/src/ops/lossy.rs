@@ -646,15 +646,9 @@ mod tests {
 
     /// Uniform on ±0.035 (σ ≈ 0.02), splitmix-driven.
     fn matrix(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
-        let mut z = seed;
+        let mut r = entrollm_codec::rng::SplitMix64::new(seed);
         let mut w: Vec<f32> = (0..rows * cols)
-            .map(|_| {
-                z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let mut v = z;
-                v = (v ^ (v >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                v = (v ^ (v >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                ((v ^ (v >> 31)) >> 40) as f32 / (1u64 << 24) as f32 * 0.07 - 0.035
-            })
+            .map(|_| (r.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 0.07 - 0.035)
             .collect();
         // A few outlier rows, as real weights have.
         for v in w.iter_mut().step_by(7 * cols.max(1) + 3) {

@@ -52,10 +52,12 @@ pub(crate) fn grid_for(n: usize, block: u32) -> u32 {
     n.div_ceil(block as usize).clamp(1, 65_535) as u32
 }
 
-pub(crate) fn bf16_to_f32(bits: u16) -> f32 {
+/// BF16 bits as f32 (exact).
+pub fn bf16_to_f32(bits: u16) -> f32 {
     half::bf16::from_bits(bits).to_f32()
 }
 
-pub(crate) fn f32_to_bf16(v: f32) -> u16 {
+/// f32 rounded to BF16 bits (nearest even).
+pub fn f32_to_bf16(v: f32) -> u16 {
     half::bf16::from_f32(v).to_bits()
 }

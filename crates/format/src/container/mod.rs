@@ -26,6 +26,7 @@ pub use writer::{
 };
 
 use crate::dtype::Dtype;
+pub(crate) use crate::input::check_relative_path;
 
 /// The element type of a coded tensor's arrays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,30 +76,6 @@ pub fn shard_name(index: usize, count: usize) -> String {
 /// Whether `name` has the form of a shard name (so no verbatim file may take it).
 fn looks_like_shard(name: &str) -> bool {
     name.starts_with("entrollm-") && name.ends_with(".safetensors") && !name.contains('/')
-}
-
-/// A relative path inside a directory: `/`-separated, no empty, `.` or `..` components, no
-/// backslashes, colons or NUL bytes — so it can never leave the directory on any OS.
-pub(crate) fn check_relative_path(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("empty file name".into());
-    }
-    if name.contains(['\\', '\0', ':']) {
-        return Err(format!(
-            "file name '{}' contains '\\', ':' or a NUL byte",
-            name.escape_debug()
-        ));
-    }
-    if name
-        .split('/')
-        .any(|c| c.is_empty() || c == "." || c == "..")
-    {
-        return Err(format!(
-            "file name '{}' is not a plain relative path (absolute, or with an empty, '.' or '..' component)",
-            name.escape_debug()
-        ));
-    }
-    Ok(())
 }
 
 /// A shard name: a plain file name (no directories) ending in `.safetensors`.

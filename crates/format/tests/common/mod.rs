@@ -67,15 +67,8 @@ pub fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 }
 
 fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    let mut r = entrollm_codec::rng::SplitMix64::new(seed);
+    (0..len).map(|_| (r.next_u64() >> 56) as u8).collect()
 }
 
 /// Writes a 3-shard checkpoint with an index (plus a stray file the index does not name) and

@@ -237,12 +237,8 @@ pub fn int_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
 /// E4M3 scales are finite whatever their bytes).
 pub fn synth_blocks(ty: GgmlType, blocks: usize, seed: u64) -> Vec<u8> {
     // A SplitMix64 stream: bytes, and uniforms for the scales.
-    let mut s = seed;
-    let mut next = move || {
-        let r = crate::synth::splitmix(s);
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        r
-    };
+    let mut r = entrollm_codec::rng::SplitMix64::new(seed);
+    let mut next = move || r.next_u64();
     let (_, ts) = ty.block_layout();
     let mut out: Vec<u8> = (0..blocks * ts).map(|_| next() as u8).collect();
     // Where each type keeps its f16 super-scales (ggml-common.h).

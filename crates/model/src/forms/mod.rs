@@ -463,16 +463,13 @@ pub(crate) mod testing {
     //! Random sources of every kind, for the forms' round-trip tests.
     use super::*;
 
-    pub struct Rng(u64);
+    pub struct Rng(entrollm_codec::rng::SplitMix64);
     impl Rng {
         pub fn new(seed: u64) -> Self {
-            Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+            Rng(entrollm_codec::rng::SplitMix64::new(seed))
         }
         pub fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
+            self.0.next_u64()
         }
         /// Roughly normal, σ = 1.
         pub fn normal(&mut self) -> f32 {

@@ -70,15 +70,10 @@ mod tests {
     /// The codes reproduce the dequantised values: y = (code - offset)·d (+ m).
     #[test]
     fn codes_agree_with_dequantisation() {
-        let mut s = 0x1234_5678_9abc_def1u64;
+        let mut g = entrollm_codec::rng::SplitMix64::new(1);
         for ty in CODE_TYPES {
             let mut bytes: Vec<u8> = (0..4 * ty.type_size())
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    s as u8
-                })
+                .map(|_| g.next_u64() as u8)
                 .collect();
             // Keep d and m finite: small positive f16 values.
             for b in bytes.chunks_exact_mut(ty.type_size()) {
@@ -108,13 +103,8 @@ mod tests {
     #[test]
     fn split_codes_are_in_weight_order() {
         use entrollm_format::kquants::{join, split, FieldKind};
-        let mut s = 0x0bad_cafe_1234_5678u64;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut g = entrollm_codec::rng::SplitMix64::new(2);
+        let mut next = move || g.next_u64();
         for ty in GgmlType::ALL {
             let Some(kt) = ty.ktype() else { continue };
             assert_eq!(

@@ -6,7 +6,7 @@ use super::types::GgmlType;
 use crate::arch::{Family, Role, Sliding};
 use crate::config::{Block, ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
-use crate::weights::{HostTensor, Linear, TensorSource};
+use crate::weights::{HostTensor, Linear, TensorSource, Wrap, Wrapped};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -797,13 +797,32 @@ impl TensorSource for GgufSource {
     }
 }
 
-/// A matrix stored with llama.cpp's Q/K row permutation, seen in HF row order (see
-/// [`unpermute_rows`]): products are computed in stored order and their outputs reordered.
-struct RowPermuted {
-    inner: Arc<dyn Linear>,
-    /// `src[hf_row]` = the stored row.
-    src: Vec<usize>,
+/// llama.cpp's Q/K row permutation: `0[hf_row]` = the stored row.
+#[derive(Clone)]
+struct RowOrder(Vec<usize>);
+
+impl Wrap for RowOrder {
+    /// Products are computed in stored order and their outputs reordered.
+    fn output(&self, y: &mut [f32], rows: usize) {
+        let mut stored = vec![0f32; rows];
+        for y in y.chunks_exact_mut(rows) {
+            stored.copy_from_slice(y);
+            for (y, &s) in y.iter_mut().zip(&self.0) {
+                *y = stored[s];
+            }
+        }
+    }
+    fn row(&self, inner: &dyn Linear, r: usize, out: &mut [f32]) {
+        inner.row(self.0[r], out)
+    }
+    fn bytes(&self) -> usize {
+        self.0.len() * std::mem::size_of::<usize>()
+    }
 }
+
+/// A matrix stored with llama.cpp's Q/K row permutation, seen in HF row order (see
+/// [`unpermute_rows`]).
+type RowPermuted = Wrapped<RowOrder>;
 
 impl RowPermuted {
     fn new(name: &str, inner: Arc<dyn Linear>, heads: usize) -> Result<Self> {
@@ -815,72 +834,10 @@ impl RowPermuted {
             ));
         }
         let ids: Vec<usize> = (0..rows).collect();
-        Ok(RowPermuted {
+        Ok(Wrapped::with(
             inner,
-            src: unpermute_rows(&ids, heads, 1),
-        })
-    }
-}
-
-impl Linear for RowPermuted {
-    fn rows(&self) -> usize {
-        self.inner.rows()
-    }
-    fn cols(&self) -> usize {
-        self.inner.cols()
-    }
-    fn matvec(&self, x: &[f32], y: &mut [f32]) {
-        let mut stored = vec![0f32; y.len()];
-        self.inner.matvec(x, &mut stored);
-        for (y, &s) in y.iter_mut().zip(&self.src) {
-            *y = stored[s];
-        }
-    }
-    fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
-        let mut stored = vec![0f32; y.len()];
-        self.inner.matmul(x, n, &mut stored);
-        let r = self.rows();
-        for (y, stored) in y.chunks_exact_mut(r).zip(stored.chunks_exact(r)) {
-            for (y, &s) in y.iter_mut().zip(&self.src) {
-                *y = stored[s];
-            }
-        }
-    }
-    fn row(&self, r: usize, out: &mut [f32]) {
-        self.inner.row(self.src[r], out)
-    }
-    fn stored_bytes(&self) -> usize {
-        self.inner.stored_bytes() + self.src.len() * std::mem::size_of::<usize>()
-    }
-    fn wrapper_bytes(&self) -> usize {
-        self.inner.wrapper_bytes() + self.src.len() * std::mem::size_of::<usize>()
-    }
-    fn form(&self) -> crate::forms::FormId {
-        self.inner.form()
-    }
-    fn source(&self) -> Result<crate::forms::Source> {
-        self.inner.source()
-    }
-    fn source_rows(&self, rows: &[usize]) -> Result<crate::forms::Source> {
-        self.inner.source_rows(rows)
-    }
-    fn values_kind(&self) -> &'static str {
-        self.inner.values_kind()
-    }
-    fn layout_tag(&self) -> Option<&'static str> {
-        self.inner.layout_tag()
-    }
-    fn reform(
-        &self,
-        make: &dyn Fn(&crate::forms::Source) -> Result<Arc<dyn Linear>>,
-    ) -> Result<Arc<dyn Linear>> {
-        Ok(Arc::new(RowPermuted {
-            inner: self.inner.reform(make)?,
-            src: self.src.clone(),
-        }))
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+            RowOrder(unpermute_rows(&ids, heads, 1)),
+        ))
     }
 }
 

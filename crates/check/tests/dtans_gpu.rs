@@ -2,9 +2,9 @@
 //! `cargo test -p entrollm-cuda --release --test dtans_gpu -- --ignored --nocapture --test-threads=1`
 //! (or the prebuilt test binary with the same arguments).
 
-use entrollm_cuda::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
-use entrollm_cuda::bench_coded::{bench_codings, bench_configs, entry_timing_configs, CodedBench};
-use entrollm_cuda::dtans_selftest::selftest;
+use entrollm_check::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
+use entrollm_check::bench_coded::{bench_codings, bench_configs, entry_timing_configs, CodedBench};
+use entrollm_check::dtans_selftest::selftest;
 use entrollm_cuda::ops::dtans::{DtansConfig, DtansKind};
 use entrollm_cuda::ops::gemv::GemvConfig;
 
@@ -32,7 +32,7 @@ fn dtans_gpu_selftest() {
 #[ignore = "needs a GPU"]
 fn dtans_gpu_cold_timing() {
     let dev = open();
-    let scs = env_list("DTANS_SC", &entrollm_cuda::bench_coded::BENCH_SLICE_WIDTHS);
+    let scs = env_list("DTANS_SC", &entrollm_check::bench_coded::BENCH_SLICE_WIDTHS);
     let cfg_idx = env_list(
         "DTANS_CFGS",
         &(0..bench_configs().len() as u32).collect::<Vec<_>>(),
@@ -65,7 +65,7 @@ fn dtans_gpu_cold_timing() {
             ours.median_us,
             ours.weight_tb_per_s
         );
-        let mut best: Option<entrollm_cuda::bench_coded::CodedTiming> = None;
+        let mut best: Option<entrollm_check::bench_coded::CodedTiming> = None;
         for &sc in &scs {
             for coding in bench_codings(sc) {
                 if !log2ms.contains(&(coding.log2_m as u32))
@@ -277,7 +277,7 @@ fn dtans_gpu_entry_timing() {
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn dtans_precompile_entry_cubins() {
     use entrollm_cuda::ops::dtans::DtansOut;
-    let mut variants = entrollm_cuda::selftest::all_variants();
+    let mut variants = entrollm_check::variants::all_variants();
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
     for (_, coding, base) in entry_timing_launches() {
         let kind = entry_timing_kind(&coding, 4096);
@@ -290,7 +290,7 @@ fn dtans_precompile_entry_cubins() {
 
 /// Per-launch `dequant` (BF16 materialisation for prefill GEMMs) on the five Llama-3.1-8B shapes,
 /// cold cache, with the engine's launch configuration: the compact plan's Single coding
-/// (bench/plans/single-m8.json) and the tuned Pair coding of each shape. TB/s counts the coded
+/// (crates/cuda/data/single-m8.json) and the tuned Pair coding of each shape. TB/s counts the coded
 /// bytes read and the BF16 bytes written; each result is checked bit-exact against the CPU
 /// decoder. DTANS_SHAPES limits the shapes (comma-separated names).
 #[test]
@@ -351,18 +351,18 @@ fn dtans_gpu_dequant_timing() {
 #[test]
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn dtans_precompile_cubins() {
-    let mut variants = entrollm_cuda::selftest::all_variants();
-    variants.extend(entrollm_cuda::bench_coded::sweep_variants());
+    let mut variants = entrollm_check::variants::all_variants();
+    variants.extend(entrollm_check::bench_coded::sweep_variants());
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
     common::precompile(&variants);
 }
 
-/// Cubins of every runtime variant (`selftest::all_variants`) and of the coded synthetic models'
+/// Cubins of every runtime variant (`variants::all_variants`) and of the coded synthetic models'
 /// launches (`engine_coded::serve_variants`), for `ENTROLLM_CACHE`: a GPU run then skips the JIT.
 #[test]
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn serve_precompile_cubins() {
-    let mut variants = entrollm_cuda::selftest::all_variants();
+    let mut variants = entrollm_check::variants::all_variants();
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
     common::precompile(&variants);
 }
@@ -378,7 +378,7 @@ fn dtans_encode_gpu_selftest() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0xE2C0);
     let t = std::time::Instant::now();
-    match entrollm_cuda::dtans_selftest::encode_selftest(&dev, seed) {
+    match entrollm_check::dtans_selftest::encode_selftest(&dev, seed) {
         Ok(r) => {
             let both = r
                 .cases
@@ -408,7 +408,7 @@ fn dtans_encode_gpu_selftest() {
 }
 
 /// Encode time of one decoder layer of the synthetic `ENC_MODELS` (default llama-3.1-8b,
-/// llama-3.3-70b) with the codings of `ENC_PLAN` (default bench/plans/single-m8.json): host plan,
+/// llama-3.3-70b) with the codings of `ENC_PLAN` (default crates/cuda/data/single-m8.json): host plan,
 /// GPU encode and, unless `ENC_CPU=0`, the host encoder on the same plan, byte-compared.
 #[test]
 #[ignore = "needs a GPU"]
@@ -418,11 +418,7 @@ fn dtans_encode_gpu_timing() {
     use entrollm_model::synth::SynthShape;
     let dev = open();
     let plan_file = std::env::var("ENC_PLAN").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../bench/plans/single-m8.json"
-        )
-        .into()
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../cuda/data/single-m8.json").into()
     });
     let plan = CodingPlan::from_file(std::path::Path::new(&plan_file), None).expect("plan file");
     let cpu = std::env::var("ENC_CPU").map_or(true, |v| v != "0");
@@ -672,7 +668,7 @@ fn plan_sweep_configs() -> Vec<DtansConfig> {
     v
 }
 
-/// The compact plan's codings (bench/plans/single-m8.json) on the Llama-3.1-8B launches, or with
+/// The compact plan's codings (crates/cuda/data/single-m8.json) on the Llama-3.1-8B launches, or with
 /// DTANS_MODEL=70b on Llama-3.3-70B's, with each of `plan_sweep_configs`: checked against the
 /// codec's matvec, timed cold beside our dense GEMV; the fastest per launch at the end (the sweep
 /// behind the Single rows of `tuned::tuned_launches`).
@@ -684,7 +680,7 @@ fn dtans_gpu_plan_sweep() {
     let dev = open();
     let plan = CodingPlan::from_json(COMPACT_PLAN_JSON, None).expect("the compact plan");
     let shapes = match std::env::var("DTANS_MODEL").as_deref() {
-        Ok("70b") => entrollm_cuda::bench::LLAMA70B_GEMV_SHAPES,
+        Ok("70b") => entrollm_check::bench::LLAMA70B_GEMV_SHAPES,
         _ => LLAMA8B_GEMV_SHAPES,
     };
     let mut failures = 0usize;
@@ -742,7 +738,7 @@ fn dtans_gpu_plan_sweep() {
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn dtans_precompile_sweep_cubins() {
     use entrollm_cuda::ops::dtans::DtansOut;
-    let mut variants = entrollm_cuda::selftest::all_variants();
+    let mut variants = entrollm_check::variants::all_variants();
     for (coding, cfgs) in occupancy_sweep_launches() {
         let kind = entry_timing_kind(&coding, 4096);
         for cfg in cfgs {

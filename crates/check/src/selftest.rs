@@ -11,53 +11,47 @@ use std::fmt;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaSlice;
 use entrollm_codec::palette::{Palette4, PaletteBf16};
+use entrollm_codec::rng::SplitMix64;
 
-use crate::device::GpuDevice;
-use crate::error::{DriverContext, GpuError, Result};
-use crate::jit::KernelVariant;
-use crate::mem::{download, upload};
-use crate::ops::argmax::{argmax_ref, launch_argmax, ArgmaxScratch};
-use crate::ops::attention::{
+use entrollm_cuda::device::GpuDevice;
+use entrollm_cuda::error::{DriverContext, GpuError, Result};
+use entrollm_cuda::mem::{download, upload};
+use entrollm_cuda::ops::argmax::{argmax_ref, launch_argmax, ArgmaxScratch};
+use entrollm_cuda::ops::attention::{
     attention_ref, launch_attention_decode, launch_kv_append, AttnConfig, AttnScratch, KvShape,
 };
-use crate::ops::elementwise::*;
-use crate::ops::f32_to_bf16;
-use crate::ops::forward::{rmsnorm_f32w_ref, swiglu_interleaved_ref, GemvFusion};
-use crate::ops::gemv::{gemv_ref, launch_gemv, GemvConfig};
-use crate::ops::gemv_fp8::{
+use entrollm_cuda::ops::elementwise::*;
+use entrollm_cuda::ops::f32_to_bf16;
+use entrollm_cuda::ops::forward::{rmsnorm_f32w_ref, swiglu_interleaved_ref, GemvFusion};
+use entrollm_cuda::ops::gemv::{gemv_ref, launch_gemv, GemvConfig};
+use entrollm_cuda::ops::gemv_fp8::{
     fp8_rows_to_bf16_ref, gemv_fp8_ref, launch_fp8_rows_to_bf16, launch_gemv_fp8,
     launch_gemv_pal_bf16, launch_pal_bf16_rows_to_bf16, pal_bf16_config_for, Fp8Codes, GpuPal4,
     GpuPalBf16, PAL_BF16_CANDIDATES,
 };
-use crate::ops::rope::{launch_rope, rope_ref, RopeLayout, RopeShape};
+use entrollm_cuda::ops::rope::{launch_rope, rope_ref, RopeLayout, RopeShape};
 
-/// SplitMix64: small, seedable, good enough for test inputs.
+/// The codec's SplitMix64 stream, with the GPU tests' inputs (f32 normals, BF16, FP8 codes).
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(SplitMix64::new(seed))
     }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in [0, 1).
     pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.unit()
     }
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
+        self.0.below(n)
     }
-    /// Standard normal (Box–Muller).
+    /// Standard normal.
     pub fn normal(&mut self) -> f32 {
-        let u1 = self.unit().max(1e-300);
-        let u2 = self.unit();
-        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+        self.0.normal() as f32
     }
     pub fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.normal() * scale).collect()
@@ -136,43 +130,15 @@ impl GemvForm {
     pub fn configs(self) -> &'static [GemvConfig] {
         match self {
             GemvForm::Dense => &GemvConfig::CANDIDATES,
-            GemvForm::Palette => &crate::ops::gemv_fp8::PAL4_CANDIDATES,
+            GemvForm::Palette => &entrollm_cuda::ops::gemv_fp8::PAL4_CANDIDATES,
         }
     }
 
     /// The launch configuration the engine gives an [n, k] matrix in this form on a GPU of `sms`
     /// SMs, with or without the SwiGLU epilogue.
     pub fn engine_config(self, n: usize, k: usize, sms: u32, swiglu: bool) -> GemvConfig {
-        crate::linear::fp8_gemv_config(self == GemvForm::Palette, n, k, sms, swiglu)
+        entrollm_cuda::linear::fp8_gemv_config(self == GemvForm::Palette, n, k, sms, swiglu)
     }
-}
-
-/// Every kernel variant the runtime and the selftests launch with their built-in configurations;
-/// CI compiles all of them with NVRTC alone (`tools/nvrtc-check`).
-pub fn all_variants() -> Vec<KernelVariant> {
-    let mut v = vec![
-        crate::ops::elementwise::variant(),
-        crate::ops::rope::variant(),
-        crate::ops::argmax::variant(),
-        crate::ops::families::variant(),
-    ];
-    v.extend(
-        crate::ops::gemv::GemvConfig::CANDIDATES
-            .iter()
-            .map(|c| c.variant()),
-    );
-    v.extend(
-        crate::ops::attention::AttnConfig::builtin()
-            .iter()
-            .map(|c| c.variant()),
-    );
-    v.extend(crate::ops::forward::all_variants());
-    v.extend(crate::dtans_selftest::builtin_variants());
-    v.push(crate::ops::dtans_encode::variant());
-    v.extend(crate::ops::lossy::all_variants());
-    v.extend(crate::ops::ggml::all_variants());
-    v.extend(crate::ops::int::all_variants());
-    v
 }
 
 /// One kernel on one shape.
@@ -669,7 +635,7 @@ impl Checker<'_> {
             &mut scratch,
             &mut out,
             scale,
-            crate::ops::attention::AttnMask::NONE,
+            entrollm_cuda::ops::attention::AttnMask::NONE,
             None,
         )?;
         let got_out = download(self.dev, &out)?;
@@ -681,7 +647,7 @@ impl Checker<'_> {
         }
         let as_f32 = |v: &[u16]| {
             v.iter()
-                .map(|&b| crate::ops::bf16_to_f32(b))
+                .map(|&b| entrollm_cuda::ops::bf16_to_f32(b))
                 .collect::<Vec<f32>>()
         };
         let desc = format!(
@@ -764,7 +730,7 @@ impl Checker<'_> {
                 &mut scratch,
                 &mut out,
                 scale,
-                crate::ops::attention::AttnMask::NONE,
+                entrollm_cuda::ops::attention::AttnMask::NONE,
                 None,
             )?;
             launch_advance_counters(self.dev, &mut len_d, 1)
@@ -1067,18 +1033,6 @@ pub fn run_selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kernels_include_no_headers() {
-        for v in all_variants() {
-            let text = v.program_text();
-            assert!(
-                !text.contains("#include"),
-                "{} includes a header",
-                v.source.name
-            );
-        }
-    }
 
     #[test]
     fn rel_l2_catches_nan_and_length() {

@@ -8,10 +8,10 @@
 
 use std::path::{Path, PathBuf};
 
+use entrollm_check::families_selftest::{family_config, mixtral_q8_0_config, phi3_96_config};
 use entrollm_codec::dtans::Coding;
 use entrollm_codec::Payload;
-use entrollm_cuda::engine_coded::{e2e_config, tuned_plan};
-use entrollm_cuda::families_selftest::{family_config, mixtral_q8_0_config, phi3_96_config};
+use entrollm_cuda::engine_coded::{e2e_config, tuned_plan, COMPACT_PLAN_JSON};
 use entrollm_cuda::forms;
 use entrollm_cuda::plan::{decode_plan, text_diff, DecodeOptions, ModelDesc};
 use entrollm_model::coding_plan::{CodingPlan, Launch};
@@ -154,8 +154,7 @@ fn dtans_tuned_codings() {
         DecodeOptions::default(),
         true,
     );
-    let single = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/plans/single-m8.json");
-    let plan = CodingPlan::from_file(&single, None).unwrap();
+    let plan = CodingPlan::from_json(COMPACT_PLAN_JSON, None).unwrap();
     check(
         "dtans-tuned-single-8b",
         &coded(&c, &plan),
@@ -377,7 +376,7 @@ const MOE_ARCHS: [Arch; 2] = [Arch::Mixtral, Arch::Qwen3Moe];
 /// launchers pass to `GpuDevice::function`).
 #[test]
 fn plans_name_real_kernels() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cuda/kernels");
     let mut src = String::new();
     for e in std::fs::read_dir(&dir).unwrap() {
         let p = e.unwrap().path();

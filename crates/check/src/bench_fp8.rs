@@ -19,18 +19,18 @@ use entrollm_codec::palette::Palette4;
 use entrollm_codec::Payload;
 use entrollm_model::synth::{fill_tensor_fp8, fit_fp8_multiplier, SynthKind, SynthTensor};
 
-use crate::bench::time_cold;
 use crate::bench_coded::{repeat_bands, BASE_ROWS};
-use crate::coded::GpuDtans;
-use crate::device::GpuDevice;
-use crate::error::{DriverContext, GpuError, Result};
-use crate::jit::KernelVariant;
-use crate::mem::{download, upload};
-use crate::ops::dtans::{launch_mvm, DtansConfig, DtansKind, DtansOut, MAX_SHARED_BYTES};
-use crate::ops::forward::GemvFusion;
-use crate::ops::gemv::GemvConfig;
-use crate::ops::gemv_fp8::{gemv_fp8_ref, launch_gemv_fp8, Fp8Codes, GpuPal4};
 use crate::selftest::{rel_l2, GemvForm, Rng};
+use entrollm_cuda::coded::GpuDtans;
+use entrollm_cuda::device::GpuDevice;
+use entrollm_cuda::error::{DriverContext, GpuError, Result};
+use entrollm_cuda::jit::KernelVariant;
+use entrollm_cuda::mem::{download, upload};
+use entrollm_cuda::ops::dtans::{launch_mvm, DtansConfig, DtansKind, DtansOut, MAX_SHARED_BYTES};
+use entrollm_cuda::ops::forward::GemvFusion;
+use entrollm_cuda::ops::gemv::GemvConfig;
+use entrollm_cuda::ops::gemv_fp8::{gemv_fp8_ref, launch_gemv_fp8, Fp8Codes, GpuPal4};
+use entrollm_cuda::timing::{copies_for, time_cold};
 
 fn codec_err(e: entrollm_codec::CodecError) -> GpuError {
     GpuError::invalid("fp8 bench", e.to_string())
@@ -224,16 +224,16 @@ impl<'a> Fp8Bench<'a> {
         let m = Fp8Matrix::synth(n, k, bits, seed)?;
         let tensor = coding.map(|c| m.coded(c)).transpose()?;
         let codes = m.codes();
-        let l2 = dev.info().l2_bytes as usize;
-        let dense = (0..(2 * l2) / codes.len() + 1)
+        let l2 = dev.info().l2_bytes;
+        let dense = (0..copies_for(codes.len(), l2))
             .map(|_| upload(dev, &codes).map(Fp8Codes::Dense))
             .collect::<Result<Vec<_>>>()?;
         let packed = Palette4::encode(&codes, n, k, 0).map_err(codec_err)?;
-        let palette = (0..(2 * l2) / packed.stored_bytes() + 1)
+        let palette = (0..copies_for(packed.stored_bytes(), l2))
             .map(|_| GpuPal4::upload(dev, &packed).map(Fp8Codes::Palette))
             .collect::<Result<Vec<_>>>()?;
         let coded = match &tensor {
-            Some(t) => (0..(2 * l2) / t.stored_bytes() + 1)
+            Some(t) => (0..copies_for(t.stored_bytes(), l2))
                 .map(|_| GpuDtans::upload(dev, t, &m.dequant()))
                 .collect::<Result<Vec<_>>>()?,
             None => Vec::new(),
@@ -391,7 +391,7 @@ mod tests {
 
     #[test]
     fn engine_configs_allow_their_fusions() {
-        use crate::ops::forward::{check_fusion, check_swiglu_rows, GemvFusion};
+        use entrollm_cuda::ops::forward::{check_fusion, check_swiglu_rows, GemvFusion};
         for form in GemvForm::ALL {
             for n in [64, 4096, 6144, 28_672, 128_256] {
                 for swiglu in [false, true] {

@@ -7,13 +7,13 @@
 use cudarc::driver::CudaSlice;
 use entrollm_codec::lossy::LossyTensor;
 
-use crate::bench::time_cold;
-use crate::device::GpuDevice;
-use crate::error::{DriverContext, GpuError, Result};
 use crate::lossy_selftest::{reference_mv, MV_TOLERANCE};
-use crate::mem::{download, upload};
-use crate::ops::lossy::{launch_decode, launch_mv, GpuLossy, LossyOut};
 use crate::selftest::{rel_l2, Rng};
+use entrollm_cuda::device::GpuDevice;
+use entrollm_cuda::error::{DriverContext, GpuError, Result};
+use entrollm_cuda::mem::{download, upload};
+use entrollm_cuda::ops::lossy::{launch_decode, launch_mv, GpuLossy, LossyOut};
+use entrollm_cuda::timing::{copies_for, time_cold};
 
 /// What was timed on one coded matrix.
 #[derive(Clone, Debug)]
@@ -33,7 +33,7 @@ pub struct LossyTiming {
 pub fn time_lossy(dev: &GpuDevice, t: &LossyTensor, seed: u64) -> Result<LossyTiming> {
     let (rows, cols) = (t.rows, t.cols);
     let bytes = t.stored_bytes();
-    let copies = (2 * dev.info().l2_bytes as usize) / bytes.max(1) + 1;
+    let copies = copies_for(bytes, dev.info().l2_bytes);
     let mats: Vec<GpuLossy> = (0..copies)
         .map(|_| GpuLossy::upload(dev, t))
         .collect::<Result<_>>()?;

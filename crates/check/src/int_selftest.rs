@@ -14,11 +14,11 @@ use entrollm_model::hf_quant::ColumnOrdered;
 use entrollm_model::weights::Linear;
 use std::sync::Arc;
 
-use crate::device::GpuDevice;
-use crate::error::{GpuError, Result};
-use crate::mem::{download, upload};
-use crate::ops::int::{launch_dequant, launch_mv, GpuInt, IntPacked, BITS};
 use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
+use entrollm_cuda::device::GpuDevice;
+use entrollm_cuda::error::{GpuError, Result};
+use entrollm_cuda::mem::{download, upload};
+use entrollm_cuda::ops::int::{launch_dequant, launch_mv, GpuInt, IntPacked, BITS};
 
 /// The product's tolerance (relative L2 against the CPU form's f32 product).
 pub const MV_TOLERANCE: f64 = 1e-5;
@@ -181,8 +181,8 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
 #[cfg(test)]
 mod tests {
     use super::{packed, random_int};
-    use crate::ops::int::{unpack, IntPacked, Kind, BITS};
     use crate::selftest::{rel_l2, Rng};
+    use entrollm_cuda::ops::int::{unpack, IntPacked, Kind, BITS};
 
     /// The kernels' arithmetic in Rust over the packed arrays: the product (f32, a step's four
     /// products then the group's terms) and the dequantised weights.

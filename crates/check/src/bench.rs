@@ -1,20 +1,19 @@
-//! Cold-cache GEMV timing (the protocol of DESIGN.md "How we measure"): the weight matrix is copied
-//! until the copies cover more than 2× L2 and launches rotate through them, a burst of ≥ 400 µs of
-//! launches is captured in one CUDA graph, and the per-launch time is the median of 5 timed graph
-//! replays (after 2 warm-up replays). cuBLAS (`cublasGemmEx`, BF16 in/out, f32 compute) is timed
-//! the same way as the peer.
+//! Cold-cache GEMV timing (`entrollm_cuda::timing`, the protocol of DESIGN.md "How we measure")
+//! of the dense and palette GEMVs; cuBLAS (`cublasGemmEx`, BF16 in/out, f32 compute) is timed the
+//! same way as the peer.
 
 use std::sync::Arc;
 
 use cudarc::cublas::{sys as cublas_sys, CudaBlas};
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
-use crate::device::GpuDevice;
-use crate::error::{DriverContext, GpuError, Result};
-use crate::mem::upload;
-use crate::ops::gemv::{check_gemv_shape, gemv_ref, launch_gemv, GemvConfig};
 use crate::selftest::{rel_l2, Rng};
+use entrollm_codec::rng::splitmix64;
+use entrollm_cuda::device::GpuDevice;
+use entrollm_cuda::error::{DriverContext, GpuError, Result};
+use entrollm_cuda::mem::upload;
+use entrollm_cuda::ops::gemv::{check_gemv_shape, gemv_ref, launch_gemv, GemvConfig};
+use entrollm_cuda::timing::{copies_for, time_cold};
 
 /// Llama-3.1-8B batch-1 launch shapes (name, n, k).
 pub const LLAMA8B_GEMV_SHAPES: [(&str, usize, usize); 5] = [
@@ -34,9 +33,6 @@ pub const LLAMA70B_GEMV_SHAPES: [(&str, usize, usize); 5] = [
     ("lm_head", 128_256, 8192),
 ];
 
-const BURST_SECONDS: f64 = 400e-6;
-const TIMED_REPLAYS: usize = 5;
-
 /// What was timed and how.
 #[derive(Clone, Debug)]
 pub struct GemvTiming {
@@ -51,72 +47,6 @@ pub struct GemvTiming {
     pub weight_tb_per_s: f64,
 }
 
-/// Number of weight copies whose total exceeds 2× L2.
-fn copies_for(weight_bytes: usize, l2_bytes: u64) -> usize {
-    (2 * l2_bytes as usize) / weight_bytes + 1
-}
-
-/// Times `launch(copy_index)` under the cold-cache protocol; returns (median µs per launch,
-/// launches per burst).
-pub(crate) fn time_cold(
-    dev: &GpuDevice,
-    copies: usize,
-    weight_bytes: usize,
-    mut launch: impl FnMut(usize) -> Result<()>,
-) -> Result<(f64, usize)> {
-    // Warm-up outside the graph: compiles/loads kernels and creates library state.
-    for c in 0..copies {
-        launch(c)?;
-    }
-    dev.synchronize()?;
-    let est = weight_bytes as f64 / 3.0e12;
-    let launches = ((BURST_SECONDS / est).ceil() as usize)
-        .div_ceil(copies)
-        .max(1)
-        * copies;
-    let stream = dev.stream();
-    stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .while_(|| "beginning graph capture".into())?;
-    let mut captured = Ok(());
-    for i in 0..launches {
-        captured = launch(i % copies);
-        if captured.is_err() {
-            break;
-        }
-    }
-    let graph = stream
-        .end_capture(CUgraphInstantiate_flags(0))
-        .while_(|| "ending graph capture".into())?;
-    captured?;
-    let graph = graph.ok_or_else(|| GpuError::invalid("bench", "captured graph is empty"))?;
-    let ctx = dev.context();
-    let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
-    let (start, end) = (
-        ctx.new_event(timing)
-            .while_(|| "creating an event".into())?,
-        ctx.new_event(timing)
-            .while_(|| "creating an event".into())?,
-    );
-    for _ in 0..2 {
-        graph.launch().while_(|| "replaying the graph".into())?;
-    }
-    let mut per_launch_us = Vec::with_capacity(TIMED_REPLAYS);
-    for _ in 0..TIMED_REPLAYS {
-        start
-            .record(stream)
-            .while_(|| "recording an event".into())?;
-        graph.launch().while_(|| "replaying the graph".into())?;
-        end.record(stream).while_(|| "recording an event".into())?;
-        let ms = start
-            .elapsed_ms(&end)
-            .while_(|| "reading event time".into())?;
-        per_launch_us.push(ms as f64 * 1e3 / launches as f64);
-    }
-    per_launch_us.sort_by(f64::total_cmp);
-    Ok((per_launch_us[TIMED_REPLAYS / 2], launches))
-}
-
 /// Random BF16 weights for timing, made fast (a GB for lm_head): random sign and mantissa,
 /// exponents spanning 2^-8..2^-1, no zeros.
 fn random_weight_bits(len: usize, seed: u64) -> Vec<u16> {
@@ -125,7 +55,7 @@ fn random_weight_bits(len: usize, seed: u64) -> Vec<u16> {
     out.par_chunks_mut(1 << 16)
         .enumerate()
         .for_each(|(i, chunk)| {
-            let mut rng = Rng::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut rng = Rng::new(splitmix64(seed ^ i as u64));
             for quad in chunk.chunks_mut(4) {
                 let r = rng.next_u64();
                 for (j, v) in quad.iter_mut().enumerate() {
@@ -168,7 +98,10 @@ impl<'a> GemvBench<'a> {
         }
         let mut rng = Rng::new(seed.wrapping_add(1));
         let x = rng.normals(k, 1.0);
-        let x_bits: Vec<u16> = x.iter().map(|&v| crate::ops::f32_to_bf16(v)).collect();
+        let x_bits: Vec<u16> = x
+            .iter()
+            .map(|&v| entrollm_cuda::ops::f32_to_bf16(v))
+            .collect();
         Ok(GemvBench {
             dev,
             n,
@@ -216,8 +149,8 @@ impl<'a> GemvBench<'a> {
     /// timed cold (its own copies over twice the L2). Returns the timing (bandwidth: dense-BF16
     /// bytes, as the dense rows) and the error.
     pub fn time_pal_bf16(&mut self) -> Result<(GemvTiming, f64)> {
-        use crate::ops::forward::GemvFusion;
-        use crate::ops::gemv_fp8::{launch_gemv_pal_bf16, pal_bf16_config_for, GpuPalBf16};
+        use entrollm_cuda::ops::forward::GemvFusion;
+        use entrollm_cuda::ops::gemv_fp8::{launch_gemv_pal_bf16, pal_bf16_config_for, GpuPalBf16};
         let (dev, n, k) = (self.dev, self.n, self.k);
         let bits = random_weight_bits(n * k, self.seed);
         let p = entrollm_codec::palette::PaletteBf16::encode(&bits, n, k)
@@ -335,22 +268,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn copies_cover_twice_l2() {
-        let l2 = 60u64 << 20;
-        for &(_, n, k) in &LLAMA8B_GEMV_SHAPES {
-            let bytes = n * k * 2;
-            let c = copies_for(bytes, l2);
-            assert!(c * bytes > 2 * l2 as usize, "{n}x{k}: {c} copies");
-            assert!(c >= 1);
-        }
-        assert_eq!(copies_for(1 << 30, l2), 1);
-    }
-
-    #[test]
     fn timing_weights_are_finite_nonzero_and_varied() {
         let w = random_weight_bits(100_003, 5);
         assert!(w.iter().all(|&b| {
-            let v = crate::ops::bf16_to_f32(b);
+            let v = entrollm_cuda::ops::bf16_to_f32(b);
             v.is_finite() && v != 0.0 && v.abs() <= 1.0
         }));
         let distinct: std::collections::HashSet<_> = w.iter().collect();

@@ -4,11 +4,11 @@
 
 use std::time::Instant;
 
-use entrollm_cuda::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
-use entrollm_cuda::bench_fp8::{fp8_mvm_configs, fp8_mvm_variants, Fp8Bench, Fp8Matrix};
+use entrollm_check::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
+use entrollm_check::bench_fp8::{fp8_mvm_configs, fp8_mvm_variants, Fp8Bench, Fp8Matrix};
+use entrollm_check::selftest::run_fp8_selftest;
+use entrollm_check::selftest::GemvForm;
 use entrollm_cuda::linear::gemv_config_for;
-use entrollm_cuda::selftest::run_fp8_selftest;
-use entrollm_cuda::selftest::GemvForm;
 
 /// Code entropy of the synthetic FP8 checkpoint (the seed's EntQuant 2.1-bit one); FP8_BITS
 /// overrides it.
@@ -55,7 +55,7 @@ fn fp8_gpu_selftest() {
 #[test]
 #[ignore = "needs a GPU"]
 fn fp8_gpu_cold_timing() {
-    use entrollm_cuda::bench_fp8::Fp8Timing;
+    use entrollm_check::bench_fp8::Fp8Timing;
     let dev = open();
     let bits = bits();
     let mut rows = Vec::new();
@@ -217,13 +217,13 @@ fn fp8_codings_of_the_llama8b_shapes() {
     }
 }
 
-/// Cubins of the variants this binary launches (every GEMV variant of `selftest::all_variants`, the
+/// Cubins of the variants this binary launches (every GEMV variant of `variants::all_variants`, the
 /// timing's coded FP8 launches), for `ENTROLLM_CACHE` (`DTANS_PRECOMPILE_ARCH`, default sm_90): a
 /// GPU run then skips the JIT.
 #[test]
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn fp8_precompile_cubins() {
-    let mut variants: Vec<_> = entrollm_cuda::selftest::all_variants()
+    let mut variants: Vec<_> = entrollm_check::variants::all_variants()
         .into_iter()
         .filter(|v| v.source.name == entrollm_cuda::jit::GEMV.name)
         .collect();

@@ -3,9 +3,9 @@
 //! (or the prebuilt test binary with the same arguments). Needs libcuda, libnvrtc and, for the
 //! timing peer, libcublas on the library path.
 
-use entrollm_cuda::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
+use entrollm_check::bench::{GemvBench, LLAMA8B_GEMV_SHAPES};
+use entrollm_check::selftest::run_selftest;
 use entrollm_cuda::ops::gemv::GemvConfig;
-use entrollm_cuda::selftest::run_selftest;
 
 mod common;
 use common::open;
@@ -88,7 +88,7 @@ fn gpu_smollm2_greedy_tokens_match_the_cpu() {
         path.display()
     );
     let (mut cases, mut notes) = (Vec::new(), Vec::new());
-    entrollm_cuda::engine_selftest::smollm2_greedy(&dev, &path, 32, &mut cases, &mut notes)
+    entrollm_check::engine_selftest::smollm2_greedy(&dev, &path, 32, &mut cases, &mut notes)
         .expect("GPU and CPU engines run");
     for n in &notes {
         println!("{n}");

@@ -5,15 +5,15 @@
 use entrollm_model::forms::ggml::synth_blocks;
 use entrollm_model::gguf::GgmlType;
 
-use crate::bench::time_cold;
-use crate::device::GpuDevice;
-use crate::error::{GpuError, Result};
 use crate::ggml_selftest::{product, q8_dequantised, reference, MV_TOLERANCE};
-use crate::mem::{download, upload};
-use crate::ops::ggml::{
+use crate::selftest::{rel_l2, Rng};
+use entrollm_cuda::device::GpuDevice;
+use entrollm_cuda::error::{GpuError, Result};
+use entrollm_cuda::mem::{download, upload};
+use entrollm_cuda::ops::ggml::{
     launch_dequant, launch_mv, launch_mv_q8, launch_q8x, q8_types, GpuGgml, Q8Acts,
 };
-use crate::selftest::{rel_l2, Rng};
+use entrollm_cuda::timing::{copies_for, time_cold};
 
 /// What was timed on one matrix of one type.
 #[derive(Clone, Debug)]
@@ -45,7 +45,7 @@ pub fn time_ggml(
     let bs = ty.block_size();
     let blocks = synth_blocks(ty, rows * cols / bs.max(1), seed);
     let bytes = blocks.len();
-    let copies = (2 * dev.info().l2_bytes as usize) / bytes.max(1) + 1;
+    let copies = copies_for(bytes, dev.info().l2_bytes);
     let mats: Vec<GpuGgml> = (0..copies)
         .map(|_| GpuGgml::upload(dev, ty, rows, cols, &[&blocks]))
         .collect::<Result<_>>()?;

@@ -14,15 +14,16 @@ use entrollm_codec::matvec::Dequant;
 use entrollm_codec::Payload;
 use rayon::prelude::*;
 
-use crate::bench::time_cold;
-use crate::coded::GpuDtans;
-use crate::device::GpuDevice;
 use crate::dtans_selftest::builtin_variants;
-use crate::error::{DriverContext, GpuError, Result};
-use crate::jit::KernelVariant;
-use crate::mem::{download, upload};
-use crate::ops::dtans::{launch_dequant, launch_mvm, DtansConfig, DtansKind, DtansOut};
 use crate::selftest::{rel_l2, Rng};
+use entrollm_codec::rng::splitmix64;
+use entrollm_cuda::coded::GpuDtans;
+use entrollm_cuda::device::GpuDevice;
+use entrollm_cuda::error::{DriverContext, GpuError, Result};
+use entrollm_cuda::jit::KernelVariant;
+use entrollm_cuda::mem::{download, upload};
+use entrollm_cuda::ops::dtans::{launch_dequant, launch_mvm, DtansConfig, DtansKind, DtansOut};
+use entrollm_cuda::timing::{copies_for, time_cold};
 
 /// Rows coded for real; larger matrices repeat these bands.
 pub const BASE_ROWS: usize = 2048;
@@ -31,7 +32,7 @@ pub const BASE_ROWS: usize = 2048;
 pub fn synth_bf16(rows: usize, cols: usize, sigma: f32, seed: u64) -> Vec<u8> {
     let mut out = vec![0u8; rows * cols * 2];
     out.par_chunks_mut(1 << 16).enumerate().for_each(|(i, c)| {
-        let mut rng = Rng::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut rng = Rng::new(splitmix64(seed ^ i as u64));
         for w in c.chunks_exact_mut(2) {
             let v = half::bf16::from_f32(rng.normal() * sigma).to_bits();
             w.copy_from_slice(&v.to_le_bytes());
@@ -136,7 +137,7 @@ impl<'a> CodedBench<'a> {
     pub fn new(dev: &'a GpuDevice, n: usize, k: usize, coding: Coding, seed: u64) -> Result<Self> {
         let tensor = coded_bf16(n, k, coding, seed)?;
         let bytes = tensor.stored_bytes();
-        let copies = (2 * dev.info().l2_bytes as usize) / bytes + 1;
+        let copies = copies_for(bytes, dev.info().l2_bytes);
         let copies = (0..copies)
             .map(|_| GpuDtans::upload(dev, &tensor, &Dequant::None))
             .collect::<Result<Vec<_>>>()?;

@@ -5,11 +5,11 @@
 
 use std::time::Instant;
 
+use entrollm_check::bench::GemvBench;
+use entrollm_check::bench_lossy::time_lossy;
+use entrollm_check::lossy_selftest::selftest;
 use entrollm_codec::lossy::{LossyTensor, Options, Quantizer};
-use entrollm_cuda::bench::GemvBench;
-use entrollm_cuda::bench_lossy::time_lossy;
 use entrollm_cuda::linear::gemv_config_for;
-use entrollm_cuda::lossy_selftest::selftest;
 use rayon::prelude::*;
 
 mod common;
@@ -40,9 +40,9 @@ fn lossy_gpu_selftest() {
 #[test]
 #[ignore = "needs libnvrtc; fills ENTROLLM_CACHE"]
 fn lossy_precompile() {
-    let mut variants = entrollm_cuda::selftest::all_variants();
+    let mut variants = entrollm_check::variants::all_variants();
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
-    variants.extend(entrollm_cuda::bench_int::bench_variants());
+    variants.extend(entrollm_check::bench_int::bench_variants());
     common::precompile(&variants);
 }
 
@@ -50,9 +50,8 @@ fn lossy_precompile() {
 fn gauss(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
     let mut w = vec![0f32; rows * cols];
     w.par_chunks_mut(cols).enumerate().for_each(|(r, row)| {
-        let mut g = entrollm_cuda::selftest::Rng::new(
-            seed ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-        );
+        let mut g =
+            entrollm_check::selftest::Rng::new(entrollm_codec::rng::splitmix64(seed ^ r as u64));
         for v in row {
             *v = g.normal() * 0.02;
         }
@@ -155,7 +154,7 @@ fn lossy_e2e_greedy() {
     let t0 = Instant::now();
     let w = open_weights_with(&path, LoadOptions::default()).expect("open (coded)");
     let vocab = w.config.vocab_size as u64;
-    let mut r = entrollm_cuda::selftest::Rng::new(3);
+    let mut r = entrollm_check::selftest::Rng::new(3);
     let ids: Vec<u32> = (0..16).map(|_| r.below(vocab) as u32).collect();
     let (gm, served) = GpuModel::upload_served(&dev, &w, Serving::AS_HELD).expect("upload");
     drop(w);

@@ -8,13 +8,14 @@
 use entrollm_codec::lossy::low::LowPrecision;
 use entrollm_codec::lossy::{LossyTensor, Options, Quantizer};
 
-use crate::device::GpuDevice;
-use crate::error::{GpuError, Result};
-use crate::mem::{download, upload};
-use crate::ops::lossy::{
+use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
+use entrollm_codec::rng::splitmix64;
+use entrollm_cuda::device::GpuDevice;
+use entrollm_cuda::error::{GpuError, Result};
+use entrollm_cuda::mem::{download, upload};
+use entrollm_cuda::ops::lossy::{
     launch_decode, launch_decode_low, launch_mv, GpuLossy, GpuLowRows, LossyOut,
 };
-use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
 
 /// The product's tolerance (relative L2 against the codec's f32 product).
 pub const MV_TOLERANCE: f64 = 1e-5;
@@ -102,7 +103,7 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
             for bits in [2.0, 3.0, 4.4, 6.0] {
                 case += 1;
                 let shape = format!("{rows}x{cols} {q} {bits} bits");
-                let w = synth_weights(rows, cols, seed ^ case.wrapping_mul(0x9E37_79B9));
+                let w = synth_weights(rows, cols, splitmix64(seed ^ case));
                 let (t, _) =
                     LossyTensor::encode(&w, rows, cols, &Options::new(bits, q)).map_err(codec)?;
                 let m = GpuLossy::upload(dev, &t)?;

@@ -1,9 +1,9 @@
 //! Compiles every kernel variant with NVRTC alone (no GPU needed). Ignored by default because it
 //! needs libnvrtc on the library path; `tools/nvrtc-check` provides one and runs them.
 
+use entrollm_check::variants::all_variants;
 use entrollm_cuda::jit::KernelVariant;
 use entrollm_cuda::jit::{cached_cubin, compile_with_log, nvrtc_version, ATTENTION, GEMV};
-use entrollm_cuda::selftest::all_variants;
 
 fn arch() -> String {
     std::env::var("NVRTC_CHECK_ARCH").unwrap_or_else(|_| "sm_90".into())

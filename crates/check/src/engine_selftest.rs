@@ -25,22 +25,22 @@ use entrollm_model::synth::{
 use entrollm_model::weights::{GatedMlp, Linear, Mlp, ModelWeights};
 use entrollm_model::{DenseBf16 as CpuDenseBf16, Engine, LayerWeights};
 
-use crate::device::GpuDevice;
-use crate::engine::{bf16_rounded, DecodeOptions, GpuEngine, GpuModel};
-use crate::error::{GpuError, Result};
-use crate::gemm::{gemm_ref, Gemm};
-use crate::linear::{Fp8Serving, Serving};
-use crate::mem::{download, upload};
-use crate::ops::attention::{
+use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
+use entrollm_cuda::device::GpuDevice;
+use entrollm_cuda::engine::{bf16_rounded, DecodeOptions, GpuEngine, GpuModel};
+use entrollm_cuda::error::{GpuError, Result};
+use entrollm_cuda::gemm::{gemm_ref, Gemm};
+use entrollm_cuda::linear::{Fp8Serving, Serving};
+use entrollm_cuda::mem::{download, upload};
+use entrollm_cuda::ops::attention::{
     attention_masked_ref, launch_attention_decode, launch_attention_decode_fused, AttnMask,
     AttnScratch, KvShape,
 };
-use crate::ops::forward::*;
-use crate::ops::gemv::{gemv_ref, GemvConfig};
-use crate::ops::gemv_fp8::gemv_fp8_ref;
-use crate::ops::rope::RopeLayout;
-use crate::ops::{bf16_to_f32, f32_to_bf16};
-use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
+use entrollm_cuda::ops::forward::*;
+use entrollm_cuda::ops::gemv::{gemv_ref, GemvConfig};
+use entrollm_cuda::ops::gemv_fp8::gemv_fp8_ref;
+use entrollm_cuda::ops::rope::RopeLayout;
+use entrollm_cuda::ops::{bf16_to_f32, f32_to_bf16};
 
 struct Checker<'a> {
     dev: &'a GpuDevice,
@@ -326,7 +326,7 @@ impl Checker<'_> {
             },
         ] {
             let cfg = if fusion.swiglu {
-                crate::linear::swiglu_config(cfg)
+                entrollm_cuda::linear::swiglu_config(cfg)
             } else {
                 cfg
             };
@@ -864,7 +864,7 @@ fn fp8_served_case(
     )?;
     let served = GpuModel::upload_served(dev, &w, form.into())?.0;
     // A BF16 head beside palette-packed layers is palette-packed too (its columns allowing).
-    let head_bf16 = !crate::forms::is_fp8(&*w.lm_head);
+    let head_bf16 = !entrollm_cuda::forms::is_fp8(&*w.lm_head);
     if head_bf16 && form == Fp8Serving::Palette {
         let packed = served.lm_head_palette_bf16();
         cases.push(CaseResult {
@@ -937,7 +937,7 @@ fn launch_configs_case(
     drop(m);
     let most = launches.iter().map(|(_, c)| c.len()).max().unwrap_or(0);
     for k in 0..most {
-        let choices: crate::linear::LaunchChoices = launches
+        let choices: entrollm_cuda::linear::LaunchChoices = launches
             .iter()
             .filter(|(_, c)| !c.is_empty())
             .map(|(id, c)| (id.clone(), c[k % c.len()].clone()))
@@ -1655,7 +1655,9 @@ pub const E2E_STEP_TOL: f64 = 1e-4;
 /// GPU-coded against host-coded (identical arrays, bit-identical logits and tokens) and against the
 /// dense model (same tolerances and tokens).
 pub fn coded_e2e_selftest(dev: &Arc<GpuDevice>, seed: u64) -> Result<SelftestReport> {
-    use crate::engine_coded::{dense_weights, e2e_config, served_weights, tuned_plan, Encoder};
+    use entrollm_cuda::engine_coded::{
+        dense_weights, e2e_config, served_weights, tuned_plan, Encoder,
+    };
     use entrollm_model::coding_plan::CodingPlan;
     let c = e2e_config();
     let mut rng = Rng::new(seed ^ 0xC0DE);
@@ -1822,9 +1824,9 @@ pub fn coded_e2e_selftest(dev: &Arc<GpuDevice>, seed: u64) -> Result<SelftestRep
 /// Where two models' coded matrices differ (coding, shape or any device array within its coded
 /// length), or None when every launch holds the same arrays.
 fn coded_arrays_differ(dev: &GpuDevice, a: &GpuModel, b: &GpuModel) -> Result<Option<String>> {
-    use crate::linear::GpuLinear;
     use cudarc::driver::CudaSlice;
     use entrollm_codec::dtans::Geometry;
+    use entrollm_cuda::linear::GpuLinear;
     fn mats(m: &GpuModel) -> Vec<&GpuLinear> {
         let mut v: Vec<&GpuLinear> = m.lm_head.iter().collect();
         for l in &m.layers {
@@ -1837,7 +1839,7 @@ fn coded_arrays_differ(dev: &GpuDevice, a: &GpuModel, b: &GpuModel) -> Result<Op
         return Ok(Some("different launch counts".into()));
     }
     for (i, (x, y)) in ma.into_iter().zip(mb).enumerate() {
-        use crate::linear::DtansLinear;
+        use entrollm_cuda::linear::DtansLinear;
         let (x, y) = match (x.downcast::<DtansLinear>(), y.downcast::<DtansLinear>()) {
             (Some(x), Some(y)) => (x, y),
             (None, None) => continue,

@@ -2,14 +2,14 @@
 //! copies of the matrix covering more than 2× L2, rotated through by a CUDA graph of ≥ 400 µs of
 //! launches, median of 5 replays. `int_mv` is checked first against the CPU form's product.
 
-use crate::bench::time_cold;
-use crate::device::GpuDevice;
-use crate::error::{GpuError, Result};
 use crate::int_selftest::{packed, random_int, MV_TOLERANCE};
-use crate::jit::KernelVariant;
-use crate::mem::{download, upload};
-use crate::ops::int::{launch_dequant, launch_mv, variant, GpuInt, Kind, ROWS};
 use crate::selftest::{rel_l2, Rng};
+use entrollm_cuda::device::GpuDevice;
+use entrollm_cuda::error::{GpuError, Result};
+use entrollm_cuda::jit::KernelVariant;
+use entrollm_cuda::mem::{download, upload};
+use entrollm_cuda::ops::int::{launch_dequant, launch_mv, variant, GpuInt, Kind, ROWS};
+use entrollm_cuda::timing::{copies_for, time_cold};
 
 /// Rows a warp the timing compares (the served [`ROWS`] among them).
 pub const ROWS_TRIED: [u32; 3] = [1, 2, 4];
@@ -17,7 +17,7 @@ pub const ROWS_TRIED: [u32; 3] = [1, 2, 4];
 /// The variants [`time_int`] may run beyond the served ones (for a kernel cache made ahead).
 pub fn bench_variants() -> Vec<KernelVariant> {
     let mut v = Vec::new();
-    for bits in crate::ops::int::BITS {
+    for bits in entrollm_cuda::ops::int::BITS {
         for kind in Kind::ALL {
             for r in ROWS_TRIED.into_iter().filter(|&r| r != ROWS) {
                 v.push(variant(bits, kind, r));
@@ -72,7 +72,7 @@ pub fn time_int(
     let m = random_int(&mut rng, bits, rows, cols, group, kind)?;
     let p = packed(&*m)?;
     let bytes = p.stored_bytes();
-    let copies = (2 * dev.info().l2_bytes as usize) / bytes.max(1) + 1;
+    let copies = copies_for(bytes, dev.info().l2_bytes);
     let mats: Vec<GpuInt> = (0..copies)
         .map(|_| {
             GpuInt::upload(dev, &p, None).map(|mut g| {

@@ -13,14 +13,14 @@ use entrollm_codec::dtans::{Coding, DtansTensor, Mode};
 use entrollm_codec::matvec::Dequant;
 use entrollm_codec::Payload;
 
-use crate::coded::GpuDtans;
-use crate::device::GpuDevice;
-use crate::error::{DriverContext, GpuError, Result};
-use crate::jit::KernelVariant;
-use crate::mem::{download, upload};
-use crate::ops::dtans::*;
-use crate::ops::dtans_encode::encode_bf16_host;
 use crate::selftest::{CaseResult, Rng, SelftestReport};
+use entrollm_cuda::coded::GpuDtans;
+use entrollm_cuda::device::GpuDevice;
+use entrollm_cuda::error::{DriverContext, GpuError, Result};
+use entrollm_cuda::jit::KernelVariant;
+use entrollm_cuda::mem::{download, upload};
+use entrollm_cuda::ops::dtans::*;
+use entrollm_cuda::ops::dtans_encode::encode_bf16_host;
 
 /// Kernel variants the selftest and the tuned Llama-8B launches use (compiled in CI by
 /// tools/nvrtc-check).
@@ -46,10 +46,10 @@ pub fn builtin_variants() -> Vec<KernelVariant> {
             add(kind, cfg, &[DtansOut::Mvm]);
         }
     }
-    for (_, _, cols, coding, cfg, _) in crate::tuned::tuned_launches() {
+    for (_, _, cols, coding, cfg, _) in entrollm_cuda::tuned::tuned_launches() {
         let kind = DtansKind::of(Payload::Bf16, &coding, cols, None);
         // The launches the tuner tries for the kind (its own tuned one among them).
-        for c in crate::forms::dtans::launch_candidates(&kind, cfg) {
+        for c in entrollm_cuda::forms::dtans::launch_candidates(&kind, cfg) {
             add(kind, c, &[DtansOut::Mvm]);
         }
         add(
@@ -454,7 +454,7 @@ impl DtansChecker<'_> {
                             row.iter()
                                 .zip(&x)
                                 .map(|(&w, &v)| {
-                                    (crate::ops::bf16_to_f32(w) as f64 * v as f64).abs()
+                                    (entrollm_cuda::ops::bf16_to_f32(w) as f64 * v as f64).abs()
                                 })
                                 .sum()
                         })
@@ -527,7 +527,7 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
         for &(rows, cols) in &shapes {
             if let Some(g) = case.group.filter(|&g| g != usize::MAX) {
                 if g > cols
-                    || crate::coded::check_group(
+                    || entrollm_cuda::coded::check_group(
                         &Coding {
                             mode: case.mode,
                             log2_m: case.log2_m,

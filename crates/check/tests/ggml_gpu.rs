@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use entrollm_cuda::ggml_selftest::selftest;
+use entrollm_check::ggml_selftest::selftest;
 
 mod common;
 use common::open;
@@ -34,8 +34,8 @@ fn ggml_gpu_selftest() {
 #[test]
 #[ignore = "needs a GPU"]
 fn ggml_gpu_timing() {
-    use entrollm_cuda::bench::GemvBench;
-    use entrollm_cuda::bench_ggml::time_ggml;
+    use entrollm_check::bench::GemvBench;
+    use entrollm_check::bench_ggml::time_ggml;
     use entrollm_cuda::linear::gemv_config_for;
     use entrollm_cuda::ops::ggml::types;
     let dev = open();

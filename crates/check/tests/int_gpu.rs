@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use entrollm_cuda::int_selftest::selftest;
+use entrollm_check::int_selftest::selftest;
 
 mod common;
 use common::open;
@@ -35,8 +35,8 @@ fn int_gpu_selftest() {
 #[test]
 #[ignore = "needs a GPU"]
 fn int_gpu_timing() {
-    use entrollm_cuda::bench::GemvBench;
-    use entrollm_cuda::bench_int::{time_int, Zeros, ROWS_TRIED};
+    use entrollm_check::bench::GemvBench;
+    use entrollm_check::bench_int::{time_int, Zeros, ROWS_TRIED};
     use entrollm_cuda::linear::gemv_config_for;
     use entrollm_cuda::ops::int::{BITS, ROWS};
     let dev = open();

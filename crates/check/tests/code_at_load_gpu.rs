@@ -1,8 +1,8 @@
 //! Code at load on the GPU (`GpuModel::upload_coded`), ignored by default (CI has no GPU). On a GPU
 //! machine: `cargo test -p entrollm-cuda --release --test code_at_load_gpu -- --ignored --nocapture`.
 
+use entrollm_check::engine_selftest::coded_e2e_selftest;
 use entrollm_cuda::engine_coded::{dense_weights, e2e_config, load_variants};
-use entrollm_cuda::engine_selftest::coded_e2e_selftest;
 use entrollm_cuda::GpuDevice;
 use entrollm_model::coding_plan::CodingPlan;
 use std::sync::Arc;
@@ -39,7 +39,7 @@ fn code_at_load_selftest() {
 #[ignore = "needs libnvrtc; fills the kernel cache"]
 fn code_at_load_precompile_cubins() {
     use entrollm_model::synth::SynthShape;
-    let mut variants = entrollm_cuda::selftest::all_variants();
+    let mut variants = entrollm_check::variants::all_variants();
     variants.extend(entrollm_cuda::engine_coded::serve_variants());
     for (c, seed) in [(e2e_config(), seed()), (SynthShape::Tiny.config(), 0)] {
         let w = dense_weights(&c, seed).unwrap();

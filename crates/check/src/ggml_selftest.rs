@@ -8,13 +8,14 @@ use entrollm_model::forms::ggml::{synth_blocks, BlockBytes, GGML};
 use entrollm_model::forms::{Form, Source, Values};
 use entrollm_model::gguf::{dequantize, GgmlType};
 
-use crate::device::GpuDevice;
-use crate::error::{GpuError, Result};
-use crate::mem::{download, upload};
-use crate::ops::ggml::{
+use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
+use entrollm_codec::rng::splitmix64;
+use entrollm_cuda::device::GpuDevice;
+use entrollm_cuda::error::{GpuError, Result};
+use entrollm_cuda::mem::{download, upload};
+use entrollm_cuda::ops::ggml::{
     launch_dequant, launch_mv, launch_mv_q8, launch_q8x, q8_types, types, GpuGgml, Q8Acts,
 };
-use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
 
 /// The product's tolerance (relative L2 against the CPU form's f32 product).
 pub const MV_TOLERANCE: f64 = 1e-5;
@@ -99,7 +100,7 @@ pub fn selftest(dev: &GpuDevice, seed: u64) -> Result<SelftestReport> {
         for &(rows, cols) in SHAPES.iter().filter(|(_, c)| c % bs == 0) {
             case += 1;
             let shape = format!("{rows}x{cols} {ty}");
-            let bytes = synth_blocks(ty, rows * cols / bs, seed ^ case.wrapping_mul(0x9E37_79B9));
+            let bytes = synth_blocks(ty, rows * cols / bs, splitmix64(seed ^ case));
             debug_assert_eq!(bytes.len(), rows * cols / bs * ts);
             let x = rng.normals(cols, 1.0);
             let (want_y, want_w) = reference(ty, rows, cols, &bytes, &x)?;

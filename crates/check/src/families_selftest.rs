@@ -23,25 +23,25 @@ use entrollm_model::weights::{
 };
 use entrollm_model::{DenseBf16 as CpuDenseBf16, Engine, LayerWeights, ModelConfig};
 
-use crate::device::GpuDevice;
-use crate::engine::{GpuEngine, GpuModel};
-use crate::error::{GpuError, Result};
-use crate::linear::Serving;
-use crate::mem::{download, upload};
-use crate::ops::attention::{
+use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
+use entrollm_cuda::device::GpuDevice;
+use entrollm_cuda::engine::{GpuEngine, GpuModel};
+use entrollm_cuda::error::{GpuError, Result};
+use entrollm_cuda::linear::Serving;
+use entrollm_cuda::mem::{download, upload};
+use entrollm_cuda::ops::attention::{
     attention_masked_ref, attention_sinks_ref, launch_attention_decode,
     launch_attention_decode_fused, AttnConfig, AttnMask, AttnScratch, KvShape,
 };
-use crate::ops::families::*;
-use crate::ops::forward::{
+use entrollm_cuda::ops::families::*;
+use entrollm_cuda::ops::forward::{
     gemv_experts_ref, launch_flash_prefill, launch_gemv_experts, prefill_sinks_ref, rope_table,
     Gather, PrefillShape, QOut, QkvShape,
 };
-use crate::ops::gemv::GemvConfig;
-use crate::ops::ggml::{launch_mv_experts, GpuGgml};
-use crate::ops::rope::RopeLayout;
-use crate::ops::{bf16_to_f32, f32_to_bf16};
-use crate::selftest::{rel_l2, CaseResult, Rng, SelftestReport};
+use entrollm_cuda::ops::gemv::GemvConfig;
+use entrollm_cuda::ops::ggml::{launch_mv_experts, GpuGgml};
+use entrollm_cuda::ops::rope::RopeLayout;
+use entrollm_cuda::ops::{bf16_to_f32, f32_to_bf16};
 
 /// The selftest models' matrices decoded to BF16 (their values: BF16 already), and as held (GGUF
 /// blocks served as they are).
@@ -664,7 +664,7 @@ impl Checker<'_> {
         len: usize,
         window: Option<usize>,
     ) -> Result<()> {
-        let cfg = crate::ops::forward::decode_attn_config(hd, nq, nkv)?;
+        let cfg = entrollm_cuda::ops::forward::decode_attn_config(hd, nq, nkv)?;
         let shape = KvShape {
             n_q_heads: nq,
             n_kv_heads: nkv,
@@ -965,7 +965,7 @@ fn moe_kernels(c: &mut Checker<'_>) -> Result<()> {
             c.gemv_experts(cfg, e, slots, xg, swiglu, shape)?;
         }
     }
-    for &ty in crate::ops::ggml::types() {
+    for &ty in entrollm_cuda::ops::ggml::types() {
         let (bs, _) = ty.block_layout();
         for &(e, slots, xg, shape, at, stride) in &[
             (4, 2, 2, (37, 256), 0, 37),
@@ -1151,7 +1151,7 @@ pub fn run(dev: &Arc<GpuDevice>, seed: u64, cases: &mut Vec<CaseResult>) -> Resu
 
 /// `m` (BF16) times `s`, a power of two: exact.
 fn scaled(m: &dyn Linear, s: f32) -> Result<Arc<dyn Linear>> {
-    let bits: Vec<u16> = crate::engine::host_bf16(m)
+    let bits: Vec<u16> = entrollm_cuda::engine::host_bf16(m)
         .into_iter()
         .map(|b| f32_to_bf16(bf16_to_f32(b) * s))
         .collect();
@@ -1591,7 +1591,7 @@ fn e2e(
     dev: &Arc<GpuDevice>,
     label: &str,
     w: ModelWeights,
-    serving: crate::linear::Serving,
+    serving: entrollm_cuda::linear::Serving,
     prompt: &[u32],
     steps: usize,
     tol: f64,
@@ -1737,20 +1737,23 @@ mod tests {
         let mut rng = Rng::new(1);
         for arch in FAMILIES {
             let w = family_model(arch, &mut rng).unwrap();
-            assert!(crate::families::unsupported(&w).is_empty(), "{arch:?}");
-            crate::engine::check_supported(&w.config).unwrap();
+            assert!(
+                entrollm_cuda::families::unsupported(&w).is_empty(),
+                "{arch:?}"
+            );
+            entrollm_cuda::engine::check_supported(&w.config).unwrap();
             let f = arch.family();
             assert_eq!(w.layers[0].norms.q.is_some(), f.qk_norm, "{arch:?}");
         }
         assert_eq!(family_config(Arch::Phi3).block.rotary_dim, Some(32));
         // Every end-to-end case's model is built on the CPU before the GPU is asked anything.
         let w = with_q8_0_experts(model_of(mixtral_q8_0_config(), &mut rng).unwrap()).unwrap();
-        assert!(crate::families::unsupported(&w).is_empty());
+        assert!(entrollm_cuda::families::unsupported(&w).is_empty());
         let w = model_of(phi3_96_config(), &mut rng).unwrap();
-        crate::engine::check_supported(&w.config).unwrap();
+        entrollm_cuda::engine::check_supported(&w.config).unwrap();
         // gpt-oss: every part the GPU once refused is in the model.
         let w = with_mxfp4_experts(family_model(Arch::GptOss, &mut rng).unwrap()).unwrap();
-        assert!(crate::families::unsupported(&w).is_empty());
+        assert!(entrollm_cuda::families::unsupported(&w).is_empty());
         let l = &w.layers[0];
         assert!(l.norms.sinks.is_some() && l.norms.o_bias.is_some() && l.q_bias.is_some());
         let Mlp::Experts(e) = &l.mlp else {
@@ -1812,36 +1815,36 @@ mod tests {
         assert!(e.take_route_margins().is_empty());
     }
 
-    /// `crate::families::unsupported` names a model's parts the GPU does not run (its tests live
+    /// `entrollm_cuda::families::unsupported` names a model's parts the GPU does not run (its tests live
     /// here: serving code names no selftest module).
     #[test]
     fn a_q_norm_without_a_k_norm_is_named() {
         let mut w = family_model(Arch::Qwen3, &mut Rng::new(3)).unwrap();
-        assert!(crate::families::unsupported(&w).is_empty());
+        assert!(entrollm_cuda::families::unsupported(&w).is_empty());
         w.layers[1].norms.k = None;
-        let got = crate::families::unsupported(&w);
+        let got = entrollm_cuda::families::unsupported(&w);
         assert_eq!(got.len(), 1);
         assert!(got[0].contains("q norm without a k norm"), "{got:?}");
         // An o bias before a post-attention norm (Gemma's norms, a bias it does not have).
         let mut w = family_model(Arch::Gemma2, &mut Rng::new(4)).unwrap();
         w.layers[0].norms.o_bias = Some(vec![0.0; w.config.hidden_size]);
-        let got = crate::families::unsupported(&w);
+        let got = entrollm_cuda::families::unsupported(&w);
         assert_eq!(got.len(), 1);
         assert!(got[0].contains("before a post-attention norm"), "{got:?}");
         // Sinks the family's description does not have (the kernels take them per the family).
         let mut w = family_model(Arch::Qwen3, &mut Rng::new(5)).unwrap();
         w.layers[2].norms.sinks = Some(vec![0.0; w.config.num_heads]);
-        let got = crate::families::unsupported(&w);
+        let got = entrollm_cuda::families::unsupported(&w);
         assert!(got[0].contains("sinks"), "{got:?}");
         let mut w = family_model(Arch::GptOss, &mut Rng::new(6)).unwrap();
-        assert!(crate::families::unsupported(&w).is_empty());
+        assert!(entrollm_cuda::families::unsupported(&w).is_empty());
         w.layers[1].norms.sinks = None;
-        assert_eq!(crate::families::unsupported(&w).len(), 1);
+        assert_eq!(entrollm_cuda::families::unsupported(&w).len(), 1);
         // gpt-oss's clamped SwiGLU in a dense MLP (the experts' kernel applies it, no GEMV).
         let mut c = family_config(Arch::GptOss);
         c.block.moe.as_mut().unwrap().layers = vec![true, false, true];
         let w = model_of(c, &mut Rng::new(7)).unwrap();
-        let got = crate::families::unsupported(&w);
+        let got = entrollm_cuda::families::unsupported(&w);
         assert_eq!(got.len(), 1);
         assert!(got[0].contains("clamped SwiGLU"), "{got:?}");
     }
