@@ -162,7 +162,7 @@ impl Matrix {
         bits: f64,
         quantizer: &str,
     ) -> PyResult<Matrix> {
-        use entrollm_format::coded::Coded;
+        use entrollm_format::coded::LossyCoded;
         use entrollm_format::Dtype;
         use entrollm_model::compress::{code_lossy, LossyOptions};
         crate::pool(None)?;
@@ -191,7 +191,7 @@ impl Matrix {
         let b = unsafe { bytes_at(addr, nbytes) };
         let opts = LossyOptions::new(bits, q);
         let coded = py.detach(|| code_lossy("weight", dtype, rows, cols, b, &opts));
-        let Coded::Lossy(coded) = coded.map_err(err)?.0 else {
+        let Ok(coded) = coded.map_err(err)?.0.downcast::<LossyCoded>() else {
             unreachable!("code_lossy codes lossily")
         };
         let m = forms::lossy::LossyLinear::new(coded).map_err(err)?;
