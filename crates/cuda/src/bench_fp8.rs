@@ -24,12 +24,13 @@ use crate::bench_coded::{repeat_bands, BASE_ROWS};
 use crate::coded::GpuDtans;
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
+use crate::forms::fp8::{launch_gemv_fp8, Fp8Codes};
 use crate::jit::KernelVariant;
 use crate::mem::{download, upload};
 use crate::ops::dtans::{launch_mvm, DtansConfig, DtansKind, DtansOut, MAX_SHARED_BYTES};
 use crate::ops::forward::GemvFusion;
 use crate::ops::gemv::GemvConfig;
-use crate::ops::gemv_fp8::{gemv_fp8_ref, launch_gemv_fp8, Fp8Codes, GpuPal4};
+use crate::ops::gemv_fp8::{gemv_fp8_ref, GpuPal4};
 use crate::selftest::{rel_l2, GemvForm, Rng};
 
 fn codec_err(e: entrollm_codec::CodecError) -> GpuError {

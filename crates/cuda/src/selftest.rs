@@ -14,6 +14,7 @@ use entrollm_codec::palette::{Palette4, PaletteBf16};
 
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
+use crate::forms::fp8::{launch_fp8_rows_to_bf16, launch_gemv_fp8, Fp8Codes};
 use crate::jit::KernelVariant;
 use crate::mem::{download, upload};
 use crate::ops::argmax::{argmax_ref, launch_argmax, ArgmaxScratch};
@@ -25,9 +26,8 @@ use crate::ops::f32_to_bf16;
 use crate::ops::forward::{rmsnorm_f32w_ref, swiglu_interleaved_ref, GemvFusion};
 use crate::ops::gemv::{gemv_ref, launch_gemv, GemvConfig};
 use crate::ops::gemv_fp8::{
-    fp8_rows_to_bf16_ref, gemv_fp8_ref, launch_fp8_rows_to_bf16, launch_gemv_fp8,
-    launch_gemv_pal_bf16, launch_pal_bf16_rows_to_bf16, pal_bf16_config_for, Fp8Codes, GpuPal4,
-    GpuPalBf16, PAL_BF16_CANDIDATES,
+    fp8_rows_to_bf16_ref, gemv_fp8_ref, launch_gemv_pal_bf16, launch_pal_bf16_rows_to_bf16,
+    pal_bf16_config_for, GpuPal4, GpuPalBf16, PAL_BF16_CANDIDATES,
 };
 use crate::ops::rope::{launch_rope, rope_ref, RopeLayout, RopeShape};
 

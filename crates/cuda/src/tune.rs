@@ -5,8 +5,8 @@
 
 use crate::bench::time_cold;
 use crate::device::GpuDevice;
-use crate::engine_coded::LoadReport;
 use crate::error::DriverContext;
+use crate::forms::report::LoadReport;
 use crate::forms::{self, Policy, Upload};
 use crate::linear::{DtansScratch, GpuLinear, SharedScratch};
 use crate::ops::forward::GemvFusion;

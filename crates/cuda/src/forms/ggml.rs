@@ -6,12 +6,13 @@
 //! its type's kernel into its rows of the output. The decode step's fusions are small kernels
 //! around the products on the model's shared scratch (`forms::fused_product`).
 
+use super::stacked::{Part, Stacked};
 use super::{GpuForm, Upload};
 use crate::device::GpuDevice;
-use crate::engine_coded::LoadReport;
 use crate::error::{GpuError, Result};
+use crate::forms::report::LoadReport;
 use crate::gemm::Gemm;
-use crate::linear::{DtansScratch, GpuLinear, GpuMatrix, SharedScratch};
+use crate::linear::{GpuLinear, GpuMatrix, SharedScratch};
 use crate::ops::elementwise::launch_swiglu;
 use crate::ops::forward::{Gather, GemvFusion};
 use crate::ops::ggml::{
@@ -23,6 +24,9 @@ use entrollm_model::forms::ggml::GgmlLinear;
 use entrollm_model::gguf::GgmlType;
 use entrollm_model::weights::Linear;
 use std::sync::Arc;
+
+/// This form's kernels that call `pdl_wait()` first ([`super::pdl_kernel`]).
+pub const PDL_KERNELS: &[&str] = &["ggml_mv_experts"];
 
 /// Matrices held as ggml blocks, served as they are.
 pub struct Held;
@@ -69,7 +73,7 @@ impl GpuForm for Held {
             .map(|(ty, rows, bytes)| GpuGgml::upload(up.dev, *ty, *rows, cols, bytes))
             .collect::<Result<Vec<_>>>()?;
         let l = GgmlGpuLinear::new(segs, halves, Arc::clone(up.scratch), 1)?;
-        report.served += 1;
+        report.took(self.name());
         Ok(Some(GpuLinear::new(l)))
     }
 
@@ -135,16 +139,32 @@ impl GpuForm for Held {
             })
             .collect::<Result<Vec<_>>>()?;
         let l = GgmlGpuLinear::new(segs, halves, Arc::clone(up.scratch), experts.len())?;
-        report.served += 1;
+        report.took(self.name());
         Ok(Some(GpuLinear::new(l)))
     }
 }
 
 /// A launch's parts as ggml blocks on the device: row-stacked matrices of one type each.
 pub struct GgmlGpuLinear {
-    segs: Vec<GpuGgml>,
-    halves: bool,
-    scratch: SharedScratch,
+    st: Stacked<GpuGgml>,
+}
+
+impl Part for GpuGgml {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn stored_bytes(&self) -> usize {
+        GpuGgml::stored_bytes(self)
+    }
+    fn device_bytes(&self) -> usize {
+        GpuGgml::device_bytes(self)
+    }
+    fn duplicate(&self, dev: &GpuDevice) -> Result<Self> {
+        GpuGgml::duplicate(self, dev)
+    }
 }
 
 impl GgmlGpuLinear {
@@ -156,37 +176,9 @@ impl GgmlGpuLinear {
         scratch: SharedScratch,
         experts: usize,
     ) -> Result<Self> {
-        let first = segs
-            .first()
-            .ok_or_else(|| GpuError::invalid("ggml linear", "no parts"))?;
-        let rows = segs.iter().map(|s| s.rows).sum::<usize>() / experts.max(1);
-        super::check_scratch("ggml linear", &scratch, (rows, first.cols))?;
         Ok(GgmlGpuLinear {
-            segs,
-            halves,
-            scratch,
+            st: Stacked::new("ggml linear", segs, halves, scratch, experts)?,
         })
-    }
-
-    fn rows(&self) -> usize {
-        self.segs.iter().map(|s| s.rows).sum()
-    }
-
-    fn cols(&self) -> usize {
-        self.segs[0].cols
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, DtansScratch> {
-        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn mv_into(&self, dev: &GpuDevice, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<()> {
-        let mut at = 0;
-        for s in &self.segs {
-            launch_mv(dev, s, x, y, at)?;
-            at += s.rows;
-        }
-        Ok(())
     }
 }
 
@@ -194,20 +186,20 @@ impl GpuMatrix for GgmlGpuLinear {
     fn desc(&self) -> LinearDesc {
         LinearDesc::new(
             GgmlLaunch {
-                types: self.segs.iter().map(|s| (s.ty, s.rows)).collect(),
-                halves: self.halves,
+                types: self.st.parts.iter().map(|s| (s.ty, s.rows)).collect(),
+                halves: self.st.halves,
             },
-            self.rows(),
-            self.cols(),
+            self.st.rows(),
+            self.st.cols(),
         )
     }
 
     fn stored_bytes(&self) -> usize {
-        self.segs.iter().map(|s| s.stored_bytes()).sum()
+        self.st.stored_bytes()
     }
 
     fn device_bytes(&self) -> usize {
-        self.segs.iter().map(|s| s.device_bytes()).sum()
+        self.st.device_bytes()
     }
 
     fn matvec_fused(
@@ -218,19 +210,17 @@ impl GpuMatrix for GgmlGpuLinear {
         fusion: GemvFusion,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let shape = (self.rows(), self.cols());
-        let mut guard = self.lock();
-        super::fused_product(
+        self.st.fused(
             dev,
             "ggml matvec",
-            &mut guard,
-            shape,
-            self.halves,
             x,
             norm,
             fusion,
             y,
-            |input, out, _err| self.mv_into(dev, input, out),
+            |input, out, _err| {
+                self.st
+                    .each_at_row(|s, at| launch_mv(dev, s, input, out, at))
+            },
         )
     }
 
@@ -243,25 +233,10 @@ impl GpuMatrix for GgmlGpuLinear {
         m: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let shape = (self.rows(), self.cols());
-        super::workspace_matmul(
-            "ggml matmul",
-            &self.scratch,
-            shape,
-            gemm,
-            x,
-            y,
-            m,
-            accumulate,
-            |s| {
-                let mut at = 0;
-                for seg in &self.segs {
-                    launch_dequant(dev, seg, &mut s.w, at)?;
-                    at += seg.rows * seg.cols;
-                }
-                Ok(())
-            },
-        )
+        self.st
+            .matmul("ggml matmul", gemm, x, y, m, accumulate, |seg, s, at| {
+                launch_dequant(dev, seg, &mut s.w, at)
+            })
     }
 
     fn gathered(
@@ -272,11 +247,11 @@ impl GpuMatrix for GgmlGpuLinear {
         swiglu: bool,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let rows = super::bf16::expert_rows(self.rows(), g.n_experts)?;
+        let rows = super::bf16::expert_rows(self.st.rows(), g.n_experts)?;
         // Each stack's launch into its rows of an expert's output: [gate; up] before SwiGLU.
         let products = |y: &mut CudaSlice<f32>| -> Result<()> {
             let mut at = 0;
-            for s in &self.segs {
+            for s in &self.st.parts {
                 launch_mv_experts(dev, s, g, x, y, at, rows)?;
                 at += s.rows / g.n_experts;
             }
@@ -285,13 +260,13 @@ impl GpuMatrix for GgmlGpuLinear {
         if !swiglu {
             return products(y);
         }
-        if !self.halves || rows % 2 != 0 {
+        if !self.st.halves || rows % 2 != 0 {
             return Err(GpuError::invalid(
                 "ggml experts",
                 "SwiGLU needs each expert's gate and up as halves",
             ));
         }
-        let mut guard = self.lock();
+        let mut guard = self.st.lock();
         if guard.y.len() < g.slots * rows {
             return Err(GpuError::invalid(
                 "ggml experts",
@@ -316,7 +291,7 @@ impl GpuMatrix for GgmlGpuLinear {
         y: &mut CudaViewMut<'_, f32>,
         m: usize,
     ) -> Result<()> {
-        let rows = super::bf16::expert_rows(self.rows(), n_experts)?;
+        let rows = super::bf16::expert_rows(self.st.rows(), n_experts)?;
         if e >= n_experts {
             return Err(GpuError::invalid(
                 "experts",
@@ -325,8 +300,8 @@ impl GpuMatrix for GgmlGpuLinear {
         }
         super::workspace_matmul(
             "ggml experts matmul",
-            &self.scratch,
-            (rows, self.cols()),
+            &self.st.scratch,
+            (rows, self.st.cols()),
             gemm,
             x,
             y,
@@ -334,7 +309,7 @@ impl GpuMatrix for GgmlGpuLinear {
             false,
             |s| {
                 let mut at = 0;
-                for seg in &self.segs {
+                for seg in &self.st.parts {
                     let r = seg.rows / n_experts;
                     launch_dequant_rows(dev, seg, e * r..(e + 1) * r, &mut s.w, at)?;
                     at += r * seg.cols;
@@ -345,19 +320,12 @@ impl GpuMatrix for GgmlGpuLinear {
     }
 
     fn gate_up_halves(&self) -> bool {
-        self.halves
+        self.st.halves
     }
 
     fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear> {
-        let segs = self
-            .segs
-            .iter()
-            .map(|s| s.duplicate(dev))
-            .collect::<Result<Vec<_>>>()?;
         Ok(GpuLinear::new(GgmlGpuLinear {
-            segs,
-            halves: self.halves,
-            scratch: Arc::clone(&self.scratch),
+            st: self.st.duplicate(dev)?,
         }))
     }
 
