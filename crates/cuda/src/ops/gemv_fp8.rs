@@ -481,7 +481,7 @@ pub fn launch_pal_bf16_rows_to_bf16(
     Ok(())
 }
 
-/// CPU reference of [`launch_fp8_rows_to_bf16`](crate::forms::fp8::launch_fp8_rows_to_bf16): each
+/// CPU reference of `forms::fp8::launch_fp8_rows_to_bf16`: each
 /// weight's f32 value times its row's scale,
 /// rounded to BF16 (nearest even).
 pub fn fp8_rows_to_bf16_ref(w: &[u8], scales: &[f32], cols: usize) -> Vec<u16> {

@@ -138,6 +138,12 @@ pub fn coders() -> &'static [CoderKind] {
 /// A tensor in one of the container's coded forms.
 pub struct Coded(Box<dyn Coder>);
 
+impl std::fmt::Debug for Coded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Coded({}, {} bytes)", self.coder(), self.stored_bytes())
+    }
+}
+
 impl<T: Coder> From<T> for Coded {
     fn from(t: T) -> Coded {
         Coded(Box::new(t))
@@ -210,15 +216,18 @@ impl Coded {
     /// The coded tensor as `T`, where it is one (a form that serves its coder's tensors takes
     /// them so); itself otherwise.
     pub fn downcast<T: Coder>(self) -> std::result::Result<T, Coded> {
-        match self.0.as_any().is::<T>() {
-            true => Ok(*self.0.into_any().downcast::<T>().expect("checked")),
+        // Through the coder's own vtable (`self.0.as_any()` would take the box itself as `Any`).
+        match AsAny::as_any(&*self.0).is::<T>() {
+            true => Ok(*AsAny::into_any(self.0)
+                .downcast::<T>()
+                .expect("checked")),
             false => Err(self),
         }
     }
 
     /// The coded tensor as `T`, where it is one.
     pub fn downcast_ref<T: Coder>(&self) -> Option<&T> {
-        self.0.as_any().downcast_ref::<T>()
+        AsAny::as_any(&*self.0).downcast_ref::<T>()
     }
 }
 

@@ -601,3 +601,17 @@ fn ggml_blocks_round_trip_through_the_container_arrays() {
     let no_m: Vec<_> = arrays.iter().filter(|a| a.0 != "m").cloned().collect();
     assert!(err(Dtype::U8, &shape, &stored(&coded, &no_m, &params)).contains("no 'm'"));
 }
+
+/// A coded tensor is found again as its coder's type, and as no other.
+#[test]
+fn coded_tensors_downcast_to_their_coders_type_only() {
+    let bytes = q4_1_blocks(4, 64);
+    let f = FieldsCoded::encode(&bytes, 4).unwrap();
+    let n = f.stored_bytes();
+    let coded = Coded::new(f);
+    assert_eq!(coded.coder(), RANS_FIELDS);
+    assert_eq!(coded.downcast_ref::<FieldsCoded>().unwrap().stored_bytes(), n);
+    assert!(coded.downcast_ref::<FloatsCoded>().is_none());
+    let coded = coded.downcast::<LossyCoded>().unwrap_err();
+    assert_eq!(coded.downcast::<FieldsCoded>().unwrap().stored_bytes(), n);
+}
