@@ -29,7 +29,8 @@ use entrollm_cuda::mem::{download, upload};
 use entrollm_cuda::ops::dtans::{launch_mvm, DtansConfig, DtansKind, DtansOut, MAX_SHARED_BYTES};
 use entrollm_cuda::ops::forward::GemvFusion;
 use entrollm_cuda::ops::gemv::GemvConfig;
-use entrollm_cuda::ops::gemv_fp8::{gemv_fp8_ref, launch_gemv_fp8, Fp8Codes, GpuPal4};
+use entrollm_cuda::forms::fp8::{launch_gemv_fp8, Fp8Codes};
+use entrollm_cuda::ops::gemv_fp8::{gemv_fp8_ref, GpuPal4};
 use entrollm_cuda::timing::{copies_for, time_cold};
 
 fn codec_err(e: entrollm_codec::CodecError) -> GpuError {

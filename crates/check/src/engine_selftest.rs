@@ -866,7 +866,7 @@ fn fp8_served_case(
     // A BF16 head beside palette-packed layers is palette-packed too (its columns allowing).
     let head_bf16 = !entrollm_cuda::forms::is_fp8(&*w.lm_head);
     if head_bf16 && form == Fp8Serving::Palette {
-        let packed = served.lm_head_palette_bf16();
+        let packed = served.lm_head_form() == Some("bf16-palette");
         cases.push(CaseResult {
             kernel: "lm_head_palette_bf16".into(),
             shape: format!("{label}: BF16 LM head palette-packed: {packed}"),
@@ -874,13 +874,15 @@ fn fp8_served_case(
             tolerance: 0.0,
         });
     }
+    let by = served.matrices_by_form();
+    let n = |f: &str| by.get(f).copied().unwrap_or(0);
     let (kernel, got, multiple) = match form {
         Fp8Serving::Palette => (
             "fp8_palette_matrices",
-            served.fp8_palette_matrices(),
+            n("fp8-palette"),
             entrollm_codec::palette::BLOCK_COLS,
         ),
-        _ => ("fp8_served_matrices", served.fp8_matrices(), 16),
+        _ => ("fp8_served_matrices", n("fp8") + n("fp8-palette"), 16),
     };
     drop(served);
     let fits = |m: &Arc<dyn Linear>| usize::from(m.cols() % multiple == 0);
@@ -987,7 +989,10 @@ fn bf16_palette_case(
     )?;
     let got = GpuModel::upload_served(dev, &w, serving.clone())?
         .0
-        .bf16_palette_matrices();
+        .matrices_by_form()
+        .get("bf16-palette")
+        .copied()
+        .unwrap_or(0);
     let fits =
         |m: &Arc<dyn Linear>| usize::from(m.cols() % entrollm_codec::palette::BLOCK_COLS == 0);
     let tied = Arc::ptr_eq(&w.embed, &w.lm_head);
@@ -1180,8 +1185,8 @@ pub fn gguf_served(
         .map_err(model_err)?;
     let served = Some(Serving::default());
     compare_logits(dev, &label, w.clone_shallow(), served, &ids, 8, 5e-2, cases)?;
-    let (gm, n) = GpuModel::upload_served(dev, &w, Serving::default())?;
-    notes.push(format!("{label}: {n} launches served as held"));
+    let (gm, r) = GpuModel::upload_served(dev, &w, Serving::default())?;
+    notes.push(format!("{label}: launches served as held: {}", r.summary()));
     greedy_against_cpu(dev, "gguf_greedy", w, gm, &tok, n_new, cases, notes)
 }
 
@@ -1203,7 +1208,8 @@ pub fn hf_int_served(
         .iter()
         .map(|&t| t % vocab)
         .collect();
-    let (gm, n) = GpuModel::upload_served(dev, &w, Serving::default())?;
+    let (gm, r) = GpuModel::upload_served(dev, &w, Serving::default())?;
+    let n = r.taken();
     let ints = gm
         .desc(dev.info().sm_count)
         .layers
@@ -1734,7 +1740,8 @@ pub fn coded_e2e_selftest(dev: &Arc<GpuDevice>, seed: u64) -> Result<SelftestRep
     // by `upload_served`, against the same weights uploaded dense (decoded on the host).
     let w = served_weights(&c, seed, &tuned_plan(&c))?;
     let dense_w = run(GpuModel::upload(dev, &w)?)?;
-    let (served, n) = GpuModel::upload_served(dev, &w, Serving::default())?;
+    let (served, r) = GpuModel::upload_served(dev, &w, Serving::default())?;
+    let n = r.taken();
     let s = served.coded_summary();
     let shape = format!(
         "served: {n} coded launches, {:.3} bits/weight",
@@ -1765,6 +1772,7 @@ pub fn coded_e2e_selftest(dev: &Arc<GpuDevice>, seed: u64) -> Result<SelftestRep
     // container's are: identical arrays, hence identical logits; and against the dense model.
     let bf16 = dense_weights(&c, seed)?;
     let launches = 4 * c.num_layers + usize::from(!c.tie_word_embeddings);
+    let at_load = entrollm_cuda::forms::GpuForm::name(&entrollm_cuda::forms::dtans::AT_LOAD);
     for (label, plan) in [
         ("tuned", tuned_plan(&c)),
         ("auto", CodingPlan::uniform(None)),
@@ -1778,10 +1786,10 @@ pub fn coded_e2e_selftest(dev: &Arc<GpuDevice>, seed: u64) -> Result<SelftestRep
         let s = gm.coded_summary();
         let shape = format!(
             "code at load {label}: {} of {launches} launches coded, {:.3} bits/weight",
-            gr.coded_at_load,
+            gr.by(at_load),
             s.bits_per_weight()
         );
-        let complete = gr.coded_at_load == launches && cr.coded_at_load == launches;
+        let complete = gr.by(at_load) == launches && cr.by(at_load) == launches;
         cases.push(CaseResult {
             kernel: "code-at-load arrays".into(),
             shape: format!(

@@ -1151,7 +1151,7 @@ pub fn run(dev: &Arc<GpuDevice>, seed: u64, cases: &mut Vec<CaseResult>) -> Resu
 
 /// `m` (BF16) times `s`, a power of two: exact.
 fn scaled(m: &dyn Linear, s: f32) -> Result<Arc<dyn Linear>> {
-    let bits: Vec<u16> = entrollm_cuda::engine::host_bf16(m)
+    let bits: Vec<u16> = entrollm_cuda::forms::bf16::host_bf16(m)
         .into_iter()
         .map(|b| f32_to_bf16(bf16_to_f32(b) * s))
         .collect();

@@ -15,6 +15,7 @@ use entrollm_codec::rng::SplitMix64;
 
 use entrollm_cuda::device::GpuDevice;
 use entrollm_cuda::error::{DriverContext, GpuError, Result};
+use entrollm_cuda::forms::fp8::{launch_fp8_rows_to_bf16, launch_gemv_fp8, Fp8Codes};
 use entrollm_cuda::mem::{download, upload};
 use entrollm_cuda::ops::argmax::{argmax_ref, launch_argmax, ArgmaxScratch};
 use entrollm_cuda::ops::attention::{
@@ -25,9 +26,8 @@ use entrollm_cuda::ops::f32_to_bf16;
 use entrollm_cuda::ops::forward::{rmsnorm_f32w_ref, swiglu_interleaved_ref, GemvFusion};
 use entrollm_cuda::ops::gemv::{gemv_ref, launch_gemv, GemvConfig};
 use entrollm_cuda::ops::gemv_fp8::{
-    fp8_rows_to_bf16_ref, gemv_fp8_ref, launch_fp8_rows_to_bf16, launch_gemv_fp8,
-    launch_gemv_pal_bf16, launch_pal_bf16_rows_to_bf16, pal_bf16_config_for, Fp8Codes, GpuPal4,
-    GpuPalBf16, PAL_BF16_CANDIDATES,
+    fp8_rows_to_bf16_ref, gemv_fp8_ref, launch_gemv_pal_bf16, launch_pal_bf16_rows_to_bf16,
+    pal_bf16_config_for, GpuPal4, GpuPalBf16, PAL_BF16_CANDIDATES,
 };
 use entrollm_cuda::ops::rope::{launch_rope, rope_ref, RopeLayout, RopeShape};
 

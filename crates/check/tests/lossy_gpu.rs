@@ -161,7 +161,8 @@ fn lossy_e2e_greedy() {
     let mut ge = GpuEngine::new(Arc::clone(&dev), gm, 256).expect("gpu engine");
     let gpu = ge.generate_greedy(&ids, n_new).expect("gpu greedy");
     println!(
-        "gpu: {served} matrices served as stored, {:.1} s: {gpu:?}",
+        "gpu: launches served as stored: {}, {:.1} s: {gpu:?}",
+        served.summary(),
         t0.elapsed().as_secs_f64()
     );
     drop(ge);

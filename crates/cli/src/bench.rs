@@ -299,9 +299,9 @@ pub fn run(a: Args) -> Result<()> {
     let s = model.coded_summary();
     source += &match r {
         Some(r) => format!(
-            " ({} launches coded at load on the {} (host plan {:.2} s, upload {:.2} s, encode \
-             {:.2} s), {} served as stored)",
-            r.coded_at_load,
+            " (launches taken by form {} on the {} (host plan {:.2} s, upload {:.2} s, encode \
+             {:.2} s))",
+            r.summary(),
             match code.as_ref().map(|c| c.1) {
                 Some(Encoder::Cpu) => "host",
                 _ => "GPU",
@@ -309,7 +309,6 @@ pub fn run(a: Args) -> Result<()> {
             r.plan_s,
             r.upload_s,
             r.encode_s,
-            r.served
         ),
         None => format!(" ({} coded layer/head matrices served coded)", s.matrices),
     };
@@ -347,12 +346,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let bytes_per_token = model.bytes_per_token();
     let coded = model.coded_summary();
-    let fp8 = (
-        model.fp8_matrices(),
-        model.fp8_palette_matrices(),
-        model.lm_head_palette_bf16(),
-    );
-    let bf16_palette = model.bf16_palette_matrices();
+    let (by_form, lm_head_form) = (model.matrices_by_form(), model.lm_head_form());
     let mut e = GpuEngine::with_options(Arc::clone(&dev), model, max_seq, decode)
         .with_context(|| format!("building the engine for {max_seq} tokens"))?;
     let prompt = random_tokens(a.prompt_len, c.vocab_size, a.seed);
@@ -470,12 +464,8 @@ pub fn run(a: Args) -> Result<()> {
                 "dense_bytes": coded.dense_bytes,
                 "stream_errors": coded_error,
             },
-            "fp8": {
-                "matrices": fp8.0,
-                "palette_matrices": fp8.1,
-                "lm_head_palette_bf16": fp8.2,
-            },
-            "bf16_palette_matrices": bf16_palette,
+            "matrices_by_form": by_form,
+            "lm_head_form": lm_head_form,
             "long_prefill": a.long_prefill,
             "long_prefill_s": long.map(|l| l.0),
             "long_decode_tok_s": long.map(|l| 1.0 / l.1),

@@ -192,59 +192,45 @@ pub fn upload_gpu(
     code: Option<(&CodingPlan, Encoder)>,
     serving: Serving,
 ) -> Result<(GpuModel, Option<LoadReport>)> {
-    let fp8 = serving.fp8;
-    let report_fp8 = |m: &GpuModel| {
-        if m.fp8_matrices() > 0 {
-            eprintln!(
-                "fp8: {} layer/head launches served in FP8, {} of them palette-packed{} (--fp8 {})",
-                m.fp8_matrices(),
-                m.fp8_palette_matrices(),
-                if m.lm_head_palette_bf16() {
-                    "; the BF16 LM head palette-packed, lossless"
-                } else {
-                    ""
-                },
-                fp8
-            );
-        }
+    // Which form serves how many layer/head launches.
+    let report_forms = |m: &GpuModel| {
+        let by = m.matrices_by_form();
+        let list: Vec<String> = by.iter().map(|(f, n)| format!("{f} {n}")).collect();
+        eprintln!(
+            "forms: layer/head launches served {}{}; device weights {:.3} GB",
+            list.join(", "),
+            m.lm_head_form()
+                .map_or(String::new(), |f| format!(" (the LM head {f})")),
+            m.weight_bytes() as f64 / 1e9
+        );
     };
     let Some((plan, encoder)) = code else {
-        let (bf16_palette, configured) = (serving.bf16_palette, serving.launches.len());
+        let configured = serving.launches.len();
         let model = GpuModel::upload_served(dev, weights, serving)?.0;
-        report_fp8(&model);
+        report_forms(&model);
         if configured > 0 {
             eprintln!(
                 "plan: {configured} launches in the launch configurations their tune file timed \
                  fastest"
             );
         }
-        if bf16_palette {
-            eprintln!(
-                "bf16: {} layer/head launches palette-packed losslessly (--bf16 palette; 12 bits a \
-                 weight), device weights {:.3} GB",
-                model.bf16_palette_matrices(),
-                model.weight_bytes() as f64 / 1e9
-            );
-        }
         return Ok((model, None));
     };
     let t = Instant::now();
     let bar = progress::steps(weights.layers.len() as u64, "code at load");
-    let (model, r) = GpuModel::upload_coded(dev, weights, plan, encoder, fp8, &mut |done, _| {
-        bar.set_position(done as u64)
-    })?;
-    report_fp8(&model);
+    let (model, r) =
+        GpuModel::upload_coded(dev, weights, plan, encoder, serving.fp8, &mut |done, _| {
+            bar.set_position(done as u64)
+        })?;
+    report_forms(&model);
     bar.finish_and_clear();
     let s = model.coded_summary();
     let gb = |b: usize| b as f64 / 1e9;
     eprintln!(
-        "code at load: {} launches coded on the GPU{} in {:.2} s (host plan {:.2} s, upload {:.2}          s, GPU encode {:.2} s); coded matrices {:.3} GB for {:.3} GB BF16 ({:.3} bits/weight),          dense {:.3} GB (embedding{}); device weights {:.3} GB",
-        r.coded_at_load,
-        if r.served > 0 {
-            format!(", {} served as stored", r.served)
-        } else {
-            String::new()
-        },
+        "code at load: launches taken by form {} in {:.2} s (host plan {:.2} s, upload {:.2} s, \
+         GPU encode {:.2} s); coded matrices {:.3} GB for {:.3} GB BF16 ({:.3} bits/weight), \
+         dense {:.3} GB (embedding{}); device weights {:.3} GB",
+        r.summary(),
         t.elapsed().as_secs_f64(),
         r.plan_s,
         r.upload_s,
@@ -253,7 +239,11 @@ pub fn upload_gpu(
         gb(2 * s.weights),
         s.bits_per_weight(),
         gb(s.dense_bytes),
-        if s.dense_matrices > 1 { " and others" } else { "" },
+        if s.dense_matrices > 1 {
+            " and others"
+        } else {
+            ""
+        },
         gb(model.weight_bytes()),
     );
     for n in r.dense_notes.iter().take(4) {

@@ -27,7 +27,6 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
-use rayon::prelude::*;
 
 use entrollm_model::config::RopeStyle;
 use entrollm_model::engine::rope_inv_freq;
@@ -36,6 +35,7 @@ use entrollm_model::{DenseBf16 as CpuDenseBf16, ModelConfig};
 
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
+use crate::forms::bf16::host_bf16;
 use crate::gemm::Gemm;
 use crate::linear::{swiglu_config, GpuLinear, SharedScratch};
 use crate::ops::argmax::{launch_argmax, ArgmaxScratch};
@@ -339,22 +339,6 @@ pub fn check_supported(c: &ModelConfig) -> Result<()> {
     }
     AttnConfig::for_heads(c.head_dim, c.num_heads, c.num_kv_heads)?;
     Ok(())
-}
-
-/// A matrix's rows as BF16 bits (lossless for BF16 matrices; other formats are rounded).
-pub fn host_bf16(m: &dyn Linear) -> Vec<u16> {
-    let cols = m.cols();
-    let mut out = vec![0u16; m.rows() * cols];
-    out.par_chunks_mut(cols).enumerate().for_each_init(
-        || vec![0f32; cols],
-        |buf, (r, row)| {
-            m.row(r, buf);
-            for (o, &v) in row.iter_mut().zip(buf.iter()) {
-                *o = half::bf16::from_f32(v).to_bits();
-            }
-        },
-    );
-    out
 }
 
 /// `parts` row-stacked (`halves`: gate and up rows interleaved, g0, u0, g1, u1, ..., so the decode

@@ -5,7 +5,7 @@
 //! that layer's launches, so every layer owns its arrays and the decode step reads each. Also
 //! the coder's entry points for BF16 matrices and the synthetic weights of the selftests.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
@@ -22,12 +22,9 @@ use crate::coded::{check_supported as check_coding, GpuDtans};
 use crate::device::GpuDevice;
 use crate::engine::{GpuLayer, GpuModel};
 use crate::error::{DriverContext, GpuError, Result};
+pub use crate::forms::report::{Encoder, LoadReport};
 use crate::forms::{self, check_kernels, exact_bf16, Policy, Upload};
-use crate::linear::{
-    DtansLinear, DtansScratch, Fp8Linear, Fp8Serving, GpuLinear, PalBf16Linear, Serving,
-    SharedScratch,
-};
-use crate::ops::gemv_fp8::Fp8Codes;
+use crate::linear::{DtansScratch, Fp8Serving, GpuLinear, Serving, SharedScratch};
 use crate::tuned::bf16_coding_for;
 use cudarc::driver::CudaSlice;
 
@@ -48,25 +45,6 @@ pub fn tuned_plan(c: &ModelConfig) -> CodingPlan {
         plan.launches.insert(l, Some(bf16_coding_for(rows, cols).0));
     }
     plan
-}
-
-/// Where a BF16 matrix is coded: the host's encoder or the GPU's (byte-identical output; the
-/// host makes the plan either way).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Encoder {
-    Cpu,
-    Gpu,
-}
-
-impl std::str::FromStr for Encoder {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "cpu" => Ok(Encoder::Cpu),
-            "gpu" => Ok(Encoder::Gpu),
-            _ => Err(format!("encoder '{s}': expected cpu or gpu")),
-        }
-    }
 }
 
 /// Codes a BF16 matrix losslessly with `coding` (None: the coder's choice of coding and width),
@@ -264,51 +242,36 @@ impl CodedSummary {
 }
 
 impl GpuModel {
-    /// How many of the layer and head matrices are kept in FP8 (an FP8 checkpoint served).
-    pub fn fp8_matrices(&self) -> usize {
-        self.count_matrices(|m| m.downcast::<Fp8Linear>().is_some())
-    }
-
-    /// Whether the LM head is a BF16 matrix palette-packed losslessly (an FP8 checkpoint's, or any
-    /// with `Serving::bf16_palette`).
-    pub fn lm_head_palette_bf16(&self) -> bool {
-        self.lm_head
-            .as_ref()
-            .is_some_and(|m| m.downcast::<PalBf16Linear>().is_some())
-    }
-
-    /// How many layer/head matrices are BF16 palette-packed (`Serving::bf16_palette`; the LM head
-    /// of an FP8 checkpoint's palette form).
-    pub fn bf16_palette_matrices(&self) -> usize {
-        self.count_matrices(|m| m.downcast::<PalBf16Linear>().is_some())
-    }
-
-    /// How many of the FP8 matrices are palette-packed.
-    pub fn fp8_palette_matrices(&self) -> usize {
-        self.count_matrices(|m| {
-            m.downcast::<Fp8Linear>()
-                .is_some_and(|f| matches!(f.codes, Fp8Codes::Palette(_)))
-        })
-    }
-
-    fn count_matrices(&self, pred: impl Fn(&GpuLinear) -> bool) -> usize {
+    /// How many layer and head matrices each GPU form serves, by the form's name in the decode plan
+    /// ([`LinearDesc::form_name`](crate::plan::LinearDesc::form_name): `bf16`, `fp8`,
+    /// `fp8-palette`, `bf16-palette`, `dtans`, …).
+    pub fn matrices_by_form(&self) -> BTreeMap<&'static str, usize> {
+        let mut by = BTreeMap::new();
         let mut mats: Vec<&GpuLinear> = self.lm_head.iter().collect();
         for l in &self.layers {
             mats.extend([&l.qkv, &l.o, &l.gate_up, &l.down]);
         }
-        mats.into_iter().filter(|m| pred(m)).count()
+        for m in mats {
+            *by.entry(m.desc().form_name()).or_default() += 1;
+        }
+        by
+    }
+
+    /// The GPU form the LM head is served in; None where it is tied to the embedding.
+    pub fn lm_head_form(&self) -> Option<&'static str> {
+        self.lm_head.as_ref().map(|m| m.desc().form_name())
     }
 
     /// The coded and dense matrices of the model (the embedding counted once when tied).
     pub fn coded_summary(&self) -> CodedSummary {
         let mut s = CodedSummary::default();
-        let mut add = |m: &GpuLinear| match m.downcast::<DtansLinear>() {
-            Some(c) => {
+        let mut add = |m: &GpuLinear| match m.entropy_coded() {
+            true => {
                 s.matrices += 1;
-                s.weights += c.rows() * c.cols();
+                s.weights += m.rows() * m.cols();
                 s.bytes += m.stored_bytes();
             }
-            None => {
+            false => {
                 s.dense_matrices += 1;
                 s.dense_weights += m.rows() * m.cols();
                 s.dense_bytes += m.stored_bytes();
@@ -829,29 +792,6 @@ mod coding_sizes {
     }
 }
 
-/// How [`GpuModel::upload_coded`] served a model's layer and head launches (stacked q/k/v, o,
-/// gate/up, down, LM head).
-#[derive(Clone, Debug, Default)]
-pub struct LoadReport {
-    /// Launches coded at load.
-    pub coded_at_load: usize,
-    /// Launches a container held coded, served as stored.
-    pub served: usize,
-    /// Launches an FP8 checkpoint holds as FP8 E4M3 (with row scales), served as FP8.
-    pub fp8: usize,
-    /// BF16 launches palette-packed losslessly (`Serving::bf16_palette`).
-    pub bf16_palette: usize,
-    /// Launches served dense when coding at load, each with why.
-    pub dense_notes: Vec<String>,
-    /// Host: gathering each matrix's BF16 bits, the coder's choice (auto) and the plan.
-    pub plan_s: f64,
-    /// Uploading the BF16 matrices to code.
-    pub upload_s: f64,
-    /// Coding: the GPU encoder's passes (or, with [`Encoder::Cpu`], the host encoder and the upload
-    /// of its arrays).
-    pub encode_s: f64,
-}
-
 /// The coding `plan` gives a launch (None: the coder's choice).
 fn launch_coding(plan: &CodingPlan, l: Launch) -> Option<Coding> {
     plan.launches.get(&l).copied().unwrap_or(plan.default)
@@ -882,16 +822,15 @@ impl GpuModel {
     /// launch and gate/up as one launch over [gate; up] when their parts share a coding; matrices
     /// that are not coded (or whose parts cannot share a launch) are uploaded dense as
     /// [`GpuModel::upload`] does, and so is the embedding (a lookup reads one row). Returns the
-    /// model and how many layer/head matrices are coded.
+    /// model and the launches each form took.
     /// FP8 checkpoints' matrices stay FP8, kept as `serving.fp8` says; BF16 ones are palette-packed
     /// with `serving.bf16_palette`.
     pub fn upload_served(
         dev: &GpuDevice,
         w: &entrollm_model::weights::ModelWeights,
         serving: Serving,
-    ) -> Result<(Self, usize)> {
-        let (m, r) = serve(dev, w, None, serving, &mut |_, _| {})?;
-        Ok((m, r.served))
+    ) -> Result<(Self, LoadReport)> {
+        serve(dev, w, None, serving, &mut |_, _| {})
     }
 
     /// [`GpuModel::upload_served`], and every layer/head launch the container does not hold coded
@@ -1051,7 +990,7 @@ fn serve(
     // A layer whose matrices are an earlier layer's (the same host matrices: a synthetic model's
     // layers) gets device copies of that layer's launches, with nothing stacked, packed or coded
     // again; the report counts it as that layer was counted.
-    let mut seen: HashMap<[usize; 7], (usize, [usize; 4])> = HashMap::new();
+    let mut seen: HashMap<[usize; 7], (usize, BTreeMap<&'static str, usize>)> = HashMap::new();
     for (i, l) in w.layers.iter().enumerate() {
         if let Mlp::Experts(ex) = &l.mlp {
             let moe = c.block.moe.as_ref().ok_or_else(|| {
@@ -1130,9 +1069,8 @@ fn serve(
             .map_err(|e| GpuError::invalid("gpu model", format!("layer {i}: {e}")))?;
         let key = [&l.q, &l.k, &l.v, &l.o, &g.gate, &g.up, &g.down]
             .map(|m| Arc::as_ptr(m) as *const () as usize);
-        let counts = |r: &LoadReport| [r.coded_at_load, r.served, r.fp8, r.bf16_palette];
-        let before = counts(&r);
-        let copy = seen.get(&key).copied();
+        let before = r.launches.clone();
+        let copy = seen.get(&key).cloned();
         let qkv_bias = upload_qkv_bias(dev, l, q, kv)?;
         let what = |s: &str| format!("layer {i} {s}");
         let id = |s: &str| format!("layers.{i}.{s}");
@@ -1150,17 +1088,7 @@ fn serve(
                 moe: None,
             };
             layers.push(layer);
-            for (n, d) in [
-                &mut r.coded_at_load,
-                &mut r.served,
-                &mut r.fp8,
-                &mut r.bf16_palette,
-            ]
-            .into_iter()
-            .zip(d)
-            {
-                *n += d;
-            }
+            r.add(&d);
             progress(i + 1, w.layers.len());
             continue;
         }
@@ -1200,8 +1128,7 @@ fn serve(
             norms: crate::engine::GpuNorms::upload(dev, &l.norms)?,
             moe: None,
         });
-        let after = counts(&r);
-        seen.insert(key, (i, std::array::from_fn(|k| after[k] - before[k])));
+        seen.insert(key, (i, r.since(&before)));
         progress(i + 1, w.layers.len());
     }
     if code.is_some() && lm_head.is_none() {
@@ -1209,7 +1136,7 @@ fn serve(
             .push("lm_head: tied to the embedding, served dense with it".into());
     }
     // (The shared workspace serves prefill's copies to BF16: coded models prefill in longer chunks.)
-    let any_coded = r.served + r.coded_at_load + r.fp8 + r.bf16_palette > 0;
+    let any_coded = r.taken() > 0;
     let m = GpuModel {
         config: c.clone(),
         embed,

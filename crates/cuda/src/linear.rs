@@ -203,6 +203,11 @@ pub trait GpuMatrix: Send + Sync {
     fn device_bytes(&self) -> usize {
         self.stored_bytes()
     }
+    /// Whether its values are entropy-coded (counted apart from the dense matrices in
+    /// [`crate::GpuModel::coded_summary`]).
+    fn entropy_coded(&self) -> bool {
+        false
+    }
     /// `y = W x` (or `y += W x` with `accumulate`); x f32 [cols], y f32 [rows].
     fn matvec(
         &self,
@@ -393,6 +398,11 @@ impl GpuLinear {
     /// Whether the decode step normalises x inside this matrix's GEMV ([`LinearDesc::norm_in_gemv`]).
     pub fn norm_in_gemv(&self) -> bool {
         self.desc().norm_in_gemv()
+    }
+
+    /// See [`GpuMatrix::entropy_coded`].
+    pub fn entropy_coded(&self) -> bool {
+        self.0.entropy_coded()
     }
 
     pub fn stored_bytes(&self) -> usize {

@@ -44,7 +44,8 @@ pub struct DecodeOptions {
     /// finishes (edges into [`PDL_KERNELS`]). With every read of a predecessor's output coherent,
     /// the selftest's PDL-vs-plain decode is bit-identical.
     pub pdl: bool,
-    /// Programmatic edges into the dense FP8 GEMVs too (a comparison run: see [`PDL_KERNELS`]).
+    /// Programmatic edges into the dense FP8 GEMVs too (a comparison run: see
+    /// `forms::fp8::PDL_DENSE_KERNELS`).
     pub pdl_dense_fp8: bool,
     /// RoPE and the KV append as their own kernel instead of the q/k/v GEMV's epilogue (dense
     /// BF16 q/k/v only).
@@ -140,23 +141,13 @@ impl std::fmt::Display for DecodeOptions {
     }
 }
 
-/// Kernels that call `pdl_wait()` before touching anything an earlier kernel wrote or reads
-/// (kernels/common.cuh): an edge into one of them may be programmatic.
+/// Kernels outside the weight forms that call `pdl_wait()` before touching anything an earlier
+/// kernel wrote or reads (kernels/common.cuh): an edge into one of them may be programmatic. The
+/// forms' product kernels that do are the forms' own ([`crate::forms::pdl_kernel`]).
 pub const PDL_KERNELS: &[&str] = &[
     "embedding_gather",
     "rmsnorm_f32w",
     "rmsnorm_f32w_bf16out",
-    "gemv_bf16",
-    "gemv_bf16_norm",
-    "gemv_bf16_rope",
-    "gemv_bf16_prenorm",
-    "gemv_bf16_accum_norm",
-    // Not the dense FP8 GEMVs (PDL_DENSE_FP8_KERNELS): they measured slower launched early
-    // (bench/RESULTS.md).
-    "gemv_pal4",
-    "gemv_pal4_norm",
-    "gemv_pal4_bf16",
-    "gemv_pal4_bf16_norm",
     "rope_append_f32q",
     "rope_append_bf16q",
     // The families' kernels (kernels/families.cu).
@@ -167,8 +158,6 @@ pub const PDL_KERNELS: &[&str] = &[
     "softcap_f32",
     // A mixture of experts' (each reads the expert indices after pdl_wait).
     "moe_topk",
-    "gemv_bf16_experts",
-    "ggml_mv_experts",
     "moe_combine",
     "moe_glu_f32",
     "bias_residual",
@@ -180,20 +169,10 @@ pub const PDL_KERNELS: &[&str] = &[
     "finish_step",
 ];
 
-/// The dense FP8 GEMVs: they call `pdl_wait()` as the BF16 ones do, but are left out of
-/// [`PDL_KERNELS`] (measured slower launched early), except with `DecodeOptions::pdl_dense_fp8`.
-pub const PDL_DENSE_FP8_KERNELS: &[&str] = &[
-    "gemv_fp8",
-    "gemv_fp8_norm",
-    "gemv_fp8_prenorm",
-    "gemv_fp8_accum_norm",
-];
-
 /// Whether a plain kernel → `kernel` edge of the decode graph is made programmatic under `opts`.
 pub fn programmatic_into(kernel: &str, opts: &DecodeOptions) -> bool {
     opts.pdl
-        && (PDL_KERNELS.contains(&kernel)
-            || (opts.pdl_dense_fp8 && PDL_DENSE_FP8_KERNELS.contains(&kernel)))
+        && (PDL_KERNELS.contains(&kernel) || crate::forms::pdl_kernel(kernel, opts.pdl_dense_fp8))
 }
 
 /// One launch's form as the decode step sees it: which fused kernels around the products take it,

@@ -4,8 +4,8 @@
 //! of 5 bursts of ≥ 400 µs: [`crate::timing`]).
 
 use crate::device::GpuDevice;
-use crate::engine_coded::LoadReport;
 use crate::error::DriverContext;
+use crate::forms::report::LoadReport;
 use crate::forms::{self, Policy, Upload};
 use crate::linear::{DtansScratch, GpuLinear, SharedScratch};
 use crate::ops::forward::GemvFusion;

@@ -46,6 +46,12 @@ pub enum Coder {
 }
 
 impl Coder {
+    /// The pipeline that codes with the container's coder a form stores with
+    /// ([`Stored::Coded`](crate::forms::Stored::Coded)).
+    fn of_stored(coder: &str) -> Result<Coder> {
+        Coder::parse(coder).map_err(CompressError::Usage)
+    }
+
     pub fn parse(s: &str) -> Result<Coder, String> {
         match s {
             "auto" | "dtans" => Ok(Coder::Dtans),
@@ -452,7 +458,7 @@ pub fn code_lossy(
     if opts.rdo > 1 {
         stats["rdo"] = json!(opts.rdo);
     }
-    Ok((Coded::Lossy(coded), stats, out))
+    Ok((Coded::new(coded), stats, out))
 }
 
 /// ‖a − b‖ / ‖a‖ (0 for a zero `a`).
@@ -505,31 +511,7 @@ fn code_scalar(
         "passes": report.passes,
     });
     planned_stats(&mut stats, name, opts);
-    Ok((Coded::Scalar(coded), stats, out))
-}
-
-/// A lossily coded tensor, kept for the restored file's checksum.
-#[derive(Clone)]
-enum Reconstructed {
-    Tiles(LossyCoded),
-    Scalar(Box<ScalarCoded>),
-}
-
-impl Reconstructed {
-    fn of(c: &Coded) -> Option<Reconstructed> {
-        match c {
-            Coded::Lossy(l) => Some(Reconstructed::Tiles(l.clone())),
-            Coded::Scalar(s) => Some(Reconstructed::Scalar(Box::new(s.clone()))),
-            _ => None,
-        }
-    }
-
-    fn decode(&self) -> entrollm_codec::Result<Vec<u8>> {
-        match self {
-            Reconstructed::Tiles(l) => l.decode(),
-            Reconstructed::Scalar(s) => s.decode(),
-        }
-    }
+    Ok((Coded::new(coded), stats, out))
 }
 
 /// The checksum of a source file as a lossy container restores it: the file's bytes, each lossily
@@ -539,7 +521,7 @@ fn restored_checksum<'a>(
     prefix: &[u8],
     size: u64,
     segments: impl Iterator<Item = (u64, &'a str, &'a [u8])>,
-    lossy: &BTreeMap<String, Reconstructed>,
+    lossy: &BTreeMap<String, Coded>,
 ) -> Result<u64> {
     let mut h = StreamingChecksum::new();
     h.update(prefix);
@@ -746,12 +728,12 @@ pub fn code_tensor(
                 Some(p) => {
                     let f = FloatsCoded::encode(payload, m.bytes)?;
                     let stats = json!({ "predicted_bytes": p.round(), "coding": f.coding() });
-                    (Coded::Floats(f), stats)
+                    (Coded::new(f), stats)
                 }
                 None => {
                     let d = DtansTensor::encode(payload, rows, cols, &codes, &raw, chosen)?;
                     (
-                        Coded::Dtans(d),
+                        Coded::new(d),
                         json!({ "predicted_bytes": predicted.round() }),
                     )
                 }
@@ -765,7 +747,7 @@ pub fn code_tensor(
                 .chunks_exact(2)
                 .map(|b| u16::from_le_bytes([b[0], b[1]]))
                 .collect();
-            (Coded::Df11(Df11Tensor::encode(&w)?), codes, 8.0, json!({}))
+            (Coded::new(Df11Tensor::encode(&w)?), codes, 8.0, json!({}))
         }
         (SourceForm::Blocks(block), Coder::Dtans) => {
             let q = unpack_codes(block, m.bytes).map_err(CompressError::Usage)?;
@@ -775,7 +757,7 @@ pub fn code_tensor(
             let side_bits = (h16(&q.d) + q.m.as_deref().map_or(0.0, h16)) / QK as f64;
             let payload = Payload::Int(block.bits() as u8);
             let (d, stats) = code_dtans(payload, rows, cols, &q.codes, &[], coding)?;
-            let mut coded = Coded::Ggml(GgmlCoded {
+            let mut coded = Coded::new(GgmlCoded {
                 block,
                 codes: d,
                 d: q.d,
@@ -784,7 +766,7 @@ pub fn code_tensor(
             let mut stats = stats;
             // Codes that do not code smaller may still have scales that do.
             if coding.is_none() && coded.stored_bytes() >= m.bytes.len() {
-                let s = Coded::GgmlScales(GgmlScales::encode(block, rows, cols, m.bytes)?);
+                let s = Coded::new(GgmlScales::encode(block, rows, cols, m.bytes)?);
                 if s.stored_bytes() < m.bytes.len() {
                     coded = s;
                 }
@@ -799,7 +781,7 @@ pub fn code_tensor(
                 let margin = (RANS_MARGIN_BITS * (rows * cols) as f64 / 8.0) as usize;
                 if b.stored_bytes() + margin < coded.stored_bytes().min(m.bytes.len()) {
                     stats = blocks_stats(&b, rows * cols);
-                    coded = Coded::Blocks(b);
+                    coded = Coded::new(b);
                 }
             }
             (coded, q.codes, side_bits, stats)
@@ -808,7 +790,7 @@ pub fn code_tensor(
             let (b, split) = BlocksCoded::encode(ty, rows, cols, m.bytes, coding)?;
             let h = entrollm_format::coded::BlocksEntropy::of(&split);
             let stats = blocks_stats(&b, rows * cols);
-            (Coded::Blocks(b), split.codes, h.side_bits_per_weight, stats)
+            (Coded::new(b), split.codes, h.side_bits_per_weight, stats)
         }
         (form, Coder::Df11) => {
             return Err(CompressError::Usage(format!(
@@ -884,7 +866,7 @@ fn code_fields(dtype: Dtype, bytes: &[u8]) -> Result<Option<(Coded, Value)>> {
         "entropy_bound_bpw": h * per_element,
         "bits_per_weight": f.stored_bytes() as f64 * 8.0 * per_element / n,
     });
-    Ok(Some((Coded::Fields(f), stats)))
+    Ok(Some((Coded::new(f), stats)))
 }
 
 /// What the manifest records of a split tensor's streams (`inspect` shows them).
@@ -1121,7 +1103,7 @@ fn add_coded(
     name: &str,
     dtype: Dtype,
     shape: &[usize],
-    (coded, stats, sum): Ready,
+    (coded, stats, sum): &Ready,
 ) -> Result<()> {
     let arrays = coded.arrays();
     let arrays = arrays
@@ -1133,9 +1115,9 @@ fn add_coded(
         dtype,
         shape,
         coded.coder(),
-        coded.params(stats),
+        coded.params(stats.clone()),
         arrays,
-        sum,
+        *sum,
     )?;
     Ok(())
 }
@@ -1205,7 +1187,7 @@ fn compress_safetensors(
         let (coder, coding, codable) = match planned_storage(&forms, t.name, values_kind(t.dtype))?
         {
             Some(Stored::Raw) => return Ok(None),
-            Some(Stored::Coded { coder, coding }) => (coder, coding, true),
+            Some(Stored::Coded { coder, coding }) => (Coder::of_stored(coder)?, coding, true),
             None => (
                 opts.coder,
                 opts.plan.coding_for(t.name),
@@ -1236,7 +1218,7 @@ fn compress_safetensors(
     let limits = Window::of_pool(opts.in_flight_bytes);
     let weight = |t: &TensorView<'_>| t.bytes.len() as u64;
     let files: Vec<(&str, &SafetensorsFile)> = ckpt.files().collect();
-    let mut lossy: BTreeMap<String, Reconstructed> = BTreeMap::new();
+    let mut lossy: BTreeMap<String, Coded> = BTreeMap::new();
     let sums = std::thread::scope(|threads| -> Result<Vec<u64>> {
         // Hashing the whole source once more is a single-threaded pass: it runs beside the
         // coding rather than before it, and the source files are recorded after the tensors.
@@ -1249,14 +1231,15 @@ fn compress_safetensors(
         in_order(&tensors, weight, limits, code, |t, ready| {
             match ready {
                 Some(ready) => {
-                    if let Some(l) = Reconstructed::of(&ready.0) {
-                        lossy.insert(t.name.to_string(), l);
-                    }
                     summary.coded_tensors += 1;
                     summary.coded_source_bytes += t.bytes.len() as u64;
                     summary.coded_bytes += ready.0.stored_bytes() as u64;
                     summary.coded_weights += t.shape.iter().product::<usize>() as u64;
-                    add_coded(&mut w, t.name, t.dtype, t.shape, ready)?;
+                    add_coded(&mut w, t.name, t.dtype, t.shape, &ready)?;
+                    // Kept for the restored file's checksum.
+                    if ready.0.reconstructs() {
+                        lossy.insert(t.name.to_string(), ready.0);
+                    }
                 }
                 None => w.add_plain(t.name, t.dtype, t.shape, t.bytes)?,
             }
@@ -1553,7 +1536,7 @@ fn compress_gguf(
     if opts.lossy.is_none() {
         w.add_source_file(source(checksum(bytes)))?;
     }
-    let mut lossy: BTreeMap<String, Reconstructed> = BTreeMap::new();
+    let mut lossy: BTreeMap<String, Coded> = BTreeMap::new();
     progress.start(file.tensors().iter().map(|t| t.n_bytes).sum());
     let mut summary = Summary {
         source: SourceKind::Gguf,
@@ -1645,7 +1628,7 @@ fn compress_gguf(
         };
         let (coder, coding, planned) = match planned {
             Some(Stored::Raw) => return Ok(GgufReady::Plain(plain_dtype, plain_shape)),
-            Some(Stored::Coded { coder, coding }) => (coder, coding, true),
+            Some(Stored::Coded { coder, coding }) => (Coder::of_stored(coder)?, coding, true),
             None => (Coder::Dtans, opts.plan.coding_for(&info.name), false),
         };
         let (coded, mut stats) = code_tensor(&m, coder, coding, !planned && !opts.dtans_only)
@@ -1667,14 +1650,15 @@ fn compress_gguf(
         let data = file.tensor_data(info);
         match ready {
             GgufReady::Coded(ready, dtype, shape) => {
-                if let Some(l) = Reconstructed::of(&ready.0) {
-                    lossy.insert(info.name.clone(), l);
-                }
                 summary.coded_tensors += 1;
                 summary.coded_source_bytes += data.len() as u64;
                 summary.coded_bytes += ready.0.stored_bytes() as u64;
                 summary.coded_weights += info.n_elements();
-                add_coded(&mut w, &info.name, dtype, &shape, *ready)?;
+                add_coded(&mut w, &info.name, dtype, &shape, &ready)?;
+                // Kept for the restored file's checksum.
+                if ready.0.reconstructs() {
+                    lossy.insert(info.name.clone(), ready.0);
+                }
             }
             GgufReady::Plain(dtype, shape) => w.add_plain(&info.name, dtype, &shape, data)?,
         }
@@ -2068,10 +2052,13 @@ mod tests {
             let t = r.tensor(name).unwrap();
             match &t.data {
                 StoredData::Plain(_) => "plain".to_string(),
-                StoredData::Coded(c) => match Coded::from_stored(t.dtype, t.shape, c).unwrap() {
-                    Coded::Dtans(d) => format!("dtans {}", d.coding),
-                    other => other.coder().to_string(),
-                },
+                StoredData::Coded(c) => {
+                    let coded = Coded::from_stored(t.dtype, t.shape, c).unwrap();
+                    match coded.downcast_ref::<DtansTensor>() {
+                        Some(d) => format!("dtans {}", d.coding),
+                        None => coded.coder().to_string(),
+                    }
+                }
             }
         };
         for (name, f) in &forms {

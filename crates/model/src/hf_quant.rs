@@ -627,10 +627,20 @@ fn read_compressed(t: &dyn Tensors, prefix: &str, args: &IntArgs) -> Result<Arc<
     let packed_name = format!("{prefix}.weight_packed");
     let per_row = (cols * bits as usize).div_ceil(32);
     let packed = words(t, &packed_name, &[rows, per_row])?;
-    let group = args.group.unwrap_or(cols);
-    let n_groups = cols.div_ceil(group);
-    let scales = floats(t, &format!("{prefix}.weight_scale"), &[rows, n_groups])?;
-    let zeros = zero_points(t, prefix, args, rows * n_groups, |zp_name| {
+    let mut codes = vec![0u8; rows * cols];
+    for (r, row) in codes.chunks_exact_mut(cols).enumerate() {
+        let w = &packed[r * per_row..(r + 1) * per_row];
+        for (c, q) in row.iter_mut().enumerate() {
+            *q = field(|k| w[k], c, bits);
+        }
+    }
+    let codes = Codes {
+        name: &packed_name,
+        rows,
+        cols,
+        codes,
+    };
+    codes.grouped(t, prefix, args, |zp_name, n_groups| {
         let zp = words(t, zp_name, &[(rows * bits as usize).div_ceil(32), n_groups])?;
         let mut z = vec![0i32; rows * n_groups];
         for g in 0..n_groups {
@@ -640,25 +650,45 @@ fn read_compressed(t: &dyn Tensors, prefix: &str, args: &IntArgs) -> Result<Arc<
             }
         }
         Ok(z)
-    })?;
-    let mut codes = vec![0u8; rows * cols];
-    for (r, row) in codes.chunks_exact_mut(cols).enumerate() {
-        let w = &packed[r * per_row..(r + 1) * per_row];
-        for (c, q) in row.iter_mut().enumerate() {
-            *q = field(|k| w[k], c, bits);
+    })
+}
+
+/// A compressed-tensors matrix's codes (`name` names it in errors), before its groups are read.
+struct Codes<'a> {
+    name: &'a str,
+    rows: usize,
+    cols: usize,
+    codes: Vec<u8>,
+}
+
+impl Codes<'_> {
+    /// The matrix with its `….weight_scale` `[rows, groups]` and zero points
+    /// ([`zero_points`]; `read(name, groups)` reads the stored ones), as both compressed-tensors
+    /// integer readers dequantise it: `(q − z)·s`.
+    fn grouped(
+        self,
+        t: &dyn Tensors,
+        prefix: &str,
+        args: &IntArgs,
+        read: impl FnOnce(&str, usize) -> Result<Vec<i32>>,
+    ) -> Result<Arc<dyn Linear>> {
+        let (rows, cols) = (self.rows, self.cols);
+        let group = args.group.unwrap_or(cols);
+        let n_groups = cols.div_ceil(group);
+        let scales = floats(t, &format!("{prefix}.weight_scale"), &[rows, n_groups])?;
+        let zeros = zero_points(t, prefix, args, rows * n_groups, |zp| read(zp, n_groups))?;
+        Unpacked {
+            rows,
+            cols,
+            bits: args.bits,
+            codes: self.codes,
+            group,
+            scales,
+            zeros,
+            perm: None,
         }
+        .into_linear(self.name)
     }
-    Unpacked {
-        rows,
-        cols,
-        bits,
-        codes,
-        group,
-        scales,
-        zeros,
-        perm: None,
-    }
-    .into_linear(&packed_name)
 }
 
 /// compressed-tensors `int-quantized` (compressors/naive_quantized): `weight` int8 `[out, in]`,
@@ -697,10 +727,13 @@ fn read_int_quantized(t: &dyn Tensors, prefix: &str, args: &IntArgs) -> Result<A
         .enumerate()
         .map(|(i, &b)| in_range(&name, i, b as i8 as i32))
         .collect::<Result<Vec<u8>>>()?;
-    let group = args.group.unwrap_or(cols);
-    let n_groups = cols.div_ceil(group);
-    let scales = floats(t, &format!("{prefix}.weight_scale"), &[rows, n_groups])?;
-    let zeros = zero_points(t, prefix, args, rows * n_groups, |zp_name| {
+    let codes = Codes {
+        name: &name,
+        rows,
+        cols,
+        codes,
+    };
+    codes.grouped(t, prefix, args, |zp_name, n_groups| {
         let z = need(t, zp_name)?;
         if z.dtype != Dtype::I8 {
             return Err(ModelError::tensor(
@@ -714,18 +747,7 @@ fn read_int_quantized(t: &dyn Tensors, prefix: &str, args: &IntArgs) -> Result<A
             .enumerate()
             .map(|(i, &b)| in_range(zp_name, i, b as i8 as i32).map(i32::from))
             .collect()
-    })?;
-    Unpacked {
-        rows,
-        cols,
-        bits,
-        codes,
-        group,
-        scales,
-        zeros,
-        perm: None,
-    }
-    .into_linear(&name)
+    })
 }
 
 /// compressed-tensors `nvfp4-pack-quantized` and `mxfp4-pack-quantized` (compressors/nvfp4,

@@ -3,6 +3,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::forms::StoredMatrix;
 use crate::gguf::{GgufLoad, GgufSource};
 use crate::tokenizer::Tokenizer;
 use crate::weights::{
@@ -355,13 +356,22 @@ impl TensorSource for ContainerSource {
             StoredData::Coded(c) => {
                 let coded = Coded::from_stored(t.dtype, t.shape, c)
                     .map_err(|e| ModelError::tensor(name, e.to_string()))?;
-                let kept_coded = self.fused
-                    && (matches!(coded, Coded::Dtans(_))
-                        && (t.dtype == Dtype::F8E4M3 || t.shape.len() == 2)
-                        || matches!(coded, Coded::Lossy(_) | Coded::Scalar(_)));
+                let stored = StoredMatrix {
+                    name,
+                    dtype: t.dtype,
+                    shape: t.shape,
+                    in_gguf: false,
+                };
+                // The form that serves it as stored, where this source keeps it coded.
+                let keeper = crate::forms::loader(&coded, &stored).filter(|f| {
+                    match f.coded_only_when_asked() {
+                        false => self.fused,
+                        true => self.df11_coded || self.forms && self.reader.form(name).is_some(),
+                    }
+                });
                 // Decoded to be checked even where it is served coded; unchecked, only where it
                 // is served decoded.
-                let bytes = match self.verify || !kept_coded {
+                let bytes = match self.verify || keeper.is_none() {
                     true => coded
                         .decode()
                         .map_err(|e| ModelError::tensor(name, e.to_string()))?,
@@ -372,36 +382,16 @@ impl TensorSource for ContainerSource {
                         .verify_checksum(name, &bytes)
                         .map_err(|e| format_err(dir, e))?;
                 }
-                match coded {
-                    Coded::Dtans(coded) if self.fused && t.dtype == Dtype::F8E4M3 => {
-                        let codes = Arc::new(CodedLinear::new(coded, None)?);
-                        fp8_matrix(name, codes, fp8_scale()?).map(Some)
+                match keeper {
+                    // FP8 codes: their row scales outside the form, as a dense FP8 matrix's.
+                    Some(f) if t.dtype == Dtype::F8E4M3 => {
+                        fp8_matrix(name, f.load(coded, &stored)?, fp8_scale()?).map(Some)
                     }
-                    _ if t.dtype == Dtype::F8E4M3 => {
+                    Some(f) => Ok(Some(HostTensor::Linear(f.load(coded, &stored)?))),
+                    None if t.dtype == Dtype::F8E4M3 => {
                         fp8_matrix(name, dense_fp8(name, t.shape, &bytes)?, fp8_scale()?).map(Some)
                     }
-                    Coded::Dtans(coded) if self.fused && t.shape.len() == 2 => Ok(Some(
-                        HostTensor::Linear(Arc::new(CodedLinear::new(coded, None)?)),
-                    )),
-                    Coded::Lossy(m) if self.fused => {
-                        let m = crate::forms::lossy::LossyLinear::new(m)
-                            .map_err(|e| ModelError::tensor(name, e.to_string()))?;
-                        Ok(Some(HostTensor::Linear(Arc::new(m))))
-                    }
-                    Coded::Scalar(q) if self.fused => {
-                        crate::forms::dtans::CodedLinear::from_scalar(name, q.tensor)
-                            .map(|m| Some(HostTensor::Linear(m)))
-                    }
-                    Coded::Df11(coded)
-                        if t.shape.len() == 2
-                            && (self.df11_coded
-                                || self.forms && self.reader.form(name).is_some()) =>
-                    {
-                        let m = crate::forms::df11::Df11Linear::new(t.shape[0], t.shape[1], coded)
-                            .map_err(|e| ModelError::tensor(name, e.to_string()))?;
-                        Ok(Some(HostTensor::Linear(Arc::new(m))))
-                    }
-                    _ => host_tensor(name, t.dtype, t.shape, &bytes).map(Some),
+                    None => host_tensor(name, t.dtype, t.shape, &bytes).map(Some),
                 }
             }
         }

@@ -162,7 +162,6 @@ impl Matrix {
         bits: f64,
         quantizer: &str,
     ) -> PyResult<Matrix> {
-        use entrollm_format::coded::Coded;
         use entrollm_format::Dtype;
         use entrollm_model::compress::{code_lossy, LossyOptions};
         crate::pool(None)?;
@@ -191,11 +190,15 @@ impl Matrix {
         let b = unsafe { bytes_at(addr, nbytes) };
         let opts = LossyOptions::new(bits, q);
         let coded = py.detach(|| code_lossy("weight", dtype, rows, cols, b, &opts));
-        let Coded::Lossy(coded) = coded.map_err(err)?.0 else {
-            unreachable!("code_lossy codes lossily")
+        // Served as stored, by the form whose coder coded it.
+        let stored = forms::StoredMatrix {
+            name: "weight",
+            dtype,
+            shape: &[rows, cols],
+            in_gguf: false,
         };
-        let m = forms::lossy::LossyLinear::new(coded).map_err(err)?;
-        Ok(Matrix { m: Arc::new(m) })
+        let m = forms::Form::load(&forms::lossy::LOSSY, coded.map_err(err)?.0, &stored);
+        Ok(Matrix { m: m.map_err(err)? })
     }
 
     #[getter]

@@ -3,8 +3,8 @@
 
 use super::{stack, GpuForm, Upload};
 use crate::device::GpuDevice;
-use crate::engine_coded::LoadReport;
 use crate::error::{DriverContext, GpuError, Result};
+use crate::forms::report::LoadReport;
 use crate::gemm::Gemm;
 use crate::linear::{
     gemv_config_for, launch_names, pick_launch, swiglu_config, ChainLinear, GpuLinear, GpuMatrix,
@@ -16,7 +16,18 @@ use crate::ops::gemv::{check_gemv_shape, launch_gemv, GemvConfig};
 use crate::plan::{ChainedKernels, GatherLaunch, LaunchForm, LinearDesc, MatvecLaunch};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use entrollm_model::weights::{Bf16, Dense, Linear};
+use rayon::prelude::*;
 use std::borrow::Cow;
+
+/// This form's GEMVs that call `pdl_wait()` first ([`super::pdl_kernel`]).
+pub const PDL_KERNELS: &[&str] = &[
+    "gemv_bf16",
+    "gemv_bf16_norm",
+    "gemv_bf16_rope",
+    "gemv_bf16_prenorm",
+    "gemv_bf16_accum_norm",
+    "gemv_bf16_experts",
+];
 
 pub struct Bf16Form;
 pub static BF16: Bf16Form = Bf16Form;
@@ -57,7 +68,7 @@ pub fn experts_rounded(
     let mut shape = None;
     for parts in experts {
         let (rows, cols, b) =
-            stack(parts, halves, |p| Some(crate::engine::host_bf16(p).into())).ok_or_else(bad)?;
+            stack(parts, halves, |p| Some(host_bf16(p).into())).ok_or_else(bad)?;
         if *shape.get_or_insert((rows, cols)) != (rows, cols) {
             return Err(bad());
         }
@@ -309,4 +320,20 @@ impl LaunchForm for Bf16Launch {
         push("gemv_bf16_experts", m.line(&format!("{cfg}")));
         true
     }
+}
+
+/// A matrix's rows as BF16 bits (lossless for BF16 matrices; other formats are rounded).
+pub fn host_bf16(m: &dyn Linear) -> Vec<u16> {
+    let cols = m.cols();
+    let mut out = vec![0u16; m.rows() * cols];
+    out.par_chunks_mut(cols).enumerate().for_each_init(
+        || vec![0f32; cols],
+        |buf, (r, row)| {
+            m.row(r, buf);
+            for (o, &v) in row.iter_mut().zip(buf.iter()) {
+                *o = half::bf16::from_f32(v).to_bits();
+            }
+        },
+    );
+    out
 }

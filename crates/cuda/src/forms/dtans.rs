@@ -7,8 +7,8 @@
 use super::{GpuForm, Upload};
 use crate::coded::{check_supported as check_coding, GpuDtans};
 use crate::device::GpuDevice;
-use crate::engine_coded::{Encoder, LoadReport};
 use crate::error::{DriverContext, GpuError, Result};
+use crate::forms::report::{Encoder, LoadReport};
 use crate::gemm::Gemm;
 use crate::linear::{
     dtans_config_for, launch_names, pick_launch, DtansScratch, GpuLinear, GpuMatrix, SharedScratch,
@@ -52,7 +52,7 @@ impl GpuForm for Held {
     ) -> Result<Option<GpuLinear>> {
         let l = held(up.dev, parts, halves, up.scratch)?;
         if l.is_some() {
-            report.served += 1;
+            report.took(self.name());
         }
         Ok(l)
     }
@@ -75,7 +75,7 @@ impl GpuForm for AtLoad {
         };
         let l = code_at_load(up, parts, halves, coding, encoder, report)?;
         match &l {
-            Some(_) => report.coded_at_load += 1,
+            Some(_) => report.took(self.name()),
             None => report.dense_notes.push(format!(
                 "{}: not BF16, served dense (BF16-rounded)",
                 up.what
@@ -410,6 +410,9 @@ impl DtansLinear {
 }
 
 impl GpuMatrix for DtansLinear {
+    fn entropy_coded(&self) -> bool {
+        true
+    }
     fn desc(&self) -> LinearDesc {
         LinearDesc::new(
             DtansLaunch {

@@ -5,28 +5,44 @@
 //! (one palette for the stacked rows). Codes held dense are packed at load as
 //! [`Policy::fp8`](super::Policy) says.
 
+use super::report::LoadReport;
 use super::{GpuForm, Upload};
 use crate::device::GpuDevice;
-use crate::engine_coded::LoadReport;
 use crate::error::{DriverContext, GpuError, Result};
 use crate::gemm::Gemm;
 use crate::linear::{
     fp8_gemv_config, launch_names, pick_launch, swiglu_config, ChainLinear, Fp8Serving, GpuLinear,
     GpuMatrix, SharedScratch, PALETTE_MAX_RATIO,
 };
+use crate::ops::check_len;
+use crate::ops::forward::{check_fusion, check_swiglu_rows, gemv_fused_variant};
 use crate::ops::forward::{DenseWeights, GemvFusion};
 use crate::ops::gemv::GemvConfig;
 use crate::ops::gemv_fp8::{
-    check_gemv_fp8_shape, check_gemv_pal4_shape, launch_fp8_rows_to_bf16, launch_gemv_fp8,
-    Fp8Codes, GpuPal4, PAL4_CANDIDATES,
+    bf16_copy_launch, check_gemv_fp8_shape, check_gemv_pal4_shape, pal4_index_bytes, pal4_launch,
+    push_norm_y, GpuPal4, PAL4_CANDIDATES,
 };
 use crate::plan::{ChainedKernels, LaunchForm, LinearDesc, MatvecLaunch};
 use cudarc::driver::CudaSlice;
+use cudarc::driver::PushKernelArg;
 use entrollm_codec::palette::Palette4;
 use entrollm_model::forms::palette::PalLinear;
 use entrollm_model::weights::{DenseFp8, Linear, RowScaled};
 use std::borrow::Cow;
 use std::sync::Arc;
+
+/// This form's palette GEMVs, which call `pdl_wait()` first ([`super::pdl_kernel`]). Not the
+/// dense FP8 GEMVs ([`PDL_DENSE_KERNELS`]): they measured slower launched early (bench/RESULTS.md).
+pub const PDL_KERNELS: &[&str] = &["gemv_pal4", "gemv_pal4_norm"];
+
+/// The dense FP8 GEMVs: they call `pdl_wait()` as the BF16 ones do, but are launched early only
+/// with `DecodeOptions::pdl_dense_fp8`.
+pub const PDL_DENSE_KERNELS: &[&str] = &[
+    "gemv_fp8",
+    "gemv_fp8_norm",
+    "gemv_fp8_prenorm",
+    "gemv_fp8_accum_norm",
+];
 
 pub struct Fp8Form;
 pub static FP8: Fp8Form = Fp8Form;
@@ -102,7 +118,7 @@ impl GpuForm for Fp8Form {
         if let [p] = parts {
             if let Some((pal, scales)) = held_palette(*p) {
                 let scales = scales.map_or_else(|| vec![1.0; p.rows()], <[f32]>::to_vec);
-                report.fp8 += 1;
+                report.took(self.name());
                 return GpuLinear::fp8_packed(up.dev, pal, &scales, Arc::clone(up.scratch))
                     .map(Some);
             }
@@ -144,7 +160,7 @@ impl GpuForm for Fp8Form {
             true => Fp8Serving::Palette,
             false => up.policy.fp8,
         };
-        report.fp8 += 1;
+        report.took(self.name());
         if up.policy.code.is_some() {
             report.dense_notes.push(format!(
                 "{}: FP8, served as FP8 (code at load codes BF16)",
@@ -162,6 +178,165 @@ impl GpuForm for Fp8Form {
         )
         .map(Some)
     }
+}
+
+/// An FP8 matrix's codes on the device.
+pub enum Fp8Codes {
+    /// Row-major codes as stored.
+    Dense(CudaSlice<u8>),
+    /// Palette-packed (see [`GpuPal4`]).
+    Palette(GpuPal4),
+}
+
+impl Fp8Codes {
+    /// A device copy.
+    pub fn duplicate(&self, dev: &GpuDevice) -> Result<Self> {
+        Ok(match self {
+            Fp8Codes::Dense(w) => Fp8Codes::Dense(
+                dev.stream()
+                    .clone_dtod(w)
+                    .while_(|| "copying FP8 codes".into())?,
+            ),
+            Fp8Codes::Palette(p) => Fp8Codes::Palette(p.duplicate(dev)?),
+        })
+    }
+
+    /// Bytes the codes occupy (and a batch-1 product reads): device memory, and the palette's 16
+    /// codes.
+    pub fn stored_bytes(&self) -> usize {
+        match self {
+            Fp8Codes::Dense(w) => w.len(),
+            Fp8Codes::Palette(p) => p.idx.len() + 16 + 4 * (p.esc_ptr.len() + p.escapes),
+        }
+    }
+
+    /// Checks the codes against a [rows, cols] shape.
+    fn check(&self, op: &'static str, rows: usize, cols: usize) -> Result<()> {
+        match self {
+            Fp8Codes::Dense(w) => {
+                check_gemv_fp8_shape(rows, cols)?;
+                check_len(op, "w", w, rows * cols)
+            }
+            Fp8Codes::Palette(p) => {
+                check_gemv_pal4_shape(rows, cols)?;
+                check_len(op, "indices", &p.idx, pal4_index_bytes(rows, cols))?;
+                check_len(op, "escape offsets", &p.esc_ptr, rows + 1)?;
+                check_len(op, "escapes", &p.esc, p.escapes.max(1))
+            }
+        }
+    }
+}
+
+/// `y = diag(s) · W · rmsnorm(x; g, eps)` (when `norm` is given, else `diag(s) · W x`) with
+/// `fusion`'s epilogue; W FP8 E4M3 [n, k] (k % 16 == 0; palette-packed: k % 64 == 0), s f32 [n],
+/// x f32 [k], y f32 [n] (n/2 with swiglu).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_gemv_fp8(
+    dev: &GpuDevice,
+    cfg: GemvConfig,
+    fusion: GemvFusion,
+    w: &Fp8Codes,
+    scales: &CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    norm: Option<(&CudaSlice<f32>, f32)>,
+    y: &mut CudaSlice<f32>,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    const OP: &str = "gemv_fp8";
+    w.check(OP, n, k)?;
+    check_len(OP, "scales", scales, n)?;
+    check_len(OP, "x", x, k)?;
+    check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
+    match w {
+        Fp8Codes::Dense(_) => check_fusion(OP, cfg, fusion, n)?,
+        Fp8Codes::Palette(_) => check_swiglu_rows(OP, fusion, n)?,
+    }
+    if matches!(w, Fp8Codes::Palette(_)) && (cfg.rows > 15 || cfg.warps % cfg.rows != 0) {
+        return Err(GpuError::invalid(
+            OP,
+            format!("{cfg}: the palette GEMV needs warps a multiple of its groups (rows, ≤ 15)"),
+        ));
+    }
+    let variant = gemv_fused_variant(cfg, fusion);
+    let mut launch = cfg.launch(n);
+    let (n_i, k_i) = (n as i32, k as i32);
+    let kernel = match (w, norm.is_some()) {
+        (Fp8Codes::Dense(_), false) => "gemv_fp8",
+        (Fp8Codes::Dense(_), true) => "gemv_fp8_norm",
+        (Fp8Codes::Palette(_), false) => "gemv_pal4",
+        (Fp8Codes::Palette(_), true) => "gemv_pal4_norm",
+    };
+    let what = || format!("launching {kernel} {cfg} {fusion:?} [{n}, {k}]");
+    let f = dev.function(&variant, kernel)?;
+    if let Fp8Codes::Palette(_) = w {
+        launch = pal4_launch(dev, &f, kernel, cfg, n, k)?;
+    }
+    let mut b = dev.stream().launch_builder(&f);
+    match w {
+        Fp8Codes::Dense(w) => b.arg(w),
+        Fp8Codes::Palette(p) => b.arg(&p.idx).arg(&p.codes).arg(&p.esc_ptr).arg(&p.esc),
+    };
+    b.arg(scales).arg(x);
+    push_norm_y(OP, &mut b, &norm, y, &n_i, &k_i)?;
+    // SAFETY: argument types and counts match the kernel chosen above; sizes were checked.
+    unsafe { b.launch(launch) }.while_(what)?;
+    Ok(())
+}
+
+/// `out = bf16(fp8(W) · s[row])`, W FP8 E4M3 [rows, cols] in either form, s f32 [rows], out BF16
+/// bits [rows, cols]: an FP8 matrix materialised for the prefill GEMM.
+pub fn launch_fp8_rows_to_bf16(
+    dev: &GpuDevice,
+    w: &Fp8Codes,
+    scales: &CudaSlice<f32>,
+    out: &mut CudaSlice<u16>,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    const OP: &str = "fp8_rows_to_bf16";
+    w.check(OP, rows, cols)?;
+    check_len(OP, "scales", scales, rows)?;
+    let (variant, grid) = bf16_copy_launch(OP, out, rows, cols)?;
+    let what = |k: &str| format!("launching {k} [{rows}, {cols}]");
+    match w {
+        Fp8Codes::Dense(w) => {
+            let f = dev.function(&variant, OP)?;
+            let (n4, cols4) = ((rows * cols / 4) as i64, (cols / 4) as i32);
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(w).arg(scales).arg(&mut *out).arg(&n4).arg(&cols4);
+            // SAFETY: argument types and counts match the kernel; sizes were checked above.
+            unsafe { b.launch(grid(n4 as usize)) }.while_(|| what(OP))?;
+        }
+        Fp8Codes::Palette(p) => {
+            let f = dev.function(&variant, "pal4_rows_to_bf16")?;
+            let words = (pal4_index_bytes(rows, cols) / 4) as i64;
+            let (r_i, c_i) = (rows as i32, cols as i32);
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(&p.idx)
+                .arg(&p.codes)
+                .arg(scales)
+                .arg(&mut *out)
+                .arg(&words)
+                .arg(&r_i)
+                .arg(&c_i);
+            // SAFETY: as above.
+            unsafe { b.launch(grid(words as usize)) }.while_(|| what("pal4_rows_to_bf16"))?;
+            if p.escapes > 0 {
+                let f = dev.function(&variant, "pal4_escapes_to_bf16")?;
+                let mut b = dev.stream().launch_builder(&f);
+                b.arg(&p.esc_ptr)
+                    .arg(&p.esc)
+                    .arg(scales)
+                    .arg(&mut *out)
+                    .arg(&r_i)
+                    .arg(&c_i);
+                // SAFETY: as above.
+                unsafe { b.launch(grid(rows)) }.while_(|| what("pal4_escapes_to_bf16"))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// An FP8 E4M3 matrix with per-row scales (an FP8 checkpoint's weights), its codes as stored or

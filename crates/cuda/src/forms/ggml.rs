@@ -6,12 +6,13 @@
 //! its type's kernel into its rows of the output. The decode step's fusions are small kernels
 //! around the products on the model's shared scratch (`forms::fused_product`).
 
+use super::stacked::{Part, Stacked};
 use super::{GpuForm, Upload};
 use crate::device::GpuDevice;
-use crate::engine_coded::LoadReport;
 use crate::error::{GpuError, Result};
+use crate::forms::report::LoadReport;
 use crate::gemm::Gemm;
-use crate::linear::{DtansScratch, GpuLinear, GpuMatrix, SharedScratch};
+use crate::linear::{GpuLinear, GpuMatrix, SharedScratch};
 use crate::ops::elementwise::launch_swiglu;
 use crate::ops::forward::{Gather, GemvFusion};
 use crate::ops::ggml::{
@@ -24,6 +25,9 @@ use entrollm_model::forms::ggml::GgmlLinear;
 use entrollm_model::gguf::GgmlType;
 use entrollm_model::weights::Linear;
 use std::sync::Arc;
+
+/// This form's kernels that call `pdl_wait()` first ([`super::pdl_kernel`]).
+pub const PDL_KERNELS: &[&str] = &["ggml_mv_experts"];
 
 /// Matrices held as ggml blocks, served as they are.
 pub struct Held;
@@ -74,7 +78,7 @@ impl GpuForm for Held {
         if q8 {
             l = l.with_q8(up.dev)?;
         }
-        report.served += 1;
+        report.took(self.name());
         Ok(Some(GpuLinear::new(l)))
     }
 
@@ -140,19 +144,35 @@ impl GpuForm for Held {
             })
             .collect::<Result<Vec<_>>>()?;
         let l = GgmlGpuLinear::new(segs, halves, Arc::clone(up.scratch), experts.len())?;
-        report.served += 1;
+        report.took(self.name());
         Ok(Some(GpuLinear::new(l)))
     }
 }
 
 /// A launch's parts as ggml blocks on the device: row-stacked matrices of one type each.
 pub struct GgmlGpuLinear {
-    segs: Vec<GpuGgml>,
-    halves: bool,
-    scratch: SharedScratch,
+    st: Stacked<GpuGgml>,
     /// The activations as 8-bit codes, where the parts multiply them so (`--activations q8`) and
     /// a part's type has a q8 product; the other parts take them as f32.
     q8: Option<std::sync::Mutex<Q8Acts>>,
+}
+
+impl Part for GpuGgml {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn stored_bytes(&self) -> usize {
+        GpuGgml::stored_bytes(self)
+    }
+    fn device_bytes(&self) -> usize {
+        GpuGgml::device_bytes(self)
+    }
+    fn duplicate(&self, dev: &GpuDevice) -> Result<Self> {
+        GpuGgml::duplicate(self, dev)
+    }
 }
 
 impl GgmlGpuLinear {
@@ -164,23 +184,16 @@ impl GgmlGpuLinear {
         scratch: SharedScratch,
         experts: usize,
     ) -> Result<Self> {
-        let first = segs
-            .first()
-            .ok_or_else(|| GpuError::invalid("ggml linear", "no parts"))?;
-        let rows = segs.iter().map(|s| s.rows).sum::<usize>() / experts.max(1);
-        super::check_scratch("ggml linear", &scratch, (rows, first.cols))?;
         Ok(GgmlGpuLinear {
-            segs,
-            halves,
-            scratch,
+            st: Stacked::new("ggml linear", segs, halves, scratch, experts)?,
             q8: None,
         })
     }
 
     /// Products with q8 activations where a part's type has them (`ggml_mv_q8`).
     fn with_q8(mut self, dev: &GpuDevice) -> Result<Self> {
-        if self.segs.iter().any(|s| q8_types().contains(&s.ty)) {
-            self.q8 = Some(std::sync::Mutex::new(Q8Acts::new(dev, self.cols())?));
+        if self.st.parts.iter().any(|s| q8_types().contains(&s.ty)) {
+            self.q8 = Some(std::sync::Mutex::new(Q8Acts::new(dev, self.st.cols())?));
         }
         Ok(self)
     }
@@ -188,24 +201,10 @@ impl GgmlGpuLinear {
     /// The type whose module quantises the activations: the first part's with a q8 product.
     fn q8_type(&self) -> Option<GgmlType> {
         self.q8.as_ref()?;
-        self.segs
-            .iter()
-            .map(|s| s.ty)
-            .find(|t| q8_types().contains(t))
+        self.st.parts.iter().map(|s| s.ty).find(|t| q8_types().contains(t))
     }
 
-    fn rows(&self) -> usize {
-        self.segs.iter().map(|s| s.rows).sum()
-    }
-
-    fn cols(&self) -> usize {
-        self.segs[0].cols
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, DtansScratch> {
-        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
+    /// Each part's product into its rows of `y` (q8 activations quantised once for them all).
     fn mv_into(&self, dev: &GpuDevice, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<()> {
         let mut acts = match (&self.q8, self.q8_type()) {
             (Some(a), Some(ty)) => {
@@ -215,15 +214,10 @@ impl GgmlGpuLinear {
             }
             _ => None,
         };
-        let mut at = 0;
-        for s in &self.segs {
-            match acts.as_deref_mut() {
-                Some(a) if q8_types().contains(&s.ty) => launch_mv_q8(dev, s, a, y, at)?,
-                _ => launch_mv(dev, s, x, y, at)?,
-            }
-            at += s.rows;
-        }
-        Ok(())
+        self.st.each_at_row(|s, at| match acts.as_deref_mut() {
+            Some(a) if q8_types().contains(&s.ty) => launch_mv_q8(dev, s, a, y, at),
+            _ => launch_mv(dev, s, x, y, at),
+        })
     }
 }
 
@@ -231,21 +225,21 @@ impl GpuMatrix for GgmlGpuLinear {
     fn desc(&self) -> LinearDesc {
         LinearDesc::new(
             GgmlLaunch {
-                types: self.segs.iter().map(|s| (s.ty, s.rows)).collect(),
-                halves: self.halves,
+                types: self.st.parts.iter().map(|s| (s.ty, s.rows)).collect(),
+                halves: self.st.halves,
                 q8: self.q8_type().is_some(),
             },
-            self.rows(),
-            self.cols(),
+            self.st.rows(),
+            self.st.cols(),
         )
     }
 
     fn stored_bytes(&self) -> usize {
-        self.segs.iter().map(|s| s.stored_bytes()).sum()
+        self.st.stored_bytes()
     }
 
     fn device_bytes(&self) -> usize {
-        self.segs.iter().map(|s| s.device_bytes()).sum()
+        self.st.device_bytes()
     }
 
     fn matvec_fused(
@@ -256,14 +250,9 @@ impl GpuMatrix for GgmlGpuLinear {
         fusion: GemvFusion,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let shape = (self.rows(), self.cols());
-        let mut guard = self.lock();
-        super::fused_product(
+        self.st.fused(
             dev,
             "ggml matvec",
-            &mut guard,
-            shape,
-            self.halves,
             x,
             norm,
             fusion,
@@ -281,25 +270,10 @@ impl GpuMatrix for GgmlGpuLinear {
         m: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let shape = (self.rows(), self.cols());
-        super::workspace_matmul(
-            "ggml matmul",
-            &self.scratch,
-            shape,
-            gemm,
-            x,
-            y,
-            m,
-            accumulate,
-            |s| {
-                let mut at = 0;
-                for seg in &self.segs {
-                    launch_dequant(dev, seg, &mut s.w, at)?;
-                    at += seg.rows * seg.cols;
-                }
-                Ok(())
-            },
-        )
+        self.st
+            .matmul("ggml matmul", gemm, x, y, m, accumulate, |seg, s, at| {
+                launch_dequant(dev, seg, &mut s.w, at)
+            })
     }
 
     fn gathered(
@@ -310,11 +284,11 @@ impl GpuMatrix for GgmlGpuLinear {
         swiglu: bool,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let rows = super::bf16::expert_rows(self.rows(), g.n_experts)?;
+        let rows = super::bf16::expert_rows(self.st.rows(), g.n_experts)?;
         // Each stack's launch into its rows of an expert's output: [gate; up] before SwiGLU.
         let products = |y: &mut CudaSlice<f32>| -> Result<()> {
             let mut at = 0;
-            for s in &self.segs {
+            for s in &self.st.parts {
                 launch_mv_experts(dev, s, g, x, y, at, rows)?;
                 at += s.rows / g.n_experts;
             }
@@ -323,13 +297,13 @@ impl GpuMatrix for GgmlGpuLinear {
         if !swiglu {
             return products(y);
         }
-        if !self.halves || rows % 2 != 0 {
+        if !self.st.halves || rows % 2 != 0 {
             return Err(GpuError::invalid(
                 "ggml experts",
                 "SwiGLU needs each expert's gate and up as halves",
             ));
         }
-        let mut guard = self.lock();
+        let mut guard = self.st.lock();
         if guard.y.len() < g.slots * rows {
             return Err(GpuError::invalid(
                 "ggml experts",
@@ -354,7 +328,7 @@ impl GpuMatrix for GgmlGpuLinear {
         y: &mut CudaViewMut<'_, f32>,
         m: usize,
     ) -> Result<()> {
-        let rows = super::bf16::expert_rows(self.rows(), n_experts)?;
+        let rows = super::bf16::expert_rows(self.st.rows(), n_experts)?;
         if e >= n_experts {
             return Err(GpuError::invalid(
                 "experts",
@@ -363,8 +337,8 @@ impl GpuMatrix for GgmlGpuLinear {
         }
         super::workspace_matmul(
             "ggml experts matmul",
-            &self.scratch,
-            (rows, self.cols()),
+            &self.st.scratch,
+            (rows, self.st.cols()),
             gemm,
             x,
             y,
@@ -372,7 +346,7 @@ impl GpuMatrix for GgmlGpuLinear {
             false,
             |s| {
                 let mut at = 0;
-                for seg in &self.segs {
+                for seg in &self.st.parts {
                     let r = seg.rows / n_experts;
                     launch_dequant_rows(dev, seg, e * r..(e + 1) * r, &mut s.w, at)?;
                     at += r * seg.cols;
@@ -383,19 +357,12 @@ impl GpuMatrix for GgmlGpuLinear {
     }
 
     fn gate_up_halves(&self) -> bool {
-        self.halves
+        self.st.halves
     }
 
     fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear> {
-        let segs = self
-            .segs
-            .iter()
-            .map(|s| s.duplicate(dev))
-            .collect::<Result<Vec<_>>>()?;
         let copy = GgmlGpuLinear {
-            segs,
-            halves: self.halves,
-            scratch: Arc::clone(&self.scratch),
+            st: self.st.duplicate(dev)?,
             q8: None,
         };
         Ok(GpuLinear::new(match self.q8 {

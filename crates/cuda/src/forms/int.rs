@@ -8,12 +8,13 @@
 //! of two, columns not a multiple of 4) are left to the next form. The decode step's fusions are
 //! small kernels around the products on the model's shared scratch (`forms::fused_product`).
 
+use super::stacked::{Part, Stacked};
 use super::{GpuForm, Upload};
 use crate::device::GpuDevice;
-use crate::engine_coded::LoadReport;
-use crate::error::{GpuError, Result};
+use crate::error::Result;
+use crate::forms::report::LoadReport;
 use crate::gemm::Gemm;
-use crate::linear::{DtansScratch, GpuLinear, GpuMatrix, SharedScratch};
+use crate::linear::{GpuLinear, GpuMatrix, SharedScratch};
 use crate::ops::forward::GemvFusion;
 use crate::ops::int::{launch_dequant, launch_mv, GpuInt, IntPacked};
 use crate::plan::{LaunchForm, LinearDesc, MatvecLaunch};
@@ -119,47 +120,39 @@ impl GpuForm for Held {
             .map(|(p, perm)| GpuInt::upload(up.dev, p, *perm))
             .collect::<Result<Vec<_>>>()?;
         let l = IntGpuLinear::new(segs, halves, Arc::clone(up.scratch))?;
-        report.served += 1;
+        report.took(self.name());
         Ok(Some(GpuLinear::new(l)))
     }
 }
 
 /// A launch's parts as integer codes on the device: row-stacked matrices of one kind each.
 pub struct IntGpuLinear {
-    segs: Vec<GpuInt>,
-    halves: bool,
-    scratch: SharedScratch,
+    st: Stacked<GpuInt>,
+}
+
+impl Part for GpuInt {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn stored_bytes(&self) -> usize {
+        GpuInt::stored_bytes(self)
+    }
+    fn device_bytes(&self) -> usize {
+        GpuInt::device_bytes(self)
+    }
+    fn duplicate(&self, dev: &GpuDevice) -> Result<Self> {
+        GpuInt::duplicate(self, dev)
+    }
 }
 
 impl IntGpuLinear {
     pub fn new(segs: Vec<GpuInt>, halves: bool, scratch: SharedScratch) -> Result<Self> {
-        let first = segs
-            .first()
-            .ok_or_else(|| GpuError::invalid("int linear", "no parts"))?;
-        let shape = (segs.iter().map(|s| s.rows).sum::<usize>(), first.cols);
-        super::check_scratch("int linear", &scratch, shape)?;
         Ok(IntGpuLinear {
-            segs,
-            halves,
-            scratch,
+            st: Stacked::new("int linear", segs, halves, scratch, 1)?,
         })
-    }
-
-    fn rows(&self) -> usize {
-        self.segs.iter().map(|s| s.rows).sum()
-    }
-
-    fn cols(&self) -> usize {
-        self.segs[0].cols
-    }
-
-    fn mv_into(&self, dev: &GpuDevice, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<()> {
-        let mut at = 0;
-        for s in &self.segs {
-            launch_mv(dev, s, x, y, at)?;
-            at += s.rows;
-        }
-        Ok(())
     }
 }
 
@@ -168,23 +161,24 @@ impl GpuMatrix for IntGpuLinear {
         LinearDesc::new(
             IntLaunch {
                 segments: self
-                    .segs
+                    .st
+                    .parts
                     .iter()
                     .map(|s| (s.bits, s.rows, s.gathers()))
                     .collect(),
-                halves: self.halves,
+                halves: self.st.halves,
             },
-            self.rows(),
-            self.cols(),
+            self.st.rows(),
+            self.st.cols(),
         )
     }
 
     fn stored_bytes(&self) -> usize {
-        self.segs.iter().map(|s| s.stored_bytes()).sum()
+        self.st.stored_bytes()
     }
 
     fn device_bytes(&self) -> usize {
-        self.segs.iter().map(|s| s.device_bytes()).sum()
+        self.st.device_bytes()
     }
 
     fn matvec_fused(
@@ -195,20 +189,11 @@ impl GpuMatrix for IntGpuLinear {
         fusion: GemvFusion,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let shape = (self.rows(), self.cols());
-        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        super::fused_product(
-            dev,
-            "int matvec",
-            &mut guard,
-            shape,
-            self.halves,
-            x,
-            norm,
-            fusion,
-            y,
-            |input, out, _err| self.mv_into(dev, input, out),
-        )
+        self.st
+            .fused(dev, "int matvec", x, norm, fusion, y, |input, out, _err| {
+                self.st
+                    .each_at_row(|s, at| launch_mv(dev, s, input, out, at))
+            })
     }
 
     fn matmul(
@@ -220,41 +205,19 @@ impl GpuMatrix for IntGpuLinear {
         m: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let shape = (self.rows(), self.cols());
-        super::workspace_matmul(
-            "int matmul",
-            &self.scratch,
-            shape,
-            gemm,
-            x,
-            y,
-            m,
-            accumulate,
-            |s: &mut DtansScratch| {
-                let mut at = 0;
-                for seg in &self.segs {
-                    launch_dequant(dev, seg, &mut s.w, at)?;
-                    at += seg.rows * seg.cols;
-                }
-                Ok(())
-            },
-        )
+        self.st
+            .matmul("int matmul", gemm, x, y, m, accumulate, |seg, s, at| {
+                launch_dequant(dev, seg, &mut s.w, at)
+            })
     }
 
     fn gate_up_halves(&self) -> bool {
-        self.halves
+        self.st.halves
     }
 
     fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear> {
-        let segs = self
-            .segs
-            .iter()
-            .map(|s| s.duplicate(dev))
-            .collect::<Result<Vec<_>>>()?;
         Ok(GpuLinear::new(IntGpuLinear {
-            segs,
-            halves: self.halves,
-            scratch: Arc::clone(&self.scratch),
+            st: self.st.duplicate(dev)?,
         }))
     }
 

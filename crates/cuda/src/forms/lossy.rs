@@ -5,12 +5,13 @@
 //! of the output; the decode step's fusions are small kernels around the product on the model's
 //! shared scratch (`forms::fused_product`, as for the dtANS form).
 
+use super::stacked::{Part, Stacked};
 use super::{GpuForm, Upload};
 use crate::device::GpuDevice;
-use crate::engine_coded::LoadReport;
-use crate::error::{GpuError, Result};
+use crate::error::Result;
+use crate::forms::report::LoadReport;
 use crate::gemm::Gemm;
-use crate::linear::{DtansScratch, GpuLinear, GpuMatrix, SharedScratch};
+use crate::linear::{GpuLinear, GpuMatrix, SharedScratch};
 use crate::ops::forward::GemvFusion;
 use crate::ops::lossy::{is_e8, launch_decode, launch_mv, GpuLossy, LossyOut, MAX_PARTS};
 use crate::plan::{LaunchForm, LinearDesc, MatvecLaunch};
@@ -63,18 +64,34 @@ impl GpuForm for Held {
             .map(|c| GpuLossy::upload(up.dev, &c.tensor))
             .collect::<Result<Vec<_>>>()?;
         let l = LossyGpuLinear::new(parts, halves, round, Arc::clone(up.scratch))?;
-        report.served += 1;
+        report.took(self.name());
         Ok(Some(GpuLinear::new(l)))
     }
 }
 
 /// A lossy-coded matrix of row-stacked parts on the device.
 pub struct LossyGpuLinear {
-    parts: Vec<GpuLossy>,
-    halves: bool,
+    st: Stacked<GpuLossy>,
     /// The container's precision: the product rounds each weight to it.
     round: LossyOut,
-    scratch: SharedScratch,
+}
+
+impl Part for GpuLossy {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn stored_bytes(&self) -> usize {
+        self.stored_bytes
+    }
+    fn device_bytes(&self) -> usize {
+        GpuLossy::device_bytes(self)
+    }
+    fn duplicate(&self, dev: &GpuDevice) -> Result<Self> {
+        GpuLossy::duplicate(self, dev)
+    }
 }
 
 impl LossyGpuLinear {
@@ -84,40 +101,10 @@ impl LossyGpuLinear {
         round: LossyOut,
         scratch: SharedScratch,
     ) -> Result<Self> {
-        let first = parts
-            .first()
-            .ok_or_else(|| GpuError::invalid("lossy linear", "no parts"))?;
-        let shape = (parts.iter().map(|p| p.rows).sum::<usize>(), first.cols);
-        super::check_scratch("lossy linear", &scratch, shape)?;
         Ok(LossyGpuLinear {
-            parts,
-            halves,
+            st: Stacked::new("lossy linear", parts, halves, scratch, 1)?,
             round,
-            scratch,
         })
-    }
-
-    fn rows(&self) -> usize {
-        self.parts.iter().map(|p| p.rows).sum()
-    }
-
-    fn cols(&self) -> usize {
-        self.parts[0].cols
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, DtansScratch> {
-        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn mv_into(
-        &self,
-        dev: &GpuDevice,
-        x: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        err: &mut CudaSlice<u32>,
-    ) -> Result<()> {
-        let parts: Vec<&GpuLossy> = self.parts.iter().collect();
-        launch_mv(dev, &parts, self.round, x, y, Some(err))
     }
 }
 
@@ -125,21 +112,21 @@ impl GpuMatrix for LossyGpuLinear {
     fn desc(&self) -> LinearDesc {
         LinearDesc::new(
             LossyLaunch {
-                quantizer: self.parts[0].quantizer,
-                parts: self.parts.len(),
-                halves: self.halves,
+                quantizer: self.st.parts[0].quantizer,
+                parts: self.st.parts.len(),
+                halves: self.st.halves,
             },
-            self.rows(),
-            self.cols(),
+            self.st.rows(),
+            self.st.cols(),
         )
     }
 
     fn stored_bytes(&self) -> usize {
-        self.parts.iter().map(|p| p.stored_bytes).sum()
+        self.st.stored_bytes()
     }
 
     fn device_bytes(&self) -> usize {
-        self.parts.iter().map(|p| p.device_bytes()).sum()
+        self.st.device_bytes()
     }
 
     fn matvec_fused(
@@ -150,19 +137,17 @@ impl GpuMatrix for LossyGpuLinear {
         fusion: GemvFusion,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let shape = (self.rows(), self.cols());
-        let mut guard = self.lock();
-        super::fused_product(
+        self.st.fused(
             dev,
             "lossy matvec",
-            &mut guard,
-            shape,
-            self.halves,
             x,
             norm,
             fusion,
             y,
-            |input, out, err| self.mv_into(dev, input, out, err),
+            |input, out, err| {
+                let parts: Vec<&GpuLossy> = self.st.parts.iter().collect();
+                launch_mv(dev, &parts, self.round, input, out, Some(err))
+            },
         )
     }
 
@@ -175,42 +160,20 @@ impl GpuMatrix for LossyGpuLinear {
         m: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let shape = (self.rows(), self.cols());
-        super::workspace_matmul(
-            "lossy matmul",
-            &self.scratch,
-            shape,
-            gemm,
-            x,
-            y,
-            m,
-            accumulate,
-            |s| {
-                let mut at = 0;
-                for p in &self.parts {
-                    launch_decode(dev, p, LossyOut::Bf16, &mut s.w, at, Some(&mut s.err))?;
-                    at += p.rows * p.cols;
-                }
-                Ok(())
-            },
-        )
+        self.st
+            .matmul("lossy matmul", gemm, x, y, m, accumulate, |p, s, at| {
+                launch_decode(dev, p, LossyOut::Bf16, &mut s.w, at, Some(&mut s.err))
+            })
     }
 
     fn gate_up_halves(&self) -> bool {
-        self.halves
+        self.st.halves
     }
 
     fn duplicate(&self, dev: &GpuDevice) -> Result<GpuLinear> {
-        let parts = self
-            .parts
-            .iter()
-            .map(|p| p.duplicate(dev))
-            .collect::<Result<Vec<_>>>()?;
         Ok(GpuLinear::new(LossyGpuLinear {
-            parts,
-            halves: self.halves,
+            st: self.st.duplicate(dev)?,
             round: self.round,
-            scratch: Arc::clone(&self.scratch),
         }))
     }
 

@@ -19,14 +19,16 @@ pub mod ggml;
 pub mod int;
 pub mod lossy;
 pub mod pal_bf16;
+pub mod report;
+mod stacked;
 
 pub use dtans::check_kernels;
 pub(crate) use dtans::exact_bf16;
 pub use fp8::{fp8_palette, is_fp8};
 
 use crate::device::GpuDevice;
-use crate::engine_coded::{Encoder, LoadReport};
 use crate::error::{GpuError, Result};
+use crate::forms::report::{Encoder, LoadReport};
 use crate::linear::{DtansScratch, Fp8Serving, GpuLinear, SharedScratch};
 use crate::ops::forward::GemvFusion;
 use crate::plan::MatvecLaunch;
@@ -109,6 +111,21 @@ pub fn all() -> &'static [&'static dyn GpuForm] {
         &bf16::BF16,
     ];
     &ALL
+}
+
+/// Whether `kernel` is one of the forms' product kernels that call `pdl_wait()` before touching
+/// anything an earlier kernel wrote or reads (kernels/common.cuh), so that an edge into it may be
+/// programmatic (`plan::programmatic_into`); `dense_fp8`: the dense FP8 GEMVs too.
+pub fn pdl_kernel(kernel: &str, dense_fp8: bool) -> bool {
+    [
+        bf16::PDL_KERNELS,
+        fp8::PDL_KERNELS,
+        pal_bf16::PDL_KERNELS,
+        ggml::PDL_KERNELS,
+    ]
+    .iter()
+    .any(|ks| ks.contains(&kernel))
+        || dense_fp8 && fp8::PDL_DENSE_KERNELS.contains(&kernel)
 }
 
 /// `parts` as the first form of [`all`] that takes them uploads them; None when none does.

@@ -4,11 +4,11 @@
 //! [`Policy::bf16_palette`](super::Policy) any other matrix is packed from its BF16 rounding (the
 //! dense upload's), where that packs small enough.
 
+use super::bf16::host_bf16;
 use super::{stack, GpuForm, Upload};
 use crate::device::GpuDevice;
-use crate::engine::host_bf16;
-use crate::engine_coded::LoadReport;
 use crate::error::Result;
+use crate::forms::report::LoadReport;
 use crate::gemm::Gemm;
 use crate::linear::{
     launch_names, pick_launch, GpuLinear, GpuMatrix, SharedScratch, PAL_BF16_MAX_RATIO,
@@ -26,6 +26,9 @@ use entrollm_model::forms::palette::PalLinear;
 use entrollm_model::weights::Linear;
 use std::borrow::Cow;
 use std::sync::Arc;
+
+/// This form's GEMVs that call `pdl_wait()` first ([`super::pdl_kernel`]).
+pub const PDL_KERNELS: &[&str] = &["gemv_pal4_bf16", "gemv_pal4_bf16_norm"];
 
 pub struct PalBf16Form;
 pub static PAL_BF16: PalBf16Form = PalBf16Form;
@@ -48,7 +51,7 @@ impl GpuForm for PalBf16Form {
         // One part held packed: its packing as it is.
         if let [p] = parts {
             if let Some(pal) = packed(*p) {
-                report.bf16_palette += 1;
+                report.took(self.name());
                 return GpuLinear::pal_bf16_packed(up.dev, pal, Arc::clone(up.scratch)).map(Some);
             }
         }
@@ -76,7 +79,7 @@ impl GpuForm for PalBf16Form {
             required,
         )?;
         if l.is_some() {
-            report.bf16_palette += 1;
+            report.took(self.name());
         }
         Ok(l)
     }

@@ -5,7 +5,8 @@
 //! reference: the model crate's `RowScaled(DenseFp8)` matvec ([`gemv_fp8_ref`]). Also the FP8 → BF16
 //! materialisation of a matrix for prefill GEMMs (`fp8_rows_to_bf16`, [`fp8_rows_to_bf16_ref`]).
 //!
-//! The codes travel in one of two forms ([`Fp8Codes`]): as stored (`gemv_fp8`), or palette-packed
+//! The codes travel in one of two forms (`forms::fp8::Fp8Codes`, with their launchers): as stored
+//! (`gemv_fp8`), or palette-packed
 //! (codec `palette::Palette4`, `gemv_pal4`: 4-bit indices into 16 codes plus escapes, half the
 //! bytes, for low-entropy checkpoints; the products on the tensor cores, with x in two BF16
 //! halves). Same epilogues, same references: the packed form decodes to the same codes.
@@ -25,7 +26,7 @@ use entrollm_model::weights::{DenseFp8, RowScaled};
 use entrollm_model::Linear;
 
 use super::check_len;
-use super::forward::{check_fusion, check_swiglu_rows, gemv_fused_variant, GemvFusion};
+use super::forward::{check_swiglu_rows, gemv_fused_variant, GemvFusion};
 use super::gemv::{check_chunked_shape, GemvConfig};
 use crate::device::GpuDevice;
 use crate::error::{DriverContext, GpuError, Result};
@@ -34,14 +35,6 @@ use crate::jit::KernelVariant;
 /// Checks a dense FP8 GEMV shape: k a multiple of 16 (16-byte aligned rows of one-byte weights).
 pub fn check_gemv_fp8_shape(n: usize, k: usize) -> Result<()> {
     check_chunked_shape("gemv_fp8", n, k, 16)
-}
-
-/// An FP8 matrix's codes on the device.
-pub enum Fp8Codes {
-    /// Row-major codes as stored.
-    Dense(CudaSlice<u8>),
-    /// Palette-packed (see [`GpuPal4`]).
-    Palette(GpuPal4),
 }
 
 /// A palette-packed FP8 matrix on the device (codec [`Palette4`]): indices (tiles of 16 rows ×
@@ -184,45 +177,6 @@ impl GpuPalBf16 {
     }
 }
 
-impl Fp8Codes {
-    /// A device copy.
-    pub fn duplicate(&self, dev: &GpuDevice) -> Result<Self> {
-        Ok(match self {
-            Fp8Codes::Dense(w) => Fp8Codes::Dense(
-                dev.stream()
-                    .clone_dtod(w)
-                    .while_(|| "copying FP8 codes".into())?,
-            ),
-            Fp8Codes::Palette(p) => Fp8Codes::Palette(p.duplicate(dev)?),
-        })
-    }
-
-    /// Bytes the codes occupy (and a batch-1 product reads): device memory, and the palette's 16
-    /// codes.
-    pub fn stored_bytes(&self) -> usize {
-        match self {
-            Fp8Codes::Dense(w) => w.len(),
-            Fp8Codes::Palette(p) => p.idx.len() + 16 + 4 * (p.esc_ptr.len() + p.escapes),
-        }
-    }
-
-    /// Checks the codes against a [rows, cols] shape.
-    fn check(&self, op: &'static str, rows: usize, cols: usize) -> Result<()> {
-        match self {
-            Fp8Codes::Dense(w) => {
-                check_gemv_fp8_shape(rows, cols)?;
-                check_len(op, "w", w, rows * cols)
-            }
-            Fp8Codes::Palette(p) => {
-                check_gemv_pal4_shape(rows, cols)?;
-                check_len(op, "indices", &p.idx, pal4_index_bytes(rows, cols))?;
-                check_len(op, "escape offsets", &p.esc_ptr, rows + 1)?;
-                check_len(op, "escapes", &p.esc, p.escapes.max(1))
-            }
-        }
-    }
-}
-
 /// Checks a palette-packed GEMV shape: k a multiple of 64 (whole column blocks of the tiles), and
 /// x small enough to sit in shared memory beside the lookup table in every configuration (k ≤ 40 128).
 pub fn check_gemv_pal4_shape(n: usize, k: usize) -> Result<()> {
@@ -356,66 +310,9 @@ pub const PAL4_CANDIDATES: [GemvConfig; 7] = [
     PAL4_W14R7,
 ];
 
-/// `y = diag(s) · W · rmsnorm(x; g, eps)` (when `norm` is given, else `diag(s) · W x`) with
-/// `fusion`'s epilogue; W FP8 E4M3 [n, k] (k % 16 == 0; palette-packed: k % 64 == 0), s f32 [n],
-/// x f32 [k], y f32 [n] (n/2 with swiglu).
-#[allow(clippy::too_many_arguments)]
-pub fn launch_gemv_fp8(
-    dev: &GpuDevice,
-    cfg: GemvConfig,
-    fusion: GemvFusion,
-    w: &Fp8Codes,
-    scales: &CudaSlice<f32>,
-    x: &CudaSlice<f32>,
-    norm: Option<(&CudaSlice<f32>, f32)>,
-    y: &mut CudaSlice<f32>,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    const OP: &str = "gemv_fp8";
-    w.check(OP, n, k)?;
-    check_len(OP, "scales", scales, n)?;
-    check_len(OP, "x", x, k)?;
-    check_len(OP, "y", y, if fusion.swiglu { n / 2 } else { n })?;
-    match w {
-        Fp8Codes::Dense(_) => check_fusion(OP, cfg, fusion, n)?,
-        Fp8Codes::Palette(_) => check_swiglu_rows(OP, fusion, n)?,
-    }
-    if matches!(w, Fp8Codes::Palette(_)) && (cfg.rows > 15 || cfg.warps % cfg.rows != 0) {
-        return Err(GpuError::invalid(
-            OP,
-            format!("{cfg}: the palette GEMV needs warps a multiple of its groups (rows, ≤ 15)"),
-        ));
-    }
-    let variant = gemv_fused_variant(cfg, fusion);
-    let mut launch = cfg.launch(n);
-    let (n_i, k_i) = (n as i32, k as i32);
-    let kernel = match (w, norm.is_some()) {
-        (Fp8Codes::Dense(_), false) => "gemv_fp8",
-        (Fp8Codes::Dense(_), true) => "gemv_fp8_norm",
-        (Fp8Codes::Palette(_), false) => "gemv_pal4",
-        (Fp8Codes::Palette(_), true) => "gemv_pal4_norm",
-    };
-    let what = || format!("launching {kernel} {cfg} {fusion:?} [{n}, {k}]");
-    let f = dev.function(&variant, kernel)?;
-    if let Fp8Codes::Palette(_) = w {
-        launch = pal4_launch(dev, &f, kernel, cfg, n, k)?;
-    }
-    let mut b = dev.stream().launch_builder(&f);
-    match w {
-        Fp8Codes::Dense(w) => b.arg(w),
-        Fp8Codes::Palette(p) => b.arg(&p.idx).arg(&p.codes).arg(&p.esc_ptr).arg(&p.esc),
-    };
-    b.arg(scales).arg(x);
-    push_norm_y(OP, &mut b, &norm, y, &n_i, &k_i)?;
-    // SAFETY: argument types and counts match the kernel chosen above; sizes were checked.
-    unsafe { b.launch(launch) }.while_(what)?;
-    Ok(())
-}
-
 /// The palette and FP8 GEMVs' arguments after x: the norm weight (with `norm`), y, n, k, then eps
 /// (with `norm`); the norm weight's length checked against k.
-fn push_norm_y<'a>(
+pub(crate) fn push_norm_y<'a>(
     op: &'static str,
     b: &mut cudarc::driver::LaunchArgs<'a>,
     norm: &'a Option<(&'a CudaSlice<f32>, f32)>,
@@ -437,7 +334,7 @@ fn push_norm_y<'a>(
 /// The launch of a palette kernel `f` (`gemv_pal4*`): persistent blocks over the 16-row tiles
 /// (each builds a 64 KiB lookup table first), as many as fit at once, with the shared memory
 /// [`pal4_shared_bytes`] gives.
-fn pal4_launch(
+pub(crate) fn pal4_launch(
     dev: &GpuDevice,
     f: &cudarc::driver::CudaFunction,
     kernel: &str,
@@ -520,7 +417,7 @@ pub fn launch_gemv_pal_bf16(
 
 /// What the copies of a matrix to BF16 for prefill share: the output's size checked, their module,
 /// and the launch of a grid-stride loop over `units` (enough blocks to fill any GPU, no more).
-fn bf16_copy_launch(
+pub(crate) fn bf16_copy_launch(
     op: &'static str,
     out: &CudaSlice<u16>,
     rows: usize,
@@ -584,62 +481,8 @@ pub fn launch_pal_bf16_rows_to_bf16(
     Ok(())
 }
 
-/// `out = bf16(fp8(W) · s[row])`, W FP8 E4M3 [rows, cols] in either form, s f32 [rows], out BF16
-/// bits [rows, cols]: an FP8 matrix materialised for the prefill GEMM.
-pub fn launch_fp8_rows_to_bf16(
-    dev: &GpuDevice,
-    w: &Fp8Codes,
-    scales: &CudaSlice<f32>,
-    out: &mut CudaSlice<u16>,
-    rows: usize,
-    cols: usize,
-) -> Result<()> {
-    const OP: &str = "fp8_rows_to_bf16";
-    w.check(OP, rows, cols)?;
-    check_len(OP, "scales", scales, rows)?;
-    let (variant, grid) = bf16_copy_launch(OP, out, rows, cols)?;
-    let what = |k: &str| format!("launching {k} [{rows}, {cols}]");
-    match w {
-        Fp8Codes::Dense(w) => {
-            let f = dev.function(&variant, OP)?;
-            let (n4, cols4) = ((rows * cols / 4) as i64, (cols / 4) as i32);
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(w).arg(scales).arg(&mut *out).arg(&n4).arg(&cols4);
-            // SAFETY: argument types and counts match the kernel; sizes were checked above.
-            unsafe { b.launch(grid(n4 as usize)) }.while_(|| what(OP))?;
-        }
-        Fp8Codes::Palette(p) => {
-            let f = dev.function(&variant, "pal4_rows_to_bf16")?;
-            let words = (pal4_index_bytes(rows, cols) / 4) as i64;
-            let (r_i, c_i) = (rows as i32, cols as i32);
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(&p.idx)
-                .arg(&p.codes)
-                .arg(scales)
-                .arg(&mut *out)
-                .arg(&words)
-                .arg(&r_i)
-                .arg(&c_i);
-            // SAFETY: as above.
-            unsafe { b.launch(grid(words as usize)) }.while_(|| what("pal4_rows_to_bf16"))?;
-            if p.escapes > 0 {
-                let f = dev.function(&variant, "pal4_escapes_to_bf16")?;
-                let mut b = dev.stream().launch_builder(&f);
-                b.arg(&p.esc_ptr)
-                    .arg(&p.esc)
-                    .arg(scales)
-                    .arg(&mut *out)
-                    .arg(&r_i)
-                    .arg(&c_i);
-                // SAFETY: as above.
-                unsafe { b.launch(grid(rows)) }.while_(|| what("pal4_escapes_to_bf16"))?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// CPU reference of [`launch_fp8_rows_to_bf16`]: each weight's f32 value times its row's scale,
+/// CPU reference of `forms::fp8::launch_fp8_rows_to_bf16`: each
+/// weight's f32 value times its row's scale,
 /// rounded to BF16 (nearest even).
 pub fn fp8_rows_to_bf16_ref(w: &[u8], scales: &[f32], cols: usize) -> Vec<u16> {
     w.chunks(cols)

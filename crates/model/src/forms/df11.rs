@@ -2,10 +2,11 @@
 //! codec `df11`). The product decodes block by block (codec `Df11Tensor::matvec`). Its size
 //! follows from the exponents' histogram (the Huffman code's lengths), without coding.
 
-use super::{Candidate, DeviceKind, Form, Source, Values};
+use super::{Candidate, DeviceKind, Form, Source, StoredMatrix, Values};
 use crate::error::{ModelError, Result};
 use crate::weights::Linear;
 use entrollm_codec::df11::Df11Tensor;
+use entrollm_format::coded::Coded;
 use std::sync::Arc;
 
 pub struct Df11Form;
@@ -144,10 +145,27 @@ impl Form for Df11Form {
         check_variant(variant)?;
         Ok(Arc::new(code(src)?))
     }
+    fn loads(&self, coded: &Coded, t: &StoredMatrix<'_>) -> bool {
+        !t.in_gguf && t.shape.len() == 2 && coded.downcast_ref::<Df11Tensor>().is_some()
+    }
+    fn load(&self, coded: Coded, t: &StoredMatrix<'_>) -> Result<Arc<dyn Linear>> {
+        let coded = coded.downcast::<Df11Tensor>().map_err(|c| {
+            ModelError::tensor(
+                t.name,
+                format!("the df11 form does not serve {}", c.coder()),
+            )
+        })?;
+        let m = Df11Linear::new(t.shape[0], t.shape[1], coded)
+            .map_err(|e| ModelError::tensor(t.name, e.to_string()))?;
+        Ok(Arc::new(m))
+    }
+    fn coded_only_when_asked(&self) -> bool {
+        true
+    }
     fn stored(&self, variant: &str, values: &str) -> Result<Option<super::Stored>> {
         check_variant(variant)?;
         Ok((values == "bf16").then_some(super::Stored::Coded {
-            coder: crate::compress::Coder::Df11,
+            coder: entrollm_format::coded::DF11,
             coding: None,
         }))
     }

@@ -3,7 +3,7 @@
 //! materialised), with GGUF group scales applied per group. Variants are codings
 //! `MODE:LOG2M:SC:T` (`pair:8:256:16`).
 
-use super::{Candidate, DeviceKind, Form, Source, Values};
+use super::{Candidate, DeviceKind, Form, Source, StoredMatrix, Values};
 use crate::error::{ModelError, Result};
 use crate::weights::Linear;
 use entrollm_codec::dtans::{
@@ -12,7 +12,8 @@ use entrollm_codec::dtans::{
 };
 use entrollm_codec::matvec::Dequant;
 use entrollm_codec::Payload;
-use entrollm_format::coded::GgmlCoded;
+use entrollm_format::coded::{Coded, GgmlCoded, ScalarCoded};
+use entrollm_format::Dtype;
 use std::sync::Arc;
 
 /// Per-group dequantisation of an integer-coded matrix (GGUF blocks): see [`Dequant::Groups`].
@@ -391,13 +392,42 @@ impl Form for DtansForm {
         };
         Ok(Arc::new(CodedLinear::new(t, groups)?))
     }
+    /// Its own coder's float matrices (FP8 codes of any shape, whose row scales the loader puts
+    /// outside), a GGUF container's legacy blocks (`dtans-ggml`) and scalar-quantised matrices
+    /// (`dtans-scalar`): each multiplied as stored.
+    fn loads(&self, coded: &Coded, t: &StoredMatrix<'_>) -> bool {
+        match coded.downcast_ref::<DtansTensor>() {
+            Some(_) => !t.in_gguf && (t.dtype == Dtype::F8E4M3 || t.shape.len() == 2),
+            None => {
+                t.in_gguf && coded.downcast_ref::<GgmlCoded>().is_some()
+                    || coded.downcast_ref::<ScalarCoded>().is_some()
+            }
+        }
+    }
+    fn load(&self, coded: Coded, t: &StoredMatrix<'_>) -> Result<Arc<dyn Linear>> {
+        let coded = match coded.downcast::<DtansTensor>() {
+            Ok(d) => return Ok(Arc::new(CodedLinear::new(d, None)?)),
+            Err(c) => c,
+        };
+        let coded = match coded.downcast::<GgmlCoded>() {
+            Ok(g) => return Ok(Arc::new(CodedLinear::from_ggml(g)?)),
+            Err(c) => c,
+        };
+        match coded.downcast::<ScalarCoded>() {
+            Ok(q) => CodedLinear::from_scalar(t.name, q.tensor),
+            Err(c) => Err(ModelError::tensor(
+                t.name,
+                format!("the dtans form does not serve {} tensors", c.coder()),
+            )),
+        }
+    }
     fn stored(&self, variant: &str, values: &str) -> Result<Option<super::Stored>> {
         let coding = parse(variant)?;
         // A GGUF tensor's blocks are stored as the container stores them (their exact bytes) and
         // coded from them at load.
         Ok(
             (values != "f32" && values != "ggml").then_some(super::Stored::Coded {
-                coder: crate::compress::Coder::Dtans,
+                coder: entrollm_format::coded::DTANS,
                 coding: Some(coding),
             }),
         )

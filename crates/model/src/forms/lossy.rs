@@ -9,11 +9,11 @@
 //! reconstruction (`source()`: `dense` is decoding at load) and a plan may keep. `compress
 //! --budget --allow-lossy` plans it for the matrices `--bits` would code.
 
-use super::{Candidate, DeviceKind, Form, FormId, Source, Values};
+use super::{Candidate, DeviceKind, Form, FormId, Source, StoredMatrix, Values};
 use crate::error::{ModelError, Result};
 use crate::weights::Linear;
 use entrollm_codec::lossy::Decoder;
-use entrollm_format::coded::LossyCoded;
+use entrollm_format::coded::{Coded, LossyCoded};
 use entrollm_format::Dtype;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -183,6 +183,19 @@ impl Form for LossyForm {
                     DeviceKind::Cpu => 7.0e-4,
                     DeviceKind::Cuda => 7.5e-6,
                 }
+    }
+    fn loads(&self, coded: &Coded, _t: &StoredMatrix<'_>) -> bool {
+        coded.downcast_ref::<LossyCoded>().is_some()
+    }
+    fn load(&self, coded: Coded, t: &StoredMatrix<'_>) -> Result<Arc<dyn Linear>> {
+        let m = coded.downcast::<LossyCoded>().map_err(|c| {
+            ModelError::tensor(
+                t.name,
+                format!("the lossy form does not serve {}", c.coder()),
+            )
+        })?;
+        let m = LossyLinear::new(m).map_err(|e| ModelError::tensor(t.name, e.to_string()))?;
+        Ok(Arc::new(m))
     }
     fn stored(&self, _variant: &str, _values: &str) -> Result<Option<super::Stored>> {
         Err(made_by_compress())

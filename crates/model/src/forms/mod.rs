@@ -20,6 +20,7 @@ pub mod palette;
 use crate::error::{ModelError, Result};
 use crate::weights::Linear;
 use entrollm_codec::Payload;
+use entrollm_format::coded::Coded;
 use std::sync::Arc;
 
 pub use dtans::GroupScales;
@@ -284,11 +285,23 @@ pub enum DeviceKind {
 pub enum Stored {
     /// The source's bytes as they are: a plain tensor.
     Raw,
-    /// Coded by one of the container's coders, with this dtANS coding (`None`: the coder's).
+    /// Coded by the container's coder of this name ([`entrollm_format::coded::coders`]), with
+    /// this dtANS coding (`None`: the coder's).
     Coded {
-        coder: crate::compress::Coder,
+        coder: &'static str,
         coding: Option<entrollm_codec::dtans::Coding>,
     },
+}
+
+/// A coded tensor as a loader finds it in a container, for [`Form::loads`].
+#[derive(Clone, Copy, Debug)]
+pub struct StoredMatrix<'a> {
+    pub name: &'a str,
+    pub dtype: entrollm_format::Dtype,
+    pub shape: &'a [usize],
+    /// In the container of a GGUF file, whose float matrices are read from the file's image
+    /// (llama.cpp's row order), not served coded.
+    pub in_gguf: bool,
 }
 
 /// One weight form. Implementations are stateless; [`all`] lists them.
@@ -333,6 +346,32 @@ pub trait Form: Send + Sync {
     fn stored(&self, _variant: &str, _values: &str) -> Result<Option<Stored>> {
         Ok(None)
     }
+    /// Whether this form serves `coded` (as a container stores it) without decoding it to dense:
+    /// its coder's tensors, where this form multiplies them as they are.
+    fn loads(&self, _coded: &Coded, _t: &StoredMatrix<'_>) -> bool {
+        false
+    }
+    /// `coded` served in this form; only where [`loads`](Self::loads) says so.
+    fn load(&self, coded: Coded, t: &StoredMatrix<'_>) -> Result<Arc<dyn Linear>> {
+        Err(ModelError::tensor(
+            t.name,
+            format!(
+                "form {} does not serve {} tensors",
+                self.name(),
+                coded.coder()
+            ),
+        ))
+    }
+    /// Whether a loader that keeps coded matrices coded keeps this form's only when asked (the
+    /// engine's plans start from the dense matrix, which DFloat11's layout has no kernel for).
+    fn coded_only_when_asked(&self) -> bool {
+        false
+    }
+}
+
+/// The form that serves `coded` as stored ([`Form::loads`]), if any.
+pub fn loader(coded: &Coded, t: &StoredMatrix<'_>) -> Option<&'static dyn Form> {
+    all().iter().copied().find(|f| f.loads(coded, t))
 }
 
 /// Every form, in the order the tuner lists them.

@@ -7,7 +7,7 @@
 use super::file::GgufFile;
 use super::source::GgufSource;
 use crate::error::{ModelError, Result};
-use crate::load::CodedLinear;
+use crate::forms::StoredMatrix;
 use crate::weights::Linear;
 use entrollm_format::coded::Coded;
 use entrollm_format::{ContainerReader, StoredData};
@@ -22,7 +22,7 @@ pub enum GgufLoad {
     /// Every tensor decoded: the GGUF image byte for byte.
     Decoded,
     /// Coded block matrices stay coded and run through the fused decode-matvec
-    /// ([`CodedLinear`]); their bytes in the image stay zero (and untouched pages cost no memory).
+    /// ([`CodedLinear`](crate::load::CodedLinear)); their bytes in the image stay zero (and untouched pages cost no memory).
     Fused,
 }
 
@@ -94,21 +94,20 @@ fn rebuild(reader: &ContainerReader, load: GgufLoad) -> Result<(GgufFile, Linear
                         .decode()
                         .map_err(|e| ModelError::tensor(&seg.tensor, e.to_string()))?;
                     reader.verify_checksum(&seg.tensor, &bytes).map_err(fmt)?;
-                    match coded {
-                        Coded::Ggml(g) if load == GgufLoad::Fused => {
-                            linears
-                                .insert(seg.tensor.clone(), Arc::new(CodedLinear::from_ggml(g)?));
+                    let stored = StoredMatrix {
+                        name: &seg.tensor,
+                        dtype: t.dtype,
+                        shape: t.shape,
+                        in_gguf: true,
+                    };
+                    // The form that serves it as stored (its bytes in the image stay zero).
+                    let keeper = crate::forms::loader(&coded, &stored)
+                        .filter(|f| load == GgufLoad::Fused && !f.coded_only_when_asked());
+                    match keeper {
+                        Some(f) => {
+                            linears.insert(seg.tensor.clone(), f.load(coded, &stored)?);
                         }
-                        Coded::Lossy(m) if load == GgufLoad::Fused => {
-                            let m = crate::forms::lossy::LossyLinear::new(m)
-                                .map_err(|e| ModelError::tensor(&seg.tensor, e.to_string()))?;
-                            linears.insert(seg.tensor.clone(), Arc::new(m));
-                        }
-                        Coded::Scalar(q) if load == GgufLoad::Fused => {
-                            let m = CodedLinear::from_scalar(&seg.tensor, q.tensor)?;
-                            linears.insert(seg.tensor.clone(), m);
-                        }
-                        _ => image[at..end].copy_from_slice(&bytes),
+                        None => image[at..end].copy_from_slice(&bytes),
                     }
                 }
             }
