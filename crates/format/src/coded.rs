@@ -2,8 +2,9 @@
 //! parameters, and back. `docs/dtans.md` and `docs/format.md` describe the arrays.
 
 use crate::container::{ArrayDtype, CodedTensor};
-use crate::ggml_blocks::{pack_codes, BlockType, QuantCodes, QK};
-use crate::kquants::{FieldKind, KType, Split};
+use crate::ggml_blocks::{has_m, pack_codes, QuantCodes, QK};
+use crate::kquants::{FieldKind, Split};
+use crate::qtype::GgmlType;
 use crate::{Dtype, FormatError, Result};
 use entrollm_codec::df11::Df11Tensor;
 use entrollm_codec::dtans::{DtansParams, DtansTensor};
@@ -161,7 +162,7 @@ impl LossyCoded {
 /// `m`) as one dtANS-coded FP16 stream each: the stream row-major in a matrix of
 /// [`scale_matrix_shape`], its tail padded with the last scale.
 pub struct GgmlScales {
-    pub block: BlockType,
+    pub block: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub rest: Vec<u8>,
@@ -169,9 +170,21 @@ pub struct GgmlScales {
     pub m: Option<DtansTensor>,
 }
 
+/// The ggml type `v` names, one `accepts` takes (an error otherwise).
+fn block_type(v: &Value, accepts: fn(GgmlType) -> bool) -> Result<GgmlType> {
+    let ty: GgmlType = serde_json::from_value(v.clone())
+        .map_err(|e| FormatError::Usage(format!("bad block type: {e}")))?;
+    match accepts(ty) {
+        true => Ok(ty),
+        false => Err(FormatError::Usage(format!(
+            "bad block type: {ty} for this coding"
+        ))),
+    }
+}
+
 /// Bytes of a block's scales (`d`, and `m` for the `_1` types), which lead each block.
-fn scale_bytes(block: BlockType) -> usize {
-    if block.has_m() {
+fn scale_bytes(block: GgmlType) -> usize {
+    if has_m(block) {
         4
     } else {
         2
@@ -182,7 +195,7 @@ impl GgmlScales {
     /// The blocks `bytes` of a `rows × cols` tensor with their scales coded (each stream in the
     /// coding the coder predicts smallest).
     pub fn encode(
-        block: BlockType,
+        block: GgmlType,
         rows: usize,
         cols: usize,
         bytes: &[u8],
@@ -202,7 +215,7 @@ impl GgmlScales {
                 entrollm_codec::dtans::choose_coding_and_width(Payload::Fp16, r, c, &codes)?;
             DtansTensor::encode(Payload::Fp16, r, c, &codes, &raw, coding)
         };
-        let (bb, sb) = (block.block_bytes(), scale_bytes(block));
+        let (bb, sb) = (block.type_size(), scale_bytes(block));
         Ok(GgmlScales {
             block,
             rows,
@@ -219,14 +232,14 @@ impl GgmlScales {
 
     /// Predicted stored bytes of [`GgmlScales::encode`] for these blocks (from the scales'
     /// histograms, no coding).
-    pub fn predict_bytes(block: BlockType, bytes: &[u8]) -> entrollm_codec::Result<f64> {
+    pub fn predict_bytes(block: GgmlType, bytes: &[u8]) -> entrollm_codec::Result<f64> {
         let q = crate::ggml_blocks::unpack_codes(block, bytes).map_err(CodecError::Shape)?;
         let predict = |v: &[u16]| -> entrollm_codec::Result<f64> {
             let (r, c, b) = scale_matrix(v);
             let (codes, _) = Payload::Fp16.symbolize(&b)?;
             Ok(entrollm_codec::dtans::choose_coding_and_width(Payload::Fp16, r, c, &codes)?.1)
         };
-        let rest = q.d.len() * (block.block_bytes() - scale_bytes(block));
+        let rest = q.d.len() * (block.type_size() - scale_bytes(block));
         Ok(rest as f64 + predict(&q.d)? + q.m.as_deref().map_or(Ok(0.0), predict)?)
     }
 
@@ -239,7 +252,7 @@ impl GgmlScales {
         };
         let d = scales(&self.d)?;
         let m = self.m.as_ref().map(scales).transpose()?;
-        let (bb, sb) = (self.block.block_bytes(), scale_bytes(self.block));
+        let (bb, sb) = (self.block.type_size(), scale_bytes(self.block));
         let corrupt = |what: &str| CodecError::Corrupt(what.to_string());
         if d.len() != 2 * n
             || self.rest.len() != n * (bb - sb)
@@ -270,7 +283,7 @@ impl GgmlScales {
 /// decoded form is the original block bytes; the weights are `d·(code − offset) (+ m)` per block of
 /// 32 columns, which the fused matvec applies in its epilogue.
 pub struct GgmlCoded {
-    pub block: BlockType,
+    pub block: GgmlType,
     pub codes: DtansTensor,
     pub d: Vec<u16>,
     pub m: Option<Vec<u16>>,
@@ -278,8 +291,8 @@ pub struct GgmlCoded {
 
 impl GgmlCoded {
     /// The shape a container records for this tensor: `[rows, bytes per row]` of U8.
-    pub fn stored_shape(block: BlockType, rows: usize, cols: usize) -> Vec<usize> {
-        vec![rows, cols / QK * block.block_bytes()]
+    pub fn stored_shape(block: GgmlType, rows: usize, cols: usize) -> Vec<usize> {
+        vec![rows, cols / QK * block.type_size()]
     }
 
     /// The per-block scales and offsets as f32, in block order (row-major, `cols / 32` per row).
@@ -426,7 +439,7 @@ enum CodesChoice {
 }
 
 fn choose_codes(
-    ty: KType,
+    ty: GgmlType,
     rows: usize,
     cols: usize,
     codes: &[u8],
@@ -538,12 +551,12 @@ fn decode_field(
     Ok(v)
 }
 
-/// A GGUF tensor of [`KType`] blocks, losslessly: its codes (one per weight, weight order) as a
-/// `rows × cols` int payload, and each of the blocks' side fields ([`KType::fields`]: the f16
-/// super-scales, the unpacked sub-block scales and mins) as its own stream, each in the coding
-/// that stores it smallest. It decodes to the original block bytes.
+/// A GGUF tensor of blocks that split ([`GgmlType::splits`]), losslessly: its codes (one per
+/// weight, weight order) as a `rows × cols` int payload, and each of the blocks' side fields
+/// ([`GgmlType::fields`]: the f16 super-scales, the unpacked sub-block scales and mins) as its
+/// own stream, each in the coding that stores it smallest. It decodes to the original block bytes.
 pub struct BlocksCoded {
-    pub ty: KType,
+    pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub codes: BlockStream,
@@ -552,17 +565,22 @@ pub struct BlocksCoded {
 
 impl BlocksCoded {
     /// The shape a container records for this tensor: `[rows, bytes per row]` of U8.
-    pub fn stored_shape(ty: KType, rows: usize, cols: usize) -> Vec<usize> {
-        vec![rows, cols / ty.block_weights() * ty.block_bytes()]
+    pub fn stored_shape(ty: GgmlType, rows: usize, cols: usize) -> Vec<usize> {
+        vec![rows, cols / ty.block_size() * ty.type_size()]
     }
 
-    fn check_shape(ty: KType, rows: usize, cols: usize, s: &Split) -> entrollm_codec::Result<()> {
-        if !cols.is_multiple_of(ty.block_weights()) || s.codes.len() != rows * cols {
+    fn check_shape(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        s: &Split,
+    ) -> entrollm_codec::Result<()> {
+        if !cols.is_multiple_of(ty.block_size()) || s.codes.len() != rows * cols {
             return Err(CodecError::Shape(format!(
                 "{} weights of {} blocks for a {rows}×{cols} tensor (rows must be whole blocks of {})",
                 s.codes.len(),
                 ty.name(),
-                ty.block_weights()
+                ty.block_size()
             )));
         }
         Ok(())
@@ -572,7 +590,7 @@ impl BlocksCoded {
     /// the coding predicted smallest, each field with rANS where that is smaller. A stream is
     /// stored packed where its coding would not be smaller.
     pub fn encode(
-        ty: KType,
+        ty: GgmlType,
         rows: usize,
         cols: usize,
         bytes: &[u8],
@@ -620,7 +638,7 @@ impl BlocksCoded {
     /// Predicted stored bytes of [`Self::encode`] (from histograms, no coding), and the entropy
     /// bound in bits a weight: the codes' entropy plus each field's at its own value entropy.
     pub fn predict(
-        ty: KType,
+        ty: GgmlType,
         rows: usize,
         cols: usize,
         bytes: &[u8],
@@ -639,7 +657,7 @@ impl BlocksCoded {
     /// The codes and fields as [`crate::kquants::join`] takes them.
     fn split(&self) -> entrollm_codec::Result<Split> {
         let n_codes = self.rows * self.cols;
-        let n_blocks = n_codes / self.ty.block_weights();
+        let n_blocks = n_codes / self.ty.block_size();
         let corrupt = |what: String| CodecError::Corrupt(what);
         let codes = match &self.codes {
             BlockStream::Coded(t) => t.decode()?,
@@ -719,8 +737,7 @@ impl BlocksCoded {
         array: impl Fn(&str, ArrayDtype) -> Result<&'a [u8]>,
     ) -> Result<Self> {
         let err = FormatError::Usage;
-        let ty: KType = serde_json::from_value(params["type"].clone())
-            .map_err(|e| err(format!("bad block type: {e}")))?;
+        let ty = block_type(&params["type"], GgmlType::splits)?;
         let dim = |k: &str| {
             params[k]
                 .as_u64()
@@ -733,7 +750,7 @@ impl BlocksCoded {
             .filter(|&n| n <= 1 << 40)
             .ok_or_else(|| err(format!("{rows}×{cols} is too large")))?;
         if dtype != Dtype::U8
-            || !cols.is_multiple_of(ty.block_weights())
+            || !cols.is_multiple_of(ty.block_size())
             || shape != Self::stored_shape(ty, rows, cols)
         {
             return Err(err(format!(
@@ -742,7 +759,7 @@ impl BlocksCoded {
                 Self::stored_shape(ty, rows, cols)
             )));
         }
-        let n_blocks = n_codes / ty.block_weights();
+        let n_blocks = n_codes / ty.block_size();
         let p = &params["codes"];
         let payload = Payload::Int(ty.code_bits() as u8);
         let codes = if is_flag(p, "packed") || is_flag(p, "rans") {
@@ -1322,13 +1339,12 @@ impl Coded {
             }
             DTANS_GGML => {
                 let p = dtans_params(c.params)?;
-                let block: BlockType = serde_json::from_value(c.params["block"].clone())
-                    .map_err(|e| err(format!("bad block type: {e}")))?;
-                if p.payload != Payload::Int(block.bits() as u8) {
+                let block = block_type(&c.params["block"], crate::ggml_blocks::handles)?;
+                if p.payload != Payload::Int(block.code_bits() as u8) {
                     return Err(err(format!(
                         "{} codes are {}-bit integers, not a {:?} payload",
                         block.name(),
-                        block.bits(),
+                        block.code_bits(),
                         p.payload
                     )));
                 }
@@ -1359,12 +1375,11 @@ impl Coded {
                     block,
                     codes: dtans_from_arrays(&p, array)?,
                     d: scales("d")?,
-                    m: block.has_m().then(|| scales("m")).transpose()?,
+                    m: has_m(block).then(|| scales("m")).transpose()?,
                 }))
             }
             GGML_SCALES => {
-                let block: BlockType = serde_json::from_value(c.params["block"].clone())
-                    .map_err(|e| err(format!("bad block type: {e}")))?;
+                let block = block_type(&c.params["block"], crate::ggml_blocks::handles)?;
                 let dim = |k: &str| {
                     c.params[k]
                         .as_u64()
@@ -1395,7 +1410,7 @@ impl Coded {
                     dtans_from_arrays(&p, |a, d| array(&format!("{k}_{a}"), d))
                 };
                 let rest = array("rest", ArrayDtype::U8)?;
-                let want = n * (block.block_bytes() - scale_bytes(block));
+                let want = n * (block.type_size() - scale_bytes(block));
                 if rest.len() != want {
                     return Err(err(format!(
                         "array 'rest' holds {} bytes, {n} {} blocks need {want}",
@@ -1409,7 +1424,7 @@ impl Coded {
                     cols,
                     rest: rest.to_vec(),
                     d: stream("d")?,
-                    m: block.has_m().then(|| stream("m")).transpose()?,
+                    m: has_m(block).then(|| stream("m")).transpose()?,
                 }))
             }
             DF11 => {
@@ -1703,7 +1718,7 @@ mod tests {
 
     /// Blocks of every type with few distinct scales (as a quantiser's are: a narrow range of
     /// magnitudes), random code bytes; rows × cols weights.
-    fn blocks(block: BlockType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    fn blocks(block: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         let mut s = seed | 1;
         let mut next = move || {
             s ^= s << 13;
@@ -1716,17 +1731,17 @@ mod tests {
             // f16 scales in [2^-8, 2^-6): exponent 7..8, the mantissa's top bits varying.
             let mut scale = || 0x1c00u16 + (next() % 0x600) as u16;
             out.extend_from_slice(&scale().to_le_bytes());
-            if block.has_m() {
+            if has_m(block) {
                 out.extend_from_slice(&(scale() | 0x8000).to_le_bytes());
             }
-            out.extend((0..block.block_bytes() - scale_bytes(block)).map(|_| next() as u8));
+            out.extend((0..block.type_size() - scale_bytes(block)).map(|_| next() as u8));
         }
         out
     }
 
     /// Blocks of `ty` as a quantiser writes them: codes peaked at the middle of their range,
     /// super-scales of a narrow range, sub-block scales skewed; `rows × cols` weights.
-    fn kblocks(ty: KType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    fn kblocks(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         let mut s = seed | 1;
         let mut next = move || {
             s ^= s << 13;
@@ -1734,7 +1749,7 @@ mod tests {
             s ^= s << 17;
             s
         };
-        let n = rows * cols / ty.block_weights();
+        let n = rows * cols / ty.block_size();
         let bits = ty.code_bits();
         let mid = 1u64 << (bits - 1);
         let codes: Vec<u8> = (0..rows * cols)
@@ -1766,8 +1781,8 @@ mod tests {
 
     #[test]
     fn split_blocks_round_trip_through_the_container_for_every_type() {
-        for (i, ty) in KType::ALL.into_iter().enumerate() {
-            let w = ty.block_weights();
+        for (i, ty) in GgmlType::ALL.into_iter().filter(|t| t.splits()).enumerate() {
+            let w = ty.block_size();
             for (rows, cols) in [(1, w), (3, 3 * w), (37, 2 * w), (256, 1024)] {
                 for noise in [false, true] {
                     let bytes = match noise {
@@ -1778,7 +1793,7 @@ mod tests {
                             .cycle()
                             .zip(0u64..)
                             .map(|(_, k)| (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
-                            .take(rows * cols / w * ty.block_bytes())
+                            .take(rows * cols / w * ty.type_size())
                             .collect(),
                     };
                     let what = format!("{ty:?} {rows}x{cols} noise {noise}");
@@ -1812,7 +1827,7 @@ mod tests {
 
     #[test]
     fn damaged_split_blocks_are_errors() {
-        let (ty, rows, cols) = (KType::Q4K, 64, 1024);
+        let (ty, rows, cols) = (GgmlType::Q4_K, 64, 1024);
         let bytes = kblocks(ty, rows, cols, 5);
         let coded = Coded::Blocks(BlocksCoded::encode(ty, rows, cols, &bytes, None).unwrap().0);
         let params = coded.params(json!({}));
@@ -2065,7 +2080,11 @@ mod tests {
 
     #[test]
     fn scales_alone_round_trip_for_every_block_type() {
-        for (i, block) in BlockType::ALL.into_iter().enumerate() {
+        for (i, block) in GgmlType::ALL
+            .into_iter()
+            .filter(|&t| crate::ggml_blocks::handles(t))
+            .enumerate()
+        {
             for (rows, cols) in [(1, 32), (3, 96), (70, 576), (257, 1024)] {
                 let bytes = blocks(block, rows, cols, 7 + i as u64);
                 let g = GgmlScales::encode(block, rows, cols, &bytes).unwrap();
@@ -2097,7 +2116,7 @@ mod tests {
 
     #[test]
     fn damaged_scale_streams_are_errors() {
-        let (block, rows, cols) = (BlockType::Q4_1, 70, 576);
+        let (block, rows, cols) = (GgmlType::Q4_1, 70, 576);
         let bytes = blocks(block, rows, cols, 3);
         let coded = Coded::GgmlScales(GgmlScales::encode(block, rows, cols, &bytes).unwrap());
         let params = coded.params(json!({}));
@@ -2147,7 +2166,7 @@ mod tests {
     fn ggml_blocks_round_trip_through_the_container_arrays() {
         let (rows, cols) = (40, 96);
         let bytes = q4_1_blocks(rows, cols);
-        let q = unpack_codes(BlockType::Q4_1, &bytes).unwrap();
+        let q = unpack_codes(GgmlType::Q4_1, &bytes).unwrap();
         let coding = Coding {
             mode: Mode::Pair,
             log2_m: 10,
@@ -2157,7 +2176,7 @@ mod tests {
         let codes =
             DtansTensor::encode(Payload::Int(4), rows, cols, &q.codes, &[], coding).unwrap();
         let coded = Coded::Ggml(GgmlCoded {
-            block: BlockType::Q4_1,
+            block: GgmlType::Q4_1,
             codes,
             d: q.d,
             m: q.m,
@@ -2166,7 +2185,7 @@ mod tests {
         let params = coded.params(json!({}));
         assert_eq!(params["block"], "Q4_1");
         let arrays = coded.arrays();
-        let shape = GgmlCoded::stored_shape(BlockType::Q4_1, rows, cols);
+        let shape = GgmlCoded::stored_shape(GgmlType::Q4_1, rows, cols);
         assert_eq!(shape, [rows, cols / 32 * 20]);
         let c = stored(&coded, &arrays, &params);
         let back = Coded::from_stored(Dtype::U8, &shape, &c).unwrap();
