@@ -386,7 +386,8 @@ fn fields_row(mut r: Value, dtype: Dtype, bytes: &[u8]) -> Result<Value> {
 
 /// A GGUF file's tensors: block codes (Q4_0 … Q8_0) and F16/BF16 matrices as `compress` codes them.
 fn gguf_source(a: &Args) -> Result<Vec<Value>> {
-    use entrollm_model::gguf::{GgmlType, GgufFile};
+    use entrollm_format::qtype::Store;
+    use entrollm_model::gguf::GgufFile;
     use rayon::prelude::*;
     let file = GgufFile::open(&a.path)?;
     file.tensors()
@@ -406,16 +407,22 @@ fn gguf_source(a: &Args) -> Result<Vec<Value>> {
                 )
             };
             let matrix = shape.len() >= 2;
-            match (t.ggml_type.block_type(), t.ggml_type) {
-                (Some(block), _) if matrix => {
+            let ty = t.ggml_type;
+            match ty.row().store {
+                Store::Codes if matrix => {
+                    let block = ty;
                     let q =
                         entrollm_format::ggml_blocks::unpack_codes(block, data).map_err(|e| {
                             anyhow::anyhow!("{}: tensor {}: {e}", a.path.display(), t.name)
                         })?;
-                    let payload = entrollm_codec::Payload::Int(block.bits() as u8);
+                    let payload = entrollm_codec::Payload::Int(block.code_bits() as u8);
                     // Predictions store the scales raw; the bound takes them at their entropy.
                     let h16 = entrollm_codec::histogram::u16_entropy_bits;
-                    let raw = if block.has_m() { 1.0 } else { 0.5 };
+                    let raw = if entrollm_format::ggml_blocks::has_m(block) {
+                        1.0
+                    } else {
+                        0.5
+                    };
                     let side = (h16(&q.d) + q.m.as_deref().map_or(0.0, h16)) / 32.0;
                     let mut r = row(Some((payload, rows, cols, &q.codes[..], raw)))?;
                     let h = r["entropy_bits"].as_f64().unwrap_or(0.0);
@@ -438,10 +445,6 @@ fn gguf_source(a: &Args) -> Result<Vec<Value>> {
                     // Where codes and scales split and rANS-coded save more than the margin
                     // dtANS is preferred by, compress takes them (`dtans-blocks`).
                     if r["entropy_bits"].is_number() {
-                        let ty = entrollm_format::kquants::KType::from_name(block.name())
-                            .ok_or_else(|| {
-                                anyhow::anyhow!("{} blocks do not split", block.name())
-                            })?;
                         let (p, _) =
                             entrollm_format::coded::BlocksCoded::predict(ty, rows, cols, data)?;
                         let now = r["predicted_bytes"].as_f64().unwrap_or(data.len() as f64);
@@ -457,8 +460,8 @@ fn gguf_source(a: &Args) -> Result<Vec<Value>> {
                     }
                     Ok(r)
                 }
-                (_, ty) if matrix && ty.ktype().is_some_and(|k| cols % k.block_weights() == 0) => {
-                    let k = ty.ktype().expect("checked");
+                Store::Split if matrix && cols.is_multiple_of(ty.block_size()) => {
+                    let k = ty;
                     let mut r = row(None)?;
                     if rows * cols < MIN_ELEMENTS {
                         return Ok(r);
@@ -479,9 +482,9 @@ fn gguf_source(a: &Args) -> Result<Vec<Value>> {
                     });
                     Ok(r)
                 }
-                (_, GgmlType::F16 | GgmlType::BF16) if matrix => {
-                    let p = match t.ggml_type {
-                        GgmlType::F16 => entrollm_codec::Payload::Fp16,
+                Store::Float(d @ (Dtype::F16 | Dtype::BF16)) if matrix => {
+                    let p = match d {
+                        Dtype::F16 => entrollm_codec::Payload::Fp16,
                         _ => entrollm_codec::Payload::Bf16,
                     };
                     let (codes, _) = p.symbolize(data)?;

@@ -5,91 +5,27 @@
 //! Codes are in weight order (element j of block b is `codes[32·b + j]`): Q4_0/Q4_1 0..=15,
 //! Q5_0/Q5_1 0..=31 (the high bit from `qh`), Q8_0 the i8 value's bit pattern as u8. The weight is
 //! `d·(code − offset) (+ m)` with the code read as two's complement for Q8_0
-//! ([`BlockType::offset`], [`BlockType::signed`]).
+//! ([`crate::qtype::IntCodes`]).
 
-use serde::{Deserialize, Serialize};
+use crate::qtype::{GgmlType, Store};
 
 /// Weights per block.
 pub const QK: usize = 32;
 
-/// A code-bearing ggml block type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum BlockType {
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q8_0,
+/// Whether this module handles `ty` (the types the container stores as [`Store::Codes`]).
+pub fn handles(ty: GgmlType) -> bool {
+    ty.row().store == Store::Codes
 }
 
-impl BlockType {
-    pub const ALL: [BlockType; 5] = [
-        BlockType::Q4_0,
-        BlockType::Q4_1,
-        BlockType::Q5_0,
-        BlockType::Q5_1,
-        BlockType::Q8_0,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            BlockType::Q4_0 => "Q4_0",
-            BlockType::Q4_1 => "Q4_1",
-            BlockType::Q5_0 => "Q5_0",
-            BlockType::Q5_1 => "Q5_1",
-            BlockType::Q8_0 => "Q8_0",
-        }
-    }
-
-    /// Bits per code: 4, 5 or 8.
-    pub fn bits(self) -> u32 {
-        match self {
-            BlockType::Q4_0 | BlockType::Q4_1 => 4,
-            BlockType::Q5_0 | BlockType::Q5_1 => 5,
-            BlockType::Q8_0 => 8,
-        }
-    }
-
-    /// Whether blocks carry an offset `m` besides the scale `d` (the `_1` types).
-    pub fn has_m(self) -> bool {
-        matches!(self, BlockType::Q4_1 | BlockType::Q5_1)
-    }
-
-    /// Bytes per block of 32 weights: the f16 scale(s), Q5's 32 high bits, the packed codes.
-    pub fn block_bytes(self) -> usize {
-        match self {
-            BlockType::Q4_0 => 18,
-            BlockType::Q4_1 => 20,
-            BlockType::Q5_0 => 22,
-            BlockType::Q5_1 => 24,
-            BlockType::Q8_0 => 34,
-        }
-    }
-
-    /// The code value that means zero (before scaling): 8 for Q4_0, 16 for Q5_0, else 0.
-    pub fn offset(self) -> u32 {
-        match self {
-            BlockType::Q4_0 => 8,
-            BlockType::Q5_0 => 16,
-            _ => 0,
-        }
-    }
-
-    /// Whether codes are two's-complement (Q8_0).
-    pub fn signed(self) -> bool {
-        self == BlockType::Q8_0
-    }
-
-    /// Bits per weight of the block format, scales included (Q4_1: 5.0, Q8_0: 8.5).
-    pub fn bits_per_weight(self) -> f64 {
-        self.block_bytes() as f64 * 8.0 / QK as f64
-    }
+/// Whether blocks of `ty` carry an offset `m` besides the scale `d` (the `_1` types).
+pub fn has_m(ty: GgmlType) -> bool {
+    ty.int_codes().is_some_and(|i| i.mins)
 }
 
-/// The codes and scales of a tensor of blocks of one [`BlockType`].
+/// The codes and scales of a tensor of blocks of one type [`handles`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QuantCodes {
-    pub block: BlockType,
+    pub block: GgmlType,
     /// One code per weight, in weight order.
     pub codes: Vec<u8>,
     /// Per-block scale `d`, as f16 bits.
@@ -100,8 +36,11 @@ pub struct QuantCodes {
 
 /// Splits `bytes` (whole blocks of `block`) into codes and scales. Errors say what is wrong with
 /// the bytes; callers add the tensor's name.
-pub fn unpack_codes(block: BlockType, bytes: &[u8]) -> Result<QuantCodes, String> {
-    let bb = block.block_bytes();
+pub fn unpack_codes(block: GgmlType, bytes: &[u8]) -> Result<QuantCodes, String> {
+    if !handles(block) {
+        return Err(format!("{block} blocks are not of a 32-weight code type"));
+    }
+    let bb = block.type_size();
     if !bytes.len().is_multiple_of(bb) {
         return Err(format!(
             "{} bytes are not whole {} blocks of {bb} bytes",
@@ -112,7 +51,7 @@ pub fn unpack_codes(block: BlockType, bytes: &[u8]) -> Result<QuantCodes, String
     let n_blocks = bytes.len() / bb;
     let mut codes = Vec::with_capacity(n_blocks * QK);
     let mut d = Vec::with_capacity(n_blocks);
-    let mut m = block.has_m().then(|| Vec::with_capacity(n_blocks));
+    let mut m = has_m(block).then(|| Vec::with_capacity(n_blocks));
     for b in bytes.chunks_exact(bb) {
         d.push(u16::from_le_bytes([b[0], b[1]]));
         let mut at = 2;
@@ -120,7 +59,7 @@ pub fn unpack_codes(block: BlockType, bytes: &[u8]) -> Result<QuantCodes, String
             m.push(u16::from_le_bytes([b[2], b[3]]));
             at = 4;
         }
-        match block.bits() {
+        match block.code_bits() {
             8 => codes.extend_from_slice(&b[at..at + QK]),
             4 => {
                 let qs = &b[at..at + 16];
@@ -142,6 +81,9 @@ pub fn unpack_codes(block: BlockType, bytes: &[u8]) -> Result<QuantCodes, String
 /// Re-packs codes and scales into block bytes; the exact inverse of [`unpack_codes`].
 pub fn pack_codes(q: &QuantCodes) -> Result<Vec<u8>, String> {
     let block = q.block;
+    if !handles(block) {
+        return Err(format!("{block} blocks are not of a 32-weight code type"));
+    }
     let n_blocks = q.d.len();
     if q.codes.len() != n_blocks * QK {
         return Err(format!(
@@ -151,7 +93,7 @@ pub fn pack_codes(q: &QuantCodes) -> Result<Vec<u8>, String> {
             n_blocks * QK
         ));
     }
-    match (&q.m, block.has_m()) {
+    match (&q.m, has_m(block)) {
         (Some(m), true) if m.len() == n_blocks => {}
         (None, false) => {}
         (m, has_m) => {
@@ -164,7 +106,7 @@ pub fn pack_codes(q: &QuantCodes) -> Result<Vec<u8>, String> {
             ))
         }
     }
-    let bits = block.bits();
+    let bits = block.code_bits();
     let max_code = if bits == 8 {
         u8::MAX
     } else {
@@ -177,7 +119,7 @@ pub fn pack_codes(q: &QuantCodes) -> Result<Vec<u8>, String> {
             block.name()
         ));
     }
-    let mut out = Vec::with_capacity(n_blocks * block.block_bytes());
+    let mut out = Vec::with_capacity(n_blocks * block.type_size());
     for (b, codes) in q.codes.chunks_exact(QK).enumerate() {
         out.extend_from_slice(&q.d[b].to_le_bytes());
         if let Some(m) = &q.m {
@@ -203,6 +145,11 @@ pub fn pack_codes(q: &QuantCodes) -> Result<Vec<u8>, String> {
 mod tests {
     use super::*;
 
+    /// The types this module handles, in id order.
+    fn legacy() -> impl Iterator<Item = GgmlType> {
+        GgmlType::ALL.into_iter().filter(|&t| handles(t))
+    }
+
     /// Deterministic pseudo-random bytes.
     fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
         let mut r = entrollm_codec::rng::SplitMix64::new(seed);
@@ -211,25 +158,22 @@ mod tests {
 
     #[test]
     fn block_sizes_are_ggmls() {
-        let sizes: Vec<usize> = BlockType::ALL.iter().map(|b| b.block_bytes()).collect();
+        let sizes: Vec<usize> = legacy().map(|b| b.type_size()).collect();
         assert_eq!(sizes, [18, 20, 22, 24, 34]);
-        assert_eq!(BlockType::Q4_1.bits_per_weight(), 5.0);
+        assert_eq!(GgmlType::Q4_1.bits_per_weight(), 5.0);
     }
 
     #[test]
     fn pack_inverts_unpack_on_random_blocks_of_every_type() {
-        for (k, block) in BlockType::ALL.into_iter().enumerate() {
+        for (k, block) in legacy().enumerate() {
             for seed in 0..20u64 {
                 let n_blocks = 1 + (seed as usize * 7) % 13;
-                let bytes = random_bytes(seed + 1000 * k as u64, n_blocks * block.block_bytes());
+                let bytes = random_bytes(seed + 1000 * k as u64, n_blocks * block.type_size());
                 let q = unpack_codes(block, &bytes).unwrap();
                 assert_eq!(q.codes.len(), n_blocks * 32);
                 assert_eq!(q.d.len(), n_blocks);
-                assert_eq!(
-                    q.m.as_ref().map(Vec::len),
-                    block.has_m().then_some(n_blocks)
-                );
-                let max = (1u32 << block.bits()) - 1;
+                assert_eq!(q.m.as_ref().map(Vec::len), has_m(block).then_some(n_blocks));
+                let max = (1u32 << block.code_bits()) - 1;
                 assert!(q.codes.iter().all(|&c| u32::from(c) <= max), "{block:?}");
                 assert_eq!(pack_codes(&q).unwrap(), bytes, "{block:?} seed {seed}");
             }
@@ -238,8 +182,8 @@ mod tests {
 
     #[test]
     fn bad_inputs_are_errors() {
-        assert!(unpack_codes(BlockType::Q4_0, &[0; 19]).is_err());
-        let mut q = unpack_codes(BlockType::Q4_0, &[0; 18]).unwrap();
+        assert!(unpack_codes(GgmlType::Q4_0, &[0; 19]).is_err());
+        let mut q = unpack_codes(GgmlType::Q4_0, &[0; 18]).unwrap();
         q.codes[3] = 16;
         assert!(pack_codes(&q).unwrap_err().contains("code 3"));
         q.codes[3] = 0;
@@ -248,8 +192,9 @@ mod tests {
         q.m = None;
         q.codes.pop();
         assert!(pack_codes(&q).is_err());
-        let mut q = unpack_codes(BlockType::Q5_1, &[0; 24]).unwrap();
+        let mut q = unpack_codes(GgmlType::Q5_1, &[0; 24]).unwrap();
         q.m = None;
         assert!(pack_codes(&q).is_err());
+        assert!(unpack_codes(GgmlType::Q4_K, &[0; 144]).is_err());
     }
 }

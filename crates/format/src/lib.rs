@@ -18,6 +18,7 @@ mod error;
 pub mod ggml_blocks;
 pub mod input;
 pub mod kquants;
+pub mod qtype;
 pub mod safetensors;
 mod staging;
 

@@ -23,8 +23,8 @@ use entrollm_format::coded::{
     payload_of, BlocksCoded, Coded, FieldsCoded, FloatsCoded, GgmlCoded, GgmlScales, LossyCoded,
     ScalarCoded, RANS_MARGIN_BITS,
 };
-use entrollm_format::ggml_blocks::{unpack_codes, BlockType, QK};
-use entrollm_format::kquants::KType;
+use entrollm_format::ggml_blocks::{unpack_codes, QK};
+use entrollm_format::qtype::Store;
 use entrollm_format::{
     checksum, Checkpoint, ContainerWriter, Dtype, FormEntry, FormatError, SafetensorsFile,
     SourceFile, SourceSegment, TensorView, WriterOptions,
@@ -346,11 +346,8 @@ fn for_each_lossy_matrix(
         let names = file.tensors().iter().map(|t| t.name.as_str());
         let forms = gguf_forms(opts, src, &file, names)?;
         for info in file.tensors() {
-            let dtype = match info.ggml_type {
-                GgmlType::F32 => Dtype::F32,
-                GgmlType::F16 => Dtype::F16,
-                GgmlType::BF16 => Dtype::BF16,
-                _ => continue,
+            let Some(dtype) = info.ggml_type.float_dtype() else {
+                continue;
             };
             let shape = [info.n_rows(), info.row_len()];
             if info.dims.len() == 2 && codes_lossily(opts, &forms, &info.name, &shape, dtype) {
@@ -667,9 +664,9 @@ pub enum SourceForm {
     /// Floats of this payload (BF16, FP16, FP8), row-major.
     Floats(Payload),
     /// GGUF blocks carrying integer codes and per-block scales.
-    Blocks(BlockType),
+    Blocks(GgmlType),
     /// GGUF k-quant, IQ4 or FP4 blocks, split into codes and side fields.
-    Split(KType),
+    Split(GgmlType),
 }
 
 /// A `rows × cols` matrix as the source stores it.
@@ -755,7 +752,7 @@ pub fn code_tensor(
             // blocks could store beside the codes.
             let h16 = entrollm_codec::histogram::u16_entropy_bits;
             let side_bits = (h16(&q.d) + q.m.as_deref().map_or(0.0, h16)) / QK as f64;
-            let payload = Payload::Int(block.bits() as u8);
+            let payload = Payload::Int(block.code_bits() as u8);
             let (d, stats) = code_dtans(payload, rows, cols, &q.codes, &[], coding)?;
             let mut coded = Coded::new(GgmlCoded {
                 block,
@@ -774,10 +771,7 @@ pub fn code_tensor(
             // Narrow matrices: rANS codes and scales beside dtANS's per-tile costs. Taken where it
             // saves more than the margin by which dtANS (fused-served) is preferred.
             if coding.is_none() {
-                let ty = KType::from_name(block.name()).ok_or_else(|| {
-                    ModelError::Unsupported(format!("{} blocks do not split", block.name()))
-                })?;
-                let (b, _) = BlocksCoded::encode(ty, rows, cols, m.bytes, None)?;
+                let (b, _) = BlocksCoded::encode(block, rows, cols, m.bytes, None)?;
                 let margin = (RANS_MARGIN_BITS * (rows * cols) as f64 / 8.0) as usize;
                 if b.stored_bytes() + margin < coded.stored_bytes().min(m.bytes.len()) {
                     stats = blocks_stats(&b, rows * cols);
@@ -1388,9 +1382,9 @@ pub fn is_gguf(path: &Path) -> bool {
 /// How one GGUF tensor goes into the container.
 enum Storage {
     /// Integer codes of a block type, dtANS-coded, scales beside.
-    Codes(BlockType),
+    Codes(GgmlType),
     /// Codes and side fields of a k-quant, IQ4 or FP4 type, each coded where that pays.
-    Split(KType),
+    Split(GgmlType),
     /// An F16/BF16 matrix coded as floats.
     Floats(Dtype),
     /// Stored as it is, as this dtype and shape.
@@ -1400,19 +1394,14 @@ enum Storage {
 fn storage(info: &GgufTensorInfo, min_elements: usize) -> Storage {
     let numel = info.n_elements() as usize;
     let matrix = info.dims.len() >= 2 && numel >= min_elements;
-    match info.ggml_type {
-        t if matrix && t.block_type().is_some() => Storage::Codes(t.block_type().unwrap()),
-        t if matrix
-            && t.ktype()
-                .is_some_and(|k| info.row_len().is_multiple_of(k.block_weights())) =>
-        {
-            Storage::Split(t.ktype().unwrap())
+    let ty = info.ggml_type;
+    match ty.row().store {
+        Store::Codes if matrix => Storage::Codes(ty),
+        Store::Split if matrix && info.row_len().is_multiple_of(ty.block_size()) => {
+            Storage::Split(ty)
         }
-        GgmlType::F16 if matrix => Storage::Floats(Dtype::F16),
-        GgmlType::BF16 if matrix => Storage::Floats(Dtype::BF16),
-        GgmlType::F32 => Storage::Plain(Dtype::F32, info.hf_shape()),
-        GgmlType::F16 => Storage::Plain(Dtype::F16, info.hf_shape()),
-        GgmlType::BF16 => Storage::Plain(Dtype::BF16, info.hf_shape()),
+        Store::Float(d @ (Dtype::F16 | Dtype::BF16)) if matrix => Storage::Floats(d),
+        Store::Float(d) => Storage::Plain(d, info.hf_shape()),
         _ => Storage::Plain(Dtype::U8, vec![info.n_bytes as usize]),
     }
 }
@@ -1553,12 +1542,7 @@ fn compress_gguf(
     let code = |info: &GgufTensorInfo| -> Result<GgufReady> {
         let data = file.tensor_data(info);
         let (rows, cols) = (info.n_rows(), info.row_len());
-        let float = match info.ggml_type {
-            GgmlType::F32 => Some(Dtype::F32),
-            GgmlType::F16 => Some(Dtype::F16),
-            GgmlType::BF16 => Some(Dtype::BF16),
-            _ => None,
-        };
+        let float = info.ggml_type.float_dtype();
         if let (Some(l), Some(dtype), 2) = (&opts.lossy, float, info.dims.len()) {
             let shape = vec![rows, cols];
             if codes_lossily(opts, &forms, &info.name, &shape, dtype) {

@@ -8,7 +8,6 @@
 //! product is f32 sums in another order than the CPU's.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
-use entrollm_model::forms::ggml::FUSED;
 use entrollm_model::gguf::GgmlType;
 
 use crate::device::GpuDevice;
@@ -25,9 +24,9 @@ pub const WARPS: u32 = 4;
 /// Bytes past a matrix's blocks its buffer holds: `load8` reads whole aligned words.
 const PAD: usize = 16;
 
-/// The types the kernels run: every type the CPU form runs.
+/// The types the kernels run: the quant-type table's `gpu` rows.
 pub fn types() -> &'static [GgmlType] {
-    &FUSED
+    &entrollm_format::qtype::GPU
 }
 
 /// Rows a warp of `ggml_mv`: two for the types whose kernel shares the activations' loads

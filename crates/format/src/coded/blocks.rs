@@ -4,7 +4,8 @@ use super::stream::{choose_codes, code_field, decode_field, is_flag, predict_fie
 use super::stream::{stream_from_stored, BlockStream, CodesChoice};
 use super::{dtans_from_arrays, dtans_params, Arrays, Coded, Coder, CoderKind, Stored};
 use crate::container::ArrayDtype;
-use crate::kquants::{FieldKind, KType, Split};
+use crate::kquants::{FieldKind, Split};
+use crate::qtype::GgmlType;
 use crate::{Dtype, FormatError, Result};
 use entrollm_codec::dtans::DtansTensor;
 use entrollm_codec::rans::RansStream;
@@ -19,12 +20,12 @@ pub(super) const KIND: CoderKind = CoderKind {
     load,
 };
 
-/// A GGUF tensor of [`KType`] blocks, losslessly: its codes (one per weight, weight order) as a
-/// `rows × cols` int payload, and each of the blocks' side fields ([`KType::fields`]: the f16
+/// A GGUF tensor of blocks that split ([`GgmlType::splits`]), losslessly: its codes (one per weight, weight order) as a
+/// `rows × cols` int payload, and each of the blocks' side fields ([`GgmlType::fields`]: the f16
 /// super-scales, the unpacked sub-block scales and mins) as its own stream, each in the coding
 /// that stores it smallest. It decodes to the original block bytes.
 pub struct BlocksCoded {
-    pub ty: KType,
+    pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub codes: BlockStream,
@@ -33,17 +34,17 @@ pub struct BlocksCoded {
 
 impl BlocksCoded {
     /// The shape a container records for this tensor: `[rows, bytes per row]` of U8.
-    pub fn stored_shape(ty: KType, rows: usize, cols: usize) -> Vec<usize> {
-        vec![rows, cols / ty.block_weights() * ty.block_bytes()]
+    pub fn stored_shape(ty: GgmlType, rows: usize, cols: usize) -> Vec<usize> {
+        vec![rows, cols / ty.block_size() * ty.type_size()]
     }
 
-    fn check_shape(ty: KType, rows: usize, cols: usize, s: &Split) -> entrollm_codec::Result<()> {
-        if !cols.is_multiple_of(ty.block_weights()) || s.codes.len() != rows * cols {
+    fn check_shape(ty: GgmlType, rows: usize, cols: usize, s: &Split) -> entrollm_codec::Result<()> {
+        if !cols.is_multiple_of(ty.block_size()) || s.codes.len() != rows * cols {
             return Err(CodecError::Shape(format!(
                 "{} weights of {} blocks for a {rows}×{cols} tensor (rows must be whole blocks of {})",
                 s.codes.len(),
                 ty.name(),
-                ty.block_weights()
+                ty.block_size()
             )));
         }
         Ok(())
@@ -53,7 +54,7 @@ impl BlocksCoded {
     /// the coding predicted smallest, each field with rANS where that is smaller. A stream is
     /// stored packed where its coding would not be smaller.
     pub fn encode(
-        ty: KType,
+        ty: GgmlType,
         rows: usize,
         cols: usize,
         bytes: &[u8],
@@ -101,7 +102,7 @@ impl BlocksCoded {
     /// Predicted stored bytes of [`Self::encode`] (from histograms, no coding), and the entropy
     /// bound in bits a weight: the codes' entropy plus each field's at its own value entropy.
     pub fn predict(
-        ty: KType,
+        ty: GgmlType,
         rows: usize,
         cols: usize,
         bytes: &[u8],
@@ -120,7 +121,7 @@ impl BlocksCoded {
     /// The codes and fields as [`crate::kquants::join`] takes them.
     fn split(&self) -> entrollm_codec::Result<Split> {
         let n_codes = self.rows * self.cols;
-        let n_blocks = n_codes / self.ty.block_weights();
+        let n_blocks = n_codes / self.ty.block_size();
         let corrupt = |what: String| CodecError::Corrupt(what);
         let codes = match &self.codes {
             BlockStream::Coded(t) => t.decode()?,
@@ -200,8 +201,7 @@ impl BlocksCoded {
         array: impl Fn(&str, ArrayDtype) -> Result<&'a [u8]>,
     ) -> Result<Self> {
         let err = FormatError::Usage;
-        let ty: KType = serde_json::from_value(params["type"].clone())
-            .map_err(|e| err(format!("bad block type: {e}")))?;
+        let ty = super::block_type(&params["type"], GgmlType::splits)?;
         let dim = |k: &str| {
             params[k]
                 .as_u64()
@@ -214,7 +214,7 @@ impl BlocksCoded {
             .filter(|&n| n <= 1 << 40)
             .ok_or_else(|| err(format!("{rows}×{cols} is too large")))?;
         if dtype != Dtype::U8
-            || !cols.is_multiple_of(ty.block_weights())
+            || !cols.is_multiple_of(ty.block_size())
             || shape != Self::stored_shape(ty, rows, cols)
         {
             return Err(err(format!(
@@ -223,7 +223,7 @@ impl BlocksCoded {
                 Self::stored_shape(ty, rows, cols)
             )));
         }
-        let n_blocks = n_codes / ty.block_weights();
+        let n_blocks = n_codes / ty.block_size();
         let p = &params["codes"];
         let payload = Payload::Int(ty.code_bits() as u8);
         let codes = if is_flag(p, "packed") || is_flag(p, "rans") {

@@ -3,7 +3,8 @@
 use super::{dtans_arrays, dtans_from_arrays, dtans_params, to_u16, u16_bytes, Arrays};
 use super::{Coded, Coder, CoderKind, Stored};
 use crate::container::ArrayDtype;
-use crate::ggml_blocks::{pack_codes, BlockType, QuantCodes, QK};
+use crate::ggml_blocks::{has_m, pack_codes, QuantCodes, QK};
+use crate::qtype::GgmlType;
 use crate::{Dtype, FormatError, Result};
 use entrollm_codec::dtans::DtansTensor;
 use entrollm_codec::Payload;
@@ -21,7 +22,7 @@ pub(super) const KIND: CoderKind = CoderKind {
 /// decoded form is the original block bytes; the weights are `d·(code − offset) (+ m)` per block of
 /// 32 columns, which the fused matvec applies in its epilogue.
 pub struct GgmlCoded {
-    pub block: BlockType,
+    pub block: GgmlType,
     pub codes: DtansTensor,
     pub d: Vec<u16>,
     pub m: Option<Vec<u16>>,
@@ -29,8 +30,8 @@ pub struct GgmlCoded {
 
 impl GgmlCoded {
     /// The shape a container records for this tensor: `[rows, bytes per row]` of U8.
-    pub fn stored_shape(block: BlockType, rows: usize, cols: usize) -> Vec<usize> {
-        vec![rows, cols / QK * block.block_bytes()]
+    pub fn stored_shape(block: GgmlType, rows: usize, cols: usize) -> Vec<usize> {
+        vec![rows, cols / QK * block.type_size()]
     }
 
     /// The per-block scales and offsets as f32, in block order (row-major, `cols / 32` per row).
@@ -91,13 +92,12 @@ fn load(s: &Stored<'_, '_>) -> Result<Coded> {
     let err = FormatError::Usage;
     let (dtype, shape) = (s.dtype, s.shape);
     let p = dtans_params(s.params())?;
-    let block: BlockType = serde_json::from_value(s.params()["block"].clone())
-        .map_err(|e| err(format!("bad block type: {e}")))?;
-    if p.payload != Payload::Int(block.bits() as u8) {
+    let block = super::block_type(&s.params()["block"], crate::ggml_blocks::handles)?;
+    if p.payload != Payload::Int(block.code_bits() as u8) {
         return Err(err(format!(
             "{} codes are {}-bit integers, not a {:?} payload",
             block.name(),
-            block.bits(),
+            block.code_bits(),
             p.payload
         )));
     }
@@ -128,7 +128,7 @@ fn load(s: &Stored<'_, '_>) -> Result<Coded> {
         block,
         codes: dtans_from_arrays(&p, |n, d| s.array(n, d))?,
         d: scales("d")?,
-        m: block.has_m().then(|| scales("m")).transpose()?,
+        m: has_m(block).then(|| scales("m")).transpose()?,
     }
     .into())
 }

@@ -3,7 +3,8 @@
 use super::{dtans_arrays, dtans_from_arrays, dtans_params, Arrays, Coded, Coder, CoderKind};
 use super::{scale_matrix_shape, Stored};
 use crate::container::ArrayDtype;
-use crate::ggml_blocks::{BlockType, QK};
+use crate::ggml_blocks::{has_m, QK};
+use crate::qtype::GgmlType;
 use crate::{Dtype, FormatError, Result};
 use entrollm_codec::dtans::DtansTensor;
 use entrollm_codec::lossy::scalar::scale_matrix;
@@ -24,7 +25,7 @@ pub(super) const KIND: CoderKind = CoderKind {
 /// `m`) as one dtANS-coded FP16 stream each: the stream row-major in a matrix of
 /// [`scale_matrix_shape`], its tail padded with the last scale.
 pub struct GgmlScales {
-    pub block: BlockType,
+    pub block: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub rest: Vec<u8>,
@@ -33,8 +34,8 @@ pub struct GgmlScales {
 }
 
 /// Bytes of a block's scales (`d`, and `m` for the `_1` types), which lead each block.
-pub(super) fn scale_bytes(block: BlockType) -> usize {
-    if block.has_m() {
+pub(super) fn scale_bytes(block: GgmlType) -> usize {
+    if has_m(block) {
         4
     } else {
         2
@@ -45,7 +46,7 @@ impl GgmlScales {
     /// The blocks `bytes` of a `rows × cols` tensor with their scales coded (each stream in the
     /// coding the coder predicts smallest).
     pub fn encode(
-        block: BlockType,
+        block: GgmlType,
         rows: usize,
         cols: usize,
         bytes: &[u8],
@@ -65,7 +66,7 @@ impl GgmlScales {
                 entrollm_codec::dtans::choose_coding_and_width(Payload::Fp16, r, c, &codes)?;
             DtansTensor::encode(Payload::Fp16, r, c, &codes, &raw, coding)
         };
-        let (bb, sb) = (block.block_bytes(), scale_bytes(block));
+        let (bb, sb) = (block.type_size(), scale_bytes(block));
         Ok(GgmlScales {
             block,
             rows,
@@ -82,14 +83,14 @@ impl GgmlScales {
 
     /// Predicted stored bytes of [`GgmlScales::encode`] for these blocks (from the scales'
     /// histograms, no coding).
-    pub fn predict_bytes(block: BlockType, bytes: &[u8]) -> entrollm_codec::Result<f64> {
+    pub fn predict_bytes(block: GgmlType, bytes: &[u8]) -> entrollm_codec::Result<f64> {
         let q = crate::ggml_blocks::unpack_codes(block, bytes).map_err(CodecError::Shape)?;
         let predict = |v: &[u16]| -> entrollm_codec::Result<f64> {
             let (r, c, b) = scale_matrix(v);
             let (codes, _) = Payload::Fp16.symbolize(&b)?;
             Ok(entrollm_codec::dtans::choose_coding_and_width(Payload::Fp16, r, c, &codes)?.1)
         };
-        let rest = q.d.len() * (block.block_bytes() - scale_bytes(block));
+        let rest = q.d.len() * (block.type_size() - scale_bytes(block));
         Ok(rest as f64 + predict(&q.d)? + q.m.as_deref().map_or(Ok(0.0), predict)?)
     }
 
@@ -102,7 +103,7 @@ impl GgmlScales {
         };
         let d = scales(&self.d)?;
         let m = self.m.as_ref().map(scales).transpose()?;
-        let (bb, sb) = (self.block.block_bytes(), scale_bytes(self.block));
+        let (bb, sb) = (self.block.type_size(), scale_bytes(self.block));
         let corrupt = |what: &str| CodecError::Corrupt(what.to_string());
         if d.len() != 2 * n
             || self.rest.len() != n * (bb - sb)
@@ -173,8 +174,7 @@ impl Coder for GgmlScales {
 fn load(s: &Stored<'_, '_>) -> Result<Coded> {
     let err = FormatError::Usage;
     let (dtype, shape, params) = (s.dtype, s.shape, s.params());
-    let block: BlockType = serde_json::from_value(params["block"].clone())
-        .map_err(|e| err(format!("bad block type: {e}")))?;
+    let block = super::block_type(&params["block"], crate::ggml_blocks::handles)?;
     let dim = |k: &str| {
         params[k]
             .as_u64()
@@ -205,7 +205,7 @@ fn load(s: &Stored<'_, '_>) -> Result<Coded> {
         dtans_from_arrays(&p, |a, d| s.array(&format!("{k}_{a}"), d))
     };
     let rest = s.array("rest", ArrayDtype::U8)?;
-    let want = n * (block.block_bytes() - scale_bytes(block));
+    let want = n * (block.type_size() - scale_bytes(block));
     if rest.len() != want {
         return Err(err(format!(
             "array 'rest' holds {} bytes, {n} {} blocks need {want}",
@@ -219,7 +219,7 @@ fn load(s: &Stored<'_, '_>) -> Result<Coded> {
         cols,
         rest: rest.to_vec(),
         d: stream("d")?,
-        m: block.has_m().then(|| stream("m")).transpose()?,
+        m: has_m(block).then(|| stream("m")).transpose()?,
     }
     .into())
 }

@@ -306,3 +306,18 @@ fn dtans_from_arrays<'a>(
     )
     .map_err(|e| err(e.to_string()))
 }
+
+/// The ggml type `v` names, one `accepts` takes (an error otherwise).
+fn block_type(
+    v: &Value,
+    accepts: fn(crate::qtype::GgmlType) -> bool,
+) -> Result<crate::qtype::GgmlType> {
+    let ty: crate::qtype::GgmlType = serde_json::from_value(v.clone())
+        .map_err(|e| FormatError::Usage(format!("bad block type: {e}")))?;
+    match accepts(ty) {
+        true => Ok(ty),
+        false => Err(FormatError::Usage(format!(
+            "bad block type: {ty} for this coding"
+        ))),
+    }
+}

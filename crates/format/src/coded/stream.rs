@@ -3,7 +3,8 @@
 
 use super::{dtans_arrays, to_u16, to_u32, u16_bytes, u32_bytes};
 use crate::container::ArrayDtype;
-use crate::kquants::{FieldKind, KType};
+use crate::kquants::FieldKind;
+use crate::qtype::GgmlType;
 use crate::{FormatError, Result};
 use entrollm_codec::dtans::DtansTensor;
 use entrollm_codec::rans::RansStream;
@@ -144,7 +145,7 @@ pub(super) enum CodesChoice {
 }
 
 pub(super) fn choose_codes(
-    ty: KType,
+    ty: GgmlType,
     rows: usize,
     cols: usize,
     codes: &[u8],

@@ -1,7 +1,8 @@
 use super::ggml_scales::scale_bytes;
 use super::*;
-use crate::ggml_blocks::{BlockType, QK};
-use crate::kquants::{FieldKind, KType, Split};
+use crate::ggml_blocks::{has_m, QK};
+use crate::qtype::GgmlType;
+use crate::kquants::{FieldKind, Split};
 
 use crate::ggml_blocks::unpack_codes;
 use entrollm_codec::dtans::{Coding, Mode};
@@ -114,7 +115,7 @@ fn scalar_codes_round_trip_and_hostile_params_are_errors() {
 
 /// Blocks of every type with few distinct scales (as a quantiser's are: a narrow range of
 /// magnitudes), random code bytes; rows × cols weights.
-fn blocks(block: BlockType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+fn blocks(block: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     let mut s = seed | 1;
     let mut next = move || {
         s ^= s << 13;
@@ -127,17 +128,17 @@ fn blocks(block: BlockType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         // f16 scales in [2^-8, 2^-6): exponent 7..8, the mantissa's top bits varying.
         let mut scale = || 0x1c00u16 + (next() % 0x600) as u16;
         out.extend_from_slice(&scale().to_le_bytes());
-        if block.has_m() {
+        if has_m(block) {
             out.extend_from_slice(&(scale() | 0x8000).to_le_bytes());
         }
-        out.extend((0..block.block_bytes() - scale_bytes(block)).map(|_| next() as u8));
+        out.extend((0..block.type_size() - scale_bytes(block)).map(|_| next() as u8));
     }
     out
 }
 
 /// Blocks of `ty` as a quantiser writes them: codes peaked at the middle of their range,
 /// super-scales of a narrow range, sub-block scales skewed; `rows × cols` weights.
-fn kblocks(ty: KType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+fn kblocks(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     let mut s = seed | 1;
     let mut next = move || {
         s ^= s << 13;
@@ -145,7 +146,7 @@ fn kblocks(ty: KType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         s ^= s << 17;
         s
     };
-    let n = rows * cols / ty.block_weights();
+    let n = rows * cols / ty.block_size();
     let bits = ty.code_bits();
     let mid = 1u64 << (bits - 1);
     let codes: Vec<u8> = (0..rows * cols)
@@ -177,8 +178,8 @@ fn kblocks(ty: KType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
 
 #[test]
 fn split_blocks_round_trip_through_the_container_for_every_type() {
-    for (i, ty) in KType::ALL.into_iter().enumerate() {
-        let w = ty.block_weights();
+    for (i, ty) in GgmlType::ALL.into_iter().filter(|t| t.splits()).enumerate() {
+        let w = ty.block_size();
         for (rows, cols) in [(1, w), (3, 3 * w), (37, 2 * w), (256, 1024)] {
             for noise in [false, true] {
                 let bytes = match noise {
@@ -189,7 +190,7 @@ fn split_blocks_round_trip_through_the_container_for_every_type() {
                         .cycle()
                         .zip(0u64..)
                         .map(|(_, k)| (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
-                        .take(rows * cols / w * ty.block_bytes())
+                        .take(rows * cols / w * ty.type_size())
                         .collect(),
                 };
                 let what = format!("{ty:?} {rows}x{cols} noise {noise}");
@@ -222,7 +223,7 @@ fn split_blocks_round_trip_through_the_container_for_every_type() {
 
 #[test]
 fn damaged_split_blocks_are_errors() {
-    let (ty, rows, cols) = (KType::Q4K, 64, 1024);
+    let (ty, rows, cols) = (GgmlType::Q4_K, 64, 1024);
     let bytes = kblocks(ty, rows, cols, 5);
     let coded = Coded::new(BlocksCoded::encode(ty, rows, cols, &bytes, None).unwrap().0);
     let params = coded.params(json!({}));
@@ -474,7 +475,7 @@ fn damaged_floats_are_errors() {
 
 #[test]
 fn scales_alone_round_trip_for_every_block_type() {
-    for (i, block) in BlockType::ALL.into_iter().enumerate() {
+    for (i, block) in GgmlType::ALL.into_iter().filter(|&t| crate::ggml_blocks::handles(t)).enumerate() {
         for (rows, cols) in [(1, 32), (3, 96), (70, 576), (257, 1024)] {
             let bytes = blocks(block, rows, cols, 7 + i as u64);
             let g = GgmlScales::encode(block, rows, cols, &bytes).unwrap();
@@ -506,7 +507,7 @@ fn scales_alone_round_trip_for_every_block_type() {
 
 #[test]
 fn damaged_scale_streams_are_errors() {
-    let (block, rows, cols) = (BlockType::Q4_1, 70, 576);
+    let (block, rows, cols) = (GgmlType::Q4_1, 70, 576);
     let bytes = blocks(block, rows, cols, 3);
     let coded = Coded::new(GgmlScales::encode(block, rows, cols, &bytes).unwrap());
     let params = coded.params(json!({}));
@@ -556,7 +557,7 @@ fn damaged_scale_streams_are_errors() {
 fn ggml_blocks_round_trip_through_the_container_arrays() {
     let (rows, cols) = (40, 96);
     let bytes = q4_1_blocks(rows, cols);
-    let q = unpack_codes(BlockType::Q4_1, &bytes).unwrap();
+    let q = unpack_codes(GgmlType::Q4_1, &bytes).unwrap();
     let coding = Coding {
         mode: Mode::Pair,
         log2_m: 10,
@@ -565,7 +566,7 @@ fn ggml_blocks_round_trip_through_the_container_arrays() {
     };
     let codes = DtansTensor::encode(Payload::Int(4), rows, cols, &q.codes, &[], coding).unwrap();
     let coded = Coded::new(GgmlCoded {
-        block: BlockType::Q4_1,
+        block: GgmlType::Q4_1,
         codes,
         d: q.d,
         m: q.m,
@@ -574,7 +575,7 @@ fn ggml_blocks_round_trip_through_the_container_arrays() {
     let params = coded.params(json!({}));
     assert_eq!(params["block"], "Q4_1");
     let arrays = coded.arrays();
-    let shape = GgmlCoded::stored_shape(BlockType::Q4_1, rows, cols);
+    let shape = GgmlCoded::stored_shape(GgmlType::Q4_1, rows, cols);
     assert_eq!(shape, [rows, cols / 32 * 20]);
     let c = stored(&coded, &arrays, &params);
     let back = Coded::from_stored(Dtype::U8, &shape, &c).unwrap();

@@ -65,12 +65,15 @@ impl CodedLinear {
     /// The matrix of a GGUF tensor of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks.
     pub fn from_ggml(g: GgmlCoded) -> Result<Self> {
         let (scales, mins) = g.scales_f32();
+        let l = super::ggml::int_layout(g.block).ok_or_else(|| {
+            ModelError::Unsupported(format!("{} codes are not integers", g.block))
+        })?;
         let groups = GroupScales {
             group: entrollm_format::ggml_blocks::QK,
             scales,
             mins,
-            offset: g.block.offset() as f32,
-            signed: g.block.signed(),
+            offset: l.offset,
+            signed: l.signed,
         };
         Self::new(g.codes, Some(groups))
     }
@@ -522,7 +525,7 @@ mod tests {
     fn gguf_blocks_code_as_their_codes_and_scales() {
         use crate::gguf::GgmlType;
         let mut rng = Rng::new(9);
-        let coded = crate::forms::ggml::FUSED
+        let coded = entrollm_format::qtype::CPU
             .into_iter()
             .filter(|t| !matches!(t, GgmlType::IQ4_NL | GgmlType::IQ4_XS));
         for ty in coded {

@@ -2,7 +2,7 @@
 //! [`crate::gguf::dequantize`] handles (legacy Q4_0…Q8_0, the k-quants Q2_K…Q6_K, IQ4_NL,
 //! IQ4_XS, the FP4 types MXFP4 and NVFP4) — served from the file's own bytes, so a quantised
 //! model is resident at about its file size instead of four bytes a weight. The product
-//! dequantises a row's blocks with ggml's own arithmetic (`gguf::dequant`, checked bit for bit
+//! dequantises a row's blocks with ggml's own arithmetic (`qtype::dequant`, checked bit for bit
 //! against gguf-py) into a buffer and multiplies it with the f32 activations: the logits are
 //! those of the f32 model made of ggml's dequantised weights, to f32 rounding.
 
@@ -61,24 +61,6 @@ impl PartialEq for BlockBytes {
     }
 }
 
-/// The types this form runs.
-pub const FUSED: [GgmlType; 14] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::IQ4_NL,
-    GgmlType::IQ4_XS,
-    GgmlType::MXFP4,
-    GgmlType::NVFP4,
-];
-
 /// Elements that `bytes` of whole `ty` blocks hold (`None`: not whole blocks).
 pub(crate) fn elements(ty: GgmlType, bytes: usize) -> Option<usize> {
     let (bs, ts) = ty.block_layout();
@@ -103,30 +85,19 @@ pub struct IntLayout {
     pub bits: u32,
 }
 
-/// The layout [`int_values`] gives `ty`'s blocks, with the split's type; `None` for types whose
-/// codes index tables (IQ4, FP4).
-pub fn int_layout(ty: GgmlType) -> Option<(entrollm_format::kquants::KType, IntLayout)> {
-    use entrollm_format::kquants::KType;
-    let kt = KType::from_name(ty.name())?;
-    let (group, offset, signed, mins) = match kt {
-        KType::Q4_0 => (32, 8.0, false, false),
-        KType::Q5_0 => (32, 16.0, false, false),
-        KType::Q8_0 => (32, 0.0, true, false),
-        KType::Q4_1 | KType::Q5_1 => (32, 0.0, false, true),
-        KType::Q2K => (16, 0.0, false, true),
-        KType::Q3K => (16, 4.0, false, false),
-        KType::Q4K | KType::Q5K => (32, 0.0, false, true),
-        KType::Q6K => (16, 32.0, false, false),
-        KType::Iq4Nl | KType::Iq4Xs | KType::Mxfp4 | KType::Nvfp4 => return None,
-    };
-    let l = IntLayout {
-        group,
-        offset,
-        signed,
-        mins,
-        bits: kt.code_bits(),
-    };
-    Some((kt, l))
+/// The layout [`int_values`] gives `ty`'s blocks (its row's [`IntCodes`]); `None` for types
+/// whose codes index tables (IQ4, FP4).
+///
+/// [`IntCodes`]: entrollm_format::qtype::IntCodes
+pub fn int_layout(ty: GgmlType) -> Option<IntLayout> {
+    let i = ty.int_codes()?;
+    Some(IntLayout {
+        group: i.group,
+        offset: i.offset as f32,
+        signed: i.signed,
+        mins: i.mins,
+        bits: ty.code_bits(),
+    })
 }
 
 /// A type's blocks as the codes an entropy coder codes and the group scales that make them
@@ -155,13 +126,13 @@ pub fn coded_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
     for b in bytes.chunks_exact(ts) {
         match ty {
             GgmlType::MXFP4 => {
-                scales.push(2.0 * crate::gguf::dequant::e8m0_half(b[0]));
+                scales.push(2.0 * e8m0_half(b[0]));
                 codes.extend(b[1..17].iter().map(|q| q & 15));
                 codes.extend(b[1..17].iter().map(|q| q >> 4));
             }
             _ => {
                 for s in 0..4 {
-                    scales.push(2.0 * crate::gguf::dequant::ue4m3_half(b[s]));
+                    scales.push(2.0 * ue4m3_half(b[s]));
                     let q = &b[4 + 8 * s..12 + 8 * s];
                     codes.extend(q.iter().map(|q| q & 15));
                     codes.extend(q.iter().map(|q| q >> 4));
@@ -187,24 +158,24 @@ pub fn coded_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
 /// product ggml forms (`d · sc`, `dmin · m`), so that `scale · (code − offset) + min` is ggml's
 /// dequantisation bit for bit; `None` for other types (IQ4, FP4: their codes index tables).
 pub fn int_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
-    use entrollm_format::kquants::{split, KType};
-    let (kt, l) = int_layout(ty)?;
+    use entrollm_format::kquants::split;
+    let l = int_layout(ty)?;
     let (group, offset, signed, mins) = (l.group, l.offset, l.signed, l.mins);
-    let sp = split(kt, bytes).ok()?;
+    let sp = split(ty, bytes).ok()?;
     let half = |h: u16| half::f16::from_bits(h).to_f32();
-    let per = kt.block_weights() / group;
-    let blocks = sp.codes.len() / kt.block_weights();
+    let per = ty.block_size() / group;
+    let blocks = sp.codes.len() / ty.block_size();
     let (mut sc, mut mn) = (Vec::with_capacity(blocks * per), Vec::new());
     let f = &sp.fields;
     for b in 0..blocks {
         let d = half(f[0][b]);
-        match kt {
-            KType::Q4_0 | KType::Q5_0 | KType::Q8_0 => sc.push(d),
-            KType::Q4_1 | KType::Q5_1 => {
+        match ty {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => sc.push(d),
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
                 sc.push(d);
                 mn.push(half(f[1][b]));
             }
-            KType::Q2K | KType::Q4K | KType::Q5K => {
+            GgmlType::Q2_K | GgmlType::Q4_K | GgmlType::Q5_K => {
                 let dmin = half(f[1][b]);
                 let r = b * per..(b + 1) * per;
                 for (&s, &m) in f[2][r.clone()].iter().zip(&f[3][r]) {
@@ -212,8 +183,10 @@ pub fn int_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
                     mn.push(-(dmin * f32::from(m)));
                 }
             }
-            KType::Q3K => sc.extend((b * per..(b + 1) * per).map(|j| d * (f[1][j] as f32 - 32.0))),
-            KType::Q6K => {
+            GgmlType::Q3_K => {
+                sc.extend((b * per..(b + 1) * per).map(|j| d * (f[1][j] as f32 - 32.0)))
+            }
+            GgmlType::Q6_K => {
                 sc.extend((b * per..(b + 1) * per).map(|j| d * f32::from(f[1][j] as u8 as i8)))
             }
             _ => return None,
@@ -274,7 +247,7 @@ pub struct GgmlLinear {
     bytes: BlockBytes,
     row_bytes: usize,
     /// ggml's dequantisation of a block (rows, embedding lookups).
-    block: crate::gguf::BlockFn,
+    block: entrollm_format::qtype::BlockFn,
     kernels: Kernels,
     /// The `q8` variant: activations quantised to 8 bits per 32 (llama.cpp's precision, integer
     /// dot products) instead of multiplied in f32.
@@ -477,7 +450,8 @@ impl Form for GgmlForm {
         "GGUF quantised blocks as the file stores them (legacy types, k-quants, IQ4_NL/XS, MXFP4, NVFP4)"
     }
     fn runs_on(&self, _device: DeviceKind) -> bool {
-        // GPU: `ggml_mv` / `ggml_dequant` (entrollm_cuda::forms::ggml), every type of FUSED.
+        // GPU: `ggml_mv` / `ggml_dequant` (entrollm_cuda::forms::ggml), every type of the
+        // quant-type table's `gpu` rows.
         true
     }
     fn accepts(&self, src: &Source) -> bool {
@@ -536,14 +510,12 @@ impl GgmlForm {
                 src.values.kind()
             )));
         };
-        let (block, kernels) = crate::gguf::block_fn(*ty)
-            .zip(kernels_for(*ty, isa))
-            .ok_or_else(|| {
-                ModelError::Unsupported(format!(
-                    "ggml type {ty} has no product kernel (form ggml: {})",
-                    FUSED.map(|t| t.name()).join(", ")
-                ))
-            })?;
+        let (block, kernels) = ty.row().to_f32.zip(kernels_for(*ty, isa)).ok_or_else(|| {
+            ModelError::Unsupported(format!(
+                "ggml type {ty} has no product kernel (form ggml: {})",
+                entrollm_format::qtype::CPU.map(|t| t.name()).join(", ")
+            ))
+        })?;
         let (bs, ts) = ty.block_layout();
         if !src.cols.is_multiple_of(bs) {
             return Err(ModelError::Unsupported(format!(
@@ -580,23 +552,23 @@ impl GgmlForm {
 /// (ggml's dequantisation, regrouped); a row's dot product is then `Σ a·Σq·x + Σ m·Σx`, with
 /// each sub-block's `Σx` computed once per product for all rows.
 trait Kind {
-    /// Elements and bytes of a block, elements of a sub-block.
-    const BS: usize;
-    const TS: usize;
+    /// The type; elements and bytes of a block (its row of the table), elements of a sub-block.
+    const TY: GgmlType;
+    const BS: usize = Self::TY.block_layout().0;
+    const TS: usize = Self::TY.block_layout().1;
     const G: usize;
     /// Whether any weight has an offset (`m` is zero otherwise and is not read).
     const MINS: bool;
     fn decode(b: &[u8], q: &mut [i8], a: &mut [f32], m: &mut [f32]);
 }
 
-use crate::gguf::dequant::{
+use entrollm_format::qtype::dequant::{
     e8m0_half, f16_at, q3k_scales, scale_min_k4, ue4m3_half, FP4_VALUES, IQ4NL_VALUES,
 };
 
 struct Q4_0;
 impl Kind for Q4_0 {
-    const BS: usize = 32;
-    const TS: usize = 18;
+    const TY: GgmlType = GgmlType::Q4_0;
     const G: usize = 32;
     const MINS: bool = false;
     #[inline(always)]
@@ -612,8 +584,7 @@ impl Kind for Q4_0 {
 
 struct Q4_1;
 impl Kind for Q4_1 {
-    const BS: usize = 32;
-    const TS: usize = 20;
+    const TY: GgmlType = GgmlType::Q4_1;
     const G: usize = 32;
     const MINS: bool = true;
     #[inline(always)]
@@ -641,8 +612,7 @@ fn q5_codes(qh: &[u8], qs: &[u8], offset: i8, q: &mut [i8]) {
 
 struct Q5_0;
 impl Kind for Q5_0 {
-    const BS: usize = 32;
-    const TS: usize = 22;
+    const TY: GgmlType = GgmlType::Q5_0;
     const G: usize = 32;
     const MINS: bool = false;
     #[inline(always)]
@@ -654,8 +624,7 @@ impl Kind for Q5_0 {
 
 struct Q5_1;
 impl Kind for Q5_1 {
-    const BS: usize = 32;
-    const TS: usize = 24;
+    const TY: GgmlType = GgmlType::Q5_1;
     const G: usize = 32;
     const MINS: bool = true;
     #[inline(always)]
@@ -667,8 +636,7 @@ impl Kind for Q5_1 {
 
 struct Q8_0;
 impl Kind for Q8_0 {
-    const BS: usize = 32;
-    const TS: usize = 34;
+    const TY: GgmlType = GgmlType::Q8_0;
     const G: usize = 32;
     const MINS: bool = false;
     #[inline(always)]
@@ -691,8 +659,7 @@ fn iq4_codes(qs: &[u8], q: &mut [i8]) {
 
 struct Iq4Nl;
 impl Kind for Iq4Nl {
-    const BS: usize = 32;
-    const TS: usize = 18;
+    const TY: GgmlType = GgmlType::IQ4_NL;
     const G: usize = 32;
     const MINS: bool = false;
     #[inline(always)]
@@ -704,8 +671,7 @@ impl Kind for Iq4Nl {
 
 struct Iq4Xs;
 impl Kind for Iq4Xs {
-    const BS: usize = 256;
-    const TS: usize = 136;
+    const TY: GgmlType = GgmlType::IQ4_XS;
     const G: usize = 32;
     const MINS: bool = false;
     #[inline(always)]
@@ -725,8 +691,7 @@ impl Kind for Iq4Xs {
 /// MXFP4: the codes are the doubled E2M1 values themselves, the factor the halved E8M0 scale.
 struct Mxfp4;
 impl Kind for Mxfp4 {
-    const BS: usize = 32;
-    const TS: usize = 17;
+    const TY: GgmlType = GgmlType::MXFP4;
     const G: usize = 32;
     const MINS: bool = false;
     #[inline(always)]
@@ -744,8 +709,7 @@ impl Kind for Mxfp4 {
 /// nibbles its first 8, high nibbles its last 8).
 struct Nvfp4;
 impl Kind for Nvfp4 {
-    const BS: usize = 64;
-    const TS: usize = 36;
+    const TY: GgmlType = GgmlType::NVFP4;
     const G: usize = 16;
     const MINS: bool = false;
     #[inline(always)]
@@ -775,8 +739,7 @@ fn k4_scales(b: &[u8], a: &mut [f32], m: &mut [f32]) {
 
 struct Q4K;
 impl Kind for Q4K {
-    const BS: usize = 256;
-    const TS: usize = 144;
+    const TY: GgmlType = GgmlType::Q4_K;
     const G: usize = 32;
     const MINS: bool = true;
     #[inline(always)]
@@ -795,8 +758,7 @@ impl Kind for Q4K {
 
 struct Q5K;
 impl Kind for Q5K {
-    const BS: usize = 256;
-    const TS: usize = 176;
+    const TY: GgmlType = GgmlType::Q5_K;
     const G: usize = 32;
     const MINS: bool = true;
     #[inline(always)]
@@ -816,8 +778,7 @@ impl Kind for Q5K {
 
 struct Q6K;
 impl Kind for Q6K {
-    const BS: usize = 256;
-    const TS: usize = 210;
+    const TY: GgmlType = GgmlType::Q6_K;
     const G: usize = 16;
     const MINS: bool = false;
     #[inline(always)]
@@ -843,8 +804,7 @@ impl Kind for Q6K {
 
 struct Q2K;
 impl Kind for Q2K {
-    const BS: usize = 256;
-    const TS: usize = 84;
+    const TY: GgmlType = GgmlType::Q2_K;
     const G: usize = 16;
     const MINS: bool = true;
     #[inline(always)]
@@ -867,8 +827,7 @@ impl Kind for Q2K {
 
 struct Q3K;
 impl Kind for Q3K {
-    const BS: usize = 256;
-    const TS: usize = 110;
+    const TY: GgmlType = GgmlType::Q3_K;
     const G: usize = 16;
     const MINS: bool = false;
     #[inline(always)]
@@ -1878,6 +1837,7 @@ struct Kernels {
 
 macro_rules! kernels {
     ($k:ty, $isa:expr, $ty:expr) => {{
+        debug_assert_eq!(<$k>::TY, $ty, "a type's kernels are its Kind's");
         fn portable(rows: &[u8], rb: usize, xs: &[&[f32]], xsum: &[&[f32]], out: &mut [f32]) {
             // SAFETY: the portable accumulator needs no ISA.
             unsafe { rows_dot::<$k, [f32; 8]>(rows, rb, xs, xsum, out) }
@@ -1928,7 +1888,7 @@ macro_rules! kernels {
             rows_q8,
             group: <$k>::G,
             mins: <$k>::MINS,
-            act: ActQuant::of($ty),
+            act: ActQuant::of(<$k>::TY),
         }
     }};
 }
@@ -2059,7 +2019,7 @@ mod tests {
         synth_blocks(ty, blocks, rng.next())
     }
 
-    const TYPES: [GgmlType; 14] = FUSED;
+    const TYPES: [GgmlType; 14] = entrollm_format::qtype::CPU;
 
     fn source(rng: &mut Rng, ty: GgmlType, rows: usize, blocks_per_row: usize) -> Source {
         let bytes = random_blocks(rng, ty, rows * blocks_per_row);
@@ -2073,6 +2033,17 @@ mod tests {
             },
         )
         .unwrap()
+    }
+
+    /// The kernels exist for exactly the table's `cpu` rows, on every ISA (and each type's are its
+    /// own `Kind`'s: `kernels!` asserts it).
+    #[test]
+    fn kernels_are_the_tables_cpu_rows() {
+        for isa in Isa::available() {
+            for ty in GgmlType::ALL {
+                assert_eq!(kernels_for(ty, isa).is_some(), ty.row().cpu, "{ty} {isa:?}");
+            }
+        }
     }
 
     /// The types whose weights are codes times group scales, held as integer codes: the same

@@ -24,18 +24,20 @@ pub fn from_blocks(
             .map(|&b| half::f16::from_bits(b).to_f32())
             .collect()
     };
+    let l = super::ggml::int_layout(q.block)
+        .ok_or_else(|| ModelError::Unsupported(format!("{} codes are not integers", q.block)))?;
     let groups = GroupScales {
         group: entrollm_format::ggml_blocks::QK,
         scales: f(&q.d),
         mins: q.m.as_deref().map(f),
-        offset: q.block.offset() as f32,
-        signed: q.block.signed(),
+        offset: l.offset,
+        signed: l.signed,
     };
     Source::new(
         rows,
         cols,
         Values::Int {
-            payload: Payload::Int(q.block.bits() as u8),
+            payload: Payload::Int(l.bits as u8),
             codes: q.codes.clone(),
             groups,
         },
@@ -223,7 +225,7 @@ impl Form for IntForm {
             } => packed_bytes(src, payload.code_bits()) + groups.bytes(),
             // GGUF blocks: sized from their layout, not converted.
             Values::Ggml { ty, .. } => match super::ggml::int_layout(*ty) {
-                Some((_, l)) => {
+                Some(l) => {
                     let groups = src.rows * src.cols.div_ceil(l.group);
                     packed_bytes(src, l.bits) + 4 * groups * (1 + usize::from(l.mins))
                 }

@@ -21,9 +21,9 @@ mod source;
 mod types;
 mod write;
 
-pub use blocks::{code_bits, pack_codes, unpack_codes, BlockType, QuantCodes};
+pub use blocks::{pack_codes, unpack_codes, QuantCodes};
 pub use container::{gguf_container_header, is_gguf_container, open_gguf_container, GgufLoad};
-pub use dequant::{block_fn, check_dequantizable, dequantize, BlockFn, DEQUANTIZABLE};
+pub use dequant::{check_dequantizable, dequantize, DEQUANTIZABLE};
 pub use file::{
     GgufFile, GgufTensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS,
     MAX_TENSOR_NAME_LEN,
