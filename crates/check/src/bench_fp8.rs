@@ -24,12 +24,12 @@ use crate::selftest::{rel_l2, GemvForm, Rng};
 use entrollm_cuda::coded::GpuDtans;
 use entrollm_cuda::device::GpuDevice;
 use entrollm_cuda::error::{DriverContext, GpuError, Result};
+use entrollm_cuda::forms::fp8::{launch_gemv_fp8, Fp8Codes};
 use entrollm_cuda::jit::KernelVariant;
 use entrollm_cuda::mem::{download, upload};
 use entrollm_cuda::ops::dtans::{launch_mvm, DtansConfig, DtansKind, DtansOut, MAX_SHARED_BYTES};
 use entrollm_cuda::ops::forward::GemvFusion;
 use entrollm_cuda::ops::gemv::GemvConfig;
-use entrollm_cuda::forms::fp8::{launch_gemv_fp8, Fp8Codes};
 use entrollm_cuda::ops::gemv_fp8::{gemv_fp8_ref, GpuPal4};
 use entrollm_cuda::timing::{copies_for, time_cold};
 

@@ -625,16 +625,14 @@ __device__ __forceinline__ float2 rows2_dot(const unsigned char* w, long long rb
 // y, p.rows rows of p.cols), each over its share of the blocks; their sums meet in shared memory
 // (a matrix of few rows would otherwise leave most of the device idle). Every thread of the
 // block must call it.
-// `dot(w, rb, kb, kb1)`: the pair's sums over blocks kb..kb1 (rows2_dot, or q8_dot).
-template <class Dot>
-__device__ __forceinline__ void rows2_mv(const GgmlParams& p, const unsigned char* w, float* y, Dot dot) {
+__device__ __forceinline__ void rows2_mv(const GgmlParams& p, const unsigned char* w, const float* x, float* y) {
     __shared__ float2 part[GGML_WARPS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sl = p.split_log2;
     const int row = 2 * (blockIdx.x * (GGML_WARPS >> sl) + (warp >> sl)), k = warp & ((1 << sl) - 1);
     const int nb = p.cols >> 8;
     const long long rb = row + 1 < p.rows ? p.row_bytes : 0;
     float2 v = make_float2(0.0f, 0.0f);
-    if (row < p.rows) v = dot(w + (long long)row * p.row_bytes, rb, (k * nb) >> sl, ((k + 1) * nb) >> sl);
+    if (row < p.rows) v = rows2_dot(w + (long long)row * p.row_bytes, rb, x, (k * nb) >> sl, ((k + 1) * nb) >> sl);
     if (sl > 0) {
         if (lane == 0) part[warp] = v;
         __syncthreads();
@@ -679,7 +677,7 @@ extern "C" __global__ void __launch_bounds__(GGML_WARPS * 32) ggml_mv(const Ggml
     k_xsums(p.x, p.cols);
 #endif
 #if GGML_ROWS == 2
-    rows2_mv(p, p.w, p.y, [&](const unsigned char* w, long long rb, int kb, int kb1) { return rows2_dot(w, rb, p.x, kb, kb1); });
+    rows2_mv(p, p.w, p.x, p.y);
 #else
     const int row = blockIdx.x * GGML_WARPS + (threadIdx.x >> 5);
     if (row < p.rows) ggml_mv_row(p.w + (long long)row * p.row_bytes, p.x, p.y + row, p.cols);
@@ -706,7 +704,7 @@ ggml_mv_experts(GgmlParams p, const int* __restrict__ experts, int n_experts, in
     p.w += (long long)e * p.rows * p.row_bytes;
     p.y += s * y_stride;
 #if GGML_ROWS == 2
-    rows2_mv(p, p.w, p.y, [&](const unsigned char* w, long long rb, int kb, int kb1) { return rows2_dot(w, rb, p.x, kb, kb1); });
+    rows2_mv(p, p.w, p.x, p.y);
 #else
     const int row = blockIdx.x * GGML_WARPS + (threadIdx.x >> 5);
     if (row < p.rows) ggml_mv_row(p.w + (long long)row * p.row_bytes, p.x, p.y + row, p.cols);
@@ -714,12 +712,33 @@ ggml_mv_experts(GgmlParams p, const int* __restrict__ experts, int n_experts, in
 }
 
 #if GGML_Q8 && GGML_ROWS == 2
-// ggml_mv with q8 activations: p.x holds ggml_q8x's codes, ds its (d, d·Σq) a 32.
+// ggml_mv with q8 activations: p.x holds ggml_q8x's codes, ds its (d, d·Σq) a 32. Its row pairs
+// shared between warps as rows2_mv's. (rows2_mv over a functor choosing the dot product made the
+// f32 products 1.6x slower: bench/RESULTS.md.)
 extern "C" __global__ void __launch_bounds__(GGML_WARPS * 32) ggml_mv_q8(const GgmlParams p, const float2* __restrict__ ds) {
     pdl_wait();
     pdl_trigger();
-    const signed char* xq = (const signed char*)p.x;
-    rows2_mv(p, p.w, p.y, [&](const unsigned char* w, long long rb, int kb, int kb1) { return q8_dot(w, rb, xq, ds, kb, kb1); });
+    __shared__ float2 part[GGML_WARPS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sl = p.split_log2;
+    const int row = 2 * (blockIdx.x * (GGML_WARPS >> sl) + (warp >> sl)), k = warp & ((1 << sl) - 1);
+    const int nb = p.cols >> 8;
+    const long long rb = row + 1 < p.rows ? p.row_bytes : 0;
+    float2 v = make_float2(0.0f, 0.0f);
+    if (row < p.rows)
+        v = q8_dot(p.w + (long long)row * p.row_bytes, rb, (const signed char*)p.x, ds, (k * nb) >> sl, ((k + 1) * nb) >> sl);
+    if (sl > 0) {
+        if (lane == 0) part[warp] = v;
+        __syncthreads();
+        if (k != 0) return;
+        for (int i = 1; i < 1 << sl; ++i) {
+            v.x += part[warp + i].x;
+            v.y += part[warp + i].y;
+        }
+    }
+    if (lane == 0 && row < p.rows) {
+        p.y[row] = v.x;
+        if (rb != 0) p.y[row + 1] = v.y;
+    }
 }
 #endif
 

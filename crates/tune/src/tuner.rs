@@ -392,6 +392,11 @@ fn candidates(
         if !form.runs_on(device) || !form.accepts(&src) || !others.iter().all(|s| form.accepts(s)) {
             continue;
         }
+        // The user chose the variant this form's matrices are held in (`--activations q8`):
+        // no other of its variants.
+        if form.held_variant_chosen() && out.iter().any(|p| p.form.name() == form.name()) {
+            continue;
+        }
         let mut vs = form.variants(&src).map_err(err)?;
         vs.sort_by(|a, b| a.predicted_bytes.total_cmp(&b.predicted_bytes));
         for c in vs.into_iter().take(opts.max_variants_per_form) {

@@ -217,6 +217,41 @@ fn cpu_table() -> Option<Costs> {
     costs::shipped_for(&DeviceClass::this_cpu(2)).unwrap()
 }
 
+/// A GGUF loaded with `--activations q8` keeps its q8 products under the default plan: the
+/// user's variant is the only one of the form offered, on the CPU and on the GPU.
+#[test]
+fn q8_activations_survive_the_default_plan() {
+    let opts = LoadOptions {
+        fused: true,
+        recorded_forms: false,
+        q8_activations: true,
+        ..LoadOptions::default()
+    };
+    let w = open_weights_with(&data("families/qwen3/model.q8_0.gguf"), opts).unwrap();
+    for kind in [DeviceKind::Cpu, DeviceKind::Cuda] {
+        let id = model_id(&w, "q8").unwrap();
+        let tune = entrollm_tune::planner::tune_for(&w, id, None, kind, None).unwrap();
+        let default = default_budget(&w, 0, u64::MAX).unwrap();
+        let p = plan_model(&w, &tune, Some(default), 0).unwrap();
+        let ggml: Vec<_> = p.choices.iter().filter(|c| c.form == "ggml").collect();
+        assert!(!ggml.is_empty(), "{kind}: no launch kept as ggml");
+        assert!(
+            ggml.iter().all(|c| c.variant == "q8"),
+            "{kind}: a ggml launch planned without q8: {:?}",
+            ggml.iter().map(|c| (&c.id, &c.variant)).collect::<Vec<_>>()
+        );
+        for l in &tune.launches {
+            assert!(
+                !l.points
+                    .iter()
+                    .any(|pt| pt.form == "ggml" && pt.variant.is_empty()),
+                "{kind} {}: f32 ggml offered beside the chosen q8",
+                l.id
+            );
+        }
+    }
+}
+
 #[test]
 fn the_default_budget_is_the_source_as_stored() {
     let bf16 = tiny();

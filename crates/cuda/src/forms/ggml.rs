@@ -201,7 +201,11 @@ impl GgmlGpuLinear {
     /// The type whose module quantises the activations: the first part's with a q8 product.
     fn q8_type(&self) -> Option<GgmlType> {
         self.q8.as_ref()?;
-        self.st.parts.iter().map(|s| s.ty).find(|t| q8_types().contains(t))
+        self.st
+            .parts
+            .iter()
+            .map(|s| s.ty)
+            .find(|t| q8_types().contains(t))
     }
 
     /// Each part's product into its rows of `y` (q8 activations quantised once for them all).

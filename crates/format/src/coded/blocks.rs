@@ -38,7 +38,12 @@ impl BlocksCoded {
         vec![rows, cols / ty.block_size() * ty.type_size()]
     }
 
-    fn check_shape(ty: GgmlType, rows: usize, cols: usize, s: &Split) -> entrollm_codec::Result<()> {
+    fn check_shape(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        s: &Split,
+    ) -> entrollm_codec::Result<()> {
         if !cols.is_multiple_of(ty.block_size()) || s.codes.len() != rows * cols {
             return Err(CodecError::Shape(format!(
                 "{} weights of {} blocks for a {rows}×{cols} tensor (rows must be whole blocks of {})",

@@ -1,8 +1,8 @@
 use super::ggml_scales::scale_bytes;
 use super::*;
 use crate::ggml_blocks::{has_m, QK};
-use crate::qtype::GgmlType;
 use crate::kquants::{FieldKind, Split};
+use crate::qtype::GgmlType;
 
 use crate::ggml_blocks::unpack_codes;
 use entrollm_codec::dtans::{Coding, Mode};
@@ -475,7 +475,11 @@ fn damaged_floats_are_errors() {
 
 #[test]
 fn scales_alone_round_trip_for_every_block_type() {
-    for (i, block) in GgmlType::ALL.into_iter().filter(|&t| crate::ggml_blocks::handles(t)).enumerate() {
+    for (i, block) in GgmlType::ALL
+        .into_iter()
+        .filter(|&t| crate::ggml_blocks::handles(t))
+        .enumerate()
+    {
         for (rows, cols) in [(1, 32), (3, 96), (70, 576), (257, 1024)] {
             let bytes = blocks(block, rows, cols, 7 + i as u64);
             let g = GgmlScales::encode(block, rows, cols, &bytes).unwrap();
@@ -611,7 +615,10 @@ fn coded_tensors_downcast_to_their_coders_type_only() {
     let n = f.stored_bytes();
     let coded = Coded::new(f);
     assert_eq!(coded.coder(), RANS_FIELDS);
-    assert_eq!(coded.downcast_ref::<FieldsCoded>().unwrap().stored_bytes(), n);
+    assert_eq!(
+        coded.downcast_ref::<FieldsCoded>().unwrap().stored_bytes(),
+        n
+    );
     assert!(coded.downcast_ref::<FloatsCoded>().is_none());
     let coded = coded.downcast::<LossyCoded>().unwrap_err();
     assert_eq!(coded.downcast::<FieldsCoded>().unwrap().stored_bytes(), n);

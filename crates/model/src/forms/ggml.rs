@@ -457,6 +457,9 @@ impl Form for GgmlForm {
     fn accepts(&self, src: &Source) -> bool {
         matches!(src.values, Values::Ggml { .. })
     }
+    fn held_variant_chosen(&self) -> bool {
+        true
+    }
     fn variants(&self, src: &Source) -> Result<Vec<Candidate>> {
         let Values::Ggml { bytes, .. } = &src.values else {
             return Ok(Vec::new());

@@ -314,6 +314,11 @@ pub trait Form: Send + Sync {
     fn accepts(&self, src: &Source) -> bool;
     /// Whether the engine on `device` has kernels for this form.
     fn runs_on(&self, device: DeviceKind) -> bool;
+    /// Whether the variant a matrix is held in is the user's choice (ggml's `q8`, from
+    /// `--activations`), so that a plan offers no other variant of this form for it.
+    fn held_variant_chosen(&self) -> bool {
+        false
+    }
     /// The variants worth timing for `src`, each with its predicted stored bytes, pruned by the
     /// form's own rules (a variant predicted no smaller than `src` as it is stored is dropped).
     /// Empty when the form does not accept `src`.
