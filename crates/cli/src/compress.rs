@@ -5,6 +5,7 @@ use crate::budget::{BudgetArgs, Target};
 use crate::progress;
 use anyhow::{anyhow, bail, Context, Result};
 use entrollm_codec::dtans::Coding;
+use entrollm_codec::lossy::scalar::Scalar;
 use entrollm_format::Dtype;
 use entrollm_format::FormEntry;
 use entrollm_model::calib::Calibration;
@@ -69,7 +70,8 @@ pub struct Args {
     /// With --bits or --allow-lossy: a calibration text (UTF-8). The source model runs over it on the CPU, and
     /// each matrix's error is weighted by its input channels' activation energy (as GPTQ and AWQ
     /// weigh), in the row fit, the TCQ search, the RDO and the allocation: the bits buy output
-    /// accuracy rather than weight accuracy.
+    /// accuracy rather than weight accuracy. With --quantizer int, codes are also rounded with
+    /// GPTQ error feedback from each launch's input Hessian (on the same grid).
     #[arg(long, value_name = "FILE", requires = "lossy")]
     calib: Option<PathBuf>,
     /// With --calib: the text's first this many tokens are run.
@@ -397,7 +399,9 @@ fn plan_rates(a: &Args, opts: &CompressOptions) -> Result<CompressOptions> {
                 format!("--calib {}: reading the calibration text", f.display())
             })?;
             let bar = progress::steps(1, "calibrate");
-            let c = Calibration::collect(&a.src, &text, a.calib_tokens, |done, total| {
+            // Integer codes are rounded with GPTQ feedback, from each launch's Hessian.
+            let hessians = matches!(quantizer(a)?, LossyQuantizer::Scalar(Scalar::Int { .. }));
+            let c = Calibration::collect(&a.src, &text, a.calib_tokens, hessians, |done, total| {
                 bar.set_length(total as u64);
                 bar.set_position(done as u64);
             })

@@ -1891,6 +1891,61 @@ fn smollm2_f32_layers(dir: &Path, layers: u32) -> PathBuf {
     path
 }
 
+/// `compress --bits --quantizer int --calib` on a real model: every lossy matrix is rounded with
+/// GPTQ feedback from its launch's Hessian, meets its rate within 1 %, and the container runs.
+#[test]
+fn int_codes_with_a_calibration_run_are_rounded_with_feedback() {
+    let d = tmp("lossy-int-feedback");
+    let src = smollm2_f32_layers(&d, 2);
+    let text = d.join("calib.txt");
+    std::fs::write(
+        &text,
+        "The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Rome \
+         is the capital of Italy. Water boils at one hundred degrees. "
+            .repeat(20),
+    )
+    .unwrap();
+    let c = d.join("c");
+    ok(&[
+        "compress",
+        src.to_str().unwrap(),
+        "-o",
+        c.to_str().unwrap(),
+        "--bits",
+        "4",
+        "--quantizer",
+        "int",
+        "--calib",
+        text.to_str().unwrap(),
+    ]);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(c.join("entrollm.json")).unwrap()).unwrap();
+    let mut seen = 0;
+    for t in manifest["tensors"].as_array().unwrap() {
+        let p = &t["coded"]["params"]["stats"];
+        if p["rate_from"].is_null() {
+            continue;
+        }
+        seen += 1;
+        let name = t["name"].as_str().unwrap();
+        assert_eq!(p["feedback"], true, "{name}");
+        let (got, want) = (
+            p["bits_per_weight"].as_f64().unwrap(),
+            p["target_bits"].as_f64().unwrap(),
+        );
+        assert!((got / want - 1.0).abs() <= 0.01, "{name}: {got} for {want}");
+    }
+    assert_eq!(seen, 14, "2 layers of 7 matrices");
+    ok(&[
+        "run",
+        c.to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "--max-tokens",
+        "4",
+    ]);
+}
+
 /// `compress --bits` with a calibration text, a bits file and the row RDO on a real model: the
 /// bits file's rates are kept, the others allocated to the average, every matrix's record says
 /// where its rate came from, and the container runs.

@@ -15,6 +15,7 @@ use crate::gguf::{GgmlType, GgufFile, GgufTensorInfo};
 use entrollm_codec::df11::Df11Tensor;
 use entrollm_codec::dtans::{choose_coding_and_width, Coding, DtansTensor};
 use entrollm_codec::histogram::{byte_histogram, entropy_bits};
+use entrollm_codec::lossy::gptq::Feedback;
 use entrollm_codec::lossy::scalar::Scalar;
 use entrollm_codec::lossy::{LossyTensor, Quantizer};
 use entrollm_codec::{CodecError, Payload};
@@ -177,6 +178,9 @@ pub struct MatrixPlan {
     pub bits: f64,
     /// Its input channels' activation energies (a calibration run), if any.
     pub col_weights: Option<Vec<f32>>,
+    /// Integer codes' GPTQ feedback from its launch's input Hessian (a calibration run that kept
+    /// Hessians), shared by the launch's matrices.
+    pub feedback: Option<Arc<Feedback>>,
     /// Where the rate came from: `"bits-file"`, `"allocated"` or `"uniform"`.
     pub why: &'static str,
 }
@@ -211,6 +215,7 @@ pub fn plan_lossy(
     let mut planned = BTreeMap::new();
     let mut curves = vec![];
     let mut priced = vec![];
+    let mut feedbacks = BTreeMap::new();
     let mut total_bytes = 0u64;
     for_each_lossy_matrix(src, opts, &mut |m| {
         total_bytes += m.bytes.len() as u64;
@@ -226,6 +231,27 @@ pub fn plan_lossy(
             bytes,
         } = m;
         names.push(name.to_string());
+        let feedback = match (&planning.calibration, l.quantizer) {
+            (Some(c), LossyQuantizer::Scalar(Scalar::Int { .. })) => {
+                match crate::calib::Calibration::launch_of(name)
+                    .and_then(|k| Some((k, c.hessian(k)?)))
+                {
+                    Some((k, h)) if h.len() == cols * cols => match feedbacks.get(&k) {
+                        Some(f) => Some(Arc::clone(f)),
+                        None => {
+                            let f = Arc::new(
+                                Feedback::new(h, cols)
+                                    .map_err(|e| CompressError::in_tensor(name)(e.into()))?,
+                            );
+                            feedbacks.insert(k, Arc::clone(&f));
+                            Some(f)
+                        }
+                    },
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
         let col_weights = match &planning.calibration {
             Some(c) => Some(
                 c.for_tensor(name)
@@ -247,6 +273,7 @@ pub fn plan_lossy(
                 MatrixPlan {
                     bits,
                     col_weights,
+                    feedback,
                     why: "bits-file",
                 },
             );
@@ -279,13 +306,14 @@ pub fn plan_lossy(
                 weights: rows * cols,
                 points,
             });
-            priced.push((name.to_string(), col_weights));
+            priced.push((name.to_string(), col_weights, feedback));
         } else {
             planned.insert(
                 name.to_string(),
                 MatrixPlan {
                     bits: l.bits,
                     col_weights,
+                    feedback,
                     why: "uniform",
                 },
             );
@@ -306,12 +334,13 @@ pub fn plan_lossy(
         }
     }
     let rates = crate::rates::allocate(&curves, l.bits);
-    for ((name, col_weights), bits) in priced.into_iter().zip(rates) {
+    for ((name, col_weights, feedback), bits) in priced.into_iter().zip(rates) {
         planned.insert(
             name,
             MatrixPlan {
                 bits,
                 col_weights,
+                feedback,
                 why: "allocated",
             },
         );
@@ -477,6 +506,7 @@ fn planned_stats(stats: &mut Value, name: &str, opts: &LossyOptions) {
     if let Some(p) = opts.planned.get(name) {
         stats["rate_from"] = json!(p.why);
         stats["calibrated"] = json!(p.col_weights.is_some());
+        stats["feedback"] = json!(p.feedback.is_some());
     }
 }
 
@@ -493,7 +523,9 @@ fn code_scalar(
     let p = opts.planned.get(name);
     let bits = p.map_or(opts.bits, |p| p.bits);
     let h = p.and_then(|p| p.col_weights.as_deref());
-    let (tensor, report) = entrollm_codec::lossy::scalar::encode(w, rows, cols, q, bits, h)?;
+    let f = p.and_then(|p| p.feedback.as_deref());
+    let (tensor, report) =
+        entrollm_codec::lossy::scalar::encode_with_feedback(w, rows, cols, q, bits, h, f)?;
     let coded = ScalarCoded { dtype, tensor };
     let out = coded.decode()?;
     let back = LossyCoded::weights(&out, dtype).expect("decodes to its own dtype");

@@ -11,6 +11,7 @@
 //! tiles give a GPU more tiles to decode at once, at 32 states (132 bytes) a tile.
 
 pub mod e8;
+pub mod gptq;
 pub mod low;
 pub mod rans;
 pub mod scalar;

@@ -9,8 +9,10 @@
 //! carry 3.2 bits costs 3.2 bits. One knob per matrix sets it — the grid step (int) or how far the
 //! row scale pushes the values into FP8's subnormals (fp8), both in units of each group's RMS — and
 //! it is searched on code histograms (see [`encode`]), entropy-coding only to check the rate.
-//! After rounding, each scale is refitted by (weighted) least squares to its codes.
+//! After rounding, each scale is refitted by (weighted) least squares to its codes; integer codes
+//! rounded with GPTQ error feedback ([`encode_with_feedback`]) keep the step as their scale.
 
+use super::gptq::Feedback;
 use crate::dtans::{choose_coding_and_width, Coding, DtansTensor};
 use crate::histogram::entropy_bits;
 use crate::payload::fp8_e4m3_to_f32;
@@ -482,11 +484,14 @@ pub fn quantize(
     log2_knob: f64,
     col_weights: Option<&[f32]>,
 ) -> ScalarCodes {
-    quantize_in(w, rows, cols, q, log2_knob, col_weights, None)
+    quantize_in(w, rows, cols, q, log2_knob, col_weights, None, None)
 }
 
 /// [`quantize`], integer codes clipped to `int_bits` bits and stored in that payload where given
-/// (so that one dtANS coding fits every knob of a search).
+/// (so that one dtANS coding fits every knob of a search); with `feedback`, integer codes are
+/// rounded with GPTQ error feedback on the same grid, each scale the step itself (a refit would
+/// undo the feedback's compensation).
+#[allow(clippy::too_many_arguments)]
 fn quantize_in(
     w: &[f32],
     rows: usize,
@@ -495,23 +500,14 @@ fn quantize_in(
     log2_knob: f64,
     col_weights: Option<&[f32]>,
     int_bits: Option<u8>,
+    feedback: Option<&Feedback>,
 ) -> ScalarCodes {
     let (lo, hi) = int_bits.map_or((-128, 127), |b| (-(1 << (b - 1)), (1 << (b - 1)) - 1));
     let group = q.group(cols);
     let knob = 2f64.powf(log2_knob) as f32;
     let per_row = cols / group;
-    let mut codes = vec![0u8; rows * cols];
     let mut scales = vec![0u16; rows * per_row];
-    let mut qv = vec![0i32; 0];
-    qv.resize(
-        if matches!(q, Scalar::Int { .. }) {
-            rows * cols
-        } else {
-            0
-        },
-        0,
-    );
-    // First pass: codes (ints as i32, sized later) and refitted scales.
+    // Codes (ints as i32, sized later) and refitted scales.
     let fit = |x: &[f32], h: Option<&[f32]>, vals: &[f32]| -> f32 {
         let (mut num, mut den) = (0f64, 0f64);
         for (i, (&x, &v)) in x.iter().zip(vals).enumerate() {
@@ -526,7 +522,34 @@ fn quantize_in(
         }
     };
     match q {
+        Scalar::Int { dead_zone, .. } if feedback.is_some() => {
+            let f = feedback.expect("matched");
+            // The step plain rounding takes (below), as stored: an f16.
+            scales
+                .par_chunks_mut(per_row)
+                .zip(w.par_chunks(cols))
+                .for_each(|(sr, wr)| {
+                    for (s, wg) in sr.iter_mut().zip(wr.chunks(group)) {
+                        let rms = (wg.iter().map(|&v| v as f64 * v as f64).sum::<f64>()
+                            / group as f64)
+                            .sqrt() as f32;
+                        let max = wg.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        let step = (knob * rms).max(max / (hi as f32 + 0.49));
+                        *s = match step > 0.0 && step.is_finite() {
+                            true => half::f16::from_f32(step).to_bits(),
+                            false => 0,
+                        };
+                    }
+                });
+            let steps: Vec<f32> = scales
+                .iter()
+                .map(|&s| half::f16::from_bits(s).to_f32())
+                .collect();
+            let qv = f.round(w, rows, group, &steps, (lo, hi), dead_zone);
+            int_codes(rows, cols, group, &qv, scales, int_bits)
+        }
         Scalar::Int { dead_zone, .. } => {
+            let mut qv = vec![0i32; rows * cols];
             qv.par_chunks_mut(cols)
                 .zip(scales.par_chunks_mut(per_row))
                 .zip(w.par_chunks(cols))
@@ -563,28 +586,10 @@ fn quantize_in(
                         *s = half::f16::from_f32(fit(wg, h, &vals)).to_bits();
                     }
                 });
-            let max = qv.iter().map(|v| v.unsigned_abs()).max().unwrap_or(0);
-            // Signed codes of b bits hold -2^(b-1) ..= 2^(b-1) - 1.
-            let b = int_bits.unwrap_or_else(|| {
-                (2..=8u8)
-                    .find(|&b| (max as i64) < (1i64 << (b - 1)))
-                    .unwrap_or(8)
-            });
-            let mask = (1u32 << b) - 1;
-            codes
-                .par_iter_mut()
-                .zip(&qv)
-                .for_each(|(c, &v)| *c = (v as u32 & mask) as u8);
-            ScalarCodes {
-                rows,
-                cols,
-                payload: Payload::Int(b),
-                group,
-                codes,
-                scales,
-            }
+            int_codes(rows, cols, group, &qv, scales, int_bits)
         }
         Scalar::Fp8 => {
+            let mut codes = vec![0u8; rows * cols];
             codes
                 .par_chunks_mut(cols)
                 .zip(scales.par_chunks_mut(1))
@@ -622,6 +627,33 @@ fn quantize_in(
                 scales,
             }
         }
+    }
+}
+
+/// Integer codes `qv` in the payload of `int_bits` bits, or of the fewest that hold them.
+fn int_codes(
+    rows: usize,
+    cols: usize,
+    group: usize,
+    qv: &[i32],
+    scales: Vec<u16>,
+    int_bits: Option<u8>,
+) -> ScalarCodes {
+    let max = qv.iter().map(|v| v.unsigned_abs()).max().unwrap_or(0);
+    // Signed codes of b bits hold -2^(b-1) ..= 2^(b-1) - 1.
+    let b = int_bits.unwrap_or_else(|| {
+        (2..=8u8)
+            .find(|&b| (max as i64) < (1i64 << (b - 1)))
+            .unwrap_or(8)
+    });
+    let mask = (1u32 << b) - 1;
+    ScalarCodes {
+        rows,
+        cols,
+        payload: Payload::Int(b),
+        group,
+        codes: qv.par_iter().map(|&v| (v as u32 & mask) as u8).collect(),
+        scales,
     }
 }
 
@@ -678,7 +710,32 @@ pub fn encode(
     bits: f64,
     col_weights: Option<&[f32]>,
 ) -> Result<(ScalarTensor, ScalarReport)> {
+    encode_with_feedback(w, rows, cols, q, bits, col_weights, None)
+}
+
+/// [`encode`], integer codes rounded with GPTQ error feedback where `feedback` is given (its
+/// Hessian's columns are `cols`). The knob is searched as for plain rounding, whose code entropy
+/// stands in for the feedback codes' (smooth and cheap) with the difference in the offset that
+/// each coding measures; a feedback pass is made only for each coding.
+pub fn encode_with_feedback(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    q: Scalar,
+    bits: f64,
+    col_weights: Option<&[f32]>,
+    feedback: Option<&Feedback>,
+) -> Result<(ScalarTensor, ScalarReport)> {
     q.check()?;
+    if let Some(f) = feedback {
+        if f.cols() != cols || !matches!(q, Scalar::Int { .. }) {
+            return Err(CodecError::Shape(format!(
+                "error feedback of {} columns for {q} codes of a {rows}×{cols} matrix (integer \
+                 codes only)",
+                f.cols()
+            )));
+        }
+    }
     if rows == 0 || cols == 0 || w.len() != rows * cols {
         return Err(CodecError::Shape(format!(
             "{} values for a {rows} × {cols} matrix",
@@ -737,14 +794,26 @@ pub fn encode(
         })),
         _ => None,
     };
-    let first = quantize_in(w, rows, cols, q, k, col_weights, int_bits);
+    let first = quantize_in(w, rows, cols, q, k, col_weights, int_bits, feedback);
     let (chosen, _) = choose_coding_and_width(first.payload, rows, cols, &first.codes)?;
-    let at = |k: f64| quantize_in(w, rows, cols, q, k, col_weights, int_bits);
+    let at = |k: f64| quantize_in(w, rows, cols, q, k, col_weights, int_bits, feedback);
     // The whole matrix's code entropy is smooth and monotone in the knob; the coder's excess over
     // it (and the scales) changes slowly, so it is an offset: first the predictor's, then what the
-    // stored size shows (the predictor misses small matrices by several percent).
-    let entropy = |k: f64| code_entropy(&at(k));
-    let offset0 = 8.0 * predict_bytes(&first)? / n - code_entropy(&first);
+    // stored size shows (the predictor misses small matrices by several percent). With feedback,
+    // plain rounding's entropy, the feedback codes' excess over it in the offset.
+    let entropy = |k: f64| {
+        code_entropy(&quantize_in(
+            w,
+            rows,
+            cols,
+            q,
+            k,
+            col_weights,
+            int_bits,
+            None,
+        ))
+    };
+    let offset0 = 8.0 * predict_bytes(&first)? / n - entropy(k);
     let k0 = k;
     let mut passes = 0;
     let mut best: Option<(f64, ScalarTensor, ScalarCodes)> = None;
@@ -820,7 +889,10 @@ pub fn encode(
             passes += 1;
             tries += 1;
             let stored = t.bits_per_weight();
-            offset = stored - code_entropy(&codes);
+            offset = match feedback {
+                Some(_) => stored - entropy(k),
+                None => stored - code_entropy(&codes),
+            };
             match stored > bits {
                 true => over = Some((k, stored)),
                 false => under = Some((k, stored)),
@@ -1177,6 +1249,93 @@ mod tests {
         )
         .is_err());
         assert!(encode(&w, rows, 200, q, 3.0, None).is_err());
+    }
+
+    /// Inputs whose channels are correlated (each a mix of its neighbours) and unequal in scale,
+    /// `n` of them, row-major.
+    fn correlated_inputs(rng: &mut Rng, n: usize, cols: usize, scale: &[f64]) -> Vec<f64> {
+        let z: Vec<f64> = (0..n * cols).map(|_| rng.normal()).collect();
+        let mix = [1.0, 0.9, 0.7, 0.5, 0.3];
+        let mut x = vec![0f64; n * cols];
+        for t in 0..n {
+            for j in 0..cols {
+                let v: f64 = mix
+                    .iter()
+                    .enumerate()
+                    .map(|(d, a)| a * z[t * cols + (j + d) % cols])
+                    .sum();
+                x[t * cols + j] = v * scale[j];
+            }
+        }
+        x
+    }
+
+    /// Σ xxᵀ of `x` (`n × cols`).
+    fn gram(x: &[f64], cols: usize) -> Vec<f64> {
+        let mut h = vec![0f64; cols * cols];
+        for v in x.chunks(cols) {
+            for a in 0..cols {
+                for b in 0..cols {
+                    h[a * cols + b] += v[a] * v[b];
+                }
+            }
+        }
+        h
+    }
+
+    /// GPTQ feedback from the calibration inputs' Hessian lowers the layer's output error
+    /// ‖X·(W − Ŵ)ᵀ‖ on fresh inputs of the same kind, against plain rounding weighted by the
+    /// same inputs' channel energies, at the same stored rate (each within 1 %).
+    #[test]
+    fn feedback_lowers_the_output_error_at_the_same_rate() {
+        let mut rng = Rng(31);
+        let (rows, cols, n) = (96, 256, 1024);
+        let w = gaussian(&mut rng, rows * cols, 0.02);
+        let scale: Vec<f64> = (0..cols).map(|_| (0.5 * rng.normal()).exp()).collect();
+        let h = gram(&correlated_inputs(&mut rng, n, cols, &scale), cols);
+        let test = gram(&correlated_inputs(&mut rng, n, cols, &scale), cols);
+        let diag: Vec<f32> = (0..cols)
+            .map(|j| (h[j * cols + j] / n as f64) as f32)
+            .collect();
+        let f = Feedback::new(&h, cols).unwrap();
+        // Σ over rows of dᵀ·H·d, d = W − Ŵ.
+        let out_err = |back: &[f32]| -> f64 {
+            w.chunks(cols)
+                .zip(back.chunks(cols))
+                .map(|(a, b)| {
+                    let d: Vec<f64> = a.iter().zip(b).map(|(&a, &b)| (a - b) as f64).collect();
+                    (0..cols)
+                        .map(|i| d[i] * (0..cols).map(|k| test[i * cols + k] * d[k]).sum::<f64>())
+                        .sum::<f64>()
+                })
+                .sum()
+        };
+        for (group, bits) in [(128, 3.0), (64, 4.0), (256, 2.5)] {
+            let q = Scalar::Int {
+                group,
+                dead_zone: 0.0,
+            };
+            let (plain, _) = encode(&w, rows, cols, q, bits, Some(&diag)).unwrap();
+            let (fb, _) =
+                encode_with_feedback(&w, rows, cols, q, bits, Some(&diag), Some(&f)).unwrap();
+            for t in [&plain, &fb] {
+                let got = t.bits_per_weight();
+                assert!((got - bits).abs() <= 0.01 * bits, "{bits}: {got}");
+            }
+            let (e0, e1) = (
+                out_err(&plain.decode().unwrap()),
+                out_err(&fb.decode().unwrap()),
+            );
+            assert!(e1 < 0.8 * e0, "g{group} {bits} bits: {e1} against {e0}");
+        }
+        // Feedback takes integer codes of the Hessian's width only.
+        assert!(encode_with_feedback(&w, rows, cols, Scalar::Fp8, 4.0, None, Some(&f)).is_err());
+        let g = Feedback::new(&vec![0.0; 64 * 64], 64).unwrap();
+        let q = Scalar::Int {
+            group: 128,
+            dead_zone: 0.0,
+        };
+        assert!(encode_with_feedback(&w, rows, cols, q, 4.0, None, Some(&g)).is_err());
     }
 
     #[test]
