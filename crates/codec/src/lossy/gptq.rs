@@ -208,12 +208,12 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_rng::Rng;
+    use crate::rng::SplitMix64 as Rng;
 
     /// UᵀU is the damped, permuted H's inverse: (UᵀU)·A = I.
     #[test]
     fn the_factor_inverts_the_damped_hessian() {
-        let mut rng = Rng(5);
+        let mut rng = Rng::new(5);
         for n in [1, 2, 7, 33, 96] {
             let x: Vec<f64> = (0..4 * n * n).map(|_| rng.normal()).collect();
             let t = 4 * n;

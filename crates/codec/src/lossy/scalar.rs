@@ -1288,7 +1288,7 @@ mod tests {
     /// same inputs' channel energies, at the same stored rate (each within 1 %).
     #[test]
     fn feedback_lowers_the_output_error_at_the_same_rate() {
-        let mut rng = Rng(31);
+        let mut rng = Rng::new(31);
         let (rows, cols, n) = (96, 256, 1024);
         let w = gaussian(&mut rng, rows * cols, 0.02);
         let scale: Vec<f64> = (0..cols).map(|_| (0.5 * rng.normal()).exp()).collect();
