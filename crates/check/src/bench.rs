@@ -8,7 +8,7 @@ use cudarc::cublas::{sys as cublas_sys, CudaBlas};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 use crate::selftest::{rel_l2, Rng};
-use entrollm_codec::rng::splitmix64;
+use entrollm_codec::rng::GAMMA;
 use entrollm_cuda::device::GpuDevice;
 use entrollm_cuda::error::{DriverContext, GpuError, Result};
 use entrollm_cuda::mem::upload;
@@ -55,7 +55,7 @@ fn random_weight_bits(len: usize, seed: u64) -> Vec<u16> {
     out.par_chunks_mut(1 << 16)
         .enumerate()
         .for_each(|(i, chunk)| {
-            let mut rng = Rng::new(splitmix64(seed ^ i as u64));
+            let mut rng = Rng::new(seed ^ (i as u64).wrapping_mul(GAMMA));
             for quad in chunk.chunks_mut(4) {
                 let r = rng.next_u64();
                 for (j, v) in quad.iter_mut().enumerate() {

@@ -3,8 +3,9 @@
 //! weights, and every test's and benchmark's random inputs. Small, seedable, and the same stream
 //! on every machine.
 
-/// The golden-ratio increment of the generator's state.
-const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+/// The golden-ratio increment of the generator's state (also a multiplier that spreads small
+/// integers over 64 bits).
+pub const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// SplitMix64's output for state `z`: the state advanced once and mixed. A good 64-bit hash of
 /// `z`, and the first output of [`SplitMix64::new(z)`](SplitMix64::new).
