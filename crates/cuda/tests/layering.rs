@@ -61,6 +61,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
                 "staging",
                 "ggml_blocks",
                 "kquants",
+                "qtype",
             ],
             &["safetensors", "container"],
             &["coded"],
@@ -152,24 +153,8 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
 /// Imports from a lower layer into a higher one: (crate, from, to, why); `from` and `to` match a
 /// module and its children.
 const UPWARD: &[(&str, &str, &str, &str)] = &[
-    (
-        "model",
-        "forms",
-        "compress",
-        "`Form::stored` returns `compress::Coder`: the forms know the pipeline that stores them",
-    ),
-    (
-        "cuda",
-        "forms",
-        "engine_coded",
-        "the GPU forms fill `engine_coded::LoadReport` as they upload",
-    ),
-    (
-        "cuda",
-        "forms",
-        "engine",
-        "the BF16 forms take a host matrix's BF16 bits from `engine::host_bf16`",
-    ),
+    // None left: the forms no longer reach the pipeline (`compress::Coder`), `LoadReport` or
+    // `host_bf16` above them.
 ];
 
 /// The import cycles inside a crate: (crate, modules, why).
@@ -177,30 +162,22 @@ const CYCLES: &[(&str, &[&str], &str)] = &[
     (
         "model",
         &[
-            "calib",
-            "compress",
             "forms",
             "forms::dense",
             "forms::df11",
             "forms::dtans",
             "forms::ggml",
             "forms::int",
-            "forms::layout",
             "forms::lossy",
             "forms::palette",
-            "hf_quant",
-            "load",
-            "synth",
             "weights",
         ],
-        "the forms name `compress::Coder` (UPWARD), and compress reaches them back through \
-         calib, load, synth and weights",
+        "the forms implement `weights::Linear` and build its dense matrices, and a `Linear` \
+         names its form and exact values (`forms::FormId`, `forms::Source`)",
     ),
     (
         "cuda",
         &[
-            "engine",
-            "engine_coded",
             "forms",
             "forms::bf16",
             "forms::dtans",
@@ -209,11 +186,25 @@ const CYCLES: &[(&str, &[&str], &str)] = &[
             "forms::int",
             "forms::lossy",
             "forms::pal_bf16",
+            "forms::stacked",
             "linear",
             "plan",
         ],
-        "the GPU forms fill `engine_coded::LoadReport` and take `engine::host_bf16` (UPWARD), and \
-         the engine builds its launches from the forms",
+        "the forms implement `linear::GpuMatrix` and `plan::LaunchForm`, while `GpuMatrix` \
+         returns the dense form's type (`as_dense`) and the plan builds the embedding from \
+         `forms::bf16::desc`",
+    ),
+    (
+        "format",
+        &["kquants", "qtype"],
+        "the quant-type table's rows name the k-quants' field layouts, and the k-quants' split \
+         and join key on the table's type",
+    ),
+    (
+        "cuda",
+        &["engine", "engine_coded"],
+        "the engine builds a coded model through engine_coded, which serves its launches with \
+         the engine's step",
     ),
     (
         "cuda",
