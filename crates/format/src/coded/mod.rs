@@ -218,9 +218,7 @@ impl Coded {
     pub fn downcast<T: Coder>(self) -> std::result::Result<T, Coded> {
         // Through the coder's own vtable (`self.0.as_any()` would take the box itself as `Any`).
         match AsAny::as_any(&*self.0).is::<T>() {
-            true => Ok(*AsAny::into_any(self.0)
-                .downcast::<T>()
-                .expect("checked")),
+            true => Ok(*AsAny::into_any(self.0).downcast::<T>().expect("checked")),
             false => Err(self),
         }
     }

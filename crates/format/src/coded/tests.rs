@@ -583,8 +583,7 @@ fn ggml_blocks_round_trip_through_the_container_arrays() {
     // Wrong shape, dtype, block type or scale count: clear errors, no panics.
     let err = |dtype, shape: &[usize], c: &CodedTensor| {
         Coded::from_stored(dtype, shape, c)
-            .err()
-            .expect("rejected")
+            .expect_err("rejected")
             .to_string()
     };
     assert!(err(Dtype::U8, &[rows, 61], &c).contains("stored as U8"));
@@ -610,7 +609,10 @@ fn coded_tensors_downcast_to_their_coders_type_only() {
     let n = f.stored_bytes();
     let coded = Coded::new(f);
     assert_eq!(coded.coder(), RANS_FIELDS);
-    assert_eq!(coded.downcast_ref::<FieldsCoded>().unwrap().stored_bytes(), n);
+    assert_eq!(
+        coded.downcast_ref::<FieldsCoded>().unwrap().stored_bytes(),
+        n
+    );
     assert!(coded.downcast_ref::<FloatsCoded>().is_none());
     let coded = coded.downcast::<LossyCoded>().unwrap_err();
     assert_eq!(coded.downcast::<FieldsCoded>().unwrap().stored_bytes(), n);
