@@ -6,7 +6,7 @@
 //! its type's kernel into its rows of the output. The decode step's fusions are small kernels
 //! around the products on the model's shared scratch (`forms::fused_product`).
 
-use super::stacked::{Part, Stacked};
+use super::stacked::Stacked;
 use super::{GpuForm, Upload};
 use crate::device::GpuDevice;
 use crate::error::{GpuError, Result};
@@ -157,23 +157,7 @@ pub struct GgmlGpuLinear {
     q8: Option<std::sync::Mutex<Q8Acts>>,
 }
 
-impl Part for GpuGgml {
-    fn rows(&self) -> usize {
-        self.rows
-    }
-    fn cols(&self) -> usize {
-        self.cols
-    }
-    fn stored_bytes(&self) -> usize {
-        GpuGgml::stored_bytes(self)
-    }
-    fn device_bytes(&self) -> usize {
-        GpuGgml::device_bytes(self)
-    }
-    fn duplicate(&self, dev: &GpuDevice) -> Result<Self> {
-        GpuGgml::duplicate(self, dev)
-    }
-}
+super::stacked::part!(GpuGgml);
 
 impl GgmlGpuLinear {
     /// `experts`: the segments are stacks of this many experts, whose products (and prefill's

@@ -8,7 +8,7 @@
 //! of two, columns not a multiple of 4) are left to the next form. The decode step's fusions are
 //! small kernels around the products on the model's shared scratch (`forms::fused_product`).
 
-use super::stacked::{Part, Stacked};
+use super::stacked::Stacked;
 use super::{GpuForm, Upload};
 use crate::device::GpuDevice;
 use crate::error::Result;
@@ -130,23 +130,7 @@ pub struct IntGpuLinear {
     st: Stacked<GpuInt>,
 }
 
-impl Part for GpuInt {
-    fn rows(&self) -> usize {
-        self.rows
-    }
-    fn cols(&self) -> usize {
-        self.cols
-    }
-    fn stored_bytes(&self) -> usize {
-        GpuInt::stored_bytes(self)
-    }
-    fn device_bytes(&self) -> usize {
-        GpuInt::device_bytes(self)
-    }
-    fn duplicate(&self, dev: &GpuDevice) -> Result<Self> {
-        GpuInt::duplicate(self, dev)
-    }
-}
+super::stacked::part!(GpuInt);
 
 impl IntGpuLinear {
     pub fn new(segs: Vec<GpuInt>, halves: bool, scratch: SharedScratch) -> Result<Self> {

@@ -5,7 +5,7 @@
 //! of the output; the decode step's fusions are small kernels around the product on the model's
 //! shared scratch (`forms::fused_product`, as for the dtANS form).
 
-use super::stacked::{Part, Stacked};
+use super::stacked::Stacked;
 use super::{GpuForm, Upload};
 use crate::device::GpuDevice;
 use crate::error::Result;
@@ -76,23 +76,7 @@ pub struct LossyGpuLinear {
     round: LossyOut,
 }
 
-impl Part for GpuLossy {
-    fn rows(&self) -> usize {
-        self.rows
-    }
-    fn cols(&self) -> usize {
-        self.cols
-    }
-    fn stored_bytes(&self) -> usize {
-        self.stored_bytes
-    }
-    fn device_bytes(&self) -> usize {
-        GpuLossy::device_bytes(self)
-    }
-    fn duplicate(&self, dev: &GpuDevice) -> Result<Self> {
-        GpuLossy::duplicate(self, dev)
-    }
-}
+super::stacked::part!(GpuLossy);
 
 impl LossyGpuLinear {
     fn new(

@@ -22,6 +22,31 @@ pub(crate) trait Part: Sized {
     fn duplicate(&self, dev: &GpuDevice) -> Result<Self>;
 }
 
+/// [`Part`] for a device type whose fields `rows` and `cols` and inherent `stored_bytes`,
+/// `device_bytes` and `duplicate` say it.
+macro_rules! part {
+    ($t:ty) => {
+        impl $crate::forms::stacked::Part for $t {
+            fn rows(&self) -> usize {
+                self.rows
+            }
+            fn cols(&self) -> usize {
+                self.cols
+            }
+            fn stored_bytes(&self) -> usize {
+                <$t>::stored_bytes(self)
+            }
+            fn device_bytes(&self) -> usize {
+                <$t>::device_bytes(self)
+            }
+            fn duplicate(&self, dev: &$crate::device::GpuDevice) -> $crate::error::Result<Self> {
+                <$t>::duplicate(self, dev)
+            }
+        }
+    };
+}
+pub(crate) use part;
+
 /// Row-stacked parts with the shared scratch.
 pub(crate) struct Stacked<P> {
     pub parts: Vec<P>,

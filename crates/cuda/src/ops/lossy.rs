@@ -255,6 +255,11 @@ impl GpuLossy {
         })
     }
 
+    /// Bytes a batch-1 product reads.
+    pub fn stored_bytes(&self) -> usize {
+        self.stored_bytes
+    }
+
     /// Device bytes held.
     pub fn device_bytes(&self) -> usize {
         8 * self.ent.len()

@@ -588,8 +588,7 @@ fn ggml_blocks_round_trip_through_the_container_arrays() {
     // Wrong shape, dtype, block type or scale count: clear errors, no panics.
     let err = |dtype, shape: &[usize], c: &CodedTensor| {
         Coded::from_stored(dtype, shape, c)
-            .err()
-            .expect("rejected")
+            .expect_err("rejected")
             .to_string()
     };
     assert!(err(Dtype::U8, &[rows, 61], &c).contains("stored as U8"));
