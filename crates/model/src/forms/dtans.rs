@@ -65,14 +65,14 @@ impl CodedLinear {
     /// The matrix of a GGUF tensor of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks.
     pub fn from_ggml(g: GgmlCoded) -> Result<Self> {
         let (scales, mins) = g.scales_f32();
-        let l = super::ggml::int_layout(g.block).ok_or_else(|| {
+        let l = g.block.int_codes().ok_or_else(|| {
             ModelError::Unsupported(format!("{} codes are not integers", g.block))
         })?;
         let groups = GroupScales {
             group: entrollm_format::ggml_blocks::QK,
             scales,
             mins,
-            offset: l.offset,
+            offset: l.offset as f32,
             signed: l.signed,
         };
         Self::new(g.codes, Some(groups))

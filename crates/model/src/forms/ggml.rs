@@ -75,31 +75,6 @@ pub(crate) fn to_f32(ty: GgmlType, bytes: &BlockBytes) -> Vec<f32> {
     out
 }
 
-/// How [`int_values`] holds a type's blocks: columns a group, the codes' offset, whether codes
-/// are signed and groups have mins, and the codes' width.
-pub struct IntLayout {
-    pub group: usize,
-    pub offset: f32,
-    pub signed: bool,
-    pub mins: bool,
-    pub bits: u32,
-}
-
-/// The layout [`int_values`] gives `ty`'s blocks (its row's [`IntCodes`]); `None` for types
-/// whose codes index tables (IQ4, FP4).
-///
-/// [`IntCodes`]: entrollm_format::qtype::IntCodes
-pub fn int_layout(ty: GgmlType) -> Option<IntLayout> {
-    let i = ty.int_codes()?;
-    Some(IntLayout {
-        group: i.group,
-        offset: i.offset as f32,
-        signed: i.signed,
-        mins: i.mins,
-        bits: ty.code_bits(),
-    })
-}
-
 /// A type's blocks as the codes an entropy coder codes and the group scales that make them
 /// weights: [`int_values`]' integer codes, or MXFP4's and NVFP4's E2M1 codes (payload
 /// `Fp4E2m1`, one a byte) with f32 scales per 32 (`2^(e−127)`) or 16 (the unsigned E4M3 scale),
@@ -159,8 +134,8 @@ pub fn coded_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
 /// dequantisation bit for bit; `None` for other types (IQ4, FP4: their codes index tables).
 pub fn int_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
     use entrollm_format::kquants::split;
-    let l = int_layout(ty)?;
-    let (group, offset, signed, mins) = (l.group, l.offset, l.signed, l.mins);
+    let l = ty.int_codes()?;
+    let (group, offset, signed, mins) = (l.group, l.offset as f32, l.signed, l.mins);
     let sp = split(ty, bytes).ok()?;
     let half = |h: u16| half::f16::from_bits(h).to_f32();
     let per = ty.block_size() / group;
@@ -193,7 +168,7 @@ pub fn int_values(ty: GgmlType, bytes: &[u8]) -> Option<Values> {
         }
     }
     Some(Values::Int {
-        payload: entrollm_codec::Payload::Int(l.bits as u8),
+        payload: entrollm_codec::Payload::Int(ty.code_bits() as u8),
         codes: sp.codes,
         groups: super::GroupScales {
             group,
@@ -2057,7 +2032,7 @@ mod tests {
         let mut rng = Rng::new(29);
         let mut converted = 0;
         for ty in TYPES {
-            let linear = int_layout(ty).is_some();
+            let linear = ty.int_codes().is_some();
             for (rows, blocks) in [(1, 1), (5, 2), (17, 3)] {
                 let src = source(&mut rng, ty, rows, blocks);
                 assert_eq!(INT.accepts(&src), linear, "{ty:?}");

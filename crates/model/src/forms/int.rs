@@ -24,20 +24,22 @@ pub fn from_blocks(
             .map(|&b| half::f16::from_bits(b).to_f32())
             .collect()
     };
-    let l = super::ggml::int_layout(q.block)
+    let l = q
+        .block
+        .int_codes()
         .ok_or_else(|| ModelError::Unsupported(format!("{} codes are not integers", q.block)))?;
     let groups = GroupScales {
         group: entrollm_format::ggml_blocks::QK,
         scales: f(&q.d),
         mins: q.m.as_deref().map(f),
-        offset: l.offset,
+        offset: l.offset as f32,
         signed: l.signed,
     };
     Source::new(
         rows,
         cols,
         Values::Int {
-            payload: Payload::Int(l.bits as u8),
+            payload: Payload::Int(q.block.code_bits() as u8),
             codes: q.codes.clone(),
             groups,
         },
@@ -214,7 +216,7 @@ impl Form for IntForm {
         match &src.values {
             // Integer codes only (FP4 codes are values, not integers).
             Values::Int { payload, .. } => matches!(payload, Payload::Int(_)),
-            Values::Ggml { ty, .. } => super::ggml::int_layout(*ty).is_some(),
+            Values::Ggml { ty, .. } => ty.int_codes().is_some(),
             _ => false,
         }
     }
@@ -224,10 +226,10 @@ impl Form for IntForm {
                 payload, groups, ..
             } => packed_bytes(src, payload.code_bits()) + groups.bytes(),
             // GGUF blocks: sized from their layout, not converted.
-            Values::Ggml { ty, .. } => match super::ggml::int_layout(*ty) {
+            Values::Ggml { ty, .. } => match ty.int_codes() {
                 Some(l) => {
                     let groups = src.rows * src.cols.div_ceil(l.group);
-                    packed_bytes(src, l.bits) + 4 * groups * (1 + usize::from(l.mins))
+                    packed_bytes(src, ty.code_bits()) + 4 * groups * (1 + usize::from(l.mins))
                 }
                 None => return Ok(Vec::new()),
             },
