@@ -206,6 +206,35 @@ struct GgmlParams {
 // SAFETY: plain-old-data with the C layout of the kernels' parameter struct.
 unsafe impl DeviceRepr for GgmlParams {}
 
+/// The parameters and launch shape of a product over `rows` rows of `m` (an expert's, where
+/// `slots` experts are gathered) from the device pointers (w, x, y), row pairs split by `split`
+/// ([`split_log2`]), with `smem` bytes of dynamic shared memory ([`mv_smem`]).
+fn mv_launch(
+    m: &GpuGgml,
+    (w, x, y): (u64, u64, u64),
+    rows: usize,
+    split: i32,
+    slots: u32,
+    smem: u32,
+) -> (GgmlParams, LaunchConfig) {
+    let p = GgmlParams {
+        w,
+        x,
+        y,
+        out: 0,
+        row_bytes: m.row_bytes as i64,
+        rows: rows as i32,
+        cols: m.cols as i32,
+        split_log2: split,
+    };
+    let lc = LaunchConfig {
+        grid_dim: (mv_blocks(m.ty, rows, split), slots, 1),
+        block_dim: (WARPS * 32, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    (p, lc)
+}
+
 fn launch(
     dev: &GpuDevice,
     op: &'static str,
@@ -240,21 +269,8 @@ pub fn launch_mv(
     let (xp, _gx) = x.device_ptr(stream);
     let (yp, _gy) = y.device_ptr_mut(stream);
     let split = split_log2(m.ty, m.rows.div_ceil(2), m.cols, false);
-    let p = GgmlParams {
-        w,
-        x: xp,
-        y: yp + 4 * at as u64,
-        out: 0,
-        row_bytes: m.row_bytes as i64,
-        rows: m.rows as i32,
-        cols: m.cols as i32,
-        split_log2: split,
-    };
-    let lc = LaunchConfig {
-        grid_dim: (mv_blocks(m.ty, m.rows, split), 1, 1),
-        block_dim: (WARPS * 32, 1, 1),
-        shared_mem_bytes: mv_smem(m.ty, m.cols),
-    };
+    let y = yp + 4 * at as u64;
+    let (p, lc) = mv_launch(m, (w, xp, y), m.rows, split, 1, mv_smem(m.ty, m.cols));
     launch(dev, OP, m, p, lc)
 }
 
@@ -338,21 +354,7 @@ pub fn launch_mv_q8(
     let (xp, _gx) = acts.q.device_ptr(stream);
     let (yp, _gy) = y.device_ptr_mut(stream);
     let split = split_log2(m.ty, m.rows.div_ceil(2), m.cols, true);
-    let p = GgmlParams {
-        w,
-        x: xp,
-        y: yp + 4 * at as u64,
-        out: 0,
-        row_bytes: m.row_bytes as i64,
-        rows: m.rows as i32,
-        cols: m.cols as i32,
-        split_log2: split,
-    };
-    let lc = LaunchConfig {
-        grid_dim: (mv_blocks(m.ty, m.rows, split), 1, 1),
-        block_dim: (WARPS * 32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let (p, lc) = mv_launch(m, (w, xp, yp + 4 * at as u64), m.rows, split, 1, 0);
     let f = dev.function(&variant(m.ty), OP)?;
     let mut b = stream.launch_builder(&f);
     b.arg(&p).arg(&acts.ds);
@@ -396,21 +398,15 @@ pub fn launch_mv_experts(
     let (xp, _gx) = x.device_ptr(stream);
     let (yp, _gy) = y.device_ptr_mut(stream);
     let split = split_log2(m.ty, rows.div_ceil(2) * g.slots, m.cols, false);
-    let p = GgmlParams {
-        w,
-        x: xp,
-        y: yp + 4 * at as u64,
-        out: 0,
-        row_bytes: m.row_bytes as i64,
-        rows: rows as i32,
-        cols: m.cols as i32,
-        split_log2: split,
-    };
-    let lc = LaunchConfig {
-        grid_dim: (mv_blocks(m.ty, rows, split), g.slots as u32, 1),
-        block_dim: (WARPS * 32, 1, 1),
-        shared_mem_bytes: mv_smem(m.ty, m.cols),
-    };
+    let smem = mv_smem(m.ty, m.cols);
+    let (p, lc) = mv_launch(
+        m,
+        (w, xp, yp + 4 * at as u64),
+        rows,
+        split,
+        g.slots as u32,
+        smem,
+    );
     let f = dev.function(&variant(m.ty), OP)?;
     let mut b = stream.launch_builder(&f);
     let (e_i, xg_i, s_i) = (g.n_experts as i32, g.x_group as i32, stride as i32);
