@@ -714,7 +714,7 @@ ggml_mv_experts(GgmlParams p, const int* __restrict__ experts, int n_experts, in
 #if GGML_Q8 && GGML_ROWS == 2
 // ggml_mv with q8 activations: p.x holds ggml_q8x's codes, ds its (d, d·Σq) a 32. Its row pairs
 // shared between warps as rows2_mv's. (rows2_mv over a functor choosing the dot product made the
-// f32 products 1.6x slower: bench/RESULTS.md.)
+// f32 products slower: bench/RESULTS.md.)
 extern "C" __global__ void __launch_bounds__(GGML_WARPS * 32) ggml_mv_q8(const GgmlParams p, const float2* __restrict__ ds) {
     pdl_wait();
     pdl_trigger();
