@@ -153,8 +153,9 @@ impl GpuForm for Held {
 pub struct GgmlGpuLinear {
     st: Stacked<GpuGgml>,
     /// The activations as 8-bit codes, where the parts multiply them so (`--activations q8`) and
-    /// a part's type has a q8 product; the other parts take them as f32.
-    q8: Option<std::sync::Mutex<Q8Acts>>,
+    /// a part's type has a q8 product, with the type whose module quantises them (the first such
+    /// part's); the other parts take them as f32.
+    q8: Option<(GgmlType, std::sync::Mutex<Q8Acts>)>,
 }
 
 super::stacked::part!(GpuGgml);
@@ -176,31 +177,28 @@ impl GgmlGpuLinear {
 
     /// Products with q8 activations where a part's type has them (`ggml_mv_q8`).
     fn with_q8(mut self, dev: &GpuDevice) -> Result<Self> {
-        if self.st.parts.iter().any(|s| q8_types().contains(&s.ty)) {
-            self.q8 = Some(std::sync::Mutex::new(Q8Acts::new(dev, self.st.cols())?));
+        let ty = self
+            .st
+            .parts
+            .iter()
+            .map(|s| s.ty)
+            .find(|t| q8_types().contains(t));
+        if let Some(ty) = ty {
+            let acts = Q8Acts::new(dev, self.st.cols())?;
+            self.q8 = Some((ty, std::sync::Mutex::new(acts)));
         }
         Ok(self)
     }
 
-    /// The type whose module quantises the activations: the first part's with a q8 product.
-    fn q8_type(&self) -> Option<GgmlType> {
-        self.q8.as_ref()?;
-        self.st
-            .parts
-            .iter()
-            .map(|s| s.ty)
-            .find(|t| q8_types().contains(t))
-    }
-
     /// Each part's product into its rows of `y` (q8 activations quantised once for them all).
     fn mv_into(&self, dev: &GpuDevice, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<()> {
-        let mut acts = match (&self.q8, self.q8_type()) {
-            (Some(a), Some(ty)) => {
+        let mut acts = match &self.q8 {
+            Some((ty, a)) => {
                 let mut a = a.lock().unwrap_or_else(|e| e.into_inner());
-                launch_q8x(dev, ty, x, &mut a)?;
+                launch_q8x(dev, *ty, x, &mut a)?;
                 Some(a)
             }
-            _ => None,
+            None => None,
         };
         self.st.each_at_row(|s, at| match acts.as_deref_mut() {
             Some(a) if q8_types().contains(&s.ty) => launch_mv_q8(dev, s, a, y, at),
@@ -215,7 +213,7 @@ impl GpuMatrix for GgmlGpuLinear {
             GgmlLaunch {
                 types: self.st.parts.iter().map(|s| (s.ty, s.rows)).collect(),
                 halves: self.st.halves,
-                q8: self.q8_type().is_some(),
+                q8: self.q8.is_some(),
             },
             self.st.rows(),
             self.st.cols(),
