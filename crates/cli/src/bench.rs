@@ -107,8 +107,14 @@ pub struct Args {
     #[command(flatten)]
     decode: crate::generate::DecodeArgs,
     /// GGUF: `f32` or `q8` activations for the quantised matrices (as for `run`).
-    #[arg(long, value_name = "f32|q8", default_value = "f32", value_parser = ["f32", "q8"])]
-    activations: String,
+    #[arg(
+        long = "activations",
+        value_name = "f32|q8",
+        default_value = "f32",
+        value_parser = crate::generate::parse_activations,
+        action = clap::ArgAction::Set
+    )]
+    q8_activations: bool,
     /// The forms of the launches chosen to fit a memory budget (see `run --help`); not with
     /// --code-at-load, --coded or --bf16 palette.
     #[command(flatten)]
@@ -246,7 +252,7 @@ pub fn run(a: Args) -> Result<()> {
             load: LoadOptions::default(),
         },
     };
-    opening.load.q8_activations = a.activations == "q8";
+    opening.load.q8_activations = a.q8_activations;
     // The host model: a checkpoint, or the synthetic shape with layer 0's weights in every layer
     // (the builder copies layer 0's launches on the device).
     let (w, path, mut source) = match (&a.synth, &a.model) {
@@ -617,7 +623,7 @@ fn run_cpu(a: &Args) -> Result<()> {
     let t_load = Instant::now();
     let mut opening =
         crate::generate::opening(path, &a.budget, crate::generate::ByHand::default(), false);
-    opening.load.q8_activations = a.activations == "q8";
+    opening.load.q8_activations = a.q8_activations;
     let w = open_weights_with(path, opening.load)?;
     let need = a.prompt_len + 128;
     let ctx = a.context.unwrap_or(need);

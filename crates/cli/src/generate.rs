@@ -351,8 +351,14 @@ pub struct ModelArgs {
     /// the dequantised weights) or `q8`, activations quantised to 8 bits per 32 as llama.cpp does
     /// (integer dot products, faster; logits differ in the third or fourth digit). On the GPU,
     /// the decode products of Q4_K blocks (the others stay f32).
-    #[arg(long, value_name = "f32|q8", default_value = "f32", value_parser = ["f32", "q8"])]
-    pub activations: String,
+    #[arg(
+        long = "activations",
+        value_name = "f32|q8",
+        default_value = "f32",
+        value_parser = parse_activations,
+        action = clap::ArgAction::Set
+    )]
+    pub q8_activations: bool,
     /// GPU: code the dense BF16 layer and head matrices at load (dtANS-LLM, lossless, on the GPU)
     /// and serve them with the fused decode-matvec: `auto` (the coder chooses per launch) or
     /// MODE:LOG2M:SC[:T].
@@ -503,6 +509,15 @@ pub fn parse_bf16(s: &str) -> std::result::Result<bool, String> {
         "dense" => Ok(false),
         "palette" => Ok(true),
         _ => Err(format!("`{s}`: expected dense or palette")),
+    }
+}
+
+/// `--activations f32|q8`: whether the quantised matrices take 8-bit activations.
+pub fn parse_activations(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "f32" => Ok(false),
+        "q8" => Ok(true),
+        _ => Err(format!("`{s}`: expected f32 or q8")),
     }
 }
 
@@ -739,7 +754,7 @@ pub fn open(a: &ModelArgs) -> Result<Session> {
     };
     let Opening { plan, load } = opening(&a.model, &a.budget, by_hand, on_gpu);
     let load = LoadOptions {
-        q8_activations: a.activations == "q8",
+        q8_activations: a.q8_activations,
         ..load
     };
     if !on_gpu {
@@ -964,8 +979,14 @@ pub struct PplArgs {
     reference: Option<PathBuf>,
     /// CPU, GGUF: `f32` or `q8` activations for the quantised matrices (as for `run`; the
     /// reference is always f32).
-    #[arg(long, value_name = "f32|q8", default_value = "f32", value_parser = ["f32", "q8"])]
-    activations: String,
+    #[arg(
+        long = "activations",
+        value_name = "f32|q8",
+        default_value = "f32",
+        value_parser = parse_activations,
+        action = clap::ArgAction::Set
+    )]
+    q8_activations: bool,
     #[command(flatten)]
     budget: BudgetArgs,
     #[command(flatten)]
@@ -1013,7 +1034,7 @@ pub fn ppl(a: PplArgs) -> Result<()> {
         fused: plan,
         recorded_forms: false,
         verify: true,
-        q8_activations: a.activations == "q8",
+        q8_activations: a.q8_activations,
     };
     // Token ids need no tokenizer; a text does.
     let (weights, tokenizer) = match a.tokens {
